@@ -1,0 +1,702 @@
+/*
+ * batchkv.h - the public interface of libbatchkv.
+ *
+ * libbatchkv decides, for an LLM inference runtime (the "host"), which tokens run
+ * in each iteration and where every sequence's KV cache lives. The host keeps its
+ * kernels and its KV tensors; the library hands it plain-data batches of block
+ * indices and token ids, once per call to bkv_step().
+ *
+ * OBJECT MODEL
+ *
+ *   bkv_pool      the block-paged KV allocator (the "virtual memory"). It owns
+ *                 block *indices* only: device_blocks frames of block_tokens token
+ *                 slots each, an optional host tier for swap, per-sequence block
+ *                 tables (page tables), copy-on-write sharing and a prefix cache
+ *                 (page cache) of full blocks. Usable on its own.
+ *   sequence      one address space in a pool, named by a uint32_t id. Its block
+ *                 table maps logical block i to a physical block id (int32_t),
+ *                 exactly the array a paged-attention kernel reads.
+ *   bkv_sched     the scheduler. It owns requests, runs one transaction per
+ *                 bkv_step(): admit, plan, make room, build the batch, call the
+ *                 host, commit. It uses a pool it does not own.
+ *   request       a prompt plus generation limits, named by a uint64_t id that
+ *                 bkv_submit() returns. Each request ends exactly once, through
+ *                 the host's on_finish callback.
+ *   cost model    a pair of callbacks that predict and learn what a step costs;
+ *                 every scheduling decision consults it.
+ *
+ * OWNERSHIP. Handles are created by *_create() and released by *_destroy(),
+ * which accept NULL. Input arrays (prompts, configs) are copied; the library
+ * never keeps a caller's pointer except the opaque user pointers it hands back.
+ * Arrays the library returns (block tables, batches, copy lists) stay owned by
+ * the library and are valid until the next call that changes the handle.
+ *
+ * THREADS. A pool and a scheduler belong to one thread at a time (the "stepping
+ * thread"). The only exceptions are bkv_submit() and bkv_abort(), which may be
+ * called from any thread while another thread runs bkv_step(). Distinct handles
+ * are independent. An allocator given to a scheduler must be thread-safe if
+ * bkv_submit() is called from several threads (the libc default is).
+ *
+ * ERRORS. Every fallible call returns a bkv_status: BKV_OK (0) or a negative
+ * code; bkv_strerror() names it. When a call fails, nothing it was given is kept,
+ * no state it was about to change has changed, and no callback it registered
+ * runs. Misuse (BKV_EINVAL, BKV_ENOENT, BKV_ESTATE) is kept apart from running
+ * out of blocks (BKV_ENOSPC), which is a normal event that triggers reclaim or
+ * preemption.
+ *
+ * This header compiles as C11 and as C++.
+ */
+#ifndef BATCHKV_H
+#define BATCHKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(BKV_BUILDING_DLL)
+#define BKV_API __declspec(dllexport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define BKV_API __attribute__((visibility("default")))
+#else
+#define BKV_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version and status                                                        */
+/* ------------------------------------------------------------------------ */
+
+#define BKV_VERSION_MAJOR 0
+#define BKV_VERSION_MINOR 1
+#define BKV_VERSION_PATCH 0
+#define BKV_VERSION_STRING "0.1.0"
+
+/*
+ * Every status code, listed once: X(NAME, value, message). The enum and
+ * bkv_strerror() are both generated from this list so they cannot drift.
+ */
+#define BKV_STATUS_MAP(X)                                                      \
+	X(OK, 0, "success")                                                    \
+	X(EINVAL, -1, "invalid argument")                                      \
+	X(ENOMEM, -2, "out of memory")                                         \
+	X(ENOSPC, -3, "no free KV blocks")                                     \
+	X(E2BIG, -4, "request can never fit in the pool")                      \
+	X(EAGAIN, -5, "resource limit reached, try again later")               \
+	X(ENOENT, -6, "no such sequence or request")                           \
+	X(EHOST, -7, "a host callback failed")                                 \
+	X(ESTATE, -8, "call not allowed in the current state")
+
+typedef enum bkv_status {
+#define BKV__STATUS_ENUM(name, value, msg) BKV_##name = value,
+	BKV_STATUS_MAP(BKV__STATUS_ENUM)
+#undef BKV__STATUS_ENUM
+} bkv_status;
+
+/**
+ * Name a status code.
+ * @param status  a bkv_status value (or any int).
+ * @return a static, NUL-terminated English message; "unknown error" for a value
+ *         that is not a bkv_status. Never NULL.
+ * Thread rules: any thread.
+ */
+BKV_API const char *bkv_strerror(int status);
+
+/**
+ * The library's version.
+ * @return the static string BKV_VERSION_STRING the library was built with.
+ * Thread rules: any thread.
+ */
+BKV_API const char *bkv_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Memory hook                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A per-handle allocator (Lua's lua_Alloc idea: the library passes the old
+ * size back, so the allocator needs no size header). Pass NULL wherever an
+ * allocator is taken to use libc malloc/realloc/free.
+ *   alloc(ud, size)                  returns NULL on failure.
+ *   realloc(ud, p, old_size, size)   returns NULL on failure, p left intact.
+ *   free(ud, p, size)                p may be NULL.
+ * The library never calls the hook with size 0.
+ */
+typedef struct bkv_allocator {
+	void *(*alloc)(void *ud, size_t size);
+	void *(*realloc)(void *ud, void *p, size_t old_size, size_t size);
+	void (*free)(void *ud, void *p, size_t size);
+	void *ud; /* handed back to every call; never read by the library */
+} bkv_allocator;
+
+/* ------------------------------------------------------------------------ */
+/* KV sizing (seed 001)                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* The shape of a model's KV cache. kv_heads == query heads is MHA, 1 is MQA,
+ * anything between is GQA. */
+typedef struct bkv_model_shape {
+	uint32_t layers;      /* transformer layers */
+	uint32_t kv_heads;    /* key/value heads per layer */
+	uint32_t head_dim;    /* dimensions per head */
+	uint32_t dtype_bytes; /* bytes per stored value (2 for fp16/bf16) */
+} bkv_model_shape;
+
+/**
+ * Bytes of KV one token occupies: 2 (K and V) x layers x kv_heads x head_dim x
+ * dtype_bytes.
+ * @param shape  the model; NULL or any zero field gives 0.
+ * @return bytes per token, or 0 on bad input (and on overflow of uint64_t).
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_kv_bytes_per_token(const bkv_model_shape *shape);
+
+/**
+ * How many whole blocks of block_tokens tokens fit in a byte budget.
+ * @param budget        bytes available for KV.
+ * @param shape         the model.
+ * @param block_tokens  tokens per block (> 0).
+ * @return the block count, clamped to INT32_MAX (block ids are int32_t); 0 on
+ *         bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *shape,
+				      uint32_t block_tokens);
+
+/* ------------------------------------------------------------------------ */
+/* The block pool                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bkv_pool bkv_pool;
+
+typedef struct bkv_pool_config {
+	uint32_t size;             /* sizeof(bkv_pool_config); set by init (ABI) */
+	uint32_t block_tokens;     /* token slots per block; a power of two in
+				      1..65536. Default 16. */
+	uint32_t device_blocks;    /* blocks on the device tier, 1..2^30; every one
+				      usable. No default: 0 is refused. */
+	uint32_t host_blocks;      /* blocks on the host (swap) tier, 0..2^30;
+				      0 = no swap. Default 0. */
+	uint32_t max_seqs;         /* most sequences open at once, 1..2^20.
+				      Default 1024. */
+	uint32_t watermark_blocks; /* free blocks kept for running sequences to
+				      grow; governs admission only
+				      (bkv_pool_can_admit). Default 0. */
+	int prefix_cache;          /* nonzero: index full blocks by content and
+				      reuse them. Default 1. */
+	uint64_t hash_seed;        /* seeds the chained block hash. Default 0. */
+	uint32_t reserved[4];      /* zero; room for later fields */
+} bkv_pool_config;
+
+/* Live counters of a pool. free + used + cached = device_blocks always. */
+typedef struct bkv_pool_stats {
+	uint32_t size;            /* sizeof(bkv_pool_stats) the caller expects */
+	uint32_t block_tokens;    /* tokens per block */
+	uint32_t device_blocks;   /* total device blocks */
+	uint32_t host_blocks;     /* total host blocks */
+	uint32_t nr_free;         /* device blocks on the free list (no content) */
+	uint32_t nr_used;         /* device blocks referenced by a sequence */
+	uint32_t nr_cached;       /* device blocks unreferenced but kept in the
+				     prefix cache (reclaimable, on the LRU) */
+	uint32_t nr_indexed;      /* device blocks in the hash index (used or
+				     cached) */
+	uint32_t host_free;       /* host blocks free */
+	uint32_t host_used;       /* host blocks holding a swapped sequence */
+	uint32_t nr_seqs;         /* open sequences */
+	uint32_t nr_swapped;      /* open sequences currently on the host tier */
+	uint64_t tokens;          /* tokens held in used device blocks (each
+				     block's fill counted once) */
+	uint64_t waste_slots;     /* nr_used * block_tokens - tokens: internal
+				     fragmentation */
+	uint64_t hit_tokens;      /* prompt tokens served from the prefix cache */
+	uint64_t miss_tokens;     /* appended tokens that were not hits */
+	uint64_t evictions;       /* cached blocks reclaimed */
+	uint64_t cow_copies;      /* copy-on-write block copies recorded */
+	uint64_t swap_out_blocks; /* blocks copied device -> host */
+	uint64_t swap_in_blocks;  /* blocks copied host -> device */
+} bkv_pool_stats;
+
+/* A block copy the host must perform: block src to block dst. For swaps, the
+ * side of each id is given by the list it is in (see bkv_copy_kind). */
+typedef struct bkv_copy {
+	int32_t src; /* source block id */
+	int32_t dst; /* destination block id */
+} bkv_copy;
+
+typedef enum bkv_copy_kind {
+	BKV_COPY_DEVICE = 0,   /* device -> device (copy-on-write) */
+	BKV_COPY_SWAP_OUT = 1, /* device -> host */
+	BKV_COPY_SWAP_IN = 2   /* host -> device */
+} bkv_copy_kind;
+
+/* What bkv_seq_info reports. */
+typedef struct bkv_seq_info {
+	uint32_t len;      /* tokens in the sequence */
+	uint32_t n_blocks; /* entries in its block table */
+	int swapped;       /* nonzero while its blocks are on the host tier */
+	uint64_t key;      /* its prefix-cache key */
+} bkv_seq_info;
+
+/**
+ * Fill a pool config with defaults (see each field).
+ * @param cfg  the config to fill; NULL is ignored.
+ */
+BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
+
+/**
+ * Create a pool. All memory is taken here; block alloc/free never allocate.
+ * @param cfg    validated and copied.
+ * @param alloc  allocator for every pool structure; NULL = libc. Copied.
+ * @param out    receives the pool; untouched on failure.
+ * @return BKV_OK; BKV_EINVAL (NULL cfg/out, cfg->size too small, a field out of
+ *         range); BKV_ENOMEM.
+ */
+BKV_API int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc,
+			    bkv_pool **out);
+
+/** Destroy a pool and everything in it. NULL is ignored. */
+BKV_API void bkv_pool_destroy(bkv_pool *pool);
+
+/**
+ * Open an empty sequence (no blocks are taken until tokens arrive).
+ * @param pool  the pool.
+ * @param seq   receives the sequence id. Ids of closed sequences are not reused
+ *              for a long time (a generation count is part of the id).
+ * @return BKV_OK; BKV_EINVAL (NULL); BKV_EAGAIN (max_seqs open).
+ */
+BKV_API int bkv_seq_open(bkv_pool *pool, uint32_t *seq);
+
+/**
+ * Open an empty sequence whose blocks are cached under a caller key (a LoRA id,
+ * a tenant salt): blocks only hit blocks with the same key. Key 0 is the
+ * bkv_seq_open() default.
+ * @return as bkv_seq_open().
+ */
+BKV_API int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq);
+
+/**
+ * Append tokens to a sequence, taking blocks only as needed (demand paging).
+ *
+ * Prefix cache: while the sequence's end is block-aligned and its last block is
+ * in the prefix cache (or the sequence is empty), each whole block of the input
+ * is looked up by its chained hash and verified token by token; a verified hit
+ * shares the cached block and its tokens need no KV computation. Lookup stops at
+ * the first miss. Blocks that become full are entered into the cache.
+ *
+ * Copy-on-write: writing into a block that is shared (or cached) gives the
+ * sequence a fresh block and records a BKV_COPY_DEVICE copy.
+ *
+ * All-or-nothing: on any error the sequence and the pool are unchanged.
+ *
+ * @param pool, seq  the sequence.
+ * @param tokens     n token ids; copied. May be NULL only when n == 0.
+ * @param n          token count; 0 is a no-op.
+ * @param hit_tokens receives how many leading tokens were prefix-cache hits
+ *                   (a multiple of block_tokens); may be NULL.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT (unknown or closed seq); BKV_ESTATE
+ *         (sequence swapped out); BKV_ENOSPC (not enough free or reclaimable
+ *         device blocks); BKV_E2BIG (the sequence would exceed device_blocks
+ *         blocks or 2^31 tokens); BKV_ENOMEM (its block table could not grow).
+ */
+BKV_API int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+			   uint32_t *hit_tokens);
+
+/**
+ * Blocks an append of n tokens to seq would take from the free list or cache
+ * (new blocks plus a copy-on-write block), ignoring possible prefix hits.
+ * @return the count (>= 0), or a negative bkv_status (EINVAL, ENOENT, ESTATE).
+ */
+BKV_API int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n);
+
+/**
+ * Shorten a sequence to new_len tokens, releasing blocks past it (used to roll
+ * back a step, or for speculative decoding). Releasing follows close's rule.
+ * @return BKV_OK; BKV_EINVAL (new_len > len); BKV_ENOENT; BKV_ESTATE (swapped).
+ */
+BKV_API int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len);
+
+/**
+ * Fork: a new sequence sharing every block of parent (ref counts up). The first
+ * write by either into a shared, partially filled block copies it; full shared
+ * blocks are never copied.
+ * @param child  receives the new id.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (parent swapped out);
+ *         BKV_EAGAIN (max_seqs open); BKV_ENOMEM.
+ */
+BKV_API int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child);
+
+/**
+ * Close a finished sequence. Its full blocks that are in the prefix cache stay
+ * there when their last user leaves (on the LRU, reclaimed lazily); the rest
+ * return to the free list. Closing a swapped-out sequence frees its host blocks.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ */
+BKV_API int bkv_seq_close(bkv_pool *pool, uint32_t seq);
+
+/**
+ * Drop an aborted sequence: like close, but every block whose last user it was
+ * returns to the free list and leaves the prefix cache.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ */
+BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
+
+/**
+ * A sequence's block table: physical block id of each logical block, in order.
+ * Device ids normally; host ids while swapped out.
+ * @param n_blocks  receives the entry count; may be NULL.
+ * @return the table (owned by the pool, valid until the sequence next changes),
+ *         or NULL for an unknown sequence (then *n_blocks = 0).
+ */
+BKV_API const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_blocks);
+
+/**
+ * Describe a sequence.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ */
+BKV_API int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *info);
+
+/**
+ * Move a sequence's blocks to the host tier: each device block gets a host
+ * block and a BKV_COPY_SWAP_OUT copy; the device blocks are released by close's
+ * rule (full cached blocks stay cached, so swap-in may find them again).
+ * All-or-nothing.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (already swapped, or no
+ *         host tier); BKV_ENOSPC (not enough free host blocks).
+ */
+BKV_API int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq);
+
+/**
+ * Bring a swapped sequence back: full blocks still in the prefix cache are
+ * shared again; the others get device blocks and BKV_COPY_SWAP_IN copies. Host
+ * blocks are freed. All-or-nothing.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (not swapped);
+ *         BKV_ENOSPC (not enough device blocks).
+ */
+BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
+
+/**
+ * Pending block copies of one kind, in the order the host must perform them.
+ * @param out  receives the array (owned by the pool; valid until cleared or the
+ *             pool next changes); may be NULL.
+ * @return the number of pending copies (0 for a NULL pool or bad kind).
+ */
+BKV_API uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out);
+
+/**
+ * Forget pending copies of one kind, once the host has performed them.
+ * Clearing swap-in copies also releases the host blocks they read from.
+ */
+BKV_API void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind);
+
+/**
+ * Device blocks that can be had now without preempting: free plus reclaimable
+ * cached blocks.
+ */
+BKV_API uint32_t bkv_pool_available(const bkv_pool *pool);
+
+/**
+ * Can a new sequence of n_tokens be admitted above the watermark? True when
+ * free + reclaimable - blocks(n_tokens) >= watermark_blocks. Prefix hits are
+ * not assumed (conservative).
+ * @return 1 yes, 0 no (and 0 for a NULL pool).
+ */
+BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
+
+/**
+ * Empty the prefix cache: every cached (unreferenced) block goes to the free
+ * list and every indexed block leaves the index (blocks in use stay with their
+ * sequences). Returns BKV_OK or BKV_EINVAL.
+ */
+BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
+
+/**
+ * Read the pool's counters.
+ * @param stats  filled up to min(stats->size, sizeof(bkv_pool_stats)); set
+ *               stats->size first (0 is taken as sizeof(bkv_pool_stats)).
+ */
+BKV_API void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats);
+
+/**
+ * Walk every structure of the pool and verify every invariant (ref counts equal
+ * table references, free + used + cached = total, no pinned block on the LRU,
+ * the hash index matches the cached blocks, ...). O(all blocks): for tests,
+ * fuzzers and debugging, not the hot path.
+ * @return 0 when consistent; otherwise a positive number naming the violated
+ *         invariant (see lib/pool.c); BKV_EINVAL for NULL.
+ */
+BKV_API int bkv_pool_check(const bkv_pool *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Cost model hooks                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* One prefill chunk of a step: len prompt tokens starting at offset start. */
+typedef struct bkv_chunk_shape {
+	uint32_t len;   /* tokens computed in this chunk */
+	uint32_t start; /* offset of its first token in the prompt (context
+			   already in the KV cache) */
+} bkv_chunk_shape;
+
+typedef enum bkv_call_kind {
+	BKV_CALL_MIXED = 0,   /* one forward with decode rows and prefill chunks */
+	BKV_CALL_PREFILL = 1, /* a split host's prefill call */
+	BKV_CALL_DECODE = 2   /* a split host's decode call */
+} bkv_call_kind;
+
+/* The shape of one host call, what a cost model prices. */
+typedef struct bkv_step_shape {
+	bkv_call_kind kind;             /* which callback runs */
+	uint32_t decode_rows;           /* rows generating one token */
+	uint64_t decode_context;        /* sum of those rows' context lengths */
+	uint32_t n_chunks;              /* prefill chunks */
+	const bkv_chunk_shape *chunks;  /* [n_chunks] */
+	uint32_t padded_rows;           /* rows a padded kernel runs (static
+					   batching keeps finished rows as
+					   padding); >= decode_rows */
+} bkv_step_shape;
+
+/* A cost model: both callbacks may be NULL (then the scheduler uses its
+ * default). ctx is never read by the library. */
+typedef struct bkv_cost_model {
+	double (*step_us)(void *ctx, const bkv_step_shape *shape);
+	void (*observe)(void *ctx, const bkv_step_shape *shape, double measured_us);
+	void *ctx;
+} bkv_cost_model;
+
+/* ------------------------------------------------------------------------ */
+/* The scheduler                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bkv_sched bkv_sched;
+
+/* The token a host writes for a row that failed: the request ends with
+ * BKV_FINISH_ERROR. */
+#define BKV_TOKEN_FAIL (-1)
+
+/* What the host must do in one call. Plain data, owned by the scheduler, valid
+ * during the callback. Rows [0, n_decode_rows) are decode rows (one token
+ * each); rows [n_decode_rows, n_rows) are prefill chunks. The KV arrays follow
+ * FlashInfer's paged layout; slot_mapping follows vLLM's (block * block_tokens
+ * + offset). Before computing, the host performs the copy lists in this order:
+ * swap_out, swap_in, copies. */
+typedef struct bkv_batch {
+	bkv_call_kind kind;               /* which callback this is */
+	uint32_t n_rows;                  /* sequences in the call */
+	uint32_t n_decode_rows;           /* leading rows that are decode rows */
+	uint32_t n_tokens;                /* ragged token count */
+	uint32_t block_tokens;            /* tokens per KV block */
+	const int32_t *token_ids;         /* [n_tokens] input tokens */
+	const int32_t *positions;         /* [n_tokens] position of each token */
+	const int32_t *qo_indptr;         /* [n_rows+1] row r's tokens are
+					     [qo_indptr[r], qo_indptr[r+1]) */
+	const int32_t *kv_indptr;         /* [n_rows+1] row r's blocks are
+					     kv_indices[kv_indptr[r]..r+1) */
+	const int32_t *kv_indices;        /* block ids, context + new tokens */
+	const int32_t *kv_last_page_len;  /* [n_rows] tokens in each row's last
+					     block, 1..block_tokens */
+	const int32_t *slot_mapping;      /* [n_tokens] where each new token's K/V
+					     is written */
+	const uint8_t *row_sample;        /* [n_rows] 1: write a sampled token
+					     for this row into next_tokens[r] */
+	const uint64_t *row_req;          /* [n_rows] request id of each row */
+	const uint32_t *row_branch;       /* [n_rows] sample index (0..n-1) */
+	void *const *row_user;            /* [n_rows] request user pointers */
+	uint32_t n_copies;                /* device->device copies */
+	const bkv_copy *copies;
+	uint32_t n_swap_out;              /* device->host copies */
+	const bkv_copy *swap_out;
+	uint32_t n_swap_in;               /* host->device copies */
+	const bkv_copy *swap_in;
+} bkv_batch;
+
+/* Why a request ended. */
+typedef enum bkv_finish_reason {
+	BKV_FINISH_LENGTH = 0, /* max_new_tokens generated */
+	BKV_FINISH_STOP = 1,   /* a stop token was generated */
+	BKV_FINISH_ABORT = 2,  /* bkv_abort() */
+	BKV_FINISH_ERROR = 3   /* the host wrote BKV_TOKEN_FAIL for it */
+} bkv_finish_reason;
+
+/*
+ * The host's kernels and notifications. Set either forward (mixed batches) or
+ * both prefill and decode (split kernels); if all three are set, forward is
+ * used. Compute callbacks return 0 on success or a negative value on failure
+ * (the step is rolled back and bkv_step returns BKV_EHOST). The notification
+ * callbacks may be NULL. A callback must not call bkv_step (BKV_ESTATE).
+ */
+typedef struct bkv_host_ops {
+	int (*forward)(void *host, const bkv_batch *batch, int32_t *next_tokens);
+	int (*prefill)(void *host, const bkv_batch *batch, int32_t *next_tokens);
+	int (*decode)(void *host, const bkv_batch *batch, int32_t *next_tokens);
+	void (*on_token)(void *host, uint64_t req, uint32_t branch, int32_t token,
+			 void *req_user);
+	void (*on_finish)(void *host, uint64_t req, bkv_finish_reason reason, void *req_user);
+	uint64_t (*now_us)(void *host); /* optional clock; NULL = monotonic */
+} bkv_host_ops;
+
+typedef enum bkv_policy {
+	BKV_POLICY_CONTINUOUS = 0, /* continuous batching with admission groups */
+	BKV_POLICY_STATIC = 1      /* fill max_running, run the group to the end */
+} bkv_policy;
+
+typedef enum bkv_preempt_mode {
+	BKV_PREEMPT_AUTO = 0,      /* swap when cheaper than recompute */
+	BKV_PREEMPT_RECOMPUTE = 1, /* free blocks, recompute later */
+	BKV_PREEMPT_SWAP = 2       /* move blocks to the host tier */
+} bkv_preempt_mode;
+
+typedef struct bkv_sched_config {
+	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
+	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
+	uint32_t max_running;      /* most running rows (slots). Default 32. */
+	uint32_t admit_group;      /* k: admit when >= k slots are free or the
+				      queue cannot supply more. 0 = auto. */
+	uint64_t max_wait_us;      /* admit a partial group once its oldest
+				      request waited this long. 0 = auto;
+				      UINT64_MAX = never. */
+	int chunked_prefill;       /* nonzero: split prompts into chunks under
+				      token_budget. Default 0. */
+	uint32_t token_budget;     /* tokens per step (decode + prefill) when
+				      chunking. 0 = auto. */
+	uint32_t max_queue;        /* most waiting requests; bkv_submit answers
+				      BKV_EAGAIN beyond it. Default 65536. */
+	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO */
+	double host_link_bytes_per_us; /* swap bandwidth, for preempt AUTO;
+					  0 = auto */
+	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown */
+	uint32_t tpot_target_us;   /* optional time-between-tokens target;
+				      0 = none */
+	bkv_cost_model cost;       /* NULL callbacks = built-in default */
+	uint32_t reserved[8];      /* zero; room for later fields */
+} bkv_sched_config;
+
+/* One request. Arrays are copied by bkv_submit. */
+typedef struct bkv_request {
+	uint32_t size;              /* sizeof(bkv_request); set by init */
+	const int32_t *prompt;      /* [prompt_len] token ids */
+	uint32_t prompt_len;        /* >= 1 */
+	uint32_t max_new_tokens;    /* >= 1 */
+	const int32_t *stop_tokens; /* [n_stop] ids that end generation */
+	uint32_t n_stop;
+	int32_t priority;           /* higher runs first; FCFS within a class.
+				       Default 0. */
+	uint64_t cache_key;         /* prefix-cache key (LoRA id, tenant salt);
+				       0 = none */
+	uint32_t n;                 /* samples (forked branches); default 1 */
+	uint32_t predicted_output;  /* hint: expected output tokens; 0 = unknown */
+	void *user;                 /* handed back in callbacks and batches */
+} bkv_request;
+
+/* What one bkv_step did. */
+typedef struct bkv_step_info {
+	uint32_t rows;            /* rows sent to the host, all calls */
+	uint32_t prefill_tokens;  /* prompt tokens computed */
+	uint32_t decode_tokens;   /* decode tokens computed */
+	uint32_t hit_tokens;      /* prompt tokens served by the prefix cache */
+	uint32_t prefill_calls;   /* host calls carrying prefill (split or
+				     mixed) */
+	uint32_t decode_calls;    /* host decode calls (split hosts) */
+	uint32_t admitted;        /* requests that started (or resumed) */
+	uint32_t finished;        /* requests that ended (any reason) */
+	uint32_t preempted;       /* requests preempted this step */
+	uint32_t running;         /* running requests after the step */
+	uint32_t waiting;         /* waiting requests after the step */
+	double predicted_us;      /* the cost model's prediction */
+	double measured_us;       /* the clock's measurement of host calls */
+} bkv_step_info;
+
+/* Cumulative counters of a scheduler. */
+typedef struct bkv_sched_stats {
+	uint32_t size;             /* sizeof(bkv_sched_stats) the caller expects */
+	uint32_t waiting;          /* requests queued, not started */
+	uint32_t running;          /* requests holding slots */
+	uint32_t swapped;          /* requests preempted to the host tier */
+	uint64_t steps;            /* successful bkv_step calls */
+	uint64_t failed_steps;     /* steps rolled back on a host failure */
+	uint64_t submitted;        /* requests accepted */
+	uint64_t finished;         /* requests ended, any reason */
+	uint64_t aborted;          /* of which by bkv_abort */
+	uint64_t prefill_tokens;   /* prompt tokens computed */
+	uint64_t decode_tokens;    /* generated tokens */
+	uint64_t hit_tokens;       /* prompt tokens from the prefix cache */
+	uint64_t preemptions;      /* preemptions, both modes */
+	uint64_t swaps;            /* of which by swap */
+	uint64_t prefill_calls;
+	uint64_t decode_calls;
+	double busy_us;            /* measured time in host calls */
+} bkv_sched_stats;
+
+/** Fill a scheduler config with defaults. NULL is ignored. */
+BKV_API void bkv_sched_config_init(bkv_sched_config *cfg);
+
+/** Fill a request with defaults (n = 1). NULL is ignored. */
+BKV_API void bkv_request_init(bkv_request *req);
+
+/**
+ * Create a scheduler over a pool (not owned; it must outlive the scheduler and
+ * be used by no one else while the scheduler runs).
+ * @param cfg    validated and copied.
+ * @param pool   the KV pool.
+ * @param ops    the host's callbacks; copied.
+ * @param host   handed to every callback; never read.
+ * @param alloc  allocator; NULL = libc. Copied. Must be thread-safe if
+ *               bkv_submit is called from several threads.
+ * @param out    receives the scheduler.
+ * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
+ *         forward and not both prefill and decode); BKV_ENOMEM.
+ */
+BKV_API int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool,
+			     const bkv_host_ops *ops, void *host, const bkv_allocator *alloc,
+			     bkv_sched **out);
+
+/** Destroy a scheduler. Requests still open end with no callback. NULL ok. */
+BKV_API void bkv_sched_destroy(bkv_sched *sched);
+
+/**
+ * Submit a request. It enters the waiting queue at the next bkv_step.
+ * Thread rules: any thread, concurrently with bkv_step.
+ * @param req     copied.
+ * @param req_id  receives its id (never 0); may be NULL.
+ * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
+ *         BKV_E2BIG (prompt + max_new_tokens can never fit the pool);
+ *         BKV_EAGAIN (queue full); BKV_ENOMEM.
+ */
+BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_id);
+
+/**
+ * Abort a request: it ends with BKV_FINISH_ABORT at the next bkv_step.
+ * Thread rules: any thread, concurrently with bkv_step.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT (unknown, already ended or already
+ *         aborted).
+ */
+BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
+
+/**
+ * Run one iteration: drain submissions and aborts, plan, make room, build the
+ * batch, call the host, commit.
+ * @param info  receives what the step did; may be NULL.
+ * @return BKV_OK (including a step with nothing to do); BKV_EHOST (a compute
+ *         callback failed; the step was rolled back, retry); BKV_ESTATE (called
+ *         from a callback); BKV_EINVAL.
+ */
+BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
+
+/** Requests not yet ended (waiting + running + swapped + inbox). */
+BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
+
+/** Read cumulative counters (size convention as bkv_pool_stats_get). */
+BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats);
+
+/**
+ * Verify the scheduler's invariants together with its pool's.
+ * @return 0 when consistent; a positive invariant number otherwise;
+ *         BKV_EINVAL for NULL.
+ */
+BKV_API int bkv_sched_check(const bkv_sched *sched);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BATCHKV_H */

@@ -1,0 +1,4 @@
+/*
+ * batch.c - placeholder; its owner replaces this file.
+ */
+#include "internal.h"

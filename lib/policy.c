@@ -1,0 +1,4 @@
+/*
+ * policy.c - placeholder; its owner replaces this file.
+ */
+#include "internal.h"

@@ -1,0 +1,4 @@
+/*
+ * pool.c - placeholder; its owner replaces this file.
+ */
+#include "internal.h"

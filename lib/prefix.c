@@ -1,0 +1,4 @@
+/*
+ * prefix.c - placeholder; its owner replaces this file.
+ */
+#include "internal.h"

@@ -1,0 +1,4 @@
+/*
+ * sched.c - placeholder; its owner replaces this file.
+ */
+#include "internal.h"
