@@ -392,6 +392,7 @@ BKV_API void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind);
 /**
  * Device blocks that can be had now without preempting: free plus reclaimable
  * cached blocks.
+ * @return the count; 0 for a NULL pool.
  */
 BKV_API uint32_t bkv_pool_available(const bkv_pool *pool);
 
@@ -406,7 +407,8 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
- * sequences). Returns BKV_OK or BKV_EINVAL.
+ * sequences).
+ * @return BKV_OK; BKV_EINVAL (NULL pool).
  */
 BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
 
@@ -682,7 +684,11 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  */
 BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
 
-/** Requests not yet ended (waiting + running + swapped + inbox). */
+/**
+ * Requests not yet ended (inbox + waiting + running + swapped).
+ * @return the count; 0 for a NULL scheduler.
+ * Thread rules: any thread (a snapshot).
+ */
 BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 
 /** Read cumulative counters (size convention as bkv_pool_stats_get). */
