@@ -467,6 +467,246 @@ typedef struct bkv_cost_model {
 } bkv_cost_model;
 
 /* ------------------------------------------------------------------------ */
+/* Built-in cost models                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Three models ship with the library (derivations in docs/cost-model.md). Each
+ * is a plain config struct the caller owns plus a function that wraps it into a
+ * bkv_cost_model whose ctx points at that struct: the struct must outlive every
+ * scheduler using the model, and changing its fields changes the model.
+ *
+ *   polynomial  seed 000's measured fit: a fixed part per prefill call plus a
+ *               quadratic in prompt length, decode linear in rows and context.
+ *   roofline    seed 004: max(compute, memory) of a GPU/model pair.
+ *   calibrated  starts from any model and fits its coefficients online, by
+ *               least squares over every observe() the scheduler makes.
+ *
+ * Prediction functions never allocate and are safe to call from any thread as
+ * long as no one changes the struct meanwhile; the calibrated model's observe
+ * writes its state and belongs to the stepping thread.
+ */
+
+/* Seed 000's polynomial model, in microseconds. With v(L, s) =
+ * kappa * (b*L + c*(2*L*s + L*L)) the work of one prompt chunk of L tokens
+ * starting at offset s:
+ *   prefill call, n rows:  a + (n / rows_ref) * v(Lmax, Smax)       (padded)
+ *                          a + (1 / rows_ref) * sum_i v(L_i, s_i)     (packed)
+ *   decode call, n rows:   d0 + d1*n + d2*context
+ *   mixed call:            d(n_decode) + (1 / rows_ref) * sum_i v(L_i, s_i);
+ *                          with no decode rows: a + that sum.
+ * Lmax and Smax are the longest chunk and the latest start (a padded kernel
+ * pads both). n is max(chunks, padded_rows) for a prefill call and
+ * max(decode_rows, padded_rows) for a decode call (static batching pays for
+ * its padding). */
+typedef struct bkv_cost_poly {
+	uint32_t size;   /* sizeof(bkv_cost_poly); set by init (ABI) */
+	double a;        /* us: fixed part of every prefill call. 1677 */
+	double b;        /* us per prompt token at rows_ref rows. 101.0 */
+	double c;        /* us per token^2 (attention) at rows_ref rows. 1.3607 */
+	double kappa;    /* multiplier of b and c (seed 000 fit). 1.45 */
+	double rows_ref; /* rows at which b and c were measured (> 0). 32 */
+	int packed;      /* 0: a prefill call pads its rows to the longest chunk
+			    (split kernels, seed 000); nonzero: ragged rows, each
+			    pays its own length. Default 0. */
+	double d0;       /* us: fixed part of a decode step. 1064 */
+	double d1;       /* us per decode row. 24.1 (d(32) = 1835) */
+	double d2;       /* us per token of decode context. 0 */
+	uint32_t reserved[4]; /* zero; room for later fields */
+} bkv_cost_poly;
+
+/**
+ * Fill a polynomial model with seed 000's coefficients (see each field), the
+ * defaults that reproduce ../shared/design/SEED000-MODEL.md.
+ * @param poly  the model to fill; NULL is ignored.
+ * Thread rules: any thread.
+ */
+BKV_API void bkv_cost_poly_init(bkv_cost_poly *poly);
+
+/**
+ * Predict one host call with a polynomial model (what the wrapped step_us
+ * calls).
+ * @param poly   the model; NULL gives 0.
+ * @param shape  the call; NULL gives 0.
+ * @return microseconds, >= 0.
+ * Thread rules: any thread; reads poly and shape only.
+ */
+BKV_API double bkv_cost_poly_step_us(const bkv_cost_poly *poly, const bkv_step_shape *shape);
+
+/**
+ * Wrap a polynomial model as a cost model: step_us prices a shape, observe is
+ * NULL (the polynomial does not learn; wrap it in a calibrated model for that).
+ * @param poly  kept as ctx (not copied): it must outlive the returned model.
+ *              NULL gives a model with both callbacks NULL (the scheduler's
+ *              default).
+ * @return the model, by value.
+ * Thread rules: any thread.
+ */
+BKV_API bkv_cost_model bkv_cost_poly_model(bkv_cost_poly *poly);
+
+/* Seed 004's roofline: t = overhead + max(compute, memory) per call, with
+ *   compute = (2 * active_params * tokens + attn_flops) / (peak_flops * flops_eff)
+ *   memory  = (model_bytes + kv_bytes_per_token * kv_tokens) / (mem_bw * mem_eff)
+ * where tokens = decode rows + prefill tokens, kv_tokens = tokens whose KV is
+ * read or written (decode context + each chunk's start + len), and attn_flops =
+ * attn_flops_per_pair * (query, key) pairs (0 ignores attention, as seed 004
+ * does). Times in microseconds, rates per second. */
+typedef struct bkv_cost_roofline {
+	uint32_t size;              /* sizeof(bkv_cost_roofline); set by init */
+	const char *name;           /* preset name, or NULL; never freed */
+	double peak_flops;          /* FLOP/s, dense, at the weights' dtype */
+	double mem_bw;              /* device memory bandwidth, bytes/s */
+	double model_bytes;         /* weight bytes read once per call */
+	double active_params;       /* parameters each token multiplies (MoE:
+				       the active ones) */
+	double kv_bytes_per_token;  /* see bkv_kv_bytes_per_token() */
+	double attn_flops_per_pair; /* FLOPs per (query, key) token pair:
+				       4 * layers * heads * head_dim; 0 = ignore */
+	double flops_eff;           /* achievable fraction of peak_flops, (0, 1].
+				       Default 1. */
+	double mem_eff;             /* achievable fraction of mem_bw, (0, 1].
+				       Default 1. */
+	double overhead_us;         /* fixed us per call (launches). Default 0 */
+	uint32_t reserved[4];       /* zero; room for later fields */
+} bkv_cost_roofline;
+
+/* GPU/model pairs with spec-sheet figures; sources in docs/cost-model.md. */
+typedef enum bkv_roofline_preset {
+	BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16 = 0, /* 312 TFLOP/s, 2.039 TB/s */
+	BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16 = 1,   /* 989 TFLOP/s, 3.35 TB/s */
+	BKV_ROOFLINE_A100_80GB_OPT_13B_FP16 = 2,    /* DistServe's setup */
+	BKV_ROOFLINE_PRESET_COUNT = 3
+} bkv_roofline_preset;
+
+/**
+ * Fill a roofline model with a preset GPU/model pair (efficiencies 1, no
+ * overhead, attention FLOPs counted).
+ * @param rl      the model to fill.
+ * @param preset  which pair.
+ * @return BKV_OK; BKV_EINVAL (NULL rl or unknown preset; rl untouched).
+ * Thread rules: any thread.
+ */
+BKV_API int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset preset);
+
+/**
+ * The work a roofline model counts for one call: the FLOPs and the device
+ * bytes moved. The simulator divides them by time and peaks to report MFU and
+ * MBU (seed 001).
+ * @param rl, shape  the model and the call; NULL gives zeros.
+ * @param flops      receives FLOPs; may be NULL.
+ * @param bytes      receives bytes read or written; may be NULL.
+ * Thread rules: any thread; reads rl and shape only.
+ */
+BKV_API void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_shape *shape,
+				    double *flops, double *bytes);
+
+/**
+ * Predict one host call with a roofline model.
+ * @return microseconds, >= 0; 0 for a NULL argument or a model whose peaks
+ *         are not positive.
+ * Thread rules: any thread; reads rl and shape only.
+ */
+BKV_API double bkv_cost_roofline_step_us(const bkv_cost_roofline *rl,
+					 const bkv_step_shape *shape);
+
+/**
+ * Wrap a roofline model as a cost model (observe NULL).
+ * @param rl  kept as ctx (not copied); NULL gives both callbacks NULL.
+ * @return the model, by value.
+ * Thread rules: any thread.
+ */
+BKV_API bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl);
+
+/* The calibrated model: an online least-squares fit, one per call kind
+ * (prefill, decode, mixed), of
+ *   t = w0 * base(shape) + w1 + w2*rows + w3*context + w4*no_decode
+ *       + w5*sum L + w6*sum (2*L*s + L*L) + w7*rows*Lmax
+ *       + w8*rows*(2*Lmax*Smax + Lmax*Lmax)
+ * (rows as the polynomial counts them, padding included; no_decode is 1 for
+ * a mixed call without decode rows; sums and maxima over the prefill chunks)
+ * starting from w = (1, 0, ...): it predicts exactly the base model until
+ * observations arrive, and can express seed 000's padded and packed
+ * polynomials exactly. Observations are weighed by a forgetting factor, so it
+ * follows a host whose costs drift. observe() does no allocation. */
+typedef struct bkv_cost_calib bkv_cost_calib;
+
+/* Features of the calibrated fit, and how many observations of a kind it needs
+ * before it trusts the fit over the base model. */
+#define BKV_COST_CALIB_FEATURES 9
+#define BKV_COST_CALIB_MIN_OBS 16
+
+/**
+ * Create a calibrated model over a base model.
+ * @param base   copied (its ctx must outlive the calibrated model); NULL, or
+ *               a NULL step_us, starts from a base that predicts 0 (the fit
+ *               then learns from scratch). The base's observe is also called
+ *               by the calibrated model's observe.
+ * @param alloc  allocator; NULL = libc. Copied.
+ * @param out    receives the model; untouched on failure.
+ * @return BKV_OK; BKV_EINVAL (NULL out); BKV_ENOMEM.
+ * Thread rules: any thread; the model then belongs to one thread at a time.
+ */
+BKV_API int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc,
+				  bkv_cost_calib **out);
+
+/** Destroy a calibrated model. NULL is ignored. Thread rules: owner thread. */
+BKV_API void bkv_cost_calib_destroy(bkv_cost_calib *calib);
+
+/**
+ * Set the forgetting factor: each observation's weight is multiplied by it
+ * when the next arrives (1 = never forget; default 0.999, about the last
+ * thousand calls of a kind).
+ * @return BKV_OK; BKV_EINVAL (NULL calib or forget outside [0.9, 1]).
+ * Thread rules: owner thread.
+ */
+BKV_API int bkv_cost_calib_set_forget(bkv_cost_calib *calib, double forget);
+
+/**
+ * Predict one host call: the fit for the shape's kind once it has
+ * BKV_COST_CALIB_MIN_OBS observations, else the base model.
+ * @return microseconds, >= 0; 0 for a NULL argument.
+ * Thread rules: owner thread (or any, while no observe runs).
+ */
+BKV_API double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shape *shape);
+
+/**
+ * Learn from one measured call: add it to the least-squares sums of its kind
+ * and refit (a 9x9 solve). No allocation. Negative, NaN or infinite
+ * measurements are ignored.
+ * @param calib, shape  NULL is ignored.
+ * @param measured_us   what the call took.
+ * Thread rules: owner thread.
+ */
+BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
+				    double measured_us);
+
+/**
+ * Observations taken so far for one call kind (with forgetting, the weight
+ * they still carry is less).
+ * @return the count; 0 for NULL or an unknown kind.
+ * Thread rules: owner thread.
+ */
+BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_call_kind kind);
+
+/**
+ * The fitted coefficients of one call kind, in the order of the formula above.
+ * @param w  receives BKV_COST_CALIB_FEATURES values.
+ * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
+ * Thread rules: owner thread.
+ */
+BKV_API int bkv_cost_calib_coefficients(const bkv_cost_calib *calib, bkv_call_kind kind,
+					double *w);
+
+/**
+ * Wrap a calibrated model as a cost model: both step_us and observe set, ctx =
+ * calib (not owned; destroy the scheduler before the model).
+ * @param calib  NULL gives both callbacks NULL.
+ * @return the model, by value.
+ * Thread rules: any thread.
+ */
+BKV_API bkv_cost_model bkv_cost_calib_model(bkv_cost_calib *calib);
+
+/* ------------------------------------------------------------------------ */
 /* The scheduler                                                             */
 /* ------------------------------------------------------------------------ */
 

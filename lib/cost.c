@@ -1,4 +1,507 @@
 /*
- * cost.c - placeholder; its owner replaces this file.
+ * cost.c - the built-in cost models: polynomial (seed 000), roofline (seed
+ * 004) and calibrated (online least squares over any base model).
+ *
+ * A cost model prices one host call, described by a bkv_step_shape: how many
+ * decode rows and how much context they read, and which prompt chunks are
+ * computed (length L, starting at offset s of their prompt). The three models
+ * here read nothing but that shape and their own plain config, so a host can
+ * copy, tweak or replace any of them. Derivations: docs/cost-model.md.
+ *
+ * Polynomial. Seed 000 measured prefill at batch 32 as a + b*P + c*P^2 and a
+ * decode step as d(n) = d0 + d1*n. A chunk of L tokens at offset s adds
+ * b*L of weight work and c*(2*L*s + L^2) of attention work (the L^2 term of
+ * a fresh prompt, plus the new tokens' attention over the s cached ones,
+ * counted as pairs twice like the square). A split host's prefill kernel pads
+ * its rows to the longest one; a mixed (ragged) forward does not, and pays
+ * the fixed part once, inside d(n).
+ *
+ * Roofline. Seed 004: a call takes max(compute, memory), compute the matmul
+ * FLOPs over peak FLOP/s, memory the weight bytes plus KV bytes over the
+ * bandwidth. Presets fill it from spec sheets.
+ *
+ * Calibrated. One set of least-squares sums per call kind (prefill, decode,
+ * mixed), over a fixed feature vector whose first entry is the base model's
+ * own prediction:
+ *
+ *     x = [ base(shape), 1, rows, context, no_decode, sum L, sum Q,
+ *           rows * Lmax, rows * (2*Lmax*Smax + Lmax^2) ]    Q = 2*L*s + L^2
+ *     A += x x^T / t^2,  y += x / t     (both first scaled by the forgetting
+ *                                        factor; t the measured time)
+ *
+ * (relative least squares: timing noise is roughly proportional to the time)
+ * and after each observation w solves (A + r*diag(A)) w = y + r*diag(A) w0,
+ * a ridge toward w0 = (1, 0, ...), i.e. toward the base model. The ridge is
+ * scaled by diag(A) (Jacobi) so that features of very different size (rows
+ * near 32, sums of squares near 10^8) are treated alike, and it keeps exactly
+ * collinear features (the base model is itself linear in some of them)
+ * solvable by Cholesky. Everything lives in fixed arrays inside the handle:
+ * observe() never allocates.
  */
 #include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- shape summaries ----------------------------------------------------- */
+
+/* What every model reads from a shape's prefill chunks. */
+typedef struct chunk_sums {
+	double n;     /* chunks */
+	double sum_l; /* sum of L: prompt tokens computed */
+	double sum_q; /* sum of Q = 2*L*s + L^2: attention work */
+	double max_l; /* longest chunk */
+	double max_s; /* latest start */
+	double sum_s; /* sum of start offsets (context read by prefill) */
+	double pairs; /* causal (query, key) pairs: sum of L*s + L*(L+1)/2 */
+} chunk_sums;
+
+static void sum_chunks(const bkv_step_shape *shape, chunk_sums *cs)
+{
+	memset(cs, 0, sizeof(*cs));
+	if (!shape->chunks)
+		return;
+	for (uint32_t i = 0; i < shape->n_chunks; i++) {
+		double l = shape->chunks[i].len;
+		double s = shape->chunks[i].start;
+		double q = 2.0 * l * s + l * l;
+		cs->n += 1.0;
+		cs->sum_l += l;
+		cs->sum_q += q;
+		cs->sum_s += s;
+		cs->pairs += l * s + l * (l + 1.0) / 2.0;
+		if (l > cs->max_l)
+			cs->max_l = l;
+		if (s > cs->max_s)
+			cs->max_s = s;
+	}
+}
+
+/* Rows a call runs, padding included (static batching pays for it). */
+static double call_rows(const bkv_step_shape *shape, const chunk_sums *cs)
+{
+	double rows = shape->kind == BKV_CALL_PREFILL ? cs->n : (double)shape->decode_rows;
+	if ((double)shape->padded_rows > rows && shape->kind != BKV_CALL_MIXED)
+		rows = shape->padded_rows;
+	return rows;
+}
+
+/* ---- polynomial (seed 000) ---------------------------------------------- */
+
+void bkv_cost_poly_init(bkv_cost_poly *poly)
+{
+	if (!poly)
+		return;
+	memset(poly, 0, sizeof(*poly));
+	poly->size = sizeof(*poly);
+	poly->a = 1677.0;
+	poly->b = 101.0;
+	poly->c = 1.3607;
+	poly->kappa = 1.45;
+	poly->rows_ref = 32.0;
+	poly->packed = 0;
+	poly->d0 = 1064.0;
+	poly->d1 = 24.1;
+	poly->d2 = 0.0;
+}
+
+/* Q of a padded row: the longest chunk over the latest start. */
+static double padded_q(const chunk_sums *cs)
+{
+	return 2.0 * cs->max_l * cs->max_s + cs->max_l * cs->max_l;
+}
+
+/* v of one chunk (or of sums, v being linear): kappa * (b*L + c*Q). */
+static double poly_v(const bkv_cost_poly *p, double l, double q)
+{
+	return p->kappa * (p->b * l + p->c * q);
+}
+
+/* Prefill work of the chunks, before the fixed part. Packed rows pay their
+ * own v(L, s). Padded rows all run the longest chunk over the longest cached
+ * context: each pays v(Lmax) with Q = 2*Lmax*Smax + Lmax^2 (seed 000's
+ * a + (n/32) v(Pmax) when nothing is cached). */
+static double poly_prefill_work(const bkv_cost_poly *p, const bkv_step_shape *shape,
+				const chunk_sums *cs, double rows, int packed)
+{
+	double ref = p->rows_ref > 0.0 ? p->rows_ref : 1.0;
+	if (packed)
+		return poly_v(p, cs->sum_l, cs->sum_q) / ref;
+	return rows / ref * poly_v(p, cs->max_l, padded_q(cs));
+}
+
+double bkv_cost_poly_step_us(const bkv_cost_poly *poly, const bkv_step_shape *shape)
+{
+	if (!poly || !shape)
+		return 0.0;
+	if (!shape->chunks && shape->n_chunks) /* malformed: no chunk array */
+		return 0.0;
+	chunk_sums cs;
+	sum_chunks(shape, &cs);
+	double rows = call_rows(shape, &cs);
+	double t = 0.0;
+	switch (shape->kind) {
+	case BKV_CALL_PREFILL:
+		if (shape->n_chunks == 0)
+			return 0.0;
+		t = poly->a + poly_prefill_work(poly, shape, &cs, rows, poly->packed);
+		break;
+	case BKV_CALL_DECODE:
+		if (rows == 0.0)
+			return 0.0;
+		t = poly->d0 + poly->d1 * rows + poly->d2 * (double)shape->decode_context;
+		break;
+	case BKV_CALL_MIXED:
+	default:
+		if (rows == 0.0 && shape->n_chunks == 0)
+			return 0.0;
+		/* Ragged rows: the prefill part is always packed. */
+		t = poly_prefill_work(poly, shape, &cs, cs.n, 1);
+		if (rows > 0.0)
+			t += poly->d0 + poly->d1 * rows + poly->d2 * (double)shape->decode_context;
+		else
+			t += poly->a;
+		break;
+	}
+	return t > 0.0 ? t : 0.0;
+}
+
+static double poly_step_cb(void *ctx, const bkv_step_shape *shape)
+{
+	return bkv_cost_poly_step_us((const bkv_cost_poly *)ctx, shape);
+}
+
+bkv_cost_model bkv_cost_poly_model(bkv_cost_poly *poly)
+{
+	bkv_cost_model m = {NULL, NULL, NULL};
+	if (poly) {
+		m.step_us = poly_step_cb;
+		m.ctx = poly;
+	}
+	return m;
+}
+
+/* ---- roofline (seed 004) ------------------------------------------------ */
+
+/* One preset: a GPU's spec-sheet peaks and a model's counted parameters.
+ * docs/cost-model.md names the source of every figure. */
+typedef struct roofline_preset {
+	const char *name;           /* "gpu/model dtype" */
+	double peak_flops;          /* dense tensor FLOP/s at the dtype */
+	double mem_bw;              /* bytes/s */
+	double params;              /* all parameters (weights read per call) */
+	double active_params;       /* parameters in per-token matmuls */
+	double kv_bytes_per_token;  /* 2 * layers * kv_heads * head_dim * 2 */
+	double attn_flops_per_pair; /* 4 * layers * heads * head_dim */
+	double dtype_bytes;         /* bytes per weight */
+} roofline_preset;
+
+static const roofline_preset presets[BKV_ROOFLINE_PRESET_COUNT] = {
+	/* A100 SXM4 80GB: 312 TFLOP/s fp16 dense, 2,039 GB/s HBM2e.
+	 * Llama-2-13B: 40 layers, 40 heads x 128, d 5120, ffn 13824, vocab
+	 * 32000: 13,015,864,320 parameters, of which the embedding gather
+	 * (163,840,000) does no matmul. */
+	[BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16] = {"a100-80gb/llama-2-13b fp16", 312e12,
+						    2039e9, 13015864320.0, 12852019200.0,
+						    819200.0, 819200.0, 2.0},
+	/* H100 SXM5 80GB: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3.
+	 * Llama-3-8B: 32 layers, 32 heads x 128, 8 KV heads, d 4096, ffn 14336,
+	 * vocab 128256: 8,030,261,248 parameters, 525,336,576 in the gather. */
+	[BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16] = {"h100-sxm/llama-3-8b bf16", 989e12, 3350e9,
+						  8030261248.0, 7504920576.0, 131072.0,
+						  524288.0, 2.0},
+	/* A100 80GB and OPT-13B (DistServe's vLLM runs): 40 layers, 40 heads x
+	 * 128, ffn 20480, vocab 50272, 2048 positions: 12,853,514,240
+	 * parameters, 267,888,640 in the gathers (tied lm_head counted). */
+	[BKV_ROOFLINE_A100_80GB_OPT_13B_FP16] = {"a100-80gb/opt-13b fp16", 312e12, 2039e9,
+						 12853514240.0, 12843008000.0, 819200.0,
+						 819200.0, 2.0},
+};
+
+int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset preset)
+{
+	if (!rl || (int)preset < 0 || preset >= BKV_ROOFLINE_PRESET_COUNT)
+		return BKV_EINVAL;
+	const roofline_preset *p = &presets[preset];
+	memset(rl, 0, sizeof(*rl));
+	rl->size = sizeof(*rl);
+	rl->name = p->name;
+	rl->peak_flops = p->peak_flops;
+	rl->mem_bw = p->mem_bw;
+	rl->model_bytes = p->params * p->dtype_bytes;
+	rl->active_params = p->active_params;
+	rl->kv_bytes_per_token = p->kv_bytes_per_token;
+	rl->attn_flops_per_pair = p->attn_flops_per_pair;
+	rl->flops_eff = 1.0;
+	rl->mem_eff = 1.0;
+	rl->overhead_us = 0.0;
+	return BKV_OK;
+}
+
+void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_shape *shape,
+			    double *flops, double *bytes)
+{
+	double f = 0.0, by = 0.0;
+	if (rl && shape && (shape->chunks || !shape->n_chunks)) {
+		chunk_sums cs;
+		sum_chunks(shape, &cs);
+		double rows = shape->kind == BKV_CALL_PREFILL ? 0.0 : (double)shape->decode_rows;
+		if (shape->kind == BKV_CALL_DECODE && shape->padded_rows > shape->decode_rows)
+			rows = shape->padded_rows;
+		double tokens = rows + cs.sum_l;
+		/* Decode rows attend over their context and their new token. */
+		double pairs = cs.pairs + (double)shape->decode_context + rows;
+		f = 2.0 * rl->active_params * tokens + rl->attn_flops_per_pair * pairs;
+		double kv_tokens = (double)shape->decode_context + rows + cs.sum_s + cs.sum_l;
+		by = tokens > 0.0 ? rl->model_bytes + rl->kv_bytes_per_token * kv_tokens : 0.0;
+	}
+	if (flops)
+		*flops = f;
+	if (bytes)
+		*bytes = by;
+}
+
+double bkv_cost_roofline_step_us(const bkv_cost_roofline *rl, const bkv_step_shape *shape)
+{
+	if (!rl || !shape || !(rl->peak_flops > 0.0) || !(rl->mem_bw > 0.0))
+		return 0.0;
+	double flops, bytes;
+	bkv_cost_roofline_work(rl, shape, &flops, &bytes);
+	if (flops == 0.0 && bytes == 0.0)
+		return 0.0;
+	double fe = rl->flops_eff > 0.0 ? rl->flops_eff : 1.0;
+	double me = rl->mem_eff > 0.0 ? rl->mem_eff : 1.0;
+	double compute = flops / (rl->peak_flops * fe) * 1e6;
+	double memory = bytes / (rl->mem_bw * me) * 1e6;
+	double t = rl->overhead_us + (compute > memory ? compute : memory);
+	return t > 0.0 ? t : 0.0;
+}
+
+static double roofline_step_cb(void *ctx, const bkv_step_shape *shape)
+{
+	return bkv_cost_roofline_step_us((const bkv_cost_roofline *)ctx, shape);
+}
+
+bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl)
+{
+	bkv_cost_model m = {NULL, NULL, NULL};
+	if (rl) {
+		m.step_us = roofline_step_cb;
+		m.ctx = rl;
+	}
+	return m;
+}
+
+/* ---- calibrated ---------------------------------------------------------- */
+
+#define NF BKV_COST_CALIB_FEATURES
+#define CALIB_KINDS 3
+#define CALIB_RIDGE 1e-6
+#define CALIB_DEFAULT_FORGET 0.999
+
+/* The least-squares state of one call kind. */
+typedef struct calib_fit {
+	double a[NF][NF]; /* sum of x x^T, forgotten geometrically */
+	double y[NF];     /* sum of x * measured_us */
+	double w[NF];     /* current solution; starts at w0 = (1, 0, ...) */
+	uint64_t n_obs;   /* observations taken (not weighted) */
+} calib_fit;
+
+struct bkv_cost_calib {
+	bkv_allocator alloc;          /* copied at create; frees this handle */
+	bkv_cost_model base;          /* copied; base.ctx not owned */
+	double forget;                /* in [0.9, 1]; weight decay per observe */
+	calib_fit fit[CALIB_KINDS];   /* indexed by bkv_call_kind */
+};
+
+static void calib_features(const bkv_cost_calib *cal, const bkv_step_shape *shape, double *x)
+{
+	chunk_sums cs;
+	sum_chunks(shape, &cs);
+	double rows = call_rows(shape, &cs);
+	double base = cal->base.step_us ? cal->base.step_us(cal->base.ctx, shape) : 0.0;
+	if (!isfinite(base))
+		base = 0.0;
+	x[0] = base;
+	x[1] = 1.0;
+	x[2] = rows;
+	x[3] = (double)shape->decode_context;
+	x[4] = shape->kind == BKV_CALL_MIXED && shape->decode_rows == 0 ? 1.0 : 0.0;
+	x[5] = cs.sum_l;
+	x[6] = cs.sum_q;
+	x[7] = rows * cs.max_l;
+	x[8] = rows * padded_q(&cs);
+}
+
+/* Solve (A + r*D) w = y + r*D*w0 in Jacobi-scaled coordinates by Cholesky,
+ * over the features seen so far (diag(A) > 0); unseen ones keep w0. */
+static void calib_solve(calib_fit *f)
+{
+	double m[NF][NF], rhs[NF], sc[NF];
+	int idx[NF], k = 0;
+	for (int j = 0; j < NF; j++) {
+		if (f->a[j][j] > 0.0 && isfinite(f->a[j][j])) {
+			sc[k] = sqrt(f->a[j][j]);
+			idx[k++] = j;
+		}
+	}
+	for (int i = 0; i < k; i++) {
+		double w0 = idx[i] == 0 ? 1.0 : 0.0;
+		for (int j = 0; j < k; j++)
+			m[i][j] = f->a[idx[i]][idx[j]] / (sc[i] * sc[j]);
+		m[i][i] += CALIB_RIDGE;
+		rhs[i] = f->y[idx[i]] / sc[i] + CALIB_RIDGE * sc[i] * w0;
+	}
+	/* Cholesky: m = L L^T, in place (lower triangle). */
+	for (int j = 0; j < k; j++) {
+		double d = m[j][j];
+		for (int p = 0; p < j; p++)
+			d -= m[j][p] * m[j][p];
+		if (!(d > 0.0))
+			return; /* numerically singular: keep the previous fit */
+		d = sqrt(d);
+		m[j][j] = d;
+		for (int i = j + 1; i < k; i++) {
+			double s = m[i][j];
+			for (int p = 0; p < j; p++)
+				s -= m[i][p] * m[j][p];
+			m[i][j] = s / d;
+		}
+	}
+	double z[NF];
+	for (int i = 0; i < k; i++) {
+		double s = rhs[i];
+		for (int p = 0; p < i; p++)
+			s -= m[i][p] * z[p];
+		z[i] = s / m[i][i];
+	}
+	for (int i = k - 1; i >= 0; i--) {
+		double s = z[i];
+		for (int p = i + 1; p < k; p++)
+			s -= m[p][i] * z[p];
+		z[i] = s / m[i][i];
+	}
+	for (int i = 0; i < k; i++)
+		if (!isfinite(z[i]))
+			return;
+	for (int i = 0; i < k; i++)
+		f->w[idx[i]] = z[i] / sc[i];
+}
+
+int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc,
+			  bkv_cost_calib **out)
+{
+	if (!out)
+		return BKV_EINVAL;
+	bkv_allocator a;
+	bkv__alloc_init(&a, alloc);
+	bkv_cost_calib *cal = bkv__calloc(&a, 1, sizeof(*cal));
+	if (!cal)
+		return BKV_ENOMEM;
+	cal->alloc = a;
+	if (base)
+		cal->base = *base;
+	cal->forget = CALIB_DEFAULT_FORGET;
+	for (int k = 0; k < CALIB_KINDS; k++)
+		cal->fit[k].w[0] = 1.0;
+	*out = cal;
+	return BKV_OK;
+}
+
+void bkv_cost_calib_destroy(bkv_cost_calib *calib)
+{
+	if (!calib)
+		return;
+	bkv_allocator a = calib->alloc;
+	bkv__free(&a, calib, sizeof(*calib));
+}
+
+int bkv_cost_calib_set_forget(bkv_cost_calib *calib, double forget)
+{
+	if (!calib || !(forget >= 0.9 && forget <= 1.0))
+		return BKV_EINVAL;
+	calib->forget = forget;
+	return BKV_OK;
+}
+
+static int kind_ok(bkv_call_kind kind)
+{
+	return (int)kind >= 0 && (int)kind < CALIB_KINDS;
+}
+
+double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shape *shape)
+{
+	if (!calib || !shape || !kind_ok(shape->kind) || (!shape->chunks && shape->n_chunks))
+		return 0.0;
+	double x[NF];
+	calib_features(calib, shape, x);
+	const calib_fit *f = &calib->fit[shape->kind];
+	if (f->n_obs < BKV_COST_CALIB_MIN_OBS)
+		return x[0];
+	double t = 0.0;
+	for (int j = 0; j < NF; j++)
+		t += f->w[j] * x[j];
+	return t > 0.0 ? t : 0.0;
+}
+
+void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
+			    double measured_us)
+{
+	if (!calib || !shape || !kind_ok(shape->kind) || (!shape->chunks && shape->n_chunks))
+		return;
+	if (!isfinite(measured_us) || measured_us < 0.0)
+		return;
+	if (calib->base.observe)
+		calib->base.observe(calib->base.ctx, shape, measured_us);
+	double x[NF];
+	calib_features(calib, shape, x);
+	calib_fit *f = &calib->fit[shape->kind];
+	/* Relative least squares: weight 1/t^2, so a 2% error on a 100 ms
+	 * prefill counts as much as one on a 2 ms decode (costs span orders of
+	 * magnitude and timing noise is roughly proportional). */
+	double lam = calib->forget;
+	double wt = 1.0 / (measured_us > 1.0 ? measured_us * measured_us : 1.0);
+	for (int i = 0; i < NF; i++) {
+		for (int j = 0; j < NF; j++)
+			f->a[i][j] = lam * f->a[i][j] + wt * x[i] * x[j];
+		f->y[i] = lam * f->y[i] + wt * x[i] * measured_us;
+	}
+	f->n_obs++;
+	calib_solve(f);
+}
+
+uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_call_kind kind)
+{
+	if (!calib || !kind_ok(kind))
+		return 0;
+	return calib->fit[kind].n_obs;
+}
+
+int bkv_cost_calib_coefficients(const bkv_cost_calib *calib, bkv_call_kind kind, double *w)
+{
+	if (!calib || !w || !kind_ok(kind))
+		return BKV_EINVAL;
+	memcpy(w, calib->fit[kind].w, sizeof(calib->fit[kind].w));
+	return BKV_OK;
+}
+
+static double calib_step_cb(void *ctx, const bkv_step_shape *shape)
+{
+	return bkv_cost_calib_step_us((bkv_cost_calib *)ctx, shape);
+}
+
+static void calib_observe_cb(void *ctx, const bkv_step_shape *shape, double measured_us)
+{
+	bkv_cost_calib_observe((bkv_cost_calib *)ctx, shape, measured_us);
+}
+
+bkv_cost_model bkv_cost_calib_model(bkv_cost_calib *calib)
+{
+	bkv_cost_model m = {NULL, NULL, NULL};
+	if (calib) {
+		m.step_us = calib_step_cb;
+		m.observe = calib_observe_cb;
+		m.ctx = calib;
+	}
+	return m;
+}
