@@ -1,0 +1,133 @@
+/*
+ * trace.h - request traces for bkv-sim: parsers for real trace files, the
+ * synthetic workloads, and deterministic prompt tokens.
+ *
+ * A trace is a flat array of requests (arrival time, prompt and output
+ * lengths) plus, for Mooncake traces, a shared pool of 512-token prefix-block
+ * ids. The parsers take a byte buffer, never a path, so a fuzz harness can feed
+ * them anything: malformed input gives TRACE_EPARSE and a message naming the
+ * line, never a crash. This unit needs only libc (and libm for the workloads).
+ */
+#ifndef BKV_SIM_TRACE_H
+#define BKV_SIM_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRACE_OK 0
+#define TRACE_EPARSE (-1) /* malformed input; err names the line */
+#define TRACE_ENOMEM (-2) /* out of memory */
+#define TRACE_EIO (-3)    /* the file could not be read */
+
+/* Mooncake's prefix-block size: one hash id stands for this many tokens. */
+#define TRACE_HASH_BLOCK 512
+/* Longest prompt or output a trace may give (guards the simulator's pool). */
+#define TRACE_MAX_TOKENS (1u << 24)
+
+typedef struct trace_req {
+	double arrival_us;     /* arrival, microseconds after the trace start */
+	uint32_t prompt_len;   /* prompt tokens, >= 1 */
+	uint32_t output_len;   /* tokens to generate, >= 1 (0 in a file is
+				  read as 1) */
+	uint32_t hash_off;     /* first of its ids in trace.hash_ids */
+	uint32_t n_hash;       /* prefix-block ids; 0 = unique prompt */
+	double ref_ttft_ms;    /* measured TTFT (DistServe ground truth), or
+				  a negative value when unknown */
+	double ref_tpot_ms;    /* measured TPOT, or negative */
+} trace_req;
+
+typedef struct trace {
+	trace_req *reqs;    /* [n] sorted by arrival (the parsers check) */
+	uint32_t n;         /* requests */
+	uint32_t cap;       /* allocated entries of reqs */
+	uint32_t *hash_ids; /* [n_hash] Mooncake block ids, per request in order */
+	size_t n_hash;      /* ids stored */
+	size_t hash_cap;    /* allocated entries of hash_ids */
+	uint64_t salt;      /* mixed into unique prompts' tokens */
+} trace;
+
+typedef enum trace_format {
+	TRACE_AZURE = 0,     /* TIMESTAMP,ContextTokens,GeneratedTokens */
+	TRACE_MOONCAKE = 1,  /* JSONL: timestamp (ms), input_length,
+				output_length, hash_ids */
+	TRACE_DISTSERVE = 2  /* DistServe vLLM ground-truth CSV */
+} trace_format;
+
+/* Release a trace's arrays and zero it. NULL is ignored. */
+void trace_free(trace *t);
+
+/* Append one request (copying n_hash ids). Returns TRACE_OK or TRACE_ENOMEM. */
+int trace_push(trace *t, double arrival_us, uint32_t prompt_len, uint32_t output_len,
+	       const uint32_t *hash, uint32_t n_hash);
+
+/*
+ * Parse a buffer into t (which must be zeroed or freed; on failure it is left
+ * empty). filter: for TRACE_DISTSERVE, keep only the rows whose run column
+ * equals it (e.g. "vllm-100-1"); NULL keeps every row; ignored by the other
+ * formats. Arrivals are made relative to the first request. err (may be
+ * NULL) receives "line N: what is wrong" on TRACE_EPARSE.
+ */
+int trace_parse(trace_format fmt, const char *buf, size_t len, const char *filter, trace *t,
+		char *err, size_t errlen);
+
+/* Read a whole file and parse it; TRACE_EIO when it cannot be read. */
+int trace_load(trace_format fmt, const char *path, const char *filter, trace *t, char *err,
+	       size_t errlen);
+
+/* The run names of a DistServe file in order of first appearance, written
+ * into names[max][32]. Returns how many (<= max) or a negative TRACE_ code. */
+int trace_distserve_runs(const char *buf, size_t len, char (*names)[32], int max);
+
+/*
+ * The prompt tokens of request i into out[prompt_len]. A Mooncake request's
+ * tokens come from its hash ids: id h expands into 512 tokens that depend on
+ * h and the position in the block only, so equal ids give equal tokens (the
+ * last id covers the remainder). Other requests get tokens from (salt, i,
+ * position), unique across requests. Token ids are in [0, 2^30).
+ */
+void trace_prompt_tokens(const trace *t, uint32_t i, int32_t *out);
+
+/* ---- synthetic workloads ------------------------------------------------
+ * The generator is splitmix64 (Steele, Lea and Flood 2014), seeded with the
+ * workload seed; every draw is documented in docs/benchmarks.md so a run can
+ * be reproduced in any language. */
+
+typedef struct trace_rng {
+	uint64_t state; /* splitmix64 state */
+} trace_rng;
+
+void trace_rng_seed(trace_rng *r, uint64_t seed);
+uint64_t trace_rng_next(trace_rng *r);
+/* Uniform integer in [lo, hi] (by rejection, no modulo bias). */
+uint32_t trace_rng_range(trace_rng *r, uint32_t lo, uint32_t hi);
+/* Uniform double in [0, 1). */
+double trace_rng_unit(trace_rng *r);
+
+/* Seed 000's workload (../shared/design/SEED000-MODEL.md): 256 requests at
+ * time 0; per request, in this order: prompt = range(8, 64); u = unit();
+ * output = 64 if u < 0.40 else range(1, 39). */
+int trace_seed000(trace *t, uint64_t seed);
+
+/* A length distribution: constant, uniform in [lo, hi], or seed 000's
+ * generation mix (64 with probability 0.4, else uniform 1..39). */
+typedef struct trace_dist {
+	enum { DIST_CONST, DIST_UNIFORM, DIST_SEED000_GEN } kind;
+	uint32_t lo, hi; /* CONST uses lo */
+} trace_dist;
+
+/* Parse "N", "LO..HI" or "seed000". Returns 0 or -1. */
+int trace_dist_parse(const char *s, trace_dist *d);
+uint32_t trace_dist_draw(const trace_dist *d, trace_rng *r);
+
+typedef enum trace_arrival {
+	ARRIVAL_BURST = 0,   /* everyone at time 0 */
+	ARRIVAL_UNIFORM = 1, /* evenly spaced at rate per second */
+	ARRIVAL_POISSON = 2  /* exponential gaps at rate per second */
+} trace_arrival;
+
+/* n requests with the given arrivals and lengths, drawn from seed: per
+ * request, gap (Poisson: -ln(1 - unit()) / rate), then prompt, then output. */
+int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
+		    const trace_dist *prompt, const trace_dist *output, uint64_t seed);
+
+#endif /* BKV_SIM_TRACE_H */
