@@ -202,7 +202,9 @@ typedef struct bkv_pool_stats {
 	uint32_t nr_indexed;      /* device blocks in the hash index (used or
 				     cached) */
 	uint32_t host_free;       /* host blocks free */
-	uint32_t host_used;       /* host blocks holding a swapped sequence */
+	uint32_t host_used;       /* host blocks not free: holding a swapped
+				     sequence, or read by a pending swap-in
+				     copy (host_blocks - host_free) */
 	uint32_t nr_seqs;         /* open sequences */
 	uint32_t nr_swapped;      /* open sequences currently on the host tier */
 	uint64_t tokens;          /* tokens held in used device blocks (each
@@ -245,7 +247,11 @@ typedef struct bkv_seq_info {
 BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
 
 /**
- * Create a pool. All memory is taken here; block alloc/free never allocate.
+ * Create a pool. Its memory is taken here; block alloc/free never allocate.
+ * Only a sequence's block table (grown geometrically, kept when the slot is
+ * reused) and a copy list that outgrows its initial room (one CoW copy per
+ * sequence, one swap copy per host block) can allocate later, so a warm pool
+ * allocates nothing.
  * @param cfg    validated and copied.
  * @param alloc  allocator for every pool structure; NULL = libc. Copied.
  * @param out    receives the pool; untouched on failure.
@@ -261,8 +267,9 @@ BKV_API void bkv_pool_destroy(bkv_pool *pool);
 /**
  * Open an empty sequence (no blocks are taken until tokens arrive).
  * @param pool  the pool.
- * @param seq   receives the sequence id. Ids of closed sequences are not reused
- *              for a long time (a generation count is part of the id).
+ * @param seq   receives the sequence id, never 0. Ids of closed sequences are
+ *              not reused for a long time (a generation count is part of the
+ *              id; free slots are reused oldest first).
  * @return BKV_OK; BKV_EINVAL (NULL); BKV_EAGAIN (max_seqs open).
  */
 BKV_API int bkv_seq_open(bkv_pool *pool, uint32_t *seq);
@@ -297,7 +304,8 @@ BKV_API int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq);
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT (unknown or closed seq); BKV_ESTATE
  *         (sequence swapped out); BKV_ENOSPC (not enough free or reclaimable
  *         device blocks); BKV_E2BIG (the sequence would exceed device_blocks
- *         blocks or 2^31 tokens); BKV_ENOMEM (its block table could not grow).
+ *         blocks or 2^31 - 1 tokens); BKV_ENOMEM (its block table or the copy
+ *         list could not grow).
  */
 BKV_API int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 			   uint32_t *hit_tokens);
@@ -336,7 +344,9 @@ BKV_API int bkv_seq_close(bkv_pool *pool, uint32_t seq);
 
 /**
  * Drop an aborted sequence: like close, but every block whose last user it was
- * returns to the free list and leaves the prefix cache.
+ * returns to the free list and leaves the prefix cache - except a block that
+ * is the parent of other cached blocks, which stays cached (their chain runs
+ * through it).
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
  */
 BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
@@ -361,22 +371,32 @@ BKV_API int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *i
  * block and a BKV_COPY_SWAP_OUT copy; the device blocks are released by close's
  * rule (full cached blocks stay cached, so swap-in may find them again).
  * All-or-nothing.
- * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (already swapped, or no
- *         host tier); BKV_ENOSPC (not enough free host blocks).
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (already swapped, no
+ *         host tier, or one of its blocks is the source or destination of a
+ *         pending device copy or the destination of a pending swap-in copy:
+ *         clear those first); BKV_ENOSPC (not enough free host blocks);
+ *         BKV_ENOMEM (the copy list could not grow).
  */
 BKV_API int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq);
 
 /**
  * Bring a swapped sequence back: full blocks still in the prefix cache are
  * shared again; the others get device blocks and BKV_COPY_SWAP_IN copies. Host
- * blocks are freed. All-or-nothing.
- * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (not swapped);
- *         BKV_ENOSPC (not enough device blocks).
+ * blocks whose block was found in the cache are freed at once; the others when
+ * the swap-in copies are cleared (the host reads them until then).
+ * All-or-nothing.
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (not swapped, or device
+ *         copies are pending: clear them first); BKV_ENOSPC (not enough
+ *         device blocks); BKV_ENOMEM (the copy list could not grow).
  */
 BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
 
 /**
  * Pending block copies of one kind, in the order the host must perform them.
+ * The host performs the kinds in the order SWAP_OUT, SWAP_IN, DEVICE (as
+ * bkv_batch lists them). The pool keeps that order valid: swap-out and swap-in
+ * refuse (BKV_ESTATE) the cases where it would read a block before a pending
+ * copy writes it.
  * @param out  receives the array (owned by the pool; valid until cleared or the
  *             pool next changes); may be NULL.
  * @return the number of pending copies (0 for a NULL pool or bad kind).

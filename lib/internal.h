@@ -50,4 +50,322 @@ int bkv__mul_size(size_t n, size_t size, size_t *out);
 /* Monotonic clock in microseconds (CLOCK_MONOTONIC). */
 uint64_t bkv__monotonic_us(void);
 
+/* ---- pool.c, prefix.c: the block pool -------------------------------------
+ * pool.c owns frames, the free list, ref counts, block tables, copy-on-write,
+ * the host tier, stats and the checker; prefix.c owns the chained block hash,
+ * the hash index and the LRU of cached blocks. Both see struct bkv_pool. */
+
+/* bkv__block.flags */
+#define BKV__BLOCK_INDEXED 0x1u     /* in the hash index (content immutable) */
+#define BKV__BLOCK_PEND_DEV 0x2u    /* src or dst of a pending device copy */
+#define BKV__BLOCK_PEND_SWAPIN 0x4u /* dst of a pending swap-in copy */
+
+/* One device block frame's metadata (40 bytes). A block is in exactly one
+ * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
+ * or free (ref 0, not indexed, on the free list). */
+typedef struct bkv__block {
+	uint64_t hash;  /* chained content hash; meaningful while INDEXED */
+	uint64_t key;   /* caller key of the sequence that indexed it; while
+			   INDEXED */
+	int32_t next;   /* free list: next free block; LRU: next more recent
+			   block (-1 = none) */
+	int32_t prev;   /* LRU only: next older block (-1 = none) */
+	int32_t parent; /* the block before it in the table of the sequence
+			   that took it (-1: it was logical block 0) */
+	uint32_t ref;   /* table references over device-resident sequences */
+	uint32_t kids;  /* indexed blocks whose parent is this one */
+	unsigned int fill : 24; /* tokens written, 0..block_tokens; a full
+				   block has fill == block_tokens */
+	unsigned int flags : 8; /* BKV__BLOCK_* */
+} bkv__block;
+
+#define BLOCK_IS_PINNED(b) ((b)->ref > 0)
+#define BLOCK_IS_INDEXED(b) (((b)->flags & BKV__BLOCK_INDEXED) != 0)
+#define BLOCK_IS_CACHED(b) (!BLOCK_IS_PINNED(b) && BLOCK_IS_INDEXED(b))
+#define BLOCK_IS_FREE(b) (!BLOCK_IS_PINNED(b) && !BLOCK_IS_INDEXED(b))
+
+/* bkv__seq.state */
+#define BKV__SEQ_FREE 0    /* slot unused; its table buffer is kept */
+#define BKV__SEQ_OPEN 1    /* table holds device block ids */
+#define BKV__SEQ_SWAPPED 2 /* table holds host block ids */
+
+/* A sequence slot (an address space). Slots are preallocated (max_seqs). */
+typedef struct bkv__seq {
+	int32_t *table;    /* [cap] block ids, [0, n_blocks) in use; kept across
+			      slot reuse, grown geometrically, freed at destroy */
+	uint32_t cap;      /* entries allocated in table */
+	uint32_t n_blocks; /* entries in use == ceil(len / block_tokens) */
+	uint32_t len;      /* tokens in the sequence, < 2^31 */
+	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
+	uint8_t state;     /* BKV__SEQ_* */
+	uint64_t key;      /* prefix-cache key for its whole life */
+} bkv__seq;
+
+/* A pending copy list of one bkv_copy_kind. */
+typedef struct bkv__copy_list {
+	bkv_copy *v;  /* [cap]; [0, n) pending, in the order to perform */
+	uint32_t n;   /* pending copies */
+	uint32_t cap; /* allocated entries; grows, never shrinks */
+} bkv__copy_list;
+
+/* bkv_pool.host_state[] */
+#define BKV__HOST_FREE 0    /* on the host free list */
+#define BKV__HOST_USED 1    /* in the table of a swapped sequence */
+#define BKV__HOST_PENDING 2 /* source of a pending swap-in copy; freed when
+			       the swap-in copies are cleared */
+
+struct bkv_pool {
+	bkv_allocator alloc;   /* copied at create; every allocation */
+	bkv_pool_config cfg;   /* copied at create, validated */
+	uint32_t bt;           /* cfg.block_tokens, a power of two */
+	uint32_t bt_shift;     /* log2(bt) */
+	uint32_t nb;           /* cfg.device_blocks */
+	uint32_t nh;           /* cfg.host_blocks */
+	bkv__block *blk;       /* [nb] device block metadata */
+	int32_t *tok;          /* [nb * bt] each block's token ids */
+	uint32_t *scratch;     /* [max(nb, nh)] bkv_pool_check's workspace */
+	int32_t free_head;     /* free list head (LIFO), -1 empty */
+	uint32_t nr_free;      /* blocks on the free list */
+	int32_t lru_head;      /* oldest cached block (evicted first), -1 */
+	int32_t lru_tail;      /* most recently released cached block, -1 */
+	uint32_t nr_cached;    /* blocks on the LRU */
+	uint32_t nr_used;      /* pinned blocks; free + used + cached == nb */
+	uint32_t nr_indexed;   /* blocks in the hash index */
+	int32_t *index;        /* [index_mask + 1] open addressing, linear
+				  probing, -1 empty; NULL without prefix cache */
+	uint32_t index_mask;   /* capacity - 1; capacity >= 2 * nb, pow2 */
+	int32_t *host_next;    /* [nh] host free list links */
+	uint8_t *host_state;   /* [nh] BKV__HOST_* */
+	int32_t *host_tok;     /* [nh * bt] token ids of swapped blocks */
+	int32_t host_free_head; /* host free list head (LIFO), -1 empty */
+	uint32_t host_free;    /* host blocks free */
+	uint32_t host_pending; /* host blocks BKV__HOST_PENDING */
+	bkv__seq *seqs;        /* [max_seqs] slots */
+	uint32_t *slot_ring;   /* [max_seqs] FIFO of free slot indices */
+	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
+	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
+	uint32_t nr_swapped;   /* open sequences on the host tier */
+	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
+	uint64_t tokens;       /* sum of fill over pinned blocks */
+	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
+	uint64_t miss_tokens;
+	uint64_t evictions;
+	uint64_t cow_copies;
+	uint64_t swap_out_blocks;
+	uint64_t swap_in_blocks;
+};
+
+/* prefix.c */
+#define BKV__HASH_ROOT 0x9e3779b97f4a7c15ull /* parent hash of block 0 */
+uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+			 const int32_t *tokens, uint32_t n);
+int32_t bkv__index_find(const bkv_pool *pool, uint64_t hash);
+void bkv__index_insert(bkv_pool *pool, int32_t b);
+void bkv__index_remove(bkv_pool *pool, int32_t b);
+void bkv__lru_push(bkv_pool *pool, int32_t b);
+void bkv__lru_unlink(bkv_pool *pool, int32_t b);
+/* Index b (full, not indexed) if its parent is indexed (or it is logical
+ * block 0) and its hash is not indexed yet. */
+void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
+/* Take b out of the index (it must be INDEXED); updates parent kids. */
+void bkv__cache_forget(bkv_pool *pool, int32_t b);
+/* Evict the LRU head: it leaves the index and the LRU; returns it (ref 0,
+ * in no list), or -1 when the LRU is empty. */
+int32_t bkv__cache_evict(bkv_pool *pool);
+/* Verified lookup: the indexed block holding tokens[0, bt) whose parent is
+ * `parent` (-1: root) and key is `key`, or -1. *hash gets the chain hash. */
+int32_t bkv__cache_lookup(const bkv_pool *pool, uint64_t parent_hash, int32_t parent,
+			  uint64_t key, const int32_t *tokens, uint64_t *hash);
+
+/* ---- sched.c, policy.c, batch.c: the scheduler ----------------------------
+ * sched.c owns the handle, requests, the inbox, the id map, the step
+ * transaction, commit, stats and the checker; policy.c owns the waiting queue
+ * (a binary heap), admission, victim choice and the preempt mode; batch.c
+ * fills the host's bkv_batch from planned rows. All three see struct bkv_sched.
+ * Everything below is touched by the stepping thread only, except the fields
+ * marked "lock" (struct bkv_sched.lock) and "atomic". */
+
+#define BKV__SEQ_NONE UINT32_MAX /* lane has no pool sequence */
+
+/* bkv__req.state: each request is in exactly one. */
+#define BKV__REQ_INBOX 0   /* submitted, not drained yet */
+#define BKV__REQ_WAITING 1 /* in the queue, holds no blocks */
+#define BKV__REQ_RUNNING 2 /* holds slots and device blocks */
+#define BKV__REQ_SWAPPED 3 /* in the queue, its blocks on the host tier */
+#define BKV__REQ_DONE 4    /* ended; on_finish has run */
+
+/* One branch of a request (n > 1 forks n of them): a pool sequence and the
+ * token history it stands for. KV of tok[0, kv_len) is in seq; the tokens
+ * known are tok[0, prompt_len + n_gen). */
+typedef struct bkv__lane {
+	struct bkv__req *req; /* owning request */
+	int32_t *tok;         /* [prompt_len + max_new] prompt, then generated
+				 tokens; inside the request's allocation */
+	uint32_t seq;         /* pool sequence, BKV__SEQ_NONE when none */
+	uint32_t n_gen;       /* generated tokens committed, <= max_new */
+	uint32_t kv_len;      /* tokens in seq (its pool length) */
+	uint32_t pre_len;     /* kv_len before this step's appends (rollback) */
+	uint64_t touch_step;  /* step that last appended (pre_len is valid) */
+	uint32_t branch;      /* index 0..n-1, row_branch */
+	uint8_t done;         /* finished: no more rows, seq closed */
+	uint8_t decoding;     /* prefill done: next row is a 1-token decode row */
+	uint8_t reason;       /* bkv_finish_reason once done */
+} bkv__lane;
+
+typedef struct bkv__req {
+	uint64_t id;           /* nonzero, from next_id */
+	int64_t order;         /* queue key after priority: arrival order
+				  (increasing), or a decreasing front counter
+				  for requeued (preempted) requests */
+	int32_t priority;      /* higher first */
+	uint32_t prompt_len;   /* >= 1 */
+	uint32_t max_new;      /* >= 1 */
+	uint32_t n;            /* lanes, >= 1 */
+	uint32_t n_live;       /* lanes not done; slots it holds while running */
+	uint32_t n_stop;       /* entries in stop */
+	int32_t *stop;         /* [n_stop], inside the allocation */
+	uint64_t cache_key;    /* prefix-cache key for every lane's sequence */
+	void *user;            /* request user pointer */
+	uint8_t state;         /* BKV__REQ_* */
+	uint8_t forked;        /* n > 1: lanes 1..n-1 exist (after prefill) */
+	uint8_t swap_unsent;   /* swapped out, copies not yet sent to a host */
+	uint8_t abort_state;   /* lock: 0 none, 1 on the abort list, 2 taken */
+	uint8_t zombie;        /* lock: DONE while on the abort list; freed
+				  when the list is drained */
+	uint32_t heap_idx;     /* position in the queue heap while queued */
+	uint32_t run_idx;      /* position in run[] while running */
+	uint64_t admit_seq;    /* admission counter; larger = more recent */
+	uint64_t enq_us;       /* clock when it entered the queue */
+	uint64_t preempt_step; /* step of its last preemption (0 = never) */
+	struct bkv__req *next; /* lock: inbox link; then the done list link */
+	struct bkv__req *abort_next; /* lock: abort list link */
+	size_t alloc_size;     /* bytes of this allocation */
+	bkv__lane lane[];      /* [n] */
+} bkv__req;
+
+/* One planned row: lane computes tokens [start, end) (its KV length after
+ * the append is end) and samples a token when sample is set. */
+typedef struct bkv__row {
+	bkv__lane *lane;
+	uint32_t start;  /* first computed position */
+	uint32_t end;    /* sequence length after the row */
+	uint8_t sample;  /* the host writes a token for this row */
+	uint8_t dead;    /* its request was preempted after planning */
+	int32_t out;     /* the sampled token, after the call */
+} bkv__row;
+
+/* The id -> request map (open addressing, linear probing, lock). */
+typedef struct bkv__slot {
+	uint64_t id;   /* 0 = empty */
+	bkv__req *req;
+} bkv__slot;
+
+/* Token-sized and block-sized batch arrays; replaced as one set when a larger
+ * request is submitted (bkv_submit prepares a spare set under the lock, the
+ * step swaps it in at drain time, so bkv_step never allocates). */
+typedef struct bkv__bufs {
+	uint32_t tok_cap;      /* entries in each token array */
+	uint32_t kv_cap;       /* entries in kv_indices */
+	int32_t *token_ids;    /* [tok_cap] */
+	int32_t *positions;    /* [tok_cap] */
+	int32_t *slot_mapping; /* [tok_cap] */
+	int32_t *kv_indices;   /* [kv_cap] */
+} bkv__bufs;
+
+struct bkv_sched {
+	bkv_sched_config cfg;  /* copied, auto fields resolved */
+	bkv_host_ops ops;      /* copied */
+	void *host;            /* handed to callbacks */
+	bkv_allocator alloc;   /* every allocation of the scheduler */
+	bkv_pool *pool;        /* not owned */
+	uint32_t bt;           /* pool block_tokens */
+	uint32_t device_blocks; /* pool device blocks */
+	uint32_t host_blocks;  /* pool host blocks (0: no swap) */
+	int split;             /* 1: prefill + decode callbacks, 0: forward */
+
+	/* shared with bkv_submit / bkv_abort */
+	void *lock;            /* pthread_mutex_t, allocated */
+	bkv__req *inbox_head;  /* lock: FIFO of submitted requests */
+	bkv__req *inbox_tail;  /* lock */
+	bkv__req *abort_head;  /* lock: LIFO of requests to abort */
+	bkv__slot *map;        /* lock: [map_cap] id -> request */
+	uint32_t map_cap;      /* lock: power of two */
+	uint32_t map_count;    /* lock: live entries, <= map_cap / 2 */
+	bkv__bufs spare;       /* lock: prepared larger buffers (tok_cap 0:
+				  none) */
+	uint32_t want_tok;     /* lock: tok_cap of spare, else of bufs */
+	uint32_t want_kv;      /* lock: kv_cap of spare, else of bufs */
+	uint64_t next_id;      /* lock: last id handed out */
+	uint64_t nr_queued;    /* atomic: inbox + waiting + swapped */
+	uint64_t nr_alive;     /* atomic: requests not ended */
+	uint64_t submitted;    /* atomic: accepted by bkv_submit */
+
+	/* the queue (policy.c): waiting and swapped requests */
+	bkv__req **heap;       /* [heap_cap] binary heap, best at 0 */
+	uint32_t heap_n;       /* entries */
+	uint32_t heap_cap;     /* max_queue + max_running */
+	uint32_t queue_slots;  /* sum of n_live over the heap */
+	uint32_t nr_waiting;   /* heap entries in WAITING */
+	uint32_t nr_swapped;   /* heap entries in SWAPPED */
+	int64_t arrival;       /* last arrival order handed out */
+	int64_t front;         /* last front order handed out (decreasing) */
+
+	/* running requests, in admission order */
+	bkv__req **run;        /* [max_running] */
+	uint32_t nr_run;       /* entries */
+	uint32_t slots_used;   /* sum of n_live over run[] <= max_running */
+	uint32_t group_size;   /* static: rows of the current group, else 0 */
+	uint64_t admit_seq;    /* last admission counter */
+	uint64_t last_admit_us; /* clock at the last admission */
+
+	/* one step's plan (stepping thread only) */
+	uint64_t step_no;      /* steps begun, 1-based */
+	int in_step;           /* nonzero during bkv_step (nested -> ESTATE) */
+	uint32_t row_cap;      /* 2 * max_running */
+	bkv__row *pre;         /* [row_cap] prefill rows of this step */
+	uint32_t n_pre;
+	bkv__row *dec;         /* [row_cap] decode rows of this step */
+	uint32_t n_dec;
+	bkv__lane **touched;   /* [row_cap] lanes appended to this step */
+	uint32_t n_touched;
+	bkv__req **swap_pend;  /* [max_running] swapped, copies unsent */
+	uint32_t n_swap_pend;
+	bkv__req *done_head;   /* requests ended this step (to free) */
+	uint32_t budget_left;  /* tokens this step may still compute */
+	uint32_t kv_left;      /* kv_indices entries left for this step */
+
+	/* the host call's arrays */
+	bkv__bufs bufs;        /* token- and block-sized arrays */
+	int32_t *qo_indptr;    /* [row_cap + 1] */
+	int32_t *kv_indptr;    /* [row_cap + 1] */
+	int32_t *last_page_len; /* [row_cap] */
+	uint8_t *row_sample;   /* [row_cap] */
+	uint64_t *row_req;     /* [row_cap] */
+	uint32_t *row_branch;  /* [row_cap] */
+	void **row_user;       /* [row_cap] */
+	int32_t *next_tokens;  /* [row_cap] */
+	bkv_chunk_shape *chunks; /* [row_cap] */
+	uint32_t copies_sent[3]; /* copies of each kind already in a call of
+				    this step */
+
+	bkv_sched_stats stats; /* cumulative; waiting/running/swapped filled on
+				  read */
+};
+
+/* policy.c: the queue */
+void bkv__queue_push(bkv_sched *s, bkv__req *r);
+bkv__req *bkv__queue_pop(bkv_sched *s);
+void bkv__queue_remove(bkv_sched *s, bkv__req *r);
+int bkv__queue_less(const bkv__req *a, const bkv__req *b);
+int bkv__queue_check(const bkv_sched *s);
+/* policy.c: decisions */
+int bkv__admit_allowed(const bkv_sched *s, uint64_t now);
+bkv__req *bkv__pick_victim(const bkv_sched *s);
+int bkv__want_swap(const bkv_sched *s, const bkv__req *r);
+uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining);
+
+/* batch.c: fill batch and shape from rows; returns the call's tokens. */
+uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
+			 uint32_t n_decode, bkv_batch *batch, bkv_step_shape *shape);
+
 #endif /* BKV_INTERNAL_H */

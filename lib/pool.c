@@ -1,4 +1,1227 @@
 /*
- * pool.c - placeholder; its owner replaces this file.
+ * pool.c - the block pool: frames, the free list, ref counts, block tables,
+ * copy-on-write, the host (swap) tier, stats and the invariant checker.
+ *
+ * The pool is the library's virtual memory. It manages block *indices* only:
+ * device_blocks frames of block_tokens token slots, numbered 0..N-1, whose KV
+ * the host keeps in its own tensors. Every frame is in exactly one state:
+ *
+ *            take (pop free head)            last release, not indexed
+ *   FREE ---------------------------> PINNED -------------------------> FREE
+ *    ^                                 |  ^                        (push head)
+ *    | reset_cache          last release,|  | prefix hit
+ *    |                          indexed  v  | (unlink from LRU, O(1))
+ *    +------------------------------ CACHED (on the LRU; evicted from its
+ *                                     head when the free list is empty)
+ *
+ * Metadata is struct-of-blocks (bkv__block, 40 bytes, see internal.h) plus a
+ * token store tok[N * block_tokens] holding each block's token ids: a block
+ * that fills across several appends is hashed from it, and a prefix hit is
+ * verified against it token by token. The free list is singly linked through
+ * bkv__block.next; its initial pop order is 0, 1, ..., N-1 and freed blocks
+ * are pushed on its head (LIFO, so a hot block is reused first). Allocation
+ * pops the free list and, only when it is empty, evicts the oldest cached
+ * block: unhashed blocks are always reused before cached ones. Both are O(1)
+ * and never allocate memory.
+ *
+ * A sequence (address space) is a preallocated slot whose block table is an
+ * int32_t array the host can hand to its kernels as is. Ids are slot | gen <<
+ * 20 with a 12-bit generation (1..4095, so an id is never 0) and slots are
+ * reused FIFO, so a closed id answers BKV_ENOENT for a long time. A slot keeps
+ * its table buffer across reuse; it only grows (geometrically, through the
+ * allocator hook), so after warm-up no call allocates.
+ *
+ * Every mutating call is all-or-nothing: it validates, computes what it needs
+ * (blocks, including a copy-on-write block, minus verified prefix hits found
+ * by a non-mutating pre-pass; table and copy-list capacity), fails if any is
+ * missing, and only then changes state.
+ *
+ * Copy-on-write: writing into a block that is shared (ref > 1) or indexed
+ * (cached content is immutable; a truncate can leave a sequence ending inside
+ * one) takes a fresh block, copies the first `offset` tokens, records a
+ * (src, dst) BKV_COPY_DEVICE copy and drops the reference to src. A full
+ * block is never copied: appending after it takes a new block.
+ *
+ * Release rules. close, truncate and swap-out release a sequence's blocks last
+ * to first; a block whose last reference goes is put on the LRU tail if it is
+ * indexed, else on the free list head. drop (abort) is the same except that an
+ * indexed block with no indexed children leaves the index and is freed (one
+ * with indexed children must stay: its children's chain runs through it).
+ *
+ * Host tier. Swap-out gives each table entry a free host block, copies the
+ * tokens to the host token store, records device->host copies and releases
+ * the device blocks by close's rule; the table then holds host ids. Swap-in
+ * first re-finds leading full blocks in the prefix cache (shared again, no
+ * copy), then takes device blocks for the rest with host->device copies. The
+ * host blocks those copies read stay "pending" (not reusable) until the host
+ * clears the swap-in copies.
+ *
+ * Copy lists are performed by the host in the order swap_out, swap_in,
+ * device. That order is correct as long as, between two clears, no block
+ * written or read by a pending copy is read by a later copy of an earlier
+ * list; the pool enforces it: swap-out refuses (BKV_ESTATE) a sequence with a
+ * block that is the source or destination of a pending device copy or the
+ * destination of a pending swap-in copy, and swap-in refuses while device
+ * copies are pending.
+ *
+ * bkv_pool_check's invariant numbers are the CHECK_* values below.
  */
 #include "internal.h"
+
+#include <string.h>
+
+#define SEQ_SLOT_BITS 20
+#define SEQ_SLOT_MASK ((1u << SEQ_SLOT_BITS) - 1)
+#define SEQ_GEN_MAX 0xFFFu
+
+/* bkv_pool_check's answers: the first violated invariant. */
+enum {
+	CHECK_OK = 0,
+	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
+	CHECK_FREE_LIST = 2,   /* free list: length != nr_free, a cycle, or a
+				  member pinned or indexed */
+	CHECK_LRU = 3,         /* LRU: length != nr_cached, broken prev links,
+				  or a member pinned or not indexed */
+	CHECK_STATES = 4,      /* per-block state counts != nr_used, nr_free,
+				  nr_cached, nr_indexed */
+	CHECK_FILL = 5,        /* fill > block_tokens, or an indexed block not
+				  full */
+	CHECK_INDEX = 6,       /* index entries != indexed blocks, or an indexed
+				  block not findable by its hash */
+	CHECK_PARENT = 7,      /* an indexed block's parent is not indexed */
+	CHECK_LRU_ORDER = 8,   /* a cached block's parent is neither pinned nor
+				  more recent on the LRU */
+	CHECK_KIDS = 9,        /* kids != indexed blocks naming it as parent */
+	CHECK_HASH = 10,       /* an indexed block's hash != its recomputed chain
+				  hash (token store damaged) */
+	CHECK_SEQS = 11,       /* a slot: n_blocks != ceil(len/bt), bad ids,
+				  nr_seqs/nr_swapped/slot ring mismatch */
+	CHECK_SEQ_FILL = 12,   /* a device-resident table's block has fewer
+				  tokens than the sequence reads from it */
+	CHECK_REFS = 13,       /* a ref count != table references */
+	CHECK_TOKENS = 14,     /* tokens != sum of fill over pinned blocks */
+	CHECK_HOST = 15,       /* host tier: free list, states, used blocks !=
+				  swapped tables (each exactly once), pending !=
+				  swap-in copy sources */
+	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
+};
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint32_t log2u(uint32_t v)
+{
+	uint32_t s = 0;
+
+	while ((1u << s) < v)
+		s++;
+	return s;
+}
+
+static bkv__seq *seq_get(const bkv_pool *pool, uint32_t id)
+{
+	uint32_t slot = id & SEQ_SLOT_MASK;
+	bkv__seq *s;
+
+	if (slot >= pool->cfg.max_seqs)
+		return NULL;
+	s = &pool->seqs[slot];
+	if (s->state == BKV__SEQ_FREE || s->gen != (id >> SEQ_SLOT_BITS))
+		return NULL;
+	return s;
+}
+
+static uint32_t seq_id(const bkv_pool *pool, const bkv__seq *s)
+{
+	return (uint32_t)(s - pool->seqs) | ((uint32_t)s->gen << SEQ_SLOT_BITS);
+}
+
+static uint32_t blocks_for(const bkv_pool *pool, uint64_t tokens)
+{
+	return (uint32_t)((tokens + pool->bt - 1) >> pool->bt_shift);
+}
+
+/* Make room for n entries in s's table. 0 or BKV_ENOMEM (table unchanged). */
+static int table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n)
+{
+	uint32_t cap;
+	int32_t *t;
+
+	if (n <= s->cap)
+		return 0;
+	cap = s->cap ? s->cap : 4;
+	while (cap < n)
+		cap = cap > UINT32_MAX / 2 ? n : cap * 2;
+	if (cap > pool->nb && n <= pool->nb)
+		cap = pool->nb;
+	t = bkv__realloc(&pool->alloc, s->table, (size_t)s->cap * sizeof(int32_t),
+			 (size_t)cap * sizeof(int32_t));
+	if (!t)
+		return BKV_ENOMEM;
+	s->table = t;
+	s->cap = cap;
+	return 0;
+}
+
+/* Make room for `extra` more copies of one kind. 0 or BKV_ENOMEM. */
+static int copies_reserve(bkv_pool *pool, int kind, uint32_t extra)
+{
+	bkv__copy_list *l = &pool->copies[kind];
+	uint64_t need = (uint64_t)l->n + extra, cap;
+	bkv_copy *v;
+
+	if (need <= l->cap)
+		return 0;
+	cap = l->cap ? l->cap : 16;
+	while (cap < need)
+		cap *= 2;
+	if (cap > UINT32_MAX)
+		return BKV_ENOMEM;
+	v = bkv__realloc(&pool->alloc, l->v, (size_t)l->cap * sizeof(bkv_copy),
+			 (size_t)cap * sizeof(bkv_copy));
+	if (!v)
+		return BKV_ENOMEM;
+	l->v = v;
+	l->cap = (uint32_t)cap;
+	return 0;
+}
+
+static void copy_push(bkv_pool *pool, int kind, int32_t src, int32_t dst)
+{
+	bkv__copy_list *l = &pool->copies[kind];
+
+	BKV_ASSERT(l->n < l->cap);
+	l->v[l->n].src = src;
+	l->v[l->n].dst = dst;
+	l->n++;
+}
+
+/* ---- block frames -------------------------------------------------------- */
+
+/* Take a block for a sequence whose previous block is `parent` (-1: none):
+ * pop the free list, or evict the oldest cached block. The caller has made
+ * sure one exists. Returns it pinned (ref 1, fill 0). */
+static int32_t block_take(bkv_pool *pool, int32_t parent)
+{
+	int32_t b = pool->free_head;
+	bkv__block *k;
+
+	if (b >= 0) {
+		pool->free_head = pool->blk[b].next;
+		pool->nr_free--;
+	} else {
+		b = bkv__cache_evict(pool);
+		BKV_ASSERT(b >= 0);
+	}
+	k = &pool->blk[b];
+	BKV_ASSERT(k->ref == 0 && !BLOCK_IS_INDEXED(k) && k->kids == 0);
+	k->ref = 1;
+	k->fill = 0;
+	k->parent = parent;
+	k->next = k->prev = -1;
+	pool->nr_used++;
+	return b;
+}
+
+/* Add a reference to a block found by a prefix lookup. */
+static void block_pin(bkv_pool *pool, int32_t b)
+{
+	bkv__block *k = &pool->blk[b];
+
+	if (k->ref++ == 0) {
+		bkv__lru_unlink(pool, b);
+		pool->nr_used++;
+		pool->tokens += k->fill;
+	}
+}
+
+/* Drop a reference. At zero: to the LRU tail if indexed (unless dropping and
+ * it has no indexed children), else to the free list head. */
+static void block_put(bkv_pool *pool, int32_t b, int drop)
+{
+	bkv__block *k = &pool->blk[b];
+
+	BKV_ASSERT(k->ref > 0);
+	if (--k->ref)
+		return;
+	pool->nr_used--;
+	pool->tokens -= k->fill;
+	if (BLOCK_IS_INDEXED(k)) {
+		if (!drop || k->kids > 0) {
+			bkv__lru_push(pool, b);
+			return;
+		}
+		bkv__cache_forget(pool, b);
+	}
+	k->next = pool->free_head;
+	pool->free_head = b;
+	pool->nr_free++;
+}
+
+static void host_push(bkv_pool *pool, int32_t h)
+{
+	pool->host_next[h] = pool->host_free_head;
+	pool->host_free_head = h;
+	pool->host_state[h] = BKV__HOST_FREE;
+	pool->host_free++;
+}
+
+static int32_t host_pop(bkv_pool *pool)
+{
+	int32_t h = pool->host_free_head;
+
+	BKV_ASSERT(h >= 0);
+	pool->host_free_head = pool->host_next[h];
+	pool->host_state[h] = BKV__HOST_USED;
+	pool->host_free--;
+	return h;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+void bkv_pool_config_init(bkv_pool_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->size = sizeof *cfg;
+	cfg->block_tokens = 16;
+	cfg->device_blocks = 0;
+	cfg->host_blocks = 0;
+	cfg->max_seqs = 1024;
+	cfg->watermark_blocks = 0;
+	cfg->prefix_cache = 1;
+	cfg->hash_seed = 0;
+}
+
+static int config_valid(const bkv_pool_config *c)
+{
+	uint32_t i;
+
+	if (c->size < sizeof *c)
+		return 0;
+	if (c->block_tokens == 0 || c->block_tokens > 65536 ||
+	    (c->block_tokens & (c->block_tokens - 1)) != 0)
+		return 0;
+	if (c->device_blocks == 0 || c->device_blocks > (1u << 30))
+		return 0;
+	if (c->host_blocks > (1u << 30))
+		return 0;
+	if (c->max_seqs == 0 || c->max_seqs > (1u << SEQ_SLOT_BITS))
+		return 0;
+	if (c->watermark_blocks > c->device_blocks)
+		return 0;
+	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
+		if (c->reserved[i])
+			return 0;
+	return 1;
+}
+
+static size_t index_cap(const bkv_pool *pool)
+{
+	return pool->index ? (size_t)pool->index_mask + 1 : 0;
+}
+
+static void pool_free_all(bkv_pool *pool)
+{
+	const bkv_allocator *a = &pool->alloc;
+	size_t nb = pool->nb, nh = pool->nh, bt = pool->bt;
+	uint32_t i, ms = pool->cfg.max_seqs;
+
+	if (pool->seqs)
+		for (i = 0; i < ms; i++)
+			bkv__free(a, pool->seqs[i].table,
+				  (size_t)pool->seqs[i].cap * sizeof(int32_t));
+	for (i = 0; i < 3; i++)
+		bkv__free(a, pool->copies[i].v, (size_t)pool->copies[i].cap * sizeof(bkv_copy));
+	bkv__free(a, pool->seqs, ms * sizeof(bkv__seq));
+	bkv__free(a, pool->slot_ring, ms * sizeof(uint32_t));
+	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));
+	bkv__free(a, pool->host_state, nh);
+	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
+	bkv__free(a, pool->index, index_cap(pool) * sizeof(int32_t));
+	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	bkv__free(a, pool->tok, nb * bt * sizeof(int32_t));
+	bkv__free(a, pool->blk, nb * sizeof(bkv__block));
+	bkv__free(a, pool, sizeof *pool);
+}
+
+int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_pool **out)
+{
+	bkv_allocator a;
+	bkv_pool *pool;
+	size_t nb, nh, bt, icap = 0;
+	uint32_t i, ms;
+
+	if (!cfg || !out || !config_valid(cfg))
+		return BKV_EINVAL;
+	bkv__alloc_init(&a, alloc);
+	pool = bkv__calloc(&a, 1, sizeof *pool);
+	if (!pool)
+		return BKV_ENOMEM;
+	pool->alloc = a;
+	pool->cfg = *cfg;
+	pool->cfg.size = sizeof pool->cfg;
+	pool->bt = cfg->block_tokens;
+	pool->bt_shift = log2u(cfg->block_tokens);
+	pool->nb = cfg->device_blocks;
+	pool->nh = cfg->host_blocks;
+	nb = pool->nb;
+	nh = pool->nh;
+	bt = pool->bt;
+	ms = cfg->max_seqs;
+	pool->free_head = pool->lru_head = pool->lru_tail = -1;
+	pool->host_free_head = -1;
+
+	/* Sizes cannot overflow size_t on 64-bit hosts (2^30 x 2^16 x 4); the
+	 * checks keep 32-bit hosts honest. */
+	if (nb > SIZE_MAX / bt / sizeof(bkv__block) || nh > SIZE_MAX / bt / sizeof(int32_t))
+		goto nomem;
+	if (cfg->prefix_cache) {
+		icap = 2;
+		while (icap < 2 * nb)
+			icap *= 2;
+	}
+	pool->blk = bkv__malloc(&a, nb * sizeof(bkv__block));
+	pool->tok = bkv__malloc(&a, nb * bt * sizeof(int32_t));
+	pool->scratch = bkv__malloc(&a, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	if (!pool->blk || !pool->tok || !pool->scratch)
+		goto nomem;
+	if (icap) {
+		pool->index = bkv__malloc(&a, icap * sizeof(int32_t));
+		if (!pool->index)
+			goto nomem;
+		pool->index_mask = (uint32_t)(icap - 1);
+		memset(pool->index, 0xff, icap * sizeof(int32_t));
+	}
+	if (nh) {
+		pool->host_next = bkv__malloc(&a, nh * sizeof(int32_t));
+		pool->host_state = bkv__malloc(&a, nh);
+		pool->host_tok = bkv__malloc(&a, nh * bt * sizeof(int32_t));
+		if (!pool->host_next || !pool->host_state || !pool->host_tok)
+			goto nomem;
+	}
+	pool->seqs = bkv__calloc(&a, ms, sizeof(bkv__seq));
+	pool->slot_ring = bkv__malloc(&a, ms * sizeof(uint32_t));
+	if (!pool->seqs || !pool->slot_ring)
+		goto nomem;
+	/* Copy lists start with room for one CoW per sequence and one swap copy
+	 * per host block; they grow (off the steady state) if a caller lets
+	 * more accumulate before clearing. */
+	if (copies_reserve(pool, BKV_COPY_DEVICE, ms) ||
+	    (nh && (copies_reserve(pool, BKV_COPY_SWAP_OUT, (uint32_t)nh) ||
+		    copies_reserve(pool, BKV_COPY_SWAP_IN, (uint32_t)nh))))
+		goto nomem;
+
+	for (i = 0; i < nb; i++) {
+		bkv__block *k = &pool->blk[i];
+
+		memset(k, 0, sizeof *k);
+		k->next = i + 1 < nb ? (int32_t)(i + 1) : -1;
+		k->prev = -1;
+		k->parent = -1;
+	}
+	pool->free_head = 0;
+	pool->nr_free = (uint32_t)nb;
+	for (i = 0; i < nh; i++) {
+		pool->host_next[i] = i + 1 < nh ? (int32_t)(i + 1) : -1;
+		pool->host_state[i] = BKV__HOST_FREE;
+	}
+	pool->host_free_head = nh ? 0 : -1;
+	pool->host_free = (uint32_t)nh;
+	for (i = 0; i < ms; i++) {
+		pool->seqs[i].gen = 1;
+		pool->slot_ring[i] = i;
+	}
+	*out = pool;
+	return BKV_OK;
+nomem:
+	pool_free_all(pool);
+	return BKV_ENOMEM;
+}
+
+void bkv_pool_destroy(bkv_pool *pool)
+{
+	if (pool)
+		pool_free_all(pool);
+}
+
+/* ---- sequences ----------------------------------------------------------- */
+
+static bkv__seq *slot_peek(bkv_pool *pool)
+{
+	if (pool->nr_seqs == pool->cfg.max_seqs)
+		return NULL;
+	return &pool->seqs[pool->slot_ring[pool->ring_head]];
+}
+
+static void slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
+{
+	BKV_ASSERT(s == &pool->seqs[pool->slot_ring[pool->ring_head]]);
+	pool->ring_head = pool->ring_head + 1 == pool->cfg.max_seqs ? 0 : pool->ring_head + 1;
+	pool->nr_seqs++;
+	s->state = BKV__SEQ_OPEN;
+	s->key = key;
+	s->len = 0;
+	s->n_blocks = 0;
+}
+
+static void slot_close(bkv_pool *pool, bkv__seq *s)
+{
+	uint32_t tail = pool->ring_head + (pool->cfg.max_seqs - pool->nr_seqs);
+
+	if (tail >= pool->cfg.max_seqs)
+		tail -= pool->cfg.max_seqs;
+	pool->slot_ring[tail] = (uint32_t)(s - pool->seqs);
+	pool->nr_seqs--;
+	s->state = BKV__SEQ_FREE;
+	s->len = 0;
+	s->n_blocks = 0;
+	s->gen = s->gen == SEQ_GEN_MAX ? 1 : (uint16_t)(s->gen + 1);
+}
+
+int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq)
+{
+	bkv__seq *s;
+
+	if (!pool || !seq)
+		return BKV_EINVAL;
+	s = slot_peek(pool);
+	if (!s)
+		return BKV_EAGAIN;
+	slot_open(pool, s, key);
+	*seq = seq_id(pool, s);
+	return BKV_OK;
+}
+
+int bkv_seq_open(bkv_pool *pool, uint32_t *seq)
+{
+	return bkv_seq_open_keyed(pool, 0, seq);
+}
+
+int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
+{
+	bkv__seq *s, *c;
+	uint32_t i;
+
+	if (!pool || !child)
+		return BKV_EINVAL;
+	s = seq_get(pool, parent);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	c = slot_peek(pool);
+	if (!c)
+		return BKV_EAGAIN;
+	if (table_reserve(pool, c, s->n_blocks))
+		return BKV_ENOMEM;
+	slot_open(pool, c, s->key);
+	for (i = 0; i < s->n_blocks; i++) {
+		c->table[i] = s->table[i];
+		pool->blk[s->table[i]].ref++;
+	}
+	c->n_blocks = s->n_blocks;
+	c->len = s->len;
+	*child = seq_id(pool, c);
+	return BKV_OK;
+}
+
+static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
+{
+	bkv__seq *s;
+	uint32_t i;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED) {
+		for (i = s->n_blocks; i-- > 0;)
+			host_push(pool, s->table[i]);
+		pool->nr_swapped--;
+	} else {
+		for (i = s->n_blocks; i-- > 0;)
+			block_put(pool, s->table[i], drop);
+	}
+	slot_close(pool, s);
+	return BKV_OK;
+}
+
+int bkv_seq_close(bkv_pool *pool, uint32_t seq)
+{
+	return seq_end(pool, seq, 0);
+}
+
+int bkv_seq_drop(bkv_pool *pool, uint32_t seq)
+{
+	return seq_end(pool, seq, 1);
+}
+
+/* Does writing at the end of s need a copy-on-write block? */
+static int needs_cow(const bkv_pool *pool, const bkv__seq *s)
+{
+	const bkv__block *k;
+
+	if ((s->len & (pool->bt - 1)) == 0)
+		return 0;
+	k = &pool->blk[s->table[s->n_blocks - 1]];
+	return k->ref > 1 || BLOCK_IS_INDEXED(k);
+}
+
+int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
+{
+	const bkv__seq *s;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	if (n == 0)
+		return 0;
+	return (int64_t)blocks_for(pool, (uint64_t)s->len + n) - s->n_blocks + needs_cow(pool, s);
+}
+
+int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+		   uint32_t *hit_tokens)
+{
+	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
+	int32_t last, b;
+	uint64_t need;
+	bkv__seq *s;
+	int cow;
+
+	if (!pool || (!tokens && n))
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	if (n == 0) {
+		if (hit_tokens)
+			*hit_tokens = 0;
+		return BKV_OK;
+	}
+	if ((uint64_t)s->len + n > INT32_MAX)
+		return BKV_E2BIG;
+	bt = pool->bt;
+	new_len = s->len + n;
+	new_blocks = blocks_for(pool, new_len);
+	if (new_blocks > pool->nb)
+		return BKV_E2BIG;
+	if (table_reserve(pool, s, new_blocks))
+		return BKV_ENOMEM;
+
+	off = s->len & (bt - 1);
+	nb0 = s->n_blocks;
+	last = nb0 ? s->table[nb0 - 1] : -1;
+	cow = needs_cow(pool, s);
+
+	/* Pre-pass: verified prefix hits, stashed past the table's end (not
+	 * visible until n_blocks moves). */
+	if (pool->index && off == 0 && (last < 0 || BLOCK_IS_INDEXED(&pool->blk[last]))) {
+		uint64_t ph = last < 0 ? BKV__HASH_ROOT : pool->blk[last].hash, h = 0;
+		int32_t parent = last;
+
+		while ((uint64_t)(hits + 1) * bt <= n) {
+			int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
+						      tokens + (size_t)hits * bt, &h);
+
+			if (c < 0)
+				break;
+			relinked += pool->blk[c].ref == 0;
+			s->table[nb0 + hits] = c;
+			ph = h;
+			parent = c;
+			hits++;
+		}
+	}
+	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
+	if (need > (uint64_t)pool->nr_free + pool->nr_cached - relinked)
+		return BKV_ENOSPC;
+	if (cow && copies_reserve(pool, BKV_COPY_DEVICE, 1))
+		return BKV_ENOMEM;
+
+	/* Commit. */
+	for (i = 0; i < hits; i++)
+		block_pin(pool, s->table[nb0 + i]);
+	s->n_blocks = nb0 + hits;
+	pos = hits * bt;
+	rem = n - pos;
+	if (rem && off) {
+		bkv__block *k;
+		uint32_t w;
+
+		b = last;
+		if (cow) {
+			int32_t nb = block_take(pool, nb0 >= 2 ? s->table[nb0 - 2] : -1);
+
+			memcpy(pool->tok + (size_t)nb * bt, pool->tok + (size_t)b * bt,
+			       (size_t)off * sizeof(int32_t));
+			pool->blk[nb].fill = off;
+			pool->tokens += off;
+			copy_push(pool, BKV_COPY_DEVICE, b, nb);
+			pool->blk[b].flags |= BKV__BLOCK_PEND_DEV;
+			pool->blk[nb].flags |= BKV__BLOCK_PEND_DEV;
+			pool->cow_copies++;
+			s->table[nb0 - 1] = nb;
+			block_put(pool, b, 0);
+			b = nb;
+		}
+		k = &pool->blk[b];
+		BKV_ASSERT(k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill >= off);
+		pool->tokens -= k->fill - off;
+		w = BKV_MIN(bt - off, rem);
+		memcpy(pool->tok + (size_t)b * bt + off, tokens + pos, (size_t)w * sizeof(int32_t));
+		k->fill = off + w;
+		pool->tokens += w;
+		pos += w;
+		rem -= w;
+		if (off + w == bt)
+			bkv__cache_add(pool, b, s->key);
+	}
+	while (rem) {
+		uint32_t w = BKV_MIN(bt, rem);
+
+		b = block_take(pool, s->n_blocks ? s->table[s->n_blocks - 1] : -1);
+		memcpy(pool->tok + (size_t)b * bt, tokens + pos, (size_t)w * sizeof(int32_t));
+		pool->blk[b].fill = w;
+		pool->tokens += w;
+		s->table[s->n_blocks++] = b;
+		pos += w;
+		rem -= w;
+		if (w == bt)
+			bkv__cache_add(pool, b, s->key);
+	}
+	BKV_ASSERT(s->n_blocks == new_blocks);
+	s->len = new_len;
+	pool->hit_tokens += (uint64_t)hits * bt;
+	pool->miss_tokens += n - (uint64_t)hits * bt;
+	if (hit_tokens)
+		*hit_tokens = hits * bt;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
+{
+	bkv__seq *s;
+	uint32_t nbk, i;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	if (new_len > s->len)
+		return BKV_EINVAL;
+	nbk = blocks_for(pool, new_len);
+	for (i = s->n_blocks; i-- > nbk;)
+		block_put(pool, s->table[i], 0);
+	s->n_blocks = nbk;
+	if (nbk) {
+		bkv__block *k = &pool->blk[s->table[nbk - 1]];
+		uint32_t off = new_len - (nbk - 1) * pool->bt;
+
+		/* A private, unindexed block forgets the tokens cut off. */
+		if (k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill > off) {
+			pool->tokens -= k->fill - off;
+			k->fill = off;
+		}
+	}
+	s->len = new_len;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_blocks)
+{
+	const bkv__seq *s = pool ? seq_get(pool, seq) : NULL;
+
+	if (n_blocks)
+		*n_blocks = s ? s->n_blocks : 0;
+	if (!s)
+		return NULL;
+	return s->table;
+}
+
+int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *info)
+{
+	const bkv__seq *s;
+
+	if (!pool || !info)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	info->len = s->len;
+	info->n_blocks = s->n_blocks;
+	info->swapped = s->state == BKV__SEQ_SWAPPED;
+	info->key = s->key;
+	return BKV_OK;
+}
+
+/* ---- swap ---------------------------------------------------------------- */
+
+/* Tokens of logical block i of a sequence of len tokens. */
+static uint32_t block_len(const bkv_pool *pool, uint32_t len, uint32_t i)
+{
+	uint32_t start = i * pool->bt;
+
+	return BKV_MIN(pool->bt, len - start);
+}
+
+int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
+{
+	const uint32_t pend = BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN;
+	bkv__copy_list *l;
+	bkv__seq *s;
+	uint32_t i, first;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED || pool->nh == 0)
+		return BKV_ESTATE;
+	for (i = 0; i < s->n_blocks; i++)
+		if (pool->blk[s->table[i]].flags & pend)
+			return BKV_ESTATE;
+	if (s->n_blocks > pool->host_free)
+		return BKV_ENOSPC;
+	if (copies_reserve(pool, BKV_COPY_SWAP_OUT, s->n_blocks))
+		return BKV_ENOMEM;
+
+	l = &pool->copies[BKV_COPY_SWAP_OUT];
+	first = l->n;
+	for (i = 0; i < s->n_blocks; i++) {
+		int32_t d = s->table[i], h = host_pop(pool);
+
+		memcpy(pool->host_tok + (size_t)h * pool->bt, pool->tok + (size_t)d * pool->bt,
+		       (size_t)block_len(pool, s->len, i) * sizeof(int32_t));
+		copy_push(pool, BKV_COPY_SWAP_OUT, d, h);
+	}
+	for (i = s->n_blocks; i-- > 0;) {
+		block_put(pool, s->table[i], 0);
+		s->table[i] = l->v[first + i].dst;
+	}
+	pool->swap_out_blocks += s->n_blocks;
+	s->state = BKV__SEQ_SWAPPED;
+	pool->nr_swapped++;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
+{
+	uint32_t bt, i, n_full, hits = 0, relinked = 0;
+	uint64_t ph = BKV__HASH_ROOT, h = 0;
+	int32_t parent = -1;
+	bkv__seq *s;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state != BKV__SEQ_SWAPPED || pool->copies[BKV_COPY_DEVICE].n)
+		return BKV_ESTATE;
+	bt = pool->bt;
+	n_full = s->len >> pool->bt_shift;
+
+	/* Pre-pass: leading full blocks still in the prefix cache. */
+	if (pool->index) {
+		while (hits < n_full) {
+			int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
+						      pool->host_tok + (size_t)s->table[hits] * bt,
+						      &h);
+
+			if (c < 0)
+				break;
+			relinked += pool->blk[c].ref == 0;
+			ph = h;
+			parent = c;
+			hits++;
+		}
+	}
+	if ((uint64_t)s->n_blocks - hits > (uint64_t)pool->nr_free + pool->nr_cached - relinked)
+		return BKV_ENOSPC;
+	if (copies_reserve(pool, BKV_COPY_SWAP_IN, s->n_blocks - hits))
+		return BKV_ENOMEM;
+
+	/* Commit: the same walk again (nothing changed), then copies. */
+	ph = BKV__HASH_ROOT;
+	parent = -1;
+	for (i = 0; i < hits; i++) {
+		int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
+					      pool->host_tok + (size_t)s->table[i] * bt, &h);
+
+		BKV_ASSERT(c >= 0);
+		block_pin(pool, c);
+		host_push(pool, s->table[i]);
+		s->table[i] = c;
+		ph = h;
+		parent = c;
+	}
+	for (i = hits; i < s->n_blocks; i++) {
+		int32_t hb = s->table[i], d = block_take(pool, i ? s->table[i - 1] : -1);
+		uint32_t w = block_len(pool, s->len, i);
+
+		memcpy(pool->tok + (size_t)d * bt, pool->host_tok + (size_t)hb * bt,
+		       (size_t)w * sizeof(int32_t));
+		pool->blk[d].fill = w;
+		pool->blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
+		pool->tokens += w;
+		copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
+		pool->host_state[hb] = BKV__HOST_PENDING;
+		pool->host_pending++;
+		s->table[i] = d;
+		if (w == bt)
+			bkv__cache_add(pool, d, s->key);
+	}
+	pool->swap_in_blocks += s->n_blocks - hits;
+	s->state = BKV__SEQ_OPEN;
+	pool->nr_swapped--;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+/* ---- copies, admission, reset, stats ------------------------------------- */
+
+uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out)
+{
+	if (out)
+		*out = NULL;
+	if (!pool || (unsigned)kind > BKV_COPY_SWAP_IN)
+		return 0;
+	if (out)
+		*out = pool->copies[kind].v;
+	return pool->copies[kind].n;
+}
+
+void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
+{
+	bkv__copy_list *l;
+	uint32_t i;
+
+	if (!pool || (unsigned)kind > BKV_COPY_SWAP_IN)
+		return;
+	l = &pool->copies[kind];
+	for (i = 0; i < l->n; i++) {
+		if (kind == BKV_COPY_DEVICE) {
+			pool->blk[l->v[i].src].flags &= ~BKV__BLOCK_PEND_DEV;
+			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_DEV;
+		} else if (kind == BKV_COPY_SWAP_IN) {
+			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
+			pool->host_pending--;
+			host_push(pool, l->v[i].src);
+		}
+	}
+	l->n = 0;
+}
+
+uint32_t bkv_pool_available(const bkv_pool *pool)
+{
+	return pool ? pool->nr_free + pool->nr_cached : 0;
+}
+
+int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
+{
+	uint64_t avail;
+
+	if (!pool)
+		return 0;
+	avail = (uint64_t)pool->nr_free + pool->nr_cached;
+	return avail >= (uint64_t)blocks_for(pool, n_tokens) + pool->cfg.watermark_blocks;
+}
+
+int bkv_pool_reset_cache(bkv_pool *pool)
+{
+	uint32_t i;
+
+	if (!pool)
+		return BKV_EINVAL;
+	/* Oldest first onto the free head: the newest cached block is reused
+	 * first afterwards. */
+	while (pool->lru_head >= 0) {
+		int32_t b = pool->lru_head;
+
+		bkv__lru_unlink(pool, b);
+		pool->blk[b].next = pool->free_head;
+		pool->free_head = b;
+		pool->nr_free++;
+	}
+	for (i = 0; i < pool->nb; i++) {
+		pool->blk[i].flags &= ~BKV__BLOCK_INDEXED;
+		pool->blk[i].kids = 0;
+	}
+	if (pool->index)
+		memset(pool->index, 0xff, index_cap(pool) * sizeof(int32_t));
+	pool->nr_indexed = 0;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
+{
+	bkv_pool_stats st;
+	size_t n;
+
+	if (!stats)
+		return;
+	n = stats->size ? BKV_MIN((size_t)stats->size, sizeof st) : sizeof st;
+	memset(&st, 0, sizeof st);
+	if (pool) {
+		st.block_tokens = pool->bt;
+		st.device_blocks = pool->nb;
+		st.host_blocks = pool->nh;
+		st.nr_free = pool->nr_free;
+		st.nr_used = pool->nr_used;
+		st.nr_cached = pool->nr_cached;
+		st.nr_indexed = pool->nr_indexed;
+		st.host_free = pool->host_free;
+		st.host_used = pool->nh - pool->host_free;
+		st.nr_seqs = pool->nr_seqs;
+		st.nr_swapped = pool->nr_swapped;
+		st.tokens = pool->tokens;
+		st.waste_slots = (uint64_t)pool->nr_used * pool->bt - pool->tokens;
+		st.hit_tokens = pool->hit_tokens;
+		st.miss_tokens = pool->miss_tokens;
+		st.evictions = pool->evictions;
+		st.cow_copies = pool->cow_copies;
+		st.swap_out_blocks = pool->swap_out_blocks;
+		st.swap_in_blocks = pool->swap_in_blocks;
+	}
+	st.size = (uint32_t)n;
+	memcpy(stats, &st, n);
+}
+
+/* ---- the checker --------------------------------------------------------- */
+
+static int check_blocks(const bkv_pool *pool)
+{
+	uint32_t nb = pool->nb, bt = pool->bt, i, n, used = 0, freec = 0, cached = 0, idx = 0;
+	uint32_t *sc = pool->scratch;
+	uint64_t tokens = 0;
+	int32_t b, prev;
+
+	if ((uint64_t)pool->nr_free + pool->nr_used + pool->nr_cached != nb)
+		return CHECK_COUNTS;
+	for (n = 0, b = pool->free_head; b >= 0; b = pool->blk[b].next, n++) {
+		if ((uint32_t)b >= nb || n >= nb || !BLOCK_IS_FREE(&pool->blk[b]))
+			return CHECK_FREE_LIST;
+	}
+	if (n != pool->nr_free)
+		return CHECK_FREE_LIST;
+	/* LRU: scratch[b] = 1-based position from the head (older = smaller). */
+	memset(sc, 0, (size_t)nb * sizeof *sc);
+	for (n = 0, prev = -1, b = pool->lru_head; b >= 0; prev = b, b = pool->blk[b].next) {
+		if ((uint32_t)b >= nb || n >= nb || !BLOCK_IS_CACHED(&pool->blk[b]) ||
+		    pool->blk[b].prev != prev)
+			return CHECK_LRU;
+		sc[b] = ++n;
+	}
+	if (n != pool->nr_cached || pool->lru_tail != prev)
+		return CHECK_LRU;
+	for (i = 0; i < nb; i++) {
+		const bkv__block *k = &pool->blk[i];
+
+		used += BLOCK_IS_PINNED(k);
+		freec += BLOCK_IS_FREE(k);
+		cached += BLOCK_IS_CACHED(k);
+		idx += BLOCK_IS_INDEXED(k);
+		if (BLOCK_IS_PINNED(k))
+			tokens += k->fill;
+		if (k->fill > bt || (BLOCK_IS_INDEXED(k) && k->fill != bt))
+			return CHECK_FILL;
+	}
+	if (used != pool->nr_used || freec != pool->nr_free || cached != pool->nr_cached ||
+	    idx != pool->nr_indexed)
+		return CHECK_STATES;
+	if (tokens != pool->tokens)
+		return CHECK_TOKENS;
+	/* The index holds exactly the indexed blocks, each findable. */
+	if (pool->index) {
+		size_t cap = index_cap(pool), j;
+
+		for (n = 0, j = 0; j < cap; j++) {
+			b = pool->index[j];
+			if (b < 0)
+				continue;
+			if ((uint32_t)b >= nb || !BLOCK_IS_INDEXED(&pool->blk[b]))
+				return CHECK_INDEX;
+			n++;
+		}
+		if (n != pool->nr_indexed)
+			return CHECK_INDEX;
+	} else if (pool->nr_indexed) {
+		return CHECK_INDEX;
+	}
+	for (i = 0; i < nb; i++) {
+		const bkv__block *k = &pool->blk[i];
+		const bkv__block *p;
+
+		if (!BLOCK_IS_INDEXED(k))
+			continue;
+		if (bkv__index_find(pool, k->hash) != (int32_t)i)
+			return CHECK_INDEX;
+		p = k->parent >= 0 ? &pool->blk[k->parent] : NULL;
+		if (k->parent >= (int32_t)nb || (p && !BLOCK_IS_INDEXED(p)))
+			return CHECK_PARENT;
+		if (BLOCK_IS_CACHED(k) && p && !BLOCK_IS_PINNED(p) && sc[k->parent] <= sc[i])
+			return CHECK_LRU_ORDER;
+		if (k->hash != bkv__block_hash(pool->cfg.hash_seed,
+					       p ? p->hash : BKV__HASH_ROOT, k->key,
+					       pool->tok + (size_t)i * bt, bt))
+			return CHECK_HASH;
+	}
+	/* kids: count indexed children per block. */
+	memset(sc, 0, (size_t)nb * sizeof *sc);
+	for (i = 0; i < nb; i++)
+		if (BLOCK_IS_INDEXED(&pool->blk[i]) && pool->blk[i].parent >= 0)
+			sc[pool->blk[i].parent]++;
+	for (i = 0; i < nb; i++)
+		if (sc[i] != pool->blk[i].kids)
+			return CHECK_KIDS;
+	return CHECK_OK;
+}
+
+static int check_seqs(const bkv_pool *pool)
+{
+	uint32_t nb = pool->nb, nh = pool->nh, ms = pool->cfg.max_seqs, i, j;
+	uint32_t open = 0, swapped = 0, *sc = pool->scratch;
+	uint64_t host_refs = 0;
+
+	/* Slots and tables; device references counted into scratch. */
+	memset(sc, 0, (size_t)nb * sizeof *sc);
+	for (i = 0; i < ms; i++) {
+		const bkv__seq *s = &pool->seqs[i];
+
+		if (s->gen == 0 || s->gen > SEQ_GEN_MAX || s->state > BKV__SEQ_SWAPPED)
+			return CHECK_SEQS;
+		if (s->state == BKV__SEQ_FREE) {
+			if (s->n_blocks || s->len)
+				return CHECK_SEQS;
+			continue;
+		}
+		open++;
+		if (s->n_blocks != blocks_for(pool, s->len) || s->n_blocks > s->cap ||
+		    s->len > INT32_MAX)
+			return CHECK_SEQS;
+		if (s->state == BKV__SEQ_SWAPPED) {
+			swapped++;
+			host_refs += s->n_blocks;
+			for (j = 0; j < s->n_blocks; j++)
+				if (s->table[j] < 0 || (uint32_t)s->table[j] >= nh)
+					return CHECK_SEQS;
+			continue;
+		}
+		for (j = 0; j < s->n_blocks; j++) {
+			int32_t b = s->table[j];
+
+			if (b < 0 || (uint32_t)b >= nb)
+				return CHECK_SEQS;
+			sc[b]++;
+			if (pool->blk[b].fill < block_len(pool, s->len, j))
+				return CHECK_SEQ_FILL;
+		}
+	}
+	if (open != pool->nr_seqs || swapped != pool->nr_swapped)
+		return CHECK_SEQS;
+	for (i = 0; i < ms - open; i++) {
+		uint32_t r = pool->ring_head + i;
+
+		if (r >= ms)
+			r -= ms;
+		if (pool->slot_ring[r] >= ms || pool->seqs[pool->slot_ring[r]].state != BKV__SEQ_FREE)
+			return CHECK_SEQS;
+	}
+	for (i = 0; i < nb; i++)
+		if (sc[i] != pool->blk[i].ref)
+			return CHECK_REFS;
+
+	/* Host tier: scratch[h] = references from swapped tables. */
+	if (nh) {
+		uint32_t n, used = 0, pending = 0;
+		const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_IN];
+		int32_t h;
+
+		memset(sc, 0, (size_t)nh * sizeof *sc);
+		for (i = 0; i < ms; i++) {
+			const bkv__seq *s = &pool->seqs[i];
+
+			if (s->state == BKV__SEQ_SWAPPED)
+				for (j = 0; j < s->n_blocks; j++)
+					sc[s->table[j]]++;
+		}
+		for (n = 0, h = pool->host_free_head; h >= 0; h = pool->host_next[h], n++)
+			if ((uint32_t)h >= nh || n >= nh || pool->host_state[h] != BKV__HOST_FREE)
+				return CHECK_HOST;
+		if (n != pool->host_free)
+			return CHECK_HOST;
+		for (i = 0; i < l->n; i++) {
+			h = l->v[i].src;
+			if (h < 0 || (uint32_t)h >= nh || pool->host_state[h] != BKV__HOST_PENDING ||
+			    sc[h] != 0)
+				return CHECK_HOST;
+			sc[h] = UINT32_MAX; /* seen as a source once */
+		}
+		for (i = 0; i < nh; i++) {
+			uint8_t st = pool->host_state[i];
+
+			used += st == BKV__HOST_USED;
+			pending += st == BKV__HOST_PENDING;
+			if ((st == BKV__HOST_USED) != (sc[i] == 1) ||
+			    (st == BKV__HOST_PENDING) != (sc[i] == UINT32_MAX))
+				return CHECK_HOST;
+		}
+		if (used != host_refs || pending != pool->host_pending || pending != l->n ||
+		    (uint64_t)pool->host_free + used + pending != nh)
+			return CHECK_HOST;
+	} else if (host_refs || pool->host_free || pool->host_pending) {
+		return CHECK_HOST;
+	}
+	return CHECK_OK;
+}
+
+static int check_pending(const bkv_pool *pool)
+{
+	const bkv__copy_list *d = &pool->copies[BKV_COPY_DEVICE];
+	const bkv__copy_list *si = &pool->copies[BKV_COPY_SWAP_IN];
+	uint32_t i;
+
+	for (i = 0; i < d->n; i++) {
+		if (d->v[i].src < 0 || (uint32_t)d->v[i].src >= pool->nb || d->v[i].dst < 0 ||
+		    (uint32_t)d->v[i].dst >= pool->nb ||
+		    !(pool->blk[d->v[i].src].flags & BKV__BLOCK_PEND_DEV) ||
+		    !(pool->blk[d->v[i].dst].flags & BKV__BLOCK_PEND_DEV))
+			return CHECK_PENDING;
+	}
+	for (i = 0; i < si->n; i++)
+		if (si->v[i].dst < 0 || (uint32_t)si->v[i].dst >= pool->nb ||
+		    !(pool->blk[si->v[i].dst].flags & BKV__BLOCK_PEND_SWAPIN))
+			return CHECK_PENDING;
+	return CHECK_OK;
+}
+
+int bkv_pool_check(const bkv_pool *pool)
+{
+	int r;
+
+	if (!pool)
+		return BKV_EINVAL;
+	r = check_blocks(pool);
+	if (r == CHECK_OK)
+		r = check_seqs(pool);
+	if (r == CHECK_OK)
+		r = check_pending(pool);
+	return r;
+}
