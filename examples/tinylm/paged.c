@@ -1,0 +1,365 @@
+/*
+ * paged.c - tinylm's host callbacks: the model over a paged KV cache.
+ *
+ * The KV cache is one preallocated tensor per tier, laid out per layer the way
+ * FlashInfer's paged cache is (NHD: block, K/V, slot, head, dim):
+ *
+ *   kv[layer][block][2][block_tokens][n_kv_heads * head_dim]     device tier
+ *   kv_host[layer][host_block][2][block_tokens][...]             host tier
+ *
+ * A callback first performs the batch's block copies in the contract's order
+ * (swap_out: device -> host; swap_in: host -> device; copies: device ->
+ * device, the copy-on-write ones), then runs the rows' tokens through the
+ * model layer by layer. In each layer it computes Q/K/V for every token,
+ * writes each token's K/V at slot_mapping[t] (block = slot / block_tokens,
+ * offset = slot % block_tokens, vLLM's reshape_and_cache), and then lets each
+ * query attend to its row's context, which it reads only through the block
+ * table: row r's blocks are kv_indices[kv_indptr[r] .. kv_indptr[r+1]), its
+ * context is (blocks - 1) * block_tokens + kv_last_page_len[r] tokens, and its
+ * qo_len tokens are the last ones of that context (causal: token i of the row
+ * sees positions 0 .. ctx - qo_len + i). Rows marked in row_sample then
+ * sample a token from their last token's logits.
+ *
+ * The host trusts nothing: before touching memory it checks every index and
+ * that positions, slot_mapping and the block tables tell one story. A batch
+ * that does not is counted, described, and failed with -1, so a scheduler bug
+ * shows up as a host error instead of silently wrong tokens.
+ */
+#include "tinylm.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct tlm_host {
+	const tlm_model *m;       /* not owned */
+	uint32_t block_tokens;    /* slots per block */
+	uint32_t device_blocks;   /* blocks in kv */
+	uint32_t host_blocks;     /* blocks in kv_host (0: no swap tier) */
+	size_t block_floats;      /* floats of one block in one layer: 2 * bt * kv_width */
+	float *kv;                /* [layers][device_blocks][2][bt][kv_width] */
+	float *kv_host;           /* [layers][host_blocks][2][bt][kv_width] */
+	/* scratch, grown to the largest batch (cap_tokens tokens, cap_ctx
+	 * context positions) */
+	uint32_t cap_tokens;
+	uint32_t cap_ctx;
+	float *x, *q, *k, *v, *attn, *tmp, *hid; /* per-token activations */
+	float *scores;            /* [cap_ctx] */
+	const float **krows;      /* [cap_ctx] */
+	const float **vrows;      /* [cap_ctx] */
+	float *logits;            /* [vocab] */
+	float *ltmp;              /* [dim] */
+	int fail_next;            /* tlm_host_fail_next armed */
+	tlm_host_stats stats;
+	char last_error[256];     /* the last contract violation */
+};
+
+uint64_t tlm_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+tlm_host *tlm_host_create(const tlm_model *m, uint32_t block_tokens, uint32_t device_blocks,
+			  uint32_t host_blocks)
+{
+	if (!m || !block_tokens || !device_blocks)
+		return NULL;
+	tlm_host *h = calloc(1, sizeof(*h));
+	if (!h)
+		return NULL;
+	const tlm_config *c = &m->cfg;
+	h->m = m;
+	h->block_tokens = block_tokens;
+	h->device_blocks = device_blocks;
+	h->host_blocks = host_blocks;
+	h->block_floats = 2 * (size_t)block_tokens * tlm_kv_width(c);
+	/* calloc: a kernel reading a slot nobody wrote sees zeros, and ASan
+	 * would not hide an uninitialised read behind garbage. */
+	h->kv = calloc((size_t)c->layers * device_blocks * h->block_floats, sizeof(float));
+	if (host_blocks)
+		h->kv_host = calloc((size_t)c->layers * host_blocks * h->block_floats, sizeof(float));
+	h->logits = malloc(c->vocab * sizeof(float));
+	h->ltmp = malloc(c->dim * sizeof(float));
+	if (!h->kv || (host_blocks && !h->kv_host) || !h->logits || !h->ltmp) {
+		tlm_host_destroy(h);
+		return NULL;
+	}
+	return h;
+}
+
+void tlm_host_destroy(tlm_host *h)
+{
+	if (!h)
+		return;
+	free(h->kv), free(h->kv_host), free(h->x), free(h->q), free(h->k), free(h->v);
+	free(h->attn), free(h->tmp), free(h->hid), free(h->scores);
+	free(h->krows), free(h->vrows), free(h->logits), free(h->ltmp);
+	free(h);
+}
+
+void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out)
+{
+	*out = h->stats;
+}
+
+const char *tlm_host_last_error(const tlm_host *h)
+{
+	return h->last_error;
+}
+
+void tlm_host_fail_next(tlm_host *h)
+{
+	h->fail_next = 1;
+}
+
+/* Block b of layer l on a tier. */
+static float *block_ptr(const tlm_host *h, float *tier, uint32_t n_blocks, uint32_t l, int32_t b)
+{
+	return tier + ((size_t)l * n_blocks + (size_t)b) * h->block_floats;
+}
+
+float *tlm_host_kv_row(tlm_host *h, uint32_t layer, int32_t block, uint32_t offset, int kv)
+{
+	const uint32_t kvw = tlm_kv_width(&h->m->cfg);
+	return block_ptr(h, h->kv, h->device_blocks, layer, block) +
+	       ((size_t)kv * h->block_tokens + offset) * kvw;
+}
+
+static int grow(void **p, size_t bytes)
+{
+	void *n = realloc(*p, bytes);
+	if (!n)
+		return -1;
+	*p = n;
+	return 0;
+}
+
+static int reserve(tlm_host *h, uint32_t tokens, uint32_t ctx)
+{
+	const tlm_config *c = &h->m->cfg;
+	if (tokens > h->cap_tokens) {
+		const size_t n = tokens, qw = tlm_q_width(c), kvw = tlm_kv_width(c);
+		const size_t d = c->dim > qw ? c->dim : qw;
+		if (grow((void **)&h->x, n * c->dim * sizeof(float)) ||
+		    grow((void **)&h->q, n * qw * sizeof(float)) ||
+		    grow((void **)&h->k, n * kvw * sizeof(float)) ||
+		    grow((void **)&h->v, n * kvw * sizeof(float)) ||
+		    grow((void **)&h->attn, n * qw * sizeof(float)) ||
+		    grow((void **)&h->tmp, n * d * sizeof(float)) ||
+		    grow((void **)&h->hid, 2 * n * c->ffn * sizeof(float)))
+			return -1;
+		h->cap_tokens = tokens;
+	}
+	if (ctx > h->cap_ctx) {
+		if (grow((void **)&h->scores, ctx * sizeof(float)) ||
+		    grow((void **)&h->krows, ctx * sizeof(float *)) ||
+		    grow((void **)&h->vrows, ctx * sizeof(float *)))
+			return -1;
+		h->cap_ctx = ctx;
+	}
+	return 0;
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static int violation(tlm_host *h, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(h->last_error, sizeof(h->last_error), fmt, ap);
+	va_end(ap);
+	h->stats.violations++;
+	return -1;
+}
+
+/* Row r's context length from its block table. */
+static uint32_t row_ctx(const bkv_batch *b, uint32_t r)
+{
+	const uint32_t nb = (uint32_t)(b->kv_indptr[r + 1] - b->kv_indptr[r]);
+	return nb ? (nb - 1) * b->block_tokens + (uint32_t)b->kv_last_page_len[r] : 0;
+}
+
+/* Check everything the computation will rely on; returns the largest context
+ * through *max_ctx. */
+static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_t *max_ctx)
+{
+	const tlm_config *c = &h->m->cfg;
+	if (b->kind != want)
+		return violation(h, "batch kind %d in a kind-%d callback", (int)b->kind, (int)want);
+	if (b->block_tokens != h->block_tokens)
+		return violation(h, "block_tokens %u, host has %u", b->block_tokens, h->block_tokens);
+	if (b->n_decode_rows > b->n_rows)
+		return violation(h, "n_decode_rows %u > n_rows %u", b->n_decode_rows, b->n_rows);
+	if (want == BKV_CALL_DECODE && b->n_decode_rows != b->n_rows)
+		return violation(h, "decode call with %u prefill rows", b->n_rows - b->n_decode_rows);
+	if (want == BKV_CALL_PREFILL && b->n_decode_rows != 0)
+		return violation(h, "prefill call with %u decode rows", b->n_decode_rows);
+	for (uint32_t i = 0; i < b->n_swap_out; i++)
+		if (b->swap_out[i].src < 0 || (uint32_t)b->swap_out[i].src >= h->device_blocks ||
+		    b->swap_out[i].dst < 0 || (uint32_t)b->swap_out[i].dst >= h->host_blocks)
+			return violation(h, "swap_out %d->%d out of range", b->swap_out[i].src,
+					 b->swap_out[i].dst);
+	for (uint32_t i = 0; i < b->n_swap_in; i++)
+		if (b->swap_in[i].src < 0 || (uint32_t)b->swap_in[i].src >= h->host_blocks ||
+		    b->swap_in[i].dst < 0 || (uint32_t)b->swap_in[i].dst >= h->device_blocks)
+			return violation(h, "swap_in %d->%d out of range", b->swap_in[i].src,
+					 b->swap_in[i].dst);
+	for (uint32_t i = 0; i < b->n_copies; i++)
+		if (b->copies[i].src < 0 || (uint32_t)b->copies[i].src >= h->device_blocks ||
+		    b->copies[i].dst < 0 || (uint32_t)b->copies[i].dst >= h->device_blocks ||
+		    b->copies[i].src == b->copies[i].dst)
+			return violation(h, "copy %d->%d invalid", b->copies[i].src, b->copies[i].dst);
+	if (b->n_rows == 0)
+		return 0;
+	if (b->qo_indptr[0] != 0 || b->kv_indptr[0] != 0)
+		return violation(h, "indptr does not start at 0");
+	if ((uint32_t)b->qo_indptr[b->n_rows] != b->n_tokens)
+		return violation(h, "qo_indptr ends at %d, n_tokens %u", b->qo_indptr[b->n_rows],
+				 b->n_tokens);
+	*max_ctx = 0;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+		const int32_t k0 = b->kv_indptr[r], k1 = b->kv_indptr[r + 1];
+		if (q1 <= q0 || k1 <= k0)
+			return violation(h, "row %u empty (qo %d..%d, kv %d..%d)", r, q0, q1, k0, k1);
+		if (r < b->n_decode_rows && q1 - q0 != 1)
+			return violation(h, "decode row %u has %d tokens", r, q1 - q0);
+		const int32_t last = b->kv_last_page_len[r];
+		if (last < 1 || (uint32_t)last > h->block_tokens)
+			return violation(h, "row %u kv_last_page_len %d", r, last);
+		const uint32_t ctx = row_ctx(b, r), qo = (uint32_t)(q1 - q0);
+		if (ctx < qo || ctx > c->max_pos)
+			return violation(h, "row %u context %u, %u new tokens", r, ctx, qo);
+		if (ctx > *max_ctx)
+			*max_ctx = ctx;
+		for (int32_t i = k0; i < k1; i++)
+			if (b->kv_indices[i] < 0 || (uint32_t)b->kv_indices[i] >= h->device_blocks)
+				return violation(h, "row %u block %d out of range", r, b->kv_indices[i]);
+		for (int32_t t = q0; t < q1; t++) {
+			const uint32_t pos = ctx - qo + (uint32_t)(t - q0);
+			if (b->positions[t] != (int32_t)pos)
+				return violation(h, "row %u token %d position %d, block table says %u",
+						 r, t, b->positions[t], pos);
+			if (b->token_ids[t] < 0 || (uint32_t)b->token_ids[t] >= c->vocab)
+				return violation(h, "token id %d out of range", b->token_ids[t]);
+			const int64_t want_slot =
+				(int64_t)b->kv_indices[k0 + (int32_t)(pos / h->block_tokens)] *
+					h->block_tokens + pos % h->block_tokens;
+			if (b->slot_mapping[t] != want_slot)
+				return violation(h, "row %u token %d slot %d, block table says %lld", r,
+						 t, b->slot_mapping[t], (long long)want_slot);
+		}
+	}
+	return 0;
+}
+
+static void copy_block(tlm_host *h, float *dst_tier, uint32_t dst_n, int32_t dst, float *src_tier,
+		       uint32_t src_n, int32_t src)
+{
+	for (uint32_t l = 0; l < h->m->cfg.layers; l++)
+		memcpy(block_ptr(h, dst_tier, dst_n, l, dst), block_ptr(h, src_tier, src_n, l, src),
+		       h->block_floats * sizeof(float));
+}
+
+static void do_copies(tlm_host *h, const bkv_batch *b)
+{
+	for (uint32_t i = 0; i < b->n_swap_out; i++)
+		copy_block(h, h->kv_host, h->host_blocks, b->swap_out[i].dst, h->kv,
+			   h->device_blocks, b->swap_out[i].src);
+	for (uint32_t i = 0; i < b->n_swap_in; i++)
+		copy_block(h, h->kv, h->device_blocks, b->swap_in[i].dst, h->kv_host,
+			   h->host_blocks, b->swap_in[i].src);
+	for (uint32_t i = 0; i < b->n_copies; i++)
+		copy_block(h, h->kv, h->device_blocks, b->copies[i].dst, h->kv, h->device_blocks,
+			   b->copies[i].src);
+	h->stats.swap_out += b->n_swap_out;
+	h->stats.swap_in += b->n_swap_in;
+	h->stats.copies += b->n_copies;
+}
+
+static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_call_kind want)
+{
+	const uint64_t t0 = tlm_now_us();
+	if (h->fail_next) {
+		h->fail_next = 0;
+		return -1;
+	}
+	uint32_t max_ctx = 0;
+	if (validate(h, b, want, &max_ctx))
+		return -1;
+	if (reserve(h, b->n_tokens, max_ctx))
+		return -1;
+	do_copies(h, b);
+	h->stats.calls[want]++;
+	if (b->n_rows == 0)
+		return 0;
+	const tlm_model *m = h->m;
+	const tlm_config *c = &m->cfg;
+	const uint32_t n = b->n_tokens, bt = h->block_tokens;
+	const uint32_t qw = tlm_q_width(c), kvw = tlm_kv_width(c);
+	tlm_embed(m, n, b->token_ids, h->x);
+	for (uint32_t l = 0; l < c->layers; l++) {
+		tlm_layer_qkv(m, l, n, h->x, b->positions, h->q, h->k, h->v, h->tmp);
+		/* reshape_and_cache: new K/V go where slot_mapping says. */
+		for (uint32_t t = 0; t < n; t++) {
+			const int32_t slot = b->slot_mapping[t];
+			const int32_t blk = slot / (int32_t)bt;
+			const uint32_t off = (uint32_t)slot % bt;
+			float *base = block_ptr(h, h->kv, h->device_blocks, l, blk);
+			memcpy(base + (size_t)off * kvw, h->k + (size_t)t * kvw, kvw * sizeof(float));
+			memcpy(base + ((size_t)bt + off) * kvw, h->v + (size_t)t * kvw,
+			       kvw * sizeof(float));
+		}
+		/* Paged attention: context only through the block table. */
+		for (uint32_t r = 0; r < b->n_rows; r++) {
+			const int32_t *blocks = b->kv_indices + b->kv_indptr[r];
+			const uint32_t ctx = row_ctx(b, r);
+			for (uint32_t j = 0; j < ctx; j++) {
+				const float *base =
+					block_ptr(h, h->kv, h->device_blocks, l, blocks[j / bt]);
+				h->krows[j] = base + (size_t)(j % bt) * kvw;
+				h->vrows[j] = base + ((size_t)bt + j % bt) * kvw;
+			}
+			const uint32_t q0 = (uint32_t)b->qo_indptr[r], q1 = (uint32_t)b->qo_indptr[r + 1];
+			for (uint32_t t = q0; t < q1; t++)
+				tlm_attend(m, h->q + (size_t)t * qw, ctx - (q1 - t) + 1, h->krows,
+					   h->vrows, h->attn + (size_t)t * qw, h->scores);
+		}
+		tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
+	}
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		if (!b->row_sample[r])
+			continue;
+		const uint32_t last = (uint32_t)b->qo_indptr[r + 1] - 1;
+		const tlm_sampling *s = b->row_user[r];
+		tlm_logits(m, h->x + (size_t)last * c->dim, h->logits, h->ltmp);
+		next_tokens[r] = tlm_sample(h->logits, c->vocab, s ? s->n_samples : 1,
+					    s ? s->seed : 0, b->row_branch[r],
+					    (uint32_t)b->positions[last] + 1);
+		h->stats.sampled++;
+	}
+	h->stats.rows += b->n_rows;
+	h->stats.tokens += n;
+	h->stats.compute_us += (double)(tlm_now_us() - t0);
+	return 0;
+}
+
+int tlm_host_forward(void *host, const bkv_batch *batch, int32_t *next_tokens)
+{
+	return compute(host, batch, next_tokens, BKV_CALL_MIXED);
+}
+
+int tlm_host_prefill(void *host, const bkv_batch *batch, int32_t *next_tokens)
+{
+	return compute(host, batch, next_tokens, BKV_CALL_PREFILL);
+}
+
+int tlm_host_decode(void *host, const bkv_batch *batch, int32_t *next_tokens)
+{
+	return compute(host, batch, next_tokens, BKV_CALL_DECODE);
+}

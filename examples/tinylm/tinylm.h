@@ -1,0 +1,179 @@
+/*
+ * tinylm.h - the pieces of the tinylm example around the model: the reference
+ * mode (ref.c), the paged host that serves libbatchkv batches (paged.c) and the
+ * workload driver shared by the demo, the threaded variant and the test
+ * (serve.c).
+ */
+#ifndef TINYLM_H
+#define TINYLM_H
+
+#include "batchkv.h"
+#include "model.h"
+
+/* ------------------------------------------------------------------------ */
+/* ref.c                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Generate for one request alone over a contiguous KV cache. Each branch b
+ * (0..n_samples-1) writes its tokens at out[b * max_new ...] and its count at
+ * out_len[b]; generation stops after max_new tokens or after (and including)
+ * a stop token. seed names the request for tlm_sample.
+ * Returns 0, or -1 on bad arguments or out of memory.
+ */
+int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_len,
+		     uint32_t max_new, const int32_t *stop, uint32_t n_stop, uint32_t n_samples,
+		     uint64_t seed, int32_t *out, uint32_t *out_len);
+
+/* ------------------------------------------------------------------------ */
+/* paged.c                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* What the paged host needs to know of a request to sample it. Every request
+ * served by a tlm_host must have a user pointer whose target starts with this
+ * struct. */
+typedef struct tlm_sampling {
+	uint64_t seed;      /* names the request for tlm_sample; stable across runs */
+	uint32_t n_samples; /* the request's n */
+} tlm_sampling;
+
+/* Counters of a paged host, all cumulative. */
+typedef struct tlm_host_stats {
+	uint64_t calls[3];      /* host calls by bkv_call_kind */
+	uint64_t rows;          /* rows computed */
+	uint64_t tokens;        /* tokens computed (K/V written) */
+	uint64_t sampled;       /* rows that sampled a token */
+	uint64_t copies;        /* device->device block copies performed */
+	uint64_t swap_out;      /* device->host block copies performed */
+	uint64_t swap_in;       /* host->device block copies performed */
+	uint64_t violations;    /* batches that broke the batch contract */
+	double compute_us;      /* time in compute callbacks (host clock) */
+} tlm_host_stats;
+
+/* The paged host: the model, one preallocated device KV tensor of blocks, a
+ * host-tier tensor for swap, and scratch that grows to the largest batch. */
+typedef struct tlm_host tlm_host;
+
+/* Create a host for a pool of device_blocks (and host_blocks) blocks of
+ * block_tokens tokens. Returns NULL on bad arguments or out of memory. */
+tlm_host *tlm_host_create(const tlm_model *m, uint32_t block_tokens, uint32_t device_blocks,
+			  uint32_t host_blocks);
+void tlm_host_destroy(tlm_host *h);
+
+/* The compute callbacks (host = a tlm_host *), for bkv_host_ops. forward
+ * takes any batch; prefill and decode insist on their kind. Each performs the
+ * batch's swap_out, swap_in and copies, in that order, then computes every row
+ * and samples the rows marked in row_sample. A batch that breaks the contract
+ * (ranges, positions inconsistent with the block tables, a decode row with
+ * more than one token, ...) is counted in violations, described in
+ * tlm_host_last_error and answered with -1. */
+int tlm_host_forward(void *host, const bkv_batch *batch, int32_t *next_tokens);
+int tlm_host_prefill(void *host, const bkv_batch *batch, int32_t *next_tokens);
+int tlm_host_decode(void *host, const bkv_batch *batch, int32_t *next_tokens);
+
+void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out);
+const char *tlm_host_last_error(const tlm_host *h);
+
+/* Make the next compute callback fail (return -1 before touching anything),
+ * for tests of the scheduler's rollback. */
+void tlm_host_fail_next(tlm_host *h);
+
+/* Direct access for the self-test: the K (kv = 0) or V (kv = 1) row of a slot
+ * in the device tensor. */
+float *tlm_host_kv_row(tlm_host *h, uint32_t layer, int32_t block, uint32_t offset, int kv);
+
+/* ------------------------------------------------------------------------ */
+/* serve.c                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* One request of a workload and, after a run, what it produced. */
+typedef struct tlm_job {
+	tlm_sampling sampling; /* first: the request's user pointer is the job */
+	int32_t *prompt;       /* [prompt_len] */
+	uint32_t prompt_len;
+	uint32_t max_new;      /* max_new_tokens */
+	int32_t stop;          /* one stop token, or -1 for none */
+	uint32_t abort_after;  /* abort once this many tokens arrived over all
+				  branches; 0 = never */
+	/* reference output: [n_samples][max_new] and lengths */
+	int32_t *ref;
+	uint32_t *ref_len;
+	/* served output, filled by on_token: [n_samples][max_new] and lengths */
+	int32_t *got;
+	uint32_t *got_len;
+	uint32_t got_total;    /* tokens received, all branches */
+	int finished;          /* on_finish calls seen */
+	bkv_finish_reason reason;
+	uint64_t req_id;       /* from bkv_submit */
+	int abort_sent;        /* bkv_abort was called */
+	uint32_t bad_tokens;   /* on_token calls out of range (branch, count) */
+} tlm_job;
+
+typedef struct tlm_workload {
+	uint32_t n_jobs;
+	tlm_job *jobs;
+	int32_t *tokens;       /* backing store of all prompts */
+} tlm_workload;
+
+/* Workload knobs. */
+typedef struct tlm_workload_config {
+	uint32_t n_jobs;        /* requests */
+	uint32_t n_system;      /* distinct shared system prompts */
+	uint32_t system_len;    /* tokens per system prompt */
+	uint32_t user_min, user_max;   /* per-request suffix length range */
+	uint32_t new_min, new_max;     /* max_new_tokens range */
+	uint32_t pct_fork;      /* percent of requests with n > 1 (n = 2..3) */
+	uint32_t pct_abort;     /* percent of requests aborted mid-way */
+	uint32_t pct_stop;      /* percent of requests with a stop token */
+	uint64_t seed;
+} tlm_workload_config;
+
+void tlm_workload_config_default(tlm_workload_config *wc);
+/* Build the jobs (deterministic in wc->seed). Returns 0 or -1. */
+int tlm_workload_create(tlm_workload *w, const tlm_workload_config *wc, uint32_t vocab);
+void tlm_workload_destroy(tlm_workload *w);
+/* Fill every job's reference output with tlm_ref_generate. */
+int tlm_workload_reference(tlm_workload *w, const tlm_model *m);
+/* Clear the served outputs before a run. */
+void tlm_workload_reset(tlm_workload *w);
+
+/* One serving run's settings. */
+typedef struct tlm_run_config {
+	bkv_sched_config sched;  /* policy, k, chunking, preemption, ... */
+	uint32_t block_tokens;
+	uint32_t device_blocks;
+	uint32_t host_blocks;
+	int split;               /* 1: prefill/decode callbacks; 0: forward */
+	uint32_t submit_per_step; /* jobs submitted before each step (0 = all
+				     up front) */
+} tlm_run_config;
+
+/* What one run measured. */
+typedef struct tlm_run_result {
+	int status;              /* 0, or the first failing bkv_* status */
+	uint64_t steps;
+	double wall_us;          /* whole run */
+	double measured_us;      /* sum of step_info.measured_us */
+	double predicted_us;     /* sum of step_info.predicted_us */
+	double abs_err_us;       /* sum |predicted - measured| over steps */
+	uint64_t gen_tokens;     /* tokens delivered by on_token */
+	bkv_sched_stats sched;
+	bkv_pool_stats pool;
+	tlm_host_stats host;
+	uint64_t prompt_tokens;  /* prompt tokens submitted (incl. branches 0) */
+	int check;               /* bkv_sched_check after the run (0 = ok) */
+	char host_error[256];    /* the paged host's last contract violation */
+} tlm_run_result;
+
+/* Serve the workload under rc through bkv_step until nothing is pending.
+ * Returns 0, or a negative bkv_status / -100 for a stuck run. */
+int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res);
+
+/* Compare served outputs with the reference. Returns the number of jobs that
+ * differ (aborted jobs must be a prefix); describes the first one in msg. */
+uint32_t tlm_workload_verify(const tlm_workload *w, char *msg, size_t msg_len);
+
+/* Microseconds of a monotonic clock. */
+uint64_t tlm_now_us(void);
+
+#endif /* TINYLM_H */

@@ -1,0 +1,419 @@
+/*
+ * test_tinylm.c - tinylm served through libbatchkv gives exactly the tokens
+ * of running each request alone.
+ *
+ * Two layers of evidence. First, the paged host on hand-built batches (plain
+ * arrays, no scheduler): scattered block tables, chunked prompts, mixed rows,
+ * copy-on-write copies and swaps must reproduce the contiguous reference.
+ * Second, a few hundred requests (shared system prompts, n > 1 forks, stop
+ * tokens, aborts) served by bkv_step under every policy and with pools small
+ * enough to preempt by recompute and by swap, checked token for token.
+ *
+ * The scheduler runs use tlm_config_small (same architecture, ~125 k
+ * parameters) so the suite stays fast; TINYLM_TEST_JOBS overrides the request
+ * count (the sanitizer CI job may lower it).
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../examples/tinylm/tinylm.h"
+
+/* ------------------------------------------------------------------------ */
+/* Hand-built batches                                                        */
+/* ------------------------------------------------------------------------ */
+
+#define BT 8
+#define MAXR 8
+#define MAXT 256
+
+/* One row of a hand-built batch: a sequence whose block table is blocks[],
+ * whose context after this call is ctx tokens, and whose new tokens are the
+ * last n_new of seq[]. */
+typedef struct mrow {
+	const int32_t *blocks;
+	const int32_t *seq;  /* the whole sequence so far, ctx tokens */
+	uint32_t ctx;
+	uint32_t n_new;
+	uint32_t branch;
+	tlm_sampling *user;
+} mrow;
+
+typedef struct mcopies {
+	const bkv_copy *copies, *swap_out, *swap_in;
+	uint32_t n_copies, n_swap_out, n_swap_in;
+} mcopies;
+
+static int run_rows(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t n_rows,
+		    uint32_t n_decode, const mcopies *mc, int32_t *next)
+{
+	static int32_t tok[MAXT], pos[MAXT], slot[MAXT], qo[MAXR + 1], kvp[MAXR + 1], kvi[MAXT],
+		last[MAXR];
+	static uint8_t samp[MAXR];
+	static uint64_t req[MAXR];
+	static uint32_t branch[MAXR];
+	static void *user[MAXR];
+	uint32_t nt = 0, nb = 0;
+	qo[0] = kvp[0] = 0;
+	for (uint32_t r = 0; r < n_rows; r++) {
+		const mrow *w = &rows[r];
+		const uint32_t blocks = (w->ctx + BT - 1) / BT;
+		for (uint32_t i = 0; i < blocks; i++)
+			kvi[nb++] = w->blocks[i];
+		for (uint32_t p = w->ctx - w->n_new; p < w->ctx; p++, nt++) {
+			tok[nt] = w->seq[p];
+			pos[nt] = (int32_t)p;
+			slot[nt] = w->blocks[p / BT] * BT + (int32_t)(p % BT);
+		}
+		qo[r + 1] = (int32_t)nt;
+		kvp[r + 1] = (int32_t)nb;
+		last[r] = (int32_t)(w->ctx - (blocks - 1) * BT);
+		samp[r] = 1;
+		req[r] = r + 1;
+		branch[r] = w->branch;
+		user[r] = w->user;
+	}
+	bkv_batch b = {
+		.kind = kind, .n_rows = n_rows, .n_decode_rows = n_decode, .n_tokens = nt,
+		.block_tokens = BT, .token_ids = tok, .positions = pos, .qo_indptr = qo,
+		.kv_indptr = kvp, .kv_indices = kvi, .kv_last_page_len = last,
+		.slot_mapping = slot, .row_sample = samp, .row_req = req, .row_branch = branch,
+		.row_user = user,
+	};
+	if (mc) {
+		b.copies = mc->copies, b.n_copies = mc->n_copies;
+		b.swap_out = mc->swap_out, b.n_swap_out = mc->n_swap_out;
+		b.swap_in = mc->swap_in, b.n_swap_in = mc->n_swap_in;
+	}
+	switch (kind) {
+	case BKV_CALL_PREFILL:
+		return tlm_host_prefill(h, &b, next);
+	case BKV_CALL_DECODE:
+		return tlm_host_decode(h, &b, next);
+	default:
+		return tlm_host_forward(h, &b, next);
+	}
+}
+
+static tlm_model *small_model(void)
+{
+	tlm_config c;
+	tlm_config_small(&c);
+	tlm_model *m = tlm_model_create(&c);
+	cr_assert_not_null(m);
+	return m;
+}
+
+static void fill_prompt(int32_t *p, uint32_t n, uint32_t salt, uint32_t vocab)
+{
+	for (uint32_t i = 0; i < n; i++)
+		p[i] = (int32_t)(tlm_mix64(salt * 7919u + i) % vocab);
+}
+
+Test(tinylm, paged_attention_matches_contiguous_on_scattered_blocks)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 32, 0);
+	cr_assert_not_null(h);
+	/* Two requests; their blocks interleave out of order in the tensor. */
+	const int32_t blocks_a[] = {11, 3, 17, 0, 29, 6, 21};
+	const int32_t blocks_b[] = {5, 30, 2, 14, 9, 25, 1};
+	enum { LA = 37, LB = 13, NEW = 12 };
+	int32_t seq_a[LA + NEW], seq_b[LB + NEW];
+	fill_prompt(seq_a, LA, 1, m->cfg.vocab);
+	fill_prompt(seq_b, LB, 2, m->cfg.vocab);
+	int32_t ref_a[NEW], ref_b[NEW];
+	uint32_t len_a, len_b;
+	cr_assert_eq(tlm_ref_generate(m, seq_a, LA, NEW, NULL, 0, 1, 0, ref_a, &len_a), 0);
+	cr_assert_eq(tlm_ref_generate(m, seq_b, LB, NEW, NULL, 0, 1, 0, ref_b, &len_b), 0);
+	cr_assert_eq(len_a, NEW);
+	int32_t next[MAXR];
+	/* Step 1: A's first chunk (20 tokens) alone, a split prefill call. */
+	mrow r1 = {blocks_a, seq_a, 20, 20, 0, NULL};
+	cr_assert_eq(run_rows(h, BKV_CALL_PREFILL, &r1, 1, 0, NULL, next), 0);
+	/* Step 2: mixed: A's last 17 prompt tokens and all of B in one call. */
+	mrow r2[2] = {{blocks_a, seq_a, LA, LA - 20, 0, NULL}, {blocks_b, seq_b, LB, LB, 0, NULL}};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, r2, 2, 0, NULL, next), 0,
+		     "%s", tlm_host_last_error(h));
+	seq_a[LA] = next[0];
+	seq_b[LB] = next[1];
+	/* Decode both together. */
+	for (uint32_t i = 1; i < NEW; i++) {
+		mrow d[2] = {{blocks_a, seq_a, LA + i, 1, 0, NULL},
+			     {blocks_b, seq_b, LB + i, 1, 0, NULL}};
+		cr_assert_eq(run_rows(h, BKV_CALL_DECODE, d, 2, 2, NULL, next), 0,
+			     "%s", tlm_host_last_error(h));
+		seq_a[LA + i] = next[0];
+		seq_b[LB + i] = next[1];
+	}
+	for (uint32_t i = 0; i < NEW; i++) {
+		cr_assert_eq(seq_a[LA + i], ref_a[i], "A token %u", i);
+		cr_assert_eq(seq_b[LB + i], ref_b[i], "B token %u", i);
+	}
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.violations, 0);
+	cr_assert_eq(st.tokens, (uint64_t)LA + LB + 2 * (NEW - 1));
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+Test(tinylm, forked_branches_after_copy_on_write_match_reference)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 32, 0);
+	enum { L = 21, NEW = 10 }; /* 21 tokens: block 2 is partial (5 of 8) */
+	tlm_sampling samp = {.seed = 99, .n_samples = 2};
+	int32_t s0[L + NEW], s1[L + NEW];
+	fill_prompt(s0, L, 3, m->cfg.vocab);
+	int32_t ref[2 * NEW];
+	uint32_t ref_len[2];
+	cr_assert_eq(tlm_ref_generate(m, s0, L, NEW, NULL, 0, 2, 99, ref, ref_len), 0);
+	cr_assert_eq(ref_len[1], NEW);
+	int32_t b0[] = {4, 8, 15, 16, 23, 24};
+	int32_t b1[] = {4, 8, 12, 20, 22, 26}; /* shares full blocks 4, 8 */
+	int32_t next[MAXR];
+	mrow p = {b0, s0, L, L, 0, &samp};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, &p, 1, 0, NULL, next), 0);
+	s0[L] = next[0];
+	/* Branch 1 samples its own first token from the same prompt: a prefill
+	 * row of zero new tokens is not allowed, so recompute the last prompt
+	 * token into its own copy of the partial block. */
+	memcpy(s1, s0, L * sizeof(int32_t));
+	bkv_copy cow = {15, 12};
+	mcopies mc = {.copies = &cow, .n_copies = 1};
+	mrow p1 = {b1, s1, L, 1, 1, &samp};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, &p1, 1, 0, &mc, next), 0,
+		     "%s", tlm_host_last_error(h));
+	s1[L] = next[0];
+	for (uint32_t i = 1; i < NEW; i++) {
+		mrow d[2] = {{b0, s0, L + i, 1, 0, &samp}, {b1, s1, L + i, 1, 1, &samp}};
+		cr_assert_eq(run_rows(h, BKV_CALL_DECODE, d, 2, 2, NULL, next), 0);
+		s0[L + i] = next[0];
+		s1[L + i] = next[1];
+	}
+	int differ = 0;
+	for (uint32_t i = 0; i < NEW; i++) {
+		cr_assert_eq(s0[L + i], ref[i], "branch 0 token %u", i);
+		cr_assert_eq(s1[L + i], ref[NEW + i], "branch 1 token %u", i);
+		differ |= s0[L + i] != s1[L + i];
+	}
+	cr_assert(differ, "forked branches must sample different tokens");
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.copies, 1);
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+Test(tinylm, swapped_out_and_back_sequence_continues_exactly)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 8, 8);
+	enum { L = 19, NEW = 8 };
+	int32_t s[L + NEW], t[40];
+	fill_prompt(s, L, 5, m->cfg.vocab);
+	fill_prompt(t, 24, 6, m->cfg.vocab);
+	int32_t ref[NEW];
+	uint32_t ref_len;
+	cr_assert_eq(tlm_ref_generate(m, s, L, NEW, NULL, 0, 1, 0, ref, &ref_len), 0);
+	int32_t before[] = {1, 2, 3, 4};
+	int32_t after[] = {6, 0, 5, 7};
+	int32_t next[MAXR];
+	mrow p = {before, s, L, L, 0, NULL};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, &p, 1, 0, NULL, next), 0);
+	s[L] = next[0];
+	for (uint32_t i = 1; i < 4; i++) {
+		mrow d = {before, s, L + i, 1, 0, NULL};
+		cr_assert_eq(run_rows(h, BKV_CALL_DECODE, &d, 1, 1, NULL, next), 0);
+		s[L + i] = next[0];
+	}
+	/* Swap out (device 1,2,3 -> host 7,5,3) in the same call as another
+	 * sequence overwrites those device blocks. */
+	const bkv_copy out[] = {{1, 7}, {2, 5}, {3, 3}};
+	mcopies mo = {.swap_out = out, .n_swap_out = 3};
+	int32_t other[] = {3, 1, 2};
+	mrow o = {other, t, 24, 24, 0, NULL};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, &o, 1, 0, &mo, next), 0);
+	/* Swap back in to different device blocks and keep decoding. */
+	const bkv_copy in[] = {{7, 6}, {5, 0}, {3, 5}};
+	mcopies mi = {.swap_in = in, .n_swap_in = 3};
+	for (uint32_t i = 4; i < NEW; i++) {
+		mrow d = {after, s, L + i, 1, 0, NULL};
+		cr_assert_eq(run_rows(h, BKV_CALL_DECODE, &d, 1, 1, i == 4 ? &mi : NULL, next), 0,
+			     "%s", tlm_host_last_error(h));
+		s[L + i] = next[0];
+	}
+	for (uint32_t i = 0; i < NEW; i++)
+		cr_assert_eq(s[L + i], ref[i], "token %u", i);
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.swap_out, 3);
+	cr_assert_eq(st.swap_in, 3);
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+Test(tinylm, host_rejects_batch_whose_positions_disagree_with_block_table)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 8, 0);
+	int32_t s[12];
+	fill_prompt(s, 12, 7, m->cfg.vocab);
+	int32_t blocks[] = {0, 1};
+	int32_t next[MAXR];
+	mrow p = {blocks, s, 12, 12, 0, NULL};
+	/* A decode call must have only single-token rows. */
+	cr_assert_eq(run_rows(h, BKV_CALL_DECODE, &p, 1, 1, NULL, next), -1);
+	/* A block id past the tensor. */
+	int32_t bad[] = {0, 8};
+	mrow q = {bad, s, 12, 12, 0, NULL};
+	cr_assert_eq(run_rows(h, BKV_CALL_MIXED, &q, 1, 0, NULL, next), -1);
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.violations, 2);
+	cr_assert_eq(st.tokens, 0);
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batches built from the pool's own block tables                            */
+/* ------------------------------------------------------------------------ */
+
+/* A row over a pool sequence: its last n_new tokens (already appended) are
+ * this call's tokens; seq_tokens holds the whole sequence. */
+typedef struct prow {
+	uint32_t seq;
+	const int32_t *seq_tokens;
+	uint32_t n_new;
+	uint32_t branch;
+	tlm_sampling *user;
+} prow;
+
+/* Build the batch from bkv_seq_blocks / bkv_seq_info_get and the pool's
+ * pending copies, run it, clear the copies. */
+static int run_pool_rows(tlm_host *h, bkv_pool *pool, const prow *rows, uint32_t n_rows,
+			 int32_t *next)
+{
+	mrow mr[MAXR];
+	static int32_t tables[MAXR][64];
+	for (uint32_t r = 0; r < n_rows; r++) {
+		uint32_t nb = 0;
+		const int32_t *t = bkv_seq_blocks(pool, rows[r].seq, &nb);
+		bkv_seq_info info;
+		cr_assert_eq(bkv_seq_info_get(pool, rows[r].seq, &info), BKV_OK);
+		cr_assert(nb <= 64 && t);
+		memcpy(tables[r], t, nb * sizeof(int32_t));
+		mr[r] = (mrow){tables[r], rows[r].seq_tokens, info.len, rows[r].n_new,
+			       rows[r].branch, rows[r].user};
+	}
+	mcopies mc;
+	mc.n_copies = bkv_pool_copies(pool, BKV_COPY_DEVICE, &mc.copies);
+	mc.n_swap_out = bkv_pool_copies(pool, BKV_COPY_SWAP_OUT, &mc.swap_out);
+	mc.n_swap_in = bkv_pool_copies(pool, BKV_COPY_SWAP_IN, &mc.swap_in);
+	uint32_t n_decode = 0;
+	while (n_decode < n_rows && rows[n_decode].n_new == 1)
+		n_decode++;
+	int rc = run_rows(h, BKV_CALL_MIXED, mr, n_rows, n_decode, &mc, next);
+	bkv_pool_clear_copies(pool, BKV_COPY_SWAP_OUT);
+	bkv_pool_clear_copies(pool, BKV_COPY_SWAP_IN);
+	bkv_pool_clear_copies(pool, BKV_COPY_DEVICE);
+	return rc;
+}
+
+Test(tinylm, pool_tables_with_prefix_hits_fork_and_swap_match_reference)
+{
+	tlm_model *m = small_model();
+	bkv_pool_config pc;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = BT;
+	pc.device_blocks = 24;
+	pc.host_blocks = 16;
+	bkv_pool *pool = NULL;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	tlm_host *h = tlm_host_create(m, BT, 24, 16);
+	enum { L = 21, NEW = 10 };
+	/* A: n = 2 (branches in seqs a and c); B: same prompt, n = 1. */
+	tlm_sampling sa = {.seed = 11, .n_samples = 2}, sb = {.seed = 12, .n_samples = 1};
+	int32_t a[L + NEW], b[L + NEW], c[L + NEW];
+	fill_prompt(a, L, 9, m->cfg.vocab);
+	memcpy(b, a, L * sizeof(int32_t));
+	memcpy(c, a, L * sizeof(int32_t));
+	int32_t ref_a[2 * NEW], ref_b[NEW];
+	uint32_t la[2], lb;
+	cr_assert_eq(tlm_ref_generate(m, a, L, NEW, NULL, 0, 2, 11, ref_a, la), 0);
+	cr_assert_eq(tlm_ref_generate(m, b, L, NEW, NULL, 0, 1, 12, ref_b, &lb), 0);
+	uint32_t sqa, sqb, sqc, hit = 99;
+	int32_t next[MAXR];
+	cr_assert_eq(bkv_seq_open(pool, &sqa), BKV_OK);
+	cr_assert_eq(bkv_seq_append(pool, sqa, a, L, &hit), BKV_OK);
+	cr_assert_eq(hit, 0);
+	prow pa = {sqa, a, L, 0, &sa};
+	cr_assert_eq(run_pool_rows(h, pool, &pa, 1, next), 0, "%s", tlm_host_last_error(h));
+	a[L] = next[0];
+	/* B hits A's two full blocks and computes only the last 5 tokens. */
+	cr_assert_eq(bkv_seq_open(pool, &sqb), BKV_OK);
+	cr_assert_eq(bkv_seq_append(pool, sqb, b, L, &hit), BKV_OK);
+	cr_assert_eq(hit, 16);
+	/* C forks A before A's first token; its first sample recomputes the
+	 * last prompt token, into a copy of the shared partial block. */
+	cr_assert_eq(bkv_seq_fork(pool, sqa, &sqc), BKV_OK);
+	cr_assert_eq(bkv_seq_truncate(pool, sqc, L - 1), BKV_OK);
+	cr_assert_eq(bkv_seq_append(pool, sqc, &c[L - 1], 1, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_append(pool, sqa, &a[L], 1, NULL), BKV_OK);
+	{
+		prow rows[3] = {{sqa, a, 1, 0, &sa}, {sqb, b, L - 16, 0, &sb}, {sqc, c, 1, 1, &sa}};
+		cr_assert_eq(run_pool_rows(h, pool, rows, 3, next), 0, "%s",
+			     tlm_host_last_error(h));
+		a[L + 1] = next[0];
+		b[L] = next[1];
+		c[L] = next[2];
+	}
+	/* Decode all three; C is swapped out for steps 3..5 and comes back. */
+	uint32_t c_done = 1; /* tokens C has */
+	for (uint32_t i = 1; i < NEW; i++) {
+		if (i == 3)
+			cr_assert_eq(bkv_seq_swap_out(pool, sqc), BKV_OK);
+		if (i == 6)
+			cr_assert_eq(bkv_seq_swap_in(pool, sqc), BKV_OK);
+		const int c_on = i < 3 || i >= 6;
+		prow rows[3];
+		uint32_t n = 0;
+		if (i + 1 < NEW) {
+			cr_assert_eq(bkv_seq_append(pool, sqa, &a[L + i], 1, NULL), BKV_OK);
+			rows[n++] = (prow){sqa, a, 1, 0, &sa};
+		}
+		cr_assert_eq(bkv_seq_append(pool, sqb, &b[L + i - 1], 1, NULL), BKV_OK);
+		rows[n++] = (prow){sqb, b, 1, 0, &sb};
+		if (c_on) {
+			cr_assert_eq(bkv_seq_append(pool, sqc, &c[L + c_done - 1], 1, NULL), BKV_OK);
+			rows[n++] = (prow){sqc, c, 1, 1, &sa};
+		}
+		cr_assert_eq(run_pool_rows(h, pool, rows, n, next), 0, "step %u: %s", i,
+			     tlm_host_last_error(h));
+		uint32_t k = 0;
+		if (i + 1 < NEW)
+			a[L + i + 1] = next[k++];
+		b[L + i] = next[k++];
+		if (c_on)
+			c[L + c_done++] = next[k++];
+		cr_assert_eq(bkv_pool_check(pool), 0);
+	}
+	for (uint32_t i = 0; i < NEW; i++) {
+		cr_assert_eq(a[L + i], ref_a[i], "A branch 0 token %u", i);
+		cr_assert_eq(b[L + i], ref_b[i], "B token %u", i);
+	}
+	for (uint32_t i = 0; i < NEW - 3; i++)
+		cr_assert_eq(c[L + i], ref_a[NEW + i], "A branch 1 token %u", i);
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_geq(st.copies, 1);
+	cr_assert_geq(st.swap_out, 1);
+	cr_assert_geq(st.swap_in, 1);
+	tlm_host_destroy(h);
+	bkv_pool_destroy(pool);
+	tlm_model_destroy(m);
+}
