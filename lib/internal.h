@@ -59,6 +59,10 @@ uint64_t bkv__monotonic_us(void);
 #define BKV__BLOCK_INDEXED 0x1u     /* in the hash index (content immutable) */
 #define BKV__BLOCK_PEND_DEV 0x2u    /* src or dst of a pending device copy */
 #define BKV__BLOCK_PEND_SWAPIN 0x4u /* dst of a pending swap-in copy */
+#define BKV__BLOCK_TXN 0x8u         /* filled inside a transaction: waits in
+				       txn_pending to be indexed at commit */
+#define BKV__BLOCK_COPY_SRC 0x10u   /* source of a pending device copy: pinned
+				       even at ref 0 until the copy clears */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -79,7 +83,7 @@ typedef struct bkv__block {
 	unsigned int flags : 8; /* BKV__BLOCK_* */
 } bkv__block;
 
-#define BLOCK_IS_PINNED(b) ((b)->ref > 0)
+#define BLOCK_IS_PINNED(b) ((b)->ref > 0 || ((b)->flags & BKV__BLOCK_COPY_SRC) != 0)
 #define BLOCK_IS_INDEXED(b) (((b)->flags & BKV__BLOCK_INDEXED) != 0)
 #define BLOCK_IS_CACHED(b) (!BLOCK_IS_PINNED(b) && BLOCK_IS_INDEXED(b))
 #define BLOCK_IS_FREE(b) (!BLOCK_IS_PINNED(b) && !BLOCK_IS_INDEXED(b))
@@ -153,7 +157,23 @@ struct bkv_pool {
 	uint64_t cow_copies;
 	uint64_t swap_out_blocks;
 	uint64_t swap_in_blocks;
+	int txn_active;        /* inside bkv__pool_txn_begin/commit|abort */
+	int32_t *txn_pending;  /* [nb] blocks filled during the transaction, in
+				  fill order (a parent before its children) */
+	uint32_t txn_n;        /* entries in txn_pending; <= nb because an
+				  entry is added only when a block fills and
+				  a block fills once per take */
 };
+
+/* Step transactions (pool.c). Between begin and commit, blocks that become
+ * full are not entered into the prefix-cache index, so no lookup can hit KV
+ * that the current step has not computed yet; commit indexes them (parents
+ * first), abort forgets them (they stay private and are freed by the usual
+ * release rules). The scheduler brackets every bkv_step with them. */
+void bkv__pool_txn_begin(bkv_pool *pool);
+void bkv__pool_txn_commit(bkv_pool *pool);
+void bkv__pool_txn_abort(bkv_pool *pool);
+void bkv__pool_txn_defer(bkv_pool *pool, int32_t b); /* from bkv__cache_add */
 
 /* prefix.c */
 #define BKV__HASH_ROOT 0x9e3779b97f4a7c15ull /* parent hash of block 0 */

@@ -64,6 +64,19 @@
  * destination of a pending swap-in copy, and swap-in refuses while device
  * copies are pending.
  *
+ * A copy-on-write source is flagged COPY_SRC until the host clears the device
+ * copies. If its last table reference goes meanwhile it stays pinned (counted
+ * in nr_used, on no list) and is released only at the clear: a source can
+ * never be reclaimed and rewritten while a copy from it is outstanding, so a
+ * scheduler may re-send the same copies after a failed step (they are
+ * idempotent). Copy-on-write decisions look at table references (ref) only.
+ *
+ * Transactions (bkv__pool_txn_begin/commit/abort, for the scheduler): inside
+ * one, a block that becomes full is not indexed at once but queued on
+ * txn_pending (its queue position kept in its otherwise unused `prev` link);
+ * commit indexes the queue in fill order, abort forgets it. No lookup can then
+ * hit a block whose KV the current step has not computed yet.
+ *
  * bkv_pool_check's invariant numbers are the CHECK_* values below.
  */
 #include "internal.h"
@@ -104,6 +117,8 @@ enum {
 				  swapped tables (each exactly once), pending !=
 				  swap-in copy sources */
 	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
+	CHECK_TXN = 17,        /* a TXN block outside a transaction, not pinned,
+				  not full, indexed, or not at its queue slot */
 };
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -227,7 +242,7 @@ static void block_pin(bkv_pool *pool, int32_t b)
 {
 	bkv__block *k = &pool->blk[b];
 
-	if (k->ref++ == 0) {
+	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
 		bkv__lru_unlink(pool, b);
 		pool->nr_used++;
 		pool->tokens += k->fill;
@@ -236,6 +251,8 @@ static void block_pin(bkv_pool *pool, int32_t b)
 
 /* Drop a reference. At zero: to the LRU tail if indexed (unless dropping and
  * it has no indexed children), else to the free list head. */
+static void block_release(bkv_pool *pool, int32_t b, int drop);
+
 static void block_put(bkv_pool *pool, int32_t b, int drop)
 {
 	bkv__block *k = &pool->blk[b];
@@ -243,6 +260,18 @@ static void block_put(bkv_pool *pool, int32_t b, int drop)
 	BKV_ASSERT(k->ref > 0);
 	if (--k->ref)
 		return;
+	k->flags &= ~BKV__BLOCK_TXN;
+	if (k->flags & BKV__BLOCK_COPY_SRC)
+		return; /* stays pinned until its pending copy is cleared */
+	block_release(pool, b, drop);
+}
+
+/* A block no longer pinned by anything: to the LRU tail if indexed (unless
+ * dropping and it has no indexed children), else to the free list head. */
+static void block_release(bkv_pool *pool, int32_t b, int drop)
+{
+	bkv__block *k = &pool->blk[b];
+
 	pool->nr_used--;
 	pool->tokens -= k->fill;
 	if (BLOCK_IS_INDEXED(k)) {
@@ -339,6 +368,7 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
 	bkv__free(a, pool->index, index_cap(pool) * sizeof(int32_t));
+	bkv__free(a, pool->txn_pending, pool->index ? nb * sizeof(int32_t) : 0);
 	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
 	bkv__free(a, pool->tok, nb * bt * sizeof(int32_t));
 	bkv__free(a, pool->blk, nb * sizeof(bkv__block));
@@ -392,6 +422,9 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 			goto nomem;
 		pool->index_mask = (uint32_t)(icap - 1);
 		memset(pool->index, 0xff, icap * sizeof(int32_t));
+		pool->txn_pending = bkv__malloc(&a, nb * sizeof(int32_t));
+		if (!pool->txn_pending)
+			goto nomem;
 	}
 	if (nh) {
 		pool->host_next = bkv__malloc(&a, nh * sizeof(int32_t));
@@ -669,6 +702,7 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 			pool->blk[nb].flags |= BKV__BLOCK_PEND_DEV;
 			pool->cow_copies++;
 			s->table[nb0 - 1] = nb;
+			pool->blk[b].flags |= BKV__BLOCK_COPY_SRC;
 			block_put(pool, b, 0);
 			b = nb;
 		}
@@ -918,6 +952,11 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 		if (kind == BKV_COPY_DEVICE) {
 			pool->blk[l->v[i].src].flags &= ~BKV__BLOCK_PEND_DEV;
 			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_DEV;
+			if (pool->blk[l->v[i].src].flags & BKV__BLOCK_COPY_SRC) {
+				pool->blk[l->v[i].src].flags &= ~BKV__BLOCK_COPY_SRC;
+				if (pool->blk[l->v[i].src].ref == 0)
+					block_release(pool, l->v[i].src, 0);
+			}
 		} else if (kind == BKV_COPY_SWAP_IN) {
 			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
@@ -1202,6 +1241,7 @@ static int check_pending(const bkv_pool *pool)
 		if (d->v[i].src < 0 || (uint32_t)d->v[i].src >= pool->nb || d->v[i].dst < 0 ||
 		    (uint32_t)d->v[i].dst >= pool->nb ||
 		    !(pool->blk[d->v[i].src].flags & BKV__BLOCK_PEND_DEV) ||
+		    !(pool->blk[d->v[i].src].flags & BKV__BLOCK_COPY_SRC) ||
 		    !(pool->blk[d->v[i].dst].flags & BKV__BLOCK_PEND_DEV))
 			return CHECK_PENDING;
 	}
@@ -1209,6 +1249,92 @@ static int check_pending(const bkv_pool *pool)
 		if (si->v[i].dst < 0 || (uint32_t)si->v[i].dst >= pool->nb ||
 		    !(pool->blk[si->v[i].dst].flags & BKV__BLOCK_PEND_SWAPIN))
 			return CHECK_PENDING;
+	return CHECK_OK;
+}
+
+/* ---- step transactions (for the scheduler) -------------------------------- */
+
+void bkv__pool_txn_begin(bkv_pool *pool)
+{
+	BKV_ASSERT(!pool->txn_active);
+	pool->txn_active = 1;
+	pool->txn_n = 0;
+}
+
+/* Queue a block that just became full (called by bkv__cache_add inside a
+ * transaction). Stale entries - blocks released since they were queued - are
+ * squeezed out when the queue is full; live entries number at most nb. */
+void bkv__pool_txn_defer(bkv_pool *pool, int32_t b)
+{
+	bkv__block *k = &pool->blk[b];
+	uint32_t i, n = 0;
+
+	if (k->flags & BKV__BLOCK_TXN)
+		return;
+	if (pool->txn_n == pool->nb) {
+		for (i = 0; i < pool->txn_n; i++) {
+			int32_t e = pool->txn_pending[i];
+			bkv__block *q = &pool->blk[e];
+
+			if ((q->flags & BKV__BLOCK_TXN) && q->prev == (int32_t)i) {
+				q->prev = (int32_t)n;
+				pool->txn_pending[n++] = e;
+			}
+		}
+		pool->txn_n = n;
+	}
+	BKV_ASSERT(pool->txn_n < pool->nb);
+	k->flags |= BKV__BLOCK_TXN;
+	k->prev = (int32_t)pool->txn_n;
+	pool->txn_pending[pool->txn_n++] = b;
+}
+
+static void txn_end(bkv_pool *pool, int commit)
+{
+	uint32_t i;
+
+	BKV_ASSERT(pool->txn_active);
+	pool->txn_active = 0;
+	for (i = 0; i < pool->txn_n; i++) {
+		int32_t b = pool->txn_pending[i];
+		bkv__block *k = &pool->blk[b];
+
+		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
+			continue; /* released (and maybe retaken) since queued */
+		k->flags &= ~BKV__BLOCK_TXN;
+		k->prev = -1;
+		if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
+			bkv__cache_add(pool, b, k->key);
+	}
+	pool->txn_n = 0;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+}
+
+void bkv__pool_txn_commit(bkv_pool *pool)
+{
+	txn_end(pool, 1);
+}
+
+void bkv__pool_txn_abort(bkv_pool *pool)
+{
+	txn_end(pool, 0);
+}
+
+static int check_txn(const bkv_pool *pool)
+{
+	uint32_t i;
+
+	for (i = 0; i < pool->nb; i++) {
+		const bkv__block *k = &pool->blk[i];
+		int32_t q = k->prev;
+
+		if (!(k->flags & BKV__BLOCK_TXN))
+			continue;
+		if (!pool->txn_active || k->ref == 0 || BLOCK_IS_INDEXED(k) ||
+		    k->fill != pool->bt || q < 0 || (uint32_t)q >= pool->txn_n ||
+		    pool->txn_pending[q] != (int32_t)i)
+			return CHECK_TXN;
+	}
 	return CHECK_OK;
 }
 
@@ -1223,5 +1349,7 @@ int bkv_pool_check(const bkv_pool *pool)
 		r = check_seqs(pool);
 	if (r == CHECK_OK)
 		r = check_pending(pool);
+	if (r == CHECK_OK)
+		r = check_txn(pool);
 	return r;
 }

@@ -198,7 +198,14 @@ void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 	uint64_t h;
 
 	BKV_ASSERT(k->fill == pool->bt && !BLOCK_IS_INDEXED(k));
-	if (!pool->index || (parent >= 0 && !BLOCK_IS_INDEXED(&pool->blk[parent])))
+	if (!pool->index)
+		return;
+	if (pool->txn_active) {
+		k->key = key; /* read back at commit */
+		bkv__pool_txn_defer(pool, b);
+		return;
+	}
+	if (parent >= 0 && !BLOCK_IS_INDEXED(&pool->blk[parent]))
 		return;
 	h = bkv__block_hash(pool->cfg.hash_seed,
 			    parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT, key,

@@ -181,6 +181,37 @@ Test(pool_prefix, hits_need_the_same_key)
 	bkv_pool_destroy(p);
 }
 
+Test(pool_prefix, a_hash_match_with_other_tokens_or_key_is_a_miss)
+{
+	bkv_pool *p = make_pool(4, 8, 0, 0);
+	uint32_t a, b, c, hit;
+	int32_t t[8];
+
+	fill_tokens(t, 8, 1);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 8, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK);
+	/* What a collision looks like: the index names block 1 under the hash
+	 * of t[4..8) but block 1 holds other tokens. */
+	p->tok[1 * 4 + 2] ^= 0x40;
+	cr_assert_eq(bkv_pool_check(p), 10); /* CHECK_HASH */
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, t, 8, &hit), BKV_OK);
+	cr_assert_eq(hit, 4);
+	expect_table(p, b, (int32_t[]){0, 2}, 2);
+	p->tok[1 * 4 + 2] ^= 0x40;
+	cr_assert_eq(bkv_seq_close(p, b), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	/* Same hash and tokens, another key recorded on the block: a miss. */
+	p->blk[0].key = 99;
+	cr_assert_eq(bkv_seq_open(p, &c), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, c, t, 8, &hit), BKV_OK);
+	cr_assert_eq(hit, 0);
+	p->blk[0].key = 0;
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
 Test(pool_prefix, a_block_filled_by_several_appends_is_cached)
 {
 	bkv_pool *p = make_pool(4, 16, 0, 0);
@@ -468,14 +499,45 @@ Test(pool_cow, truncate_inside_a_cached_block_copies_on_the_next_write)
 	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, &cp), 1);
 	cr_assert_eq(cp[0].src, 1);
 	cr_assert_eq(cp[0].dst, 2);
-	/* 1 kept its content: cached, and a second sequence still hits it */
-	expect_counts(p, 5, 2, 1);
+	/* 1 kept its content and, as the source of a pending copy, stays
+	 * pinned (on no list) until the copy is cleared; a second sequence
+	 * still hits it */
+	expect_counts(p, 5, 3, 0);
 	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
 	memcpy(u, t, sizeof u);
 	cr_assert_eq(bkv_seq_append(p, b, u, 8, &hit), BKV_OK);
 	cr_assert_eq(hit, 8);
 	expect_table(p, b, (int32_t[]){0, 1}, 2);
 	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
+	expect_counts(p, 5, 3, 0);
+	cr_assert_eq(bkv_seq_close(p, b), BKV_OK); /* 1 now goes to the LRU */
+	expect_counts(p, 5, 2, 1);
+	bkv_pool_destroy(p);
+}
+
+Test(pool_cow, copy_source_stays_pinned_until_the_copy_is_cleared)
+{
+	bkv_pool *p = make_pool(4, 3, 0, 0);
+	uint32_t a, b, c;
+	int32_t t[4];
+
+	fill_tokens(t, 4, 1);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 2, NULL), BKV_OK); /* [0] */
+	cr_assert_eq(bkv_seq_fork(p, a, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, t + 2, 1, NULL), BKV_OK); /* b: [1], 0 -> 1 */
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK); /* 0's last table user */
+	/* 0 is still read by the pending copy: not free, not reusable */
+	expect_counts(p, 1, 2, 0);
+	cr_assert_eq(bkv_seq_open(p, &c), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, c, t, 4, NULL), BKV_OK); /* takes 2 */
+	expect_table(p, c, (int32_t[]){2}, 1);
+	cr_assert_eq(bkv_seq_append(p, c, t, 4, NULL), BKV_ENOSPC);
+	bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
+	expect_counts(p, 1, 2, 0); /* 0 back on the free list */
+	cr_assert_eq(bkv_seq_append(p, c, t, 4, NULL), BKV_OK);
+	expect_table(p, c, (int32_t[]){2, 0}, 2);
 	bkv_pool_destroy(p);
 }
 
