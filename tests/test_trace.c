@@ -360,6 +360,41 @@ Test(trace, seed000_workload_follows_its_definition)
 	trace_free(&t), trace_free(&u), trace_free(&v);
 }
 
+/* CPython: random.seed(s); [(randint(8, 64), 64 if random() < 0.4 else
+ * randint(1, 39)) for _ in range(256)] gives, for seed 0, (62, 64), (64, 17),
+ * (40, 20), (38, 64), (21, 19), (16, 17), ... with sums 9546 and 9545; seed 1
+ * sums 9022 and 10556; seed 20 starts (54, 10), (24, 7), sums 8953, 9308. */
+Test(trace, seed000_draws_equal_cpython_random)
+{
+	const uint32_t first0[6][2] = {{62, 64}, {64, 17}, {40, 20}, {38, 64}, {21, 19}, {16, 17}};
+	const struct {
+		uint64_t seed;
+		uint32_t sum_p, sum_g;
+	} sums[3] = {{0, 9546, 9545}, {1, 9022, 10556}, {20, 8953, 9308}};
+	trace t = {0};
+	cr_assert_eq(trace_seed000(&t, 0), TRACE_OK);
+	for (int i = 0; i < 6; i++) {
+		cr_expect_eq(t.reqs[i].prompt_len, first0[i][0], "request %d", i);
+		cr_expect_eq(t.reqs[i].output_len, first0[i][1], "request %d", i);
+	}
+	trace_free(&t);
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(trace_seed000(&t, sums[k].seed), TRACE_OK);
+		uint32_t sp = 0, sg = 0;
+		for (uint32_t i = 0; i < t.n; i++)
+			sp += t.reqs[i].prompt_len, sg += t.reqs[i].output_len;
+		cr_expect_eq(sp, sums[k].sum_p, "seed %llu", (unsigned long long)sums[k].seed);
+		cr_expect_eq(sg, sums[k].sum_g, "seed %llu", (unsigned long long)sums[k].seed);
+		trace_free(&t);
+	}
+	cr_assert_eq(trace_seed000(&t, 20), TRACE_OK);
+	cr_expect_eq(t.reqs[0].prompt_len, 54);
+	cr_expect_eq(t.reqs[0].output_len, 10);
+	cr_expect_eq(t.reqs[1].prompt_len, 24);
+	cr_expect_eq(t.reqs[1].output_len, 7);
+	trace_free(&t);
+}
+
 Test(trace, synthetic_arrivals_have_the_requested_rate)
 {
 	trace_dist p, o;

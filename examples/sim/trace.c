@@ -893,10 +893,112 @@ uint32_t trace_dist_draw(const trace_dist *d, trace_rng *r)
 	}
 }
 
+/* ---- MT19937, as CPython's random module uses it -------------------------
+ * Matsumoto and Nishimura's generator with init_by_array seeding; the
+ * integer seed becomes the key of its 32-bit words (CPython's random.seed for
+ * a non-negative int). randint and random() follow CPython's
+ * _randbelow_with_getrandbits and random_random, so trace_seed000 yields the
+ * very traces of the reference simulator SEED000-MODEL.md was fitted with. */
+
+static void mt_init_genrand(trace_mt *m, uint32_t s)
+{
+	m->mt[0] = s;
+	for (int i = 1; i < 624; i++)
+		m->mt[i] = 1812433253u * (m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) + (uint32_t)i;
+	m->mti = 624;
+}
+
+void trace_mt_seed(trace_mt *m, uint64_t seed)
+{
+	uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+	int klen = key[1] ? 2 : 1;
+	mt_init_genrand(m, 19650218u);
+	int i = 1, j = 0;
+	for (int k = 624 > klen ? 624 : klen; k; k--) {
+		m->mt[i] = (m->mt[i] ^ ((m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) * 1664525u)) + key[j] +
+			   (uint32_t)j;
+		i++;
+		j++;
+		if (i >= 624) {
+			m->mt[0] = m->mt[623];
+			i = 1;
+		}
+		if (j >= klen)
+			j = 0;
+	}
+	for (int k = 623; k; k--) {
+		m->mt[i] = (m->mt[i] ^ ((m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) * 1566083941u)) -
+			   (uint32_t)i;
+		i++;
+		if (i >= 624) {
+			m->mt[0] = m->mt[623];
+			i = 1;
+		}
+	}
+	m->mt[0] = 0x80000000u;
+}
+
+uint32_t trace_mt_next(trace_mt *m)
+{
+	static const uint32_t mag01[2] = {0u, 0x9908b0dfu};
+	uint32_t y;
+	if (m->mti >= 624) {
+		int kk;
+		for (kk = 0; kk < 624 - 397; kk++) {
+			y = (m->mt[kk] & 0x80000000u) | (m->mt[kk + 1] & 0x7fffffffu);
+			m->mt[kk] = m->mt[kk + 397] ^ (y >> 1) ^ mag01[y & 1u];
+		}
+		for (; kk < 623; kk++) {
+			y = (m->mt[kk] & 0x80000000u) | (m->mt[kk + 1] & 0x7fffffffu);
+			m->mt[kk] = m->mt[kk + (397 - 624)] ^ (y >> 1) ^ mag01[y & 1u];
+		}
+		y = (m->mt[623] & 0x80000000u) | (m->mt[0] & 0x7fffffffu);
+		m->mt[623] = m->mt[396] ^ (y >> 1) ^ mag01[y & 1u];
+		m->mti = 0;
+	}
+	y = m->mt[m->mti++];
+	y ^= y >> 11;
+	y ^= (y << 7) & 0x9d2c5680u;
+	y ^= (y << 15) & 0xefc60000u;
+	y ^= y >> 18;
+	return y;
+}
+
+uint32_t trace_mt_randint(trace_mt *m, uint32_t lo, uint32_t hi)
+{
+	uint32_t n = hi - lo + 1, k = 0, r;
+	if (hi <= lo)
+		return lo;
+	for (uint32_t v = n; v; v >>= 1)
+		k++;
+	do
+		r = trace_mt_next(m) >> (32 - k);
+	while (r >= n);
+	return lo + r;
+}
+
+double trace_mt_random(trace_mt *m)
+{
+	uint32_t a = trace_mt_next(m) >> 5, b = trace_mt_next(m) >> 6;
+	return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
+}
+
 int trace_seed000(trace *t, uint64_t seed)
 {
-	trace_dist prompt = {DIST_UNIFORM, 8, 64}, gen = {DIST_SEED000_GEN, 1, 64};
-	return trace_synthetic(t, 256, ARRIVAL_BURST, 0.0, &prompt, &gen, seed);
+	uint64_t salt = t->salt;
+	memset(t, 0, sizeof(*t));
+	t->salt = salt ^ seed;
+	trace_mt m;
+	trace_mt_seed(&m, seed);
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t p = trace_mt_randint(&m, 8, 64);
+		uint32_t g = trace_mt_random(&m) < 0.40 ? 64 : trace_mt_randint(&m, 1, 39);
+		if (trace_push(t, 0.0, p, g, NULL, 0)) {
+			trace_free(t);
+			return TRACE_ENOMEM;
+		}
+	}
+	return TRACE_OK;
 }
 
 int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,

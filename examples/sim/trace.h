@@ -103,9 +103,24 @@ uint32_t trace_rng_range(trace_rng *r, uint32_t lo, uint32_t hi);
 /* Uniform double in [0, 1). */
 double trace_rng_unit(trace_rng *r);
 
+/* MT19937 exactly as CPython's random module: trace_mt_seed(m, s) is
+ * random.seed(s), randint(lo, hi) and random() are random.randint and
+ * random.random (same outputs, bit for bit). */
+typedef struct trace_mt {
+	uint32_t mt[624]; /* state vector */
+	int mti;          /* next word; 624 = regenerate */
+} trace_mt;
+
+void trace_mt_seed(trace_mt *m, uint64_t seed);
+uint32_t trace_mt_next(trace_mt *m);
+uint32_t trace_mt_randint(trace_mt *m, uint32_t lo, uint32_t hi);
+double trace_mt_random(trace_mt *m);
+
 /* Seed 000's workload (../shared/design/SEED000-MODEL.md): 256 requests at
- * time 0; per request, in this order: prompt = range(8, 64); u = unit();
- * output = 64 if u < 0.40 else range(1, 39). */
+ * time 0, drawn with MT19937 as Python does it:
+ *   random.seed(seed); for each request: prompt = randint(8, 64);
+ *   output = 64 if random() < 0.40 else randint(1, 39)
+ * (the reference simulator's draws: its "fitted" column is reproduced). */
 int trace_seed000(trace *t, uint64_t seed);
 
 /* A length distribution: constant, uniform in [lo, hi], or seed 000's

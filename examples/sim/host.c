@@ -1,0 +1,515 @@
+/*
+ * host.c - bkv-sim's virtual host: the real scheduler on a virtual clock.
+ *
+ * The host implements bkv_host_ops with no kernels at all. Each compute
+ * callback turns its bkv_batch back into the bkv_step_shape a cost model
+ * prices (decode rows and their context, one chunk per prefill row with its
+ * length and start offset), advances the virtual clock by the model's time,
+ * and writes a made-up token for every row that samples. now_us() returns
+ * the virtual clock, so the scheduler measures exactly the modelled time and
+ * its observe() sees it. Requests end at their trace's output length through
+ * max_new_tokens (no stop tokens).
+ *
+ * The driver submits each trace request once the clock reaches its arrival,
+ * calls bkv_step() while anything is pending, and when a step has nothing to
+ * do (everything waits for arrivals) jumps the clock to the next arrival.
+ *
+ *   arrivals ──submit──▶ bkv_sched ──bkv_step──▶ prefill/decode/forward
+ *                           ▲                         │ now += model(shape)
+ *                           └──── now_us() ◀──────────┘
+ *
+ * Static batching on a padded kernel keeps finished rows as padding: the
+ * host prices a decode call at the rows of the group its last prefill
+ * started (the same rule the scheduler uses for bkv_step_shape.padded_rows).
+ */
+#include "sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One request's timeline, in virtual microseconds. */
+typedef struct vreq {
+	double first_us;  /* first token; < 0 before it */
+	double finish_us; /* end; < 0 before it */
+	uint32_t n_tok;   /* tokens delivered by on_token */
+	uint8_t failed;   /* ended by abort or error */
+} vreq;
+
+typedef struct vhost {
+	const sim_config *cfg;  /* the run's settings */
+	const trace *t;         /* the trace */
+	sim_result *res;        /* accumulators */
+	bkv_sched *sched;       /* the scheduler driven */
+	double now;             /* virtual clock, us */
+	vreq *req;              /* [t->n] timelines */
+	uint32_t n_done;        /* requests ended */
+	uint32_t group;         /* rows of the last static group */
+	bkv_chunk_shape *chunks; /* scratch for a call's chunks */
+	uint32_t chunk_cap;     /* entries of chunks */
+	uint32_t next_token;    /* made-up token counter */
+	double call_us;         /* host time of the current step */
+} vhost;
+
+/* ---- the DistServe latency model ----------------------------------------- */
+
+/* DistServe's simulator (simdistserve, commit 33c3d3b): time_estimator.py's
+ * fit for vLLM / OPT-13B / A100-80GB, TP 1, in ms, plus the per-iteration
+ * overhead its worker adds (2 ms + 1e-4 ms per context token of the batch).
+ * decode_context counts each row's context including its new token, which
+ * is their "token_generated_list" (current_context_len + 1). */
+double sim_distserve_step_us(const bkv_step_shape *s)
+{
+	double sum_l = 0.0, sum_l2 = 0.0, ctx = 0.0, t = 0.0;
+	for (uint32_t i = 0; i < s->n_chunks; i++) {
+		double l = s->chunks[i].len;
+		sum_l += l;
+		sum_l2 += l * l;
+		ctx += s->chunks[i].start + l;
+	}
+	if (s->n_chunks)
+		t += 23.627 + 0.15055 * sum_l + 8.6535e-6 * sum_l2;
+	if (s->decode_rows) {
+		double b = s->decode_rows, tok = (double)s->decode_context;
+		if (b < 95)
+			t += 19.5625 + 4.941e-4 * tok + 0.05061 * b;
+		else
+			t += 16.8386 + 4.390e-4 * tok + 0.14000 * b;
+		ctx += tok - b;
+	}
+	if (s->n_chunks || s->decode_rows)
+		t += 2.0 + 1e-4 * ctx;
+	return t * 1000.0;
+}
+
+static double distserve_cb(void *ctx, const bkv_step_shape *s)
+{
+	(void)ctx;
+	return sim_distserve_step_us(s);
+}
+
+bkv_cost_model sim_distserve_model(void)
+{
+	bkv_cost_model m = {distserve_cb, NULL, NULL};
+	return m;
+}
+
+/* ---- pricing ------------------------------------------------------------- */
+
+static double price(const sim_config *cfg, const bkv_step_shape *s)
+{
+	switch (cfg->cost_kind) {
+	case SIM_COST_ROOFLINE:
+		return bkv_cost_roofline_step_us(&cfg->roofline, s);
+	case SIM_COST_DISTSERVE:
+		return sim_distserve_step_us(s);
+	case SIM_COST_POLY:
+	default:
+		return bkv_cost_poly_step_us(&cfg->poly, s);
+	}
+}
+
+static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
+{
+	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
+	if (n_chunks > h->chunk_cap) {
+		uint32_t cap = n_chunks * 2;
+		bkv_chunk_shape *c = realloc(h->chunks, cap * sizeof(*c));
+		if (!c)
+			return -1;
+		h->chunks = c;
+		h->chunk_cap = cap;
+	}
+	bkv_step_shape s;
+	memset(&s, 0, sizeof(s));
+	s.kind = kind;
+	s.decode_rows = b->n_decode_rows;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+		if (r < b->n_decode_rows) {
+			s.decode_context += (uint64_t)b->positions[q1 - 1] + 1;
+		} else {
+			bkv_chunk_shape *c = &h->chunks[r - b->n_decode_rows];
+			c->len = (uint32_t)(q1 - q0);
+			c->start = (uint32_t)b->positions[q0];
+		}
+	}
+	s.n_chunks = n_chunks;
+	s.chunks = n_chunks ? h->chunks : NULL;
+	s.padded_rows = s.decode_rows;
+	if (h->cfg->policy == BKV_POLICY_STATIC) {
+		if (kind == BKV_CALL_PREFILL)
+			h->group = n_chunks;
+		else if (h->group > s.padded_rows && s.decode_rows)
+			s.padded_rows = h->group;
+	}
+
+	double t = price(h->cfg, &s);
+	double t_prefill = 0.0;
+	if (kind == BKV_CALL_PREFILL) {
+		t_prefill = t;
+	} else if (kind == BKV_CALL_MIXED && n_chunks) {
+		if (s.decode_rows) {
+			bkv_step_shape d = s;
+			d.n_chunks = 0;
+			d.chunks = NULL;
+			t_prefill = t - price(h->cfg, &d);
+		} else {
+			t_prefill = t;
+		}
+	}
+	sim_result *res = h->res;
+	res->prefill_us += t_prefill;
+	res->decode_us += t - t_prefill;
+	if (n_chunks)
+		res->prefill_calls++;
+	if (s.decode_rows)
+		res->decode_steps++;
+	if (h->cfg->cost_kind == SIM_COST_ROOFLINE) {
+		double f, by;
+		bkv_cost_roofline_work(&h->cfg->roofline, &s, &f, &by);
+		res->flops += f;
+		res->bytes += by;
+	}
+	h->now += t;
+	h->call_us += t;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		if (!b->row_sample[r])
+			continue;
+		next[r] = (int32_t)(100 + h->next_token++ % 30000);
+		/* A token exists when the call that computed it returns (a
+		 * serving host streams it then), even if the scheduler reports
+		 * it at the end of the step, after a split host's decode call. */
+		vreq *v = &h->req[(uintptr_t)b->row_user[r] - 1];
+		if (v->first_us < 0.0)
+			v->first_us = h->now;
+	}
+	return 0;
+}
+
+static int cb_forward(void *host, const bkv_batch *b, int32_t *next)
+{
+	return host_call(host, BKV_CALL_MIXED, b, next);
+}
+
+static int cb_prefill(void *host, const bkv_batch *b, int32_t *next)
+{
+	return host_call(host, BKV_CALL_PREFILL, b, next);
+}
+
+static int cb_decode(void *host, const bkv_batch *b, int32_t *next)
+{
+	return host_call(host, BKV_CALL_DECODE, b, next);
+}
+
+static void cb_token(void *host, uint64_t req, uint32_t branch, int32_t token, void *user)
+{
+	(void)req, (void)branch, (void)token;
+	vhost *h = host;
+	vreq *v = &h->req[(uintptr_t)user - 1];
+	v->n_tok++;
+}
+
+static void cb_finish(void *host, uint64_t req, bkv_finish_reason why, void *user)
+{
+	(void)req;
+	vhost *h = host;
+	vreq *v = &h->req[(uintptr_t)user - 1];
+	v->finish_us = h->now;
+	v->failed = why == BKV_FINISH_ABORT || why == BKV_FINISH_ERROR;
+	h->n_done++;
+}
+
+static uint64_t cb_now(void *host)
+{
+	const vhost *h = host;
+	return (uint64_t)llround(h->now);
+}
+
+/* ---- the driver ---------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+double sim_quantile(double *v, int n, double q)
+{
+	if (n <= 0)
+		return 0.0;
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	double pos = q * (n - 1);
+	int i = (int)floor(pos);
+	if (i >= n - 1)
+		return v[n - 1];
+	return v[i] + (pos - i) * (v[i + 1] - v[i]);
+}
+
+double sim_median(double *v, int n)
+{
+	return sim_quantile(v, n, 0.5);
+}
+
+static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r)
+{
+	return r->output_len + (cfg->gen == SIM_GEN_STEPS ? 1u : 0u);
+}
+
+/* Blocks enough for every slot to hold the trace's longest request. */
+static uint32_t default_blocks(const sim_config *cfg, const trace *t)
+{
+	uint64_t longest = 1;
+	for (uint32_t i = 0; i < t->n; i++) {
+		uint64_t need = (uint64_t)t->reqs[i].prompt_len + max_new_tokens(cfg, &t->reqs[i]);
+		if (need > longest)
+			longest = need;
+	}
+	uint64_t per = (longest + cfg->block_tokens - 1) / cfg->block_tokens + 1;
+	uint64_t n = per * cfg->slots + 64;
+	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
+}
+
+static void finish_latencies(vhost *h, const trace *t, sim_result *res)
+{
+	double *ttft = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	double *tpot = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	int nt = 0, np = 0;
+	double first_arrival = t->n ? t->reqs[0].arrival_us : 0.0, last_finish = 0.0;
+	double sum_ttft = 0, sum_tpot = 0, ref_ttft = 0, ref_tpot = 0;
+	int n_ref = 0, n_ref_tpot = 0;
+	for (uint32_t i = 0; i < t->n; i++) {
+		const vreq *v = &h->req[i];
+		if (v->finish_us > last_finish)
+			last_finish = v->finish_us;
+		if (v->failed || v->first_us < 0.0)
+			continue;
+		if (ttft && tpot) {
+			ttft[nt] = (v->first_us - t->reqs[i].arrival_us) / 1000.0;
+			sum_ttft += ttft[nt++];
+			if (v->n_tok > 1) {
+				tpot[np] = (v->finish_us - v->first_us) / (v->n_tok - 1) / 1000.0;
+				sum_tpot += tpot[np++];
+			}
+		}
+		if (t->reqs[i].ref_ttft_ms >= 0.0) {
+			ref_ttft += t->reqs[i].ref_ttft_ms;
+			n_ref++;
+			if (t->reqs[i].output_len > 1) {
+				ref_tpot += t->reqs[i].ref_tpot_ms;
+				n_ref_tpot++;
+			}
+		}
+	}
+	res->makespan_us = last_finish - first_arrival;
+	res->ttft_mean = nt ? sum_ttft / nt : 0.0;
+	res->tpot_mean = np ? sum_tpot / np : 0.0;
+	if (ttft && tpot) {
+		res->ttft_p50 = sim_quantile(ttft, nt, 0.5);
+		res->ttft_p99 = sim_quantile(ttft, nt, 0.99);
+		res->tpot_p50 = sim_quantile(tpot, np, 0.5);
+		res->tpot_p99 = sim_quantile(tpot, np, 0.99);
+	}
+	res->ref_ttft_mean = n_ref ? ref_ttft / n_ref : -1.0;
+	res->ref_tpot_mean = n_ref_tpot ? ref_tpot / n_ref_tpot : -1.0;
+	free(ttft);
+	free(tpot);
+}
+
+int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen)
+{
+	struct timespec w0, w1;
+	clock_gettime(CLOCK_MONOTONIC, &w0);
+	char label[sizeof(res->label)];
+	memcpy(label, res->label, sizeof(label));
+	memset(res, 0, sizeof(*res));
+	memcpy(res->label, label, sizeof(label));
+	res->n_req = t->n;
+
+	vhost h;
+	memset(&h, 0, sizeof(h));
+	h.cfg = cfg;
+	h.t = t;
+	h.res = res;
+	h.req = malloc((size_t)(t->n ? t->n : 1) * sizeof(vreq));
+	uint32_t max_prompt = 1;
+	for (uint32_t i = 0; i < t->n; i++)
+		if (t->reqs[i].prompt_len > max_prompt)
+			max_prompt = t->reqs[i].prompt_len;
+	int32_t *prompt = malloc((size_t)max_prompt * sizeof(int32_t));
+	if (!h.req || !prompt) {
+		free(h.req);
+		free(prompt);
+		snprintf(err, errlen, "out of memory");
+		return BKV_ENOMEM;
+	}
+	for (uint32_t i = 0; i < t->n; i++)
+		h.req[i] = (vreq){-1.0, -1.0, 0, 0};
+	if (t->n)
+		h.now = t->reqs[0].arrival_us;
+
+	bkv_pool_config pc;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = cfg->block_tokens;
+	pc.device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
+	pc.host_blocks = cfg->host_blocks;
+	pc.max_seqs = cfg->slots * 2 + 64;
+	pc.prefix_cache = cfg->prefix_cache;
+	bkv_pool *pool = NULL;
+	int rc = bkv_pool_create(&pc, NULL, &pool);
+	if (rc) {
+		snprintf(err, errlen, "bkv_pool_create: %s", bkv_strerror(rc));
+		free(h.req);
+		free(prompt);
+		return rc;
+	}
+
+	bkv_sched_config sc;
+	bkv_sched_config_init(&sc);
+	sc.policy = cfg->policy;
+	sc.max_running = cfg->slots;
+	sc.admit_group = cfg->k;
+	sc.max_wait_us = cfg->max_wait_us;
+	sc.chunked_prefill = cfg->chunked;
+	sc.token_budget = cfg->budget;
+	sc.max_queue = t->n > 65536 ? t->n : 65536;
+	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
+	if (cfg->cost_kind == SIM_COST_ROOFLINE)
+		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
+	if (cfg->give_model) {
+		if (cfg->cost_kind == SIM_COST_POLY)
+			sc.cost = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
+		else if (cfg->cost_kind == SIM_COST_ROOFLINE)
+			sc.cost = bkv_cost_roofline_model((bkv_cost_roofline *)&cfg->roofline);
+		else
+			sc.cost = sim_distserve_model();
+	}
+	bkv_host_ops ops;
+	memset(&ops, 0, sizeof(ops));
+	if (cfg->mixed_host) {
+		ops.forward = cb_forward;
+	} else {
+		ops.prefill = cb_prefill;
+		ops.decode = cb_decode;
+	}
+	ops.on_token = cb_token;
+	ops.on_finish = cb_finish;
+	ops.now_us = cb_now;
+	rc = bkv_sched_create(&sc, pool, &ops, &h, NULL, &h.sched);
+	if (rc) {
+		snprintf(err, errlen, "bkv_sched_create: %s", bkv_strerror(rc));
+		bkv_pool_destroy(pool);
+		free(h.req);
+		free(prompt);
+		return rc;
+	}
+
+	uint32_t next = 0;
+	int idle = 0;
+	double waste_sum = 0.0;
+	uint64_t waste_n = 0;
+	rc = 0;
+	while (h.n_done < t->n) {
+		while (next < t->n && t->reqs[next].arrival_us <= h.now) {
+			const trace_req *q = &t->reqs[next];
+			bkv_request r;
+			bkv_request_init(&r);
+			trace_prompt_tokens(t, next, prompt);
+			r.prompt = prompt;
+			r.prompt_len = q->prompt_len;
+			r.max_new_tokens = max_new_tokens(cfg, q);
+			r.user = (void *)(uintptr_t)(next + 1);
+			int s = bkv_submit(h.sched, &r, NULL);
+			if (s) { /* e.g. E2BIG: never fits; counts as failed */
+				h.req[next].failed = 1;
+				h.req[next].finish_us = h.now;
+				h.n_done++;
+			}
+			next++;
+		}
+		if (bkv_sched_pending(h.sched) == 0) {
+			if (next < t->n) {
+				h.now = t->reqs[next].arrival_us;
+				continue;
+			}
+			break;
+		}
+		bkv_step_info info;
+		h.call_us = 0.0;
+		int s = bkv_step(h.sched, &info);
+		if (s) {
+			snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
+			rc = s;
+			break;
+		}
+		if (cfg->check && (s = bkv_sched_check(h.sched)) != 0) {
+			snprintf(err, errlen, "bkv_sched_check: invariant %d broken", s);
+			rc = -101;
+			break;
+		}
+		if (info.rows == 0 && info.finished == 0 && info.admitted == 0) {
+			/* Nothing could run: wait for the next arrival. */
+			if (next < t->n) {
+				h.now = t->reqs[next].arrival_us;
+				idle = 0;
+				continue;
+			}
+			if (++idle > 1000) {
+				snprintf(err, errlen,
+					 "the scheduler stalled: %llu requests pending, no arrivals left",
+					 (unsigned long long)bkv_sched_pending(h.sched));
+				rc = -100;
+				break;
+			}
+			h.now += 1000.0; /* let a max_wait timer expire */
+			continue;
+		}
+		idle = 0;
+		res->steps++;
+		if (cfg->give_model && info.measured_us > 0.0) {
+			double e = fabs(info.predicted_us - info.measured_us) / info.measured_us;
+			if (e > res->pred_err)
+				res->pred_err = e;
+		}
+		bkv_pool_stats ps;
+		ps.size = sizeof(ps);
+		bkv_pool_stats_get(pool, &ps);
+		if (ps.nr_used) {
+			waste_sum += (double)ps.waste_slots / ((double)ps.nr_used * pc.block_tokens);
+			waste_n++;
+		}
+	}
+
+	bkv_sched_stats ss;
+	ss.size = sizeof(ss);
+	bkv_sched_stats_get(h.sched, &ss);
+	res->prefill_tokens = ss.prefill_tokens;
+	res->decode_tokens = ss.decode_tokens;
+	res->hit_tokens = ss.hit_tokens;
+	res->preemptions = ss.preemptions;
+	for (uint32_t i = 0; i < t->n; i++) {
+		res->prompt_tokens += t->reqs[i].prompt_len;
+		if (h.req[i].finish_us >= 0.0)
+			res->finished++;
+		if (h.req[i].failed)
+			res->errors++;
+		res->out_tokens += h.req[i].n_tok;
+	}
+	res->kv_waste = waste_n ? waste_sum / waste_n : 0.0;
+	finish_latencies(&h, t, res);
+	double busy = res->prefill_us + res->decode_us;
+	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
+	if (cfg->cost_kind == SIM_COST_ROOFLINE && busy > 0.0) {
+		res->mfu = res->flops / (busy / 1e6 * cfg->roofline.peak_flops);
+		res->mbu = res->bytes / (busy / 1e6 * cfg->roofline.mem_bw);
+	}
+	bkv_sched_destroy(h.sched);
+	bkv_pool_destroy(pool);
+	free(h.req);
+	free(h.chunks);
+	free(prompt);
+	clock_gettime(CLOCK_MONOTONIC, &w1);
+	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;
+	return rc;
+}

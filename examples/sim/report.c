@@ -1,0 +1,299 @@
+/*
+ * report.c - bkv-sim's outputs: the table, JSON, CSV and the SVG bar chart.
+ *
+ * A row aggregates one policy over all seeds: every metric is the median
+ * over seeds, and the speed-up is computed per seed (static makespan over
+ * the policy's, same trace) before its median and quartiles are taken, as
+ * seed 000 reports it. The chart draws, per row, a bar of total time split
+ * into prefill (dark) and decode (light), relative to the first row, like
+ * seed 000's figure.
+ */
+#include "sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Median over n runs of the double at byte offset off of sim_result. */
+static double med_field(const sim_result *runs, int n, size_t off, double *scratch)
+{
+	for (int i = 0; i < n; i++)
+		scratch[i] = *(const double *)((const char *)&runs[i] + off);
+	return sim_median(scratch, n);
+}
+
+static double med_u64(const sim_result *runs, int n, size_t off, double *scratch)
+{
+	for (int i = 0; i < n; i++)
+		scratch[i] = (double)*(const uint64_t *)((const char *)&runs[i] + off);
+	return sim_median(scratch, n);
+}
+
+void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *base, int n)
+{
+	double *sc = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+	memset(row, 0, sizeof(*row));
+	row->n_seeds = n;
+	if (!sc || n <= 0) {
+		free(sc);
+		return;
+	}
+	sim_result *m = &row->med;
+	memcpy(m->label, runs[0].label, sizeof(m->label));
+	m->n_req = runs[0].n_req;
+	m->finished = runs[0].finished;
+	m->errors = runs[0].errors;
+	for (int i = 1; i < n; i++) {
+		if (runs[i].finished < m->finished)
+			m->finished = runs[i].finished;
+		if (runs[i].errors > m->errors)
+			m->errors = runs[i].errors;
+	}
+#define MED_D(f) m->f = med_field(runs, n, offsetof(sim_result, f), sc)
+#define MED_U(f) m->f = (uint64_t)llround(med_u64(runs, n, offsetof(sim_result, f), sc))
+	MED_D(makespan_us);
+	MED_D(prefill_us);
+	MED_D(decode_us);
+	MED_U(prefill_calls);
+	MED_U(decode_steps);
+	MED_U(steps);
+	MED_U(prefill_tokens);
+	MED_U(decode_tokens);
+	MED_U(out_tokens);
+	MED_U(hit_tokens);
+	MED_U(prompt_tokens);
+	MED_U(preemptions);
+	MED_D(kv_waste);
+	MED_D(ttft_mean);
+	MED_D(ttft_p50);
+	MED_D(ttft_p99);
+	MED_D(tpot_mean);
+	MED_D(tpot_p50);
+	MED_D(tpot_p99);
+	MED_D(tput_tok_s);
+	MED_D(flops);
+	MED_D(bytes);
+	MED_D(mfu);
+	MED_D(mbu);
+	MED_D(ref_ttft_mean);
+	MED_D(ref_tpot_mean);
+#undef MED_D
+#undef MED_U
+	double wall = 0.0, perr = 0.0;
+	for (int i = 0; i < n; i++) {
+		wall += runs[i].wall_s;
+		if (runs[i].pred_err > perr)
+			perr = runs[i].pred_err;
+	}
+	m->wall_s = wall;
+	m->pred_err = perr;
+	/* Prefill share: median of per-seed shares. */
+	for (int i = 0; i < n; i++) {
+		double busy = runs[i].prefill_us + runs[i].decode_us;
+		sc[i] = busy > 0 ? runs[i].prefill_us / busy : 0.0;
+	}
+	row->prefill_share = sim_median(sc, n);
+	if (base) {
+		row->has_base = 1;
+		for (int i = 0; i < n; i++) {
+			sc[i] = runs[i].makespan_us > 0 ? base[i].makespan_us / runs[i].makespan_us
+							: 0.0;
+			row->wins += sc[i] > 1.0;
+		}
+		row->speedup_q1 = sim_quantile(sc, n, 0.25);
+		row->speedup_q3 = sim_quantile(sc, n, 0.75);
+		row->speedup = sim_median(sc, n);
+	}
+	free(sc);
+}
+
+
+static double hit_rate(const sim_result *r)
+{
+	return r->prompt_tokens ? (double)r->hit_tokens / (double)r->prompt_tokens : 0.0;
+}
+
+void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline)
+{
+	if (fmt == SIM_JSON) {
+		fprintf(out, "[\n");
+		for (int i = 0; i < n; i++) {
+			const sim_result *r = &rows[i].med;
+			fprintf(out,
+				"  {\"label\": \"%s\", \"seeds\": %d, \"requests\": %u, "
+				"\"finished\": %u, \"errors\": %u, \"speedup\": %.10g, "
+				"\"speedup_q1\": %.10g, \"speedup_q3\": %.10g, \"wins\": %d, "
+				"\"makespan_us\": %.10g, \"prefill_us\": %.10g, \"decode_us\": %.10g, "
+				"\"prefill_share\": %.10g, \"prefill_calls\": %llu, "
+				"\"decode_steps\": %llu, \"steps\": %llu, \"prefill_tokens\": %llu, "
+				"\"decode_tokens\": %llu, \"out_tokens\": %llu, \"throughput_tok_s\": %.10g, "
+				"\"ttft_ms\": {\"mean\": %.10g, \"p50\": %.10g, \"p99\": %.10g}, "
+				"\"tpot_ms\": {\"mean\": %.10g, \"p50\": %.10g, \"p99\": %.10g}, "
+				"\"preemptions\": %llu, \"prefix_hit_rate\": %.10g, "
+				"\"kv_waste\": %.10g",
+				r->label, rows[i].n_seeds, r->n_req, r->finished, r->errors,
+				rows[i].has_base ? rows[i].speedup : 0.0, rows[i].speedup_q1,
+				rows[i].speedup_q3, rows[i].wins, r->makespan_us, r->prefill_us,
+				r->decode_us, rows[i].prefill_share, (unsigned long long)r->prefill_calls,
+				(unsigned long long)r->decode_steps, (unsigned long long)r->steps,
+				(unsigned long long)r->prefill_tokens,
+				(unsigned long long)r->decode_tokens,
+				(unsigned long long)r->out_tokens, r->tput_tok_s, r->ttft_mean,
+				r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50, r->tpot_p99,
+				(unsigned long long)r->preemptions, hit_rate(r), r->kv_waste);
+			if (roofline)
+				fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
+			if (r->ref_ttft_mean >= 0)
+				fprintf(out,
+					", \"ref_ttft_mean_ms\": %.10g, \"ref_tpot_mean_ms\": %.10g",
+					r->ref_ttft_mean, r->ref_tpot_mean);
+			fprintf(out, ", \"prediction_error\": %.10g, \"wall_s\": %.10g}%s\n",
+				r->pred_err, r->wall_s, i + 1 < n ? "," : "");
+		}
+		fprintf(out, "]\n");
+		return;
+	}
+	if (fmt == SIM_CSV) {
+		fprintf(out, "label,seeds,requests,speedup,prefill_calls,decode_steps,prefill_share,"
+			     "makespan_us,throughput_tok_s,ttft_mean_ms,ttft_p50_ms,ttft_p99_ms,"
+			     "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,preemptions,prefix_hit_rate,"
+			     "kv_waste,mfu,mbu,ref_ttft_mean_ms,ref_tpot_mean_ms\n");
+		for (int i = 0; i < n; i++) {
+			const sim_result *r = &rows[i].med;
+			fprintf(out,
+				"%s,%d,%u,%.10g,%llu,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,"
+				"%.10g,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g\n",
+				r->label, rows[i].n_seeds, r->n_req,
+				rows[i].has_base ? rows[i].speedup : 0.0,
+				(unsigned long long)r->prefill_calls,
+				(unsigned long long)r->decode_steps, rows[i].prefill_share, r->makespan_us,
+				r->tput_tok_s, r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean,
+				r->tpot_p50, r->tpot_p99, (unsigned long long)r->preemptions,
+				hit_rate(r), r->kv_waste, roofline ? r->mfu : 0.0,
+				roofline ? r->mbu : 0.0, r->ref_ttft_mean, r->ref_tpot_mean);
+		}
+		return;
+	}
+	fprintf(out, "%-14s %8s %8s %8s %7s %10s %9s %9s %9s %8s %8s %8s %6s %6s %6s",
+		"policy", "speedup", "prefills", "decodes", "pf%", "tok/s", "ttft_avg",
+		"ttft_p50", "ttft_p99", "tpot_avg", "tpot_p50", "tpot_p99", "preempt", "hit%",
+		"waste%");
+	if (roofline)
+		fprintf(out, " %6s %6s", "MFU%", "MBU%");
+	fprintf(out, "\n");
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		char sp[16];
+		if (rows[i].has_base)
+			snprintf(sp, sizeof(sp), "%.3f", rows[i].speedup);
+		else
+			snprintf(sp, sizeof(sp), "-");
+		fprintf(out,
+			"%-14s %8s %8llu %8llu %6.1f%% %10.1f %9.2f %9.2f %9.2f %8.2f %8.2f "
+			"%8.2f %6llu %5.1f%% %5.1f%%",
+			r->label, sp, (unsigned long long)r->prefill_calls,
+			(unsigned long long)r->decode_steps, 100.0 * rows[i].prefill_share, r->tput_tok_s,
+			r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50,
+			r->tpot_p99, (unsigned long long)r->preemptions, 100.0 * hit_rate(r),
+			100.0 * r->kv_waste);
+		if (roofline)
+			fprintf(out, " %5.1f%% %5.1f%%", 100.0 * r->mfu, 100.0 * r->mbu);
+		fprintf(out, "\n");
+	}
+	if (n)
+		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "
+			     "same traces)\n",
+			rows[0].n_seeds, rows[0].n_seeds == 1 ? "" : "s");
+}
+
+/* Escape the few XML characters a label may hold. */
+static void xml_text(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '<')
+			fputs("&lt;", f);
+		else if (*s == '>')
+			fputs("&gt;", f);
+		else if (*s == '&')
+			fputs("&amp;", f);
+		else
+			fputc(*s, f);
+	}
+}
+
+int sim_svg(const char *path, const sim_row *rows, int n, const char *title)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	const int bar_w = 56, gap = 24, left = 70, top = 50, height = 300;
+	int width = left + n * (bar_w + gap) + 140;
+	double ymax = 0.0;
+	for (int i = 0; i < n; i++) {
+		double tot = rows[i].med.prefill_us + rows[i].med.decode_us;
+		if (tot > ymax)
+			ymax = tot;
+	}
+	if (ymax <= 0.0)
+		ymax = 1.0;
+	fprintf(f,
+		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+		"font-family=\"sans-serif\" font-size=\"12\">\n",
+		width, top + height + 70);
+	fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+	fprintf(f, "<text x=\"%d\" y=\"24\" font-size=\"15\">", left);
+	xml_text(f, title ? title : "bkv-sim");
+	fprintf(f, "</text>\n");
+	/* axis and ticks in ms */
+	fprintf(f,
+		"<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n"
+		"<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n",
+		left, top, left, top + height, left, top + height, width - 130, top + height);
+	for (int k = 0; k <= 4; k++) {
+		double v = ymax * k / 4;
+		int y = top + height - (int)(height * k / 4);
+		fprintf(f,
+			"<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text>"
+			"<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ddd\"/>\n",
+			left - 6, y + 4, v / 1000.0, left + 1, y, width - 130, y);
+	}
+	fprintf(f,
+		"<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" "
+		"text-anchor=\"middle\">busy time (ms)</text>\n",
+		top + height / 2, top + height / 2);
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		int x = left + gap / 2 + i * (bar_w + gap);
+		int hp = (int)lround(height * r->prefill_us / ymax);
+		int hd = (int)lround(height * r->decode_us / ymax);
+		int yd = top + height - hd;
+		int yp = yd - hp;
+		fprintf(f,
+			"<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#9ecae1\"/>\n"
+			"<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#08519c\"/>\n",
+			x, yd, bar_w, hd, x, yp, bar_w, hp);
+		fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x + bar_w / 2,
+			top + height + 16);
+		xml_text(f, r->label);
+		fprintf(f, "</text>\n");
+		if (rows[i].has_base)
+			fprintf(f,
+				"<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%.2fx</text>\n",
+				x + bar_w / 2, yp - 6, rows[i].speedup);
+	}
+	int lx = width - 120;
+	fprintf(f,
+		"<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"#08519c\"/>"
+		"<text x=\"%d\" y=\"%d\">prefill</text>\n"
+		"<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"#9ecae1\"/>"
+		"<text x=\"%d\" y=\"%d\">decode</text>\n",
+		lx, top, lx + 20, top + 12, lx, top + 22, lx + 20, top + 34);
+	fprintf(f,
+		"<text x=\"%d\" y=\"%d\" fill=\"#555\">bar labels: speed-up vs static "
+		"(median over seeds)</text>\n</svg>\n",
+		left, top + height + 40);
+	int bad = ferror(f);
+	if (fclose(f) || bad)
+		return -1;
+	return 0;
+}

@@ -1,0 +1,575 @@
+/*
+ * sim.c - bkv-sim's command line: pick a workload or a trace, a policy, a
+ * host shape and a cost model, run the real scheduler on a virtual clock
+ * (host.c) over one or more seeds and sweep values, and report (report.c).
+ *
+ *   bkv-sim --workload seed000 --sweep k=1,2,4,8,16,32
+ *   bkv-sim --trace azure:FILE --cost roofline:a100-llama2-13b --slots 64
+ *   bkv-sim --trace distserve:FILE --fidelity
+ *
+ * Every run of a row uses the same traces as the static baseline of the same
+ * seed, so speed-ups are paired. Output is deterministic for given options
+ * (the wall-clock column of --json aside). See docs/benchmarks.md.
+ */
+#include "sim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_SWEEP 64
+
+static void usage(FILE *f)
+{
+	fputs("usage: bkv-sim [options]\n"
+	      "workload (one of):\n"
+	      "  --workload seed000         seed 000's 256 requests (default)\n"
+	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R\n"
+	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
+	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"
+	      "  --limit N                  first N requests of a trace\n"
+	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"
+	      "policy:\n"
+	      "  --policy static|continuous|chunked   (default continuous)\n"
+	      "  --k N                      admission group (default 1)\n"
+	      "  --budget N                 token budget of chunked prefill (default 512)\n"
+	      "  --max-wait US|never        partial-group timeout (default never)\n"
+	      "  --slots N                  running slots (default 32)\n"
+	      "  --host split|mixed         split prefill/decode kernels or one forward\n"
+	      "  --no-baseline              no static row; speed-ups are not reported\n"
+	      "  --sweep k=1,2,4|budget=..|slots=..\n"
+	      "cost model:\n"
+	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
+	      "     presets: a100-llama2-13b, h100-llama3-8b, a100-opt-13b\n"
+	      "  --no-model                 do not give the model to the scheduler\n"
+	      "  --gen steps|tokens         output length = decode steps after prefill\n"
+	      "                             (seed000 default) or tokens (trace default)\n"
+	      "pool:\n"
+	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"
+	      "output:\n"
+	      "  --json | --csv             instead of the table\n"
+	      "  --svg FILE                 prefill/decode time bars per row\n"
+	      "  --fidelity                 (distserve) every run vs its measurement\n"
+	      "  --check                    bkv_sched_check after every step\n"
+	      "  --quiet                    no progress line\n",
+	      f);
+}
+
+typedef struct opts {
+	const char *workload;    /* "seed000" or "synthetic" */
+	trace_format fmt;        /* when trace_path */
+	const char *trace_path;  /* NULL: synthetic */
+	const char *run;         /* distserve run filter */
+	uint32_t limit;          /* 0 = all */
+	uint32_t n;              /* synthetic requests */
+	trace_arrival arrival;
+	double rate;
+	trace_dist prompt, output;
+	uint64_t seed_lo, seed_hi;
+	int seeds_set;
+	int baseline;
+	char sweep_key[16];
+	uint32_t sweep_vals[MAX_SWEEP];
+	int n_sweep;
+	sim_format fmt_out;
+	const char *svg;
+	int fidelity;
+	int quiet;
+	int gen_set;
+	int policy_chunked;
+} opts;
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v > UINT32_MAX || *s == '-')
+		return -1;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_preset(const char *s, bkv_roofline_preset *p)
+{
+	if (!strcmp(s, "a100-llama2-13b"))
+		*p = BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16;
+	else if (!strcmp(s, "h100-llama3-8b"))
+		*p = BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16;
+	else if (!strcmp(s, "a100-opt-13b"))
+		*p = BKV_ROOFLINE_A100_80GB_OPT_13B_FP16;
+	else
+		return -1;
+	return 0;
+}
+
+/* Build the trace of one seed. */
+static int make_trace(const opts *o, uint64_t seed, trace *t, char *err, size_t errlen)
+{
+	memset(t, 0, sizeof(*t));
+	int rc;
+	if (o->trace_path) {
+		rc = trace_load(o->fmt, o->trace_path, o->run, t, err, errlen);
+		if (rc == 0 && o->limit && t->n > o->limit)
+			t->n = o->limit;
+		if (rc == 0 && t->n == 0) {
+			snprintf(err, errlen, "%s: no requests%s%s", o->trace_path,
+				 o->run ? " in run " : "", o->run ? o->run : "");
+			rc = TRACE_EPARSE;
+		}
+		return rc;
+	}
+	if (!strcmp(o->workload, "seed000"))
+		return trace_seed000(t, seed);
+	return trace_synthetic(t, o->n, o->arrival, o->rate, &o->prompt, &o->output, seed);
+}
+
+static void apply_sweep(sim_config *c, const char *key, uint32_t v, char *label, size_t len)
+{
+	if (!strcmp(key, "k")) {
+		c->k = v;
+		snprintf(label, len, "k=%u", v);
+	} else if (!strcmp(key, "budget")) {
+		c->budget = v;
+		snprintf(label, len, "budget=%u", v);
+	} else if (!strcmp(key, "slots")) {
+		c->slots = v;
+		snprintf(label, len, "slots=%u", v);
+	}
+}
+
+static void policy_label(const sim_config *c, char *label, size_t len)
+{
+	if (c->policy == BKV_POLICY_STATIC)
+		snprintf(label, len, "static");
+	else if (c->chunked)
+		snprintf(label, len, "chunked b=%u", c->budget);
+	else
+		snprintf(label, len, "k=%u", c->k);
+}
+
+static void progress(const opts *o, const char *label, uint64_t seed, int done, int total)
+{
+	if (o->quiet || !isatty(2))
+		return;
+	fprintf(stderr, "\r[%d/%d] %-16s seed %-6llu", done, total, label,
+		(unsigned long long)seed);
+	fflush(stderr);
+}
+
+/* Run every seed of one configuration into runs[]. */
+static int run_seeds(const opts *o, const sim_config *c, const char *label, trace *traces,
+		     int n_seeds, sim_result *runs, int *done, int total)
+{
+	for (int s = 0; s < n_seeds; s++) {
+		char err[256] = "";
+		progress(o, label, o->seed_lo + (uint64_t)s, ++*done, total);
+		snprintf(runs[s].label, sizeof(runs[s].label), "%s", label);
+		int rc = sim_run(c, &traces[s], &runs[s], err, sizeof(err));
+		if (rc) {
+			if (!o->quiet && isatty(2))
+				fputc('\n', stderr);
+			fprintf(stderr, "bkv-sim: %s, seed %llu: %s\n", label,
+				(unsigned long long)(o->seed_lo + (uint64_t)s), err);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static int fidelity(const opts *o, sim_config *c)
+{
+	FILE *f = fopen(o->trace_path, "rb");
+	if (!f) {
+		fprintf(stderr, "bkv-sim: %s: %s\n", o->trace_path, strerror(errno));
+		return 1;
+	}
+	fseek(f, 0, SEEK_END);
+	long len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc(len > 0 ? (size_t)len : 1);
+	size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
+	fclose(f);
+	char names[32][32];
+	int nr = buf ? trace_distserve_runs(buf, got, names, 32) : -1;
+	if (nr <= 0) {
+		fprintf(stderr, "bkv-sim: %s: no runs found\n", o->trace_path);
+		free(buf);
+		return 1;
+	}
+	sim_row *rows = calloc((size_t)nr, sizeof(*rows));
+	int status = 0;
+	for (int i = 0; i < nr && rows; i++) {
+		trace t = {0};
+		char err[256];
+		int rc = trace_parse(TRACE_DISTSERVE, buf, got, names[i], &t, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "bkv-sim: %s: %s\n", o->trace_path, err);
+			status = 1;
+			break;
+		}
+		sim_result r;
+		snprintf(r.label, sizeof(r.label), "%s", names[i]);
+		progress(o, names[i], 0, i + 1, nr);
+		rc = sim_run(c, &t, &r, err, sizeof(err));
+		trace_free(&t);
+		if (rc) {
+			fprintf(stderr, "bkv-sim: %s: %s\n", names[i], err);
+			status = 1;
+			break;
+		}
+		sim_rows_from_runs(&rows[i], &r, NULL, 1);
+	}
+	if (!o->quiet && isatty(2))
+		fputc('\n', stderr);
+	if (!status) {
+		if (o->fmt_out != SIM_TABLE) {
+			sim_report(stdout, o->fmt_out, rows, nr, 0);
+		} else {
+			printf("%-12s %5s %12s %12s %8s %12s %12s %8s\n", "run", "reqs",
+			       "ttft_meas", "ttft_sim", "err", "tpot_meas", "tpot_sim", "err");
+			for (int i = 0; i < nr; i++) {
+				const sim_result *r = &rows[i].med;
+				printf("%-12s %5u %12.1f %12.1f %+7.1f%% %12.2f %12.2f %+7.1f%%\n",
+				       r->label, r->n_req, r->ref_ttft_mean, r->ttft_mean,
+				       100.0 * (r->ttft_mean - r->ref_ttft_mean) / r->ref_ttft_mean,
+				       r->ref_tpot_mean, r->tpot_mean,
+				       100.0 * (r->tpot_mean - r->ref_tpot_mean) / r->ref_tpot_mean);
+			}
+			printf("(mean TTFT and TPOT in ms; TPOT over requests with more than one "
+			       "output token)\n");
+		}
+	}
+	free(rows);
+	free(buf);
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	opts o;
+	memset(&o, 0, sizeof(o));
+	o.workload = "seed000";
+	o.n = 256;
+	o.baseline = 1;
+	o.prompt = (trace_dist){DIST_UNIFORM, 8, 64};
+	o.output = (trace_dist){DIST_SEED000_GEN, 1, 64};
+	sim_config c;
+	memset(&c, 0, sizeof(c));
+	c.policy = BKV_POLICY_CONTINUOUS;
+	c.k = 1;
+	c.max_wait_us = UINT64_MAX;
+	c.budget = 512;
+	c.slots = 32;
+	c.block_tokens = 16;
+	c.prefix_cache = 1;
+	c.give_model = 1;
+	c.cost_kind = SIM_COST_POLY;
+	bkv_cost_poly_init(&c.poly);
+	int host_set = 0;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_ARG()                                                             \
+	do {                                                                   \
+		if (!v) {                                                      \
+			fprintf(stderr, "bkv-sim: %s needs a value\n", a);    \
+			return 2;                                              \
+		}                                                              \
+		i++;                                                           \
+	} while (0)
+#define BAD_ARG()                                                              \
+	do {                                                                   \
+		fprintf(stderr, "bkv-sim: bad value for %s: '%s'\n", a, v);   \
+		return 2;                                                      \
+	} while (0)
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--workload")) {
+			NEED_ARG();
+			if (strcmp(v, "seed000") && strcmp(v, "synthetic"))
+				BAD_ARG();
+			o.workload = v;
+		} else if (!strcmp(a, "--trace")) {
+			NEED_ARG();
+			const char *colon = strchr(v, ':');
+			if (!colon)
+				BAD_ARG();
+			size_t k = (size_t)(colon - v);
+			if (k == 5 && !strncmp(v, "azure", 5))
+				o.fmt = TRACE_AZURE;
+			else if (k == 8 && !strncmp(v, "mooncake", 8))
+				o.fmt = TRACE_MOONCAKE;
+			else if (k == 9 && !strncmp(v, "distserve", 9))
+				o.fmt = TRACE_DISTSERVE;
+			else
+				BAD_ARG();
+			o.trace_path = colon + 1;
+		} else if (!strcmp(a, "--run")) {
+			NEED_ARG();
+			o.run = v;
+		} else if (!strcmp(a, "--limit")) {
+			NEED_ARG();
+			if (parse_u32(v, &o.limit))
+				BAD_ARG();
+		} else if (!strcmp(a, "--n")) {
+			NEED_ARG();
+			if (parse_u32(v, &o.n) || o.n == 0)
+				BAD_ARG();
+		} else if (!strcmp(a, "--arrival")) {
+			NEED_ARG();
+			if (!strcmp(v, "burst")) {
+				o.arrival = ARRIVAL_BURST;
+			} else if (!strncmp(v, "uniform:", 8) || !strncmp(v, "poisson:", 8)) {
+				o.arrival = v[0] == 'u' ? ARRIVAL_UNIFORM : ARRIVAL_POISSON;
+				char *end;
+				o.rate = strtod(v + 8, &end);
+				if (*end || !(o.rate > 0))
+					BAD_ARG();
+			} else {
+				BAD_ARG();
+			}
+		} else if (!strcmp(a, "--prompt")) {
+			NEED_ARG();
+			if (trace_dist_parse(v, &o.prompt) || o.prompt.kind == DIST_SEED000_GEN)
+				BAD_ARG();
+		} else if (!strcmp(a, "--output")) {
+			NEED_ARG();
+			if (trace_dist_parse(v, &o.output))
+				BAD_ARG();
+		} else if (!strcmp(a, "--seeds")) {
+			NEED_ARG();
+			uint32_t lo, hi;
+			const char *dots = strstr(v, "..");
+			if (dots) {
+				char tmp[32];
+				snprintf(tmp, sizeof(tmp), "%.*s", (int)(dots - v), v);
+				if (parse_u32(tmp, &lo) || parse_u32(dots + 2, &hi) || hi < lo)
+					BAD_ARG();
+			} else {
+				if (parse_u32(v, &hi) || hi == 0)
+					BAD_ARG();
+				lo = 0;
+				hi -= 1;
+			}
+			o.seed_lo = lo;
+			o.seed_hi = hi;
+			o.seeds_set = 1;
+		} else if (!strcmp(a, "--policy")) {
+			NEED_ARG();
+			if (!strcmp(v, "static"))
+				c.policy = BKV_POLICY_STATIC;
+			else if (!strcmp(v, "continuous"))
+				c.policy = BKV_POLICY_CONTINUOUS;
+			else if (!strcmp(v, "chunked"))
+				c.policy = BKV_POLICY_CONTINUOUS, o.policy_chunked = 1;
+			else
+				BAD_ARG();
+		} else if (!strcmp(a, "--k")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.k) || c.k == 0)
+				BAD_ARG();
+		} else if (!strcmp(a, "--budget")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.budget) || c.budget == 0)
+				BAD_ARG();
+		} else if (!strcmp(a, "--max-wait")) {
+			NEED_ARG();
+			uint32_t w;
+			if (!strcmp(v, "never"))
+				c.max_wait_us = UINT64_MAX;
+			else if (!parse_u32(v, &w))
+				c.max_wait_us = w;
+			else
+				BAD_ARG();
+		} else if (!strcmp(a, "--slots")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.slots) || c.slots == 0)
+				BAD_ARG();
+		} else if (!strcmp(a, "--host")) {
+			NEED_ARG();
+			if (!strcmp(v, "split"))
+				c.mixed_host = 0;
+			else if (!strcmp(v, "mixed"))
+				c.mixed_host = 1;
+			else
+				BAD_ARG();
+			host_set = 1;
+		} else if (!strcmp(a, "--no-baseline")) {
+			o.baseline = 0;
+		} else if (!strcmp(a, "--sweep")) {
+			NEED_ARG();
+			const char *eq = strchr(v, '=');
+			if (!eq || eq - v >= (long)sizeof(o.sweep_key))
+				BAD_ARG();
+			snprintf(o.sweep_key, sizeof(o.sweep_key), "%.*s", (int)(eq - v), v);
+			if (strcmp(o.sweep_key, "k") && strcmp(o.sweep_key, "budget") &&
+			    strcmp(o.sweep_key, "slots"))
+				BAD_ARG();
+			char list[512];
+			snprintf(list, sizeof(list), "%s", eq + 1);
+			o.n_sweep = 0;
+			for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+				if (o.n_sweep == MAX_SWEEP ||
+				    parse_u32(tok, &o.sweep_vals[o.n_sweep]) ||
+				    o.sweep_vals[o.n_sweep] == 0)
+					BAD_ARG();
+				o.n_sweep++;
+			}
+			if (!o.n_sweep)
+				BAD_ARG();
+		} else if (!strcmp(a, "--cost")) {
+			NEED_ARG();
+			bkv_roofline_preset p;
+			if (!strcmp(v, "poly")) {
+				c.cost_kind = SIM_COST_POLY;
+			} else if (!strcmp(v, "poly-packed")) {
+				c.cost_kind = SIM_COST_POLY;
+				c.poly.packed = 1;
+			} else if (!strcmp(v, "distserve")) {
+				c.cost_kind = SIM_COST_DISTSERVE;
+			} else if (!strncmp(v, "roofline:", 9) && !parse_preset(v + 9, &p)) {
+				c.cost_kind = SIM_COST_ROOFLINE;
+				bkv_cost_roofline_init(&c.roofline, p);
+			} else {
+				BAD_ARG();
+			}
+		} else if (!strcmp(a, "--no-model")) {
+			c.give_model = 0;
+		} else if (!strcmp(a, "--gen")) {
+			NEED_ARG();
+			if (!strcmp(v, "steps"))
+				c.gen = SIM_GEN_STEPS;
+			else if (!strcmp(v, "tokens"))
+				c.gen = SIM_GEN_TOKENS;
+			else
+				BAD_ARG();
+			o.gen_set = 1;
+		} else if (!strcmp(a, "--kv-blocks")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.kv_blocks))
+				BAD_ARG();
+		} else if (!strcmp(a, "--block-tokens")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.block_tokens) || c.block_tokens == 0)
+				BAD_ARG();
+		} else if (!strcmp(a, "--host-blocks")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.host_blocks))
+				BAD_ARG();
+		} else if (!strcmp(a, "--no-prefix-cache")) {
+			c.prefix_cache = 0;
+		} else if (!strcmp(a, "--json")) {
+			o.fmt_out = SIM_JSON;
+		} else if (!strcmp(a, "--csv")) {
+			o.fmt_out = SIM_CSV;
+		} else if (!strcmp(a, "--svg")) {
+			NEED_ARG();
+			o.svg = v;
+		} else if (!strcmp(a, "--fidelity")) {
+			o.fidelity = 1;
+		} else if (!strcmp(a, "--check")) {
+			c.check = 1;
+		} else if (!strcmp(a, "--quiet")) {
+			o.quiet = 1;
+		} else {
+			fprintf(stderr, "bkv-sim: unknown option '%s' (see --help)\n", a);
+			return 2;
+		}
+#undef NEED_ARG
+#undef BAD_ARG
+	}
+	if (o.policy_chunked) {
+		c.chunked = 1;
+		if (!host_set)
+			c.mixed_host = 1;
+	}
+	if (!o.gen_set)
+		c.gen = (!o.trace_path && !strcmp(o.workload, "seed000")) ? SIM_GEN_STEPS
+									   : SIM_GEN_TOKENS;
+	if (o.fidelity) {
+		if (!o.trace_path || o.fmt != TRACE_DISTSERVE) {
+			fprintf(stderr, "bkv-sim: --fidelity needs --trace distserve:FILE\n");
+			return 2;
+		}
+		return fidelity(&o, &c);
+	}
+	if (!o.seeds_set) {
+		o.seed_lo = 0;
+		o.seed_hi = (!o.trace_path && !strcmp(o.workload, "seed000")) ? 20 : 0;
+	}
+	if (o.trace_path)
+		o.seed_hi = o.seed_lo; /* a file is one trace */
+	int n_seeds = (int)(o.seed_hi - o.seed_lo + 1);
+	if (n_seeds > 100000) {
+		fprintf(stderr, "bkv-sim: too many seeds\n");
+		return 2;
+	}
+
+	trace *traces = calloc((size_t)n_seeds, sizeof(*traces));
+	if (!traces)
+		return 1;
+	for (int s = 0; s < n_seeds; s++) {
+		char err[256] = "";
+		if (make_trace(&o, o.seed_lo + (uint64_t)s, &traces[s], err, sizeof(err))) {
+			fprintf(stderr, "bkv-sim: %s\n", err);
+			return 1;
+		}
+	}
+
+	int n_var = o.n_sweep ? o.n_sweep : 1;
+	int n_rows = n_var + (o.baseline ? 1 : 0);
+	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
+	sim_result *base = calloc((size_t)n_seeds, sizeof(*base));
+	sim_result *runs = calloc((size_t)n_seeds, sizeof(*runs));
+	if (!rows || !base || !runs)
+		return 1;
+	int done = 0, total = n_rows * n_seeds, row = 0, status = 0;
+	if (o.baseline) {
+		sim_config sc = c;
+		sc.policy = BKV_POLICY_STATIC;
+		sc.chunked = 0;
+		sc.mixed_host = 0; /* seed 000's static: split, padded kernels */
+		if (run_seeds(&o, &sc, "static", traces, n_seeds, base, &done, total))
+			return 1;
+		sim_rows_from_runs(&rows[row++], base, base, n_seeds);
+	}
+	for (int v = 0; v < n_var; v++) {
+		sim_config vc = c;
+		char label[48];
+		policy_label(&vc, label, sizeof(label));
+		if (o.n_sweep)
+			apply_sweep(&vc, o.sweep_key, o.sweep_vals[v], label, sizeof(label));
+		if (vc.chunked && o.n_sweep && strcmp(o.sweep_key, "budget") == 0)
+			snprintf(label, sizeof(label), "chunked b=%u", vc.budget);
+		if (run_seeds(&o, &vc, label, traces, n_seeds, runs, &done, total)) {
+			status = 1;
+			break;
+		}
+		sim_rows_from_runs(&rows[row++], runs, o.baseline ? base : NULL, n_seeds);
+	}
+	if (!o.quiet && isatty(2))
+		fprintf(stderr, "\r%-50s\r", "");
+	if (!status) {
+		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE);
+		if (o.svg) {
+			char title[128];
+			snprintf(title, sizeof(title), "bkv-sim: %s, time split into prefill and decode",
+				 o.trace_path ? o.trace_path : o.workload);
+			if (sim_svg(o.svg, rows, row, title)) {
+				fprintf(stderr, "bkv-sim: cannot write %s\n", o.svg);
+				status = 1;
+			}
+		}
+	}
+	for (int s = 0; s < n_seeds; s++)
+		trace_free(&traces[s]);
+	free(traces);
+	free(rows);
+	free(base);
+	free(runs);
+	return status;
+}

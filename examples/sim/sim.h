@@ -1,0 +1,119 @@
+/*
+ * sim.h - what bkv-sim's files share: one simulated run's settings and
+ * results, the virtual host that produces them, and the reports.
+ */
+#ifndef BKV_SIM_H
+#define BKV_SIM_H
+
+#include "batchkv.h"
+#include "trace.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Which cost model prices the virtual host's calls. */
+typedef enum sim_cost_kind {
+	SIM_COST_POLY = 0,      /* seed 000's polynomial (bkv_cost_poly) */
+	SIM_COST_ROOFLINE = 1,  /* seed 004's roofline preset */
+	SIM_COST_DISTSERVE = 2  /* DistServe's vLLM/OPT-13B/A100 fit */
+} sim_cost_kind;
+
+/* How a request's trace output length becomes max_new_tokens. A split host
+ * samples the first token in the prefill call. Seed 000 counts "a prefill and
+ * then g decode steps", so its g becomes g + 1 tokens; real traces count
+ * generated tokens, the first one included. */
+typedef enum sim_gen_convention {
+	SIM_GEN_TOKENS = 0, /* max_new_tokens = output_len */
+	SIM_GEN_STEPS = 1   /* max_new_tokens = output_len + 1 */
+} sim_gen_convention;
+
+/* Everything one run needs besides the trace. */
+typedef struct sim_config {
+	bkv_policy policy;         /* static or continuous */
+	uint32_t k;                /* admission group (continuous) */
+	uint64_t max_wait_us;      /* partial-group timeout; UINT64_MAX never */
+	int chunked;               /* chunked prefill (needs a mixed host) */
+	uint32_t budget;           /* token budget when chunked */
+	int mixed_host;            /* 1: forward(); 0: prefill() + decode() */
+	uint32_t slots;            /* max_running */
+	uint32_t block_tokens;     /* pool block size */
+	uint32_t kv_blocks;        /* device blocks; 0 = derive from the trace */
+	uint32_t host_blocks;      /* swap tier blocks */
+	int prefix_cache;          /* pool prefix cache on/off */
+	sim_gen_convention gen;    /* output length convention */
+	sim_cost_kind cost_kind;   /* which model */
+	bkv_cost_poly poly;        /* used when cost_kind is POLY */
+	bkv_cost_roofline roofline; /* used when ROOFLINE (for MFU/MBU too) */
+	int give_model;            /* nonzero: hand the same model to the
+				      scheduler (cfg.cost) */
+	int check;                 /* run bkv_sched_check after every step */
+} sim_config;
+
+/* One run's outcome. Times in microseconds of virtual time. */
+typedef struct sim_result {
+	char label[48];            /* e.g. "k=4", "static" */
+	uint32_t n_req;            /* requests in the trace */
+	uint32_t finished;         /* requests that ended (all reasons) */
+	uint32_t errors;           /* requests that ended with an error/abort */
+	double makespan_us;        /* first arrival to last finish */
+	double prefill_us;         /* time in prefill calls (and the prefill
+				      part of mixed calls, priced separately) */
+	double decode_us;          /* time in decode calls (and the rest) */
+	uint64_t prefill_calls;    /* host calls carrying prefill */
+	uint64_t decode_steps;     /* host calls carrying decode rows */
+	uint64_t steps;            /* bkv_step calls that did work */
+	uint64_t prefill_tokens;   /* prompt tokens computed */
+	uint64_t decode_tokens;    /* tokens computed by decode rows (the
+				      scheduler's count) */
+	uint64_t out_tokens;       /* tokens delivered through on_token */
+	uint64_t hit_tokens;       /* prompt tokens served by the prefix cache */
+	uint64_t prompt_tokens;    /* prompt tokens submitted */
+	uint64_t preemptions;      /* scheduler preemptions */
+	double kv_waste;           /* mean over steps of waste slots / used
+				      slots in the pool */
+	double ttft_mean, ttft_p50, ttft_p99; /* ms */
+	double tpot_mean, tpot_p50, tpot_p99; /* ms */
+	double tput_tok_s;         /* generated tokens per virtual second */
+	double flops;              /* roofline FLOPs of all calls */
+	double bytes;              /* roofline bytes of all calls */
+	double mfu, mbu;           /* predicted utilisations (roofline only) */
+	double pred_err;           /* max |scheduler prediction - host time| /
+				      host time over steps (model given) */
+	double wall_s;             /* real seconds the run took */
+	double ref_ttft_mean;      /* measured (DistServe) mean TTFT, ms; <0 none */
+	double ref_tpot_mean;      /* measured mean TPOT, ms; <0 none */
+} sim_result;
+
+/* Run one trace through the real scheduler on a virtual clock. Returns 0, or
+ * a negative bkv_status / -100 (the scheduler stalled) with a message in err. */
+int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);
+
+/* The DistServe latency model (see ../shared/data/traces/README.md) as a cost
+ * model; ctx unused. */
+bkv_cost_model sim_distserve_model(void);
+double sim_distserve_step_us(const bkv_step_shape *shape);
+
+/* ---- reports ------------------------------------------------------------- */
+
+/* Median, over seeds, of every metric; speed-up relative to base (the
+ * static run of the same seed) is computed per seed then taken the median. */
+typedef struct sim_row {
+	sim_result med;   /* field-wise medians */
+	double speedup;   /* median over seeds of base makespan / makespan */
+	double speedup_q1, speedup_q3; /* quartiles */
+	double prefill_share; /* median over seeds of prefill time / busy time */
+	int wins;         /* seeds where it beat the base */
+	int n_seeds;      /* seeds aggregated */
+	int has_base;     /* speedup is meaningful */
+} sim_row;
+
+void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *base, int n);
+
+typedef enum sim_format { SIM_TABLE = 0, SIM_JSON = 1, SIM_CSV = 2 } sim_format;
+
+void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline);
+int sim_svg(const char *path, const sim_row *rows, int n, const char *title);
+double sim_median(double *v, int n);
+double sim_quantile(double *v, int n, double q);
+
+#endif /* BKV_SIM_H */

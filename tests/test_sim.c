@@ -1,0 +1,281 @@
+/*
+ * test_sim.c - bkv-sim's virtual host driving the real scheduler: the
+ * virtual clock against hand-computed times, the scheduler's predictions
+ * against the host's, determinism, the prefix cache on Mooncake-style
+ * prompts, and seed 000's table (../shared/design/SEED000-MODEL.md) within
+ * its tolerances, medians over all 21 seeds.
+ */
+#include "../examples/sim/sim.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+static sim_config seed000_config(void)
+{
+	sim_config c;
+	memset(&c, 0, sizeof(c));
+	c.policy = BKV_POLICY_CONTINUOUS;
+	c.k = 1;
+	c.max_wait_us = UINT64_MAX;
+	c.budget = 512;
+	c.slots = 32;
+	c.block_tokens = 16;
+	c.prefix_cache = 1;
+	c.gen = SIM_GEN_STEPS;
+	c.cost_kind = SIM_COST_POLY;
+	c.give_model = 1;
+	bkv_cost_poly_init(&c.poly);
+	return c;
+}
+
+static void run_ok(const sim_config *c, const trace *t, sim_result *r)
+{
+	char err[256] = "";
+	memset(r, 0, sizeof(*r));
+	cr_assert_eq(sim_run(c, t, r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(r->finished, t->n);
+	cr_assert_eq(r->errors, 0);
+}
+
+/* One request, prompt 10, 3 tokens, split host. Step 1: prefill (samples
+ * token 1) then a decode call (token 2); step 2: decode (token 3).
+ * prefill = 1677 + 1.45*(101*10 + 1.3607*100)/32 = 1728.931296875 us,
+ * decode d(1) = 1064 + 24.1 = 1088.1 us. */
+Test(sim, virtual_clock_advances_by_the_model_time_of_each_call)
+{
+	trace t = {0};
+	cr_assert_eq(trace_push(&t, 0.0, 10, 3, NULL, 0), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	sim_result r;
+	run_ok(&c, &t, &r);
+	const double prefill = 1728.931296875, decode = 1088.1;
+	cr_expect_eq(r.prefill_calls, 1);
+	cr_expect_eq(r.decode_steps, 2);
+	cr_expect_eq(r.out_tokens, 3);
+	cr_expect_eq(r.decode_tokens, 2, "the first token comes from the prefill call");
+	cr_expect_float_eq(r.prefill_us, prefill, 1e-6);
+	cr_expect_float_eq(r.decode_us, 2 * decode, 1e-6);
+	/* The clock reports whole microseconds to the scheduler; the host's
+	 * own clock is exact. */
+	cr_expect_float_eq(r.makespan_us, prefill + 2 * decode, 1e-6);
+	cr_expect_float_eq(r.ttft_mean, prefill / 1000.0, 1e-9);
+	cr_expect_float_eq(r.tpot_mean, decode / 1000.0, 1e-9);
+	trace_free(&t);
+}
+
+/* The scheduler prices the same shapes as the host (padding of static
+ * batching included): its prediction equals the host's time up to the
+ * whole-microsecond clock. */
+Test(sim, scheduler_prediction_matches_the_virtual_host)
+{
+	trace t = {0};
+	cr_assert_eq(trace_seed000(&t, 3), TRACE_OK);
+	sim_config c = seed000_config();
+	sim_result r;
+	const bkv_policy pol[2] = {BKV_POLICY_STATIC, BKV_POLICY_CONTINUOUS};
+	for (int i = 0; i < 2; i++) {
+		c.policy = pol[i];
+		c.k = 4;
+		run_ok(&c, &t, &r);
+		cr_expect(r.pred_err < 0.002, "policy %d: prediction off by %g", i, r.pred_err);
+	}
+	c.mixed_host = 1;
+	c.chunked = 1;
+	run_ok(&c, &t, &r);
+	cr_expect(r.pred_err < 0.002, "chunked: prediction off by %g", r.pred_err);
+	trace_free(&t);
+}
+
+Test(sim, runs_are_deterministic)
+{
+	trace t = {0};
+	trace_dist p = {DIST_UNIFORM, 16, 300}, o = {DIST_UNIFORM, 1, 100};
+	cr_assert_eq(trace_synthetic(&t, 300, ARRIVAL_POISSON, 40.0, &p, &o, 9), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.k = 2;
+	c.max_wait_us = 20000;
+	c.kv_blocks = 60; /* tight: preemptions happen */
+	sim_result a, b;
+	run_ok(&c, &t, &a);
+	run_ok(&c, &t, &b);
+	cr_expect_eq(a.makespan_us, b.makespan_us);
+	cr_expect_eq(a.prefill_calls, b.prefill_calls);
+	cr_expect_eq(a.decode_steps, b.decode_steps);
+	cr_expect_eq(a.preemptions, b.preemptions);
+	cr_expect_eq(a.ttft_p99, b.ttft_p99);
+	cr_expect_eq(a.out_tokens, b.out_tokens);
+	uint64_t want = 0;
+	for (uint32_t i = 0; i < t.n; i++)
+		want += t.reqs[i].output_len;
+	cr_expect_eq(a.out_tokens, want, "every request ends at its output length");
+	cr_expect_gt(a.preemptions, 0, "the tight pool preempts");
+	trace_free(&t);
+}
+
+/* Mooncake prompts: the second request repeats the first one's leading
+ * 512-token block id, so once the first finished, those tokens hit. */
+Test(sim, mooncake_hash_ids_hit_the_prefix_cache)
+{
+	const char *text =
+		"{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 4, \"hash_ids\": [7, 8]}\n"
+		"{\"timestamp\": 5000, \"input_length\": 700, \"output_length\": 4, \"hash_ids\": [7, 9]}\n"
+		"{\"timestamp\": 9000, \"input_length\": 300, \"output_length\": 4, \"hash_ids\": [5]}\n";
+	trace t = {0};
+	char err[256];
+	cr_assert_eq(trace_parse(TRACE_MOONCAKE, text, strlen(text), NULL, &t, err, sizeof(err)),
+		     TRACE_OK, "%s", err);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	sim_result r;
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.hit_tokens, 512);
+	cr_expect_eq(r.prompt_tokens, 2000);
+	cr_expect_eq(r.prefill_tokens, 2000 - 512);
+	c.prefix_cache = 0;
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.hit_tokens, 0);
+	trace_free(&t);
+}
+
+/* Seed 004 and 001: a roofline run reports utilisations in (0, 1], and a
+ * decode-heavy workload is bandwidth-bound (MBU above MFU). */
+Test(sim, roofline_runs_report_mfu_and_mbu)
+{
+	trace t = {0};
+	trace_dist p = {DIST_UNIFORM, 64, 256}, o = {DIST_UNIFORM, 100, 300};
+	cr_assert_eq(trace_synthetic(&t, 64, ARRIVAL_BURST, 0.0, &p, &o, 1), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.cost_kind = SIM_COST_ROOFLINE;
+	cr_assert_eq(bkv_cost_roofline_init(&c.roofline, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16),
+		     BKV_OK);
+	sim_result r;
+	run_ok(&c, &t, &r);
+	cr_expect(r.mfu > 0.0 && r.mfu <= 1.0, "mfu %g", r.mfu);
+	cr_expect(r.mbu > 0.0 && r.mbu <= 1.0, "mbu %g", r.mbu);
+	cr_expect(r.mbu > r.mfu, "mfu %g mbu %g", r.mfu, r.mbu);
+	trace_free(&t);
+}
+
+/* ---- seed 000 ------------------------------------------------------------ */
+
+#define N_SEEDS 21
+#define N_K 6
+static const uint32_t ks[N_K] = {1, 2, 4, 8, 16, 32};
+/* SEED000-MODEL.md: published prefills, decode steps, speed-up. */
+static const double pub_prefills[N_K] = {144, 88, 48, 27, 15, 8};
+static const double pub_decodes[N_K] = {336, 338, 348, 364, 410, 512};
+static const double pub_speedup[N_K] = {1.218, 1.333, 1.350, 1.357, 1.316, 1.199};
+/* ... and the reference simulator's (its "fitted" column). */
+static const double fit_prefills[N_K] = {143, 86, 47, 26, 14, 8};
+static const double fit_decodes[N_K] = {337, 341, 350, 369, 416, 512};
+static const double fit_speedup[N_K] = {1.187, 1.292, 1.361, 1.378, 1.309, 1.177};
+
+static sim_row rows[N_K + 1];
+
+/* Run the whole table once: static and each k on seeds 0..20. */
+static void seed000_table(void)
+{
+	static int done;
+	if (done)
+		return;
+	trace traces[N_SEEDS];
+	sim_result base[N_SEEDS], runs[N_SEEDS];
+	for (int s = 0; s < N_SEEDS; s++)
+		cr_assert_eq(trace_seed000(&traces[s], (uint64_t)s), TRACE_OK);
+	sim_config c = seed000_config();
+	c.policy = BKV_POLICY_STATIC;
+	for (int s = 0; s < N_SEEDS; s++) {
+		run_ok(&c, &traces[s], &base[s]);
+		/* static batching: 8 groups of 32, 8 x 64 decode steps */
+		cr_expect_eq(base[s].prefill_calls, 8, "seed %d", s);
+		cr_expect_eq(base[s].decode_steps, 512, "seed %d", s);
+	}
+	sim_rows_from_runs(&rows[0], base, base, N_SEEDS);
+	c.policy = BKV_POLICY_CONTINUOUS;
+	for (int i = 0; i < N_K; i++) {
+		c.k = ks[i];
+		for (int s = 0; s < N_SEEDS; s++)
+			run_ok(&c, &traces[s], &runs[s]);
+		sim_rows_from_runs(&rows[i + 1], runs, base, N_SEEDS);
+	}
+	for (int s = 0; s < N_SEEDS; s++)
+		trace_free(&traces[s]);
+	done = 1;
+}
+
+Test(sim, seed000_table_within_published_tolerances)
+{
+	seed000_table();
+	cr_expect(fabs(rows[0].prefill_share - 0.131) < 0.01, "static share %g",
+		  rows[0].prefill_share);
+	for (int i = 0; i < N_K; i++) {
+		const sim_row *r = &rows[i + 1];
+		double sp = r->speedup, pf = (double)r->med.prefill_calls,
+		       dc = (double)r->med.decode_steps;
+		cr_expect(fabs(sp - pub_speedup[i]) / pub_speedup[i] <= 0.05,
+			  "k=%u: speed-up %.3f vs published %.3f", ks[i], sp, pub_speedup[i]);
+		cr_expect(fabs(pf - pub_prefills[i]) / pub_prefills[i] <= 0.10,
+			  "k=%u: %g prefills vs published %g", ks[i], pf, pub_prefills[i]);
+		cr_expect(fabs(dc - pub_decodes[i]) / pub_decodes[i] <= 0.10,
+			  "k=%u: %g decode steps vs published %g", ks[i], dc, pub_decodes[i]);
+	}
+}
+
+Test(sim, seed000_speedup_is_an_inverted_u_peaking_at_k_4_to_8)
+{
+	seed000_table();
+	int peak = 0;
+	for (int i = 1; i < N_K; i++)
+		if (rows[i + 1].speedup > rows[peak + 1].speedup)
+			peak = i;
+	cr_expect(ks[peak] == 4 || ks[peak] == 8, "peak at k=%u", ks[peak]);
+	for (int i = 1; i <= peak; i++)
+		cr_expect(rows[i + 1].speedup > rows[i].speedup, "rising to the peak at k=%u",
+			  ks[i]);
+	for (int i = peak + 1; i < N_K; i++)
+		cr_expect(rows[i + 1].speedup < rows[i].speedup, "falling after the peak at k=%u",
+			  ks[i]);
+	cr_expect(rows[1].wins >= 19, "k=1 beats static on %d of 21 seeds", rows[1].wins);
+}
+
+/* Our seed-000 traces are the reference simulator's (CPython's MT19937 with
+ * the same draws), so the table equals its fitted column. */
+Test(sim, seed000_table_equals_the_reference_simulator)
+{
+	seed000_table();
+	for (int i = 0; i < N_K; i++) {
+		const sim_row *r = &rows[i + 1];
+		cr_expect_eq((double)r->med.prefill_calls, fit_prefills[i], "k=%u", ks[i]);
+		cr_expect_eq((double)r->med.decode_steps, fit_decodes[i], "k=%u", ks[i]);
+		cr_expect(fabs(r->speedup - fit_speedup[i]) < 0.0015, "k=%u: %.4f vs %.3f", ks[i],
+			  r->speedup, fit_speedup[i]);
+	}
+}
+
+/* Chunked prefill on a mixed-batch host (budget 512): about 1.63x the
+ * split-host static baseline (SEED000-MODEL.md). */
+Test(sim, seed000_chunked_prefill_reaches_1_6x_static)
+{
+	sim_config c = seed000_config();
+	c.mixed_host = 1;
+	c.chunked = 1;
+	c.budget = 512;
+	double sp[N_SEEDS];
+	for (int s = 0; s < N_SEEDS; s++) {
+		trace t;
+		sim_result st, ch;
+		cr_assert_eq(trace_seed000(&t, (uint64_t)s), TRACE_OK);
+		sim_config sc = seed000_config();
+		sc.policy = BKV_POLICY_STATIC;
+		run_ok(&sc, &t, &st);
+		run_ok(&c, &t, &ch);
+		sp[s] = st.makespan_us / ch.makespan_us;
+		trace_free(&t);
+	}
+	double med = sim_median(sp, N_SEEDS);
+	cr_expect(med > 1.60 && med < 1.66, "chunked speed-up %.3f", med);
+}
