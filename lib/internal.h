@@ -270,7 +270,6 @@ typedef struct bkv__row {
 	uint32_t start;  /* first computed position */
 	uint32_t end;    /* sequence length after the row */
 	uint8_t sample;  /* the host writes a token for this row */
-	uint8_t dead;    /* its request was preempted after planning */
 	int32_t out;     /* the sampled token, after the call */
 } bkv__row;
 
@@ -352,7 +351,8 @@ struct bkv_sched {
 	uint32_t n_swap_pend;
 	bkv__req *done_head;   /* requests ended this step (to free) */
 	uint32_t budget_left;  /* tokens this step may still compute */
-	uint32_t kv_left;      /* kv_indices entries left for this step */
+	uint32_t step_hits;    /* prompt tokens this step took from the prefix
+				  cache */
 
 	/* the host call's arrays */
 	bkv__bufs bufs;        /* token- and block-sized arrays */

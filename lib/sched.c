@@ -1,4 +1,1464 @@
 /*
- * sched.c - placeholder; its owner replaces this file.
+ * sched.c - the scheduler: requests, the inbox, and bkv_step as one
+ * transaction.
+ *
+ * Requests arrive from any thread through bkv_submit, which validates and
+ * copies them (one allocation: the request, its lanes, its stop tokens and a
+ * token history per lane, sized prompt + max_new so a step never grows it),
+ * gives them an id from a counter and links them onto the inbox under a short
+ * mutex. bkv_abort looks the id up in an open-addressing map (under the same
+ * mutex) and links the request onto the abort list. Nothing else takes the
+ * lock: the stepping thread splices both lists out at the start of a step.
+ *
+ * One bkv_step:
+ *
+ *   drain    inbox -> queue (policy.c's heap); aborts end at once (ABORT)
+ *   plan     forks for n > 1, decode rows, prefill continuations, admissions;
+ *            every row's tokens are appended to its sequence now (demand
+ *            paging), so "make room" happens here: on ENOSPC the pool has
+ *            already reclaimed cached blocks, and the scheduler preempts a
+ *            victim (recompute or swap) and retries
+ *   call     mixed host: one forward (decode rows, then chunks); split host:
+ *            prefill call, then a decode call over every decoding row plus
+ *            rows whose prompt finished in the prefill call
+ *   commit   record tokens, on_token, finish (length, stop, error), close
+ *            finished sequences into the prefix cache, clear copy lists
+ *   or
+ *   rollback truncate every touched sequence to its length before the step;
+ *            nothing reaches a request; BKV_EHOST
+ *
+ * The pool's transaction hooks keep blocks filled during the step out of the
+ * prefix-cache index until commit, so no request can hit KV that has not been
+ * computed, and a rolled-back step leaves no uncomputed block in the cache.
+ *
+ * Lanes: a request with n > 1 samples prefills its prompt but the last token
+ * once (lane 0, no sample), then forks n lanes; each lane's first row computes
+ * the last prompt token and samples, so every branch samples its own first
+ * token from its own row. A lane's state is (kv_len, n_gen, decoding): KV of
+ * tok[0, kv_len) is cached; the known tokens are tok[0, prompt_len + n_gen);
+ * a decoding lane has exactly one known token without KV.
  */
 #include "internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+/* Fixed values of the "auto" fields until the cost model decides them. */
+#define AUTO_ADMIT_GROUP 1u
+#define AUTO_MAX_WAIT_US 100000u
+#define AUTO_TOKEN_BUDGET 512u
+#define MAX_RUNNING_LIMIT (1u << 20)
+#define MAX_QUEUE_LIMIT (1u << 24)
+#define MAX_BUDGET_LIMIT (1u << 24)
+#define TOK_CAP_LIMIT (1u << 24)
+#define MAP_INIT_CAP 64u
+
+#define LOCK(s) pthread_mutex_lock((pthread_mutex_t *)(s)->lock)
+#define UNLOCK(s) pthread_mutex_unlock((pthread_mutex_t *)(s)->lock)
+#define ATOMIC_ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+#define ATOMIC_SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_RELAXED)
+#define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+#define LANE_KNOWN(l) ((l)->req->prompt_len + (l)->n_gen)
+#define REQ_IS_RUNNING(r) ((r)->state == BKV__REQ_RUNNING)
+
+/* ---- configs ------------------------------------------------------------- */
+
+void bkv_sched_config_init(bkv_sched_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+	cfg->policy = BKV_POLICY_CONTINUOUS;
+	cfg->max_running = 32;
+	cfg->max_queue = 65536;
+	cfg->preempt = BKV_PREEMPT_AUTO;
+}
+
+void bkv_request_init(bkv_request *req)
+{
+	if (!req)
+		return;
+	memset(req, 0, sizeof(*req));
+	req->size = sizeof(*req);
+	req->n = 1;
+}
+
+static uint64_t clock_us(const bkv_sched *s)
+{
+	return s->ops.now_us ? s->ops.now_us(s->host) : bkv__monotonic_us();
+}
+
+/* ---- buffers ------------------------------------------------------------- */
+
+static void bufs_free(const bkv_allocator *a, bkv__bufs *b)
+{
+	bkv__free(a, b->token_ids, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->positions, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->slot_mapping, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->kv_indices, (size_t)b->kv_cap * sizeof(int32_t));
+	memset(b, 0, sizeof(*b));
+}
+
+static int bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap)
+{
+	memset(b, 0, sizeof(*b));
+	b->tok_cap = tok_cap;
+	b->kv_cap = kv_cap;
+	b->token_ids = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->positions = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->slot_mapping = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->kv_indices = bkv__malloc(a, (size_t)kv_cap * sizeof(int32_t));
+	if (!b->token_ids || !b->positions || !b->slot_mapping || !b->kv_indices) {
+		bufs_free(a, b);
+		return BKV_ENOMEM;
+	}
+	return BKV_OK;
+}
+
+/* Token and block entries one call may need for requests whose history (prompt
+ * + max_new) is hist: every row is at most one lane's whole history. */
+static void bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv)
+{
+	uint64_t t, k, dev_tokens = (uint64_t)s->device_blocks * s->bt;
+
+	if (s->cfg.chunked_prefill)
+		t = BKV_MAX(s->cfg.token_budget, s->row_cap);
+	else
+		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->row_cap;
+	t = BKV_MIN(t, (uint64_t)TOK_CAP_LIMIT);
+	t = BKV_MAX(t, (uint64_t)s->row_cap);
+	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->row_cap;
+	*tok = (uint32_t)t;
+	*kv = k > UINT32_MAX / 8 ? UINT32_MAX / 8 : (uint32_t)k;
+}
+
+/* ---- the id map (lock held) ---------------------------------------------- */
+
+static uint32_t id_hash(uint64_t id)
+{
+	id ^= id >> 33;
+	id *= 0xff51afd7ed558ccdull;
+	id ^= id >> 33;
+	return (uint32_t)id;
+}
+
+static bkv__slot *map_find(const bkv_sched *s, uint64_t id)
+{
+	uint32_t mask = s->map_cap - 1, i = id_hash(id) & mask;
+
+	while (s->map[i].id != 0) {
+		if (s->map[i].id == id)
+			return &s->map[i];
+		i = (i + 1) & mask;
+	}
+	return NULL;
+}
+
+static void map_put(bkv__slot *map, uint32_t cap, uint64_t id, bkv__req *r)
+{
+	uint32_t mask = cap - 1, i = id_hash(id) & mask;
+
+	while (map[i].id != 0)
+		i = (i + 1) & mask;
+	map[i].id = id;
+	map[i].req = r;
+}
+
+/* Backward-shift deletion keeps probe chains intact without tombstones. */
+static void map_erase(bkv_sched *s, uint64_t id)
+{
+	uint32_t mask = s->map_cap - 1, i, j;
+	bkv__slot *e = map_find(s, id);
+
+	if (!e)
+		return;
+	i = (uint32_t)(e - s->map);
+	s->map[i].id = 0;
+	s->map_count--;
+	for (j = (i + 1) & mask; s->map[j].id != 0; j = (j + 1) & mask) {
+		uint32_t home = id_hash(s->map[j].id) & mask;
+
+		/* move j into the hole i unless its home lies in (i, j] */
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			s->map[i] = s->map[j];
+			s->map[j].id = 0;
+			i = j;
+		}
+	}
+}
+
+static int map_reserve(bkv_sched *s)
+{
+	uint32_t cap = s->map_cap * 2, i;
+	bkv__slot *m;
+
+	if ((s->map_count + 1) * 2 <= s->map_cap)
+		return BKV_OK;
+	m = bkv__calloc(&s->alloc, cap, sizeof(*m));
+	if (!m)
+		return BKV_ENOMEM;
+	for (i = 0; i < s->map_cap; i++)
+		if (s->map[i].id)
+			map_put(m, cap, s->map[i].id, s->map[i].req);
+	bkv__free(&s->alloc, s->map, (size_t)s->map_cap * sizeof(*m));
+	s->map = m;
+	s->map_cap = cap;
+	return BKV_OK;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static int config_valid(const bkv_sched_config *c)
+{
+	uint32_t i;
+
+	if (c->size < sizeof(bkv_sched_config))
+		return 0;
+	if (c->policy != BKV_POLICY_CONTINUOUS && c->policy != BKV_POLICY_STATIC)
+		return 0;
+	if (c->max_running < 1 || c->max_running > MAX_RUNNING_LIMIT)
+		return 0;
+	if (c->admit_group > c->max_running)
+		return 0;
+	if (c->token_budget > MAX_BUDGET_LIMIT)
+		return 0;
+	if (c->max_queue < 1 || c->max_queue > MAX_QUEUE_LIMIT)
+		return 0;
+	if (c->preempt != BKV_PREEMPT_AUTO && c->preempt != BKV_PREEMPT_RECOMPUTE &&
+	    c->preempt != BKV_PREEMPT_SWAP)
+		return 0;
+	if (!(c->host_link_bytes_per_us >= 0.0) || isinf(c->host_link_bytes_per_us))
+		return 0;
+	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
+		if (c->reserved[i])
+			return 0;
+	return 1;
+}
+
+int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
+		     void *host, const bkv_allocator *alloc, bkv_sched **out)
+{
+	bkv_allocator a;
+	bkv_pool_stats ps;
+	bkv_sched *s;
+	uint32_t m, tok, kv;
+
+	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
+		return BKV_EINVAL;
+	if (!ops->forward && !(ops->prefill && ops->decode))
+		return BKV_EINVAL;
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(pool, &ps);
+	if (!ps.block_tokens || !ps.device_blocks)
+		return BKV_EINVAL;
+	if (cfg->preempt == BKV_PREEMPT_SWAP && ps.host_blocks == 0)
+		return BKV_EINVAL;
+
+	bkv__alloc_init(&a, alloc);
+	s = bkv__calloc(&a, 1, sizeof(*s));
+	if (!s)
+		return BKV_ENOMEM;
+	s->alloc = a;
+	s->cfg = *cfg;
+	s->cfg.size = sizeof(s->cfg);
+	if (!s->cfg.admit_group)
+		s->cfg.admit_group = AUTO_ADMIT_GROUP;
+	if (!s->cfg.max_wait_us)
+		s->cfg.max_wait_us = AUTO_MAX_WAIT_US;
+	if (!s->cfg.token_budget)
+		s->cfg.token_budget = AUTO_TOKEN_BUDGET;
+	s->ops = *ops;
+	s->split = ops->forward == NULL;
+	s->host = host;
+	s->pool = pool;
+	s->bt = ps.block_tokens;
+	s->device_blocks = ps.device_blocks;
+	s->host_blocks = ps.host_blocks;
+
+	m = s->cfg.max_running;
+	s->row_cap = 2 * m;
+	s->heap_cap = s->cfg.max_queue + m;
+	s->map_cap = MAP_INIT_CAP;
+	s->lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
+	s->map = bkv__calloc(&a, s->map_cap, sizeof(bkv__slot));
+	s->heap = bkv__calloc(&a, s->heap_cap, sizeof(bkv__req *));
+	s->run = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->pre = bkv__calloc(&a, s->row_cap, sizeof(bkv__row));
+	s->dec = bkv__calloc(&a, 2 * s->row_cap, sizeof(bkv__row));
+	s->touched = bkv__calloc(&a, 3 * (size_t)m, sizeof(bkv__lane *));
+	s->swap_pend = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->qo_indptr = bkv__calloc(&a, s->row_cap + 1, sizeof(int32_t));
+	s->kv_indptr = bkv__calloc(&a, s->row_cap + 1, sizeof(int32_t));
+	s->last_page_len = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
+	s->row_sample = bkv__calloc(&a, s->row_cap, sizeof(uint8_t));
+	s->row_req = bkv__calloc(&a, s->row_cap, sizeof(uint64_t));
+	s->row_branch = bkv__calloc(&a, s->row_cap, sizeof(uint32_t));
+	s->row_user = bkv__calloc(&a, s->row_cap, sizeof(void *));
+	s->next_tokens = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
+	s->chunks = bkv__calloc(&a, s->row_cap, sizeof(bkv_chunk_shape));
+	bufs_need(s, 256, &tok, &kv);
+	if (!s->lock || !s->map || !s->heap || !s->run || !s->pre || !s->dec || !s->touched ||
+	    !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
+	    !s->row_sample || !s->row_req || !s->row_branch || !s->row_user ||
+	    !s->next_tokens || !s->chunks || bufs_alloc(&a, &s->bufs, tok, kv) != BKV_OK) {
+		if (s->lock)
+			bkv__free(&a, s->lock, sizeof(pthread_mutex_t));
+		s->lock = NULL;
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
+	if (pthread_mutex_init((pthread_mutex_t *)s->lock, NULL) != 0) {
+		bkv__free(&a, s->lock, sizeof(pthread_mutex_t));
+		s->lock = NULL;
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
+	s->want_tok = tok;
+	s->want_kv = kv;
+	s->stats.size = sizeof(s->stats);
+	*out = s;
+	return BKV_OK;
+}
+
+static void req_free(bkv_sched *s, bkv__req *r)
+{
+	bkv__free(&s->alloc, r, r->alloc_size);
+}
+
+/* Release a request's sequences without callbacks (destroy). */
+static void req_drop_seqs(bkv_sched *s, bkv__req *r)
+{
+	uint32_t i;
+
+	for (i = 0; i < r->n; i++) {
+		if (r->lane[i].seq != BKV__SEQ_NONE)
+			bkv_seq_drop(s->pool, r->lane[i].seq);
+		r->lane[i].seq = BKV__SEQ_NONE;
+	}
+}
+
+void bkv_sched_destroy(bkv_sched *s)
+{
+	const bkv_allocator *a;
+	bkv__req *r, *next;
+	uint32_t i, m;
+
+	if (!s)
+		return;
+	a = &s->alloc;
+	m = s->cfg.max_running;
+	/* every live request is in the map; zombies only on the abort list */
+	for (r = s->abort_head; r; r = next) {
+		next = r->abort_next;
+		if (r->zombie)
+			req_free(s, r);
+	}
+	if (s->map) {
+		for (i = 0; i < s->map_cap; i++) {
+			if (!s->map[i].id)
+				continue;
+			req_drop_seqs(s, s->map[i].req);
+			req_free(s, s->map[i].req);
+		}
+	}
+	if (s->lock) {
+		pthread_mutex_destroy((pthread_mutex_t *)s->lock);
+		bkv__free(a, s->lock, sizeof(pthread_mutex_t));
+	}
+	bkv__free(a, s->map, (size_t)s->map_cap * sizeof(bkv__slot));
+	bkv__free(a, s->heap, (size_t)s->heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->run, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->pre, (size_t)s->row_cap * sizeof(bkv__row));
+	bkv__free(a, s->dec, 2 * (size_t)s->row_cap * sizeof(bkv__row));
+	bkv__free(a, s->touched, 3 * (size_t)m * sizeof(bkv__lane *));
+	bkv__free(a, s->swap_pend, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->qo_indptr, ((size_t)s->row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->kv_indptr, ((size_t)s->row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->last_page_len, (size_t)s->row_cap * sizeof(int32_t));
+	bkv__free(a, s->row_sample, (size_t)s->row_cap * sizeof(uint8_t));
+	bkv__free(a, s->row_req, (size_t)s->row_cap * sizeof(uint64_t));
+	bkv__free(a, s->row_branch, (size_t)s->row_cap * sizeof(uint32_t));
+	bkv__free(a, s->row_user, (size_t)s->row_cap * sizeof(void *));
+	bkv__free(a, s->next_tokens, (size_t)s->row_cap * sizeof(int32_t));
+	bkv__free(a, s->chunks, (size_t)s->row_cap * sizeof(bkv_chunk_shape));
+	bufs_free(a, &s->bufs);
+	bufs_free(a, &s->spare);
+	bkv__free(a, s, sizeof(*s));
+}
+
+/* ---- submit / abort (any thread) ----------------------------------------- */
+
+static int request_valid(const bkv_request *q)
+{
+	if (q->size < sizeof(bkv_request))
+		return 0;
+	if (!q->prompt || q->prompt_len == 0 || q->max_new_tokens == 0 || q->n == 0)
+		return 0;
+	if (q->n_stop && !q->stop_tokens)
+		return 0;
+	return 1;
+}
+
+int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
+{
+	uint64_t hist, blocks, bytes, id;
+	size_t size;
+	uint32_t i, tok, kv;
+	bkv__req *r;
+	int rc = BKV_OK;
+
+	if (!s || !q || !request_valid(q))
+		return BKV_EINVAL;
+	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
+	blocks = (hist + s->bt - 1) / s->bt;
+	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running)
+		return BKV_E2BIG;
+	/* request, lanes, stop tokens, then n histories of hist tokens */
+	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
+		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
+	if (bytes > SIZE_MAX / 2)
+		return BKV_ENOMEM;
+	size = (size_t)bytes;
+	r = bkv__malloc(&s->alloc, size);
+	if (!r)
+		return BKV_ENOMEM;
+	memset(r, 0, sizeof(*r));
+	r->alloc_size = size;
+	r->priority = q->priority;
+	r->prompt_len = q->prompt_len;
+	r->max_new = q->max_new_tokens;
+	r->n = q->n;
+	r->n_live = q->n;
+	r->n_stop = q->n_stop;
+	r->cache_key = q->cache_key;
+	r->user = q->user;
+	r->state = BKV__REQ_INBOX;
+	r->heap_idx = UINT32_MAX;
+	r->stop = (int32_t *)(void *)&r->lane[q->n];
+	if (q->n_stop)
+		memcpy(r->stop, q->stop_tokens, (size_t)q->n_stop * sizeof(int32_t));
+	for (i = 0; i < q->n; i++) {
+		bkv__lane *l = &r->lane[i];
+
+		memset(l, 0, sizeof(*l));
+		l->req = r;
+		l->branch = i;
+		l->seq = BKV__SEQ_NONE;
+		l->tok = r->stop + q->n_stop + (size_t)i * hist;
+		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
+	}
+	bufs_need(s, hist, &tok, &kv);
+
+	LOCK(s);
+	if (ATOMIC_LOAD(&s->nr_queued) >= s->cfg.max_queue) {
+		rc = BKV_EAGAIN;
+		goto out;
+	}
+	if (map_reserve(s) != BKV_OK) {
+		rc = BKV_ENOMEM;
+		goto out;
+	}
+	if (tok > s->want_tok || kv > s->want_kv) {
+		/* Grow geometrically; the step swaps the spare in when it drains
+		 * this request, so bkv_step itself never allocates. */
+		bkv__bufs nb;
+
+		tok = BKV_MAX(tok, BKV_MIN(s->want_tok * 2u, TOK_CAP_LIMIT));
+		kv = BKV_MAX(kv, s->want_kv > UINT32_MAX / 16 ? kv : s->want_kv * 2u);
+		if (bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK) {
+			rc = BKV_ENOMEM;
+			goto out;
+		}
+		bufs_free(&s->alloc, &s->spare);
+		s->spare = nb;
+		s->want_tok = tok;
+		s->want_kv = kv;
+	}
+	id = ++s->next_id;
+	r->id = id;
+	map_put(s->map, s->map_cap, id, r);
+	s->map_count++;
+	if (s->inbox_tail)
+		s->inbox_tail->next = r;
+	else
+		s->inbox_head = r;
+	s->inbox_tail = r;
+	ATOMIC_ADD(&s->nr_queued, 1);
+	ATOMIC_ADD(&s->nr_alive, 1);
+	ATOMIC_ADD(&s->submitted, 1);
+out:
+	UNLOCK(s);
+	if (rc != BKV_OK) {
+		req_free(s, r);
+		return rc;
+	}
+	if (req_id)
+		*req_id = id;
+	return BKV_OK;
+}
+
+int bkv_abort(bkv_sched *s, uint64_t req_id)
+{
+	bkv__slot *e;
+	int rc = BKV_OK;
+
+	if (!s || req_id == 0)
+		return BKV_EINVAL;
+	LOCK(s);
+	e = map_find(s, req_id);
+	if (!e || e->req->abort_state != 0) {
+		rc = BKV_ENOENT;
+	} else {
+		e->req->abort_state = 1;
+		e->req->abort_next = s->abort_head;
+		s->abort_head = e->req;
+	}
+	UNLOCK(s);
+	return rc;
+}
+
+/* ---- ending requests ----------------------------------------------------- */
+
+static int is_stop(const bkv__req *r, int32_t t)
+{
+	uint32_t i;
+
+	for (i = 0; i < r->n_stop; i++)
+		if (r->stop[i] == t)
+			return 1;
+	return 0;
+}
+
+static void swap_pend_forget(bkv_sched *s, const bkv__req *r)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n_swap_pend; i++) {
+		if (s->swap_pend[i] == r) {
+			s->swap_pend[i] = s->swap_pend[--s->n_swap_pend];
+			return;
+		}
+	}
+}
+
+/* End a request: release its sequences (close keeps full blocks cached, drop
+ * for aborts), leave its state, run on_finish once. */
+static void finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_info *si)
+{
+	uint32_t i;
+
+	for (i = 0; i < r->n; i++) {
+		bkv__lane *l = &r->lane[i];
+
+		if (l->seq != BKV__SEQ_NONE) {
+			if (why == BKV_FINISH_ABORT)
+				bkv_seq_drop(s->pool, l->seq);
+			else
+				bkv_seq_close(s->pool, l->seq);
+			l->seq = BKV__SEQ_NONE;
+		}
+		l->done = 1;
+	}
+	if (r->state == BKV__REQ_RUNNING) {
+		s->slots_used -= r->n_live;
+	} else if (r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED) {
+		bkv__queue_remove(s, r);
+		ATOMIC_SUB(&s->nr_queued, 1);
+	}
+	if (r->swap_unsent)
+		swap_pend_forget(s, r);
+	r->swap_unsent = 0;
+	r->n_live = 0;
+	r->state = BKV__REQ_DONE;
+	r->next = s->done_head;
+	s->done_head = r;
+	ATOMIC_SUB(&s->nr_alive, 1);
+	s->stats.finished++;
+	if (why == BKV_FINISH_ABORT)
+		s->stats.aborted++;
+	si->finished++;
+	if (s->ops.on_finish)
+		s->ops.on_finish(s->host, r->id, why, r->user);
+}
+
+/* A lane reached its end: close it (its slot frees now); the request ends
+ * with the last lane, with that lane's reason. */
+static void lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_step_info *si)
+{
+	bkv__req *r = l->req;
+
+	l->done = 1;
+	l->reason = (uint8_t)why;
+	if (l->seq != BKV__SEQ_NONE)
+		bkv_seq_close(s->pool, l->seq);
+	l->seq = BKV__SEQ_NONE;
+	r->n_live--;
+	s->slots_used--;
+	if (r->n_live == 0)
+		finish_req(s, r, why, si);
+}
+
+/* Remove ended and preempted requests from run[], keeping admission order. */
+static void run_compact(bkv_sched *s)
+{
+	uint32_t i, j = 0;
+
+	for (i = 0; i < s->nr_run; i++) {
+		bkv__req *r = s->run[i];
+
+		if (r->state != BKV__REQ_RUNNING)
+			continue;
+		r->run_idx = j;
+		s->run[j++] = r;
+	}
+	s->nr_run = j;
+	if (j == 0)
+		s->group_size = 0;
+}
+
+/* Forget requests ended in this step: out of the map (so bkv_abort answers
+ * ENOENT), then freed - unless an abort is queued for it, in which case the
+ * next drain frees it. */
+static void release_done(bkv_sched *s)
+{
+	bkv__req *r, *next, *free_list = NULL;
+
+	if (!s->done_head)
+		return;
+	LOCK(s);
+	for (r = s->done_head; r; r = next) {
+		next = r->next;
+		map_erase(s, r->id);
+		if (r->abort_state == 1) {
+			r->zombie = 1;
+		} else {
+			r->next = free_list;
+			free_list = r;
+		}
+	}
+	UNLOCK(s);
+	s->done_head = NULL;
+	for (r = free_list; r; r = next) {
+		next = r->next;
+		req_free(s, r);
+	}
+}
+
+/* ---- drain --------------------------------------------------------------- */
+
+static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	bkv__req *in, *ab, *r, *next, *rev = NULL;
+	bkv__bufs old;
+
+	memset(&old, 0, sizeof(old));
+	LOCK(s);
+	in = s->inbox_head;
+	s->inbox_head = s->inbox_tail = NULL;
+	ab = s->abort_head;
+	s->abort_head = NULL;
+	for (r = ab; r; r = r->abort_next)
+		r->abort_state = 2;
+	if (s->spare.tok_cap) {
+		old = s->bufs;
+		s->bufs = s->spare;
+		memset(&s->spare, 0, sizeof(s->spare));
+	}
+	UNLOCK(s);
+	bufs_free(&s->alloc, &old);
+
+	for (r = in; r; r = next) {
+		next = r->next;
+		r->next = NULL;
+		r->state = BKV__REQ_WAITING;
+		r->order = ++s->arrival;
+		r->enq_us = now;
+		bkv__queue_push(s, r);
+	}
+	/* the abort list is LIFO; end them in the order they were asked */
+	for (r = ab; r; r = next) {
+		next = r->abort_next;
+		r->abort_next = rev;
+		rev = r;
+	}
+	for (r = rev; r; r = next) {
+		next = r->abort_next;
+		if (r->zombie)
+			req_free(s, r); /* ended before the abort was drained */
+		else
+			finish_req(s, r, BKV_FINISH_ABORT, si);
+	}
+	run_compact(s);
+}
+
+/* ---- planning ------------------------------------------------------------ */
+
+static void touch(bkv_sched *s, bkv__lane *l)
+{
+	if (l->touch_step == s->step_no)
+		return;
+	l->touch_step = s->step_no;
+	l->pre_len = l->kv_len;
+	s->touched[s->n_touched++] = l;
+}
+
+/* Undo a lane's appends of this step (before preempting it). */
+static void lane_undo(bkv_sched *s, bkv__lane *l)
+{
+	if (l->seq == BKV__SEQ_NONE || l->touch_step != s->step_no || l->kv_len == l->pre_len)
+		return;
+	bkv_seq_truncate(s->pool, l->seq, l->pre_len);
+	l->kv_len = l->pre_len;
+}
+
+static int device_copies_pending(const bkv_sched *s)
+{
+	return bkv_pool_copies(s->pool, BKV_COPY_DEVICE, NULL) != 0;
+}
+
+/* Preempt a running request: swap its one live lane to the host tier, or free
+ * its blocks (full ones stay in the prefix cache) and recompute later. It goes
+ * to the front of its priority class and is not readmitted in this step. */
+static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
+{
+	int swap = s->n_swap_pend < s->cfg.max_running && !device_copies_pending(s) &&
+		   bkv__want_swap(s, r);
+	uint32_t i;
+
+	BKV_ASSERT(r->state == BKV__REQ_RUNNING);
+	for (i = 0; i < r->n; i++)
+		lane_undo(s, &r->lane[i]);
+	if (swap) {
+		for (i = 0; i < r->n; i++) {
+			bkv__lane *l = &r->lane[i];
+
+			if (l->done || l->seq == BKV__SEQ_NONE)
+				continue;
+			if (bkv_seq_swap_out(s->pool, l->seq) != BKV_OK)
+				swap = 0;
+		}
+	}
+	if (!swap) {
+		for (i = 0; i < r->n; i++) {
+			bkv__lane *l = &r->lane[i];
+
+			if (l->seq != BKV__SEQ_NONE)
+				bkv_seq_close(s->pool, l->seq);
+			l->seq = BKV__SEQ_NONE;
+			l->kv_len = 0;
+			l->decoding = 0;
+		}
+	}
+	s->slots_used -= r->n_live;
+	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
+	r->swap_unsent = (uint8_t)swap;
+	if (swap)
+		s->swap_pend[s->n_swap_pend++] = r;
+	r->order = --s->front;
+	r->enq_us = now;
+	r->preempt_step = s->step_no;
+	bkv__queue_push(s, r);
+	ATOMIC_ADD(&s->nr_queued, 1);
+	s->stats.preemptions++;
+	if (swap)
+		s->stats.swaps++;
+	si->preempted++;
+}
+
+/* Append n tokens of a lane's history. A row that samples appends its last
+ * token on its own, so that token is never a prefix-cache hit (with
+ * block_tokens >= 2): the host must compute it to sample, and it must not
+ * write into a cached block. All-or-nothing. */
+static int lane_append(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint32_t *hit)
+{
+	uint32_t h1 = 0, h2 = 0;
+	int rc;
+
+	if (!sample || n == 1)
+		return bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, n, hit);
+	rc = bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, n - 1, &h1);
+	if (rc != BKV_OK)
+		return rc;
+	rc = bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len + n - 1, 1, &h2);
+	if (rc != BKV_OK) {
+		bkv_seq_truncate(s->pool, l->seq, l->kv_len);
+		return rc;
+	}
+	*hit = h1 + h2;
+	return BKV_OK;
+}
+
+/* Append n tokens of a lane's history, preempting victims while the pool is
+ * short. Returns BKV_OK, or an error when the lane got no room (its request
+ * may itself have been preempted). */
+static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint32_t *hit,
+		       uint64_t now, bkv_step_info *si)
+{
+	for (;;) {
+		int rc;
+		bkv__req *v;
+
+		touch(s, l);
+		rc = lane_append(s, l, n, sample, hit);
+		if (rc == BKV_OK) {
+			l->kv_len += n;
+			return BKV_OK;
+		}
+		if (rc != BKV_ENOSPC)
+			return rc;
+		v = bkv__pick_victim(s);
+		if (!v)
+			return BKV_ENOSPC;
+		preempt(s, v, now, si);
+		if (v == l->req)
+			return BKV_ENOSPC;
+	}
+}
+
+/* Where a lane's prefill stops: the whole history, or the prompt but its
+ * last token for a request that still has to fork. */
+static uint32_t lane_target(const bkv__lane *l)
+{
+	const bkv__req *r = l->req;
+
+	if (r->n > 1 && !r->forked)
+		return r->prompt_len - 1;
+	return LANE_KNOWN(l);
+}
+
+/* Add the row for a lane that just appended [old, kv_len) with hit leading
+ * cache hits. A sampling row always computes at least its last token.
+ * Returns the tokens the row computes (charged to the step's budget). */
+static uint32_t add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l, uint32_t old,
+			uint32_t hit, int sample)
+{
+	bkv__row *row;
+	uint32_t start = old + hit;
+
+	s->step_hits += hit;
+	if (sample && start >= l->kv_len)
+		start = l->kv_len - 1;
+	if (start >= l->kv_len)
+		return 0; /* all hits, nothing to compute */
+	row = &rows[(*n)++];
+	row->lane = l;
+	row->start = start;
+	row->end = l->kv_len;
+	row->sample = (uint8_t)sample;
+	row->out = BKV_TOKEN_FAIL;
+	return row->end - row->start;
+}
+
+static void charge(bkv_sched *s, uint32_t tokens)
+{
+	s->budget_left -= BKV_MIN(s->budget_left, tokens);
+}
+
+static void plan_forks(bkv_sched *s)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < s->nr_run; i++) {
+		bkv__req *r = s->run[i];
+		bkv__lane *l0 = &r->lane[0];
+		int rc = BKV_OK;
+
+		if (r->n == 1 || r->forked || l0->kv_len != r->prompt_len - 1)
+			continue;
+		for (j = 1; j < r->n && rc == BKV_OK; j++) {
+			bkv__lane *l = &r->lane[j];
+
+			if (l0->kv_len == 0)
+				rc = bkv_seq_open_keyed(s->pool, r->cache_key, &l->seq);
+			else
+				rc = bkv_seq_fork(s->pool, l0->seq, &l->seq);
+			if (rc != BKV_OK)
+				l->seq = BKV__SEQ_NONE;
+		}
+		if (rc != BKV_OK) { /* retry next step */
+			for (j = 1; j < r->n; j++) {
+				if (r->lane[j].seq != BKV__SEQ_NONE)
+					bkv_seq_close(s->pool, r->lane[j].seq);
+				r->lane[j].seq = BKV__SEQ_NONE;
+			}
+			continue;
+		}
+		r->forked = 1;
+		for (j = 0; j < r->n; j++) {
+			r->lane[j].kv_len = l0->kv_len;
+			r->lane[j].decoding = 1;
+		}
+	}
+}
+
+static void plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < s->nr_run; i++) {
+		bkv__req *r = s->run[i];
+
+		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
+			bkv__lane *l = &r->lane[j];
+			uint32_t old = l->kv_len, hit = 0;
+
+			if (l->done || !l->decoding || l->seq == BKV__SEQ_NONE)
+				continue;
+			BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
+			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
+				continue;
+			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+		}
+	}
+}
+
+/* Continue partially prefilled lanes in admission order. */
+static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < s->nr_run && s->budget_left; i++) {
+		bkv__req *r = s->run[i];
+
+		for (j = 0; j < r->n && REQ_IS_RUNNING(r) && s->budget_left; j++) {
+			bkv__lane *l = &r->lane[j];
+			uint32_t old = l->kv_len, hit = 0, target, c;
+			int sample;
+
+			if (l->done || l->decoding || l->seq == BKV__SEQ_NONE)
+				continue;
+			target = lane_target(l);
+			if (l->kv_len >= target)
+				continue;
+			c = bkv__chunk_len(s, target - l->kv_len);
+			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
+			if (append_room(s, l, c, sample, &hit, now, si) != BKV_OK)
+				continue;
+			charge(s, add_row(s, s->pre, &s->n_pre, l, old, hit, sample));
+		}
+	}
+}
+
+/* Admission of a waiting request: open its lanes and append their first
+ * chunks. Never preempts; all-or-nothing (on failure the request stays at the
+ * head of the queue). */
+static int admit_waiting(bkv_sched *s, bkv__req *r)
+{
+	uint32_t j, tokens = 0, n_rows = s->n_pre, budget = s->budget_left, hits = s->step_hits;
+	int rc = BKV_OK;
+
+	for (j = 0; j < r->n; j++)
+		if (!r->lane[j].done && (j == 0 || r->forked))
+			tokens += lane_target(&r->lane[j]) + 1;
+	/* the watermark keeps room for running lanes to grow; with nothing
+	 * running it would only starve a request larger than the room above it */
+	if (s->nr_run > 0 && !bkv_pool_can_admit(s->pool, tokens))
+		return BKV_ENOSPC;
+	for (j = 0; j < r->n && rc == BKV_OK; j++) {
+		bkv__lane *l = &r->lane[j];
+		uint32_t target, c, hit = 0;
+		int sample;
+
+		if (l->done || (j > 0 && !r->forked))
+			continue;
+		rc = bkv_seq_open_keyed(s->pool, r->cache_key, &l->seq);
+		if (rc != BKV_OK) {
+			l->seq = BKV__SEQ_NONE;
+			break;
+		}
+		l->kv_len = 0;
+		l->decoding = 0;
+		touch(s, l);
+		target = lane_target(l);
+		if (target == 0)
+			continue; /* n > 1, one-token prompt: forks next step */
+		c = bkv__chunk_len(s, target);
+		if (c == 0) {
+			rc = BKV_ENOSPC;
+			break;
+		}
+		sample = c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
+		rc = lane_append(s, l, c, sample, &hit);
+		if (rc != BKV_OK)
+			break;
+		l->kv_len = c;
+		charge(s, add_row(s, s->pre, &s->n_pre, l, 0, hit, sample));
+	}
+	if (rc != BKV_OK) {
+		for (j = 0; j < r->n; j++) {
+			bkv__lane *l = &r->lane[j];
+
+			if (l->seq != BKV__SEQ_NONE && !l->done)
+				bkv_seq_close(s->pool, l->seq);
+			if (!l->done) {
+				l->seq = BKV__SEQ_NONE;
+				l->kv_len = 0;
+			}
+		}
+		s->n_pre = n_rows;
+		s->budget_left = budget;
+		s->step_hits = hits;
+		return rc;
+	}
+	return BKV_OK;
+}
+
+/* Admission of a swapped request (one live lane): swap it in, then give it
+ * its row if the pool has room for it (no preemption). */
+static int admit_swapped(bkv_sched *s, bkv__req *r)
+{
+	bkv__lane *l = NULL;
+	uint32_t j, old, hit = 0, need;
+	int rc;
+
+	for (j = 0; j < r->n; j++)
+		if (!r->lane[j].done)
+			l = &r->lane[j];
+	BKV_ASSERT(l && l->seq != BKV__SEQ_NONE);
+	need = (l->kv_len + s->bt - 1) / s->bt + 1;
+	if (bkv_pool_available(s->pool) < need)
+		return BKV_ENOSPC;
+	rc = bkv_seq_swap_in(s->pool, l->seq);
+	if (rc != BKV_OK)
+		return rc;
+	old = l->kv_len;
+	if (l->decoding) {
+		touch(s, l);
+		if (bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, 1, &hit) == BKV_OK) {
+			l->kv_len++;
+			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+		}
+	} else {
+		uint32_t target = lane_target(l);
+		uint32_t c = bkv__chunk_len(s, target - l->kv_len);
+		int sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
+
+		touch(s, l);
+		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
+			l->kv_len += c;
+			charge(s, add_row(s, s->pre, &s->n_pre, l, old, hit, sample));
+		}
+	}
+	return BKV_OK;
+}
+
+static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	int was_empty = s->nr_run == 0;
+
+	if (!bkv__admit_allowed(s, now))
+		return;
+	while (s->heap_n && s->budget_left) {
+		bkv__req *r = s->heap[0];
+		uint32_t free_slots = s->cfg.max_running - s->slots_used;
+		int rc;
+
+		if (r->preempt_step == s->step_no || r->swap_unsent)
+			break; /* no thrash: not back in the step that preempted it */
+		if (r->n_live > free_slots)
+			break;
+		rc = r->state == BKV__REQ_SWAPPED ? admit_swapped(s, r) : admit_waiting(s, r);
+		if (rc != BKV_OK)
+			break;
+		bkv__queue_remove(s, r);
+		ATOMIC_SUB(&s->nr_queued, 1);
+		r->state = BKV__REQ_RUNNING;
+		r->swap_unsent = 0;
+		r->admit_seq = ++s->admit_seq;
+		r->run_idx = s->nr_run;
+		s->run[s->nr_run++] = r;
+		s->slots_used += r->n_live;
+		s->last_admit_us = now;
+		si->admitted++;
+	}
+	if (s->cfg.policy == BKV_POLICY_STATIC && was_empty && s->nr_run)
+		s->group_size = s->slots_used;
+}
+
+/* Drop rows whose request was preempted after they were planned. */
+static void rows_prune(bkv__row *rows, uint32_t *n)
+{
+	uint32_t i, j = 0;
+
+	for (i = 0; i < *n; i++)
+		if (REQ_IS_RUNNING(rows[i].lane->req))
+			rows[j++] = rows[i];
+	*n = j;
+}
+
+/* ---- calls --------------------------------------------------------------- */
+
+static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n,
+		     uint32_t n_decode, bkv_step_info *si)
+{
+	int (*fn)(void *, const bkv_batch *, int32_t *);
+	bkv_batch b;
+	bkv_step_shape sh;
+	uint64_t t0, t1;
+	double us;
+	uint32_t i;
+	int rc;
+
+	fn = kind == BKV_CALL_MIXED ? s->ops.forward
+	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
+	memset(&b, 0, sizeof(b));
+	bkv__batch_fill(s, kind, rows, n, n_decode, &b, &sh);
+	if (s->cfg.cost.step_us)
+		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+	t0 = clock_us(s);
+	rc = fn(s->host, &b, s->next_tokens);
+	t1 = clock_us(s);
+	us = t1 >= t0 ? (double)(t1 - t0) : 0.0;
+	si->measured_us += us;
+	if (rc < 0)
+		return BKV_EHOST;
+	if (s->cfg.cost.observe)
+		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
+	for (i = 0; i < n; i++) {
+		rows[i].out = s->next_tokens[i];
+		if (i < n_decode)
+			si->decode_tokens++;
+		else
+			si->prefill_tokens += rows[i].end - rows[i].start;
+	}
+	si->rows += n;
+	if (kind == BKV_CALL_DECODE)
+		si->decode_calls++;
+	else if (n > n_decode)
+		si->prefill_calls++;
+	return BKV_OK;
+}
+
+/* Split hosts: lanes whose prompt the prefill call finished join the decode
+ * call with the token it sampled, unless that token ends them. No preemption
+ * here: a lane the pool has no room for decodes in the next step. */
+static void plan_after_prefill(bkv_sched *s)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n_pre; i++) {
+		bkv__row *row = &s->pre[i];
+		bkv__lane *l = row->lane;
+		bkv__req *r = l->req;
+		uint32_t old = l->kv_len, hit = 0;
+		int32_t t = row->out;
+
+		if (!row->sample || t == BKV_TOKEN_FAIL || is_stop(r, t) ||
+		    l->n_gen + 1 >= r->max_new)
+			continue;
+		l->tok[LANE_KNOWN(l)] = t; /* committed (n_gen++) only at commit */
+		BKV_ASSERT(l->kv_len == LANE_KNOWN(l));
+		if (bkv_seq_append(s->pool, l->seq, &l->tok[l->kv_len], 1, &hit) != BKV_OK)
+			continue;
+		l->kv_len++;
+		add_row(s, s->dec, &s->n_dec, l, old, hit, 1);
+	}
+}
+
+static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
+{
+	int rc;
+
+	rows_prune(s->dec, &s->n_dec);
+	rows_prune(s->pre, &s->n_pre);
+	if (!s->split) {
+		if (s->n_dec + s->n_pre == 0)
+			return BKV_OK;
+		memcpy(&s->dec[s->n_dec], s->pre, (size_t)s->n_pre * sizeof(bkv__row));
+		*called = 1;
+		rc = call_host(s, BKV_CALL_MIXED, s->dec, s->n_dec + s->n_pre, s->n_dec, si);
+		s->n_dec += s->n_pre;
+		s->n_pre = 0;
+		return rc;
+	}
+	if (s->n_pre) {
+		*called = 1;
+		rc = call_host(s, BKV_CALL_PREFILL, s->pre, s->n_pre, 0, si);
+		if (rc != BKV_OK)
+			return rc;
+		plan_after_prefill(s);
+	}
+	if (s->n_dec) {
+		*called = 1;
+		rc = call_host(s, BKV_CALL_DECODE, s->dec, s->n_dec, s->n_dec, si);
+		if (rc != BKV_OK)
+			return rc;
+	}
+	return BKV_OK;
+}
+
+/* ---- commit / rollback --------------------------------------------------- */
+
+static void commit_rows(bkv_sched *s, bkv__row *rows, uint32_t n, bkv_step_info *si)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		bkv__lane *l = rows[i].lane;
+		bkv__req *r = l->req;
+		int32_t t = rows[i].out;
+
+		if (!rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		if (t == BKV_TOKEN_FAIL) {
+			finish_req(s, r, BKV_FINISH_ERROR, si);
+			continue;
+		}
+		l->tok[LANE_KNOWN(l)] = t;
+		l->n_gen++;
+		l->decoding = 1;
+		if (s->ops.on_token)
+			s->ops.on_token(s->host, r->id, l->branch, t, r->user);
+		if (!REQ_IS_RUNNING(r) || l->done)
+			continue;
+		if (is_stop(r, t))
+			lane_done(s, l, BKV_FINISH_STOP, si);
+		else if (l->n_gen >= r->max_new)
+			lane_done(s, l, BKV_FINISH_LENGTH, si);
+	}
+}
+
+static void commit(bkv_sched *s, int called, bkv_step_info *si)
+{
+	uint32_t i;
+
+	if (called) {
+		/* every pending copy went out in this step's first call */
+		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+		bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
+		for (i = 0; i < s->n_swap_pend; i++)
+			s->swap_pend[i]->swap_unsent = 0;
+		s->n_swap_pend = 0;
+	}
+	bkv__pool_txn_commit(s->pool);
+	if (s->split)
+		commit_rows(s, s->pre, s->n_pre, si);
+	commit_rows(s, s->dec, s->n_dec, si);
+	s->stats.steps++;
+	s->stats.prefill_tokens += si->prefill_tokens;
+	s->stats.decode_tokens += si->decode_tokens;
+	s->stats.hit_tokens += si->hit_tokens;
+	s->stats.prefill_calls += si->prefill_calls;
+	s->stats.decode_calls += si->decode_calls;
+	s->stats.busy_us += si->measured_us;
+}
+
+/* A host call failed: truncate every sequence the step appended to, forget
+ * uncommitted blocks, and turn swap-outs whose copies a host may not have made
+ * (their freed device blocks may since hold other KV) into recompute
+ * preemptions. Device and swap-in copies stay pending for the next call. */
+static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < s->n_touched; i++) {
+		bkv__lane *l = s->touched[i];
+
+		if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
+			continue;
+		if (l->kv_len != l->pre_len)
+			bkv_seq_truncate(s->pool, l->seq, l->pre_len);
+		l->kv_len = l->pre_len;
+	}
+	bkv__pool_txn_abort(s->pool);
+	for (i = 0; i < s->n_swap_pend; i++) {
+		bkv__req *r = s->swap_pend[i];
+
+		bkv__queue_remove(s, r);
+		for (j = 0; j < r->n; j++) {
+			bkv__lane *l = &r->lane[j];
+
+			if (l->seq != BKV__SEQ_NONE)
+				bkv_seq_close(s->pool, l->seq);
+			l->seq = BKV__SEQ_NONE;
+			l->kv_len = 0;
+			l->decoding = 0;
+		}
+		r->swap_unsent = 0;
+		r->state = BKV__REQ_WAITING;
+		r->enq_us = now;
+		bkv__queue_push(s, r);
+	}
+	s->n_swap_pend = 0;
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+	s->stats.failed_steps++;
+	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
+	si->prefill_calls = si->decode_calls = 0;
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+int bkv_step(bkv_sched *s, bkv_step_info *info)
+{
+	bkv_step_info si;
+	uint64_t now;
+	int rc, called = 0;
+
+	if (!s)
+		return BKV_EINVAL;
+	if (s->in_step)
+		return BKV_ESTATE;
+	s->in_step = 1;
+	memset(&si, 0, sizeof(si));
+	now = clock_us(s);
+	drain(s, now, &si);
+
+	s->step_no++;
+	s->n_pre = s->n_dec = s->n_touched = s->step_hits = 0;
+	memset(s->copies_sent, 0, sizeof(s->copies_sent));
+	s->budget_left = s->cfg.chunked_prefill ? s->cfg.token_budget : s->bufs.tok_cap;
+	bkv__pool_txn_begin(s->pool);
+	plan_forks(s);
+	plan_decode(s, now, &si);
+	plan_continue(s, now, &si);
+	plan_admit(s, now, &si);
+	si.hit_tokens = s->step_hits;
+
+	rc = run_calls(s, &si, &called);
+	if (rc == BKV_OK)
+		commit(s, called, &si);
+	else
+		rollback(s, now, &si);
+	run_compact(s);
+	release_done(s);
+
+	si.running = s->nr_run;
+	si.waiting = s->heap_n;
+	if (info)
+		*info = si;
+	s->in_step = 0;
+	return rc;
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+uint64_t bkv_sched_pending(bkv_sched *s)
+{
+	return s ? ATOMIC_LOAD(&s->nr_alive) : 0;
+}
+
+void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
+{
+	bkv_sched_stats st;
+	size_t n;
+
+	if (!s || !stats)
+		return;
+	n = stats->size ? BKV_MIN((size_t)stats->size, sizeof(st)) : sizeof(st);
+	st = s->stats;
+	st.size = (uint32_t)n;
+	st.waiting = s->nr_waiting;
+	st.running = s->nr_run;
+	st.swapped = s->nr_swapped;
+	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->submitted);
+	memcpy(stats, &st, n);
+}
+
+/* Invariant numbers (0 = consistent; 1000 + n: the pool's invariant n):
+ *  1-5  the queue heap (policy.c)     6-15 run[], lanes and slots
+ * 16-17 queued requests' sequences    18-22 map, inbox and counters
+ * 23    open pool sequences == lanes holding one */
+int bkv_sched_check(const bkv_sched *s)
+{
+	uint32_t i, j, slots = 0, n_inbox = 0, n_seqs = 0, mapped = 0;
+	bkv_pool_stats ps;
+	const bkv__req *r;
+	int rc;
+
+	if (!s)
+		return BKV_EINVAL;
+	rc = bkv__queue_check(s);
+	if (rc)
+		return rc;
+	for (i = 0; i < s->nr_run; i++) {
+		uint32_t live = 0;
+
+		r = s->run[i];
+		if (r->state != BKV__REQ_RUNNING)
+			return 6;
+		if (r->run_idx != i)
+			return 7;
+		for (j = 0; j < r->n; j++) {
+			const bkv__lane *l = &r->lane[j];
+			bkv_seq_info si;
+
+			if (l->done) {
+				if (l->seq != BKV__SEQ_NONE)
+					return 9;
+				continue;
+			}
+			live++;
+			if (r->n > 1 && !r->forked && j > 0) {
+				if (l->seq != BKV__SEQ_NONE)
+					return 10;
+				continue;
+			}
+			if (l->seq == BKV__SEQ_NONE)
+				return 10;
+			n_seqs++;
+			if (bkv_seq_info_get(s->pool, l->seq, &si) != BKV_OK || si.swapped ||
+			    si.len != l->kv_len)
+				return 11;
+			if (l->kv_len > LANE_KNOWN(l) || l->n_gen > r->max_new)
+				return 12;
+			if (l->decoding && l->kv_len + 1 != LANE_KNOWN(l))
+				return 13;
+		}
+		if (live != r->n_live)
+			return 8;
+		slots += r->n_live;
+	}
+	if (slots != s->slots_used)
+		return 14;
+	if (s->slots_used > s->cfg.max_running)
+		return 15;
+	for (i = 0; i < s->heap_n; i++) {
+		r = s->heap[i];
+		for (j = 0; j < r->n; j++) {
+			const bkv__lane *l = &r->lane[j];
+			bkv_seq_info si;
+
+			if (r->state == BKV__REQ_WAITING && l->seq != BKV__SEQ_NONE)
+				return 16;
+			if (r->state == BKV__REQ_SWAPPED && !l->done) {
+				if (bkv_seq_info_get(s->pool, l->seq, &si) != BKV_OK || !si.swapped ||
+				    si.len != l->kv_len)
+					return 17;
+				n_seqs++;
+			}
+		}
+	}
+	LOCK(s);
+	for (r = s->inbox_head; r; r = r->next)
+		n_inbox++;
+	for (i = 0; i < s->map_cap; i++) {
+		if (!s->map[i].id)
+			continue;
+		mapped++;
+		if (s->map[i].req->state == BKV__REQ_DONE || s->map[i].req->id != s->map[i].id)
+			rc = 18;
+	}
+	if (!rc && mapped != s->map_count)
+		rc = 19;
+	if (!rc && mapped != n_inbox + s->heap_n + s->nr_run)
+		rc = 20;
+	UNLOCK(s);
+	if (rc)
+		return rc;
+	if (ATOMIC_LOAD(&((bkv_sched *)s)->nr_alive) != mapped)
+		return 21;
+	if (ATOMIC_LOAD(&((bkv_sched *)s)->nr_queued) != n_inbox + s->heap_n)
+		return 22;
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(s->pool, &ps);
+	if (ps.nr_seqs != n_seqs)
+		return 23;
+	rc = bkv_pool_check(s->pool);
+	return rc > 0 ? 1000 + rc : rc;
+}

@@ -1,0 +1,847 @@
+/*
+ * test_sched.c - the scheduler: exact schedules of each policy, host kinds,
+ * chunked prefill, preemption, finish reasons, failure rollback, bad input.
+ *
+ * Every run goes through the fake host of test_sched_host.h, which checks each
+ * batch against its model of the KV memory, and bkv_sched_check runs after
+ * every step (fh_run).
+ */
+#include "test_sched_host.h"
+
+/* Seed 000's generation lengths: 64 with probability 0.4, else 1..39. */
+static uint32_t seed000_gen(uint64_t *rng)
+{
+	*rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+	if ((*rng >> 33) % 100 < 40)
+		return 64;
+	*rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+	return 1 + (uint32_t)((*rng >> 33) % 39);
+}
+
+static void all_finished_once(fake_host *f, uint64_t first, uint64_t last)
+{
+	uint64_t id;
+
+	for (id = first; id <= last; id++)
+		cr_assert_eq(f->finish_count[id], 1, "request %llu finished %u times",
+			     (unsigned long long)id, f->finish_count[id]);
+}
+
+static void pool_drained(fake_host *f)
+{
+	bkv_pool_stats ps = {.size = sizeof(ps)};
+
+	bkv_pool_stats_get(f->pool, &ps);
+	cr_assert_eq(ps.nr_used, 0, "blocks still used: %u", ps.nr_used);
+	cr_assert_eq(ps.nr_seqs, 0);
+	cr_assert_eq(ps.nr_free + ps.nr_cached, ps.device_blocks);
+	cr_assert_eq(ps.host_free, ps.host_blocks);
+}
+
+/* ---- policies ------------------------------------------------------------ */
+
+Test(sched, static_makes_8_prefill_calls_of_32_rows_for_256_requests)
+{
+	fh_opts o;
+	fake_host *f;
+	uint64_t rng = 7, i;
+	uint32_t gen[257], g, k, expect_decode = 0, n_pre = 0, n_dec = 0, c;
+	int32_t *prompts[257];
+
+	fh_opts_init(&o);
+	o.split = 1;
+	o.device_blocks = 1024;
+	o.cfg.policy = BKV_POLICY_STATIC;
+	o.cfg.max_running = 32;
+	f = fh_create(&o);
+	for (i = 1; i <= 256; i++) {
+		uint32_t len = 8 + (uint32_t)(i * 7919 % 57);
+
+		gen[i] = seed000_gen(&rng);
+		prompts[i] = fh_prompt(len, i);
+		cr_assert_eq(fh_submit(f, prompts[i], len, gen[i]), i);
+	}
+	for (g = 0; g < 8; g++) {
+		uint32_t max_g = 0;
+
+		for (k = 1; k <= 32; k++)
+			max_g = BKV_MAX(max_g, gen[g * 32 + k]);
+		expect_decode += max_g - 1;
+	}
+	fh_run(f, 100000);
+	for (c = 0; c < f->n_calls; c++) {
+		if (f->calls[c].kind == BKV_CALL_PREFILL) {
+			n_pre++;
+			cr_expect_eq(f->calls[c].n_rows, 32, "prefill call %u has %u rows", c,
+				     f->calls[c].n_rows);
+		} else {
+			cr_assert_eq(f->calls[c].kind, BKV_CALL_DECODE);
+			n_dec++;
+			cr_expect_eq(f->calls[c].padded_rows, 32, "static pads to the group");
+		}
+	}
+	cr_expect_eq(n_pre, 8);
+	cr_expect_eq(n_dec, expect_decode);
+	cr_expect_eq(f->n_forward, 0);
+	all_finished_once(f, 1, 256);
+	for (i = 1; i <= 256; i++) {
+		cr_expect_eq(f->n_out[i][0], gen[i]);
+		cr_expect_eq(f->reason[i], BKV_FINISH_LENGTH);
+		free(prompts[i]);
+	}
+	pool_drained(f);
+	fh_destroy(f);
+}
+
+/* Continuous policy: check every step's admissions against the rule. */
+static void check_group_rule(uint32_t k, uint32_t max_running, uint32_t n_req)
+{
+	fh_opts o;
+	fake_host *f;
+	uint32_t i, running = 0, waiting, steps = 0, admissions = 0;
+	int32_t *p = fh_prompt(12, 3);
+	uint64_t rng = 11;
+
+	fh_opts_init(&o);
+	o.cfg.max_running = max_running;
+	o.cfg.admit_group = k;
+	o.cfg.max_wait_us = UINT64_MAX;
+	f = fh_create(&o);
+	for (i = 0; i < n_req; i++) {
+		rng = rng * 6364136223846793005ull + 1;
+		fh_submit(f, p, 12, 1 + (uint32_t)((rng >> 33) % 20));
+	}
+	waiting = n_req;
+	while (bkv_sched_pending(f->s)) {
+		bkv_step_info si;
+		uint32_t free_slots = max_running - running;
+		int expect = waiting && (free_slots >= k || waiting <= free_slots);
+
+		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0);
+		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		if (expect)
+			cr_assert_eq(si.admitted, BKV_MIN(free_slots, waiting),
+				     "step %u: %u free, %u waiting, admitted %u", steps,
+				     free_slots, waiting, si.admitted);
+		else
+			cr_assert_eq(si.admitted, 0, "step %u: %u free < k=%u, admitted %u",
+				     steps, free_slots, k, si.admitted);
+		admissions += si.admitted > 0;
+		running = si.running;
+		waiting = si.waiting;
+		steps++;
+	}
+	cr_assert(admissions > 1);
+	all_finished_once(f, 1, n_req);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, k1_refills_a_freed_slot_in_the_next_step)
+{
+	check_group_rule(1, 4, 40);
+}
+
+Test(sched, k8_waits_until_8_slots_are_free)
+{
+	check_group_rule(8, 16, 80);
+}
+
+Test(sched, max_wait_admits_a_partial_group)
+{
+	fh_opts o;
+	fake_host *f;
+	bkv_step_info si;
+	int32_t *p = fh_prompt(8, 5);
+	uint32_t i, step;
+
+	fh_opts_init(&o);
+	o.cfg.max_running = 8;
+	o.cfg.admit_group = 8;
+	o.cfg.max_wait_us = 5000;
+	f = fh_create(&o);
+	f->tick = 1000;
+	for (i = 0; i < 4; i++)
+		fh_submit(f, p, 8, 100);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* t = 0: 8 free >= k */
+	cr_assert_eq(si.admitted, 4);
+	for (i = 0; i < 10; i++)
+		fh_submit(f, p, 8, 3);
+	/* drained at t = 1000; 4 free < k and 10 waiting do not fit */
+	for (step = 2; step <= 6; step++) {
+		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
+		cr_assert_eq(si.admitted, 0, "step %u at t=%llu", step,
+			     (unsigned long long)f->now);
+	}
+	cr_assert_eq(f->now, 6000);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* t = 6000: waited 5000 */
+	cr_assert_eq(si.admitted, 4);
+	fh_run(f, 10000);
+	all_finished_once(f, 1, 14);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, max_wait_auto_is_documented_default)
+{
+	fh_opts o;
+	fake_host *f;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	cr_expect_eq(f->s->cfg.admit_group, 1);
+	cr_expect_eq(f->s->cfg.max_wait_us, 100000);
+	cr_expect_eq(f->s->cfg.token_budget, 512);
+	fh_destroy(f);
+}
+
+Test(sched, chunked_prefill_resumes_at_the_right_position)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(50, 9);
+	static const uint32_t starts[] = {0, 16, 32, 48}, lens[] = {16, 16, 16, 2};
+	uint32_t c;
+
+	fh_opts_init(&o);
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 16;
+	f = fh_create(&o);
+	fh_submit(f, p, 50, 3);
+	fh_run(f, 100);
+	cr_assert_eq(f->n_calls, 6);
+	for (c = 0; c < 4; c++) {
+		cr_expect_eq(f->calls[c].n_rows, 1);
+		cr_expect_eq(f->calls[c].n_decode, 0);
+		cr_expect_eq(f->calls[c].row_start[0], starts[c]);
+		cr_expect_eq(f->calls[c].row_len[0], lens[c]);
+		cr_expect_eq(f->calls[c].row_sample[0], c == 3);
+	}
+	for (c = 4; c < 6; c++) {
+		cr_expect_eq(f->calls[c].n_decode, 1);
+		cr_expect_eq(f->calls[c].row_start[0], 50 + (c - 4));
+	}
+	cr_expect_eq(f->n_out[1][0], 3);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, chunked_prefill_never_exceeds_the_token_budget)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p[20];
+	uint32_t i, c, mixed_with_decode = 0;
+
+	fh_opts_init(&o);
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 24;
+	o.cfg.max_running = 6;
+	f = fh_create(&o);
+	for (i = 0; i < 20; i++) {
+		p[i] = fh_prompt(10 + i * 7, 100 + i);
+		fh_submit(f, p[i], 10 + i * 7, 5 + i % 9);
+	}
+	fh_run(f, 10000);
+	for (c = 0; c < f->n_calls; c++) {
+		cr_assert(f->calls[c].n_tokens <= 24, "call %u: %u tokens", c, f->calls[c].n_tokens);
+		cr_assert_eq(f->calls[c].kind, BKV_CALL_MIXED);
+		mixed_with_decode += f->calls[c].n_decode > 0 && f->calls[c].n_rows > f->calls[c].n_decode;
+	}
+	cr_expect(mixed_with_decode > 0, "chunks ride along with decode rows");
+	cr_expect(f->max_call_tokens == 24);
+	all_finished_once(f, 1, 20);
+	for (i = 0; i < 20; i++) {
+		cr_expect_eq(f->n_out[i + 1][0], 5 + i % 9);
+		free(p[i]);
+	}
+	pool_drained(f);
+	fh_destroy(f);
+}
+
+Test(sched, split_host_chunks_run_as_prefill_calls_under_the_budget)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(40, 4);
+	uint32_t c, pre = 0;
+
+	fh_opts_init(&o);
+	o.split = 1;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 16;
+	f = fh_create(&o);
+	fh_submit(f, p, 40, 4);
+	fh_submit(f, p, 40, 4);
+	fh_run(f, 100);
+	for (c = 0; c < f->n_calls; c++) {
+		cr_assert(f->calls[c].n_tokens <= 16);
+		if (f->calls[c].kind == BKV_CALL_PREFILL) {
+			pre++;
+			cr_assert_eq(f->calls[c].n_decode, 0);
+		} else {
+			cr_assert_eq(f->calls[c].n_decode, f->calls[c].n_rows);
+		}
+	}
+	cr_expect(pre >= 5, "80 prompt tokens at 16 per step need >= 5 prefill calls");
+	cr_expect_eq(f->n_forward, 0);
+	all_finished_once(f, 1, 2);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, mixed_and_split_hosts_get_the_callbacks_they_registered)
+{
+	int split;
+
+	for (split = 0; split < 2; split++) {
+		fh_opts o;
+		fake_host *f;
+		int32_t *p = fh_prompt(20, 1);
+
+		fh_opts_init(&o);
+		o.split = split;
+		f = fh_create(&o);
+		fh_submit(f, p, 20, 5);
+		fh_submit(f, p, 20, 2);
+		fh_run(f, 100);
+		if (split) {
+			cr_expect_eq(f->n_forward, 0);
+			cr_expect_eq(f->n_prefill, 1);
+			/* prefill samples token 1; decode calls give tokens 2..5 */
+			cr_expect_eq(f->n_decode, 4);
+		} else {
+			cr_expect_eq(f->n_prefill + f->n_decode, 0);
+			cr_expect_eq(f->n_forward, 5);
+		}
+		cr_expect_eq(f->n_out[1][0], 5);
+		cr_expect_eq(f->n_out[2][0], 2);
+		all_finished_once(f, 1, 2);
+		fh_destroy(f);
+		free(p);
+	}
+}
+
+Test(sched, priority_classes_run_first_and_fcfs_within_a_class)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(8, 2);
+	uint64_t lo1, hi1, lo2, hi2;
+
+	fh_opts_init(&o);
+	o.cfg.max_running = 1;
+	f = fh_create(&o);
+	lo1 = fh_submit_ex(f, p, 8, 2, 0, 1, 0);
+	hi1 = fh_submit_ex(f, p, 8, 2, 5, 1, 0);
+	lo2 = fh_submit_ex(f, p, 8, 2, 0, 1, 0);
+	hi2 = fh_submit_ex(f, p, 8, 2, 5, 1, 0);
+	fh_run(f, 100);
+	/* one slot, two steps per request: hi1, hi2, lo1, lo2 */
+	cr_expect_eq(f->calls[0].row_req[0], hi1);
+	cr_expect_eq(f->calls[2].row_req[0], hi2);
+	cr_expect_eq(f->calls[4].row_req[0], lo1);
+	cr_expect_eq(f->calls[6].row_req[0], lo2);
+	fh_destroy(f);
+	free(p);
+}
+
+/* ---- finishing ----------------------------------------------------------- */
+
+Test(sched, finish_reasons_length_stop_error_abort)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(10, 8);
+	uint64_t len_id, stop_id, err_id, ab_id;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	len_id = fh_submit(f, p, 10, 4);
+	stop_id = fh_submit_ex(f, p, 10, 50, 0, 1, 3);
+	err_id = fh_submit(f, p, 10, 50);
+	f->req[err_id].fail_after = 2;
+	ab_id = fh_submit(f, p, 10, 50);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(bkv_abort(f->s, ab_id), BKV_OK);
+	fh_run(f, 100);
+	cr_expect_eq(f->reason[len_id], BKV_FINISH_LENGTH);
+	cr_expect_eq(f->n_out[len_id][0], 4);
+	cr_expect_eq(f->reason[stop_id], BKV_FINISH_STOP);
+	cr_expect_eq(f->n_out[stop_id][0], 3);
+	cr_expect_eq(f->out[stop_id][0][2], FH_STOP);
+	cr_expect_eq(f->reason[err_id], BKV_FINISH_ERROR);
+	cr_expect_eq(f->n_out[err_id][0], 1);
+	cr_expect_eq(f->reason[ab_id], BKV_FINISH_ABORT);
+	all_finished_once(f, 1, 4);
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, abort_ends_waiting_running_and_inbox_requests_exactly_once)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(10, 8);
+	uint64_t a, b, c, d;
+	bkv_sched_stats st = {.size = sizeof(st)};
+
+	fh_opts_init(&o);
+	o.cfg.max_running = 1;
+	f = fh_create(&o);
+	a = fh_submit(f, p, 10, 50);
+	b = fh_submit(f, p, 10, 50);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK); /* a running, b waiting */
+	c = fh_submit(f, p, 10, 50);                /* c in the inbox */
+	cr_assert_eq(bkv_abort(f->s, a), BKV_OK);
+	cr_assert_eq(bkv_abort(f->s, b), BKV_OK);
+	cr_assert_eq(bkv_abort(f->s, c), BKV_OK);
+	cr_expect_eq(bkv_abort(f->s, a), BKV_ENOENT, "double abort");
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_expect_eq(f->reason[a], BKV_FINISH_ABORT);
+	cr_expect_eq(f->reason[b], BKV_FINISH_ABORT);
+	cr_expect_eq(f->reason[c], BKV_FINISH_ABORT);
+	cr_expect_eq(bkv_abort(f->s, a), BKV_ENOENT, "abort after the end");
+	cr_expect_eq(bkv_sched_pending(f->s), 0);
+	d = fh_submit(f, p, 10, 2);
+	fh_run(f, 100);
+	cr_expect_eq(f->reason[d], BKV_FINISH_LENGTH);
+	cr_expect_eq(bkv_abort(f->s, d), BKV_ENOENT);
+	all_finished_once(f, 1, 4);
+	bkv_sched_stats_get(f->s, &st);
+	cr_expect_eq(st.aborted, 3);
+	cr_expect_eq(st.finished, 4);
+	cr_expect_eq(st.submitted, 4);
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, finished_blocks_stay_in_the_prefix_cache)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(40, 8);
+	bkv_step_info si;
+	bkv_sched_stats st = {.size = sizeof(st)};
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	fh_submit(f, p, 40, 3);
+	fh_run(f, 100);
+	fh_submit(f, p, 40, 3);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
+	/* 40 tokens, 16 per block: blocks 0 and 1 are full and cached */
+	cr_expect_eq(si.hit_tokens, 32);
+	cr_expect_eq(si.prefill_tokens, 8);
+	fh_run(f, 100);
+	bkv_sched_stats_get(f->s, &st);
+	cr_expect_eq(st.hit_tokens, 32);
+	cr_expect_eq(f->n_out[2][0], 3);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, n_samples_fork_branches_that_finish_as_one_request)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(10, 8);
+	bkv_pool_stats ps = {.size = sizeof(ps)};
+	uint64_t id;
+	uint32_t b;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.cfg.max_running = 4;
+	f = fh_create(&o);
+	id = fh_submit_ex(f, p, 10, 6, 0, 3, 0);
+	fh_run(f, 100);
+	for (b = 0; b < 3; b++)
+		cr_expect_eq(f->n_out[id][b], 6, "branch %u", b);
+	cr_expect_neq(f->out[id][0][0], f->out[id][1][0]);
+	cr_expect_eq(f->finish_count[id], 1);
+	bkv_pool_stats_get(f->pool, &ps);
+	cr_expect(ps.cow_copies >= 2, "the shared partial block is copied on write");
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
+/* ---- failure ------------------------------------------------------------- */
+
+static void run_clean_and_failing(int split)
+{
+	fh_opts o;
+	fake_host *a, *b;
+	int32_t *p[8];
+	uint32_t i, fails = 0, steps = 0;
+
+	fh_opts_init(&o);
+	o.split = split;
+	o.cfg.max_running = 4;
+	a = fh_create(&o);
+	b = fh_create(&o);
+	b->garbage_on_fail = 1;
+	for (i = 0; i < 8; i++) {
+		p[i] = fh_prompt(5 + 9 * i, i);
+		fh_submit(a, p[i], 5 + 9 * i, 3 + i);
+		fh_submit(b, p[i], 5 + 9 * i, 3 + i);
+	}
+	fh_run(a, 1000);
+	while (bkv_sched_pending(b->s) && steps < 1000) {
+		uint32_t tokens_before = 0, tokens_after = 0, k, finished = b->finished_total;
+		int rc;
+
+		for (k = 1; k <= 8; k++)
+			tokens_before += b->n_out[k][0];
+		b->fail_next = steps % 3 == 1;
+		rc = bkv_step(b->s, NULL);
+		for (k = 1; k <= 8; k++)
+			tokens_after += b->n_out[k][0];
+		if (steps % 3 == 1) {
+			cr_assert_eq(rc, BKV_EHOST);
+			cr_assert_eq(tokens_after, tokens_before, "a failed step emits nothing");
+			cr_assert_eq(b->finished_total, finished);
+			fails++;
+		} else {
+			cr_assert_eq(rc, BKV_OK);
+		}
+		cr_assert_eq(bkv_sched_check(b->s), 0);
+		cr_assert_eq(b->errors, 0, "%s", b->first_error);
+		steps++;
+	}
+	cr_assert(fails > 3);
+	for (i = 1; i <= 8; i++) {
+		cr_assert_eq(b->n_out[i][0], a->n_out[i][0]);
+		cr_assert_eq(memcmp(a->out[i][0], b->out[i][0], a->n_out[i][0] * sizeof(int32_t)), 0);
+	}
+	all_finished_once(b, 1, 8);
+	pool_drained(b);
+	fh_destroy(a);
+	fh_destroy(b);
+	for (i = 0; i < 8; i++)
+		free(p[i]);
+}
+
+Test(sched, failed_step_rolls_back_and_the_retry_gives_identical_tokens_mixed)
+{
+	run_clean_and_failing(0);
+}
+
+Test(sched, failed_step_rolls_back_and_the_retry_gives_identical_tokens_split)
+{
+	run_clean_and_failing(1);
+}
+
+Test(sched, step_from_inside_a_callback_is_refused)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(4, 1);
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	fh_submit(f, p, 4, 2);
+	f->try_nested = 1;
+	f->nested_rc = 12345;
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_expect_eq(f->nested_rc, BKV_ESTATE);
+	f->try_nested = 0;
+	fh_run(f, 10);
+	fh_destroy(f);
+	free(p);
+}
+
+/* ---- preemption ---------------------------------------------------------- */
+
+static bkv__req *find_req(bkv_sched *s, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->nr_run; i++)
+		if (s->run[i]->id == id)
+			return s->run[i];
+	for (i = 0; i < s->heap_n; i++)
+		if (s->heap[i]->id == id)
+			return s->heap[i];
+	return NULL;
+}
+
+Test(sched, victim_is_lowest_priority_then_most_recently_admitted)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(4, 1);
+	uint64_t a, b, c;
+	bkv_step_info si;
+	bkv__req *rc_;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 4;
+	o.cfg.preempt = BKV_PREEMPT_RECOMPUTE;
+	f = fh_create(&o);
+	a = fh_submit_ex(f, p, 4, 8, 0, 1, 0);
+	b = fh_submit_ex(f, p, 4, 8, 1, 1, 0);
+	c = fh_submit_ex(f, p, 4, 8, 0, 1, 0);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* prompts: 3 blocks (b, a, c) */
+	cr_assert_eq(si.admitted, 3);
+	cr_assert_eq(si.preempted, 0);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* each needs a 2nd block: 1 free */
+	cr_assert_eq(si.preempted, 1);
+	rc_ = find_req(f->s, c);
+	cr_assert(rc_ && rc_->state == BKV__REQ_WAITING, "c (priority 0, admitted last)");
+	cr_assert_eq(find_req(f->s, a)->state, BKV__REQ_RUNNING);
+	cr_assert_eq(find_req(f->s, b)->state, BKV__REQ_RUNNING);
+	cr_assert_eq(si.rows, 2);
+	fh_run(f, 1000);
+	all_finished_once(f, 1, 3);
+	cr_expect_eq(f->n_out[c][0], 8);
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
+/* Run the same workload on a roomy pool and a tiny one; the tiny one must
+ * preempt and still give every request exactly the same tokens. */
+static void run_pressure(bkv_preempt_mode mode, uint32_t host_blocks, int split, int chunked,
+			 uint32_t *preempts, uint32_t *swaps)
+{
+	fh_opts o;
+	fake_host *big, *tiny;
+	int32_t *p[24];
+	uint32_t i, steps = 0;
+	bkv_sched_stats st = {.size = sizeof(st)};
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.split = split;
+	o.cfg.max_running = 8;
+	o.cfg.chunked_prefill = chunked;
+	o.cfg.token_budget = 32;
+	o.cfg.preempt = mode;
+	o.device_blocks = 1024;
+	o.host_blocks = host_blocks;
+	big = fh_create(&o);
+	o.device_blocks = 40;
+	tiny = fh_create(&o);
+	for (i = 0; i < 24; i++) {
+		uint32_t len = 3 + (i * 5) % 17, gen = 10 + (i * 7) % 25;
+
+		p[i] = fh_prompt(len, 50 + i);
+		fh_submit_ex(big, p[i], len, gen, (int32_t)(i % 3), 1, 0);
+		fh_submit_ex(tiny, p[i], len, gen, (int32_t)(i % 3), 1, 0);
+	}
+	fh_run(big, 10000);
+	while (bkv_sched_pending(tiny->s) && steps < 10000) {
+		uint32_t k;
+
+		cr_assert_eq(bkv_step(tiny->s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(tiny->s), 0, "check %d", bkv_sched_check(tiny->s));
+		cr_assert_eq(tiny->errors, 0, "%s", tiny->first_error);
+		/* no thrash: nothing preempted in this step runs again in it */
+		for (k = 0; k < tiny->s->nr_run; k++)
+			cr_assert_neq(tiny->s->run[k]->preempt_step, tiny->s->step_no);
+		steps++;
+	}
+	cr_assert_eq(bkv_sched_pending(tiny->s), 0);
+	for (i = 1; i <= 24; i++) {
+		cr_assert_eq(tiny->n_out[i][0], big->n_out[i][0], "request %u", i);
+		cr_assert_eq(memcmp(tiny->out[i][0], big->out[i][0],
+				    big->n_out[i][0] * sizeof(int32_t)), 0, "request %u tokens", i);
+	}
+	all_finished_once(tiny, 1, 24);
+	pool_drained(tiny);
+	bkv_sched_stats_get(tiny->s, &st);
+	*preempts = (uint32_t)st.preemptions;
+	*swaps = (uint32_t)st.swaps;
+	fh_destroy(big);
+	fh_destroy(tiny);
+	for (i = 0; i < 24; i++)
+		free(p[i]);
+}
+
+Test(sched, recompute_resumes_with_identical_tokens)
+{
+	uint32_t pre, sw;
+
+	run_pressure(BKV_PREEMPT_RECOMPUTE, 0, 0, 0, &pre, &sw);
+	cr_expect(pre > 0, "the tiny pool preempts");
+	cr_expect_eq(sw, 0);
+	run_pressure(BKV_PREEMPT_RECOMPUTE, 0, 1, 1, &pre, &sw);
+	cr_expect(pre > 0);
+}
+
+Test(sched, swap_round_trips_through_the_host_tier)
+{
+	uint32_t pre, sw;
+
+	run_pressure(BKV_PREEMPT_SWAP, 256, 0, 0, &pre, &sw);
+	cr_expect(sw > 0, "swaps: %u of %u preemptions", sw, pre);
+	run_pressure(BKV_PREEMPT_AUTO, 256, 1, 0, &pre, &sw);
+	cr_expect(sw > 0);
+	run_pressure(BKV_PREEMPT_AUTO, 4, 0, 1, &pre, &sw);
+	cr_expect(pre > sw, "AUTO recomputes when the host tier is full");
+}
+
+Test(sched, admission_respects_the_watermark)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(16, 1);
+	bkv_step_info si;
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched *s;
+	bkv_host_ops ops = {.forward = fh_forward};
+	bkv_sched_config sc;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	/* a second pool with a watermark: 10 blocks, keep 4 free */
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 10;
+	pc.watermark_blocks = 4;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&sc);
+	cr_assert_eq(bkv_sched_create(&sc, pool, &ops, f, NULL, &s), BKV_OK);
+	bkv_sched_destroy(f->s);
+	f->s = s;
+	fh_submit(f, p, 16, 2); /* 4 blocks (+1 to sample): admitted, nothing ran */
+	fh_submit(f, p, 8, 2);  /* 9 tokens = 3 blocks would leave 10-4-3 = 3 < 4 */
+	cr_assert_eq(bkv_step(s, &si), BKV_OK);
+	cr_expect_eq(si.admitted, 1);
+	bkv_sched_destroy(s);
+	f->s = NULL;
+	bkv_pool_destroy(pool);
+	fh_destroy(f);
+	free(p);
+}
+
+/* ---- bad input ----------------------------------------------------------- */
+
+static int dummy_fw(void *h, const bkv_batch *b, int32_t *n)
+{
+	(void)h;
+	(void)b;
+	(void)n;
+	return 0;
+}
+
+Test(sched, create_refuses_bad_arguments_and_configs)
+{
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched_config c;
+	bkv_host_ops ops = {.forward = dummy_fw}, none = {0}, half = {.prefill = dummy_fw};
+	bkv_sched *s = (bkv_sched *)0x1;
+
+	bkv_pool_config_init(&pc);
+	pc.device_blocks = 16;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	cr_expect_eq(bkv_sched_create(NULL, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_create(&c, NULL, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_create(&c, pool, NULL, NULL, NULL, &s), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_create(&c, pool, &none, NULL, NULL, &s), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_create(&c, pool, &half, NULL, NULL, &s), BKV_EINVAL);
+#define BAD(field, value)                                                      \
+	do {                                                                   \
+		bkv_sched_config_init(&c);                                     \
+		c.field = value;                                               \
+		cr_expect_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), \
+			     BKV_EINVAL, #field " = " #value);                 \
+	} while (0)
+	BAD(size, 8);
+	BAD(policy, (bkv_policy)7);
+	BAD(max_running, 0);
+	BAD(max_running, (1u << 20) + 1);
+	BAD(admit_group, 33);
+	BAD(max_queue, 0);
+	BAD(token_budget, (1u << 24) + 1);
+	BAD(preempt, (bkv_preempt_mode)9);
+	BAD(preempt, BKV_PREEMPT_SWAP); /* the pool has no host tier */
+	BAD(host_link_bytes_per_us, -1.0);
+	BAD(reserved[3], 1);
+#undef BAD
+	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");
+	cr_expect_eq(bkv_pool_check(pool), 0);
+	bkv_sched_destroy(NULL);
+	bkv_pool_destroy(pool);
+}
+
+Test(sched, submit_abort_step_refuse_bad_input_and_change_nothing)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t p[4] = {1, 2, 3, 4};
+	bkv_request q;
+	bkv_sched_stats st = {.size = sizeof(st)};
+	uint64_t id = 77;
+
+	fh_opts_init(&o);
+	o.device_blocks = 8; /* 128 tokens */
+	o.cfg.max_running = 2;
+	o.cfg.max_queue = 2;
+	f = fh_create(&o);
+#define SUBMIT_RC(expect, ...)                                                 \
+	do {                                                                   \
+		bkv_request_init(&q);                                          \
+		q.prompt = p;                                                  \
+		q.prompt_len = 4;                                              \
+		q.max_new_tokens = 4;                                          \
+		__VA_ARGS__;                                                   \
+		cr_expect_eq(bkv_submit(f->s, &q, &id), expect, #__VA_ARGS__); \
+	} while (0)
+	cr_expect_eq(bkv_submit(NULL, &q, &id), BKV_EINVAL);
+	cr_expect_eq(bkv_submit(f->s, NULL, &id), BKV_EINVAL);
+	SUBMIT_RC(BKV_EINVAL, q.prompt_len = 0);
+	SUBMIT_RC(BKV_EINVAL, q.prompt = NULL);
+	SUBMIT_RC(BKV_EINVAL, q.max_new_tokens = 0);
+	SUBMIT_RC(BKV_EINVAL, q.n = 0);
+	SUBMIT_RC(BKV_EINVAL, q.n_stop = 2);
+	SUBMIT_RC(BKV_EINVAL, q.size = 0);
+	SUBMIT_RC(BKV_E2BIG, q.max_new_tokens = 125);
+	SUBMIT_RC(BKV_E2BIG, q.n = 3);
+	cr_expect_eq(id, 77, "req_id untouched on failure");
+	cr_expect_eq(bkv_sched_pending(f->s), 0);
+	bkv_sched_stats_get(f->s, &st);
+	cr_expect_eq(st.submitted, 0);
+	SUBMIT_RC(BKV_OK, q.max_new_tokens = 124);
+	SUBMIT_RC(BKV_OK, (void)0);
+	SUBMIT_RC(BKV_EAGAIN, (void)0);
+	cr_expect_eq(bkv_sched_pending(f->s), 2);
+#undef SUBMIT_RC
+	cr_expect_eq(bkv_abort(NULL, 1), BKV_EINVAL);
+	cr_expect_eq(bkv_abort(f->s, 0), BKV_EINVAL);
+	cr_expect_eq(bkv_abort(f->s, 999), BKV_ENOENT);
+	cr_expect_eq(bkv_step(NULL, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_check(NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_sched_pending(NULL), 0);
+	bkv_sched_stats_get(NULL, &st);
+	bkv_sched_config_init(NULL);
+	bkv_request_init(NULL);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_expect_eq(f->finished_total, 0);
+	fh_destroy(f);
+}
+
+Test(sched, empty_steps_are_ok_and_cheap)
+{
+	fh_opts o;
+	fake_host *f;
+	bkv_step_info si;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
+	cr_expect_eq(si.rows, 0);
+	cr_expect_eq(f->n_calls, 0);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	fh_destroy(f);
+}
