@@ -413,8 +413,10 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 
 	if (!s || !q || !request_valid(q))
 		return BKV_EINVAL;
+	/* Each of the n lanes may have to be recomputed on its own, so all n
+	 * whole histories must fit at once for the request to finish alone. */
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
-	blocks = (hist + s->bt - 1) / s->bt;
+	blocks = (hist + s->bt - 1) / s->bt * q->n;
 	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running)
 		return BKV_E2BIG;
 	/* request, lanes, stop tokens, then n histories of hist tokens */
@@ -1048,8 +1050,10 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 
 static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
-	int was_empty = s->nr_run == 0;
+	int was_empty;
 
+	run_compact(s); /* preempted requests leave run[] before it grows */
+	was_empty = s->nr_run == 0;
 	if (!bkv__admit_allowed(s, now))
 		return;
 	while (s->heap_n && s->budget_left) {

@@ -304,6 +304,7 @@ static uint64_t fh_now(void *h)
 
 typedef struct fh_opts {
 	uint32_t block_tokens, device_blocks, host_blocks;
+	uint32_t max_seqs; /* pool max_seqs (default 4096) */
 	int prefix_cache;
 	int split;
 	bkv_sched_config cfg;
@@ -339,7 +340,7 @@ static inline fake_host *fh_create(const fh_opts *o)
 	pc.block_tokens = o->block_tokens;
 	pc.device_blocks = o->device_blocks;
 	pc.host_blocks = o->host_blocks;
-	pc.max_seqs = 4096;
+	pc.max_seqs = o->max_seqs ? o->max_seqs : 4096;
 	pc.prefix_cache = o->prefix_cache;
 	rc = bkv_pool_create(&pc, o->pool_alloc, &f->pool);
 	cr_assert_eq(rc, BKV_OK, "pool create: %s", bkv_strerror(rc));
