@@ -279,3 +279,24 @@ Test(sim, seed000_chunked_prefill_reaches_1_6x_static)
 	double med = sim_median(sp, N_SEEDS);
 	cr_expect(med > 1.60 && med < 1.66, "chunked speed-up %.3f", med);
 }
+
+/* A scheduler given no model but a calibrated one learning from scratch
+ * (observe) predicts the host's step times within 2% on average once a few
+ * hundred steps have passed (the host runs on seed 000's polynomial). */
+Test(sim, calibrated_model_learns_the_host_through_the_scheduler)
+{
+	trace t = {0};
+	cr_assert_eq(trace_seed000(&t, 0), TRACE_OK);
+	sim_config c = seed000_config();
+	c.calibrate = 1;
+	sim_result r;
+	run_ok(&c, &t, &r);
+	cr_expect_gt(r.steps, SIM_CALIB_WARMUP + 100);
+	cr_expect(r.pred_err < 0.02, "mean prediction error %g", r.pred_err);
+	/* Calibration changes no decision of a fixed-k policy. */
+	sim_result plain;
+	c.calibrate = 0;
+	run_ok(&c, &t, &plain);
+	cr_expect_eq(r.makespan_us, plain.makespan_us);
+	trace_free(&t);
+}

@@ -377,7 +377,18 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
-	if (cfg->give_model) {
+	bkv_cost_calib *calib = NULL;
+	if (cfg->calibrate) {
+		rc = bkv_cost_calib_create(NULL, NULL, &calib);
+		if (rc) {
+			snprintf(err, errlen, "bkv_cost_calib_create: %s", bkv_strerror(rc));
+			bkv_pool_destroy(pool);
+			free(h.req);
+			free(prompt);
+			return rc;
+		}
+		sc.cost = bkv_cost_calib_model(calib);
+	} else if (cfg->give_model) {
 		if (cfg->cost_kind == SIM_COST_POLY)
 			sc.cost = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
 		else if (cfg->cost_kind == SIM_COST_ROOFLINE)
@@ -399,6 +410,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	rc = bkv_sched_create(&sc, pool, &ops, &h, NULL, &h.sched);
 	if (rc) {
 		snprintf(err, errlen, "bkv_sched_create: %s", bkv_strerror(rc));
+		bkv_cost_calib_destroy(calib);
 		bkv_pool_destroy(pool);
 		free(h.req);
 		free(prompt);
@@ -407,7 +419,8 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 
 	uint32_t next = 0;
 	int idle = 0;
-	double waste_sum = 0.0;
+	double waste_sum = 0.0, err_sum = 0.0;
+	uint64_t err_n = 0;
 	uint64_t waste_n = 0;
 	rc = 0;
 	while (h.n_done < t->n) {
@@ -467,10 +480,15 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 		}
 		idle = 0;
 		res->steps++;
-		if (cfg->give_model && info.measured_us > 0.0) {
+		if ((calib ? res->steps > SIM_CALIB_WARMUP : cfg->give_model) &&
+		    info.measured_us > 0.0) {
 			double e = fabs(info.predicted_us - info.measured_us) / info.measured_us;
-			if (e > res->pred_err)
+			if (calib) {
+				err_sum += e;
+				err_n++;
+			} else if (e > res->pred_err) {
 				res->pred_err = e;
+			}
 		}
 		bkv_pool_stats ps;
 		ps.size = sizeof(ps);
@@ -497,6 +515,8 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 		res->out_tokens += h.req[i].n_tok;
 	}
 	res->kv_waste = waste_n ? waste_sum / waste_n : 0.0;
+	if (calib)
+		res->pred_err = err_n ? err_sum / err_n : 0.0;
 	finish_latencies(&h, t, res);
 	double busy = res->prefill_us + res->decode_us;
 	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
@@ -505,6 +525,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 		res->mbu = res->bytes / (busy / 1e6 * cfg->roofline.mem_bw);
 	}
 	bkv_sched_destroy(h.sched);
+	bkv_cost_calib_destroy(calib);
 	bkv_pool_destroy(pool);
 	free(h.req);
 	free(h.chunks);

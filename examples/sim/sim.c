@@ -43,6 +43,8 @@ static void usage(FILE *f)
 	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
 	      "     presets: a100-llama2-13b, h100-llama3-8b, a100-opt-13b\n"
 	      "  --no-model                 do not give the model to the scheduler\n"
+	      "  --calibrate                give the scheduler a calibrated model that\n"
+	      "                             learns from scratch (observe) instead\n"
 	      "  --gen steps|tokens         output length = decode steps after prefill\n"
 	      "                             (seed000 default) or tokens (trace default)\n"
 	      "pool:\n"
@@ -439,6 +441,8 @@ int main(int argc, char **argv)
 			}
 		} else if (!strcmp(a, "--no-model")) {
 			c.give_model = 0;
+		} else if (!strcmp(a, "--calibrate")) {
+			c.calibrate = 1;
 		} else if (!strcmp(a, "--gen")) {
 			NEED_ARG();
 			if (!strcmp(v, "steps"))

@@ -46,6 +46,9 @@ typedef struct sim_config {
 	bkv_cost_roofline roofline; /* used when ROOFLINE (for MFU/MBU too) */
 	int give_model;            /* nonzero: hand the same model to the
 				      scheduler (cfg.cost) */
+	int calibrate;             /* nonzero: hand the scheduler a calibrated
+				      model learning from scratch instead (the
+				      host still runs on the model above) */
 	int check;                 /* run bkv_sched_check after every step */
 } sim_config;
 
@@ -77,12 +80,18 @@ typedef struct sim_result {
 	double flops;              /* roofline FLOPs of all calls */
 	double bytes;              /* roofline bytes of all calls */
 	double mfu, mbu;           /* predicted utilisations (roofline only) */
-	double pred_err;           /* max |scheduler prediction - host time| /
-				      host time over steps (model given) */
+	double pred_err;           /* |scheduler prediction - host time| /
+				      host time per step: the maximum when the
+				      model is given; with calibrate, the mean
+				      over steps after the first
+				      SIM_CALIB_WARMUP */
 	double wall_s;             /* real seconds the run took */
 	double ref_ttft_mean;      /* measured (DistServe) mean TTFT, ms; <0 none */
 	double ref_tpot_mean;      /* measured mean TPOT, ms; <0 none */
 } sim_result;
+
+/* Steps a calibrated scheduler model may learn before its error counts. */
+#define SIM_CALIB_WARMUP 200
 
 /* Run one trace through the real scheduler on a virtual clock. Returns 0, or
  * a negative bkv_status / -100 (the scheduler stalled) with a message in err. */
