@@ -1451,13 +1451,14 @@ int bkv_sched_check(const bkv_sched *s)
 		rc = 19;
 	if (!rc && mapped != n_inbox + s->heap_n + s->nr_run)
 		rc = 20;
+	/* submit changes these under the lock; the stepping thread is us */
+	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->nr_alive) != mapped)
+		rc = 21;
+	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->nr_queued) != n_inbox + s->heap_n)
+		rc = 22;
 	UNLOCK(s);
 	if (rc)
 		return rc;
-	if (ATOMIC_LOAD(&((bkv_sched *)s)->nr_alive) != mapped)
-		return 21;
-	if (ATOMIC_LOAD(&((bkv_sched *)s)->nr_queued) != n_inbox + s->heap_n)
-		return 22;
 	memset(&ps, 0, sizeof(ps));
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
