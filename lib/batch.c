@@ -19,10 +19,12 @@
  */
 #include "internal.h"
 
+#include <string.h>
+
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, bkv_batch *b, bkv_step_shape *shape)
 {
-	const uint32_t bt = s->bt;
+	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
 	uint32_t r, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 	int kind_i;
@@ -32,23 +34,29 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	for (r = 0; r < n_rows; r++) {
 		const bkv__row *row = &rows[r];
 		const bkv__lane *l = row->lane;
-		uint32_t nb = 0, i, p, need = (row->end + bt - 1) / bt;
+		uint32_t nb = 0, i, p, need = (row->end + mask) >> shift;
 		const int32_t *table = bkv_seq_blocks(s->pool, l->seq, &nb);
 
 		BKV_ASSERT(table && nb == need);
 		BKV_ASSERT(t + (row->end - row->start) <= s->bufs.tok_cap);
 		BKV_ASSERT(k + need <= s->bufs.kv_cap);
-		for (i = 0; i < need; i++)
-			s->bufs.kv_indices[k + i] = table[i];
+		memcpy(&s->bufs.kv_indices[k], table, (size_t)need * sizeof(int32_t));
 		k += need;
-		for (p = row->start; p < row->end; p++, t++) {
-			s->bufs.token_ids[t] = l->tok[p];
-			s->bufs.positions[t] = (int32_t)p;
-			s->bufs.slot_mapping[t] = table[p / bt] * (int32_t)bt + (int32_t)(p % bt);
+		/* new tokens, block by block: slot = block * bt + offset */
+		for (p = row->start; p < row->end;) {
+			uint32_t blk_end = BKV_MIN((p | mask) + 1, row->end);
+			int32_t base = table[p >> shift] << shift;
+
+			for (i = p; i < blk_end; i++, t++) {
+				s->bufs.token_ids[t] = l->tok[i];
+				s->bufs.positions[t] = (int32_t)i;
+				s->bufs.slot_mapping[t] = base + (int32_t)(i & mask);
+			}
+			p = blk_end;
 		}
 		s->qo_indptr[r + 1] = (int32_t)t;
 		s->kv_indptr[r + 1] = (int32_t)k;
-		s->last_page_len[r] = (int32_t)(row->end - (need - 1) * bt);
+		s->last_page_len[r] = (int32_t)(row->end - ((need - 1) << shift));
 		s->row_sample[r] = row->sample;
 		s->row_req[r] = l->req->id;
 		s->row_branch[r] = l->branch;

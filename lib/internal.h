@@ -297,7 +297,8 @@ struct bkv_sched {
 	void *host;            /* handed to callbacks */
 	bkv_allocator alloc;   /* every allocation of the scheduler */
 	bkv_pool *pool;        /* not owned */
-	uint32_t bt;           /* pool block_tokens */
+	uint32_t bt;           /* pool block_tokens, a power of two */
+	uint32_t bt_shift;     /* log2(bt) */
 	uint32_t device_blocks; /* pool device blocks */
 	uint32_t host_blocks;  /* pool host blocks (0: no swap) */
 	int split;             /* 1: prefill + decode callbacks, 0: forward */
@@ -334,6 +335,8 @@ struct bkv_sched {
 	uint32_t nr_run;       /* entries */
 	uint32_t slots_used;   /* sum of n_live over run[] <= max_running */
 	uint32_t group_size;   /* static: rows of the current group, else 0 */
+	int run_dirty;         /* a request left RUNNING since the last
+				  compaction of run[] */
 	uint64_t admit_seq;    /* last admission counter */
 	uint64_t last_admit_us; /* clock at the last admission */
 

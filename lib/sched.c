@@ -276,6 +276,8 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->host = host;
 	s->pool = pool;
 	s->bt = ps.block_tokens;
+	while ((1u << s->bt_shift) < s->bt)
+		s->bt_shift++;
 	s->device_blocks = ps.device_blocks;
 	s->host_blocks = ps.host_blocks;
 
@@ -567,6 +569,7 @@ static void finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_ste
 	}
 	if (r->state == BKV__REQ_RUNNING) {
 		s->slots_used -= r->n_live;
+		s->run_dirty = 1;
 	} else if (r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED) {
 		bkv__queue_remove(s, r);
 		ATOMIC_SUB(&s->nr_queued, 1);
@@ -609,6 +612,9 @@ static void run_compact(bkv_sched *s)
 {
 	uint32_t i, j = 0;
 
+	if (!s->run_dirty)
+		return;
+	s->run_dirty = 0;
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
 
@@ -756,6 +762,7 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 		}
 	}
 	s->slots_used -= r->n_live;
+	s->run_dirty = 1;
 	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
 	r->swap_unsent = (uint8_t)swap;
 	if (swap)
@@ -1167,8 +1174,10 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 {
 	int rc;
 
-	rows_prune(s->dec, &s->n_dec);
-	rows_prune(s->pre, &s->n_pre);
+	if (si->preempted) { /* rows of requests preempted after planning */
+		rows_prune(s->dec, &s->n_dec);
+		rows_prune(s->pre, &s->n_pre);
+	}
 	if (!s->split) {
 		if (s->n_dec + s->n_pre == 0)
 			return BKV_OK;

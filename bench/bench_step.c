@@ -1,0 +1,230 @@
+/*
+ * bench_step.c - the CPU cost of bkv_step itself, with a no-op host.
+ *
+ * Each configuration admits `running` requests (64-token prompts, outputs long
+ * enough that none finishes during the run), queues `waiting` more behind them,
+ * and then times steady decode steps: every step appends one token to every
+ * running sequence, fills the batch arrays (token ids, positions, slot mapping,
+ * qo/kv indptr, kv_indices, last-page lengths) and calls a host that does
+ * nothing. The table shows the cost against the running rows, the kv_indices
+ * entries the batch carries (the block tables FlashInfer reads), the waiting
+ * requests and the pool's size: it should follow the first two only.
+ *
+ * A churn configuration (short outputs, continuous refill from the queue)
+ * prices steps that also admit, prefill and finish requests.
+ *
+ * Usage: bench_step [--quick]          the tables (--quick: 32 timed steps)
+ *        bench_step R W X STEPS         one decode configuration (for callgrind)
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct noop_host {
+	uint64_t kv_entries; /* kv_indices entries seen */
+	uint64_t calls;
+} noop_host;
+
+static int noop_forward(void *h, const bkv_batch *b, int32_t *next)
+{
+	noop_host *n = h;
+	uint32_t r;
+
+	n->calls++;
+	n->kv_entries += (uint64_t)b->kv_indptr[b->n_rows];
+	for (r = 0; r < b->n_rows; r++)
+		if (b->row_sample[r])
+			next[r] = 7 + (int32_t)r; /* never a stop token */
+	return 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct result {
+	double us_per_step;
+	double kv_per_step;
+} result;
+
+/* Steady decode: `running` long requests, `waiting` more queued. */
+static result run_decode(uint32_t running, uint32_t waiting, uint32_t block_scale,
+			 uint32_t steps)
+{
+	const uint32_t prompt_len = 64, bt = 16, warm = 16;
+	uint32_t max_new = warm + steps + 8, i, blocks_per_req;
+	int32_t *prompt = malloc(prompt_len * sizeof(int32_t));
+	bkv_pool_config pc;
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	noop_host host = {0};
+	bkv_request q;
+	double t0, t1;
+	result res;
+
+	for (i = 0; i < prompt_len; i++)
+		prompt[i] = 100 + (int32_t)i;
+	blocks_per_req = (prompt_len + max_new + bt - 1) / bt;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = bt;
+	pc.device_blocks = (running * blocks_per_req + 64) * block_scale;
+	pc.max_seqs = running + 16;
+	pc.prefix_cache = 1;
+	if (bkv_pool_create(&pc, NULL, &pool) != BKV_OK)
+		exit(1);
+	bkv_sched_config_init(&sc);
+	sc.max_running = running;
+	sc.max_queue = running + waiting + 16;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = noop_forward;
+	if (bkv_sched_create(&sc, pool, &ops, &host, NULL, &s) != BKV_OK)
+		exit(1);
+	bkv_request_init(&q);
+	q.prompt = prompt;
+	q.prompt_len = prompt_len;
+	for (i = 0; i < running + waiting; i++) {
+		prompt[0] = (int32_t)i; /* distinct prompts: no prefix sharing */
+		q.max_new_tokens = i < running ? max_new : 16;
+		if (bkv_submit(s, &q, NULL) != BKV_OK)
+			exit(1);
+	}
+	for (i = 0; i < warm; i++) /* admission and prefill happen here */
+		bkv_step(s, NULL);
+	host.kv_entries = 0;
+	res.us_per_step = 1e30;
+	/* the best of 8 batches: the machine is shared, interference only adds */
+	for (i = 0; i < steps; i += steps / 8) {
+		uint32_t j;
+
+		t0 = now_s();
+		for (j = 0; j < steps / 8; j++)
+			bkv_step(s, NULL);
+		t1 = now_s();
+		if ((t1 - t0) * 1e6 / (steps / 8) < res.us_per_step)
+			res.us_per_step = (t1 - t0) * 1e6 / (steps / 8);
+	}
+	res.kv_per_step = (double)host.kv_entries / steps;
+	if (bkv_sched_check(s) != 0 || bkv_sched_pending(s) != running + waiting) {
+		fprintf(stderr, "bench_step: unexpected scheduler state\n");
+		exit(1);
+	}
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+	free(prompt);
+	return res;
+}
+
+/* Churn: short requests refilled continuously from a deep queue. */
+static result run_churn(uint32_t running, uint32_t steps)
+{
+	const uint32_t prompt_len = 64;
+	uint32_t i, n_req = running * (steps / 6 + 4);
+	int32_t *prompt = malloc(prompt_len * sizeof(int32_t));
+	bkv_pool_config pc;
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	noop_host host = {0};
+	bkv_request q;
+	bkv_sched_stats st = {.size = sizeof(st)};
+	double t0, t1;
+	result res;
+
+	for (i = 0; i < prompt_len; i++)
+		prompt[i] = 100 + (int32_t)i;
+	bkv_pool_config_init(&pc);
+	pc.device_blocks = running * 16 + 64;
+	pc.max_seqs = running * 2 + 16;
+	if (bkv_pool_create(&pc, NULL, &pool) != BKV_OK)
+		exit(1);
+	bkv_sched_config_init(&sc);
+	sc.max_running = running;
+	sc.max_queue = n_req + 16;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = noop_forward;
+	if (bkv_sched_create(&sc, pool, &ops, &host, NULL, &s) != BKV_OK)
+		exit(1);
+	bkv_request_init(&q);
+	q.prompt = prompt;
+	q.prompt_len = prompt_len;
+	for (i = 0; i < n_req; i++) {
+		prompt[0] = (int32_t)i;
+		q.max_new_tokens = 2 + i % 8;
+		if (bkv_submit(s, &q, NULL) != BKV_OK)
+			exit(1);
+	}
+	for (i = 0; i < 16; i++)
+		bkv_step(s, NULL);
+	host.kv_entries = 0;
+	t0 = now_s();
+	for (i = 0; i < steps; i++)
+		bkv_step(s, NULL);
+	t1 = now_s();
+	bkv_sched_stats_get(s, &st);
+	if (st.finished < running) {
+		fprintf(stderr, "bench_step: churn did not churn\n");
+		exit(1);
+	}
+	res.us_per_step = (t1 - t0) * 1e6 / steps;
+	res.kv_per_step = (double)host.kv_entries / steps;
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+	free(prompt);
+	return res;
+}
+
+int main(int argc, char **argv)
+{
+	static const uint32_t runs[] = {32, 256, 1024};
+	static const uint32_t waits[] = {0, 10000};
+	uint32_t steps = 256, i, j, k;
+	int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+
+	if (argc == 3 && strcmp(argv[1], "--churn") == 0) {
+		result r = run_churn(256, (uint32_t)atoi(argv[2]));
+
+		printf("%.2f us/step\n", r.us_per_step);
+		return 0;
+	}
+	if (argc == 5) {
+		result r = run_decode((uint32_t)atoi(argv[1]), (uint32_t)atoi(argv[2]),
+				      (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]));
+
+		printf("%.2f us/step, %.0f kv entries/step\n", r.us_per_step, r.kv_per_step);
+		return 0;
+	}
+	if (quick)
+		steps = 32;
+	printf("bkv_step CPU cost, no-op host, %u timed steps each (us per step)\n\n", steps);
+	printf("| running | waiting | pool blocks x | kv_indices / step | us / step | ns / row |\n");
+	printf("|---:|---:|---:|---:|---:|---:|\n");
+	for (i = 0; i < 3; i++) {
+		for (j = 0; j < 2; j++) {
+			for (k = 1; k <= 8; k *= 8) {
+				result r = run_decode(runs[i], waits[j], k, steps);
+
+				printf("| %u | %u | %u | %.0f | %.2f | %.1f |\n", runs[i], waits[j], k,
+				       r.kv_per_step, r.us_per_step,
+				       r.us_per_step * 1000.0 / runs[i]);
+			}
+		}
+	}
+	printf("\nchurn (outputs of 2..9 tokens, refilled from the queue at once)\n\n");
+	printf("| running | kv_indices / step | us / step |\n|---:|---:|---:|\n");
+	for (i = 0; i < 3; i++) {
+		result r = run_churn(runs[i], steps);
+
+		printf("| %u | %.0f | %.2f |\n", runs[i], r.kv_per_step, r.us_per_step);
+	}
+	return 0;
+}
