@@ -480,6 +480,11 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 		}
 		idle = 0;
 		res->steps++;
+		if (cfg->progress && (res->steps & 0xffff) == 0) {
+			fprintf(stderr, "\r  %-12s %u/%u requests done, virtual time %.0f s   ",
+				res->label, h.n_done, t->n, h.now / 1e6);
+			fflush(stderr);
+		}
 		if ((calib ? res->steps > SIM_CALIB_WARMUP : cfg->give_model) &&
 		    info.measured_us > 0.0) {
 			double e = fabs(info.predicted_us - info.measured_us) / info.measured_us;

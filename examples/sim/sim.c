@@ -491,6 +491,7 @@ int main(int argc, char **argv)
 		if (!host_set)
 			c.mixed_host = 1;
 	}
+	c.progress = !o.quiet && isatty(2);
 	if (!o.gen_set)
 		c.gen = (!o.trace_path && !strcmp(o.workload, "seed000")) ? SIM_GEN_STEPS
 									   : SIM_GEN_TOKENS;
@@ -556,7 +557,7 @@ int main(int argc, char **argv)
 		sim_rows_from_runs(&rows[row++], runs, o.baseline ? base : NULL, n_seeds);
 	}
 	if (!o.quiet && isatty(2))
-		fprintf(stderr, "\r%-50s\r", "");
+		fprintf(stderr, "\r%-72s\r", "");
 	if (!status) {
 		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE);
 		if (o.svg) {

@@ -50,6 +50,8 @@ typedef struct sim_config {
 				      model learning from scratch instead (the
 				      host still runs on the model above) */
 	int check;                 /* run bkv_sched_check after every step */
+	int progress;              /* nonzero: a progress line on stderr every
+				      2^16 steps (the caller checks isatty) */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
