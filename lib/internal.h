@@ -63,6 +63,11 @@ uint64_t bkv__monotonic_us(void);
 				       txn_pending to be indexed at commit */
 #define BKV__BLOCK_COPY_SRC 0x10u   /* source of a pending device copy: pinned
 				       even at ref 0 until the copy clears */
+#define BKV__BLOCK_COPY_CHAIN 0x20u /* an indexed COPY_SRC block whose last
+				       table reference went: it holds one ref
+				       on each of its ancestors until the copy
+				       clears, so every pinned indexed block
+				       keeps a pinned parent */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)

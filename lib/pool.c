@@ -101,7 +101,9 @@ enum {
 				  full */
 	CHECK_INDEX = 6,       /* index entries != indexed blocks, or an indexed
 				  block not findable by its hash */
-	CHECK_PARENT = 7,      /* an indexed block's parent is not indexed */
+	CHECK_PARENT = 7,      /* an indexed block's parent is not indexed, or
+				  a pinned indexed block's parent is not
+				  pinned */
 	CHECK_LRU_ORDER = 8,   /* a cached block's parent is neither pinned nor
 				  more recent on the LRU */
 	CHECK_KIDS = 9,        /* kids != indexed blocks naming it as parent */
@@ -111,7 +113,8 @@ enum {
 				  nr_seqs/nr_swapped/slot ring mismatch */
 	CHECK_SEQ_FILL = 12,   /* a device-resident table's block has fewer
 				  tokens than the sequence reads from it */
-	CHECK_REFS = 13,       /* a ref count != table references */
+	CHECK_REFS = 13,       /* a ref count != table references + chain
+				  references of COPY_CHAIN blocks */
 	CHECK_TOKENS = 14,     /* tokens != sum of fill over pinned blocks */
 	CHECK_HOST = 15,       /* host tier: free list, states, used blocks !=
 				  swapped tables (each exactly once), pending !=
@@ -261,8 +264,22 @@ static void block_put(bkv_pool *pool, int32_t b, int drop)
 	if (--k->ref)
 		return;
 	k->flags &= ~BKV__BLOCK_TXN;
-	if (k->flags & BKV__BLOCK_COPY_SRC)
-		return; /* stays pinned until its pending copy is cleared */
+	if (k->flags & BKV__BLOCK_COPY_SRC) {
+		/* Stays pinned until its pending copy is cleared. Indexed, it
+		 * must keep its chain pinned too (its parent is still pinned:
+		 * tables release last to first), or the parent could be
+		 * evicted under it. */
+		if (BLOCK_IS_INDEXED(k) && k->parent >= 0 && !(k->flags & BKV__BLOCK_COPY_CHAIN)) {
+			int32_t a;
+
+			k->flags |= BKV__BLOCK_COPY_CHAIN;
+			for (a = k->parent; a >= 0; a = pool->blk[a].parent) {
+				BKV_ASSERT(BLOCK_IS_PINNED(&pool->blk[a]));
+				pool->blk[a].ref++;
+			}
+		}
+		return;
+	}
 	block_release(pool, b, drop);
 }
 
@@ -276,7 +293,20 @@ static void block_release(bkv_pool *pool, int32_t b, int drop)
 	pool->tokens -= k->fill;
 	if (BLOCK_IS_INDEXED(k)) {
 		if (!drop || k->kids > 0) {
+			int32_t a;
+
 			bkv__lru_push(pool, b);
+			/* Keep every cached ancestor more recent than its child.
+			 * Releases run last to first, so the parent is normally
+			 * still pinned and this loop stops at once; a late release
+			 * (a copy-on-write source freed when its copy is cleared,
+			 * after its sequence closed) moves the cached ancestors
+			 * up behind it, so eviction still takes children first. */
+			for (a = k->parent; a >= 0 && BLOCK_IS_CACHED(&pool->blk[a]);
+			     a = pool->blk[a].parent) {
+				bkv__lru_unlink(pool, a);
+				bkv__lru_push(pool, a);
+			}
 			return;
 		}
 		bkv__cache_forget(pool, b);
@@ -708,6 +738,7 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 		}
 		k = &pool->blk[b];
 		BKV_ASSERT(k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill >= off);
+		k->flags &= ~BKV__BLOCK_TXN; /* rewritten: queued again if it fills */
 		pool->tokens -= k->fill - off;
 		w = BKV_MIN(bt - off, rem);
 		memcpy(pool->tok + (size_t)b * bt + off, tokens + pos, (size_t)w * sizeof(int32_t));
@@ -767,6 +798,7 @@ int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 		if (k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill > off) {
 			pool->tokens -= k->fill - off;
 			k->fill = off;
+			k->flags &= ~BKV__BLOCK_TXN; /* no longer full: unqueued */
 		}
 	}
 	s->len = new_len;
@@ -953,9 +985,20 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 			pool->blk[l->v[i].src].flags &= ~BKV__BLOCK_PEND_DEV;
 			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_DEV;
 			if (pool->blk[l->v[i].src].flags & BKV__BLOCK_COPY_SRC) {
-				pool->blk[l->v[i].src].flags &= ~BKV__BLOCK_COPY_SRC;
-				if (pool->blk[l->v[i].src].ref == 0)
+				bkv__block *k = &pool->blk[l->v[i].src];
+				int chain = (k->flags & BKV__BLOCK_COPY_CHAIN) != 0;
+				int32_t a;
+
+				k->flags &= ~(BKV__BLOCK_COPY_SRC | BKV__BLOCK_COPY_CHAIN);
+				if (k->ref == 0)
 					block_release(pool, l->v[i].src, 0);
+				/* then its ancestors, child first (the LRU order) */
+				for (a = chain ? k->parent : -1; a >= 0;) {
+					int32_t up = pool->blk[a].parent;
+
+					block_put(pool, a, 0);
+					a = up;
+				}
 			}
 		} else if (kind == BKV_COPY_SWAP_IN) {
 			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
@@ -1113,7 +1156,8 @@ static int check_blocks(const bkv_pool *pool)
 		if (bkv__index_find(pool, k->hash) != (int32_t)i)
 			return CHECK_INDEX;
 		p = k->parent >= 0 ? &pool->blk[k->parent] : NULL;
-		if (k->parent >= (int32_t)nb || (p && !BLOCK_IS_INDEXED(p)))
+		if (k->parent >= (int32_t)nb || (p && !BLOCK_IS_INDEXED(p)) ||
+		    (p && BLOCK_IS_PINNED(k) && !BLOCK_IS_PINNED(p)))
 			return CHECK_PARENT;
 		if (BLOCK_IS_CACHED(k) && p && !BLOCK_IS_PINNED(p) && sc[k->parent] <= sc[i])
 			return CHECK_LRU_ORDER;
@@ -1182,6 +1226,21 @@ static int check_seqs(const bkv_pool *pool)
 			r -= ms;
 		if (pool->slot_ring[r] >= ms || pool->seqs[pool->slot_ring[r]].state != BKV__SEQ_FREE)
 			return CHECK_SEQS;
+	}
+	/* an indexed copy source whose tables left holds its ancestors */
+	for (i = 0; i < nb; i++) {
+		const bkv__block *k = &pool->blk[i];
+		int32_t a;
+
+		if (!(k->flags & BKV__BLOCK_COPY_CHAIN))
+			continue;
+		if (!(k->flags & BKV__BLOCK_COPY_SRC))
+			return CHECK_PENDING;
+		for (j = 0, a = k->parent; a >= 0; a = pool->blk[a].parent, j++) {
+			if ((uint32_t)a >= nb || j >= nb)
+				return CHECK_PARENT;
+			sc[a]++;
+		}
 	}
 	for (i = 0; i < nb; i++)
 		if (sc[i] != pool->blk[i].ref)

@@ -541,6 +541,32 @@ Test(pool_cow, copy_source_stays_pinned_until_the_copy_is_cleared)
 	bkv_pool_destroy(p);
 }
 
+Test(pool_cow, a_copy_source_released_late_is_evicted_before_its_parent)
+{
+	bkv_pool *p = make_pool(4, 4, 0, 0);
+	uint32_t a, b;
+	int32_t t[13];
+
+	fill_tokens(t, 13, 1);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 8, NULL), BKV_OK); /* [0, 1] indexed */
+	cr_assert_eq(bkv_seq_truncate(p, a, 6), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 1, NULL), BKV_OK); /* CoW 1 -> 2 */
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK);
+	/* 1 is pinned by the pending copy, and holds its parent 0 */
+	expect_counts(p, 2, 2, 0);
+	expect_refs(p, (uint32_t[]){1, 0, 0, 0}, 4);
+	bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
+	expect_lru(p, (int32_t[]){1, 0}, 2); /* child older than parent */
+	cr_assert_eq(bkv_pool_check(p), 0);
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, t + 1, 12, NULL), BKV_OK);
+	expect_table(p, b, (int32_t[]){2, 3, 1}, 3);
+	cr_assert_eq(pool_stats(p).evictions, 1);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
 Test(pool_cow, truncate_releases_blocks_past_the_new_end)
 {
 	bkv_pool *p = make_pool(4, 8, 0, 0);

@@ -1,0 +1,290 @@
+/*
+ * bench_pool.c - micro benchmarks of the block pool.
+ *
+ * Measures, through the public API:
+ *   alloc_free   block allocate + free, amortized per block: append 64 blocks'
+ *                worth of tokens to a sequence, truncate it to 0 (prefix cache
+ *                off, so every block comes from and returns to the free list).
+ *                Run at block_tokens 16 (each block also copies 16 tokens) and
+ *                1 (metadata only).
+ *   malloc_free  the same operation done with malloc/free: per block, malloc a
+ *                block-sized buffer, copy the block's tokens in, keep it in a
+ *                table; then free them all.
+ *   prefix_hit   append of a 2,048-token prompt whose every block is in the
+ *                prefix cache (open, append, close), per block: chained hash,
+ *                index probe, token-by-token verification, ref count. Both
+ *                with the cached blocks pinned by another sequence and with
+ *                them only on the LRU (each hit unlinks, each close relinks).
+ *   metadata     bytes of pool memory per block and per token slot.
+ *
+ * Each timing is the best of 7 runs. Usage: bench_pool [op iters] - with
+ * arguments, runs one op for exactly `iters` iterations and prints nothing but
+ * a checksum (for callgrind instruction counts: run twice with different iters
+ * and divide the difference).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BLOCKS 64
+#define PROMPT 2048
+
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static void die(const char *what, int r)
+{
+	fprintf(stderr, "bench_pool: %s: %s\n", what, bkv_strerror(r));
+	exit(1);
+}
+
+static bkv_pool *make(uint32_t bt, uint32_t nb, int prefix)
+{
+	bkv_pool_config c;
+	bkv_pool *p;
+	int r;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = bt;
+	c.device_blocks = nb;
+	c.prefix_cache = prefix;
+	r = bkv_pool_create(&c, NULL, &p);
+	if (r)
+		die("create", r);
+	return p;
+}
+
+static int32_t toks[PROMPT];
+static volatile uint64_t sink;
+
+/* ---- the operations, each run for n iterations --------------------------- */
+
+static void op_alloc_free(bkv_pool *p, uint32_t seq, uint32_t bt, uint64_t n)
+{
+	uint64_t i;
+	int r;
+
+	for (i = 0; i < n; i++) {
+		r = bkv_seq_append(p, seq, toks, BLOCKS * bt, NULL);
+		if (r)
+			die("append", r);
+		r = bkv_seq_truncate(p, seq, 0);
+		if (r)
+			die("truncate", r);
+	}
+}
+
+static void op_malloc_free(uint32_t bt, uint64_t n)
+{
+	void *table[BLOCKS];
+	uint64_t i;
+	uint32_t j;
+
+	for (i = 0; i < n; i++) {
+		for (j = 0; j < BLOCKS; j++) {
+			table[j] = malloc((size_t)bt * sizeof(int32_t));
+			if (!table[j])
+				die("malloc", BKV_ENOMEM);
+			memcpy(table[j], toks + (size_t)j * bt, (size_t)bt * sizeof(int32_t));
+		}
+		sink += (uintptr_t)table[i % BLOCKS];
+		for (j = 0; j < BLOCKS; j++)
+			free(table[j]);
+	}
+}
+
+static void op_prefix_hit(bkv_pool *p, uint64_t n)
+{
+	uint64_t i;
+	uint32_t seq, hit;
+	int r;
+
+	for (i = 0; i < n; i++) {
+		r = bkv_seq_open(p, &seq);
+		if (r)
+			die("open", r);
+		r = bkv_seq_append(p, seq, toks, PROMPT, &hit);
+		if (r || hit != PROMPT)
+			die("append (full hit)", r ? r : BKV_EINVAL);
+		sink += hit;
+		r = bkv_seq_close(p, seq);
+		if (r)
+			die("close", r);
+	}
+}
+
+/* ---- timing -------------------------------------------------------------- */
+
+typedef void (*run_fn)(void *ctx, uint64_t n);
+
+static double best_ns(run_fn fn, void *ctx, uint64_t n, double per)
+{
+	double best = 1e300;
+	int k;
+
+	fn(ctx, n / 10 + 1); /* warm up */
+	for (k = 0; k < 7; k++) {
+		double t0 = now_ns(), t;
+
+		fn(ctx, n);
+		t = (now_ns() - t0) / ((double)n * per);
+		if (t < best)
+			best = t;
+	}
+	return best;
+}
+
+typedef struct ctx {
+	bkv_pool *p;
+	uint32_t seq;
+	uint32_t bt;
+} ctx;
+
+static void run_alloc_free(void *c, uint64_t n)
+{
+	ctx *x = c;
+
+	op_alloc_free(x->p, x->seq, x->bt, n);
+}
+
+static void run_malloc_free(void *c, uint64_t n)
+{
+	ctx *x = c;
+
+	op_malloc_free(x->bt, n);
+}
+
+static void run_prefix_hit(void *c, uint64_t n)
+{
+	ctx *x = c;
+
+	op_prefix_hit(x->p, n);
+}
+
+static ctx alloc_ctx(uint32_t bt)
+{
+	ctx x;
+	int r;
+
+	x.bt = bt;
+	x.p = make(bt, 4 * BLOCKS, 0);
+	r = bkv_seq_open(x.p, &x.seq);
+	if (r)
+		die("open", r);
+	return x;
+}
+
+/* A pool holding the prompt's 128 blocks in the cache; `pinned`: a sequence
+ * keeps them referenced, else they sit on the LRU between iterations. */
+static ctx hit_ctx(int pinned)
+{
+	ctx x;
+	uint32_t seq;
+	int r;
+
+	x.bt = 16;
+	x.p = make(16, 1024, 1);
+	r = bkv_seq_open(x.p, &seq);
+	if (!r)
+		r = bkv_seq_append(x.p, seq, toks, PROMPT, NULL);
+	if (!r && !pinned)
+		r = bkv_seq_close(x.p, seq);
+	if (r)
+		die("prefix setup", r);
+	x.seq = seq;
+	return x;
+}
+
+static void metadata(uint32_t bt, uint32_t nb)
+{
+	bkv_pool *p = make(bt, nb, 1);
+	double per_block_ctl, tok = (double)bt * sizeof(int32_t);
+	double index = (double)(p->index_mask + 1) * sizeof(int32_t) / nb;
+	double txn = p->txn_pending ? sizeof(int32_t) : 0;
+
+	/* bkv__block + hash index share + checker scratch (+ the transaction
+	 * queue, when present) */
+	per_block_ctl = sizeof(bkv__block) + index + sizeof(uint32_t) + txn;
+	printf("metadata (block_tokens %u, %u blocks): %zu B bkv__block + %.1f B index + 4 B "
+	       "checker scratch%s = %.1f B/block control, %.2f B/token slot; with the %.0f B "
+	       "token store: %.1f B/block, %.2f B/token slot\n",
+	       bt, nb, sizeof(bkv__block), index, txn ? " + 4 B txn queue" : "", per_block_ctl,
+	       per_block_ctl / bt, tok, per_block_ctl + tok, (per_block_ctl + tok) / bt);
+	bkv_pool_destroy(p);
+}
+
+int main(int argc, char **argv)
+{
+	uint32_t i;
+
+	for (i = 0; i < PROMPT; i++)
+		toks[i] = (int32_t)(i * 2654435761u >> 8);
+
+	if (argc == 3) {
+		uint64_t n = strtoull(argv[2], NULL, 10);
+		ctx x;
+
+		if (!strcmp(argv[1], "alloc_free")) {
+			x = alloc_ctx(16);
+			run_alloc_free(&x, n);
+		} else if (!strcmp(argv[1], "alloc_free1")) {
+			x = alloc_ctx(1);
+			run_alloc_free(&x, n);
+		} else if (!strcmp(argv[1], "malloc_free")) {
+			x.bt = 16;
+			run_malloc_free(&x, n);
+		} else if (!strcmp(argv[1], "prefix_hit")) {
+			x = hit_ctx(1);
+			run_prefix_hit(&x, n);
+		} else if (!strcmp(argv[1], "prefix_hit_lru")) {
+			x = hit_ctx(0);
+			run_prefix_hit(&x, n);
+		} else {
+			fprintf(stderr, "usage: bench_pool [alloc_free|alloc_free1|malloc_free|"
+					"prefix_hit|prefix_hit_lru iters]\n");
+			return 2;
+		}
+		printf("%llu\n", (unsigned long long)sink);
+		return 0;
+	}
+
+	{
+		ctx a16 = alloc_ctx(16), a1 = alloc_ctx(1), hp = hit_ctx(1), hl = hit_ctx(0);
+		double t16, t1, m16, m1, h, hlru;
+
+		t16 = best_ns(run_alloc_free, &a16, 20000, BLOCKS);
+		m16 = best_ns(run_malloc_free, &a16, 20000, BLOCKS);
+		t1 = best_ns(run_alloc_free, &a1, 20000, BLOCKS);
+		m1 = best_ns(run_malloc_free, &a1, 20000, BLOCKS);
+		h = best_ns(run_prefix_hit, &hp, 2000, PROMPT / 16);
+		hlru = best_ns(run_prefix_hit, &hl, 2000, PROMPT / 16);
+		printf("block alloc+free, block_tokens 16: %.1f ns/block; malloc/free: %.1f "
+		       "ns/block; pool/malloc = %.2f\n",
+		       t16, m16, t16 / m16);
+		printf("block alloc+free, block_tokens 1:  %.1f ns/block; malloc/free: %.1f "
+		       "ns/block; pool/malloc = %.2f\n",
+		       t1, m1, t1 / m1);
+		printf("2,048-token prompt, full prefix hit (128 blocks of 16), pinned: %.1f "
+		       "ns/block; pool/malloc(16) = %.2f\n",
+		       h, h / m16);
+		printf("2,048-token prompt, full prefix hit (128 blocks of 16), on LRU: %.1f "
+		       "ns/block; pool/malloc(16) = %.2f\n",
+		       hlru, hlru / m16);
+		metadata(16, 1u << 16);
+		metadata(16, 1000);
+		metadata(1, 1u << 16);
+		bkv_pool_destroy(a16.p);
+		bkv_pool_destroy(a1.p);
+		bkv_pool_destroy(hp.p);
+		bkv_pool_destroy(hl.p);
+	}
+	return 0;
+}
