@@ -58,28 +58,31 @@ static void usage(FILE *f)
 	      f);
 }
 
+/* The command line, parsed. */
 typedef struct opts {
 	const char *workload;    /* "seed000" or "synthetic" */
-	trace_format fmt;        /* when trace_path */
-	const char *trace_path;  /* NULL: synthetic */
-	const char *run;         /* distserve run filter */
-	uint32_t limit;          /* 0 = all */
-	uint32_t n;              /* synthetic requests */
-	trace_arrival arrival;
-	double rate;
-	trace_dist prompt, output;
-	uint64_t seed_lo, seed_hi;
-	int seeds_set;
-	int baseline;
-	char sweep_key[16];
-	uint32_t sweep_vals[MAX_SWEEP];
-	int n_sweep;
-	sim_format fmt_out;
-	const char *svg;
-	int fidelity;
-	int quiet;
-	int gen_set;
-	int policy_chunked;
+	trace_format fmt;        /* format of trace_path */
+	const char *trace_path;  /* a trace file; NULL: synthetic workload */
+	const char *run;         /* DistServe run filter; NULL: all rows */
+	uint32_t limit;          /* first requests of a trace; 0 = all */
+	uint32_t n;              /* synthetic: requests */
+	trace_arrival arrival;   /* synthetic: arrival process */
+	double rate;             /* synthetic: requests per second */
+	trace_dist prompt;       /* synthetic: prompt tokens */
+	trace_dist output;       /* synthetic: output tokens */
+	uint64_t seed_lo;        /* first seed */
+	uint64_t seed_hi;        /* last seed, inclusive (>= seed_lo) */
+	int seeds_set;           /* --seeds given (else the workload's default) */
+	int baseline;            /* add the static row and speed-ups */
+	char sweep_key[16];      /* "k", "budget" or "slots"; "" = no sweep */
+	uint32_t sweep_vals[MAX_SWEEP]; /* [n_sweep] values swept */
+	int n_sweep;             /* values in sweep_vals */
+	sim_format fmt_out;      /* table, JSON or CSV */
+	const char *svg;         /* chart path, or NULL */
+	int fidelity;            /* --fidelity: every DistServe run */
+	int quiet;               /* no progress line */
+	int gen_set;             /* --gen given (else the workload's default) */
+	int policy_chunked;      /* --policy chunked */
 } opts;
 
 static int parse_u32(const char *s, uint32_t *out)

@@ -126,8 +126,8 @@ int trace_seed000(trace *t, uint64_t seed);
 /* A length distribution: constant, uniform in [lo, hi], or seed 000's
  * generation mix (64 with probability 0.4, else uniform 1..39). */
 typedef struct trace_dist {
-	enum { DIST_CONST, DIST_UNIFORM, DIST_SEED000_GEN } kind;
-	uint32_t lo, hi; /* CONST uses lo */
+	enum { DIST_CONST, DIST_UNIFORM, DIST_SEED000_GEN } kind; /* the shape */
+	uint32_t lo, hi; /* tokens, inclusive bounds; CONST uses lo */
 } trace_dist;
 
 /* Parse "N", "LO..HI" or "seed000". Returns 0 or -1. */
