@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../examples/tinylm/threaded.h"
 #include "../examples/tinylm/tinylm.h"
 
 /* ------------------------------------------------------------------------ */
@@ -416,4 +417,217 @@ Test(tinylm, pool_tables_with_prefix_hits_fork_and_swap_match_reference)
 	tlm_host_destroy(h);
 	bkv_pool_destroy(pool);
 	tlm_model_destroy(m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A few hundred requests through bkv_step                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Requests per scheduler test: 300, or TINYLM_TEST_JOBS; sanitizer builds
+ * default to 120 (the same mix, fewer of them). */
+static uint32_t test_jobs(void)
+{
+	const char *e = getenv("TINYLM_TEST_JOBS");
+	if (e && atoi(e) > 0)
+		return (uint32_t)atoi(e);
+#if defined(__SANITIZE_ADDRESS__)
+	return 120;
+#else
+	return 300;
+#endif
+}
+
+static tlm_model *g_model;
+static tlm_workload g_w;
+
+static void serve_setup(void)
+{
+	g_model = small_model();
+	tlm_workload_config wc;
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = test_jobs();
+	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
+	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+}
+
+static void serve_teardown(void)
+{
+	tlm_workload_destroy(&g_w);
+	tlm_model_destroy(g_model);
+}
+
+static void run_config(tlm_run_config *rc, uint32_t device_blocks)
+{
+	memset(rc, 0, sizeof(*rc));
+	bkv_sched_config_init(&rc->sched);
+	rc->sched.max_running = 16;
+	rc->block_tokens = 16;
+	rc->device_blocks = device_blocks;
+	rc->submit_per_step = 0;
+}
+
+/* Serve g_w under rc and require every sequence to equal the reference. */
+static void serve_and_verify(const tlm_run_config *rc, tlm_run_result *res)
+{
+	int st = tlm_run(&g_w, g_model, rc, res);
+	cr_assert_eq(st, 0, "run failed: %s (%d); host: %s", bkv_strerror(st), st, res->host_error);
+	char msg[512];
+	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u of %u requests differ from the reference; first: %s", bad,
+		     g_w.n_jobs, msg);
+	cr_assert_eq(res->check, 0, "bkv_sched_check = %d", res->check);
+	cr_assert_eq(res->host.violations, 0);
+	cr_assert_eq(res->sched.finished, g_w.n_jobs);
+	cr_assert_eq(res->sched.submitted, g_w.n_jobs);
+	/* The workload really exercised the prefix cache. */
+	cr_assert_gt(res->sched.hit_tokens, 0);
+	cr_assert_eq(res->pool.nr_used, 0, "blocks still referenced after the run");
+}
+
+/* What every workload must contain for the tests to mean something. */
+Test(tinylm_serve, workload_has_forks_aborts_stops_and_shared_prefixes, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	uint32_t forks = 0, aborts = 0, stops = 0, bare = 0;
+	for (uint32_t j = 0; j < g_w.n_jobs; j++) {
+		const tlm_job *jb = &g_w.jobs[j];
+		forks += jb->sampling.n_samples > 1;
+		aborts += jb->abort_after != 0;
+		stops += jb->stop >= 0 && jb->ref_len[0] < jb->max_new;
+		bare += jb->prompt_len <= 3;
+	}
+	cr_assert_gt(forks, 3);
+	cr_assert_gt(aborts, 3);
+	cr_assert_gt(stops, 3);
+	cr_assert_gt(bare, 0);
+}
+
+Test(tinylm_serve, static_batching_matches_reference, .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.sched.policy = BKV_POLICY_STATIC;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_eq(res.sched.preemptions, 0);
+}
+
+Test(tinylm_serve, continuous_k1_matches_reference, .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.sched.admit_group = 1;
+	rc.submit_per_step = 5; /* arrivals over time */
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+}
+
+Test(tinylm_serve, continuous_k4_matches_reference, .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.sched.admit_group = 4;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+}
+
+Test(tinylm_serve, chunked_mixed_steps_under_a_token_budget_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 40; /* below most prompts: they are split */
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_leq(res.host.tokens, (uint64_t)res.steps * 40);
+}
+
+Test(tinylm_serve, split_prefill_and_decode_calls_match_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.host.calls[BKV_CALL_PREFILL], 0);
+	cr_assert_gt(res.host.calls[BKV_CALL_DECODE], 0);
+	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
+}
+
+Test(tinylm_serve, preemption_by_recompute_in_a_tight_pool_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40); /* 640 slots for 16 running requests of ~50..110 */
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
+	cr_assert_eq(res.sched.swaps, 0);
+}
+
+Test(tinylm_serve, preemption_by_swap_in_a_tight_pool_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
+	cr_assert_gt(res.host.swap_out, 0);
+	cr_assert_gt(res.host.swap_in, 0);
+}
+
+Test(tinylm_serve, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.sched.admit_group = 4;
+	rc.submit_per_step = 3;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
+Test(tinylm_serve, host_failures_roll_back_and_retries_match_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 48);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
+}
+
+Test(tinylm_serve, threaded_clients_and_one_engine_thread_match_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 64);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 96;
+	tlm_run_result res;
+	int st = tlm_threaded_serve(&g_w, g_model, &rc, 4, 6, &res);
+	cr_assert_eq(st, 0, "threaded serve failed: %s (%d); host: %s", bkv_strerror(st), st,
+		     res.host_error);
+	char msg[512];
+	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u requests differ; first: %s", bad, msg);
+	cr_assert_eq(res.check, 0);
+	cr_assert_eq(res.sched.finished, g_w.n_jobs);
 }

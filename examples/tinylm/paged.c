@@ -116,6 +116,11 @@ void tlm_host_fail_next(tlm_host *h)
 	h->fail_next = 1;
 }
 
+void tlm_host_fail_next_clear(tlm_host *h)
+{
+	h->fail_next = 0;
+}
+
 /* Block b of layer l on a tier. */
 static float *block_ptr(const tlm_host *h, float *tier, uint32_t n_blocks, uint32_t l, int32_t b)
 {

@@ -77,6 +77,8 @@ const char *tlm_host_last_error(const tlm_host *h);
 /* Make the next compute callback fail (return -1 before touching anything),
  * for tests of the scheduler's rollback. */
 void tlm_host_fail_next(tlm_host *h);
+/* Disarm it (a step with no compute call never consumed it). */
+void tlm_host_fail_next_clear(tlm_host *h);
 
 /* Direct access for the self-test: the K (kv = 0) or V (kv = 1) row of a slot
  * in the device tensor. */
@@ -107,6 +109,9 @@ typedef struct tlm_job {
 	uint64_t req_id;       /* from bkv_submit */
 	int abort_sent;        /* bkv_abort was called */
 	uint32_t bad_tokens;   /* on_token calls out of range (branch, count) */
+	uint64_t submit_us;    /* tlm_now_us at bkv_submit */
+	uint64_t first_us;     /* at the first token (0: none yet) */
+	uint64_t done_us;      /* at on_finish */
 } tlm_job;
 
 typedef struct tlm_workload {
@@ -146,17 +151,25 @@ typedef struct tlm_run_config {
 	int split;               /* 1: prefill/decode callbacks; 0: forward */
 	uint32_t submit_per_step; /* jobs submitted before each step (0 = all
 				     up front) */
+	uint32_t fail_every;     /* nonzero: make the host fail once every this
+				    many steps (the step is rolled back and
+				    retried) */
+	uint64_t max_steps;      /* give up (-100, "stuck") after this many
+				    steps; 0 = 200000 */
 } tlm_run_config;
 
 /* What one run measured. */
 typedef struct tlm_run_result {
 	int status;              /* 0, or the first failing bkv_* status */
-	uint64_t steps;
+	uint64_t steps;          /* successful bkv_step calls */
+	uint64_t failed_steps;   /* injected host failures (rolled back) */
 	double wall_us;          /* whole run */
 	double measured_us;      /* sum of step_info.measured_us */
 	double predicted_us;     /* sum of step_info.predicted_us */
 	double abs_err_us;       /* sum |predicted - measured| over steps */
 	uint64_t gen_tokens;     /* tokens delivered by on_token */
+	double mean_ttft_us;     /* submit -> first token, requests not aborted */
+	double mean_latency_us;  /* submit -> finish, requests not aborted */
 	bkv_sched_stats sched;
 	bkv_pool_stats pool;
 	tlm_host_stats host;
@@ -165,13 +178,19 @@ typedef struct tlm_run_result {
 	char host_error[256];    /* the paged host's last contract violation */
 } tlm_run_result;
 
+/* A run that did not finish within rc->max_steps steps. */
+#define TLM_STUCK (-100)
+
 /* Serve the workload under rc through bkv_step until nothing is pending.
- * Returns 0, or a negative bkv_status / -100 for a stuck run. */
+ * Returns 0, or a negative bkv_status / TLM_STUCK. */
 int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res);
 
 /* Compare served outputs with the reference. Returns the number of jobs that
  * differ (aborted jobs must be a prefix); describes the first one in msg. */
 uint32_t tlm_workload_verify(const tlm_workload *w, char *msg, size_t msg_len);
+
+/* Fill res->mean_ttft_us and mean_latency_us from the jobs' timestamps. */
+void tlm_workload_latency(const tlm_workload *w, tlm_run_result *res);
 
 /* Microseconds of a monotonic clock. */
 uint64_t tlm_now_us(void);

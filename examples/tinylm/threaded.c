@@ -1,0 +1,360 @@
+/*
+ * threaded.c - tinylm the way a server embeds libbatchkv: client threads
+ * submit requests and receive tokens through callbacks, while one engine
+ * thread owns the scheduler and does nothing but step.
+ *
+ *   client 0 ──bkv_submit/bkv_abort──┐                 ┌── on_token ──> client's
+ *   client 1 ──bkv_submit/bkv_abort──┼──> inbox ──> engine thread:     callback
+ *   ...                              ┘    bkv_step, bkv_step, ... ─┴── on_finish
+ *
+ * The library's thread rules are exactly these: bkv_submit and bkv_abort may be
+ * called from any thread while the engine thread runs bkv_step; everything
+ * else (bkv_step, bkv_sched_pending, the host callbacks) runs on the engine
+ * thread. Each request's user pointer is a client_req holding the client's
+ * own callbacks; the engine's on_token/on_finish just dispatch to them, so the
+ * engine knows nothing about clients. A client keeps a window of requests in
+ * flight, and aborts a request itself once enough tokens have arrived (a user
+ * closing the connection), from its own thread.
+ *
+ * The engine sleeps on a condition variable when nothing is pending; a client
+ * signals it after each submission. Lock order: the engine may hold a
+ * client's mutex inside a callback (called from bkv_step), so a client never
+ * calls into the library while holding its own mutex.
+ */
+#include "threaded.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct client;
+
+/* One request as a client sees it; its address is the request's user
+ * pointer. */
+typedef struct client_req {
+	tlm_sampling sampling; /* first: the paged host reads it */
+	void (*on_token)(struct client_req *cr, uint32_t branch, int32_t token);
+	void (*on_done)(struct client_req *cr, bkv_finish_reason reason);
+	tlm_job *job;          /* where tokens go */
+	struct client *cl;     /* owner */
+	uint64_t req_id;       /* from bkv_submit; read by the client only */
+	int done;              /* on_done seen (under cl->mu) */
+} client_req;
+
+typedef struct engine {
+	bkv_sched *sched;
+	tlm_host *host;
+	pthread_mutex_t mu;    /* guards clients_left and the wakeup */
+	pthread_cond_t cv;     /* signalled on submission and client exit */
+	uint32_t clients_left; /* clients still submitting or waiting */
+	int failed;            /* bkv_step failed: status in status */
+	int status;
+	tlm_run_result *res;   /* counters written by the engine thread only */
+	uint64_t max_steps;    /* give up (TLM_STUCK) after this many steps */
+} engine;
+
+typedef struct client {
+	engine *eng;
+	tlm_workload *w;
+	uint32_t index, stride; /* serves jobs index, index+stride, ... */
+	uint32_t window;        /* most requests in flight */
+	client_req *reqs;       /* [n_jobs] (only own jobs used) */
+	pthread_mutex_t mu;     /* guards tokens, done flags, in_flight */
+	pthread_cond_t cv;      /* a token or a finish arrived */
+	uint32_t in_flight;
+	int status;             /* first library error seen */
+} client;
+
+/* ---- the engine side: dispatch to the client's callbacks ---- */
+
+static int eng_forward(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tlm_host_forward(((engine *)p)->host, b, next);
+}
+
+static int eng_prefill(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tlm_host_prefill(((engine *)p)->host, b, next);
+}
+
+static int eng_decode(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tlm_host_decode(((engine *)p)->host, b, next);
+}
+
+static void eng_token(void *p, uint64_t req, uint32_t branch, int32_t token, void *user)
+{
+	client_req *cr = user;
+	((engine *)p)->res->gen_tokens++;
+	cr->on_token(cr, branch, token);
+}
+
+static void eng_finish(void *p, uint64_t req, bkv_finish_reason reason, void *user)
+{
+	client_req *cr = user;
+	cr->on_done(cr, reason);
+}
+
+static void *engine_main(void *arg)
+{
+	engine *e = arg;
+	for (;;) {
+		pthread_mutex_lock(&e->mu);
+		while (bkv_sched_pending(e->sched) == 0 && e->clients_left > 0)
+			pthread_cond_wait(&e->cv, &e->mu);
+		const int quit = e->clients_left == 0 && bkv_sched_pending(e->sched) == 0;
+		pthread_mutex_unlock(&e->mu);
+		if (quit)
+			return NULL;
+		bkv_step_info info;
+		int st = e->res->steps >= e->max_steps ? TLM_STUCK : bkv_step(e->sched, &info);
+		if (st) {
+			pthread_mutex_lock(&e->mu);
+			e->failed = 1;
+			e->status = st;
+			pthread_mutex_unlock(&e->mu);
+			return NULL;
+		}
+		e->res->steps++;
+		e->res->measured_us += info.measured_us;
+		e->res->predicted_us += info.predicted_us;
+	}
+}
+
+/* ---- the client side ---- */
+
+static void client_token(client_req *cr, uint32_t branch, int32_t token)
+{
+	client *cl = cr->cl;
+	tlm_job *jb = cr->job;
+	pthread_mutex_lock(&cl->mu);
+	if (!jb->got_total++)
+		jb->first_us = tlm_now_us();
+	if (branch >= jb->sampling.n_samples || jb->got_len[branch] >= jb->max_new)
+		jb->bad_tokens++;
+	else
+		jb->got[(size_t)branch * jb->max_new + jb->got_len[branch]++] = token;
+	if (jb->abort_after && jb->got_total == jb->abort_after)
+		pthread_cond_signal(&cl->cv);
+	pthread_mutex_unlock(&cl->mu);
+}
+
+static void client_done(client_req *cr, bkv_finish_reason reason)
+{
+	client *cl = cr->cl;
+	pthread_mutex_lock(&cl->mu);
+	cr->job->finished++;
+	cr->job->reason = reason;
+	cr->job->done_us = tlm_now_us();
+	cr->done = 1;
+	cl->in_flight--;
+	pthread_cond_signal(&cl->cv);
+	pthread_mutex_unlock(&cl->mu);
+}
+
+static int engine_failed(engine *e)
+{
+	pthread_mutex_lock(&e->mu);
+	int f = e->failed;
+	pthread_mutex_unlock(&e->mu);
+	return f;
+}
+
+/* Abort (outside cl->mu) every request of ours that has seen enough. */
+static void client_aborts(client *cl, uint32_t upto)
+{
+	for (uint32_t j = cl->index; j < upto; j += cl->stride) {
+		client_req *cr = &cl->reqs[j];
+		tlm_job *jb = cr->job;
+		pthread_mutex_lock(&cl->mu);
+		const int want = jb->abort_after && jb->abort_after != UINT32_MAX &&
+				 !jb->abort_sent && !cr->done && jb->got_total >= jb->abort_after;
+		if (want)
+			jb->abort_sent = 1;
+		pthread_mutex_unlock(&cl->mu);
+		if (want) {
+			int st = bkv_abort(cl->eng->sched, cr->req_id);
+			if (st && st != BKV_ENOENT && !cl->status) /* ENOENT: it just ended */
+				cl->status = st;
+		}
+	}
+}
+
+static void wait_until(client *cl, uint32_t max_in_flight, uint32_t upto)
+{
+	for (;;) {
+		client_aborts(cl, upto);
+		pthread_mutex_lock(&cl->mu);
+		if (cl->in_flight <= max_in_flight) {
+			pthread_mutex_unlock(&cl->mu);
+			return;
+		}
+		/* Wake at least every 10 ms to notice an engine failure. */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 10000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
+		pthread_mutex_unlock(&cl->mu);
+		if (engine_failed(cl->eng))
+			return;
+	}
+}
+
+static void *client_main(void *arg)
+{
+	client *cl = arg;
+	engine *e = cl->eng;
+	uint32_t j = cl->index;
+	for (; j < cl->w->n_jobs && !cl->status; j += cl->stride) {
+		wait_until(cl, cl->window - 1, j);
+		if (engine_failed(e))
+			break;
+		client_req *cr = &cl->reqs[j];
+		tlm_job *jb = cr->job;
+		bkv_request rq;
+		bkv_request_init(&rq);
+		rq.prompt = jb->prompt;
+		rq.prompt_len = jb->prompt_len;
+		rq.max_new_tokens = jb->max_new;
+		rq.stop_tokens = jb->stop >= 0 ? &jb->stop : NULL;
+		rq.n_stop = jb->stop >= 0 ? 1 : 0;
+		rq.n = jb->sampling.n_samples;
+		rq.user = cr;
+		pthread_mutex_lock(&cl->mu);
+		cl->in_flight++;
+		jb->submit_us = tlm_now_us();
+		pthread_mutex_unlock(&cl->mu);
+		int st = bkv_submit(e->sched, &rq, &cr->req_id);
+		if (st) {
+			cl->status = st;
+			pthread_mutex_lock(&cl->mu);
+			cl->in_flight--;
+			pthread_mutex_unlock(&cl->mu);
+			break;
+		}
+		if (jb->abort_after == UINT32_MAX) {
+			jb->abort_sent = 1;
+			st = bkv_abort(e->sched, cr->req_id);
+			if (st && st != BKV_ENOENT)
+				cl->status = st;
+		}
+		pthread_mutex_lock(&e->mu);
+		pthread_cond_signal(&e->cv);
+		pthread_mutex_unlock(&e->mu);
+	}
+	wait_until(cl, 0, j < cl->w->n_jobs ? j : cl->w->n_jobs);
+	pthread_mutex_lock(&e->mu);
+	e->clients_left--;
+	pthread_cond_signal(&e->cv);
+	pthread_mutex_unlock(&e->mu);
+	return NULL;
+}
+
+int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
+		       uint32_t n_clients, uint32_t window, tlm_run_result *res)
+{
+	memset(res, 0, sizeof(*res));
+	if (!n_clients || !window)
+		return BKV_EINVAL;
+	tlm_workload_reset(w);
+	bkv_pool_config pc;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = rc->block_tokens;
+	pc.device_blocks = rc->device_blocks;
+	pc.host_blocks = rc->host_blocks;
+	pc.max_seqs = 4096;
+	bkv_pool *pool = NULL;
+	engine e = {.res = res, .clients_left = n_clients,
+		    .max_steps = rc->max_steps ? rc->max_steps : 200000};
+	pthread_mutex_init(&e.mu, NULL);
+	pthread_cond_init(&e.cv, NULL);
+	client *cls = calloc(n_clients, sizeof(client));
+	client_req *reqs = calloc(w->n_jobs, sizeof(client_req));
+	int st = !cls || !reqs ? BKV_ENOMEM : bkv_pool_create(&pc, NULL, &pool);
+	if (st)
+		goto out;
+	e.host = tlm_host_create(m, rc->block_tokens, rc->device_blocks, rc->host_blocks);
+	if (!e.host) {
+		st = BKV_ENOMEM;
+		goto out;
+	}
+	bkv_host_ops ops = {.on_token = eng_token, .on_finish = eng_finish};
+	if (rc->split) {
+		ops.prefill = eng_prefill;
+		ops.decode = eng_decode;
+	} else {
+		ops.forward = eng_forward;
+	}
+	/* bkv_submit from several threads: the default (libc) allocator is
+	 * thread-safe, as the header requires. */
+	st = bkv_sched_create(&rc->sched, pool, &ops, &e, NULL, &e.sched);
+	if (st)
+		goto out;
+	for (uint32_t j = 0; j < w->n_jobs; j++) {
+		reqs[j].sampling = w->jobs[j].sampling;
+		reqs[j].on_token = client_token;
+		reqs[j].on_done = client_done;
+		reqs[j].job = &w->jobs[j];
+		reqs[j].cl = &cls[j % n_clients];
+		res->prompt_tokens += w->jobs[j].prompt_len;
+	}
+	const uint64_t t0 = tlm_now_us();
+	pthread_t eng_thread, *cl_threads = calloc(n_clients, sizeof(pthread_t));
+	if (!cl_threads) {
+		st = BKV_ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n_clients; i++) {
+		cls[i] = (client){.eng = &e, .w = w, .index = i, .stride = n_clients,
+				  .window = window, .reqs = reqs};
+		pthread_mutex_init(&cls[i].mu, NULL);
+		pthread_cond_init(&cls[i].cv, NULL);
+	}
+	pthread_create(&eng_thread, NULL, engine_main, &e);
+	for (uint32_t i = 0; i < n_clients; i++)
+		pthread_create(&cl_threads[i], NULL, client_main, &cls[i]);
+	for (uint32_t i = 0; i < n_clients; i++)
+		pthread_join(cl_threads[i], NULL);
+	pthread_join(eng_thread, NULL);
+	res->wall_us = (double)(tlm_now_us() - t0);
+	free(cl_threads);
+	for (uint32_t i = 0; i < n_clients; i++) {
+		if (!st && cls[i].status)
+			st = cls[i].status;
+		pthread_mutex_destroy(&cls[i].mu);
+		pthread_cond_destroy(&cls[i].cv);
+	}
+	if (e.failed)
+		st = e.status;
+	if (!st)
+		res->check = bkv_sched_check(e.sched);
+	tlm_workload_latency(w, res);
+out:
+	res->status = st;
+	if (e.sched) {
+		res->sched.size = sizeof(res->sched);
+		bkv_sched_stats_get(e.sched, &res->sched);
+	}
+	if (e.host) {
+		tlm_host_stats_get(e.host, &res->host);
+		snprintf(res->host_error, sizeof(res->host_error), "%s", tlm_host_last_error(e.host));
+	}
+	if (pool) {
+		res->pool.size = sizeof(res->pool);
+		bkv_pool_stats_get(pool, &res->pool);
+	}
+	bkv_sched_destroy(e.sched);
+	bkv_pool_destroy(pool);
+	tlm_host_destroy(e.host);
+	pthread_mutex_destroy(&e.mu);
+	pthread_cond_destroy(&e.cv);
+	free(cls);
+	free(reqs);
+	return st;
+}
