@@ -1,0 +1,448 @@
+/*
+ * fuzz_pool.c - the block pool driven by arbitrary bytes.
+ *
+ * The input is read as a program: a pool config (block size, tiers, sequence
+ * slots, watermark, prefix cache on or off, and which allocation to refuse),
+ * then operations until the bytes run out: open, open keyed, append (tokens
+ * drawn from a small alphabet, copied from another sequence so prefix hits
+ * happen, or extreme ids), truncate, fork, close, drop, swap out, swap in,
+ * clear a copy list, reset the cache, step transactions (begin, commit,
+ * abort, as the scheduler brackets a step) and the read-only queries.
+ *
+ * A shadow model keeps, per sequence the harness opened, the tokens it should
+ * hold. After every operation the harness checks:
+ *   - bkv_pool_check() == 0 (the pool's own walk of every invariant);
+ *   - each sequence's length, block count and swapped flag equal the model's,
+ *     and (every 8th operation and at the end) every token it holds, read
+ *     back through its block table from the pool's token store (device or
+ *     host tier), equals the model's;
+ *   - a failed call changed nothing: the pool's stats are bytewise equal to
+ *     those before it (the header's all-or-nothing rule), and BKV_ENOMEM
+ *     happens only when the allocator refused a call;
+ *   - an append of n tokens that bkv_seq_blocks_needed() says fits in
+ *     bkv_pool_available() blocks does not fail with BKV_ENOSPC;
+ *   - after destroy, the counting allocator holds no byte.
+ * Any violation abort()s (FZ_FAIL), which is what the fuzzer reports.
+ */
+#include "fuzz.h"
+#include "internal.h"
+
+#define MAX_SEQS 12u     /* sequences the model tracks */
+#define MAX_LEN 2048u    /* tokens per sequence the model keeps */
+
+typedef struct mseq {
+	uint32_t id;      /* pool sequence id; 0 = slot unused */
+	uint32_t len;     /* tokens */
+	int swapped;      /* on the host tier */
+	uint64_t key;     /* prefix-cache key */
+	int32_t tok[MAX_LEN];
+} mseq;
+
+typedef struct model {
+	bkv_pool *pool;
+	uint32_t bt;
+	mseq s[MAX_SEQS];
+	int txn;          /* inside bkv__pool_txn_begin */
+} model;
+
+static bkv_pool_stats stats_of(const bkv_pool *p)
+{
+	bkv_pool_stats st;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_pool_stats_get(p, &st);
+	return st;
+}
+
+/* Every invariant the harness can see, after every operation; the token
+ * contents (O(all tokens)) when full is set (every 8th operation, and at the
+ * end) to keep the harness fast. */
+static void check_all(const model *m, int full)
+{
+	const bkv_pool *p = m->pool;
+	int rc = bkv_pool_check(p);
+	uint32_t i, j, nb;
+
+	FZ_CHECK(rc == 0, "bkv_pool_check = %d", rc);
+	for (i = 0; i < MAX_SEQS; i++) {
+		const mseq *s = &m->s[i];
+		const int32_t *table;
+		const int32_t *store;
+		bkv_seq_info info;
+
+		if (!s->id)
+			continue;
+		rc = bkv_seq_info_get(p, s->id, &info);
+		FZ_CHECK(rc == BKV_OK, "info of open seq %u: %d", s->id, rc);
+		FZ_CHECK(info.len == s->len, "seq %u len %u, model %u", s->id, info.len, s->len);
+		FZ_CHECK(!!info.swapped == !!s->swapped, "seq %u swapped %d, model %d", s->id,
+			 info.swapped, s->swapped);
+		FZ_CHECK(info.key == s->key, "seq %u key", s->id);
+		table = bkv_seq_blocks(p, s->id, &nb);
+		FZ_CHECK(nb == (s->len + m->bt - 1) / m->bt, "seq %u has %u blocks for %u tokens",
+			 s->id, nb, s->len);
+		FZ_CHECK(nb == 0 || table, "seq %u: NULL table", s->id);
+		store = s->swapped ? p->host_tok : p->tok;
+		for (j = 0; full && j < s->len; j++) {
+			int32_t b = table[j / m->bt];
+			uint32_t lim = s->swapped ? p->nh : p->nb;
+
+			FZ_CHECK(b >= 0 && (uint32_t)b < lim, "seq %u block %d out of range", s->id, b);
+			FZ_CHECK(store[(size_t)b * m->bt + j % m->bt] == s->tok[j],
+				 "seq %u token %u is %d, model %d", s->id, j,
+				 store[(size_t)b * m->bt + j % m->bt], s->tok[j]);
+		}
+	}
+}
+
+static mseq *free_slot(model *m)
+{
+	uint32_t i;
+
+	for (i = 0; i < MAX_SEQS; i++)
+		if (!m->s[i].id)
+			return &m->s[i];
+	return NULL;
+}
+
+/* Pick a tracked sequence (NULL when none), or sometimes a bogus id. */
+static mseq *pick(model *m, fz *f, uint32_t *id)
+{
+	uint8_t b = fz_u8(f);
+	mseq *s = &m->s[b % MAX_SEQS];
+
+	if (b >= 0xF8) { /* an id the pool never gave, or 0 */
+		*id = b == 0xFF ? 0 : (uint32_t)b << 20 | 7u;
+		return NULL;
+	}
+	*id = s->id;
+	return s->id ? s : NULL;
+}
+
+/* Call a mutating operation; on failure require that nothing changed and that
+ * BKV_ENOMEM came from a refused allocation. */
+#define MUTATE(m, mem, call, rc_out)                                                   \
+	do {                                                                           \
+		bkv_pool_stats before_ = stats_of((m)->pool), after_;                 \
+		uint64_t fails_ = (mem)->failures;                                     \
+		(rc_out) = (call);                                                     \
+		if ((rc_out) != BKV_OK) {                                              \
+			after_ = stats_of((m)->pool);                                  \
+			FZ_CHECK(!memcmp(&before_, &after_, sizeof(after_)),           \
+				 "%s failed with %d and changed the pool", #call,      \
+				 (rc_out));                                            \
+			FZ_CHECK((rc_out) != BKV_ENOMEM || (mem)->failures > fails_,   \
+				 "%s: ENOMEM without a refused allocation", #call);    \
+		}                                                                      \
+		FZ_CHECK((rc_out) <= 0, "%s returned %d", #call, (rc_out));            \
+	} while (0)
+
+static void make_tokens(model *m, fz *f, int32_t *t, uint32_t n)
+{
+	uint8_t mode = fz_u8(f) % 4;
+	uint32_t i;
+
+	if (mode == 0) { /* a prefix of another sequence: hits */
+		const mseq *o = &m->s[fz_u8(f) % MAX_SEQS];
+		uint32_t from = o->len ? fz_below(f, o->len) / m->bt * m->bt : 0;
+
+		for (i = 0; i < n; i++)
+			t[i] = from + i < o->len ? o->tok[from + i] : (int32_t)(i % 3);
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		if (mode == 1)
+			t[i] = (int32_t)(fz_u8(f) % 3); /* tiny alphabet */
+		else if (mode == 2)
+			t[i] = (int32_t)i;              /* the same run each time */
+		else {
+			static const int32_t odd[] = {INT32_MIN, -1, 0, INT32_MAX, 1 << 30};
+
+			t[i] = odd[fz_u8(f) % 5];
+		}
+	}
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	fz f = {data, size, 0};
+	fz_mem mem;
+	bkv_allocator a;
+	bkv_pool_config cfg;
+	model *m;
+	uint8_t b;
+	int rc;
+	uint32_t steps = 0;
+	static int32_t tok[4 * MAX_LEN];
+
+	memset(&mem, 0, sizeof(mem));
+	a = fz_allocator(&mem);
+	bkv_pool_config_init(&cfg);
+	b = fz_u8(&f);
+	cfg.block_tokens = 1u << (b % 8);          /* 1..128 */
+	if (b >= 0xF0)
+		cfg.block_tokens = b == 0xFF ? 3 : 65536; /* invalid / extreme */
+	cfg.device_blocks = fz_u8(&f) % 40;         /* 0 is refused */
+	if (cfg.block_tokens == 65536)
+		cfg.device_blocks = 1 + cfg.device_blocks % 2;
+	cfg.host_blocks = fz_u8(&f) % 24;
+	cfg.max_seqs = 1 + fz_u8(&f) % MAX_SEQS;
+	cfg.watermark_blocks = fz_u8(&f) % 4;
+	b = fz_u8(&f);
+	cfg.prefix_cache = b & 1;
+	cfg.hash_seed = b >> 1;
+	mem.fail_at = fz_u8(&f);
+	mem.sticky = (b & 0x80) != 0;
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return 0;
+	rc = bkv_pool_create(&cfg, &a, &m->pool);
+	if (rc != BKV_OK) {
+		FZ_CHECK(rc == BKV_EINVAL || rc == BKV_ENOMEM, "create: %d", rc);
+		FZ_CHECK(rc != BKV_EINVAL ||
+				 (cfg.device_blocks == 0 || cfg.block_tokens == 3 ||
+				  cfg.watermark_blocks > cfg.device_blocks),
+			 "valid config refused");
+		FZ_CHECK(rc != BKV_ENOMEM || mem.failures, "create: ENOMEM, no refusal");
+		FZ_CHECK(m->pool == NULL, "failed create wrote the handle");
+		FZ_CHECK(mem.live_bytes == 0 && mem.live_blocks == 0,
+			 "failed create leaked %lld bytes", (long long)mem.live_bytes);
+		free(m);
+		return 0;
+	}
+	m->bt = cfg.block_tokens;
+	check_all(m, 1);
+
+	while (fz_more(&f) && steps++ < 400) {
+		uint32_t id, n, i, got;
+		mseq *s, *t;
+		uint8_t op = fz_u8(&f) % 17;
+
+		switch (op) {
+		case 0: /* open */
+		case 1: { /* open keyed */
+			uint64_t key = op == 1 ? fz_u8(&f) % 3 : 0;
+
+			t = free_slot(m);
+			MUTATE(m, &mem,
+			       op ? bkv_seq_open_keyed(m->pool, key, &id) : bkv_seq_open(m->pool, &id),
+			       rc);
+			FZ_CHECK(rc == BKV_OK || rc == BKV_EAGAIN || rc == BKV_ENOMEM, "open: %d",
+				 rc);
+			if (rc == BKV_OK) {
+				FZ_CHECK(id != 0, "open gave id 0");
+				if (t) {
+					t->id = id;
+					t->len = 0;
+					t->swapped = 0;
+					t->key = key;
+				} else {
+					/* model full: close it again */
+					FZ_CHECK(bkv_seq_close(m->pool, id) == BKV_OK, "close");
+				}
+			}
+			break;
+		}
+		case 2:
+		case 3:
+		case 4: { /* append */
+			int64_t need;
+			uint32_t avail, hits = 0xFFFFFFFF;
+
+			s = pick(m, &f, &id);
+			n = fz_u8(&f) % (3 * m->bt + 4);
+			if (fz_u8(&f) == 0xFF)
+				n = 4 * MAX_LEN; /* larger than the pool */
+			make_tokens(m, &f, tok, n);
+			need = bkv_seq_blocks_needed(m->pool, id, n);
+			avail = bkv_pool_available(m->pool);
+			MUTATE(m, &mem, bkv_seq_append(m->pool, id, tok, n, &hits), rc);
+			if (!s) {
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "append to bogus: %d", rc);
+				break;
+			}
+			if (s->swapped) {
+				FZ_CHECK(rc == BKV_ESTATE, "append to swapped: %d", rc);
+				FZ_CHECK(need == BKV_ESTATE, "blocks_needed on swapped: %lld",
+					 (long long)need);
+				break;
+			}
+			FZ_CHECK(need >= 0, "blocks_needed: %lld", (long long)need);
+			if (need <= avail && s->len + n <= (uint64_t)cfg.device_blocks * m->bt)
+				FZ_CHECK(rc != BKV_ENOSPC,
+					 "ENOSPC although %lld blocks needed <= %u available",
+					 (long long)need, avail);
+			if (rc == BKV_OK) {
+				FZ_CHECK(hits <= n && hits % m->bt == 0, "hits %u of %u", hits, n);
+				if (s->len + n > MAX_LEN) {
+					/* beyond the model: forget it */
+					FZ_CHECK(bkv_seq_drop(m->pool, id) == BKV_OK, "drop");
+					s->id = 0;
+					break;
+				}
+				memcpy(s->tok + s->len, tok, (size_t)n * sizeof(int32_t));
+				s->len += n;
+			} else {
+				FZ_CHECK(rc == BKV_ENOSPC || rc == BKV_E2BIG || rc == BKV_ENOMEM,
+					 "append: %d", rc);
+				FZ_CHECK(rc != BKV_E2BIG ||
+						 s->len + n > (uint64_t)cfg.device_blocks * m->bt,
+					 "E2BIG for %u + %u tokens in %u blocks", s->len, n,
+					 cfg.device_blocks);
+			}
+			break;
+		}
+		case 5: /* truncate */
+			s = pick(m, &f, &id);
+			n = s ? fz_below(&f, s->len + 2) : fz_u8(&f);
+			MUTATE(m, &mem, bkv_seq_truncate(m->pool, id, n), rc);
+			if (!s)
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "truncate bogus: %d", rc);
+			else if (s->swapped)
+				FZ_CHECK(rc == BKV_ESTATE, "truncate swapped: %d", rc);
+			else if (n > s->len)
+				FZ_CHECK(rc == BKV_EINVAL, "truncate longer: %d", rc);
+			else {
+				FZ_CHECK(rc == BKV_OK, "truncate: %d", rc);
+				s->len = n;
+			}
+			break;
+		case 6: /* fork */
+			s = pick(m, &f, &id);
+			t = free_slot(m);
+			MUTATE(m, &mem, bkv_seq_fork(m->pool, id, &got), rc);
+			if (!s) {
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "fork bogus: %d", rc);
+			} else if (s->swapped) {
+				FZ_CHECK(rc == BKV_ESTATE, "fork swapped: %d", rc);
+			} else if (rc == BKV_OK) {
+				if (!t) {
+					FZ_CHECK(bkv_seq_close(m->pool, got) == BKV_OK, "close");
+					break;
+				}
+				*t = *s;
+				t->id = got;
+			} else {
+				FZ_CHECK(rc == BKV_EAGAIN || rc == BKV_ENOMEM, "fork: %d", rc);
+			}
+			break;
+		case 7: /* close */
+		case 8: /* drop */
+			s = pick(m, &f, &id);
+			MUTATE(m, &mem,
+			       op == 7 ? bkv_seq_close(m->pool, id) : bkv_seq_drop(m->pool, id), rc);
+			if (!s) {
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "close bogus: %d", rc);
+			} else {
+				FZ_CHECK(rc == BKV_OK, "close/drop: %d", rc);
+				s->id = 0;
+			}
+			break;
+		case 9: /* swap out */
+			s = pick(m, &f, &id);
+			MUTATE(m, &mem, bkv_seq_swap_out(m->pool, id), rc);
+			if (!s)
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "swap_out bogus: %d", rc);
+			else if (rc == BKV_OK)
+				s->swapped = 1;
+			else
+				FZ_CHECK(rc == BKV_ESTATE || rc == BKV_ENOSPC || rc == BKV_ENOMEM,
+					 "swap_out: %d", rc);
+			FZ_CHECK(!(s && s->swapped && rc == BKV_OK && cfg.host_blocks == 0),
+				 "swap_out without a host tier");
+			break;
+		case 10: /* swap in */
+			s = pick(m, &f, &id);
+			MUTATE(m, &mem, bkv_seq_swap_in(m->pool, id), rc);
+			if (!s)
+				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "swap_in bogus: %d", rc);
+			else if (!s->swapped)
+				FZ_CHECK(rc == BKV_ESTATE, "swap_in of a resident seq: %d", rc);
+			else if (rc == BKV_OK)
+				s->swapped = 0;
+			else
+				FZ_CHECK(rc == BKV_ESTATE || rc == BKV_ENOSPC || rc == BKV_ENOMEM,
+					 "swap_in: %d", rc);
+			break;
+		case 11: { /* clear one copy list, after checking its entries */
+			const bkv_copy *c = NULL;
+			bkv_copy_kind kind = (bkv_copy_kind)(fz_u8(&f) % 3);
+
+			n = bkv_pool_copies(m->pool, kind, &c);
+			for (i = 0; i < n; i++) {
+				uint32_t slim = kind == BKV_COPY_SWAP_IN ? cfg.host_blocks
+									 : cfg.device_blocks;
+				uint32_t dlim = kind == BKV_COPY_SWAP_OUT ? cfg.host_blocks
+									  : cfg.device_blocks;
+
+				FZ_CHECK(c[i].src >= 0 && (uint32_t)c[i].src < slim &&
+						 c[i].dst >= 0 && (uint32_t)c[i].dst < dlim,
+					 "copy %u of kind %d: %d -> %d", i, kind, c[i].src, c[i].dst);
+			}
+			bkv_pool_clear_copies(m->pool, kind);
+			FZ_CHECK(bkv_pool_copies(m->pool, kind, NULL) == 0, "clear left copies");
+			break;
+		}
+		case 12:
+			FZ_CHECK(bkv_pool_reset_cache(m->pool) == BKV_OK, "reset_cache");
+			FZ_CHECK(stats_of(m->pool).nr_cached == 0, "reset left cached blocks");
+			break;
+		case 13: /* step transactions, as the scheduler uses them */
+			if (!m->txn)
+				bkv__pool_txn_begin(m->pool);
+			else if (fz_u8(&f) & 1)
+				bkv__pool_txn_commit(m->pool);
+			else
+				bkv__pool_txn_abort(m->pool);
+			m->txn = !m->txn;
+			break;
+		case 14: { /* queries agree with the stats */
+			bkv_pool_stats st = stats_of(m->pool);
+			uint32_t avail = bkv_pool_available(m->pool);
+			uint32_t ntok = fz_u16(&f);
+
+			FZ_CHECK(st.nr_free + st.nr_used + st.nr_cached == cfg.device_blocks,
+				 "free %u + used %u + cached %u != %u", st.nr_free, st.nr_used,
+				 st.nr_cached, cfg.device_blocks);
+			FZ_CHECK(avail <= st.nr_free + st.nr_cached && avail >= st.nr_free,
+				 "available %u outside [free %u, free + cached %u]", avail,
+				 st.nr_free, st.nr_free + st.nr_cached);
+			rc = bkv_pool_can_admit(m->pool, ntok);
+			FZ_CHECK(rc == ((uint64_t)avail >= (uint64_t)(ntok + m->bt - 1) / m->bt +
+							   cfg.watermark_blocks),
+				 "can_admit(%u) = %d with %u available, watermark %u", ntok, rc,
+				 avail, cfg.watermark_blocks);
+			FZ_CHECK(st.host_free + st.host_used == cfg.host_blocks, "host counts");
+			break;
+		}
+		default: { /* a burst: append one token to every resident sequence */
+			for (i = 0; i < MAX_SEQS; i++) {
+				s = &m->s[i];
+				if (!s->id || s->swapped || s->len >= MAX_LEN)
+					continue;
+				tok[0] = (int32_t)(fz_u8(&f) % 3);
+				MUTATE(m, &mem, bkv_seq_append(m->pool, s->id, tok, 1, NULL), rc);
+				if (rc == BKV_OK)
+					s->tok[s->len++] = tok[0];
+				else
+					FZ_CHECK(rc == BKV_ENOSPC || rc == BKV_ENOMEM || rc == BKV_E2BIG,
+						 "burst append: %d", rc);
+			}
+			break;
+		}
+		}
+		check_all(m, steps % 8 == 0);
+	}
+	if (m->txn)
+		bkv__pool_txn_commit(m->pool);
+	check_all(m, 1);
+	bkv_pool_destroy(m->pool);
+	FZ_CHECK(mem.live_bytes == 0 && mem.live_blocks == 0, "destroy leaked %lld bytes in %lld",
+		 (long long)mem.live_bytes, (long long)mem.live_blocks);
+	free(m);
+	return 0;
+}
+
+#include "fuzz_main.h"
