@@ -215,22 +215,39 @@ static void copy_push(bkv_pool *pool, int kind, int32_t src, int32_t dst)
 
 /* ---- block frames -------------------------------------------------------- */
 
+#if defined(__GNUC__) || defined(__clang__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define NOINLINE __attribute__((noinline))
+#else
+#define LIKELY(x) (x)
+#define NOINLINE
+#endif
+
+/* The free list is empty: evict the oldest cached block. */
+static NOINLINE int32_t take_evict(bkv_pool *pool)
+{
+	int32_t b = bkv__cache_evict(pool);
+
+	BKV_ASSERT(b >= 0);
+	return b;
+}
+
 /* Take a block for a sequence whose previous block is `parent` (-1: none):
  * pop the free list, or evict the oldest cached block. The caller has made
  * sure one exists. Returns it pinned (ref 1, fill 0). */
-static int32_t block_take(bkv_pool *pool, int32_t parent)
+static inline int32_t block_take(bkv_pool *pool, int32_t parent)
 {
 	int32_t b = pool->free_head;
 	bkv__block *k;
 
-	if (b >= 0) {
-		pool->free_head = pool->blk[b].next;
+	if (LIKELY(b >= 0)) {
+		k = &pool->blk[b];
+		pool->free_head = k->next;
 		pool->nr_free--;
 	} else {
-		b = bkv__cache_evict(pool);
-		BKV_ASSERT(b >= 0);
+		b = take_evict(pool);
+		k = &pool->blk[b];
 	}
-	k = &pool->blk[b];
 	BKV_ASSERT(k->ref == 0 && !BLOCK_IS_INDEXED(k) && k->kids == 0);
 	k->ref = 1;
 	k->fill = 0;
@@ -241,7 +258,7 @@ static int32_t block_take(bkv_pool *pool, int32_t parent)
 }
 
 /* Add a reference to a block found by a prefix lookup. */
-static void block_pin(bkv_pool *pool, int32_t b)
+static inline void block_pin(bkv_pool *pool, int32_t b)
 {
 	bkv__block *k = &pool->blk[b];
 
@@ -252,17 +269,14 @@ static void block_pin(bkv_pool *pool, int32_t b)
 	}
 }
 
-/* Drop a reference. At zero: to the LRU tail if indexed (unless dropping and
- * it has no indexed children), else to the free list head. */
 static void block_release(bkv_pool *pool, int32_t b, int drop);
 
-static void block_put(bkv_pool *pool, int32_t b, int drop)
+/* The last table reference of a block that is indexed, a pending copy's
+ * source or queued in a transaction went. */
+static NOINLINE void block_put_slow(bkv_pool *pool, int32_t b, int drop)
 {
 	bkv__block *k = &pool->blk[b];
 
-	BKV_ASSERT(k->ref > 0);
-	if (--k->ref)
-		return;
 	k->flags &= ~BKV__BLOCK_TXN;
 	if (k->flags & BKV__BLOCK_COPY_SRC) {
 		/* Stays pinned until its pending copy is cleared. Indexed, it
@@ -281,6 +295,26 @@ static void block_put(bkv_pool *pool, int32_t b, int drop)
 		return;
 	}
 	block_release(pool, b, drop);
+}
+
+/* Drop a table reference. At zero: to the LRU tail if indexed (unless
+ * dropping and it has no indexed children), else to the free list head. */
+static inline void block_put(bkv_pool *pool, int32_t b, int drop)
+{
+	bkv__block *k = &pool->blk[b];
+
+	BKV_ASSERT(k->ref > 0);
+	if (--k->ref)
+		return;
+	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)))) {
+		pool->nr_used--;
+		pool->tokens -= k->fill;
+		k->next = pool->free_head;
+		pool->free_head = b;
+		pool->nr_free++;
+		return;
+	}
+	block_put_slow(pool, b, drop);
 }
 
 /* A block no longer pinned by anything: to the LRU tail if indexed (unless
@@ -314,6 +348,13 @@ static void block_release(bkv_pool *pool, int32_t b, int drop)
 	k->next = pool->free_head;
 	pool->free_head = b;
 	pool->nr_free++;
+}
+
+/* A block just became full: offer it to the prefix cache. */
+static inline void block_filled(bkv_pool *pool, int32_t b, uint64_t key)
+{
+	if (pool->index)
+		bkv__cache_add(pool, b, key);
 }
 
 static void host_push(bkv_pool *pool, int32_t h)
@@ -747,20 +788,32 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 		pos += w;
 		rem -= w;
 		if (off + w == bt)
-			bkv__cache_add(pool, b, s->key);
+			block_filled(pool, b, s->key);
 	}
-	while (rem) {
-		uint32_t w = BKV_MIN(bt, rem);
+	if (rem) {
+		int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1;
+		uint32_t nbk = s->n_blocks;
 
-		b = block_take(pool, s->n_blocks ? s->table[s->n_blocks - 1] : -1);
-		memcpy(pool->tok + (size_t)b * bt, tokens + pos, (size_t)w * sizeof(int32_t));
-		pool->blk[b].fill = w;
-		pool->tokens += w;
-		s->table[s->n_blocks++] = b;
-		pos += w;
-		rem -= w;
-		if (w == bt)
-			bkv__cache_add(pool, b, s->key);
+		pool->tokens += rem;
+		while (rem) {
+			uint32_t w = BKV_MIN(bt, rem);
+			int32_t *dst;
+
+			b = block_take(pool, prev);
+			dst = pool->tok + (size_t)b * bt;
+			if (w == 1)
+				dst[0] = tokens[pos];
+			else
+				memcpy(dst, tokens + pos, (size_t)w * sizeof(int32_t));
+			pool->blk[b].fill = w;
+			table[nbk++] = b;
+			pos += w;
+			rem -= w;
+			if (w == bt)
+				block_filled(pool, b, s->key);
+			prev = b;
+		}
+		s->n_blocks = nbk;
 	}
 	BKV_ASSERT(s->n_blocks == new_blocks);
 	s->len = new_len;
@@ -950,7 +1003,7 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		pool->host_pending++;
 		s->table[i] = d;
 		if (w == bt)
-			bkv__cache_add(pool, d, s->key);
+			block_filled(pool, d, s->key);
 	}
 	pool->swap_in_blocks += s->n_blocks - hits;
 	s->state = BKV__SEQ_OPEN;

@@ -72,15 +72,24 @@ static inline uint64_t rd64(const unsigned char *p)
 	return v;
 }
 
-uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
-			 const int32_t *tokens, uint32_t n)
+/* Two independent lanes over 32-byte steps (the multiplies overlap), folded
+ * together at the end. */
+static inline uint64_t block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+				  const int32_t *tokens, uint32_t n)
 {
 	const unsigned char *p = (const unsigned char *)tokens;
 	size_t bytes = (size_t)n * sizeof(int32_t);
 	uint64_t h = mum(seed ^ P0, parent_hash ^ P1);
+	uint64_t g = mum(key ^ P2, (uint64_t)bytes ^ P3);
 
-	h = mum(h ^ key ^ P2, (uint64_t)bytes ^ P3);
-	while (bytes >= 16) {
+	while (bytes >= 32) {
+		h = mum(rd64(p) ^ P1, rd64(p + 8) ^ h);
+		g = mum(rd64(p + 16) ^ P2, rd64(p + 24) ^ g);
+		p += 32;
+		bytes -= 32;
+	}
+	h ^= g;
+	if (bytes >= 16) {
 		h = mum(rd64(p) ^ P1, rd64(p + 8) ^ h);
 		p += 16;
 		bytes -= 16;
@@ -96,7 +105,13 @@ uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
 		memcpy(&v, p, sizeof v);
 		h = mum((uint64_t)v ^ P1, h ^ P0);
 	}
-	return mum(h ^ P0, h ^ P3 ^ P1);
+	return mum(h ^ P0, g ^ P3 ^ P1);
+}
+
+uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+			 const int32_t *tokens, uint32_t n)
+{
+	return block_hash(seed, parent_hash, key, tokens, n);
 }
 
 /* ---- the hash index ------------------------------------------------------ */
@@ -104,6 +119,19 @@ uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
 static inline uint32_t home(const bkv_pool *pool, uint64_t hash)
 {
 	return (uint32_t)(hash ^ (hash >> 32)) & pool->index_mask;
+}
+
+static inline int32_t index_find(const bkv_pool *pool, uint64_t hash)
+{
+	uint32_t mask = pool->index_mask, i = home(pool, hash);
+
+	for (;;) {
+		int32_t b = pool->index[i];
+
+		if (b < 0 || pool->blk[b].hash == hash)
+			return b;
+		i = (i + 1) & mask;
+	}
 }
 
 int32_t bkv__index_find(const bkv_pool *pool, uint64_t hash)
@@ -207,10 +235,9 @@ void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 	}
 	if (parent >= 0 && !BLOCK_IS_INDEXED(&pool->blk[parent]))
 		return;
-	h = bkv__block_hash(pool->cfg.hash_seed,
-			    parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT, key,
-			    pool->tok + (size_t)b * pool->bt, pool->bt);
-	if (bkv__index_find(pool, h) >= 0)
+	h = block_hash(pool->cfg.hash_seed, parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT,
+		       key, pool->tok + (size_t)b * pool->bt, pool->bt);
+	if (index_find(pool, h) >= 0)
 		return; /* same content already cached: this copy stays private */
 	k->hash = h;
 	k->key = key;
@@ -251,8 +278,8 @@ int32_t bkv__cache_lookup(const bkv_pool *pool, uint64_t parent_hash, int32_t pa
 			  uint64_t key, const int32_t *tokens, uint64_t *hash)
 {
 	uint32_t bt = pool->bt;
-	uint64_t h = bkv__block_hash(pool->cfg.hash_seed, parent_hash, key, tokens, bt);
-	int32_t c = bkv__index_find(pool, h);
+	uint64_t h = block_hash(pool->cfg.hash_seed, parent_hash, key, tokens, bt);
+	int32_t c = index_find(pool, h);
 	const bkv__block *k;
 
 	if (c < 0)
