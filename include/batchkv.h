@@ -196,7 +196,10 @@ typedef struct bkv_pool_stats {
 	uint32_t device_blocks;   /* total device blocks */
 	uint32_t host_blocks;     /* total host blocks */
 	uint32_t nr_free;         /* device blocks on the free list (no content) */
-	uint32_t nr_used;         /* device blocks referenced by a sequence */
+	uint32_t nr_used;         /* device blocks referenced by a sequence or
+				     read by a pending device copy (a
+				     copy-on-write source stays until its
+				     copy is cleared) */
 	uint32_t nr_cached;       /* device blocks unreferenced but kept in the
 				     prefix cache (reclaimable, on the LRU) */
 	uint32_t nr_indexed;      /* device blocks in the hash index (used or
@@ -405,7 +408,10 @@ BKV_API uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const
 
 /**
  * Forget pending copies of one kind, once the host has performed them.
- * Clearing swap-in copies also releases the host blocks they read from.
+ * Clearing swap-in copies also releases the host blocks they read from;
+ * clearing device copies releases copy-on-write sources that no sequence
+ * references any more (until then they cannot be reclaimed, so copies may be
+ * performed again after a failed step). NULL pool or a bad kind is ignored.
  */
 BKV_API void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind);
 
