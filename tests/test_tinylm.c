@@ -631,3 +631,29 @@ Test(tinylm_serve, threaded_clients_and_one_engine_thread_match_reference, .init
 	cr_assert_eq(res.check, 0);
 	cr_assert_eq(res.sched.finished, g_w.n_jobs);
 }
+
+Test(tinylm_serve, measured_host_calls_calibrate_the_cost_model, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	bkv_cost_calib *calib = NULL;
+	cr_assert_eq(bkv_cost_calib_create(NULL, NULL, &calib), BKV_OK);
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	rc.sched.cost = bkv_cost_calib_model(calib);
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	/* Every host call the paged host served was observed, by kind. */
+	cr_assert_eq(bkv_cost_calib_observations(calib, BKV_CALL_PREFILL),
+		     res.host.calls[BKV_CALL_PREFILL]);
+	cr_assert_eq(bkv_cost_calib_observations(calib, BKV_CALL_DECODE),
+		     res.host.calls[BKV_CALL_DECODE]);
+	cr_assert_eq(bkv_cost_calib_observations(calib, BKV_CALL_MIXED), 0);
+	/* Learning from nothing, it now predicts a positive decode cost. */
+	bkv_step_shape shape = {.kind = BKV_CALL_DECODE, .decode_rows = 8, .decode_context = 600,
+				.padded_rows = 8};
+	cr_assert_gt(bkv_cost_calib_step_us(calib, &shape), 0.0);
+	cr_assert_gt(res.measured_us, 0.0);
+	cr_assert_gt(res.predicted_us, 0.0);
+	bkv_cost_calib_destroy(calib);
+}
