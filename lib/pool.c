@@ -87,6 +87,9 @@
 #define SEQ_SLOT_MASK ((1u << SEQ_SLOT_BITS) - 1)
 #define SEQ_GEN_MAX 0xFFFu
 
+/* The metadata size docs/benchmarks.md reports. */
+_Static_assert(sizeof(bkv__block) == 40, "bkv__block grew");
+
 /* bkv_pool_check's answers: the first violated invariant. */
 enum {
 	CHECK_OK = 0,
