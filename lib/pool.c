@@ -740,7 +740,7 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 
 			if (c < 0)
 				break;
-			relinked += pool->blk[c].ref == 0;
+			relinked += BLOCK_IS_CACHED(&pool->blk[c]);
 			s->table[nb0 + hits] = c;
 			ph = h;
 			parent = c;
@@ -967,7 +967,7 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 
 			if (c < 0)
 				break;
-			relinked += pool->blk[c].ref == 0;
+			relinked += BLOCK_IS_CACHED(&pool->blk[c]);
 			ph = h;
 			parent = c;
 			hits++;

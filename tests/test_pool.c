@@ -567,6 +567,31 @@ Test(pool_cow, a_copy_source_released_late_is_evicted_before_its_parent)
 	bkv_pool_destroy(p);
 }
 
+Test(pool_cow, a_pinned_copy_source_can_be_hit_but_is_not_available)
+{
+	bkv_pool *p = make_pool(4, 3, 0, 0);
+	uint32_t a, b, hit = 0;
+	int32_t t[9];
+
+	fill_tokens(t, 9, 1);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 8, NULL), BKV_OK); /* [0, 1] indexed */
+	cr_assert_eq(bkv_seq_truncate(p, a, 6), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 1, NULL), BKV_OK); /* CoW 1 -> 2 */
+	expect_counts(p, 0, 3, 0);
+	cr_assert_eq(bkv_pool_available(p), 0);
+	/* 1 is pinned only by its pending copy: a hit, but no block to spare */
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, t, 9, &hit), BKV_ENOSPC);
+	cr_assert_eq(bkv_seq_append(p, b, t, 8, &hit), BKV_OK);
+	cr_assert_eq(hit, 8);
+	expect_table(p, b, (int32_t[]){0, 1}, 2);
+	bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
+	expect_refs(p, (uint32_t[]){2, 1, 1}, 3);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
 Test(pool_cow, truncate_releases_blocks_past_the_new_end)
 {
 	bkv_pool *p = make_pool(4, 8, 0, 0);
