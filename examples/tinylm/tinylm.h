@@ -91,18 +91,16 @@ float *tlm_host_kv_row(tlm_host *h, uint32_t layer, int32_t block, uint32_t offs
 /* One request of a workload and, after a run, what it produced. */
 typedef struct tlm_job {
 	tlm_sampling sampling; /* first: the request's user pointer is the job */
-	int32_t *prompt;       /* [prompt_len] */
-	uint32_t prompt_len;
-	uint32_t max_new;      /* max_new_tokens */
+	int32_t *prompt;       /* [prompt_len], in the workload's token store */
+	uint32_t prompt_len;   /* tokens, >= 1 */
+	uint32_t max_new;      /* max_new_tokens, >= 1 */
 	int32_t stop;          /* one stop token, or -1 for none */
 	uint32_t abort_after;  /* abort once this many tokens arrived over all
 				  branches; 0 = never */
-	/* reference output: [n_samples][max_new] and lengths */
-	int32_t *ref;
-	uint32_t *ref_len;
-	/* served output, filled by on_token: [n_samples][max_new] and lengths */
-	int32_t *got;
-	uint32_t *got_len;
+	int32_t *ref;          /* reference output [n_samples][max_new] */
+	uint32_t *ref_len;     /* [n_samples] tokens of each reference branch */
+	int32_t *got;          /* served output [n_samples][max_new] (on_token) */
+	uint32_t *got_len;     /* [n_samples] tokens received per branch */
 	uint32_t got_total;    /* tokens received, all branches */
 	int finished;          /* on_finish calls seen */
 	bkv_finish_reason reason;
@@ -115,9 +113,9 @@ typedef struct tlm_job {
 } tlm_job;
 
 typedef struct tlm_workload {
-	uint32_t n_jobs;
-	tlm_job *jobs;
-	int32_t *tokens;       /* backing store of all prompts */
+	uint32_t n_jobs;       /* entries in jobs */
+	tlm_job *jobs;         /* [n_jobs], owned */
+	int32_t *tokens;       /* backing store of all prompts (jobs point in) */
 } tlm_workload;
 
 /* Workload knobs. */
@@ -125,12 +123,15 @@ typedef struct tlm_workload_config {
 	uint32_t n_jobs;        /* requests */
 	uint32_t n_system;      /* distinct shared system prompts */
 	uint32_t system_len;    /* tokens per system prompt */
-	uint32_t user_min, user_max;   /* per-request suffix length range */
-	uint32_t new_min, new_max;     /* max_new_tokens range */
+	uint32_t user_min;      /* per-request suffix length, lowest */
+	uint32_t user_max;      /* ... highest (one in twenty jobs instead has
+				   no system prompt and 1..3 tokens) */
+	uint32_t new_min;       /* max_new_tokens, lowest (>= 1) */
+	uint32_t new_max;       /* ... highest */
 	uint32_t pct_fork;      /* percent of requests with n > 1 (n = 2..3) */
 	uint32_t pct_abort;     /* percent of requests aborted mid-way */
 	uint32_t pct_stop;      /* percent of requests with a stop token */
-	uint64_t seed;
+	uint64_t seed;          /* everything above is drawn from it */
 } tlm_workload_config;
 
 void tlm_workload_config_default(tlm_workload_config *wc);
@@ -145,9 +146,9 @@ void tlm_workload_reset(tlm_workload *w);
 /* One serving run's settings. */
 typedef struct tlm_run_config {
 	bkv_sched_config sched;  /* policy, k, chunking, preemption, ... */
-	uint32_t block_tokens;
-	uint32_t device_blocks;
-	uint32_t host_blocks;
+	uint32_t block_tokens;   /* pool and host block size */
+	uint32_t device_blocks;  /* device tier: the pool and the KV tensor */
+	uint32_t host_blocks;    /* host (swap) tier; 0 = none */
 	int split;               /* 1: prefill/decode callbacks; 0: forward */
 	uint32_t submit_per_step; /* jobs submitted before each step (0 = all
 				     up front) */
@@ -170,9 +171,9 @@ typedef struct tlm_run_result {
 	uint64_t gen_tokens;     /* tokens delivered by on_token */
 	double mean_ttft_us;     /* submit -> first token, requests not aborted */
 	double mean_latency_us;  /* submit -> finish, requests not aborted */
-	bkv_sched_stats sched;
-	bkv_pool_stats pool;
-	tlm_host_stats host;
+	bkv_sched_stats sched;   /* the scheduler's counters at the end */
+	bkv_pool_stats pool;     /* the pool's counters at the end */
+	tlm_host_stats host;     /* the paged host's counters */
 	uint64_t prompt_tokens;  /* prompt tokens submitted (incl. branches 0) */
 	int check;               /* bkv_sched_check after the run (0 = ok) */
 	char host_error[256];    /* the paged host's last contract violation */
