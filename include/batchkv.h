@@ -784,7 +784,8 @@ typedef enum bkv_finish_reason {
 	BKV_FINISH_STOP = 1,   /* a stop token was generated */
 	BKV_FINISH_ABORT = 2,  /* bkv_abort() */
 	BKV_FINISH_ERROR = 3   /* the host wrote BKV_TOKEN_FAIL for it */
-} bkv_finish_reason;
+} bkv_finish_reason; /* n > 1 samples: the reason of the branch that ended
+			last (ERROR and ABORT end every branch at once) */
 
 /*
  * The host's kernels and notifications. Set either forward (mixed batches) or
@@ -817,26 +818,45 @@ typedef enum bkv_preempt_mode {
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
-	uint32_t max_running;      /* most running rows (slots). Default 32. */
+	uint32_t max_running;      /* most running rows (slots; a request with
+				      n samples takes n). 1..2^20. Default 32. */
 	uint32_t admit_group;      /* k: admit when >= k slots are free or the
-				      queue cannot supply more. 0 = auto. */
-	uint64_t max_wait_us;      /* admit a partial group once its oldest
-				      request waited this long. 0 = auto;
-				      UINT64_MAX = never. */
+				      queue cannot supply more (everything
+				      waiting fits). 0..max_running; 0 = auto,
+				      currently 1 (refill at once) until the
+				      cost model decides. */
+	uint64_t max_wait_us;      /* admit a partial group anyway once it has
+				      been forming this long: measured from the
+				      later of the queue head's enqueue time and
+				      the last admission. 0 = auto, currently
+				      100000 (100 ms); UINT64_MAX = never. */
 	int chunked_prefill;       /* nonzero: split prompts into chunks under
 				      token_budget. Default 0. */
-	uint32_t token_budget;     /* tokens per step (decode + prefill) when
-				      chunking. 0 = auto. */
-	uint32_t max_queue;        /* most waiting requests; bkv_submit answers
-				      BKV_EAGAIN beyond it. Default 65536. */
-	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO */
+	uint32_t token_budget;     /* tokens per step when chunking: decode rows
+				      (always run, one token each) first, then
+				      prefill chunks in what is left. 0..2^24;
+				      0 = auto, currently 512. */
+	uint32_t max_queue;        /* most requests submitted and not running
+				      (inbox + waiting + swapped); bkv_submit
+				      answers BKV_EAGAIN at it. 1..2^24 (8 bytes
+				      each are reserved at create). Default
+				      65536. */
+	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO, which swaps when
+				      the host tier has room for the victim and
+				      recomputes otherwise (until the cost model
+				      prices a swap). SWAP needs a host tier
+				      (else EINVAL) and also falls back to
+				      recompute when the tier is full. */
 	double host_link_bytes_per_us; /* swap bandwidth, for preempt AUTO;
-					  0 = auto */
-	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown */
+					  0 = auto; >= 0. Not read yet (cost
+					  model issue). */
+	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown. Not
+					  read yet. */
 	uint32_t tpot_target_us;   /* optional time-between-tokens target;
-				      0 = none */
+				      0 = none. Not read yet. */
 	bkv_cost_model cost;       /* NULL callbacks = built-in default */
-	uint32_t reserved[8];      /* zero; room for later fields */
+	uint32_t reserved[8];      /* zero (else EINVAL); room for later
+				      fields */
 } bkv_sched_config;
 
 /* One request. Arrays are copied by bkv_submit. */
@@ -869,7 +889,8 @@ typedef struct bkv_step_info {
 	uint32_t finished;        /* requests that ended (any reason) */
 	uint32_t preempted;       /* requests preempted this step */
 	uint32_t running;         /* running requests after the step */
-	uint32_t waiting;         /* waiting requests after the step */
+	uint32_t waiting;         /* queued requests after the step (waiting
+				     and swapped) */
 	double predicted_us;      /* the cost model's prediction */
 	double measured_us;       /* the clock's measurement of host calls */
 } bkv_step_info;
@@ -935,15 +956,26 @@ BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_i
 
 /**
  * Abort a request: it ends with BKV_FINISH_ABORT at the next bkv_step.
- * Thread rules: any thread, concurrently with bkv_step.
- * @return BKV_OK; BKV_EINVAL; BKV_ENOENT (unknown, already ended or already
- *         aborted).
+ * A request ending in the bkv_step that runs concurrently with the abort (or
+ * whose on_finish calls it) may still answer BKV_OK; it then keeps the reason
+ * it ended with and on_finish does not run again.
+ * Thread rules: any thread, concurrently with bkv_step, and from callbacks.
+ * @return BKV_OK; BKV_EINVAL (NULL, id 0); BKV_ENOENT (unknown, already ended
+ *         or already aborted).
  */
 BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
 
 /**
  * Run one iteration: drain submissions and aborts, plan, make room, build the
- * batch, call the host, commit.
+ * batch, call the host, commit. A mixed host gets one forward (decode rows,
+ * then prefill chunks); a split host gets a prefill call (when there are
+ * chunks), then a decode call over every decoding row plus the rows whose
+ * prompt finished in that prefill call (which samples their first token).
+ * On BKV_EHOST no token reached any request, every sequence is back at its
+ * length before the step, pending device and swap-in copies are sent again
+ * by the next step, and victims swapped out in the failed step become
+ * recompute preemptions (their freed blocks may hold the failed call's KV).
+ * Preemptions and admissions of the failed step stand.
  * @param info  receives what the step did; may be NULL.
  * @return BKV_OK (including a step with nothing to do); BKV_EHOST (a compute
  *         callback failed; the step was rolled back, retry); BKV_ESTATE (called
@@ -962,9 +994,13 @@ BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats);
 
 /**
- * Verify the scheduler's invariants together with its pool's.
- * @return 0 when consistent; a positive invariant number otherwise;
- *         BKV_EINVAL for NULL.
+ * Verify the scheduler's invariants together with its pool's: counts of the
+ * queue, running and swapped requests against their lists, each running
+ * lane's sequence length, slots <= max_running, every request in exactly one
+ * state. O(requests + blocks): for tests and debugging.
+ * @return 0 when consistent; a positive invariant number otherwise (1..23:
+ *         the scheduler's, listed in lib/sched.c; 1000 + n: the pool's
+ *         invariant n); BKV_EINVAL for NULL.
  */
 BKV_API int bkv_sched_check(const bkv_sched *sched);
 

@@ -419,6 +419,64 @@ Test(sched, abort_ends_waiting_running_and_inbox_requests_exactly_once)
 	free(p);
 }
 
+Test(sched, abort_from_inside_callbacks_ends_each_request_once)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(10, 8);
+	uint64_t a, b;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	a = fh_submit(f, p, 10, 20);
+	b = fh_submit(f, p, 10, 1);
+	/* a aborts itself from its first on_token: OK, it ends (ABORT) at the
+	 * start of the next step; then an abort of b from a's on_finish finds
+	 * b already ended in step 1 */
+	f->abort_on_token = a;
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_expect_eq(f->abort_rc, BKV_OK);
+	cr_expect_eq(f->finish_count[b], 1);
+	cr_expect_eq(f->finish_count[a], 0);
+	f->abort_on_finish = b;
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_expect_eq(f->finish_count[a], 1);
+	cr_expect_eq(f->reason[a], BKV_FINISH_ABORT);
+	cr_expect_eq(f->abort_rc, BKV_ENOENT, "b ended in the previous step");
+	cr_expect_eq(f->n_out[a][0], 1);
+	fh_run(f, 10);
+	cr_expect_eq(f->finish_count[b], 1);
+	cr_expect_eq(bkv_sched_pending(f->s), 0);
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, abort_raced_by_the_end_of_a_request_is_not_a_second_end)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(10, 8);
+	uint64_t a, b;
+
+	fh_opts_init(&o);
+	f = fh_create(&o);
+	a = fh_submit(f, p, 10, 1); /* ends in step 1 */
+	b = fh_submit(f, p, 10, 5);
+	/* a's on_finish runs inside step 1, before a leaves the id map */
+	f->abort_on_finish = a;
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_expect_eq(f->abort_rc, BKV_OK);
+	cr_expect_eq(f->reason[a], BKV_FINISH_LENGTH);
+	fh_run(f, 10);
+	cr_expect_eq(f->finish_count[a], 1);
+	cr_expect_eq(f->finish_count[b], 1);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	pool_drained(f);
+	fh_destroy(f);
+	free(p);
+}
+
 Test(sched, finished_blocks_stay_in_the_prefix_cache)
 {
 	fh_opts o;

@@ -75,6 +75,9 @@ typedef struct fake_host {
 	char first_error[256];
 	uint32_t max_call_tokens;
 	uint32_t last_padded;
+	uint64_t abort_on_token;  /* on_token of this id aborts it (0: none) */
+	uint64_t abort_on_finish; /* on_finish of any request aborts this id */
+	int abort_rc;             /* what that bkv_abort answered */
 } fake_host;
 
 static inline uint64_t fh_rand(fake_host *f)
@@ -281,6 +284,10 @@ static void fh_on_token(void *h, uint64_t id, uint32_t br, int32_t token, void *
 	if (f->n_out[id][br] < FH_MAX_TOK)
 		f->out[id][br][f->n_out[id][br]] = token;
 	f->n_out[id][br]++;
+	if (f->abort_on_token == id) {
+		f->abort_rc = bkv_abort(f->s, id);
+		f->abort_on_token = 0;
+	}
 }
 
 static void fh_on_finish(void *h, uint64_t id, bkv_finish_reason why, void *user)
@@ -295,6 +302,10 @@ static void fh_on_finish(void *h, uint64_t id, bkv_finish_reason why, void *user
 		FH_ERR(f, "on_finish twice for %llu", (unsigned long long)id);
 	f->reason[id] = why;
 	f->finished_total++;
+	if (f->abort_on_finish) {
+		f->abort_rc = bkv_abort(f->s, f->abort_on_finish);
+		f->abort_on_finish = 0;
+	}
 }
 
 static uint64_t fh_now(void *h)
