@@ -747,6 +747,7 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 			hits++;
 		}
 	}
+	BKV_ASSERT(relinked <= pool->nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
 	if (need > (uint64_t)pool->nr_free + pool->nr_cached - relinked)
 		return BKV_ENOSPC;
@@ -973,6 +974,7 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 			hits++;
 		}
 	}
+	BKV_ASSERT(relinked <= pool->nr_cached);
 	if ((uint64_t)s->n_blocks - hits > (uint64_t)pool->nr_free + pool->nr_cached - relinked)
 		return BKV_ENOSPC;
 	if (copies_reserve(pool, BKV_COPY_SWAP_IN, s->n_blocks - hits))

@@ -122,22 +122,29 @@ static int pick_open(model *m)
 
 /* Tokens for an append: often a prefix of a shared prompt or of another
  * sequence, so that prefix hits (and near misses) are frequent. */
+/* Three shared 64-token prompts (sharing their first 8 tokens). */
+static int32_t prompt_tok(uint32_t p, uint32_t i)
+{
+	return i < 8 ? (int32_t)i : (int32_t)((p * 7 + i * i) % 5);
+}
+
 static uint32_t gen_tokens(model *m, int s, int32_t *out)
 {
-	static const int32_t prompts[3][24] = {
-		{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24},
-		{1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
-		{9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9},
-	};
 	uint32_t n = 1 + rnd(m, 3 * m->bt + 2), i, kind = rnd(m, 4);
 	int o;
 
+	/* whole blocks from an aligned end, so that prefix lookups happen */
+	if (kind <= 1 && m->len[s] % m->bt == 0)
+		n = m->bt * (1 + rnd(m, 3)) + rnd(m, 2);
 	if (m->len[s] + n > MAXLEN)
 		n = MAXLEN - m->len[s];
 	for (i = 0; i < n; i++)
 		out[i] = (int32_t)rnd(m, 3);
-	if (kind == 0 && m->len[s] + n <= 24) {
-		memcpy(out, prompts[rnd(m, 3)] + m->len[s], n * sizeof(int32_t));
+	if (kind == 0 && m->len[s] + n <= 64) {
+		uint32_t pr = rnd(m, 3);
+
+		for (i = 0; i < n; i++)
+			out[i] = prompt_tok(pr, m->len[s] + i);
 	} else if (kind == 1 && (o = pick_open(m)) >= 0 && m->len[o] > m->len[s]) {
 		uint32_t k = BKV_MIN(n, m->len[o] - m->len[s]);
 
@@ -151,7 +158,7 @@ enum { OP_OPEN, OP_APPEND, OP_FORK, OP_CLOSE, OP_DROP, OP_TRUNC, OP_SWAP_OUT, OP
 
 static void one_op(model *m)
 {
-	static const uint32_t weight[OP_N] = {8, 30, 5, 5, 2, 6, 5, 5, 6, 1, 3};
+	static const uint32_t weight[OP_N] = {32, 120, 20, 20, 8, 24, 20, 20, 24, 1, 12};
 	uint32_t total = 0, r, op, i;
 	int s, c, st;
 	bkv_pool_stats before = pool_stats(m->p);
@@ -388,6 +395,11 @@ Test(pool_prop, random_ops_keep_every_invariant, .timeout = 120)
 Test(pool_prop, random_ops_with_copies_cleared_late, .timeout = 120)
 {
 	run(4, 40, 24, 1, 31337, 50000, 1);
+}
+
+Test(pool_prop, random_ops_late_copies_under_pressure, .timeout = 120)
+{
+	run(4, 20, 24, 1, 2718, 50000, 1);
 }
 
 Test(pool_prop, random_ops_one_token_blocks, .timeout = 120)
