@@ -39,8 +39,9 @@
  * Copy-on-write: writing into a block that is shared (ref > 1) or indexed
  * (cached content is immutable; a truncate can leave a sequence ending inside
  * one) takes a fresh block, copies the first `offset` tokens, records a
- * (src, dst) BKV_COPY_DEVICE copy and drops the reference to src. A full
- * block is never copied: appending after it takes a new block.
+ * (src, dst) BKV_COPY_DEVICE copy and drops its table reference to src (src
+ * itself stays pinned until the copy is cleared, below). A full block is
+ * never copied: appending after it takes a new block.
  *
  * Release rules. close, truncate and swap-out release a sequence's blocks last
  * to first; a block whose last reference goes is put on the LRU tail if it is
@@ -70,6 +71,12 @@
  * never be reclaimed and rewritten while a copy from it is outstanding, so a
  * scheduler may re-send the same copies after a failed step (they are
  * idempotent). Copy-on-write decisions look at table references (ref) only.
+ * An indexed source whose last table reference goes also takes one reference
+ * on each of its ancestors (COPY_CHAIN): every pinned indexed block must keep
+ * a pinned parent, or the parent could be evicted from under it. The clear
+ * releases the source, then its ancestors, child first; a block released
+ * late like this moves its cached ancestors up the LRU behind it, so the LRU
+ * keeps every cached parent more recent than its children.
  *
  * Transactions (bkv__pool_txn_begin/commit/abort, for the scheduler): inside
  * one, a block that becomes full is not indexed at once but queued on
