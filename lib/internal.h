@@ -262,6 +262,8 @@ typedef struct bkv__req {
 	uint64_t admit_seq;    /* admission counter; larger = more recent */
 	uint64_t enq_us;       /* clock when it entered the queue */
 	uint64_t preempt_step; /* step of its last preemption (0 = never) */
+	uint32_t predicted_output; /* bkv_request hint: expected output
+				      tokens, 0 = unknown (auto.c, queue order) */
 	struct bkv__req *next; /* lock: inbox link; then the done list link */
 	struct bkv__req *abort_next; /* lock: abort list link */
 	size_t alloc_size;     /* bytes of this allocation */
@@ -378,6 +380,8 @@ struct bkv_sched {
 
 	bkv_sched_stats stats; /* cumulative; waiting/running/swapped filled on
 				  read */
+	struct bkv__auto *autos; /* auto.c's state: cost-model decisions and
+				    the default model; owned */
 };
 
 /* policy.c: the queue */
@@ -395,5 +399,35 @@ uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining);
 /* batch.c: fill batch and shape from rows; returns the call's tokens. */
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, bkv_batch *batch, bkv_step_shape *shape);
+
+/* ---- auto.c: decisions from the cost model --------------------------------
+ * Admission group 0 (economic order quantity over the observed slot-free
+ * rate), token budget 0, the batch cap, splitting a padded prefill group,
+ * swap-or-recompute for preempt AUTO, and the default cost model (a
+ * calibrated model over seed 000's polynomial, owned here). State in struct
+ * bkv__auto (auto.c), reached through bkv_sched.autos. No allocation after
+ * create; no scan of the waiting requests. */
+typedef struct bkv__auto bkv__auto;
+/* At create, after cfg is copied (user: the caller's config, to see which
+ * fields were 0). Installs the default cost model into s->cfg.cost. */
+int bkv__auto_create(bkv_sched *s, const bkv_sched_config *user);
+void bkv__auto_destroy(bkv_sched *s);
+int bkv__auto_admit_on(const bkv_sched *s);
+/* Once per step, before planning: observe the slots freed since the last
+ * admission. */
+void bkv__auto_step_begin(bkv_sched *s);
+/* Continuous policy with admission group auto: may this step admit? */
+int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots);
+/* Inside an admitting step: may r join (cap, TPOT target, padding)? */
+int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r);
+void bkv__auto_admitted(bkv_sched *s, const bkv__req *r);
+void bkv__auto_after_admit(bkv_sched *s);
+/* The step's token budget: fixed when not auto; cap bounds it. */
+uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap);
+/* Preempt AUTO: 1 swap, 0 recompute, -1 no opinion (KV size unknown). */
+int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
+/* For tests: the admission group chosen, the batch cap, the slot-free rate
+ * (slots per step). */
+void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double *rate);
 
 #endif /* BKV_INTERNAL_H */

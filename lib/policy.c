@@ -42,6 +42,10 @@ int bkv__queue_less(const bkv__req *a, const bkv__req *b)
 {
 	if (a->priority != b->priority)
 		return a->priority > b->priority;
+	/* output-length hints (new requests only; preempted ones, order < 0,
+	 * stay in front): longest first, unhinted (0) last */
+	if (a->order > 0 && b->order > 0 && a->predicted_output != b->predicted_output)
+		return a->predicted_output > b->predicted_output;
 	return a->order < b->order;
 }
 
@@ -172,6 +176,8 @@ int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
 		return 0;
 	if (s->cfg.policy == BKV_POLICY_STATIC)
 		return s->nr_run == 0;
+	if (bkv__auto_admit_on(s)) /* the cost model decides (auto.c) */
+		return bkv__auto_admit((bkv_sched *)s, now, free_slots);
 	if (free_slots >= s->cfg.admit_group)
 		return 1;
 	if (s->queue_slots <= free_slots)
@@ -229,9 +235,11 @@ int bkv__want_swap(const bkv_sched *s, const bkv__req *r)
 	if (!l || l->seq == BKV__SEQ_NONE || l->kv_len == 0)
 		return 0;
 	n_blocks = (l->kv_len + s->bt - 1) / s->bt;
+	if (bkv__auto_want_swap(s, l->kv_len) == 0)
+		return 0; /* AUTO: recomputing is predicted cheaper (auto.c) */
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
-	/* AUTO and SWAP alike until the cost model prices a swap: swap when the
-	 * host tier has room, else recompute. */
+	/* SWAP, and AUTO when swapping is cheaper or the KV size is unknown:
+	 * swap when the host tier has room, else recompute. */
 	return ps.host_free >= n_blocks;
 }

@@ -319,6 +319,10 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
+	if (bkv__auto_create(s, cfg) != BKV_OK) { /* auto.c: default cost model */
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
 	s->want_tok = tok;
 	s->want_kv = kv;
 	s->stats.size = sizeof(s->stats);
@@ -389,6 +393,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->chunks, (size_t)s->row_cap * sizeof(bkv_chunk_shape));
 	bufs_free(a, &s->bufs);
 	bufs_free(a, &s->spare);
+	bkv__auto_destroy(s);
 	bkv__free(a, s, sizeof(*s));
 }
 
@@ -440,6 +445,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	r->n_stop = q->n_stop;
 	r->cache_key = q->cache_key;
 	r->user = q->user;
+	r->predicted_output = q->predicted_output;
 	r->state = BKV__REQ_INBOX;
 	r->heap_idx = UINT32_MAX;
 	r->stop = (int32_t *)(void *)&r->lane[q->n];
@@ -1072,6 +1078,8 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			break; /* no thrash: not back in the step that preempted it */
 		if (r->n_live > free_slots)
 			break;
+		if (!bkv__auto_admit_ok(s, r))
+			break; /* auto.c: batch cap, TPOT target, padding */
 		rc = r->state == BKV__REQ_SWAPPED ? admit_swapped(s, r) : admit_waiting(s, r);
 		if (rc != BKV_OK)
 			break;
@@ -1085,6 +1093,7 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		s->slots_used += r->n_live;
 		s->last_admit_us = now;
 		si->admitted++;
+		bkv__auto_admitted(s, r);
 	}
 	if (s->cfg.policy == BKV_POLICY_STATIC && was_empty && s->nr_run)
 		s->group_size = s->slots_used;
@@ -1324,12 +1333,16 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	s->step_no++;
 	s->n_pre = s->n_dec = s->n_touched = s->step_hits = 0;
 	memset(s->copies_sent, 0, sizeof(s->copies_sent));
-	s->budget_left = s->cfg.chunked_prefill ? s->cfg.token_budget : s->bufs.tok_cap;
+	bkv__auto_step_begin(s);
+	s->budget_left = s->cfg.chunked_prefill
+				 ? bkv__auto_budget(s, s->cfg.token_budget, s->bufs.tok_cap)
+				 : s->bufs.tok_cap;
 	bkv__pool_txn_begin(s->pool);
 	plan_forks(s);
 	plan_decode(s, now, &si);
 	plan_continue(s, now, &si);
 	plan_admit(s, now, &si);
+	bkv__auto_after_admit(s);
 	si.hit_tokens = s->step_hits;
 
 	rc = run_calls(s, &si, &called);

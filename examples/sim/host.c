@@ -32,6 +32,7 @@
 /* One request's timeline, in virtual microseconds. */
 typedef struct vreq {
 	double first_us;  /* first token; < 0 before it */
+	double last_us;   /* when on_token last delivered one */
 	double finish_us; /* end; < 0 before it */
 	uint32_t n_tok;   /* tokens delivered by on_token */
 	uint8_t failed;   /* ended by abort or error */
@@ -50,6 +51,12 @@ typedef struct vhost {
 	uint32_t chunk_cap;     /* entries of chunks */
 	uint32_t next_token;    /* made-up token counter */
 	double call_us;         /* host time of the current step */
+	float *gaps;            /* [n_gaps] time between consecutive tokens
+				   of a request, us */
+	size_t n_gaps;          /* entries used */
+	size_t gap_cap;         /* entries allocated; 0 after a failed grow
+				   (gaps are then no longer recorded) */
+	int gap_oom;            /* a grow failed: tbt_p99 is not reported */
 } vhost;
 
 /* ---- the DistServe latency model ----------------------------------------- */
@@ -208,6 +215,21 @@ static void cb_token(void *host, uint64_t req, uint32_t branch, int32_t token, v
 	(void)req, (void)branch, (void)token;
 	vhost *h = host;
 	vreq *v = &h->req[(uintptr_t)user - 1];
+	if (v->n_tok > 0 && !h->gap_oom) {
+		if (h->n_gaps == h->gap_cap) {
+			size_t cap = h->gap_cap ? h->gap_cap * 2 : 4096;
+			float *g = realloc(h->gaps, cap * sizeof(*g));
+			if (!g) {
+				h->gap_oom = 1;
+				goto out;
+			}
+			h->gaps = g;
+			h->gap_cap = cap;
+		}
+		h->gaps[h->n_gaps++] = (float)(h->now - v->last_us);
+	}
+out:
+	v->last_us = h->now;
 	v->n_tok++;
 }
 
@@ -311,6 +333,16 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 		res->tpot_p50 = sim_quantile(tpot, np, 0.5);
 		res->tpot_p99 = sim_quantile(tpot, np, 0.99);
 	}
+	if (h->n_gaps && !h->gap_oom) {
+		/* p99 by selection of the float gaps: sort a double copy */
+		double *g = malloc(h->n_gaps * sizeof(double));
+		if (g) {
+			for (size_t i = 0; i < h->n_gaps; i++)
+				g[i] = h->gaps[i];
+			res->tbt_p99 = sim_quantile(g, (int)h->n_gaps, 0.99) / 1000.0;
+			free(g);
+		}
+	}
 	res->ref_ttft_mean = n_ref ? ref_ttft / n_ref : -1.0;
 	res->ref_tpot_mean = n_ref_tpot ? ref_tpot / n_ref_tpot : -1.0;
 	free(ttft);
@@ -345,7 +377,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 		return BKV_ENOMEM;
 	}
 	for (uint32_t i = 0; i < t->n; i++)
-		h.req[i] = (vreq){-1.0, -1.0, 0, 0};
+		h.req[i] = (vreq){-1.0, 0.0, -1.0, 0, 0};
 	if (t->n)
 		h.now = t->reqs[0].arrival_us;
 
@@ -374,6 +406,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	sc.chunked_prefill = cfg->chunked;
 	sc.token_budget = cfg->budget;
 	sc.max_queue = t->n > 65536 ? t->n : 65536;
+	sc.tpot_target_us = cfg->tpot_us;
 	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
@@ -432,6 +465,8 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 			r.prompt = prompt;
 			r.prompt_len = q->prompt_len;
 			r.max_new_tokens = max_new_tokens(cfg, q);
+			if (cfg->hints)
+				r.predicted_output = r.max_new_tokens;
 			r.user = (void *)(uintptr_t)(next + 1);
 			int s = bkv_submit(h.sched, &r, NULL);
 			if (s) { /* e.g. E2BIG: never fits; counts as failed */
@@ -534,6 +569,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	bkv_pool_destroy(pool);
 	free(h.req);
 	free(h.chunks);
+	free(h.gaps);
 	free(prompt);
 	clock_gettime(CLOCK_MONOTONIC, &w1);
 	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;

@@ -70,6 +70,7 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	MED_D(tpot_mean);
 	MED_D(tpot_p50);
 	MED_D(tpot_p99);
+	MED_D(tbt_p99);
 	MED_D(tput_tok_s);
 	MED_D(flops);
 	MED_D(bytes);
@@ -129,6 +130,7 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				"\"decode_tokens\": %llu, \"out_tokens\": %llu, \"throughput_tok_s\": %.10g, "
 				"\"ttft_ms\": {\"mean\": %.10g, \"p50\": %.10g, \"p99\": %.10g}, "
 				"\"tpot_ms\": {\"mean\": %.10g, \"p50\": %.10g, \"p99\": %.10g}, "
+				"\"tbt_p99_ms\": %.10g, "
 				"\"preemptions\": %llu, \"prefix_hit_rate\": %.10g, "
 				"\"kv_waste\": %.10g",
 				r->label, rows[i].n_seeds, r->n_req, r->finished, r->errors,
@@ -140,7 +142,8 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				(unsigned long long)r->decode_tokens,
 				(unsigned long long)r->out_tokens, r->tput_tok_s, r->ttft_mean,
 				r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50, r->tpot_p99,
-				(unsigned long long)r->preemptions, hit_rate(r), r->kv_waste);
+				r->tbt_p99, (unsigned long long)r->preemptions, hit_rate(r),
+				r->kv_waste);
 			if (roofline)
 				fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
 			if (r->ref_ttft_mean >= 0)
@@ -156,28 +159,28 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 	if (fmt == SIM_CSV) {
 		fprintf(out, "label,seeds,requests,speedup,prefill_calls,decode_steps,prefill_share,"
 			     "makespan_us,throughput_tok_s,ttft_mean_ms,ttft_p50_ms,ttft_p99_ms,"
-			     "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,preemptions,prefix_hit_rate,"
+			     "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,tbt_p99_ms,preemptions,prefix_hit_rate,"
 			     "kv_waste,mfu,mbu,ref_ttft_mean_ms,ref_tpot_mean_ms\n");
 		for (int i = 0; i < n; i++) {
 			const sim_result *r = &rows[i].med;
 			fprintf(out,
 				"%s,%d,%u,%.10g,%llu,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,"
-				"%.10g,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g\n",
+				"%.10g,%.10g,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g\n",
 				r->label, rows[i].n_seeds, r->n_req,
 				rows[i].has_base ? rows[i].speedup : 0.0,
 				(unsigned long long)r->prefill_calls,
 				(unsigned long long)r->decode_steps, rows[i].prefill_share, r->makespan_us,
 				r->tput_tok_s, r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean,
-				r->tpot_p50, r->tpot_p99, (unsigned long long)r->preemptions,
+				r->tpot_p50, r->tpot_p99, r->tbt_p99, (unsigned long long)r->preemptions,
 				hit_rate(r), r->kv_waste, roofline ? r->mfu : 0.0,
 				roofline ? r->mbu : 0.0, r->ref_ttft_mean, r->ref_tpot_mean);
 		}
 		return;
 	}
-	fprintf(out, "%-14s %8s %8s %8s %7s %10s %9s %9s %9s %8s %8s %8s %6s %6s %6s",
+	fprintf(out, "%-14s %8s %8s %8s %7s %10s %9s %9s %9s %8s %8s %8s %8s %6s %6s %6s",
 		"policy", "speedup", "prefills", "decodes", "pf%", "tok/s", "ttft_avg",
-		"ttft_p50", "ttft_p99", "tpot_avg", "tpot_p50", "tpot_p99", "preempt", "hit%",
-		"waste%");
+		"ttft_p50", "ttft_p99", "tpot_avg", "tpot_p50", "tpot_p99", "tbt_p99", "preempt",
+		"hit%", "waste%");
 	if (roofline)
 		fprintf(out, " %6s %6s", "MFU%", "MBU%");
 	fprintf(out, "\n");
@@ -190,11 +193,11 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 			snprintf(sp, sizeof(sp), "-");
 		fprintf(out,
 			"%-14s %8s %8llu %8llu %6.1f%% %10.1f %9.2f %9.2f %9.2f %8.2f %8.2f "
-			"%8.2f %6llu %5.1f%% %5.1f%%",
+			"%8.2f %8.2f %6llu %5.1f%% %5.1f%%",
 			r->label, sp, (unsigned long long)r->prefill_calls,
 			(unsigned long long)r->decode_steps, 100.0 * rows[i].prefill_share, r->tput_tok_s,
 			r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50,
-			r->tpot_p99, (unsigned long long)r->preemptions, 100.0 * hit_rate(r),
+			r->tpot_p99, r->tbt_p99, (unsigned long long)r->preemptions, 100.0 * hit_rate(r),
 			100.0 * r->kv_waste);
 		if (roofline)
 			fprintf(out, " %5.1f%% %5.1f%%", 100.0 * r->mfu, 100.0 * r->mbu);

@@ -6,6 +6,8 @@
  *   bkv-sim --workload seed000 --sweep k=1,2,4,8,16,32
  *   bkv-sim --trace azure:FILE --cost roofline:a100-llama2-13b --slots 64
  *   bkv-sim --trace distserve:FILE --fidelity
+ *   bkv-sim --workload seed000 --compare      static, k=1, fixed-k sweep, auto,
+ *                                             chunked, with ratios
  *
  * Every run of a row uses the same traces as the static baseline of the same
  * seed, so speed-ups are paired. Output is deterministic for given options
@@ -14,6 +16,7 @@
 #include "sim.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,9 +34,16 @@ static void usage(FILE *f)
 	      "  --limit N                  first N requests of a trace\n"
 	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"
 	      "policy:\n"
-	      "  --policy static|continuous|chunked   (default continuous)\n"
-	      "  --k N                      admission group (default 1)\n"
-	      "  --budget N                 token budget of chunked prefill (default 512)\n"
+	      "  --policy static|continuous|chunked|auto   (default continuous; auto =\n"
+	      "                             continuous with the cost model choosing k)\n"
+	      "  --k N|auto                 admission group (default 1)\n"
+	      "  --budget N|auto            token budget of chunked prefill (default 512)\n"
+	      "  --tpot US                  the scheduler's time-between-tokens target\n"
+	      "  --hints                    requests carry their output length as a hint\n"
+	      "  --compare [K,K,..]         static, k=1, fixed k (default 1,2,3,4,6,8,12,16,\n"
+	      "                             24,32 up to --slots; the best is reported), auto,\n"
+	      "                             chunked b=512 and chunked auto on a mixed host,\n"
+	      "                             same traces, with ratios\n"
 	      "  --max-wait US|never        partial-group timeout (default never)\n"
 	      "  --slots N                  running slots (default 32)\n"
 	      "  --host split|mixed         split prefill/decode kernels or one forward\n"
@@ -83,6 +93,9 @@ typedef struct opts {
 	int quiet;               /* no progress line */
 	int gen_set;             /* --gen given (else the workload's default) */
 	int policy_chunked;      /* --policy chunked */
+	int compare;             /* --compare */
+	uint32_t cmp_k[MAX_SWEEP]; /* [n_cmp_k] fixed k of --compare */
+	int n_cmp_k;             /* 0: the default list */
 } opts;
 
 static int parse_u32(const char *s, uint32_t *out)
@@ -148,8 +161,12 @@ static void policy_label(const sim_config *c, char *label, size_t len)
 {
 	if (c->policy == BKV_POLICY_STATIC)
 		snprintf(label, len, "static");
+	else if (c->chunked && c->budget == 0)
+		snprintf(label, len, "chunked auto");
 	else if (c->chunked)
 		snprintf(label, len, "chunked b=%u", c->budget);
+	else if (c->k == 0)
+		snprintf(label, len, "auto");
 	else
 		snprintf(label, len, "k=%u", c->k);
 }
@@ -249,6 +266,117 @@ static int fidelity(const opts *o, sim_config *c)
 	free(rows);
 	free(buf);
 	return status;
+}
+
+/* How much faster a is than b on the same traces: per seed, b's makespan
+ * over a's, then the median over seeds. */
+static double paired_ratio(const sim_result *a, const sim_result *b, int n)
+{
+	double *v = malloc((size_t)n * sizeof(double));
+	if (!v)
+		return 0.0;
+	for (int i = 0; i < n; i++)
+		v[i] = a[i].makespan_us > 0 ? b[i].makespan_us / a[i].makespan_us : 0.0;
+	double m = sim_median(v, n);
+	free(v);
+	return m;
+}
+
+/* --compare: every policy on the same traces, then the ratios the cost-model
+ * targets are stated in (docs/benchmarks.md, "Cost-model decisions"). */
+static int compare(const opts *o, const sim_config *c0, trace *traces, int n_seeds)
+{
+	static const uint32_t def_k[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
+	uint32_t ks[MAX_SWEEP];
+	int nk = 0;
+	if (o->n_cmp_k) {
+		for (int i = 0; i < o->n_cmp_k; i++)
+			if (o->cmp_k[i] <= c0->slots)
+				ks[nk++] = o->cmp_k[i];
+	} else {
+		for (size_t i = 0; i < sizeof(def_k) / sizeof(def_k[0]); i++)
+			if (def_k[i] <= c0->slots)
+				ks[nk++] = def_k[i];
+	}
+	if (nk == 0 || ks[0] != 1) { /* k = 1 always runs */
+		memmove(ks + 1, ks, (size_t)nk * sizeof(ks[0]));
+		ks[0] = 1;
+		nk++;
+	}
+	/* rows: static, k..., auto, chunked b=512, chunked auto */
+	int n_rows = 1 + nk + 3;
+	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
+	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
+	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
+	char (*labels)[48] = calloc((size_t)n_rows, sizeof(*labels));
+	if (!cf || !rows || !runs || !labels)
+		return 1;
+	for (int i = 0; i < n_rows; i++) {
+		cf[i] = *c0;
+		cf[i].policy = BKV_POLICY_CONTINUOUS;
+		cf[i].chunked = 0;
+	}
+	cf[0].policy = BKV_POLICY_STATIC;
+	cf[0].mixed_host = 0;
+	for (int i = 0; i < nk; i++)
+		cf[1 + i].k = ks[i];
+	cf[1 + nk].k = 0;
+	cf[2 + nk].k = 0;
+	cf[2 + nk].chunked = 1;
+	cf[2 + nk].mixed_host = 1;
+	cf[2 + nk].budget = 512;
+	cf[3 + nk].k = 0;
+	cf[3 + nk].chunked = 1;
+	cf[3 + nk].mixed_host = 1;
+	cf[3 + nk].budget = 0;
+	int done = 0, total = n_rows * n_seeds;
+	for (int i = 0; i < n_rows; i++) {
+		policy_label(&cf[i], labels[i], sizeof(labels[i]));
+		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
+			      &done, total))
+			return 1;
+		sim_rows_from_runs(&rows[i], &runs[(size_t)i * n_seeds], runs, n_seeds);
+	}
+	if (!o->quiet && isatty(2))
+		fprintf(stderr, "\r%-72s\r", "");
+	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE);
+	/* the best fixed k: highest median speed-up; on a tie (to 0.05%) the
+	 * lower p99 TTFT */
+	int best = 1;
+	for (int i = 2; i <= nk; i++) {
+		double d = rows[i].speedup - rows[best].speedup;
+		if (d > 0.0005 * rows[best].speedup ||
+		    (fabs(d) <= 0.0005 * rows[best].speedup &&
+		     rows[i].med.ttft_p99 < rows[best].med.ttft_p99))
+			best = i;
+	}
+	const sim_result *ra = &runs[(size_t)(1 + nk) * n_seeds];
+	const sim_result *rb = &runs[(size_t)best * n_seeds];
+	FILE *out = o->fmt_out == SIM_TABLE ? stdout : stderr;
+	fprintf(out, "best fixed k: %s (speed-up %.3f, p99 TTFT %.2f ms)\n", labels[best],
+		rows[best].speedup, rows[best].med.ttft_p99);
+	fprintf(out, "auto / best fixed k: %.4f (median over seeds of paired makespan "
+		     "ratios; medians of speed-ups %.3f / %.3f = %.4f)\n",
+		paired_ratio(ra, rb, n_seeds), rows[1 + nk].speedup, rows[best].speedup,
+		rows[best].speedup > 0 ? rows[1 + nk].speedup / rows[best].speedup : 0.0);
+	fprintf(out, "auto vs best fixed k, p99 TTFT: %.2f vs %.2f ms; p99 time between "
+		     "tokens %.2f vs %.2f ms\n",
+		rows[1 + nk].med.ttft_p99, rows[best].med.ttft_p99, rows[1 + nk].med.tbt_p99,
+		rows[best].med.tbt_p99);
+	fprintf(out, "auto / static: %.4f; chunked b=512 / static: %.4f; chunked auto / "
+		     "static: %.4f\n",
+		rows[1 + nk].speedup, rows[2 + nk].speedup, rows[3 + nk].speedup);
+	if (c0->tpot_us) {
+		fprintf(out, "TPOT target %.2f ms; p99 time between tokens:", c0->tpot_us / 1000.0);
+		for (int i = 0; i < n_rows; i++)
+			fprintf(out, " %s %.2f%s", labels[i], rows[i].med.tbt_p99,
+				i + 1 < n_rows ? "," : "\n");
+	}
+	free(cf);
+	free(rows);
+	free(runs);
+	free(labels);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -371,16 +499,42 @@ int main(int argc, char **argv)
 				c.policy = BKV_POLICY_CONTINUOUS;
 			else if (!strcmp(v, "chunked"))
 				c.policy = BKV_POLICY_CONTINUOUS, o.policy_chunked = 1;
+			else if (!strcmp(v, "auto"))
+				c.policy = BKV_POLICY_CONTINUOUS, c.k = 0;
 			else
 				BAD_ARG();
 		} else if (!strcmp(a, "--k")) {
 			NEED_ARG();
-			if (parse_u32(v, &c.k) || c.k == 0)
+			if (!strcmp(v, "auto"))
+				c.k = 0;
+			else if (parse_u32(v, &c.k) || c.k == 0)
 				BAD_ARG();
 		} else if (!strcmp(a, "--budget")) {
 			NEED_ARG();
-			if (parse_u32(v, &c.budget) || c.budget == 0)
+			if (!strcmp(v, "auto"))
+				c.budget = 0;
+			else if (parse_u32(v, &c.budget) || c.budget == 0)
 				BAD_ARG();
+		} else if (!strcmp(a, "--tpot")) {
+			NEED_ARG();
+			if (parse_u32(v, &c.tpot_us))
+				BAD_ARG();
+		} else if (!strcmp(a, "--hints")) {
+			c.hints = 1;
+		} else if (!strcmp(a, "--compare")) {
+			o.compare = 1;
+			if (v && v[0] >= '0' && v[0] <= '9') {
+				char list[512];
+				i++;
+				snprintf(list, sizeof(list), "%s", v);
+				for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+					if (o.n_cmp_k == MAX_SWEEP ||
+					    parse_u32(tok, &o.cmp_k[o.n_cmp_k]) ||
+					    o.cmp_k[o.n_cmp_k] == 0)
+						BAD_ARG();
+					o.n_cmp_k++;
+				}
+			}
 		} else if (!strcmp(a, "--max-wait")) {
 			NEED_ARG();
 			uint32_t w;
@@ -528,6 +682,13 @@ int main(int argc, char **argv)
 		}
 	}
 
+	if (o.compare) {
+		int st = compare(&o, &c, traces, n_seeds);
+		for (int s = 0; s < n_seeds; s++)
+			trace_free(&traces[s]);
+		free(traces);
+		return st;
+	}
 	int n_var = o.n_sweep ? o.n_sweep : 1;
 	int n_rows = n_var + (o.baseline ? 1 : 0);
 	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));

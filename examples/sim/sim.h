@@ -30,10 +30,15 @@ typedef enum sim_gen_convention {
 /* Everything one run needs besides the trace. */
 typedef struct sim_config {
 	bkv_policy policy;         /* static or continuous */
-	uint32_t k;                /* admission group (continuous) */
+	uint32_t k;                /* admission group (continuous); 0 = auto
+				      (the cost model decides) */
 	uint64_t max_wait_us;      /* partial-group timeout; UINT64_MAX never */
 	int chunked;               /* chunked prefill (needs a mixed host) */
-	uint32_t budget;           /* token budget when chunked */
+	uint32_t budget;           /* token budget when chunked; 0 = auto */
+	uint32_t tpot_us;          /* scheduler's time-between-tokens target;
+				      0 = none */
+	int hints;                 /* nonzero: each request carries its true
+				      output length as predicted_output */
 	int mixed_host;            /* 1: forward(); 0: prefill() + decode() */
 	uint32_t slots;            /* max_running */
 	uint32_t block_tokens;     /* pool block size */
@@ -78,6 +83,9 @@ typedef struct sim_result {
 				      slots in the pool */
 	double ttft_mean, ttft_p50, ttft_p99; /* ms */
 	double tpot_mean, tpot_p50, tpot_p99; /* ms */
+	double tbt_p99;            /* ms: p99 over every gap between two
+				      consecutive tokens of a request (each
+				      token timed at the end of its step) */
 	double tput_tok_s;         /* generated tokens per virtual second */
 	double flops;              /* roofline FLOPs of all calls */
 	double bytes;              /* roofline bytes of all calls */

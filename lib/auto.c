@@ -1,0 +1,533 @@
+/*
+ * auto.c - the decisions the cost model makes: when to admit (admission
+ * group 0), the token budget of chunked prefill (budget 0), a batch cap, when
+ * to split a padded prefill group, and whether a victim is swapped or
+ * recomputed (preempt AUTO). The derivations are in docs/cost-model.md,
+ * section "Decisions from the cost model".
+ *
+ * Every decision prices hypothetical host calls with the scheduler's cost
+ * model (the host's, or the default this file creates: a calibrated model
+ * over seed 000's polynomial, so it starts from seed 000's costs and learns
+ * the host's from every call). What the scheduler has observed enters as
+ * running aggregates kept here, never as a scan of the waiting requests:
+ *
+ *   rate r     slots freed per step: decayed sums of (slots freed, steps)
+ *   prompts    decayed mean and second moment of admitted prompt lengths
+ *
+ * Admission (economic order quantity). A prefill call costs P(k) for k rows:
+ * a fixed part (launches, the weight reads of a short pass) plus the rows'
+ * work, padded to the longest on a split kernel. An idle slot costs h per
+ * step: with a backlog the run takes (decode tokens + idle slot-steps) / N
+ * steps, and each step pays the decode call's fixed part, so h = that fixed
+ * part / N. Waiting until k slots are free, at r slots per step, idles
+ * k^2 / (2r) slot-steps per group, so the cost per admitted row is
+ *
+ *     J(k) = P(k) / k + h * k / (2 r)
+ *
+ * and the scheduler admits once the free slots reach k* = argmin J. Below
+ * saturation (the whole queue fits in the free slots) it admits at once:
+ * there is no group to wait for, only latency to lose.
+ *
+ *   free slots  0 ... k* ... N
+ *   J(k)        \__/``````        fixed cost amortised  vs  slots idling
+ *
+ * k* is recomputed every AUTO_REFRESH_STEPS steps (or when the queue changes
+ * regime) on a geometric ladder of k, each point a shape of k chunks: the
+ * work per step is O(max_running) amortised, no allocation (the chunk scratch
+ * array is taken at create).
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#define AUTO_DECAY 0.97          /* per step, for the slot-free rate */
+#define AUTO_PROMPT_DECAY 0.99   /* per admission, for the prompt moments */
+#define AUTO_REFRESH_STEPS 8u    /* steps between recomputations of k* */
+#define AUTO_LINK_BYTES_PER_US 25000.0 /* host link default: 25 GB/s */
+#define AUTO_KNEE 1.002          /* batch cap: cost per token within 0.2% */
+#define AUTO_LAT_DIV 3u           /* latency regime: group = k* / 3 */
+#define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
+#define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
+				    when pricing decode rows */
+
+struct bkv__auto {
+	int admit;               /* admit_group was 0: k* decides */
+	int budget;              /* token_budget was 0 (chunked): decided per
+				    step */
+	uint32_t tpot_us;        /* cfg.tpot_target_us; 0 none */
+	bkv_cost_poly poly;      /* the default model's base (when owned) */
+	bkv_cost_calib *calib;   /* the default model, owned; NULL when the
+				    host gave one */
+	bkv_chunk_shape *chunks; /* [chunk_cap] scratch for priced shapes */
+	uint32_t chunk_cap;      /* = max_running + 1 */
+	/* observations */
+	double freed_sum;        /* decayed slots freed */
+	double step_sum;         /* decayed steps (same decay): r = sum / sum */
+	uint32_t used_after;     /* slots_used after the last admission */
+	int have_used;           /* used_after is valid */
+	double p_w, p_sum, p_sq; /* decayed count, sum, sum of squares of
+				    admitted prompt lengths */
+	/* cached decisions */
+	uint32_t k_star;         /* admission group the cost model chose */
+	uint32_t cap;            /* batch cap (running slots) */
+	uint64_t k_step;         /* step_no when k_star was computed; 0 never */
+	/* the admission under way (one step) */
+	uint64_t adm_step;       /* step_no of the group being built */
+	uint32_t adm_n;          /* rows priced into chunks[] this step */
+	uint32_t adm_lmax;       /* longest prompt chunk of the group */
+	double adm_price;        /* predicted prefill price of the group */
+};
+
+/* ---- pricing ------------------------------------------------------------- */
+
+static double price(const bkv_sched *s, const bkv_step_shape *sh)
+{
+	double t;
+
+	if (!s->cfg.cost.step_us)
+		return 0.0;
+	t = s->cfg.cost.step_us(s->cfg.cost.ctx, sh);
+	return isfinite(t) && t > 0.0 ? t : 0.0;
+}
+
+static void prompt_stats(const bkv__auto *a, double *mean, double *sd)
+{
+	double m, v;
+
+	if (a->p_w <= 0.0) {
+		*mean = AUTO_DEFAULT_PROMPT;
+		*sd = 0.0;
+		return;
+	}
+	m = a->p_sum / a->p_w;
+	v = a->p_sq / a->p_w - m * m;
+	*mean = m;
+	*sd = v > 0.0 ? sqrt(v) : 0.0;
+}
+
+/* A decode (or decode-only mixed) call of n rows with typical context. */
+static double price_decode(const bkv_sched *s, uint32_t n, double mean)
+{
+	bkv_step_shape sh;
+
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_DECODE : BKV_CALL_MIXED;
+	sh.decode_rows = n;
+	sh.padded_rows = n;
+	sh.decode_context = (uint64_t)((double)n * (mean + AUTO_CTX_EXTRA));
+	return n ? price(s, &sh) : 0.0;
+}
+
+/* Expected longest of k prompts, the distribution taken as uniform with the
+ * observed mean and standard deviation (narrowed to keep the mean when its
+ * low end would fall below one token). */
+static double expected_max(double mean, double sd, uint32_t k)
+{
+	double lo = mean - sqrt(3.0) * sd, hi = mean + sqrt(3.0) * sd;
+
+	if (lo < 1.0) { /* clamped: keep the mean, so k = 1 gives the mean */
+		lo = 1.0;
+		hi = 2.0 * mean - lo;
+	}
+	if (hi < lo)
+		hi = lo;
+	return lo + (hi - lo) * (double)k / (double)(k + 1);
+}
+
+/* The prefill part of admitting k typical prompts: a split host's prefill
+ * call, or what the chunks add to a mixed host's call over d decode rows. */
+static double price_group(const bkv_sched *s, uint32_t k, double mean, double sd, uint32_t d)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	double lmax = expected_max(mean, sd, k), rest, base = 0.0;
+	uint32_t i;
+
+	if (k > a->chunk_cap)
+		k = a->chunk_cap;
+	rest = k > 1 ? ((double)k * mean - lmax) / (double)(k - 1) : mean;
+	if (rest < 1.0)
+		rest = 1.0;
+	for (i = 0; i < k; i++) {
+		a->chunks[i].len = (uint32_t)llround(i == 0 ? lmax : rest);
+		a->chunks[i].start = 0;
+	}
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_PREFILL : BKV_CALL_MIXED;
+	if (!s->split && d) {
+		sh.decode_rows = d;
+		sh.padded_rows = d;
+		sh.decode_context = (uint64_t)((double)d * (mean + AUTO_CTX_EXTRA));
+		base = price(s, &sh);
+	}
+	sh.n_chunks = k;
+	sh.chunks = a->chunks;
+	return price(s, &sh) - base;
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+int bkv__auto_create(bkv_sched *s, const bkv_sched_config *user)
+{
+	bkv__auto *a = bkv__calloc(&s->alloc, 1, sizeof(*a));
+
+	if (!a)
+		return BKV_ENOMEM;
+	s->autos = a;
+	a->admit = user->admit_group == 0 && user->policy == BKV_POLICY_CONTINUOUS;
+	a->budget = user->token_budget == 0 && user->chunked_prefill;
+	a->tpot_us = user->tpot_target_us;
+	a->chunk_cap = s->cfg.max_running + 1;
+	a->chunks = bkv__calloc(&s->alloc, a->chunk_cap, sizeof(bkv_chunk_shape));
+	if (!a->chunks)
+		return BKV_ENOMEM;
+	a->k_star = 1;
+	a->cap = s->cfg.max_running;
+	if (!user->cost.step_us && !user->cost.observe) {
+		/* the built-in default: seed 000's polynomial, calibrated
+		 * online against the host's measured calls */
+		bkv_cost_model base;
+
+		bkv_cost_poly_init(&a->poly);
+		base = bkv_cost_poly_model(&a->poly);
+		if (bkv_cost_calib_create(&base, &s->alloc, &a->calib) != BKV_OK)
+			return BKV_ENOMEM;
+		s->cfg.cost = bkv_cost_calib_model(a->calib);
+	}
+	return BKV_OK;
+}
+
+void bkv__auto_destroy(bkv_sched *s)
+{
+	bkv__auto *a = s->autos;
+
+	if (!a)
+		return;
+	bkv_cost_calib_destroy(a->calib);
+	if (a->chunks)
+		bkv__free(&s->alloc, a->chunks, (size_t)a->chunk_cap * sizeof(bkv_chunk_shape));
+	bkv__free(&s->alloc, a, sizeof(*a));
+	s->autos = NULL;
+}
+
+int bkv__auto_admit_on(const bkv_sched *s)
+{
+	return s->autos && s->autos->admit;
+}
+
+/* ---- observations -------------------------------------------------------- */
+
+void bkv__auto_step_begin(bkv_sched *s)
+{
+	bkv__auto *a = s->autos;
+	uint32_t freed = 0;
+
+	if (!a)
+		return;
+	if (a->have_used && a->used_after > s->slots_used)
+		freed = a->used_after - s->slots_used;
+	a->freed_sum = a->freed_sum * AUTO_DECAY + freed;
+	a->step_sum = a->step_sum * AUTO_DECAY + 1.0;
+}
+
+void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	double p = r->prompt_len;
+
+	if (!a)
+		return;
+	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
+	a->p_sum = a->p_sum * AUTO_PROMPT_DECAY + p;
+	a->p_sq = a->p_sq * AUTO_PROMPT_DECAY + p * p;
+}
+
+void bkv__auto_after_admit(bkv_sched *s)
+{
+	bkv__auto *a = s->autos;
+
+	if (!a)
+		return;
+	a->used_after = s->slots_used;
+	a->have_used = 1;
+}
+
+/* ---- admission ----------------------------------------------------------- */
+
+/* Batch cap: the fewest rows whose predicted cost per decode token is within
+ * AUTO_KNEE of the best at max_running (past it more rows buy no throughput,
+ * only latency and KV), and no more rows than a TPOT target allows. */
+static uint32_t batch_cap(const bkv_sched *s, double mean)
+{
+	const bkv__auto *a = s->autos;
+	uint32_t n_max = s->cfg.max_running, lo = 1, hi = n_max, cap;
+	double best = price_decode(s, n_max, mean) / n_max;
+
+	if (best <= 0.0)
+		return n_max;
+	while (lo < hi) { /* per-token cost falls with n: smallest n at knee */
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (price_decode(s, mid, mean) / mid <= AUTO_KNEE * best)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	cap = lo;
+	if (a->tpot_us && price_decode(s, 1, mean) <= a->tpot_us) {
+		lo = 1;
+		hi = cap;
+		while (lo < hi) { /* largest n whose decode call keeps the target */
+			uint32_t mid = hi - (hi - lo) / 2;
+
+			if (price_decode(s, mid, mean) <= a->tpot_us)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		cap = lo;
+	}
+	return cap;
+}
+
+static void refresh(bkv_sched *s)
+{
+	bkv__auto *a = s->autos;
+	double mean, sd, r, h, d_n, best = INFINITY;
+	uint32_t n = s->cfg.max_running, k, best_k = 1;
+
+	prompt_stats(a, &mean, &sd);
+	a->k_step = s->step_no;
+	a->cap = batch_cap(s, mean);
+	n = a->cap;
+	/* h: the fixed part of a decode call, per slot */
+	d_n = price_decode(s, n, mean);
+	h = n > 1 ? (d_n - (double)n * (d_n - price_decode(s, n - 1, mean))) / n : d_n;
+	if (h < 1e-3 * d_n / n)
+		h = 1e-3 * d_n / n;
+	r = a->step_sum > 0.0 ? a->freed_sum / a->step_sum : 0.0;
+	if (r <= 0.0 || d_n <= 0.0) {
+		a->k_star = 1;
+		return;
+	}
+	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
+		double j = price_group(s, k, mean, sd, s->slots_used) / k + h * k / (2.0 * r);
+
+		if (j < best) {
+			best = j;
+			best_k = k;
+		}
+	}
+	a->k_star = best_k;
+}
+
+/* Continuous policy, admission group auto: may this step admit? */
+int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
+{
+	bkv__auto *a = s->autos;
+	uint32_t k;
+
+	BKV_UNUSED(now);
+	if (s->slots_used >= a->cap && s->nr_run > 0)
+		return 0;
+	if (s->queue_slots <= free_slots || s->nr_run == 0)
+		return 1; /* below saturation: nothing to group, admit now */
+	if (a->k_step == 0 || s->step_no - a->k_step >= AUTO_REFRESH_STEPS)
+		refresh(s);
+	/* latency regime: the whole queue is shorter than the batch, so the
+	 * group would take all of it; its requests wait for every slot the
+	 * group waits for, so the group is cut to a third (AUTO_LAT_DIV,
+	 * measured on Poisson arrivals, docs/benchmarks.md) */
+	k = a->k_star;
+	if (s->queue_slots < s->cfg.max_running)
+		k = (k + AUTO_LAT_DIV - 1) / AUTO_LAT_DIV;
+	return free_slots >= BKV_MIN(k, a->cap);
+}
+
+/* Within an admitting step, may request r join the group? Checks the batch
+ * cap, a TPOT target (prefill call plus the decode call that follows it on a
+ * split host), and, on a split host whose prefill pads rows, whether r would
+ * cost more inside this call (padding everyone to its length) than in a call
+ * of its own next step plus one idle slot-step. The first request of a step
+ * always may (no starvation). O(rows of this group) per call. */
+int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	double mean, sd, p_new, p_alone, d_n, h;
+	uint32_t len = r->prompt_len, n;
+
+	if (!a || s->cfg.policy == BKV_POLICY_STATIC)
+		return 1;
+	if (a->adm_step != s->step_no) {
+		a->adm_step = s->step_no;
+		a->adm_n = 0;
+		a->adm_lmax = 0;
+		a->adm_price = 0.0;
+	}
+	if (a->admit && s->nr_run > 0 && s->slots_used + r->n_live > a->cap &&
+	    a->k_step != 0)
+		return 0;
+	if (!s->split || s->cfg.chunked_prefill || a->adm_n >= a->chunk_cap)
+		return 1;
+	/* price this step's prefill call with r added */
+	a->chunks[a->adm_n].len = len;
+	a->chunks[a->adm_n].start = 0;
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_PREFILL;
+	sh.n_chunks = a->adm_n + 1;
+	sh.chunks = a->chunks;
+	p_new = price(s, &sh);
+	if (s->nr_run > 0 && (a->admit || a->tpot_us)) {
+		prompt_stats(a, &mean, &sd);
+		n = s->slots_used + r->n_live;
+		d_n = price_decode(s, n, mean);
+		/* the running rows wait for this call: keep their time
+		 * between tokens under the target when it can be kept */
+		if (a->tpot_us && p_new + d_n > a->tpot_us &&
+		    a->adm_price + price_decode(s, s->slots_used, mean) <= a->tpot_us)
+			return 0;
+		if (a->admit && a->adm_n > 0 && len > a->adm_lmax) {
+			sh.n_chunks = 1;
+			sh.chunks = &a->chunks[a->adm_n];
+			p_alone = price(s, &sh);
+			h = d_n / BKV_MAX(n, 1u);
+			if (p_new - a->adm_price > p_alone + h)
+				return 0; /* cheaper in a call of its own */
+		}
+	}
+	a->adm_n++;
+	a->adm_lmax = BKV_MAX(a->adm_lmax, len);
+	a->adm_price = p_new;
+	return 1;
+}
+
+/* ---- token budget -------------------------------------------------------- */
+
+/* Chunked prefill, budget auto: the tokens this step may compute, decode
+ * rows included. With a TPOT target: the largest budget whose predicted
+ * mixed call (the running rows plus prefill chunks of typical prompts) keeps
+ * it; otherwise the budget whose prefill tokens are cheapest (see below).
+ * Within [running + 1, cap]. O(log cap) prices. */
+uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	double mean, sd, best = -1.0, t0, pl;
+	uint32_t d = s->slots_used, lo, hi, b, best_b;
+
+	if (!a || !a->budget)
+		return fixed;
+	if (cap <= d + 1)
+		return cap;
+	prompt_stats(a, &mean, &sd);
+	/* budget tokens priced as the tails of long prompts (the top of the
+	 * observed range): attention grows with a chunk's offset, so this is
+	 * the conservative shape for a latency target */
+	pl = expected_max(mean, sd, UINT32_MAX - 1);
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_MIXED;
+	sh.decode_rows = d;
+	sh.padded_rows = d;
+	sh.decode_context = (uint64_t)((double)d * (mean + AUTO_CTX_EXTRA));
+	sh.chunks = a->chunks;
+#define PRICE_B(pb, out)                                                       \
+	do {                                                                   \
+		uint32_t left_ = (pb), i_ = 0;                                 \
+		uint32_t m_ = (uint32_t)(pl < 1.0 ? 1.0 : pl);                 \
+		while (left_ && i_ < a->chunk_cap) {                           \
+			uint32_t l_ = BKV_MIN(left_, m_);                      \
+			a->chunks[i_].len = l_;                                \
+			a->chunks[i_].start = m_ - l_; /* a prompt's tail */   \
+			left_ -= l_;                                           \
+			i_++;                                                  \
+		}                                                              \
+		sh.n_chunks = i_;                                              \
+		(out) = price(s, &sh);                                         \
+	} while (0)
+	if (a->tpot_us) {
+		double t1;
+
+		PRICE_B(1, t1);
+		if (t1 <= a->tpot_us) {
+			lo = 1;
+			hi = cap - d;
+			while (lo < hi) {
+				uint32_t mid = hi - (hi - lo) / 2;
+				double t;
+
+				PRICE_B(mid, t);
+				if (t <= a->tpot_us)
+					lo = mid;
+				else
+					hi = mid - 1;
+			}
+			return d + lo;
+		}
+	}
+	/* the cheapest prefill tokens: least (added time + 1% of the decode
+	 * call) per prefill token, the largest budget on ties. A decode call
+	 * with slack (memory-bound) takes prefill tokens for free up to where
+	 * it turns compute-bound: that knee is the choice. */
+	PRICE_B(0, t0);
+	best_b = cap - d;
+	for (b = 16; ; b *= 2) {
+		double t, per;
+
+		if (b > cap - d)
+			b = cap - d;
+		PRICE_B(b, t);
+		per = (t - t0 + 0.01 * t0) / (double)b;
+		if (best < 0.0 || per <= best * 1.001) {
+			if (best < 0.0 || per < best)
+				best = per;
+			best_b = b;
+		}
+		if (b == cap - d)
+			break;
+	}
+#undef PRICE_B
+	return d + best_b;
+}
+
+/* ---- preemption ---------------------------------------------------------- */
+
+/* Preempt AUTO with a known KV size: swap (1) when moving the victim's KV
+ * out and back over the host link costs less than recomputing its prefill,
+ * else recompute (0); -1 when the KV size is unknown (the caller's rule). */
+int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	bkv_chunk_shape c;
+	double link = s->cfg.host_link_bytes_per_us > 0.0 ? s->cfg.host_link_bytes_per_us
+							   : AUTO_LINK_BYTES_PER_US;
+	double swap_us, recompute_us;
+
+	if (!a || s->cfg.preempt != BKV_PREEMPT_AUTO || s->cfg.kv_bytes_per_token == 0 ||
+	    !s->cfg.cost.step_us)
+		return -1;
+	swap_us = 2.0 * (double)kv_len * (double)s->cfg.kv_bytes_per_token / link;
+	c.len = kv_len;
+	c.start = 0;
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_PREFILL : BKV_CALL_MIXED;
+	sh.n_chunks = 1;
+	sh.chunks = &c;
+	recompute_us = price(s, &sh);
+	return swap_us < recompute_us;
+}
+
+/* For tests and bkv-sim: the current admission group and batch cap. */
+void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double *rate)
+{
+	const bkv__auto *a = s->autos;
+
+	if (k_star)
+		*k_star = a ? a->k_star : 0;
+	if (cap)
+		*cap = a ? a->cap : 0;
+	if (rate)
+		*rate = a && a->step_sum > 0.0 ? a->freed_sum / a->step_sum : 0.0;
+}
