@@ -281,6 +281,19 @@ static inline void block_pin(bkv_pool *pool, int32_t b)
 
 static void block_release(bkv_pool *pool, int32_t b, int drop);
 
+/* Keep every cached ancestor from `a` up more recent than its child on the
+ * LRU. Releases run last to first, so a parent is normally still pinned and
+ * this is not called; a late release (a copy-on-write source freed when its
+ * copy is cleared, after its sequence closed) moves the cached ancestors up
+ * behind it, so eviction still takes children first. */
+static NOINLINE void lru_lift(bkv_pool *pool, int32_t a)
+{
+	for (; a >= 0 && BLOCK_IS_CACHED(&pool->blk[a]); a = pool->blk[a].parent) {
+		bkv__lru_unlink(pool, a);
+		bkv__lru_push(pool, a);
+	}
+}
+
 /* The last table reference of a block that is indexed, a pending copy's
  * source or queued in a transaction went. */
 static NOINLINE void block_put_slow(bkv_pool *pool, int32_t b, int drop)
@@ -324,6 +337,15 @@ static inline void block_put(bkv_pool *pool, int32_t b, int drop)
 		pool->nr_free++;
 		return;
 	}
+	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
+		/* indexed: cached on the LRU tail */
+		pool->nr_used--;
+		pool->tokens -= k->fill;
+		bkv__lru_push(pool, b);
+		if (k->parent >= 0 && BLOCK_IS_CACHED(&pool->blk[k->parent]))
+			lru_lift(pool, k->parent);
+		return;
+	}
 	block_put_slow(pool, b, drop);
 }
 
@@ -337,20 +359,8 @@ static void block_release(bkv_pool *pool, int32_t b, int drop)
 	pool->tokens -= k->fill;
 	if (BLOCK_IS_INDEXED(k)) {
 		if (!drop || k->kids > 0) {
-			int32_t a;
-
 			bkv__lru_push(pool, b);
-			/* Keep every cached ancestor more recent than its child.
-			 * Releases run last to first, so the parent is normally
-			 * still pinned and this loop stops at once; a late release
-			 * (a copy-on-write source freed when its copy is cleared,
-			 * after its sequence closed) moves the cached ancestors
-			 * up behind it, so eviction still takes children first. */
-			for (a = k->parent; a >= 0 && BLOCK_IS_CACHED(&pool->blk[a]);
-			     a = pool->blk[a].parent) {
-				bkv__lru_unlink(pool, a);
-				bkv__lru_push(pool, a);
-			}
+			lru_lift(pool, k->parent);
 			return;
 		}
 		bkv__cache_forget(pool, b);
