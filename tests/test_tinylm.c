@@ -613,6 +613,22 @@ Test(tinylm_serve, host_failures_roll_back_and_retries_match_reference, .init = 
 	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
 }
 
+Test(tinylm_serve, failures_of_split_calls_with_swapping_roll_back_and_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.fail_every = 5;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 1);
+	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
 Test(tinylm_serve, threaded_clients_and_one_engine_thread_match_reference, .init = serve_setup,
      .fini = serve_teardown)
 {

@@ -51,7 +51,8 @@ struct tlm_host {
 	const float **vrows;      /* [cap_ctx] */
 	float *logits;            /* [vocab] */
 	float *ltmp;              /* [dim] */
-	int fail_next;            /* tlm_host_fail_next armed */
+	int fail_next;            /* tlm_host_fail_next armed: 1 fail before
+				     anything, 2 after copies and compute */
 	tlm_host_stats stats;
 	char last_error[256];     /* the last contract violation */
 };
@@ -111,9 +112,9 @@ const char *tlm_host_last_error(const tlm_host *h)
 	return h->last_error;
 }
 
-void tlm_host_fail_next(tlm_host *h)
+void tlm_host_fail_next(tlm_host *h, int late)
 {
-	h->fail_next = 1;
+	h->fail_next = late ? 2 : 1;
 }
 
 void tlm_host_fail_next_clear(tlm_host *h)
@@ -290,10 +291,10 @@ static void do_copies(tlm_host *h, const bkv_batch *b)
 static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_call_kind want)
 {
 	const uint64_t t0 = tlm_now_us();
-	if (h->fail_next) {
-		h->fail_next = 0;
+	const int fail = h->fail_next;
+	h->fail_next = 0;
+	if (fail == 1)
 		return -1;
-	}
 	uint32_t max_ctx = 0;
 	if (validate(h, b, want, &max_ctx))
 		return -1;
@@ -337,6 +338,8 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 		}
 		tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
 	}
+	if (fail == 2)
+		return -1; /* K/V written, no token: a kernel failing late */
 	for (uint32_t r = 0; r < b->n_rows; r++) {
 		if (!b->row_sample[r])
 			continue;

@@ -339,12 +339,13 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		bkv_step_info info;
 		memset(&info, 0, sizeof(info));
 		/* Fault injection: every fail_every-th attempt the host fails
-		 * (never twice in a row); the step must roll back and a retry
-		 * must carry on as if nothing happened. */
+		 * (never twice in a row), before touching anything or after
+		 * writing K/V; the step must roll back and a retry must carry
+		 * on as if nothing happened. */
 		const int inject = rc->fail_every && !last_failed &&
 				   ++attempts % rc->fail_every == 0;
-		if (inject)
-			tlm_host_fail_next(sc.host);
+		if (inject) /* alternate early and late failures */
+			tlm_host_fail_next(sc.host, (int)(res->failed_steps & 1));
 		st = bkv_step(sched, &info);
 		tlm_host_fail_next_clear(sc.host); /* a step with no compute call */
 		last_failed = st == BKV_EHOST && inject;

@@ -74,9 +74,11 @@ int tlm_host_decode(void *host, const bkv_batch *batch, int32_t *next_tokens);
 void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out);
 const char *tlm_host_last_error(const tlm_host *h);
 
-/* Make the next compute callback fail (return -1 before touching anything),
- * for tests of the scheduler's rollback. */
-void tlm_host_fail_next(tlm_host *h);
+/* Make the next compute callback fail, for tests of the scheduler's
+ * rollback: late == 0 returns -1 before touching anything; late != 0 performs
+ * the copies and computes (writing K/V into the batch's slots) and then
+ * returns -1 without sampling. */
+void tlm_host_fail_next(tlm_host *h, int late);
 /* Disarm it (a step with no compute call never consumed it). */
 void tlm_host_fail_next_clear(tlm_host *h);
 
