@@ -822,9 +822,13 @@ typedef struct bkv_sched_config {
 				      n samples takes n). 1..2^20. Default 32. */
 	uint32_t admit_group;      /* k: admit when >= k slots are free or the
 				      queue cannot supply more (everything
-				      waiting fits). 0..max_running; 0 = auto,
-				      currently 1 (refill at once) until the
-				      cost model decides. */
+				      waiting fits). 0..max_running; 0 = auto:
+				      the cost model picks k (an economic order
+				      quantity over the observed slot-free rate;
+				      docs/cost-model.md), admits at once when
+				      everything waiting fits, and caps the
+				      running rows at the cost-per-token knee.
+				      max_wait_us is then not used. */
 	uint64_t max_wait_us;      /* admit a partial group anyway once it has
 				      been forming this long: measured from the
 				      later of the queue head's enqueue time and
@@ -835,26 +839,43 @@ typedef struct bkv_sched_config {
 	uint32_t token_budget;     /* tokens per step when chunking: decode rows
 				      (always run, one token each) first, then
 				      prefill chunks in what is left. 0..2^24;
-				      0 = auto, currently 512. */
+				      0 = auto: chosen every step from the cost
+				      model (the largest keeping tpot_target_us,
+				      else the cheapest prefill tokens), at most
+				      max(512, 2 * max_running) or the larger
+				      token arrays later submissions grew. */
 	uint32_t max_queue;        /* most requests submitted and not running
 				      (inbox + waiting + swapped); bkv_submit
 				      answers BKV_EAGAIN at it. 1..2^24 (8 bytes
 				      each are reserved at create). Default
 				      65536. */
-	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO, which swaps when
-				      the host tier has room for the victim and
-				      recomputes otherwise (until the cost model
-				      prices a swap). SWAP needs a host tier
+	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO: with
+				      kv_bytes_per_token set, swap when moving
+				      the victim's KV out and back costs less
+				      than the model's price of recomputing it;
+				      then (or with the KV size unknown) swap
+				      when the host tier has room, else
+				      recompute. SWAP needs a host tier
 				      (else EINVAL) and also falls back to
 				      recompute when the tier is full. */
 	double host_link_bytes_per_us; /* swap bandwidth, for preempt AUTO;
-					  0 = auto; >= 0. Not read yet (cost
-					  model issue). */
-	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown. Not
-					  read yet. */
+					  0 = auto (25000: PCIe 4.0 x16);
+					  >= 0 */
+	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown */
 	uint32_t tpot_target_us;   /* optional time-between-tokens target;
-				      0 = none. Not read yet. */
-	bkv_cost_model cost;       /* NULL callbacks = built-in default */
+				      0 = none. Continuous policy: a split
+				      host's admissions stop where the
+				      predicted prefill + decode calls would
+				      exceed it (when the decode call alone
+				      keeps it); auto budget and auto batch cap
+				      keep it too. */
+	bkv_cost_model cost;       /* both callbacks NULL = the built-in
+				      default: a calibrated model
+				      (bkv_cost_calib) over seed 000's
+				      polynomial, created and owned by the
+				      scheduler; it predicts seed 000's costs
+				      until 16 calls of a kind were measured,
+				      then fits the host's */
 	uint32_t reserved[8];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
@@ -872,7 +893,10 @@ typedef struct bkv_request {
 	uint64_t cache_key;         /* prefix-cache key (LoRA id, tenant salt);
 				       0 = none */
 	uint32_t n;                 /* samples (forked branches); default 1 */
-	uint32_t predicted_output;  /* hint: expected output tokens; 0 = unknown */
+	uint32_t predicted_output;  /* hint: expected output tokens; 0 = unknown.
+				       Hinted requests are admitted longest
+				       first within a priority class (before
+				       unhinted ones) */
 	void *user;                 /* handed back in callbacks and batches */
 } bkv_request;
 
