@@ -25,8 +25,8 @@
 
 #define FH_MAX_REQ 4096u
 #define FH_MAX_BRANCH 4u
-#define FH_MAX_TOK 512u
-#define FH_MAX_CALLS 65536u
+#define FH_MAX_TOK 160u
+#define FH_MAX_CALLS 8192u
 #define FH_STOP 7 /* the stop token the fake emits when asked to */
 
 typedef struct fh_req {
@@ -118,6 +118,10 @@ static inline int32_t fh_hist(fake_host *f, uint64_t id, uint32_t b, uint32_t p)
 
 	if (p < q->prompt_len)
 		return q->prompt[p];
+	if (p >= FH_MAX_TOK) {
+		FH_ERR(f, "position %u beyond the fake host's FH_MAX_TOK", p);
+		return 0;
+	}
 	return f->hist[id][b][p];
 }
 
