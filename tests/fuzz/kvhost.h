@@ -98,6 +98,7 @@ struct kh_host {
 	uint64_t calls;            /* compute calls so far */
 	uint64_t fail_at;          /* 1-based compute call that fails; 0 none */
 	uint64_t failed_calls;     /* calls that returned -1 */
+	int last_fail_kind;        /* bkv_call_kind of the last failed call */
 	int garbage;               /* a failing call writes wrong cells first */
 	kh_fail_hook fail_hook;
 	kh_token_hook token_hook;
@@ -106,6 +107,7 @@ struct kh_host {
 	uint64_t tick;             /* added per compute call */
 	uint64_t tokens_out;       /* on_token calls */
 	uint64_t finished;         /* on_finish calls */
+	uint64_t by_reason[4];     /* of which by bkv_finish_reason */
 	uint64_t violations;       /* contract breaks seen */
 	char first[320];           /* the first one */
 	int abort_on_violation;    /* fuzzers: abort() at once */
@@ -440,6 +442,7 @@ static inline int kh_compute(kh_host *h, const bkv_batch *b, int32_t *next, bkv_
 	}
 	if (fail) {
 		h->failed_calls++;
+		h->last_fail_kind = (int)b->kind;
 		return -1;
 	}
 	return 0;
@@ -514,6 +517,8 @@ static void kh_on_finish(void *host, uint64_t req, bkv_finish_reason why, void *
 		return;
 	}
 	q->reason = (int)why;
+	if ((unsigned)why < 4)
+		h->by_reason[why]++;
 	switch (why) {
 	case BKV_FINISH_ABORT:
 		if (!__atomic_load_n(&q->abort_asked, __ATOMIC_RELAXED))
