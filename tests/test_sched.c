@@ -299,21 +299,27 @@ Test(sched, mixed_and_split_hosts_get_the_callbacks_they_registered)
 		fh_opts o;
 		fake_host *f;
 		int32_t *p = fh_prompt(20, 1);
+		uint32_t steps;
 
 		fh_opts_init(&o);
 		o.split = split;
 		f = fh_create(&o);
 		fh_submit(f, p, 20, 5);
 		fh_submit(f, p, 20, 2);
-		fh_run(f, 100);
+		steps = fh_run(f, 100);
 		if (split) {
 			cr_expect_eq(f->n_forward, 0);
 			cr_expect_eq(f->n_prefill, 1);
-			/* prefill samples token 1; decode calls give tokens 2..5 */
+			/* prefill samples token 1 and the same step's decode call
+			 * gives token 2: 5 tokens in 4 steps, 4 decode calls */
 			cr_expect_eq(f->n_decode, 4);
+			cr_expect_eq(steps, 4);
+			cr_expect_eq(f->calls[1].kind, BKV_CALL_DECODE);
+			cr_expect_eq(f->calls[1].n_rows, 2, "both fresh rows decode in step 1");
 		} else {
 			cr_expect_eq(f->n_prefill + f->n_decode, 0);
 			cr_expect_eq(f->n_forward, 5);
+			cr_expect_eq(steps, 5);
 		}
 		cr_expect_eq(f->n_out[1][0], 5);
 		cr_expect_eq(f->n_out[2][0], 2);
