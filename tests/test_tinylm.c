@@ -11,7 +11,7 @@
  *
  * The scheduler runs use tlm_config_small (same architecture, ~125 k
  * parameters) so the suite stays fast; TINYLM_TEST_JOBS overrides the request
- * count (the sanitizer CI job may lower it).
+ * count; sanitizer builds default to 100 requests.
  */
 #include <criterion/criterion.h>
 
@@ -423,15 +423,20 @@ Test(tinylm, pool_tables_with_prefix_hits_fork_and_swap_match_reference)
 /* A few hundred requests through bkv_step                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Requests per scheduler test: 300, or TINYLM_TEST_JOBS; sanitizer builds
- * default to 120 (the same mix, fewer of them). */
+/* Requests per scheduler test: 300, or TINYLM_TEST_JOBS; AddressSanitizer
+ * builds default to 100 (the same mix, fewer of them). */
 static uint32_t test_jobs(void)
 {
 	const char *e = getenv("TINYLM_TEST_JOBS");
 	if (e && atoi(e) > 0)
 		return (uint32_t)atoi(e);
-#if defined(__SANITIZE_ADDRESS__)
-	return 120;
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TINYLM_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(TINYLM_ASAN)
+	return 100;
 #else
 	return 300;
 #endif
@@ -470,7 +475,9 @@ static void run_config(tlm_run_config *rc, uint32_t device_blocks)
 static void serve_and_verify(const tlm_run_config *rc, tlm_run_result *res)
 {
 	int st = tlm_run(&g_w, g_model, rc, res);
-	cr_assert_eq(st, 0, "run failed: %s (%d); host: %s", bkv_strerror(st), st, res->host_error);
+	cr_assert_eq(st, 0, "run failed: %s (%d); host: %s",
+		     st == TLM_STUCK ? "stuck: requests pending after max_steps" : bkv_strerror(st), st,
+		     res->host_error);
 	char msg[512];
 	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
 	cr_assert_eq(bad, 0, "%u of %u requests differ from the reference; first: %s", bad,
@@ -672,4 +679,46 @@ Test(tinylm_serve, measured_host_calls_calibrate_the_cost_model, .init = serve_s
 	cr_assert_gt(res.measured_us, 0.0);
 	cr_assert_gt(res.predicted_us, 0.0);
 	bkv_cost_calib_destroy(calib);
+}
+
+/*
+ * KNOWN FAILURE, disabled until the scheduler is fixed (reported to the
+ * lead): a request with n > 1 that was preempted by recompute after forking
+ * is re-admitted through admit_waiting (lib/sched.c), which appends a first
+ * chunk for every lane in one step. Once lane 0's chunk has used the step's
+ * token budget, bkv__chunk_len gives lane 1 zero tokens, admission answers
+ * BKV_ENOSPC and is rolled back, and the same happens at every later step:
+ * the request waits forever on an empty pool. It needs chunked prefill with
+ * a token_budget no larger than one lane's history. Run it with
+ * --filter 'tinylm_serve/resumed*' (or remove .disabled) to check a fix.
+ */
+Test(tinylm_serve, resumed_forked_request_under_a_small_token_budget_finishes,
+     .disabled = true)
+{
+	g_model = small_model();
+	tlm_workload_config wc;
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = 60;
+	wc.seed = 100;
+	wc.pct_fork = 20;
+	wc.pct_abort = 15;
+	wc.pct_stop = 20;
+	wc.system_len = 36;
+	wc.new_max = 18;
+	wc.user_max = 1;
+	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
+	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+	tlm_run_config rc;
+	run_config(&rc, 180);
+	rc.block_tokens = 1;
+	rc.sched.max_running = 14;
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 25;
+	rc.sched.admit_group = 3;
+	rc.max_steps = 5000;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0);
+	serve_teardown();
 }
