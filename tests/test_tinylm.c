@@ -466,6 +466,10 @@ static void run_config(tlm_run_config *rc, uint32_t device_blocks)
 	memset(rc, 0, sizeof(*rc));
 	bkv_sched_config_init(&rc->sched);
 	rc->sched.max_running = 16;
+	/* An explicit k: with k = 0 (auto) the default cost model, which
+	 * learns from measured step times, would pick k and a batch cap, and
+	 * whether a tight pool preempts would depend on the machine's load. */
+	rc->sched.admit_group = 1;
 	rc->block_tokens = 16;
 	rc->device_blocks = device_blocks;
 	rc->submit_per_step = 0;

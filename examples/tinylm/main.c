@@ -7,8 +7,10 @@
  * reference output alone over a contiguous cache, then serves the workload
  * under several scheduler configurations: static batching, continuous
  * batching with admission groups of k = 1 and 4, chunked prefill in mixed
- * steps under a token budget, split prefill/decode kernels, and a pool too
- * small for the load, preempting by recompute and by swap. For each it
+ * steps under a token budget, split prefill/decode kernels, the cost model's
+ * own choices (k = 0, budget 0: it picks the group size, the budget and a
+ * batch cap from what it learned of this CPU), and a pool too small for the
+ * load, preempting by recompute and by swap. For each it
  * prints
  *
  *   - whether every generated sequence equals the reference token for token
@@ -63,6 +65,8 @@ static void base_run(tlm_run_config *rc, uint32_t device_blocks)
 	memset(rc, 0, sizeof(*rc));
 	bkv_sched_config_init(&rc->sched);
 	rc->sched.max_running = 32;
+	rc->sched.admit_group = 1; /* explicit; the "auto" run lets the cost
+				      model choose k and cap the batch */
 	rc->block_tokens = 16;
 	rc->device_blocks = device_blocks;
 	rc->submit_per_step = 0;
@@ -154,7 +158,7 @@ int main(int argc, char **argv)
 
 	/* Enough blocks for everything at once, and a pool that is not. */
 	const uint32_t big = 4096, tight = 32;
-	demo_run runs[8];
+	demo_run runs[10];
 	uint32_t nr = 0;
 	runs[nr].name = "static";
 	base_run(&runs[nr].rc, big);
@@ -172,6 +176,11 @@ int main(int argc, char **argv)
 	runs[nr].name = "split prefill/decode";
 	base_run(&runs[nr].rc, big);
 	runs[nr++].rc.split = 1;
+	runs[nr].name = "auto k+budget, chunked";
+	base_run(&runs[nr].rc, big);
+	runs[nr].rc.sched.admit_group = 0;
+	runs[nr].rc.sched.chunked_prefill = 1;
+	runs[nr++].rc.sched.token_budget = 0;
 	runs[nr].name = "tight pool, recompute";
 	base_run(&runs[nr].rc, tight);
 	runs[nr++].rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
