@@ -46,6 +46,9 @@
 #define AUTO_REFRESH_STEPS 8u    /* steps between recomputations of k* */
 #define AUTO_LINK_BYTES_PER_US 25000.0 /* host link default: 25 GB/s */
 #define AUTO_KNEE 1.002          /* batch cap: cost per token within 0.2% */
+#define AUTO_PRICED_ROWS 64u     /* rows of one step's prefill call that
+				    admission prices one by one (O(rows^2)
+				    per step; the rest join unpriced) */
 #define AUTO_LAT_DIV 3u           /* latency regime: group = k* / 3 */
 #define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
 #define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
@@ -76,7 +79,8 @@ struct bkv__auto {
 	uint64_t adm_step;       /* step_no of the group being built */
 	uint32_t adm_n;          /* rows priced into chunks[] this step */
 	uint32_t adm_lmax;       /* longest prompt chunk of the group */
-	double adm_price;        /* predicted prefill price of the group */
+	double adm_price;        /* predicted prefill price of the group;
+				    < 0 when not priced since it last grew */
 };
 
 /* ---- pricing ------------------------------------------------------------- */
@@ -349,14 +353,16 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
  * cap, a TPOT target (prefill call plus the decode call that follows it on a
  * split host), and, on a split host whose prefill pads rows, whether r would
  * cost more inside this call (padding everyone to its length) than in a call
- * of its own next step plus one idle slot-step. The first request of a step
- * always may (no starvation). O(rows of this group) per call. */
+ * of its own next step plus one idle slot-step. With nothing running r
+ * always may (no starvation). O(rows of this group) per call, for the first
+ * AUTO_PRICED_ROWS rows of a step; later rows join unpriced. */
 int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
-	double mean, sd, p_new, p_alone, d_n, h;
+	double mean, sd, p_old, p_new, p_alone, d_n, h;
 	uint32_t len = r->prompt_len, n;
+	int pack;
 
 	if (!a || s->cfg.policy == BKV_POLICY_STATIC)
 		return 1;
@@ -364,42 +370,55 @@ int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 		a->adm_step = s->step_no;
 		a->adm_n = 0;
 		a->adm_lmax = 0;
-		a->adm_price = 0.0;
+		a->adm_price = -1.0;
 	}
 	if (a->admit && s->nr_run > 0 && s->slots_used + r->n_live > a->cap &&
 	    a->k_step != 0)
 		return 0;
-	if (!s->split || s->cfg.chunked_prefill || a->adm_n >= a->chunk_cap)
+	if (!s->split || s->cfg.chunked_prefill || (!a->admit && !a->tpot_us) ||
+	    a->adm_n >= AUTO_PRICED_ROWS || a->adm_n >= a->chunk_cap)
 		return 1;
-	/* price this step's prefill call with r added */
 	a->chunks[a->adm_n].len = len;
 	a->chunks[a->adm_n].start = 0;
-	memset(&sh, 0, sizeof(sh));
-	sh.kind = BKV_CALL_PREFILL;
-	sh.n_chunks = a->adm_n + 1;
-	sh.chunks = a->chunks;
-	p_new = price(s, &sh);
-	if (s->nr_run > 0 && (a->admit || a->tpot_us)) {
+	pack = a->admit && a->adm_n > 0 && len > a->adm_lmax;
+	if (s->nr_run > 0 && (a->tpot_us || pack)) {
+		/* price this step's prefill call without and with r (the
+		 * price without is kept from the last priced join, else
+		 * recomputed: pricing happens only for a TPOT target or
+		 * when r is the longest so far) */
+		memset(&sh, 0, sizeof(sh));
+		sh.kind = BKV_CALL_PREFILL;
+		sh.chunks = a->chunks;
+		sh.n_chunks = a->adm_n;
+		p_old = a->adm_price >= 0.0 ? a->adm_price : a->adm_n ? price(s, &sh) : 0.0;
+		sh.n_chunks = a->adm_n + 1;
+		p_new = price(s, &sh);
 		prompt_stats(a, &mean, &sd);
 		n = s->slots_used + r->n_live;
 		d_n = price_decode(s, n, mean);
 		/* the running rows wait for this call: keep their time
 		 * between tokens under the target when it can be kept */
 		if (a->tpot_us && p_new + d_n > a->tpot_us &&
-		    a->adm_price + price_decode(s, s->slots_used, mean) <= a->tpot_us)
+		    p_old + price_decode(s, s->slots_used, mean) <= a->tpot_us) {
+			a->adm_price = p_old;
 			return 0;
-		if (a->admit && a->adm_n > 0 && len > a->adm_lmax) {
+		}
+		if (pack) {
 			sh.n_chunks = 1;
 			sh.chunks = &a->chunks[a->adm_n];
 			p_alone = price(s, &sh);
 			h = d_n / BKV_MAX(n, 1u);
-			if (p_new - a->adm_price > p_alone + h)
+			if (p_new - p_old > p_alone + h) {
+				a->adm_price = p_old;
 				return 0; /* cheaper in a call of its own */
+			}
 		}
+		a->adm_price = p_new;
+	} else {
+		a->adm_price = -1.0; /* unknown until priced again */
 	}
 	a->adm_n++;
 	a->adm_lmax = BKV_MAX(a->adm_lmax, len);
-	a->adm_price = p_new;
 	return 1;
 }
 

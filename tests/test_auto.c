@@ -214,6 +214,37 @@ Test(auto, output_length_hints_admit_the_longest_first)
 
 /* ---- targets (reduced) ---------------------------------------------------- */
 
+/* Known output lengths, longest first: seed 000 with chunked prefill and the
+ * auto budget reaches about 1.73x seed 000's (FCFS) static. */
+Test(auto, seed000_hints_with_chunked_auto_reach_1_70x_fcfs_static, .timeout = 120)
+{
+	enum { N = 9 };
+	trace t[N];
+	for (int i = 0; i < N; i++) {
+		memset(&t[i], 0, sizeof(t[i]));
+		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
+	}
+	sim_config c = base_config();
+	sim_result *base = calloc(N, sizeof(*base)), *runs = calloc(N, sizeof(*runs));
+	sim_row row;
+	c.policy = BKV_POLICY_STATIC;
+	run_row(&c, t, N, NULL, base, &row);
+	c = base_config();
+	c.k = 0;
+	c.chunked = 1;
+	c.mixed_host = 1;
+	c.budget = 0;
+	c.hints = 1;
+	run_row(&c, t, N, base, runs, &row);
+	cr_expect_geq(row.speedup, 1.70, "chunked auto with hints %.4f", row.speedup);
+	c.hints = 0;
+	run_row(&c, t, N, base, runs, &row);
+	cr_expect_lt(row.speedup, 1.66, "without hints %.4f", row.speedup);
+	free(base);
+	free(runs);
+	free_traces(t, N);
+}
+
 Test(auto, seed000_split_host_auto_within_1pct_of_the_best_fixed_k, .timeout = 120)
 {
 	enum { N = 9 };

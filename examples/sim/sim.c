@@ -40,6 +40,7 @@ static void usage(FILE *f)
 	      "  --budget N|auto            token budget of chunked prefill (default 512)\n"
 	      "  --tpot US                  the scheduler's time-between-tokens target\n"
 	      "  --hints                    requests carry their output length as a hint\n"
+	      "                             (not the static baseline: it stays FCFS)\n"
 	      "  --compare [K,K,..]         static, k=1, fixed k (default 1,2,3,4,6,8,12,16,\n"
 	      "                             24,32 up to --slots; the best is reported), auto,\n"
 	      "                             chunked b=512 and chunked auto on a mixed host,\n"
@@ -318,6 +319,7 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	}
 	cf[0].policy = BKV_POLICY_STATIC;
 	cf[0].mixed_host = 0;
+	cf[0].hints = 0; /* the baseline is seed 000's FCFS static */
 	for (int i = 0; i < nk; i++)
 		cf[1 + i].k = ks[i];
 	cf[1 + nk].k = 0;
@@ -702,6 +704,7 @@ int main(int argc, char **argv)
 		sc.policy = BKV_POLICY_STATIC;
 		sc.chunked = 0;
 		sc.mixed_host = 0; /* seed 000's static: split, padded kernels */
+		sc.hints = 0;      /* and FCFS: hints do not reach the baseline */
 		if (run_seeds(&o, &sc, "static", traces, n_seeds, base, &done, total))
 			return 1;
 		sim_rows_from_runs(&rows[row++], base, base, n_seeds);
