@@ -316,8 +316,14 @@ static void refresh(bkv_sched *s)
 		return;
 	}
 	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
-		double j = price_group(s, k, mean, sd, s->slots_used) / k + h * k / (2.0 * r);
+		double p = price_group(s, k, mean, sd, s->slots_used);
+		double j = p / k + h * k / (2.0 * r);
 
+		/* a TPOT target caps what one split prefill call may take
+		 * (admission stops there): waiting for more slots than that
+		 * only idles them */
+		if (a->tpot_us && s->split && k > 1 && p + d_n > a->tpot_us)
+			break;
 		if (j < best) {
 			best = j;
 			best_k = k;
