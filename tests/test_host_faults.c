@@ -266,3 +266,208 @@ Test(host_faults, failure_during_swap_preemption_rolls_back)
 	hf_fini(&ref);
 	hf_sweep(&c);
 }
+
+/* ---- the same sweep with tinylm, a real transformer ----------------------
+ * examples/tinylm serves the batches with real attention over the paged KV;
+ * its tokens must equal the model's contiguous reference (computed request by
+ * request without the library) after every failure, early (the call fails
+ * before touching anything) or late (it performs the copies and writes K/V
+ * into the batch's slots, then fails without sampling). */
+
+#include "../examples/tinylm/model.h"
+#include "../examples/tinylm/tinylm.h"
+
+typedef struct tl_ctx {
+	tlm_host *host;
+	uint64_t calls;   /* compute calls so far */
+	uint64_t fail_at; /* 1-based call to fail; 0 none */
+	uint64_t failed;  /* calls that failed */
+	int late;         /* the failing call first computes (writes KV) */
+} tl_ctx;
+
+static int tl_call(tl_ctx *c, int (*fn)(void *, const bkv_batch *, int32_t *), const bkv_batch *b,
+		   int32_t *next)
+{
+	int rc;
+
+	if (++c->calls == c->fail_at)
+		tlm_host_fail_next(c->host, c->late);
+	rc = fn(c->host, b, next);
+	if (rc < 0)
+		c->failed++;
+	return rc;
+}
+
+static int tl_forward(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tl_call(p, tlm_host_forward, b, next);
+}
+
+static int tl_prefill(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tl_call(p, tlm_host_prefill, b, next);
+}
+
+static int tl_decode(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tl_call(p, tlm_host_decode, b, next);
+}
+
+static void tl_token(void *p, uint64_t req, uint32_t branch, int32_t token, void *user)
+{
+	tlm_job *jb = user;
+
+	(void)p;
+	jb->got_total++;
+	if (branch >= jb->sampling.n_samples || jb->got_len[branch] >= jb->max_new ||
+	    req != jb->req_id) {
+		jb->bad_tokens++;
+		return;
+	}
+	jb->got[(size_t)branch * jb->max_new + jb->got_len[branch]++] = token;
+}
+
+static void tl_finish(void *p, uint64_t req, bkv_finish_reason reason, void *user)
+{
+	tlm_job *jb = user;
+
+	(void)p;
+	if (req != jb->req_id)
+		jb->bad_tokens++;
+	jb->finished++;
+	jb->reason = reason;
+}
+
+/* One run of the workload; returns the compute calls it made. */
+static uint64_t tl_run(tlm_workload *w, const tlm_model *m, int split, uint64_t fail_at,
+		       int late)
+{
+	bkv_pool_config pc;
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	bkv_pool *pool = NULL;
+	bkv_sched *s = NULL;
+	tlm_host_stats hs;
+	tl_ctx c;
+	uint32_t i, steps = 0;
+	char msg[256];
+	int rc;
+
+	memset(&c, 0, sizeof(c));
+	c.fail_at = fail_at;
+	c.late = late;
+	tlm_workload_reset(w);
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 32;
+	pc.host_blocks = 16;
+	pc.max_seqs = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	c.host = tlm_host_create(m, 4, 32, 16);
+	cr_assert_not_null(c.host);
+	memset(&ops, 0, sizeof(ops));
+	if (split) {
+		ops.prefill = tl_prefill;
+		ops.decode = tl_decode;
+	} else {
+		ops.forward = tl_forward;
+	}
+	ops.on_token = tl_token;
+	ops.on_finish = tl_finish;
+	bkv_sched_config_init(&sc);
+	sc.max_running = 6;
+	cr_assert_eq(bkv_sched_create(&sc, pool, &ops, &c, NULL, &s), BKV_OK);
+	for (i = 0; i < w->n_jobs; i++) {
+		bkv_request rq;
+		tlm_job *jb = &w->jobs[i];
+
+		bkv_request_init(&rq);
+		rq.prompt = jb->prompt;
+		rq.prompt_len = jb->prompt_len;
+		rq.max_new_tokens = jb->max_new;
+		rq.stop_tokens = jb->stop >= 0 ? &jb->stop : NULL;
+		rq.n_stop = jb->stop >= 0 ? 1 : 0;
+		rq.n = jb->sampling.n_samples;
+		rq.user = jb;
+		cr_assert_eq(bkv_submit(s, &rq, &jb->req_id), BKV_OK);
+	}
+	while (bkv_sched_pending(s) && steps++ < 10000) {
+		uint64_t before = c.calls;
+
+		rc = bkv_step(s, NULL);
+		cr_assert_eq(bkv_sched_check(s), 0);
+		if (fail_at && before < fail_at && c.calls >= fail_at) {
+			cr_assert_eq(rc, BKV_EHOST, "tinylm: step with failing call %llu returned %d",
+				     (unsigned long long)fail_at, rc);
+			rc = bkv_step(s, NULL);
+			cr_assert_eq(rc, BKV_OK, "tinylm: the retry after call %llu returned %d",
+				     (unsigned long long)fail_at, rc);
+			cr_assert_eq(bkv_sched_check(s), 0);
+		} else {
+			cr_assert_eq(rc, BKV_OK, "tinylm: step returned %d", rc);
+		}
+	}
+	cr_assert_eq(bkv_sched_pending(s), 0, "tinylm: stuck");
+	cr_assert_eq(c.failed, fail_at && fail_at <= c.calls ? 1u : 0u);
+	memset(&hs, 0, sizeof(hs));
+	tlm_host_stats_get(c.host, &hs);
+	cr_assert_eq(hs.violations, 0, "tinylm host: %s", tlm_host_last_error(c.host));
+	for (i = 0; i < w->n_jobs; i++) {
+		cr_assert_eq(w->jobs[i].finished, 1, "tinylm: job %u ended %d times", i,
+			     w->jobs[i].finished);
+		cr_assert_eq(w->jobs[i].bad_tokens, 0);
+	}
+	cr_assert_eq(tlm_workload_verify(w, msg, sizeof(msg)), 0,
+		     "tinylm, call %llu fails: %s", (unsigned long long)fail_at, msg);
+	if (!fail_at) {
+		bkv_sched_stats st;
+
+		memset(&st, 0, sizeof(st));
+		st.size = sizeof(st);
+		bkv_sched_stats_get(s, &st);
+		cr_log_info("tinylm %s host: %llu preemptions in the failure-free run",
+			    split ? "split" : "mixed", (unsigned long long)st.preemptions);
+	}
+	bkv_sched_destroy(s);
+	cr_assert_eq(bkv_pool_check(pool), 0);
+	bkv_pool_destroy(pool);
+	tlm_host_destroy(c.host);
+	return c.calls;
+}
+
+Test(host_faults, tinylm_failure_at_every_call_matches_the_reference, .timeout = 300)
+{
+	tlm_config cfg;
+	tlm_model *m;
+	tlm_workload w;
+	tlm_workload_config wc;
+	uint64_t calls, n;
+	int split;
+
+	tlm_config_small(&cfg);
+	m = tlm_model_create(&cfg);
+	cr_assert_not_null(m);
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = 16;
+	wc.system_len = 12;
+	wc.user_max = 12;
+	wc.new_max = 12;
+	wc.pct_fork = 25;
+	wc.pct_abort = 0;
+	wc.seed = 7;
+	cr_assert_eq(tlm_workload_create(&w, &wc, cfg.vocab), 0);
+	cr_assert_eq(tlm_workload_reference(&w, m), 0);
+	for (split = 0; split < 2; split++) {
+		calls = tl_run(&w, m, split, 0, 0);
+		cr_assert_gt(calls, 4);
+		for (n = 1; n <= calls; n++) {
+			tl_run(&w, m, split, n, 0); /* fails before touching anything */
+			tl_run(&w, m, split, n, 1); /* writes K/V, then fails */
+		}
+		cr_log_info("tinylm %s host: %llu host calls, each failed once early and once "
+			    "late; tokens equal the contiguous reference every time",
+			    split ? "split" : "mixed", (unsigned long long)calls);
+	}
+	tlm_workload_destroy(&w);
+	tlm_model_destroy(m);
+}
