@@ -451,6 +451,12 @@ uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	 * observed range): attention grows with a chunk's offset, so this is
 	 * the conservative shape for a latency target */
 	pl = expected_max(mean, sd, UINT32_MAX - 1);
+	/* a step prefills at most max_running prompts' worth: larger budgets
+	 * are never used, and the priced shape has room for that many chunks */
+	if ((double)cap > (double)d + (double)a->chunk_cap * (pl < 1.0 ? 1.0 : pl))
+		cap = d + (uint32_t)((double)a->chunk_cap * (pl < 1.0 ? 1.0 : pl));
+	if (cap <= d + 1)
+		return cap;
 	memset(&sh, 0, sizeof(sh));
 	sh.kind = BKV_CALL_MIXED;
 	sh.decode_rows = d;
