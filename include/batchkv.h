@@ -186,7 +186,10 @@ typedef struct bkv_pool_config {
 	int prefix_cache;          /* nonzero: index full blocks by content and
 				      reuse them. Default 1. */
 	uint64_t hash_seed;        /* seeds the chained block hash. Default 0. */
-	uint32_t reserved[4];      /* zero; room for later fields */
+	uint32_t event_capacity;   /* KV events the ring holds between drains
+				      (bkv_pool_events), 0..2^24; 0 = no
+				      events. Default 0. */
+	uint32_t reserved[3];      /* zero; room for later fields */
 } bkv_pool_config;
 
 /* Live counters of a pool. free + used + cached = device_blocks always. */
@@ -220,6 +223,10 @@ typedef struct bkv_pool_stats {
 	uint64_t cow_copies;      /* copy-on-write block copies recorded */
 	uint64_t swap_out_blocks; /* blocks copied device -> host */
 	uint64_t swap_in_blocks;  /* blocks copied host -> device */
+	uint64_t events;          /* KV events emitted (drained, pending or
+				     dropped) */
+	uint64_t events_dropped;  /* of which dropped because the ring was
+				     full */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the
@@ -1027,6 +1034,152 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  *         invariant n); BKV_EINVAL for NULL.
  */
 BKV_API int bkv_sched_check(const bkv_sched *sched);
+
+/* ------------------------------------------------------------------------ */
+/* Integration: KV events, export/import, metrics                            */
+/* ------------------------------------------------------------------------ */
+
+/* What a KV event reports (docs/scaling.md shows a router replaying them). */
+typedef enum bkv_kv_event_kind {
+	BKV_EVENT_STORED = 0,  /* a full block entered the prefix-cache index */
+	BKV_EVENT_REMOVED = 1, /* a block left the index (evicted or dropped) */
+	BKV_EVENT_CLEARED = 2  /* bkv_pool_reset_cache: the index is empty */
+} bkv_kv_event_kind;
+
+/* One KV event. Replaying a pool's events in order, starting from an empty
+ * set, gives exactly the set of hashes in its prefix-cache index. */
+typedef struct bkv_kv_event {
+	uint64_t seq;         /* event number, 1, 2, ... per pool; a gap
+				 between two drained events is where dropped
+				 events were */
+	uint64_t hash;        /* STORED, REMOVED: the block's chained hash (as
+				 bkv_block_hashes computes it); CLEARED: 0 */
+	uint64_t parent_hash; /* STORED: the hash of the block before it; 0
+				 when has_parent is 0 */
+	uint64_t key;         /* STORED: the sequence's prefix-cache key */
+	uint32_t kind;        /* a bkv_kv_event_kind */
+	uint32_t token_count; /* STORED: tokens in the block (block_tokens) */
+	int32_t block;        /* STORED, REMOVED: device block id; else -1 */
+	uint32_t has_parent;  /* STORED: 1 unless the block is a sequence's
+				 first */
+} bkv_kv_event;
+
+/**
+ * Drain KV events: copy the oldest pending events into out, oldest first, and
+ * remove them from the ring. Events are written where blocks enter and leave
+ * the prefix-cache index, into a ring of cfg.event_capacity entries taken at
+ * create (no allocation later). When the ring is full a new event is dropped
+ * and counted (bkv_pool_stats.events_dropped, and the gap in seq): a router
+ * that sees a gap must forget what it knows of this pool.
+ * @param pool  the pool; NULL gives 0.
+ * @param out   receives up to max events; may be NULL only when max is 0.
+ * @param max   most events to take.
+ * @return the number of events written (0 when none are pending, events are
+ *         off, or an argument is NULL).
+ * Thread rules: the pool's thread (events come from the calls that change
+ *         the pool, so drain between them, e.g. after each bkv_step).
+ */
+BKV_API uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max);
+
+/**
+ * Chained hashes of the full blocks of a token sequence, exactly the hashes a
+ * pool with this seed and block size gives those blocks in its KV events. A
+ * router hashes an incoming prompt with it and asks which replica's replayed
+ * events hold the longest run of leading hashes.
+ * @param hash_seed     the pool's cfg.hash_seed.
+ * @param key           the prefix-cache key of the sequence (0: none).
+ * @param block_tokens  the pool's cfg.block_tokens (> 0).
+ * @param tokens        n token ids; may be NULL only when n < block_tokens.
+ * @param n             token count.
+ * @param hashes        receives n / block_tokens hashes; may be NULL only
+ *                      when that is 0.
+ * @return the number of hashes written (n / block_tokens); 0 on bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_block_hashes(uint64_t hash_seed, uint64_t key, uint32_t block_tokens,
+				  const int32_t *tokens, uint32_t n, uint64_t *hashes);
+
+/* A sequence exported from one pool for import into another (disaggregated
+ * prefill/decode). The caller owns every array: it sets the pointers and
+ * capacities, bkv_seq_export fills them, and the struct (after travelling as
+ * plain data) is what bkv_seq_import reads. */
+typedef struct bkv_seq_image {
+	uint32_t size;         /* sizeof(bkv_seq_image); set by the caller */
+	uint32_t block_tokens; /* the source pool's block_tokens */
+	uint32_t len;          /* tokens in the sequence */
+	uint32_t n_blocks;     /* blocks in its table, ceil(len/block_tokens) */
+	uint64_t key;          /* the sequence's prefix-cache key */
+	uint64_t hash_seed;    /* the source pool's hash_seed */
+	int32_t *blocks;       /* [cap_blocks] source device block ids */
+	uint64_t *hashes;      /* [cap_blocks] chained hash of each full block
+				  (the last entry, if that block is partial,
+				  is 0) */
+	int32_t *tokens;       /* [cap_tokens] the sequence's token ids */
+	uint32_t cap_blocks;   /* entries the caller gave blocks and hashes */
+	uint32_t cap_tokens;   /* entries the caller gave tokens */
+} bkv_seq_image;
+
+/**
+ * Export a device-resident sequence (typically a finished prefill): its block
+ * ids, chained block hashes and tokens, so another pool can import it and
+ * the host can copy the KV of those blocks across. The sequence is not
+ * changed; keep it open (its blocks pinned) until the host has read their KV.
+ * @param pool  the source pool.
+ * @param seq   an open, device-resident sequence.
+ * @param exp   size, blocks, hashes, tokens and capacities set by the caller;
+ *              receives block_tokens, len, n_blocks, key, hash_seed and the
+ *              arrays' contents. On BKV_E2BIG only len and n_blocks are set
+ *              (the room needed), so the caller can size the arrays first.
+ * @return BKV_OK; BKV_EINVAL (NULL argument, exp->size too small); BKV_ENOENT
+ *         (unknown sequence); BKV_ESTATE (swapped out); BKV_E2BIG (cap_blocks
+ *         < n_blocks or cap_tokens < len).
+ * Thread rules: the pool's thread.
+ */
+BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp);
+
+/**
+ * Import an exported sequence into this pool as a new sequence with the
+ * export's key: leading full blocks already in this pool's prefix cache are
+ * shared (no transfer), the rest get fresh device blocks, and transfers lists
+ * the KV copies the host must make, (source pool's block -> this pool's
+ * block), in table order. Full imported blocks enter this pool's prefix cache
+ * (and its KV events) at once, so the host must finish the transfers before
+ * its next computation that reads them - the rule of pool copy lists. When
+ * both pools share hash_seed, every exported hash is checked against the
+ * tokens (a damaged export is refused). All-or-nothing.
+ * @param pool         the destination pool.
+ * @param exp          as bkv_seq_export filled it; block_tokens must equal
+ *                     this pool's.
+ * @param seq          receives the new sequence id.
+ * @param transfers    receives up to exp->n_blocks copies; caller-owned.
+ * @param n_transfers  receives the number of copies written.
+ * @return BKV_OK; BKV_EINVAL (NULL argument, block_tokens differ, len 0,
+ *         n_blocks != ceil(len/block_tokens), a source block id < 0, or a
+ *         hash mismatch); BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough
+ *         device blocks); BKV_E2BIG (more than device_blocks blocks);
+ *         BKV_ENOMEM (the block table could not grow).
+ * Thread rules: the pool's thread.
+ */
+BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
+			   bkv_copy *transfers, uint32_t *n_transfers);
+
+/**
+ * Write the scheduler's and its pool's metrics in the Prometheus text
+ * exposition format (version 0.0.4): a HELP and a TYPE line per metric, then
+ * its samples. Names and units follow Prometheus conventions: counters end in
+ * _total, times are in seconds, ratios in 0..1 (_ratio); the step-time
+ * histogram bkv_step_duration_seconds has fixed buckets 0.0005 s .. 10 s and
+ * +Inf, updated by bkv_step without allocation. docs/api.md lists the names.
+ * @param sched  the scheduler; NULL writes nothing and returns 0.
+ * @param buf    receives at most cap bytes, NUL-terminated when cap > 0
+ *               (truncated text when cap is too small); may be NULL when cap
+ *               is 0.
+ * @param cap    bytes available in buf.
+ * @return the length of the whole text (not counting the NUL), as snprintf:
+ *         it was truncated when the return is >= cap.
+ * Thread rules: the stepping thread (as bkv_sched_stats_get).
+ */
+BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

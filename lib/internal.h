@@ -168,6 +168,13 @@ struct bkv_pool {
 	uint32_t txn_n;        /* entries in txn_pending; <= nb because an
 				  entry is added only when a block fills and
 				  a block fills once per take */
+	bkv_kv_event *ev;      /* [cfg.event_capacity] KV event ring; NULL when
+				  events are off (prefix.c writes, pool.c
+				  drains) */
+	uint32_t ev_head;      /* ring index of the oldest pending event */
+	uint32_t ev_n;         /* pending events, <= cfg.event_capacity */
+	uint64_t ev_seq;       /* events emitted (the last event's seq) */
+	uint64_t ev_dropped;   /* events dropped on a full ring */
 };
 
 /* Step transactions (pool.c). Between begin and commit, blocks that become
@@ -194,6 +201,10 @@ void bkv__lru_unlink(bkv_pool *pool, int32_t b);
 void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
 /* Take b out of the index (it must be INDEXED); updates parent kids. */
 void bkv__cache_forget(bkv_pool *pool, int32_t b);
+/* Record a KV event (STORED for b, REMOVED for b, or CLEARED with b = -1):
+ * into the ring, or counted as dropped when it is full. No-op when events
+ * are off. */
+void bkv__event(bkv_pool *pool, bkv_kv_event_kind kind, int32_t b);
 /* Evict the LRU head: it leaves the index and the LRU; returns it (ref 0,
  * in no list), or -1 when the LRU is empty. */
 int32_t bkv__cache_evict(bkv_pool *pool);
@@ -298,6 +309,9 @@ typedef struct bkv__bufs {
 	int32_t *kv_indices;   /* [kv_cap] */
 } bkv__bufs;
 
+/* Buckets of the step-duration histogram (metrics.c), +Inf included. */
+#define BKV__STEP_BUCKETS 15
+
 struct bkv_sched {
 	bkv_sched_config cfg;  /* copied, auto fields resolved */
 	bkv_host_ops ops;      /* copied */
@@ -382,6 +396,10 @@ struct bkv_sched {
 				  read */
 	struct bkv__auto *autos; /* auto.c's state: cost-model decisions and
 				    the default model; owned */
+	uint64_t step_hist[BKV__STEP_BUCKETS]; /* metrics.c: steps (ok or
+				  rolled back) whose duration fell in bucket
+				  i (not cumulative; last = +Inf) */
+	double step_sum_s;     /* metrics.c: sum of step durations, seconds */
 };
 
 /* policy.c: the queue */
@@ -429,5 +447,10 @@ int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
 /* For tests: the admission group chosen, the batch cap, the slot-free rate
  * (slots per step). */
 void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double *rate);
+
+/* ---- metrics.c: Prometheus exposition ------------------------------------
+ * bkv_step reports each step's duration here (a fixed bucket search, no
+ * allocation); bkv_sched_metrics_prometheus formats the counters. */
+void bkv__step_observe(bkv_sched *s, uint64_t us);
 
 #endif /* BKV_INTERNAL_H */

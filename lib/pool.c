@@ -84,6 +84,14 @@
  * commit indexes the queue in fill order, abort forgets it. No lookup can then
  * hit a block whose KV the current step has not computed yet.
  *
+ * KV events (for cluster routers): prefix.c writes a STORED or REMOVED event
+ * into a preallocated ring wherever a block enters or leaves the index, and
+ * reset_cache writes one CLEARED; bkv_pool_events drains it. Export copies a
+ * sequence's table, tokens and chained hashes into caller arrays; import
+ * opens a sequence and appends the tokens (prefix hits are shared), then
+ * lists (source block, new block) transfers for every block not hit; a
+ * failing append gives the opened slot back untouched (slot_unopen).
+ *
  * bkv_pool_check's invariant numbers are the CHECK_* values below.
  */
 #include "internal.h"
@@ -430,6 +438,8 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->watermark_blocks > c->device_blocks)
 		return 0;
+	if (c->event_capacity > (1u << 24))
+		return 0;
 	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
 		if (c->reserved[i])
 			return 0;
@@ -461,6 +471,7 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->index, index_cap(pool) * sizeof(int32_t));
 	bkv__free(a, pool->txn_pending, pool->index ? nb * sizeof(int32_t) : 0);
 	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	bkv__free(a, pool->ev, pool->ev ? pool->cfg.event_capacity * sizeof(bkv_kv_event) : 0);
 	bkv__free(a, pool->tok, nb * bt * sizeof(int32_t));
 	bkv__free(a, pool->blk, nb * sizeof(bkv__block));
 	bkv__free(a, pool, sizeof *pool);
@@ -515,6 +526,11 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 		memset(pool->index, 0xff, icap * sizeof(int32_t));
 		pool->txn_pending = bkv__malloc(&a, nb * sizeof(int32_t));
 		if (!pool->txn_pending)
+			goto nomem;
+	}
+	if (cfg->event_capacity) {
+		pool->ev = bkv__malloc(&a, cfg->event_capacity * sizeof(bkv_kv_event));
+		if (!pool->ev)
 			goto nomem;
 	}
 	if (nh) {
@@ -1123,6 +1139,7 @@ int bkv_pool_reset_cache(bkv_pool *pool)
 	if (pool->index)
 		memset(pool->index, 0xff, index_cap(pool) * sizeof(int32_t));
 	pool->nr_indexed = 0;
+	bkv__event(pool, BKV_EVENT_CLEARED, -1);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;
 }
@@ -1156,9 +1173,130 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.cow_copies = pool->cow_copies;
 		st.swap_out_blocks = pool->swap_out_blocks;
 		st.swap_in_blocks = pool->swap_in_blocks;
+		st.events = pool->ev_seq;
+		st.events_dropped = pool->ev_dropped;
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);
+}
+
+/* ---- KV events, export and import ----------------------------------------- */
+
+uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
+{
+	uint32_t n, cap, first;
+
+	if (!pool || !out || !pool->ev)
+		return 0;
+	cap = pool->cfg.event_capacity;
+	n = BKV_MIN(max, pool->ev_n);
+	first = BKV_MIN(n, cap - pool->ev_head); /* up to the ring's end */
+	memcpy(out, pool->ev + pool->ev_head, first * sizeof *out);
+	memcpy(out + first, pool->ev, (n - first) * sizeof *out);
+	pool->ev_head += n;
+	if (pool->ev_head >= cap)
+		pool->ev_head -= cap;
+	pool->ev_n -= n;
+	return n;
+}
+
+int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp)
+{
+	const bkv__seq *s;
+	uint32_t i, bt;
+	uint64_t ph = BKV__HASH_ROOT;
+
+	if (!pool || !exp || exp->size < sizeof *exp)
+		return BKV_EINVAL;
+	s = seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	exp->len = s->len;
+	exp->n_blocks = s->n_blocks;
+	if (exp->cap_blocks < s->n_blocks || exp->cap_tokens < s->len)
+		return BKV_E2BIG;
+	if (s->n_blocks && (!exp->blocks || !exp->hashes || !exp->tokens))
+		return BKV_EINVAL;
+	bt = pool->bt;
+	exp->block_tokens = bt;
+	exp->key = s->key;
+	exp->hash_seed = pool->cfg.hash_seed;
+	for (i = 0; i < s->n_blocks; i++) {
+		int32_t b = s->table[i];
+		uint32_t n = block_len(pool, s->len, i);
+
+		exp->blocks[i] = b;
+		memcpy(exp->tokens + (size_t)i * bt, pool->tok + (size_t)b * bt,
+		       n * sizeof(int32_t));
+		if (n == bt) {
+			ph = bkv__block_hash(pool->cfg.hash_seed, ph, s->key,
+					     pool->tok + (size_t)b * bt, bt);
+			exp->hashes[i] = ph;
+		} else {
+			exp->hashes[i] = 0;
+		}
+	}
+	return BKV_OK;
+}
+
+/* Undo slot_open of a slot nothing was put in (import's failure path), so
+ * that the slot ring, the generation and nr_seqs are as before. */
+static void slot_unopen(bkv_pool *pool, bkv__seq *s)
+{
+	pool->ring_head = pool->ring_head ? pool->ring_head - 1 : pool->cfg.max_seqs - 1;
+	BKV_ASSERT(&pool->seqs[pool->slot_ring[pool->ring_head]] == s);
+	pool->nr_seqs--;
+	s->state = BKV__SEQ_FREE;
+}
+
+int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
+		   bkv_copy *transfers, uint32_t *n_transfers)
+{
+	uint32_t bt, i, hits = 0, id, nt = 0;
+	bkv__seq *s;
+	int rc;
+
+	if (!pool || !exp || !seq || !transfers || !n_transfers || exp->size < sizeof *exp)
+		return BKV_EINVAL;
+	bt = pool->bt;
+	if (exp->block_tokens != bt || exp->len == 0 || !exp->tokens || !exp->blocks ||
+	    exp->n_blocks != blocks_for(pool, exp->len))
+		return BKV_EINVAL;
+	for (i = 0; i < exp->n_blocks; i++)
+		if (exp->blocks[i] < 0)
+			return BKV_EINVAL;
+	if (exp->hash_seed == pool->cfg.hash_seed) {
+		uint64_t ph = BKV__HASH_ROOT;
+
+		if (!exp->hashes)
+			return BKV_EINVAL;
+		for (i = 0; (uint64_t)(i + 1) * bt <= exp->len; i++) {
+			ph = bkv__block_hash(pool->cfg.hash_seed, ph, exp->key,
+					     exp->tokens + (size_t)i * bt, bt);
+			if (exp->hashes[i] != ph)
+				return BKV_EINVAL;
+		}
+	}
+	s = slot_peek(pool);
+	if (!s)
+		return BKV_EAGAIN;
+	slot_open(pool, s, exp->key);
+	id = seq_id(pool, s);
+	rc = bkv_seq_append(pool, id, exp->tokens, exp->len, &hits);
+	if (rc != BKV_OK) {
+		slot_unopen(pool, s);
+		return rc;
+	}
+	for (i = hits / bt; i < s->n_blocks; i++) {
+		transfers[nt].src = exp->blocks[i];
+		transfers[nt].dst = s->table[i];
+		nt++;
+	}
+	*seq = id;
+	*n_transfers = nt;
+	return BKV_OK;
 }
 
 /* ---- the checker --------------------------------------------------------- */

@@ -217,6 +217,68 @@ void bkv__lru_unlink(bkv_pool *pool, int32_t b)
 	pool->nr_cached--;
 }
 
+/* ---- KV events ----------------------------------------------------------- */
+
+/* The ring is written here and drained by bkv_pool_events (pool.c). A full
+ * ring drops the new event (the host keeps the ones it has not read) and
+ * counts it; seq still advances, so the drained stream shows the gap. */
+void bkv__event(bkv_pool *pool, bkv_kv_event_kind kind, int32_t b)
+{
+	uint32_t cap = pool->cfg.event_capacity, i;
+	bkv_kv_event *e;
+
+	if (!pool->ev)
+		return;
+	pool->ev_seq++;
+	if (pool->ev_n == cap) {
+		pool->ev_dropped++;
+		return;
+	}
+	i = pool->ev_head + pool->ev_n;
+	if (i >= cap)
+		i -= cap;
+	pool->ev_n++;
+	e = &pool->ev[i];
+	e->seq = pool->ev_seq;
+	e->kind = (uint32_t)kind;
+	e->block = b;
+	e->hash = e->parent_hash = e->key = 0;
+	e->token_count = 0;
+	e->has_parent = 0;
+	if (b >= 0) {
+		const bkv__block *k = &pool->blk[b];
+
+		e->hash = k->hash;
+		if (kind == BKV_EVENT_STORED) {
+			e->key = k->key;
+			e->token_count = pool->bt;
+			if (k->parent >= 0) {
+				e->has_parent = 1;
+				e->parent_hash = pool->blk[k->parent].hash;
+			}
+		}
+	}
+}
+
+uint32_t bkv_block_hashes(uint64_t hash_seed, uint64_t key, uint32_t block_tokens,
+			  const int32_t *tokens, uint32_t n, uint64_t *hashes)
+{
+	uint64_t ph = BKV__HASH_ROOT;
+	uint32_t nb, i;
+
+	if (block_tokens == 0)
+		return 0;
+	nb = n / block_tokens;
+	if (nb && (!tokens || !hashes))
+		return 0;
+	for (i = 0; i < nb; i++) {
+		ph = block_hash(hash_seed, ph, key, tokens + (size_t)i * block_tokens,
+				block_tokens);
+		hashes[i] = ph;
+	}
+	return nb;
+}
+
 /* ---- cache membership ---------------------------------------------------- */
 
 void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
@@ -246,6 +308,8 @@ void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 	pool->nr_indexed++;
 	if (parent >= 0)
 		pool->blk[parent].kids++;
+	if (pool->ev)
+		bkv__event(pool, BKV_EVENT_STORED, b);
 }
 
 void bkv__cache_forget(bkv_pool *pool, int32_t b)
@@ -253,6 +317,8 @@ void bkv__cache_forget(bkv_pool *pool, int32_t b)
 	bkv__block *k = &pool->blk[b];
 
 	BKV_ASSERT(BLOCK_IS_INDEXED(k) && k->kids == 0);
+	if (pool->ev)
+		bkv__event(pool, BKV_EVENT_REMOVED, b);
 	bkv__index_remove(pool, b);
 	k->flags &= ~BKV__BLOCK_INDEXED;
 	pool->nr_indexed--;

@@ -1355,6 +1355,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 
 	si.running = s->nr_run;
 	si.waiting = s->heap_n;
+	bkv__step_observe(s, clock_us(s) - now);
 	if (info)
 		*info = si;
 	s->in_step = 0;

@@ -303,7 +303,8 @@ Test(pool_input, config_init_fills_the_documented_defaults)
 	cr_assert_eq(c.watermark_blocks, 0);
 	cr_assert_eq(c.prefix_cache, 1);
 	cr_assert_eq(c.hash_seed, 0);
-	cr_assert_eq(c.reserved[3], 0);
+	cr_assert_eq(c.event_capacity, 0);
+	cr_assert_eq(c.reserved[2], 0);
 }
 
 Test(pool_input, null_pool_is_einval_everywhere)

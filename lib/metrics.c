@@ -1,0 +1,181 @@
+/*
+ * metrics.c - the scheduler's and its pool's counters in the Prometheus text
+ * exposition format (version 0.0.4), and the step-duration histogram behind
+ * bkv_step_duration_seconds.
+ *
+ * bkv_step calls bkv__step_observe once per step (successful or rolled back)
+ * with the step's duration on the scheduler's clock; it finds the bucket with
+ * a fixed search over BKV__STEP_BUCKETS bounds and bumps one counter, so the
+ * histogram costs no allocation and no scan. Buckets are kept per bucket
+ * (not cumulative) and summed when written, as Prometheus wants `le` buckets
+ * cumulative.
+ *
+ * bkv_sched_metrics_prometheus writes like snprintf: into at most cap bytes,
+ * NUL-terminated, returning the length the whole text needs. Names follow the
+ * Prometheus conventions (base units - seconds, tokens, blocks - in the name;
+ * counters end in _total; ratios 0..1 end in _ratio), with vLLM's set of
+ * serving metrics as the model for what to expose. Each metric gets its HELP
+ * and TYPE lines first.
+ */
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Upper bounds of the histogram's buckets, microseconds and as written; the
+ * last bucket (+Inf) has no bound here. */
+static const uint64_t bound_us[BKV__STEP_BUCKETS - 1] = {
+	500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
+	250000, 500000, 1000000, 2500000, 5000000, 10000000,
+};
+static const char *const bound_txt[BKV__STEP_BUCKETS - 1] = {
+	"0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+	"0.25", "0.5", "1", "2.5", "5", "10",
+};
+
+void bkv__step_observe(bkv_sched *s, uint64_t us)
+{
+	uint32_t i = 0;
+
+	if (us > INT64_MAX) /* a clock that went backwards */
+		us = 0;
+	while (i < BKV__STEP_BUCKETS - 1 && us > bound_us[i])
+		i++;
+	s->step_hist[i]++;
+	s->step_sum_s += (double)us / 1e6;
+}
+
+/* snprintf into a growing text that may outgrow the caller's buffer. */
+typedef struct out {
+	char *buf;  /* the caller's buffer, or NULL */
+	size_t cap; /* its size in bytes */
+	size_t len; /* bytes the text needs so far (not counting the NUL) */
+} out;
+
+static void put(out *o, const char *fmt, ...)
+{
+	char *dst = NULL;
+	size_t room = 0;
+	va_list ap;
+	int n;
+
+	if (o->buf && o->len < o->cap) {
+		dst = o->buf + o->len;
+		room = o->cap - o->len;
+	}
+	va_start(ap, fmt);
+	n = vsnprintf(dst, room, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		o->len += (size_t)n;
+}
+
+static void head(out *o, const char *name, const char *type, const char *help)
+{
+	put(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(out *o, const char *name, const char *help, uint64_t v)
+{
+	head(o, name, "counter", help);
+	put(o, "%s %" PRIu64 "\n", name, v);
+}
+
+static void gauge(out *o, const char *name, const char *help, uint64_t v)
+{
+	head(o, name, "gauge", help);
+	put(o, "%s %" PRIu64 "\n", name, v);
+}
+
+static void gauge_f(out *o, const char *name, const char *help, double v)
+{
+	head(o, name, "gauge", help);
+	put(o, "%s %.9g\n", name, v);
+}
+
+size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
+{
+	bkv_sched_stats st;
+	bkv_pool_stats ps;
+	out o = {buf, buf ? cap : 0, 0};
+	uint64_t prompt_queries, cum = 0;
+	uint32_t i;
+
+	if (o.cap)
+		buf[0] = '\0';
+	if (!s)
+		return 0;
+	st.size = sizeof st;
+	bkv_sched_stats_get(s, &st);
+	ps.size = sizeof ps;
+	bkv_pool_stats_get(s->pool, &ps);
+	prompt_queries = st.prefill_tokens + st.hit_tokens;
+
+	gauge(&o, "bkv_requests_waiting", "Requests queued, not started.", st.waiting);
+	gauge(&o, "bkv_requests_running", "Requests holding batch slots.", st.running);
+	gauge(&o, "bkv_requests_swapped", "Requests preempted to the host KV tier.",
+	      st.swapped);
+	counter(&o, "bkv_requests_submitted_total", "Requests accepted by bkv_submit.",
+		st.submitted);
+	counter(&o, "bkv_requests_finished_total", "Requests ended, any reason.", st.finished);
+	counter(&o, "bkv_requests_aborted_total", "Requests ended by bkv_abort.", st.aborted);
+	counter(&o, "bkv_prompt_tokens_total",
+		"Prompt tokens computed by prefill (prefix-cache hits excluded).",
+		st.prefill_tokens);
+	counter(&o, "bkv_generation_tokens_total", "Tokens computed by decode rows (a request's first token comes from its prefill).",
+		st.decode_tokens);
+	counter(&o, "bkv_prefix_cache_hit_tokens_total",
+		"Prompt tokens served from the prefix cache.", st.hit_tokens);
+	counter(&o, "bkv_prefix_cache_query_tokens_total",
+		"Prompt tokens looked up in the prefix cache (computed plus hits).",
+		prompt_queries);
+	gauge_f(&o, "bkv_prefix_cache_hit_ratio",
+		"Prefix-cache hit tokens over query tokens since start.",
+		prompt_queries ? (double)st.hit_tokens / (double)prompt_queries : 0.0);
+	head(&o, "bkv_preemptions_total", "counter", "Requests preempted, by mode.");
+	put(&o, "bkv_preemptions_total{mode=\"recompute\"} %" PRIu64 "\n",
+	    st.preemptions - st.swaps);
+	put(&o, "bkv_preemptions_total{mode=\"swap\"} %" PRIu64 "\n", st.swaps);
+	counter(&o, "bkv_steps_total", "Successful bkv_step iterations.", st.steps);
+	counter(&o, "bkv_failed_steps_total", "Steps rolled back on a host failure.",
+		st.failed_steps);
+	counter(&o, "bkv_prefill_calls_total", "Host calls carrying prefill.",
+		st.prefill_calls);
+	counter(&o, "bkv_decode_calls_total", "Host decode calls (split hosts).",
+		st.decode_calls);
+	head(&o, "bkv_host_busy_seconds_total", "counter", "Measured time in host calls.");
+	put(&o, "bkv_host_busy_seconds_total %.9g\n", st.busy_us / 1e6);
+
+	gauge_f(&o, "bkv_kv_cache_usage_ratio",
+		"Device KV blocks in use (not free, not reclaimable cache) over all.",
+		ps.device_blocks ? (double)ps.nr_used / (double)ps.device_blocks : 0.0);
+	head(&o, "bkv_kv_blocks", "gauge", "Device KV blocks by state.");
+	put(&o, "bkv_kv_blocks{state=\"free\"} %" PRIu32 "\n", ps.nr_free);
+	put(&o, "bkv_kv_blocks{state=\"used\"} %" PRIu32 "\n", ps.nr_used);
+	put(&o, "bkv_kv_blocks{state=\"cached\"} %" PRIu32 "\n", ps.nr_cached);
+	head(&o, "bkv_kv_host_blocks", "gauge", "Host-tier (swap) KV blocks by state.");
+	put(&o, "bkv_kv_host_blocks{state=\"free\"} %" PRIu32 "\n", ps.host_free);
+	put(&o, "bkv_kv_host_blocks{state=\"used\"} %" PRIu32 "\n", ps.host_used);
+	counter(&o, "bkv_prefix_cache_evictions_total", "Cached KV blocks reclaimed.",
+		ps.evictions);
+	counter(&o, "bkv_kv_events_total", "KV events emitted for routers.", ps.events);
+	counter(&o, "bkv_kv_events_dropped_total", "KV events dropped on a full ring.",
+		ps.events_dropped);
+
+	head(&o, "bkv_step_duration_seconds", "histogram",
+	     "Wall time of one bkv_step on the scheduler's clock.");
+	for (i = 0; i < BKV__STEP_BUCKETS; i++) {
+		cum += s->step_hist[i];
+		if (i < BKV__STEP_BUCKETS - 1)
+			put(&o, "bkv_step_duration_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
+			    bound_txt[i], cum);
+		else
+			put(&o, "bkv_step_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
+			    cum);
+	}
+	put(&o, "bkv_step_duration_seconds_sum %.9g\n", s->step_sum_s);
+	put(&o, "bkv_step_duration_seconds_count %" PRIu64 "\n", cum);
+	return o.len;
+}
