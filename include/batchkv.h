@@ -980,7 +980,7 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
  * @param req_id  receives its id (never 0); may be NULL.
  * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
- *         or n > max_running);
+ *         or n > max_running, or n > the pool's max_seqs);
  *         BKV_EAGAIN (queue full); BKV_ENOMEM.
  */
 BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_id);

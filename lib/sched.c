@@ -424,8 +424,9 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	 * whole histories must fit at once for the request to finish alone. */
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
 	blocks = (hist + s->bt - 1) / s->bt * q->n;
-	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running)
-		return BKV_E2BIG;
+	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
+	    q->n > s->pool->cfg.max_seqs)
+		return BKV_E2BIG; /* could never run all n branches at once */
 	/* request, lanes, stop tokens, then n histories of hist tokens */
 	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
 		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
@@ -992,6 +993,9 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		if (target == 0)
 			continue; /* n > 1, one-token prompt: forks next step */
 		c = bkv__chunk_len(s, target);
+		if (c == 0 && j > 0)
+			continue; /* the budget went to earlier branches: this one
+				     starts in a later step (plan_continue) */
 		if (c == 0) {
 			rc = BKV_ENOSPC;
 			break;

@@ -445,9 +445,9 @@ Test(faults, sched_workload_survives_every_allocation_failure_split_host)
 
 /* Found by fuzz_sched: a request with more samples than the pool has
  * sequence slots is accepted but can never fork, so it stays pending
- * forever. Disabled until bkv_submit refuses it (BKV_E2BIG, like n >
- * max_running); see docs/reliability.md. */
-Test(faults, submit_refuses_more_samples_than_pool_sequences, .disabled = true)
+ * forever. bkv_submit now refuses it (BKV_E2BIG, like n > max_running);
+ * see docs/reliability.md. */
+Test(faults, submit_refuses_more_samples_than_pool_sequences)
 {
 	bkv_pool_config pc;
 	bkv_sched_config sc;

@@ -693,11 +693,10 @@ Test(tinylm_serve, measured_host_calls_calibrate_the_cost_model, .init = serve_s
  * token budget, bkv__chunk_len gives lane 1 zero tokens, admission answers
  * BKV_ENOSPC and is rolled back, and the same happens at every later step:
  * the request waits forever on an empty pool. It needs chunked prefill with
- * a token_budget no larger than one lane's history. Run it with
- * --filter 'tinylm_serve/resumed*' (or remove .disabled) to check a fix.
+ * a token_budget no larger than one lane's history. Fixed: a later branch
+ * that gets no budget is opened empty and starts in a later step.
  */
-Test(tinylm_serve, resumed_forked_request_under_a_small_token_budget_finishes,
-     .disabled = true)
+Test(tinylm_serve, resumed_forked_request_under_a_small_token_budget_finishes)
 {
 	g_model = small_model();
 	tlm_workload_config wc;

@@ -268,14 +268,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 			max_new = fz_u8(&f) % 24;    /* 0 is invalid */
 			n = 1 + (shape >> 2) % 4;
-			/* Known stall, kept out until the scheduler is fixed: a
-			 * forked request preempted by recompute is never
-			 * re-admitted under chunked prefill with a budget below
-			 * its lanes' histories (tests/fuzz/known/, and
-			 * tinylm_serve/resumed_forked_request_under_a_small_
-			 * token_budget_finishes). */
-			if (sc.chunked_prefill && !getenv("BKV_FUZZ_KNOWN"))
-				n = 1; /* (swap mode falls back to recompute too) */
 			if ((shape & 0x70) == 0x70)
 				n = (shape & 0x08) ? 0 : sc.max_running + 1;
 			kh_req_init(q, n_req + 1, prompts[n_req], len, max_new ? max_new : 1,
