@@ -253,6 +253,7 @@ typedef struct bkv_seq_info {
 /**
  * Fill a pool config with defaults (see each field).
  * @param cfg  the config to fill; NULL is ignored.
+ * Thread rules: any thread.
  */
 BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
 
@@ -267,11 +268,16 @@ BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
  * @param out    receives the pool; untouched on failure.
  * @return BKV_OK; BKV_EINVAL (NULL cfg/out, cfg->size too small, a field out of
  *         range); BKV_ENOMEM.
+ * Thread rules: any thread; the pool then belongs to one thread at a time.
  */
 BKV_API int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc,
 			    bkv_pool **out);
 
-/** Destroy a pool and everything in it. NULL is ignored. */
+/**
+ * Destroy a pool and everything in it. NULL is ignored.
+ * @param pool   the pool.
+ * Thread rules: the pool's thread, with no scheduler still using it.
+ */
 BKV_API void bkv_pool_destroy(bkv_pool *pool);
 
 /**
@@ -281,6 +287,8 @@ BKV_API void bkv_pool_destroy(bkv_pool *pool);
  *              not reused for a long time (a generation count is part of the
  *              id; free slots are reused oldest first).
  * @return BKV_OK; BKV_EINVAL (NULL); BKV_EAGAIN (max_seqs open).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_open(bkv_pool *pool, uint32_t *seq);
 
@@ -288,7 +296,12 @@ BKV_API int bkv_seq_open(bkv_pool *pool, uint32_t *seq);
  * Open an empty sequence whose blocks are cached under a caller key (a LoRA id,
  * a tenant salt): blocks only hit blocks with the same key. Key 0 is the
  * bkv_seq_open() default.
+ * @param pool   the pool.
+ * @param key    prefix-cache key of all its blocks; 0 = none.
+ * @param seq    receives the sequence id, as bkv_seq_open().
  * @return as bkv_seq_open().
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq);
 
@@ -316,6 +329,8 @@ BKV_API int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq);
  *         device blocks); BKV_E2BIG (the sequence would exceed device_blocks
  *         blocks or 2^31 - 1 tokens); BKV_ENOMEM (its block table or the copy
  *         list could not grow).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 			   uint32_t *hit_tokens);
@@ -323,14 +338,24 @@ BKV_API int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, 
 /**
  * Blocks an append of n tokens to seq would take from the free list or cache
  * (new blocks plus a copy-on-write block), ignoring possible prefix hits.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
+ * @param n      tokens the append would add.
  * @return the count (>= 0), or a negative bkv_status (EINVAL, ENOENT, ESTATE).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n);
 
 /**
  * Shorten a sequence to new_len tokens, releasing blocks past it (used to roll
  * back a step, or for speculative decoding). Releasing follows close's rule.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
+ * @param new_len the length to keep, <= the sequence's length.
  * @return BKV_OK; BKV_EINVAL (new_len > len); BKV_ENOENT; BKV_ESTATE (swapped).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len);
 
@@ -339,8 +364,12 @@ BKV_API int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len);
  * write by either into a shared, partially filled block copies it; full shared
  * blocks are never copied.
  * @param child  receives the new id.
+ * @param pool   the pool.
+ * @param parent the sequence to fork (device-resident).
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (parent swapped out);
  *         BKV_EAGAIN (max_seqs open); BKV_ENOMEM.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child);
 
@@ -348,7 +377,11 @@ BKV_API int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child);
  * Close a finished sequence. Its full blocks that are in the prefix cache stay
  * there when their last user leaves (on the LRU, reclaimed lazily); the rest
  * return to the free list. Closing a swapped-out sequence frees its host blocks.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_close(bkv_pool *pool, uint32_t seq);
 
@@ -357,7 +390,11 @@ BKV_API int bkv_seq_close(bkv_pool *pool, uint32_t seq);
  * returns to the free list and leaves the prefix cache - except a block that
  * is the parent of other cached blocks, which stays cached (their chain runs
  * through it).
+ * @param pool   the pool.
+ * @param seq    the sequence id.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
 
@@ -365,14 +402,23 @@ BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
  * A sequence's block table: physical block id of each logical block, in order.
  * Device ids normally; host ids while swapped out.
  * @param n_blocks  receives the entry count; may be NULL.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
  * @return the table (owned by the pool, valid until the sequence next changes),
  *         or NULL for an unknown sequence (then *n_blocks = 0).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_blocks);
 
 /**
  * Describe a sequence.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
+ * @param info   receives the description; untouched on error.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *info);
 
@@ -381,11 +427,15 @@ BKV_API int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *i
  * block and a BKV_COPY_SWAP_OUT copy; the device blocks are released by close's
  * rule (full cached blocks stay cached, so swap-in may find them again).
  * All-or-nothing.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (already swapped, no
  *         host tier, or one of its blocks is the source or destination of a
  *         pending device copy or the destination of a pending swap-in copy:
  *         clear those first); BKV_ENOSPC (not enough free host blocks);
  *         BKV_ENOMEM (the copy list could not grow).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq);
 
@@ -395,9 +445,13 @@ BKV_API int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq);
  * blocks whose block was found in the cache are freed at once; the others when
  * the swap-in copies are cleared (the host reads them until then).
  * All-or-nothing.
+ * @param pool   the pool.
+ * @param seq    the sequence id.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (not swapped, or device
  *         copies are pending: clear them first); BKV_ENOSPC (not enough
  *         device blocks); BKV_ENOMEM (the copy list could not grow).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
 
@@ -409,7 +463,11 @@ BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
  * copy writes it.
  * @param out  receives the array (owned by the pool; valid until cleared or the
  *             pool next changes); may be NULL.
+ * @param pool   the pool.
+ * @param kind   a bkv_copy_kind.
  * @return the number of pending copies (0 for a NULL pool or bad kind).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out);
 
@@ -419,13 +477,20 @@ BKV_API uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const
  * clearing device copies releases copy-on-write sources that no sequence
  * references any more (until then they cannot be reclaimed, so copies may be
  * performed again after a failed step). NULL pool or a bad kind is ignored.
+ * @param pool   the pool.
+ * @param kind   a bkv_copy_kind.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind);
 
 /**
  * Device blocks that can be had now without preempting: free plus reclaimable
  * cached blocks.
+ * @param pool   the pool.
  * @return the count; 0 for a NULL pool.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API uint32_t bkv_pool_available(const bkv_pool *pool);
 
@@ -433,7 +498,11 @@ BKV_API uint32_t bkv_pool_available(const bkv_pool *pool);
  * Can a new sequence of n_tokens be admitted above the watermark? True when
  * free + reclaimable - blocks(n_tokens) >= watermark_blocks. Prefix hits are
  * not assumed (conservative).
+ * @param pool   the pool.
+ * @param n_tokens the new sequence's token count.
  * @return 1 yes, 0 no (and 0 for a NULL pool).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
 
@@ -441,7 +510,10 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
  * sequences).
+ * @param pool   the pool.
  * @return BKV_OK; BKV_EINVAL (NULL pool).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
 
@@ -449,6 +521,9 @@ BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
  * Read the pool's counters.
  * @param stats  filled up to min(stats->size, sizeof(bkv_pool_stats)); set
  *               stats->size first (0 is taken as sizeof(bkv_pool_stats)).
+ * @param pool   the pool.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats);
 
@@ -457,8 +532,11 @@ BKV_API void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats);
  * table references, free + used + cached = total, no pinned block on the LRU,
  * the hash index matches the cached blocks, ...). O(all blocks): for tests,
  * fuzzers and debugging, not the hot path.
+ * @param pool   the pool.
  * @return 0 when consistent; otherwise a positive number naming the violated
  *         invariant (see lib/pool.c); BKV_EINVAL for NULL.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
  */
 BKV_API int bkv_pool_check(const bkv_pool *pool);
 
@@ -635,6 +713,8 @@ BKV_API void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_
 
 /**
  * Predict one host call with a roofline model.
+ * @param rl     the model.
+ * @param shape  the call to price.
  * @return microseconds, >= 0; 0 for a NULL argument or a model whose peaks
  *         are not positive.
  * Thread rules: any thread; reads rl and shape only.
@@ -682,13 +762,18 @@ typedef struct bkv_cost_calib bkv_cost_calib;
 BKV_API int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc,
 				  bkv_cost_calib **out);
 
-/** Destroy a calibrated model. NULL is ignored. Thread rules: owner thread. */
+/**
+ * Destroy a calibrated model. NULL is ignored. Thread rules: owner thread.
+ * @param calib  the calibrated model.
+ */
 BKV_API void bkv_cost_calib_destroy(bkv_cost_calib *calib);
 
 /**
  * Set the forgetting factor: each observation's weight is multiplied by it
  * when the next arrives (1 = never forget; default 0.999, about the last
  * thousand calls of a kind).
+ * @param calib  the calibrated model.
+ * @param forget the factor, in [0.9, 1].
  * @return BKV_OK; BKV_EINVAL (NULL calib or forget outside [0.9, 1]).
  * Thread rules: owner thread.
  */
@@ -697,6 +782,8 @@ BKV_API int bkv_cost_calib_set_forget(bkv_cost_calib *calib, double forget);
 /**
  * Predict one host call: the fit for the shape's kind once it has
  * BKV_COST_CALIB_MIN_OBS observations, else the base model.
+ * @param calib  the calibrated model.
+ * @param shape  the call to price.
  * @return microseconds, >= 0; 0 for a NULL argument.
  * Thread rules: owner thread (or any, while no observe runs).
  */
@@ -716,6 +803,8 @@ BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape 
 /**
  * Observations taken so far for one call kind (with forgetting, the weight
  * they still carry is less).
+ * @param calib  the calibrated model.
+ * @param kind   a bkv_copy_kind.
  * @return the count; 0 for NULL or an unknown kind.
  * Thread rules: owner thread.
  */
@@ -724,6 +813,8 @@ BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_ca
 /**
  * The fitted coefficients of one call kind, in the order of the formula above.
  * @param w  receives BKV_COST_CALIB_FEATURES values.
+ * @param calib  the calibrated model.
+ * @param kind   a bkv_copy_kind.
  * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
  * Thread rules: owner thread.
  */
@@ -947,10 +1038,18 @@ typedef struct bkv_sched_stats {
 	double busy_us;            /* measured time in host calls */
 } bkv_sched_stats;
 
-/** Fill a scheduler config with defaults. NULL is ignored. */
+/**
+ * Fill a scheduler config with defaults. NULL is ignored.
+ * @param cfg    the config to fill; NULL is ignored.
+ * Thread rules: any thread.
+ */
 BKV_API void bkv_sched_config_init(bkv_sched_config *cfg);
 
-/** Fill a request with defaults (n = 1). NULL is ignored. */
+/**
+ * Fill a request with defaults (n = 1). NULL is ignored.
+ * @param req    the request to fill; NULL is ignored.
+ * Thread rules: any thread.
+ */
 BKV_API void bkv_request_init(bkv_request *req);
 
 /**
@@ -965,12 +1064,18 @@ BKV_API void bkv_request_init(bkv_request *req);
  * @param out    receives the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
  *         forward and not both prefill and decode); BKV_ENOMEM.
+ * Thread rules: any thread; the scheduler then belongs to one stepping thread
+ * (bkv_submit and bkv_abort excepted).
  */
 BKV_API int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool,
 			     const bkv_host_ops *ops, void *host, const bkv_allocator *alloc,
 			     bkv_sched **out);
 
-/** Destroy a scheduler. Requests still open end with no callback. NULL ok. */
+/**
+ * Destroy a scheduler. Requests still open end with no callback. NULL ok.
+ * @param sched  the scheduler.
+ * Thread rules: the stepping thread, with no bkv_step, bkv_submit or bkv_abort in flight.
+ */
 BKV_API void bkv_sched_destroy(bkv_sched *sched);
 
 /**
@@ -978,6 +1083,7 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
  * Thread rules: any thread, concurrently with bkv_step.
  * @param req     copied.
  * @param req_id  receives its id (never 0); may be NULL.
+ * @param sched  the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
  *         or n > max_running, or n > the pool's max_seqs);
@@ -991,6 +1097,8 @@ BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_i
  * whose on_finish calls it) may still answer BKV_OK; it then keeps the reason
  * it ended with and on_finish does not run again.
  * Thread rules: any thread, concurrently with bkv_step, and from callbacks.
+ * @param sched  the scheduler.
+ * @param req_id the id bkv_submit returned.
  * @return BKV_OK; BKV_EINVAL (NULL, id 0); BKV_ENOENT (unknown, already ended
  *         or already aborted).
  */
@@ -1008,20 +1116,29 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  * recompute preemptions (their freed blocks may hold the failed call's KV).
  * Preemptions and admissions of the failed step stand.
  * @param info  receives what the step did; may be NULL.
+ * @param sched  the scheduler.
  * @return BKV_OK (including a step with nothing to do); BKV_EHOST (a compute
  *         callback failed; the step was rolled back, retry); BKV_ESTATE (called
  *         from a callback); BKV_EINVAL.
+ * Thread rules: the stepping thread; bkv_submit and bkv_abort may run concurrently.
  */
 BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
 
 /**
  * Requests not yet ended (inbox + waiting + running + swapped).
+ * @param sched  the scheduler.
  * @return the count; 0 for a NULL scheduler.
  * Thread rules: any thread (a snapshot).
  */
 BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 
-/** Read cumulative counters (size convention as bkv_pool_stats_get). */
+/**
+ * Read cumulative counters (size convention as bkv_pool_stats_get).
+ * @param sched  the scheduler.
+ * @param stats  filled up to min(stats->size, sizeof(bkv_sched_stats)); set
+ *               stats->size first (0: the whole struct). NULL is ignored.
+ * Thread rules: the stepping thread (between steps).
+ */
 BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats);
 
 /**
@@ -1029,9 +1146,11 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * queue, running and swapped requests against their lists, each running
  * lane's sequence length, slots <= max_running, every request in exactly one
  * state. O(requests + blocks): for tests and debugging.
+ * @param sched  the scheduler.
  * @return 0 when consistent; a positive invariant number otherwise (1..23:
  *         the scheduler's, listed in lib/sched.c; 1000 + n: the pool's
  *         invariant n); BKV_EINVAL for NULL.
+ * Thread rules: the stepping thread (between steps).
  */
 BKV_API int bkv_sched_check(const bkv_sched *sched);
 
@@ -1169,7 +1288,8 @@ BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *s
  * its samples. Names and units follow Prometheus conventions: counters end in
  * _total, times are in seconds, ratios in 0..1 (_ratio); the step-time
  * histogram bkv_step_duration_seconds has fixed buckets 0.0005 s .. 10 s and
- * +Inf, updated by bkv_step without allocation. docs/api.md lists the names.
+ * +Inf, updated by bkv_step without allocation. docs/design.md
+ * ("Integration") lists every name.
  * @param sched  the scheduler; NULL writes nothing and returns 0.
  * @param buf    receives at most cap bytes, NUL-terminated when cap > 0
  *               (truncated text when cap is too small); may be NULL when cap
