@@ -351,8 +351,7 @@ static inline int kh_compute(kh_host *h, const bkv_batch *b, int32_t *next, bkv_
 				     b->kv_last_page_len[r], end);
 			continue;
 		}
-		if (end > q->prompt_len + q->max_new ||
-		    (b->row_sample[r] && end > q->prompt_len + q->max_new - 1 + 1)) {
+		if (end > q->prompt_len + q->max_new) {
 			kh_violation(h, "row %u: end %u beyond prompt %u + max_new %u", r, end,
 				     q->prompt_len, q->max_new);
 			continue;
