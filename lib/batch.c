@@ -25,48 +25,73 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 			 uint32_t n_decode, bkv_batch *b, bkv_step_shape *shape)
 {
 	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
+	/* the arrays, hoisted: the uint8_t stores would otherwise make the
+	 * compiler reload every pointer from s on each row */
+	int32_t *const tok_ids = s->bufs.token_ids, *const pos = s->bufs.positions;
+	int32_t *const slots = s->bufs.slot_mapping, *const kvi = s->bufs.kv_indices;
+	int32_t *const qo = s->qo_indptr, *const kvp = s->kv_indptr;
+	int32_t *const lpl = s->last_page_len, *const next = s->next_tokens;
+	uint8_t *const smp = s->row_sample;
+	uint64_t *const rid = s->row_req;
+	uint32_t *const rbr = s->row_branch;
+	void **const rus = s->row_user;
+	const bkv_pool *pool = s->pool;
 	uint32_t r, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 	int kind_i;
 
-	s->qo_indptr[0] = 0;
-	s->kv_indptr[0] = 0;
+	qo[0] = 0;
+	kvp[0] = 0;
 	for (r = 0; r < n_rows; r++) {
-		const bkv__row *row = &rows[r];
-		const bkv__lane *l = row->lane;
-		uint32_t nb = 0, i, p, need = (row->end + mask) >> shift;
-		const int32_t *table = bkv_seq_blocks(s->pool, l->seq, &nb);
+		/* the row in locals: int32_t stores may alias its fields */
+		const bkv__lane *l = rows[r].lane;
+		const uint32_t start = rows[r].start, end = rows[r].end;
+		const bkv__req *q = l->req;
+		const int32_t *tok = l->tok;
+		uint32_t nb = 0, i, p, need = (end + mask) >> shift;
+		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
 
 		BKV_ASSERT(table && nb == need);
-		BKV_ASSERT(t + (row->end - row->start) <= s->bufs.tok_cap);
+		BKV_ASSERT(t + (end - start) <= s->bufs.tok_cap);
 		BKV_ASSERT(k + need <= s->bufs.kv_cap);
-		memcpy(&s->bufs.kv_indices[k], table, (size_t)need * sizeof(int32_t));
+		smp[r] = rows[r].sample;
+		rid[r] = q->id;
+		rbr[r] = l->branch;
+		rus[r] = q->user;
+		next[r] = BKV_TOKEN_FAIL;
+		lpl[r] = (int32_t)(end - ((need - 1) << shift));
+		/* the block table, four ids per fixed-size copy (no call) */
+		for (i = 0; i + 4 <= need; i += 4)
+			memcpy(&kvi[k + i], &table[i], 4 * sizeof(int32_t));
+		for (; i < need; i++)
+			kvi[k + i] = table[i];
 		k += need;
-		/* new tokens, block by block: slot = block * bt + offset */
-		for (p = row->start; p < row->end;) {
-			uint32_t blk_end = BKV_MIN((p | mask) + 1, row->end);
-			int32_t base = table[p >> shift] << shift;
-
-			for (i = p; i < blk_end; i++, t++) {
-				s->bufs.token_ids[t] = l->tok[i];
-				s->bufs.positions[t] = (int32_t)i;
-				s->bufs.slot_mapping[t] = base + (int32_t)(i & mask);
-			}
-			p = blk_end;
-		}
-		s->qo_indptr[r + 1] = (int32_t)t;
-		s->kv_indptr[r + 1] = (int32_t)k;
-		s->last_page_len[r] = (int32_t)(row->end - ((need - 1) << shift));
-		s->row_sample[r] = row->sample;
-		s->row_req[r] = l->req->id;
-		s->row_branch[r] = l->branch;
-		s->row_user[r] = l->req->user;
-		s->next_tokens[r] = BKV_TOKEN_FAIL;
-		if (r < n_decode) {
-			ctx += row->end;
+		/* new tokens, block by block: slot = block * bt + offset (a
+		 * decode row's one token on its own, without the loops) */
+		if (end - start == 1) {
+			tok_ids[t] = tok[start];
+			pos[t] = (int32_t)start;
+			slots[t++] = (table[start >> shift] << shift) + (int32_t)(start & mask);
 		} else {
-			s->chunks[n_chunks].len = row->end - row->start;
-			s->chunks[n_chunks].start = row->start;
+			for (p = start; p < end;) {
+				uint32_t blk_end = BKV_MIN((p | mask) + 1, end);
+				int32_t base = table[p >> shift] << shift;
+
+				for (i = p; i < blk_end; i++, t++) {
+					tok_ids[t] = tok[i];
+					pos[t] = (int32_t)i;
+					slots[t] = base + (int32_t)(i & mask);
+				}
+				p = blk_end;
+			}
+		}
+		qo[r + 1] = (int32_t)t;
+		kvp[r + 1] = (int32_t)k;
+		if (r < n_decode) {
+			ctx += end;
+		} else {
+			s->chunks[n_chunks].len = end - start;
+			s->chunks[n_chunks].start = start;
 			n_chunks++;
 		}
 	}

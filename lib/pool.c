@@ -725,8 +725,66 @@ int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 	return (int64_t)blocks_for(pool, (uint64_t)s->len + n) - s->n_blocks + needs_cow(pool, s);
 }
 
+/* The one-token append of a decode step, when it is simple: the last block is
+ * private and unindexed with nothing past the end (no copy-on-write, no stale
+ * fill), or the sequence ends on a block boundary and needs one new block from
+ * a table that has room (with block_tokens >= 2 a single token is never a
+ * prefix hit). Returns 0 without touching anything when the general path must
+ * decide (errors included). Same effects as the general path. */
+static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
+{
+	const uint32_t bt = pool->bt, off = s->len & (bt - 1);
+	int32_t b;
+	bkv__block *k;
+
+	if (bt < 2 || s->len >= INT32_MAX)
+		return 0;
+	if (off) {
+		b = s->table[s->n_blocks - 1];
+		k = &pool->blk[b];
+		if (k->ref != 1 || k->fill != off || (k->flags & BKV__BLOCK_INDEXED))
+			return 0;
+	} else {
+		if (s->n_blocks >= s->cap || s->n_blocks >= pool->nb ||
+		    pool->nr_free + pool->nr_cached == 0)
+			return 0;
+		b = block_take(pool, s->n_blocks ? s->table[s->n_blocks - 1] : -1);
+		s->table[s->n_blocks++] = b;
+		k = &pool->blk[b];
+	}
+	pool->tok[((size_t)b << pool->bt_shift) + off] = token;
+	k->fill = off + 1;
+	pool->tokens++;
+	pool->miss_tokens++;
+	s->len++;
+	if (off + 1 == bt)
+		block_filled(pool, b, s->key);
+	return 1;
+}
+
+static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+				uint32_t *hit_tokens);
+
 int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 		   uint32_t *hit_tokens)
+{
+	bkv__seq *s;
+
+	if (LIKELY(pool && tokens && n == 1)) {
+		s = seq_get(pool, seq);
+		if (s && s->state == BKV__SEQ_OPEN && append_one(pool, s, tokens[0])) {
+			if (hit_tokens)
+				*hit_tokens = 0;
+			BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+			return BKV_OK;
+		}
+	}
+	return append_any(pool, seq, tokens, n, hit_tokens);
+}
+
+/* Any append: validation, prefix hits, copy-on-write, whole blocks. */
+static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+				uint32_t *hit_tokens)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
 	int32_t last, b;

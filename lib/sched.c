@@ -911,9 +911,11 @@ static void plan_forks(bkv_sched *s)
 	}
 }
 
-static void plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
+/* Decode rows for every decoding lane. Returns the lanes it saw that are
+ * still prefilling (zero lets the step skip plan_continue's pass). */
+static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
-	uint32_t i, j;
+	uint32_t i, j, prefilling = 0;
 
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
@@ -922,14 +924,19 @@ static void plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			bkv__lane *l = &r->lane[j];
 			uint32_t old = l->kv_len, hit = 0;
 
-			if (l->done || !l->decoding || l->seq == BKV__SEQ_NONE)
+			if (l->done || l->seq == BKV__SEQ_NONE)
 				continue;
+			if (!l->decoding) {
+				prefilling++;
+				continue;
+			}
 			BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
 		}
 	}
+	return prefilling;
 }
 
 /* Continue partially prefilled lanes in admission order. */
@@ -1142,13 +1149,11 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		return BKV_EHOST;
 	if (s->cfg.cost.observe)
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
-	for (i = 0; i < n; i++) {
+	for (i = 0; i < n; i++)
 		rows[i].out = s->next_tokens[i];
-		if (i < n_decode)
-			si->decode_tokens++;
-		else
-			si->prefill_tokens += rows[i].end - rows[i].start;
-	}
+	si->decode_tokens += n_decode;
+	for (i = n_decode; i < n; i++)
+		si->prefill_tokens += rows[i].end - rows[i].start;
 	si->rows += n;
 	if (kind == BKV_CALL_DECODE)
 		si->decode_calls++;
@@ -1343,8 +1348,8 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 				 : s->bufs.tok_cap;
 	bkv__pool_txn_begin(s->pool);
 	plan_forks(s);
-	plan_decode(s, now, &si);
-	plan_continue(s, now, &si);
+	if (plan_decode(s, now, &si))
+		plan_continue(s, now, &si);
 	plan_admit(s, now, &si);
 	bkv__auto_after_admit(s);
 	si.hit_tokens = s->step_hits;
