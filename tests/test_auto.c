@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#define TRACES "/work/shared/data/traces/"
+#define TRACES BKV_TRACES_DIR /* ../shared/data/traces/, from tests/meson.build */
 
 static sim_config base_config(void)
 {
