@@ -1324,6 +1324,19 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 /* ---- the step ------------------------------------------------------------ */
 
+/* With nothing running, no table references a block that a pending device
+ * (copy-on-write) or swap-in copy would write: their sequences were
+ * preempted or ended before any host call carried the copies. The copies are
+ * moot; forget them, which releases the copy-on-write sources they pin and
+ * the host blocks they read. Without this, a pool with no slack left could
+ * never admit again: no host call comes to clear them. Swap-out copies are
+ * kept: the swapped requests still need them. */
+static void forget_moot_copies(bkv_sched *s)
+{
+	bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+}
+
 int bkv_step(bkv_sched *s, bkv_step_info *info)
 {
 	bkv_step_info si;
@@ -1338,6 +1351,8 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	memset(&si, 0, sizeof(si));
 	now = clock_us(s);
 	drain(s, now, &si);
+	if (s->nr_run == 0)
+		forget_moot_copies(s);
 
 	s->step_no++;
 	s->n_pre = s->n_dec = s->n_touched = s->step_hits = 0;

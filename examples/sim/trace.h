@@ -37,7 +37,9 @@ typedef struct trace_req {
 } trace_req;
 
 typedef struct trace {
-	trace_req *reqs;    /* [n] sorted by arrival (the parsers check) */
+	trace_req *reqs;    /* [n] in file order: sorted by arrival for Azure
+			       and Mooncake (the parsers check), and within
+			       each run for DistServe (see trace_parse) */
 	uint32_t n;         /* requests */
 	uint32_t cap;       /* allocated entries of reqs */
 	uint32_t *hash_ids; /* [n_hash] Mooncake block ids, per request in order */
@@ -64,8 +66,12 @@ int trace_push(trace *t, double arrival_us, uint32_t prompt_len, uint32_t output
  * Parse a buffer into t (which must be zeroed or freed; on failure it is left
  * empty). filter: for TRACE_DISTSERVE, keep only the rows whose run column
  * equals it (e.g. "vllm-100-1"); NULL keeps every row; ignored by the other
- * formats. Arrivals are made relative to the first request. err (may be
- * NULL) receives "line N: what is wrong" on TRACE_EPARSE.
+ * formats. Azure and Mooncake arrivals are made relative to the first
+ * request. DistServe arrivals are the file's issue_time_rel_s, relative to
+ * the first request of their own run: without a filter, several runs follow
+ * one another and arrivals start again with each run (pass a filter to
+ * replay one run). err (may be NULL) receives "line N: what is wrong" on
+ * TRACE_EPARSE; on TRACE_ENOMEM it may be left untouched.
  */
 int trace_parse(trace_format fmt, const char *buf, size_t len, const char *filter, trace *t,
 		char *err, size_t errlen);

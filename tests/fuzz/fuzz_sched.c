@@ -162,11 +162,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	pc.block_tokens = 1u << (b % 6); /* 1..32 */
 	pc.device_blocks = 1 + fz_u8(&f) % 48;
 	pc.host_blocks = fz_u8(&f) % 24;
-	/* at least 4 slots: a request with more samples than the pool has
-	 * sequence slots is accepted by bkv_submit but can never fork (reported
-	 * with the reproducer in tests/test_faults.c,
-	 * submit_refuses_more_samples_than_pool_sequences) */
-	pc.max_seqs = 4 + fz_u8(&f) % 40;
+	/* any slot count: a request with more samples than the pool has
+	 * sequence slots is refused at submit (BKV_E2BIG; regression test
+	 * faults/submit_refuses_more_samples_than_pool_sequences) */
+	pc.max_seqs = 1 + fz_u8(&f) % 43;
 	pc.watermark_blocks = fz_u8(&f) % 3;
 	if (pc.watermark_blocks > pc.device_blocks)
 		pc.watermark_blocks = 0;
@@ -303,7 +302,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			 * recomputed on its own) */
 			want_e2big = (hist + pc.block_tokens - 1) / pc.block_tokens * n >
 					     pc.device_blocks ||
-				     n > sc.max_running;
+				     n > sc.max_running || n > pc.max_seqs;
 			rc = bkv_submit(s, &rq, &q->id);
 			if (bad) {
 				FZ_CHECK(rc == BKV_EINVAL, "invalid request: %d", rc);
