@@ -42,6 +42,8 @@
 #include <string.h>
 
 #define AUTO_DECAY 0.97          /* per step, for the slot-free rate */
+#define AUTO_OCC_DECAY 0.999     /* per step, for the occupancy time */
+#define AUTO_GAP_DECAY 0.999     /* per admission, for the arrival rate */
 #define AUTO_PROMPT_DECAY 0.99   /* per admission, for the prompt moments */
 #define AUTO_REFRESH_STEPS 8u    /* steps between recomputations of k* */
 #define AUTO_LINK_BYTES_PER_US 25000.0 /* host link default: 25 GB/s */
@@ -49,7 +51,6 @@
 #define AUTO_PRICED_ROWS 64u     /* rows of one step's prefill call that
 				    admission prices one by one (O(rows^2)
 				    per step; the rest join unpriced) */
-#define AUTO_LAT_DIV 3u           /* latency regime: group = k* / 3 */
 #define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
 #define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
 				    when pricing decode rows */
@@ -67,6 +68,15 @@ struct bkv__auto {
 	/* observations */
 	double freed_sum;        /* decayed slots freed */
 	double step_sum;         /* decayed steps (same decay): r = sum / sum */
+	double used_sum;         /* slowly decayed (AUTO_OCC_DECAY) slots_used
+				    at step begin ... */
+	double freed_slow;       /* ... and slots freed: Little's law gives
+				    the steps a request holds a slot */
+	double gap_w, gap_sum;   /* decayed count and sum of the gaps (us)
+				    between consecutive admitted requests'
+				    enqueue times: the arrival rate */
+	uint64_t last_enq;       /* enq_us of the last admitted request */
+	int have_enq;            /* last_enq is valid */
 	uint32_t used_after;     /* slots_used after the last admission */
 	int have_used;           /* used_after is valid */
 	double p_w, p_sum, p_sq; /* decayed count, sum, sum of squares of
@@ -74,6 +84,7 @@ struct bkv__auto {
 	/* cached decisions */
 	uint32_t k_star;         /* admission group the cost model chose */
 	uint32_t cap;            /* batch cap (running slots) */
+	uint32_t k_lat;          /* latency-regime group; 0: use k_star */
 	uint64_t k_step;         /* step_no when k_star was computed; 0 never */
 	/* the admission under way (one step) */
 	uint64_t adm_step;       /* step_no of the group being built */
@@ -233,6 +244,8 @@ void bkv__auto_step_begin(bkv_sched *s)
 		freed = a->used_after - s->slots_used;
 	a->freed_sum = a->freed_sum * AUTO_DECAY + freed;
 	a->step_sum = a->step_sum * AUTO_DECAY + 1.0;
+	a->used_sum = a->used_sum * AUTO_OCC_DECAY + s->slots_used;
+	a->freed_slow = a->freed_slow * AUTO_OCC_DECAY + freed;
 }
 
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
@@ -245,6 +258,13 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
 	a->p_sum = a->p_sum * AUTO_PROMPT_DECAY + p;
 	a->p_sq = a->p_sq * AUTO_PROMPT_DECAY + p * p;
+	if (a->have_enq && r->enq_us >= a->last_enq) {
+		a->gap_w = a->gap_w * AUTO_GAP_DECAY + 1.0;
+		a->gap_sum = a->gap_sum * AUTO_GAP_DECAY + (double)(r->enq_us - a->last_enq);
+	}
+	if (!a->have_enq || r->enq_us >= a->last_enq)
+		a->last_enq = r->enq_us;
+	a->have_enq = 1;
 }
 
 void bkv__auto_after_admit(bkv_sched *s)
@@ -295,6 +315,47 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 	return cap;
 }
 
+/* Latency regime: the group that minimises a request's predicted p99 wait,
+ * the running set seen as one server handing out slots. At saturation a
+ * slot frees every D(n) T / n of time (T = steps a request holds a slot,
+ * Little's law: mean occupancy / slots freed per step, slow averages), and
+ * groups of k add P(k)/k per slot: S(k) = D(n) T / n + P(k) / k. Requests
+ * arrive at lambda (from their enqueue times), so rho(k) = lambda S(k). An
+ * M/D/1 queue's wait is about exponential with mean S / (2 (1 - rho)) given
+ * that it waits (probability rho), so its p99 is that times ln(100 rho);
+ * the last of a group waits k - 1 slots for it, then its prefill call:
+ *
+ *     W99(k) = S / (2 (1 - rho)) ln(100 rho) + (k - 1) S + P(k)
+ *
+ * k = 1 pays P(1) per slot and runs closest to rho = 1; a large k waits for
+ * its group. 0 when no k keeps rho < 1 or no arrival gap was seen (a burst):
+ * then k* decides. O(max_running) prices, at each refresh of k*. */
+static uint32_t latency_group(bkv_sched *s, double mean, double sd, uint32_t n)
+{
+	bkv__auto *a = s->autos;
+	double lambda, occ, slot, best = INFINITY;
+	uint32_t k, best_k = 0;
+
+	if (a->gap_w <= 0.0 || a->gap_sum <= 0.0 || a->freed_slow <= 0.0)
+		return 0;
+	lambda = a->gap_w / a->gap_sum;            /* requests per us */
+	occ = a->used_sum / a->freed_slow;         /* steps per request */
+	slot = price_decode(s, n, mean) * occ / n; /* us per slot, decode */
+	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
+		double p = price_group(s, k, mean, sd, s->split ? 0 : s->slots_used);
+		double sk = slot + p / k, rho = lambda * sk, w;
+
+		if (rho >= 1.0)
+			continue;
+		w = (rho > 0.01 ? sk / (2.0 * (1.0 - rho)) * log(100.0 * rho) : 0.0) + (k - 1) * sk + p;
+		if (w < best) {
+			best = w;
+			best_k = k;
+		}
+	}
+	return best_k;
+}
+
 static void refresh(bkv_sched *s)
 {
 	bkv__auto *a = s->autos;
@@ -313,6 +374,7 @@ static void refresh(bkv_sched *s)
 	r = a->step_sum > 0.0 ? a->freed_sum / a->step_sum : 0.0;
 	if (r <= 0.0 || d_n <= 0.0) {
 		a->k_star = 1;
+		a->k_lat = 0;
 		return;
 	}
 	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
@@ -330,6 +392,7 @@ static void refresh(bkv_sched *s)
 		}
 	}
 	a->k_star = best_k;
+	a->k_lat = latency_group(s, mean, sd, n);
 }
 
 /* Continuous policy, admission group auto: may this step admit? */
@@ -345,13 +408,12 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
 		return 1; /* below saturation: nothing to group, admit now */
 	if (a->k_step == 0 || s->step_no - a->k_step >= AUTO_REFRESH_STEPS)
 		refresh(s);
-	/* latency regime: the whole queue is shorter than the batch, so the
-	 * group would take all of it; its requests wait for every slot the
-	 * group waits for, so the group is cut to a third (AUTO_LAT_DIV,
-	 * measured on Poisson arrivals, docs/benchmarks.md) */
+	/* latency regime: the queue is shorter than the batch and arrivals
+	 * leave the server headroom (rho < 1 for some k): the group that
+	 * minimises the predicted wait (latency_group); else k* */
 	k = a->k_star;
-	if (s->queue_slots < s->cfg.max_running)
-		k = (k + AUTO_LAT_DIV - 1) / AUTO_LAT_DIV;
+	if (a->k_lat)
+		k = a->k_lat;
 	return free_slots >= BKV_MIN(k, a->cap);
 }
 

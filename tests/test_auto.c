@@ -333,9 +333,10 @@ Test(auto, poisson_at_70pct_auto_matches_throughput_and_p99_ttft_within_5pct, .t
 	compare(base_config(), t, N, ks, 5, &best, &aut, &bk);
 	cr_expect_geq(aut.speedup, 0.99 * best.speedup, "auto %.4f vs k=%u %.4f", aut.speedup,
 		      bk, best.speedup);
-	/* the issue asks for a lower p99 TTFT than the best fixed k; over 11
-	 * seeds auto is 3.7% higher (benchmarks.md), so what is pinned here is
-	 * the measured state: within 5% */
+	/* the issue asks for a lower p99 TTFT than the best fixed k; on these
+	 * 5 seeds auto is lower (23.90 vs 24.57 ms) but over 11 seeds it is
+	 * 4.4% higher (26.22 vs 25.12, benchmarks.md): not robust, so what is
+	 * pinned here is the measured state: within 5% */
 	cr_expect_leq(aut.med.ttft_p99, 1.05 * best.med.ttft_p99,
 		      "auto p99 TTFT %.3f vs k=%u %.3f ms", aut.med.ttft_p99, bk,
 		      best.med.ttft_p99);
