@@ -166,6 +166,20 @@ static bkv__seq *seq_get(const bkv_pool *pool, uint32_t id)
 	return s;
 }
 
+/* A sequence that must be open on the device tier: BKV_OK and *out, or
+ * BKV_ENOENT (unknown or closed id), BKV_ESTATE (swapped out). */
+static int seq_resident(const bkv_pool *pool, uint32_t id, bkv__seq **out)
+{
+	bkv__seq *s = seq_get(pool, id);
+
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	*out = s;
+	return BKV_OK;
+}
+
 static uint32_t seq_id(const bkv_pool *pool, const bkv__seq *s)
 {
 	return (uint32_t)(s - pool->seqs) | ((uint32_t)s->gen << SEQ_SLOT_BITS);
@@ -711,15 +725,13 @@ static int needs_cow(const bkv_pool *pool, const bkv__seq *s)
 
 int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 {
-	const bkv__seq *s;
+	bkv__seq *s = NULL;
+	int rc;
 
 	if (!pool)
 		return BKV_EINVAL;
-	s = seq_get(pool, seq);
-	if (!s)
-		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_SWAPPED)
-		return BKV_ESTATE;
+	if ((rc = seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
 	if (n == 0)
 		return 0;
 	return (int64_t)blocks_for(pool, (uint64_t)s->len + n) - s->n_blocks + needs_cow(pool, s);
@@ -789,16 +801,13 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
 	int32_t last, b;
 	uint64_t need;
-	bkv__seq *s;
-	int cow;
+	bkv__seq *s = NULL;
+	int cow, rc;
 
 	if (!pool || (!tokens && n))
 		return BKV_EINVAL;
-	s = seq_get(pool, seq);
-	if (!s)
-		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_SWAPPED)
-		return BKV_ESTATE;
+	if ((rc = seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
 	if (n == 0) {
 		if (hit_tokens)
 			*hit_tokens = 0;
@@ -922,16 +931,14 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 
 int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 {
-	bkv__seq *s;
+	bkv__seq *s = NULL;
 	uint32_t nbk, i;
+	int rc;
 
 	if (!pool)
 		return BKV_EINVAL;
-	s = seq_get(pool, seq);
-	if (!s)
-		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_SWAPPED)
-		return BKV_ESTATE;
+	if ((rc = seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
 	if (new_len > s->len)
 		return BKV_EINVAL;
 	nbk = blocks_for(pool, new_len);
@@ -1260,17 +1267,15 @@ uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 
 int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp)
 {
-	const bkv__seq *s;
+	bkv__seq *s = NULL;
 	uint32_t i, bt;
 	uint64_t ph = BKV__HASH_ROOT;
+	int rc;
 
 	if (!pool || !exp || exp->size < sizeof *exp)
 		return BKV_EINVAL;
-	s = seq_get(pool, seq);
-	if (!s)
-		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_SWAPPED)
-		return BKV_ESTATE;
+	if ((rc = seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
 	exp->len = s->len;
 	exp->n_blocks = s->n_blocks;
 	if (exp->cap_blocks < s->n_blocks || exp->cap_tokens < s->len)
