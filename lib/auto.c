@@ -54,6 +54,8 @@
 #define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
 #define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
 				    when pricing decode rows */
+#define AUTO_PACK_CUTS 32u       /* most inner call boundaries the prefill
+				    partition considers (O(cuts^2) prices) */
 
 struct bkv__auto {
 	int admit;               /* admit_group was 0: k* decides */
@@ -89,9 +91,21 @@ struct bkv__auto {
 	/* the admission under way (one step) */
 	uint64_t adm_step;       /* step_no of the group being built */
 	uint32_t adm_n;          /* rows priced into chunks[] this step */
-	uint32_t adm_lmax;       /* longest prompt chunk of the group */
 	double adm_price;        /* predicted prefill price of the group;
 				    < 0 when not priced since it last grew */
+	/* packing a split host's prefill rows into calls (bkv__auto_pack);
+	 * every array has pack_cap entries (+ 1 where said), taken at create */
+	uint32_t pack_cap;       /* = the scheduler's row_cap */
+	bkv__row *pack_rows;     /* the step's prefill rows sorted by (length,
+				    start): calls are contiguous runs of it */
+	uint32_t *pack_order;    /* pack_rows[i] is the caller's rows[
+				    pack_order[i]] */
+	uint32_t *pack_end;      /* end (exclusive) in pack_rows of call g */
+	uint32_t *pack_cut;      /* [+ 1] candidate call boundaries, 0 .. n */
+	uint32_t *pack_from;     /* [+ 1] DP: the boundary the cheapest
+				    partition ending at cut j starts its last
+				    call at */
+	double *pack_best;       /* [+ 1] DP: the price of that partition */
 };
 
 /* ---- pricing ------------------------------------------------------------- */
@@ -195,7 +209,15 @@ int bkv__auto_create(bkv_sched *s, const bkv_sched_config *user)
 	a->tpot_us = user->tpot_target_us;
 	a->chunk_cap = s->cfg.max_running + 1;
 	a->chunks = bkv__calloc(&s->alloc, a->chunk_cap, sizeof(bkv_chunk_shape));
-	if (!a->chunks)
+	a->pack_cap = s->row_cap;
+	a->pack_rows = bkv__calloc(&s->alloc, a->pack_cap, sizeof(bkv__row));
+	a->pack_order = bkv__calloc(&s->alloc, a->pack_cap, sizeof(uint32_t));
+	a->pack_end = bkv__calloc(&s->alloc, a->pack_cap, sizeof(uint32_t));
+	a->pack_cut = bkv__calloc(&s->alloc, (size_t)a->pack_cap + 1, sizeof(uint32_t));
+	a->pack_from = bkv__calloc(&s->alloc, (size_t)a->pack_cap + 1, sizeof(uint32_t));
+	a->pack_best = bkv__calloc(&s->alloc, (size_t)a->pack_cap + 1, sizeof(double));
+	if (!a->chunks || !a->pack_rows || !a->pack_order || !a->pack_end || !a->pack_cut ||
+	    !a->pack_from || !a->pack_best)
 		return BKV_ENOMEM;
 	a->k_star = 1;
 	a->cap = s->cfg.max_running;
@@ -222,6 +244,12 @@ void bkv__auto_destroy(bkv_sched *s)
 	bkv_cost_calib_destroy(a->calib);
 	if (a->chunks)
 		bkv__free(&s->alloc, a->chunks, (size_t)a->chunk_cap * sizeof(bkv_chunk_shape));
+	bkv__free(&s->alloc, a->pack_rows, (size_t)a->pack_cap * sizeof(bkv__row));
+	bkv__free(&s->alloc, a->pack_order, (size_t)a->pack_cap * sizeof(uint32_t));
+	bkv__free(&s->alloc, a->pack_end, (size_t)a->pack_cap * sizeof(uint32_t));
+	bkv__free(&s->alloc, a->pack_cut, ((size_t)a->pack_cap + 1) * sizeof(uint32_t));
+	bkv__free(&s->alloc, a->pack_from, ((size_t)a->pack_cap + 1) * sizeof(uint32_t));
+	bkv__free(&s->alloc, a->pack_best, ((size_t)a->pack_cap + 1) * sizeof(double));
 	bkv__free(&s->alloc, a, sizeof(*a));
 	s->autos = NULL;
 }
@@ -418,42 +446,39 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
 }
 
 /* Within an admitting step, may request r join the group? Checks the batch
- * cap, a TPOT target (prefill call plus the decode call that follows it on a
- * split host), and, on a split host whose prefill pads rows, whether r would
- * cost more inside this call (padding everyone to its length) than in a call
- * of its own next step plus one idle slot-step. With nothing running r
- * always may (no starvation). O(rows of this group) per call, for the first
- * AUTO_PRICED_ROWS rows of a step; later rows join unpriced. */
+ * cap and a TPOT target (a split host's prefill call plus the decode call
+ * that follows it). With nothing running r always may (no starvation).
+ * Long prompts are not held back here: a split host's prefill rows are
+ * packed into calls by length (bkv__auto_pack), so a long prompt costs its
+ * own call in this step rather than padding the others (which beats deferring
+ * it to a call of its own next step). O(rows of this group) per call with a
+ * target, for the first AUTO_PRICED_ROWS rows of a step; later rows join
+ * unpriced. */
 int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
-	double mean, sd, p_old, p_new, p_alone, d_n, h;
-	uint32_t len = r->prompt_len, n;
-	int pack;
+	double mean, sd, p_old, p_new, d_n;
 
 	if (!a || s->cfg.policy == BKV_POLICY_STATIC)
 		return 1;
 	if (a->adm_step != s->step_no) {
 		a->adm_step = s->step_no;
 		a->adm_n = 0;
-		a->adm_lmax = 0;
 		a->adm_price = -1.0;
 	}
 	if (a->admit && s->nr_run > 0 && s->slots_used + r->n_live > a->cap &&
 	    a->k_step != 0)
 		return 0;
-	if (!s->split || s->cfg.chunked_prefill || (!a->admit && !a->tpot_us) ||
+	if (!s->split || s->cfg.chunked_prefill || !a->tpot_us ||
 	    a->adm_n >= AUTO_PRICED_ROWS || a->adm_n >= a->chunk_cap)
 		return 1;
-	a->chunks[a->adm_n].len = len;
+	a->chunks[a->adm_n].len = r->prompt_len;
 	a->chunks[a->adm_n].start = 0;
-	pack = a->admit && a->adm_n > 0 && len > a->adm_lmax;
-	if (s->nr_run > 0 && (a->tpot_us || pack)) {
+	if (s->nr_run > 0) {
 		/* price this step's prefill call without and with r (the
-		 * price without is kept from the last priced join, else
-		 * recomputed: pricing happens only for a TPOT target or
-		 * when r is the longest so far) */
+		 * price without is kept from the last join) as one call: an
+		 * upper bound of the packed calls */
 		memset(&sh, 0, sizeof(sh));
 		sh.kind = BKV_CALL_PREFILL;
 		sh.chunks = a->chunks;
@@ -462,32 +487,162 @@ int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 		sh.n_chunks = a->adm_n + 1;
 		p_new = price(s, &sh);
 		prompt_stats(a, &mean, &sd);
-		n = s->slots_used + r->n_live;
-		d_n = price_decode(s, n, mean);
+		d_n = price_decode(s, s->slots_used + r->n_live, mean);
 		/* the running rows wait for this call: keep their time
 		 * between tokens under the target when it can be kept */
-		if (a->tpot_us && p_new + d_n > a->tpot_us &&
+		if (p_new + d_n > a->tpot_us &&
 		    p_old + price_decode(s, s->slots_used, mean) <= a->tpot_us) {
 			a->adm_price = p_old;
 			return 0;
-		}
-		if (pack) {
-			sh.n_chunks = 1;
-			sh.chunks = &a->chunks[a->adm_n];
-			p_alone = price(s, &sh);
-			h = d_n / BKV_MAX(n, 1u);
-			if (p_new - p_old > p_alone + h) {
-				a->adm_price = p_old;
-				return 0; /* cheaper in a call of its own */
-			}
 		}
 		a->adm_price = p_new;
 	} else {
 		a->adm_price = -1.0; /* unknown until priced again */
 	}
 	a->adm_n++;
-	a->adm_lmax = BKV_MAX(a->adm_lmax, len);
 	return 1;
+}
+
+/* ---- packing prefill rows into calls ------------------------------------- */
+
+/* Does row a sort before row b: the shorter chunk first, then the earlier
+ * start, then the caller's order (a total order: the result is the same on
+ * every run). */
+static int pack_less(const bkv__row *rows, uint32_t a, uint32_t b)
+{
+	uint32_t la = rows[a].end - rows[a].start, lb = rows[b].end - rows[b].start;
+
+	if (la != lb)
+		return la < lb;
+	if (rows[a].start != rows[b].start)
+		return rows[a].start < rows[b].start;
+	return a < b;
+}
+
+static void pack_sift(const bkv__row *rows, uint32_t *idx, uint32_t root, uint32_t n)
+{
+	for (;;) {
+		uint32_t child = 2 * root + 1, t;
+
+		if (child >= n)
+			return;
+		if (child + 1 < n && pack_less(rows, idx[child], idx[child + 1]))
+			child++;
+		if (!pack_less(rows, idx[root], idx[child]))
+			return;
+		t = idx[root];
+		idx[root] = idx[child];
+		idx[child] = t;
+		root = child;
+	}
+}
+
+/* Heapsort of the row indices idx[0, n) by pack_less: O(n log n), in place
+ * (libc's qsort may allocate). */
+static void pack_sort(const bkv__row *rows, uint32_t *idx, uint32_t n)
+{
+	uint32_t i, t;
+
+	for (i = n / 2; i-- > 0;)
+		pack_sift(rows, idx, i, n);
+	for (i = n; i-- > 1;) {
+		t = idx[0];
+		idx[0] = idx[i];
+		idx[i] = t;
+		pack_sift(rows, idx, 0, i);
+	}
+}
+
+/* Split host, admission auto: the step's n prefill rows as the cheapest set
+ * of prefill calls. The rows are sorted by chunk length (then start), and
+ * the calls are contiguous runs of that order: on a kernel that pads every
+ * row to the longest, a call should hold rows of similar length, and
+ * for chunks that start at 0 some optimal partition of a padded kernel's rows
+ * is such runs (swap a long row of the call with the shorter maximum and a
+ * short row of the other: neither maximum grows, no call changes size). Runs are priced with the scheduler's model as the prefill
+ * call they would be (each run's chunks, no padding rows), and a dynamic
+ * programme over the run boundaries finds the cheapest partition:
+ *
+ *     best[0] = 0,   best[j] = min_{i < j} best[i] + P(rows cut[i] .. cut[j])
+ *
+ * Boundaries are only where the (length, start) changes, so rows of one
+ * shape always share a call, and at most AUTO_PACK_CUTS of them are kept
+ * (evenly spread): O(AUTO_PACK_CUTS^2) prices, each O(rows of its run) in
+ * the model. The single call is one of the candidates and ties keep the
+ * fewer calls, so the partition's predicted price is never above one call's;
+ * a model without padding (ragged prefill) prices one call cheapest (one
+ * fixed part) and gets one. Returns the number of calls; with 2 or more,
+ * *sorted (scratch taken at create), *order (sorted[i] is rows[order[i]])
+ * and *ends (call g is sorted[ends[g-1] .. ends[g]), ends[-1] = 0) are set,
+ * valid until the next call. 1 means one call over rows as given. */
+uint32_t bkv__auto_pack(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
+			const uint32_t **order, const uint32_t **ends)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	uint32_t i, j, k = 0, g;
+
+	if (!a || !a->admit || !s->split || n < 2 || n > a->pack_cap || n > a->chunk_cap ||
+	    !s->cfg.cost.step_us)
+		return 1;
+	for (i = 0; i < n; i++)
+		a->pack_order[i] = i;
+	pack_sort(rows, a->pack_order, n);
+	for (i = 0; i < n; i++) {
+		const bkv__row *r = &rows[a->pack_order[i]];
+
+		a->pack_rows[i] = *r;
+		a->chunks[i].len = r->end - r->start;
+		a->chunks[i].start = r->start;
+		if (i == 0 || a->chunks[i].len != a->chunks[i - 1].len ||
+		    a->chunks[i].start != a->chunks[i - 1].start)
+			a->pack_cut[k++] = i;
+	}
+	a->pack_cut[k++] = n;
+	if (k == 2)
+		return 1; /* one shape: one call */
+	if (k - 2 > AUTO_PACK_CUTS) { /* keep every stride-th inner boundary */
+		uint32_t stride = (k - 2 + AUTO_PACK_CUTS - 1) / AUTO_PACK_CUTS, kept = 1;
+
+		for (i = 1; i + 1 < k; i++)
+			if (i % stride == 0)
+				a->pack_cut[kept++] = a->pack_cut[i];
+		a->pack_cut[kept++] = n;
+		k = kept;
+	}
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_PREFILL;
+	a->pack_best[0] = 0.0;
+	for (j = 1; j < k; j++) {
+		double best = INFINITY;
+		uint32_t from = 0;
+
+		for (i = 0; i < j; i++) {
+			double t;
+
+			sh.chunks = a->chunks + a->pack_cut[i];
+			sh.n_chunks = a->pack_cut[j] - a->pack_cut[i];
+			t = a->pack_best[i] + price(s, &sh);
+			if (t < best) { /* strict: ties keep the longer last call */
+				best = t;
+				from = i;
+			}
+		}
+		a->pack_best[j] = best;
+		a->pack_from[j] = from;
+	}
+	g = 0;
+	for (j = k - 1; j > 0; j = a->pack_from[j])
+		g++;
+	if (g < 2)
+		return 1;
+	i = g;
+	for (j = k - 1; j > 0; j = a->pack_from[j])
+		a->pack_end[--i] = a->pack_cut[j];
+	*sorted = a->pack_rows;
+	*order = a->pack_order;
+	*ends = a->pack_end;
+	return g;
 }
 
 /* ---- token budget -------------------------------------------------------- */

@@ -440,6 +440,12 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots);
 int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r);
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r);
 void bkv__auto_after_admit(bkv_sched *s);
+/* Split host, admission auto: partition the step's n prefill rows into the
+ * cheapest prefill calls (sorted by length, contiguous runs). Returns the
+ * number of calls; with >= 2, *sorted, *order and *ends describe them (see
+ * auto.c). 1: one call over rows as given. */
+uint32_t bkv__auto_pack(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
+			const uint32_t **order, const uint32_t **ends);
 /* The step's token budget: fixed when not auto; cap bounds it. */
 uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap);
 /* Preempt AUTO: 1 swap, 0 recompute, -1 no opinion (KV size unknown). */

@@ -1188,6 +1188,29 @@ static void plan_after_prefill(bkv_sched *s)
 	}
 }
 
+/* Split hosts: the step's prefill rows as one prefill call, or (auto.c's
+ * packing) as several, one per run of similar lengths; the sampled tokens
+ * go back to s->pre's rows, in their order. Copies go out with the first. */
+static int run_prefill(bkv_sched *s, bkv_step_info *si)
+{
+	bkv__row *rows;
+	const uint32_t *order, *end;
+	uint32_t g, i, b = 0, n_calls;
+	int rc;
+
+	n_calls = bkv__auto_pack(s, s->pre, s->n_pre, &rows, &order, &end);
+	if (n_calls < 2)
+		return call_host(s, BKV_CALL_PREFILL, s->pre, s->n_pre, 0, si);
+	for (g = 0; g < n_calls; b = end[g++]) {
+		rc = call_host(s, BKV_CALL_PREFILL, rows + b, end[g] - b, 0, si);
+		if (rc != BKV_OK)
+			return rc;
+	}
+	for (i = 0; i < s->n_pre; i++)
+		s->pre[order[i]].out = rows[i].out;
+	return BKV_OK;
+}
+
 static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 {
 	int rc;
@@ -1208,7 +1231,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	}
 	if (s->n_pre) {
 		*called = 1;
-		rc = call_host(s, BKV_CALL_PREFILL, s->pre, s->n_pre, 0, si);
+		rc = run_prefill(s, si);
 		if (rc != BKV_OK)
 			return rc;
 		plan_after_prefill(s);
