@@ -66,6 +66,8 @@ typedef struct fake_host {
 	uint64_t now;         /* virtual clock, us */
 	uint64_t tick;        /* added per host call */
 	int fail_next;        /* fail this many upcoming calls */
+	uint32_t fail_at_call; /* fail the call whose number (1-based, over
+				  n_calls) this is; 0 = none */
 	uint32_t fail_permille; /* random failure rate */
 	uint64_t rng;
 	int garbage_on_fail;  /* write KV (of wrong values) before failing */
@@ -162,7 +164,9 @@ static int fh_compute(fake_host *f, const bkv_batch *b, int32_t *next, bkv_call_
 		f->max_call_tokens = b->n_tokens;
 	if (f->try_nested)
 		f->nested_rc = bkv_step(f->s, NULL);
-	if (f->fail_next > 0) {
+	if (f->fail_at_call && f->n_calls == f->fail_at_call) {
+		fail = 1;
+	} else if (f->fail_next > 0) {
 		f->fail_next--;
 		fail = 1;
 	} else if (f->fail_permille && fh_rand(f) % 1000 < f->fail_permille) {

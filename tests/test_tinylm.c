@@ -567,6 +567,27 @@ Test(tinylm_serve, split_prefill_and_decode_calls_match_reference, .init = serve
 	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
 }
 
+Test(tinylm_serve, split_host_packing_prefill_calls_by_length_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	/* admission auto on a split host packs each step's prompts into
+	 * prefill calls by length; seed 000's padded polynomial as the model
+	 * (not a learnt one) keeps the schedule independent of the machine */
+	bkv_cost_poly poly;
+	bkv_cost_poly_init(&poly);
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	rc.sched.admit_group = 0;
+	rc.sched.cost = bkv_cost_poly_model(&poly);
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.multi_prefill_steps, 0, "no step packed its prompts into several calls");
+	cr_assert_gt(res.sched.prefill_calls, res.multi_prefill_steps);
+	cr_assert_eq(res.host.calls[BKV_CALL_PREFILL], res.sched.prefill_calls);
+	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
+}
+
 Test(tinylm_serve, preemption_by_recompute_in_a_tight_pool_matches_reference,
      .init = serve_setup, .fini = serve_teardown)
 {

@@ -356,6 +356,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		if (st)
 			goto out;
 		res->steps++;
+		res->multi_prefill_steps += info.prefill_calls > 1;
 		res->measured_us += info.measured_us;
 		res->predicted_us += info.predicted_us;
 		res->abs_err_us += info.predicted_us > info.measured_us

@@ -166,6 +166,8 @@ typedef struct tlm_run_result {
 	int status;              /* 0, or the first failing bkv_* status */
 	uint64_t steps;          /* successful bkv_step calls */
 	uint64_t failed_steps;   /* injected host failures (rolled back) */
+	uint64_t multi_prefill_steps; /* successful steps with more than one
+				    prefill call (a split host's packing) */
 	double wall_us;          /* whole run */
 	double measured_us;      /* sum of step_info.measured_us */
 	double predicted_us;     /* sum of step_info.predicted_us */
