@@ -1,9 +1,9 @@
 /*
  * auto.c - the decisions the cost model makes: when to admit (admission
- * group 0), the token budget of chunked prefill (budget 0), a batch cap, when
- * to split a padded prefill group, and whether a victim is swapped or
- * recomputed (preempt AUTO). The derivations are in docs/cost-model.md,
- * section "Decisions from the cost model".
+ * group 0), the token budget of chunked prefill (budget 0), a batch cap, how
+ * a split host's prefill rows are packed into calls by length, and whether a
+ * victim is swapped or recomputed (preempt AUTO). The derivations are in
+ * docs/cost-model.md, section "Decisions from the cost model".
  *
  * Every decision prices hypothetical host calls with the scheduler's cost
  * model (the host's, or the default this file creates: a calibrated model
@@ -54,6 +54,8 @@
 #define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
 #define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
 				    when pricing decode rows */
+#define AUTO_PACK_GAIN 1e-6      /* least relative saving of a prefill
+				    call split off (rounding is no gain) */
 #define AUTO_PACK_CUTS 32u       /* most inner call boundaries the prefill
 				    partition considers (O(cuts^2) prices) */
 
@@ -623,7 +625,9 @@ uint32_t bkv__auto_pack(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row
 			sh.chunks = a->chunks + a->pack_cut[i];
 			sh.n_chunks = a->pack_cut[j] - a->pack_cut[i];
 			t = a->pack_best[i] + price(s, &sh);
-			if (t < best) { /* strict: ties keep the longer last call */
+			/* a later start must save AUTO_PACK_GAIN: ties (and
+			 * rounding) keep the longer last call, fewer calls */
+			if (t < best * (1.0 - AUTO_PACK_GAIN)) {
 				best = t;
 				from = i;
 			}

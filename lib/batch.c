@@ -15,7 +15,8 @@
  * Every array was sized when the scheduler was created or when a larger
  * request was submitted (see struct bkv__bufs), so filling allocates nothing.
  * The copy lists are the pool's pending ones not yet sent in this step (a
- * split host's decode call sees only what appeared after the prefill call).
+ * split host's later calls - a second packed prefill call, the decode call -
+ * see only what appeared after the calls before them).
  */
 #include "internal.h"
 

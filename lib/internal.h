@@ -420,7 +420,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 
 /* ---- auto.c: decisions from the cost model --------------------------------
  * Admission group 0 (economic order quantity over the observed slot-free
- * rate), token budget 0, the batch cap, splitting a padded prefill group,
+ * rate), token budget 0, the batch cap, packing prefill rows into calls,
  * swap-or-recompute for preempt AUTO, and the default cost model (a
  * calibrated model over seed 000's polynomial, owned here). State in struct
  * bkv__auto (auto.c), reached through bkv_sched.autos. No allocation after

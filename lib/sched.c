@@ -19,8 +19,9 @@
  *            already reclaimed cached blocks, and the scheduler preempts a
  *            victim (recompute or swap) and retries
  *   call     mixed host: one forward (decode rows, then chunks); split host:
- *            prefill call, then a decode call over every decoding row plus
- *            rows whose prompt finished in the prefill call
+ *            prefill call (with admission auto maybe several, packed by
+ *            length: auto.c), then a decode call over every decoding row
+ *            plus rows whose prompt finished in a prefill call
  *   commit   record tokens, on_token, finish (length, stop, error), close
  *            finished sequences into the prefix cache, clear copy lists
  *   or

@@ -413,7 +413,8 @@ Test(pack, the_partition_is_the_cheapest_of_all_and_never_above_one_call)
 		best = brute_force_best(rows, n);
 		cr_assert_leq(packed, one * (1.0 + 1e-12), "trial %u: packed %.3f > one call %.3f",
 			      trial, packed, one);
-		cr_assert_leq(packed, best * (1.0 + 1e-9),
+		/* the partition gives up savings under AUTO_PACK_GAIN (1e-6) */
+		cr_assert_leq(packed, best * (1.0 + 1e-5),
 			      "trial %u: packed %.3f, the best partition %.3f", trial, packed, best);
 		multi += n_calls > 1;
 		single_calls += n_calls == 1;
