@@ -924,9 +924,12 @@ typedef struct bkv_sched_config {
 				      the cost model picks k (an economic order
 				      quantity over the observed slot-free rate;
 				      docs/cost-model.md), admits at once when
-				      everything waiting fits, and caps the
-				      running rows at the cost-per-token knee.
-				      max_wait_us is then not used. */
+				      everything waiting fits, caps the
+				      running rows at the cost-per-token knee,
+				      and on a split host packs each step's
+				      prompts into the cheapest prefill calls
+				      by length (bkv_step). max_wait_us is
+				      then not used. */
 	uint64_t max_wait_us;      /* admit a partial group anyway once it has
 				      been forming this long: measured from the
 				      later of the queue head's enqueue time and
@@ -1110,6 +1113,10 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  * then prefill chunks); a split host gets a prefill call (when there are
  * chunks), then a decode call over every decoding row plus the rows whose
  * prompt finished in that prefill call (which samples their first token).
+ * With admit_group 0 (auto) a split host's chunks may come as several
+ * prefill calls, each with its own batch of rows grouped by length, when
+ * the cost model prices them below one call (a kernel that pads rows to the
+ * longest); copy lists come with the step's first call.
  * On BKV_EHOST no token reached any request, every sequence is back at its
  * length before the step, pending device and swap-in copies are sent again
  * by the next step, and victims swapped out in the failed step become
