@@ -496,15 +496,16 @@ static double blocked_ahead(const bkv_sched *s, uint32_t q, double lambda, doubl
  * part of one call, Delta = P(m) + P(x) - P(m + x). Priced in requests x
  * time (the sum of TTFT):
  *
- *   cost of waiting = m (t_step + P(m + x) - P(m))     the m rows wait a step
- *   gain of waiting = Delta (x + behind + blocked)      one call fewer ahead
+ *   cost of waiting = m (d(n) + P(m + x) - P(m))       the m rows wait a
+ *                                                      decode-only step
+ *   gain of waiting = Delta (x + behind + p_call blocked)  one call fewer
  *
  * behind: queued rows after them; blocked: the arrivals that will find
  * every slot taken before the running rows end (blocked_ahead), each of
  * which a call now delays by Delta. Below saturation x is an arrival
- * during the step (lambda t_step of them, a call is saved when at least
- * one comes); at saturation it is the slots the calendar says free next
- * step. A request is never held past w99, the p99 wait the latency
+ * during the step (lambda d(n) of them; a call is saved, p_call, when at
+ * least one comes); at saturation it is the slots the calendar says free
+ * next step. A request is never held past w99, the p99 wait the latency
  * model predicts (the hold must not make it a tail request). */
 static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 {
@@ -538,11 +539,12 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 		px = price_group(s, nx, mean, sd, dr);
 		pmx = price_group(s, m + nx, mean, sd, dr);
 	} else {
-		/* a step: the decode call, and a prefill call when something
-		 * arrived during the last one */
+		/* a step ahead: the decode call, and a prefill call when
+		 * something arrived during the last one (for blocked_ahead);
+		 * waiting now makes this one a decode-only step */
 		px = price_group(s, 1, mean, sd, dr);
 		ts = d + (1.0 - exp(-lambda * d)) * px;
-		x = lambda * ts;              /* expected arrivals in a step */
+		x = lambda * d;               /* arrivals during this step */
 		p_call = 1.0 - exp(-x);       /* at least one: a call saved */
 		behind = 0.0;
 		pmx = price_group(s, m + 1, mean, sd, dr);
@@ -550,7 +552,7 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 	delta = pm + px - pmx;
 	if (delta <= 0.0)
 		return 0;
-	cost = (double)m * (ts + (saturated ? 1.0 : x) * (pmx - pm));
+	cost = (double)m * (d + (saturated ? 1.0 : x) * (pmx - pm));
 	/* blocked arrivals needed to make waiting pay */
 	need = (cost / delta - x - behind) / p_call;
 	if (need < 0.0)
