@@ -13,6 +13,9 @@
  *
  *   rate r     slots freed per step: decayed sums of (slots freed, steps)
  *   prompts    decayed mean and second moment of admitted prompt lengths
+ *   lambda     arrivals per us: decayed gaps between admitted enqueue times
+ *   calendar   lanes due to free a slot at each of the next AUTO_RING steps
+ *              if they run to max_new (filled at admission, O(1) a lane)
  *
  * Admission (economic order quantity). A prefill call costs P(k) for k rows:
  * a fixed part (launches, the weight reads of a short pass) plus the rows'
@@ -25,8 +28,9 @@
  *     J(k) = P(k) / k + h * k / (2 r)
  *
  * and the scheduler admits once the free slots reach k* = argmin J. Below
- * saturation (the whole queue fits in the free slots) it admits at once:
- * there is no group to wait for, only latency to lose.
+ * saturation (the whole queue fits in the free slots) there is no group to
+ * wait for: it admits at once unless congestion pricing (below) says the
+ * next call is worth sharing.
  *
  *   free slots  0 ... k* ... N
  *   J(k)        \__/``````        fixed cost amortised  vs  slots idling
@@ -34,7 +38,17 @@
  * k* is recomputed every AUTO_REFRESH_STEPS steps (or when the queue changes
  * regime) on a geometric ladder of k, each point a shape of k chunks: the
  * work per step is O(max_running) amortised, no allocation (the chunk scratch
- * array is taken at create).
+ * array is taken at create). With arrivals over time (a latency regime) the
+ * group is the one minimising a predicted p99 wait (latency_group).
+ *
+ * Congestion (defer_pays). Every step with requests waiting prices "admit
+ * now" against "wait one step and share the next call": waiting costs the
+ * head rows a step, and saves one call's fixed part for everyone the call
+ * would delay - the queue behind and the arrivals that will find every
+ * slot taken before the running rows end (blocked_ahead, from the
+ * calendar and the arrival rate). Far from saturation nobody is delayed and
+ * the head is admitted at once; near it one more call pushes the coming
+ * congestion, so the step waits for company.
  */
 #include "internal.h"
 
@@ -58,6 +72,8 @@
 				    call split off (rounding is no gain) */
 #define AUTO_PACK_CUTS 32u       /* most inner call boundaries the prefill
 				    partition considers (O(cuts^2) prices) */
+#define AUTO_RING 256u           /* steps ahead the completion calendar
+				    covers (a power of two) */
 
 struct bkv__auto {
 	int admit;               /* admit_group was 0: k* decides */
@@ -89,6 +105,13 @@ struct bkv__auto {
 	uint32_t k_star;         /* admission group the cost model chose */
 	uint32_t cap;            /* batch cap (running slots) */
 	uint32_t k_lat;          /* latency-regime group; 0: use k_star */
+	double w99;              /* predicted p99 wait (us) of the latency
+				    group; 0 none */
+	/* completion calendar: lanes that free a slot at the start of step
+	 * t if they run to max_new, at ends[t % AUTO_RING], for t in
+	 * (step_no, step_no + AUTO_RING) */
+	uint32_t ends[AUTO_RING];
+	uint32_t ends_n;         /* sum of ends[] */
 	uint64_t k_step;         /* step_no when k_star was computed; 0 never */
 	/* the admission under way (one step) */
 	uint64_t adm_step;       /* step_no of the group being built */
@@ -276,15 +299,34 @@ void bkv__auto_step_begin(bkv_sched *s)
 	a->step_sum = a->step_sum * AUTO_DECAY + 1.0;
 	a->used_sum = a->used_sum * AUTO_OCC_DECAY + s->slots_used;
 	a->freed_slow = a->freed_slow * AUTO_OCC_DECAY + freed;
+	/* the lanes due to free a slot by now have (or ended earlier, or
+	 * fell behind: then they are running but off the calendar) */
+	a->ends_n -= a->ends[s->step_no % AUTO_RING];
+	a->ends[s->step_no % AUTO_RING] = 0;
 }
 
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;
 	double p = r->prompt_len;
+	uint32_t i;
 
 	if (!a)
 		return;
+	/* the calendar: a lane with rem tokens to go frees its slot rem - 1
+	 * steps from now on a split host (the prefill call samples one token
+	 * and the decode call of the same step the next), rem on a mixed one
+	 * (chunked prompts that span steps end later than this) */
+	for (i = 0; i < r->n; i++) {
+		const bkv__lane *l = &r->lane[i];
+		uint32_t rem = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1;
+		uint32_t off = s->split ? (rem > 2 ? rem - 1 : 1) : rem;
+
+		if (l->done || off >= AUTO_RING)
+			continue; /* beyond the calendar: running, unscheduled */
+		a->ends[(s->step_no + off) % AUTO_RING]++;
+		a->ends_n++;
+	}
 	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
 	a->p_sum = a->p_sum * AUTO_PROMPT_DECAY + p;
 	a->p_sq = a->p_sq * AUTO_PROMPT_DECAY + p * p;
@@ -366,6 +408,7 @@ static uint32_t latency_group(bkv_sched *s, double mean, double sd, uint32_t n)
 	double lambda, occ, slot, best = INFINITY;
 	uint32_t k, best_k = 0;
 
+	a->w99 = 0.0;
 	if (a->gap_w <= 0.0 || a->gap_sum <= 0.0 || a->freed_slow <= 0.0)
 		return 0;
 	lambda = a->gap_w / a->gap_sum;            /* requests per us */
@@ -383,6 +426,7 @@ static uint32_t latency_group(bkv_sched *s, double mean, double sd, uint32_t n)
 			best_k = k;
 		}
 	}
+	a->w99 = best_k ? best : 0.0;
 	return best_k;
 }
 
@@ -405,6 +449,7 @@ static void refresh(bkv_sched *s)
 	if (r <= 0.0 || d_n <= 0.0) {
 		a->k_star = 1;
 		a->k_lat = 0;
+		a->w99 = 0.0;
 		return;
 	}
 	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
@@ -425,26 +470,165 @@ static void refresh(bkv_sched *s)
 	a->k_lat = latency_group(s, mean, sd, n);
 }
 
+/* P(X >= x) for X Poisson with mean mu: the normal approximation with a
+ * continuity correction (exact enough for a sum of small probabilities),
+ * erfc by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7; one
+ * exp instead of libm's erfc, which costs about twice as much). */
+static double poisson_tail(double mu, double x)
+{
+	double z, t, e;
+
+	if (x <= 0.0)
+		return 1.0;
+	if (mu <= 0.0)
+		return 0.0;
+	z = (x - 0.5 - mu) / sqrt(2.0 * mu);
+	if (z > 6.0)
+		return 0.0;
+	t = 1.0 / (1.0 + 0.3275911 * fabs(z));
+	e = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 +
+								       t * 1.061405429)))) *
+	    exp(-z * z);
+	return z >= 0.0 ? 0.5 * e : 1.0 - 0.5 * e;
+}
+
+/* Congestion ahead: the expected number of arrivals that will find every
+ * slot taken before the rows running now (and q rows admitted now) have
+ * ended. The calendar says how many slots free at each step if the lanes
+ * run to max_new; arrivals come at lambda per us, ts us per step, and hold
+ * a slot for about `hold` steps (taken as exponential), so after j steps
+ * the arrivals still running are Poisson with mean m_j, m_j = m_{j-1}
+ * e^(-1/hold) + lambda ts. An arrival in step j is blocked when they fill
+ * the slots the running rows leave: P(Poisson(m_j) >= cap - R_j), R_j the
+ * rows still running. Every such request waits for a slot that a running
+ * row frees, so it waits longer by any time spent now. Stops once the sum
+ * exceeds `enough` (the caller's break-even). O(steps until the running
+ * rows end), at most AUTO_RING. */
+static double blocked_ahead(const bkv_sched *s, uint32_t q, double lambda, double hold, double ts,
+			    double enough)
+{
+	const bkv__auto *a = s->autos;
+	double scale, R, m = 0.0, nq = 0.0, keep, m_max, far, per = lambda * ts;
+	uint32_t j, left = a->ends_n;
+
+	if (per <= 0.0)
+		return 0.0;
+	/* lanes that ended early (a stop token, an abort, preemption) leave
+	 * their entries behind: scale the calendar to the rows running */
+	scale = a->ends_n > s->slots_used ? (double)s->slots_used / a->ends_n : 1.0;
+	R = (double)(s->slots_used + q);
+	keep = exp(-1.0 / (hold > 1.0 ? hold : 1.0));
+	m_max = per / (1.0 - keep); /* m_j rises towards it */
+	far = 6.0 * sqrt(2.0 * m_max) + m_max + 0.5;
+	for (j = 1; j < AUTO_RING && left > 0 && nq <= enough; j++) {
+		uint32_t e = a->ends[(s->step_no + j) % AUTO_RING];
+
+		left -= e;
+		R -= scale * e;
+		/* R only falls and m stays below m_max: once the tail is
+		 * negligible (poisson_tail's 6 sigma) at m_max it stays so */
+		if ((double)a->cap - R > far)
+			break;
+		nq += per * poisson_tail(m, ceil((double)a->cap - R));
+		m = m * keep + per;
+	}
+	return nq;
+}
+
+/* Wait one step rather than admit now? Admitting now costs a prefill call
+ * P(m) for the m rows at the head; waiting lets the next step's call take
+ * them together with the rows that come free by then (x), saving the fixed
+ * part of one call, Delta = P(m) + P(x) - P(m + x). Priced in requests x
+ * time (the sum of TTFT):
+ *
+ *   cost of waiting = m (d(n) + P(m + x) - P(m))       the m rows wait a
+ *                                                      decode-only step
+ *   gain of waiting = Delta (x + behind + p_call blocked)  one call fewer
+ *
+ * behind: queued rows after them; blocked: the arrivals that will find
+ * every slot taken before the running rows end (blocked_ahead), each of
+ * which a call now delays by Delta. Below saturation x is an arrival
+ * during the step (lambda d(n) of them; a call is saved, p_call, when at
+ * least one comes); at saturation it is the slots the calendar says free
+ * next step. A request is never held past w99, the p99 wait the latency
+ * model predicts (the hold must not make it a tail request). */
+static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
+{
+	bkv__auto *a = s->autos;
+	double mean, sd, d, pm, px, pmx, delta, x, p_call, ts, cost, need, behind, lambda;
+	uint64_t enq = s->heap[0]->enq_us;
+	uint32_t dr = s->split ? 0 : s->slots_used; /* mixed: the chunks' share */
+
+	/* w99 > 0: a refresh saw congestion with arrival gaps (not a burst) */
+	if (a->k_step == 0 || a->w99 <= 0.0 || m == 0 || a->gap_sum <= 0.0 ||
+	    a->freed_slow <= 0.0)
+		return 0;
+	if (now > enq && (double)(now - enq) >= a->w99)
+		return 0;
+	lambda = a->gap_w / a->gap_sum; /* arrivals per us */
+	prompt_stats(a, &mean, &sd);
+	d = price_decode(s, s->slots_used, mean);
+	pm = price_group(s, m, mean, sd, dr);
+	if (saturated) {
+		uint32_t nx = a->ends[(s->step_no + 1) % AUTO_RING];
+
+		if (a->ends_n > s->slots_used)
+			nx = (uint32_t)((double)nx * s->slots_used / a->ends_n);
+		nx = BKV_MIN(nx, s->queue_slots - m);
+		if (nx == 0)
+			return 0; /* nothing to merge with next step */
+		x = nx;
+		p_call = 1.0;
+		ts = d; /* this step, without a call */
+		behind = (double)(s->queue_slots - m - nx);
+		px = price_group(s, nx, mean, sd, dr);
+		pmx = price_group(s, m + nx, mean, sd, dr);
+	} else {
+		/* a step ahead: the decode call, and a prefill call when
+		 * something arrived during the last one (for blocked_ahead);
+		 * waiting now makes this one a decode-only step */
+		px = price_group(s, 1, mean, sd, dr);
+		ts = d + (1.0 - exp(-lambda * d)) * px;
+		x = lambda * d;               /* arrivals during this step */
+		p_call = 1.0 - exp(-x);       /* at least one: a call saved */
+		behind = 0.0;
+		pmx = price_group(s, m + 1, mean, sd, dr);
+	}
+	delta = pm + px - pmx;
+	if (delta <= 0.0)
+		return 0;
+	cost = (double)m * (d + (saturated ? 1.0 : x) * (pmx - pm));
+	/* blocked arrivals needed to make waiting pay */
+	need = (cost / delta - x - behind) / p_call;
+	if (need < 0.0)
+		return 1;
+	return blocked_ahead(s, saturated ? 0 : m, lambda, a->used_sum / a->freed_slow, ts, need) >
+	       need;
+}
+
 /* Continuous policy, admission group auto: may this step admit? */
 int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
 {
 	bkv__auto *a = s->autos;
 	uint32_t k;
 
-	BKV_UNUSED(now);
 	if (s->slots_used >= a->cap && s->nr_run > 0)
 		return 0;
-	if (s->queue_slots <= free_slots || s->nr_run == 0)
-		return 1; /* below saturation: nothing to group, admit now */
+	if (s->nr_run == 0)
+		return 1; /* nothing runs: nothing to wait for */
+	if (s->queue_slots <= free_slots) /* below saturation: everything fits */
+		return !defer_pays(s, now, s->queue_slots, 0);
 	if (a->k_step == 0 || s->step_no - a->k_step >= AUTO_REFRESH_STEPS)
 		refresh(s);
-	/* latency regime: the queue is shorter than the batch and arrivals
-	 * leave the server headroom (rho < 1 for some k): the group that
-	 * minimises the predicted wait (latency_group); else k* */
+	/* saturation: the group that minimises the predicted p99 wait when
+	 * arrivals leave headroom (latency_group), else k*; once it is there,
+	 * wait one step more when the calendar's frees make that pay */
 	k = a->k_star;
 	if (a->k_lat)
 		k = a->k_lat;
-	return free_slots >= BKV_MIN(k, a->cap);
+	if (free_slots < BKV_MIN(k, a->cap))
+		return 0;
+	return !defer_pays(s, now, BKV_MIN(free_slots, s->queue_slots), 1);
 }
 
 /* Within an admitting step, may request r join the group? Checks the batch

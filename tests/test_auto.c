@@ -324,12 +324,16 @@ Test(auto, long_generations_auto_within_1pct_of_the_best_fixed_k, .timeout = 120
 	free_traces(t, N);
 }
 
-/* 70% of seed 000's best burst throughput (323.6 requests/s at k = 8). */
-Test(auto, poisson_at_70pct_auto_matches_throughput_and_p99_ttft_within_5pct, .timeout = 120)
+/* 70% of seed 000's best burst throughput (323.6 requests/s at k = 8): the
+ * issue's target, a lower p99 TTFT than the best fixed k, on 6 seeds of 4,000
+ * requests (benchmarks.md: auto 18.47 vs k = 4's 19.93 ms here; the W99
+ * group alone, before the congestion pricing of lib/auto.c, gave 20.56 and
+ * failed this test). */
+Test(auto, poisson_at_70pct_auto_matches_throughput_and_beats_best_k_p99_ttft, .timeout = 120)
 {
-	enum { N = 5 };
+	enum { N = 6 };
 	trace t[N];
-	synth(t, N, 2000, ARRIVAL_POISSON, 226.0, (trace_dist){DIST_UNIFORM, 8, 64},
+	synth(t, N, 4000, ARRIVAL_POISSON, 226.0, (trace_dist){DIST_UNIFORM, 8, 64},
 	      (trace_dist){DIST_SEED000_GEN, 1, 64});
 	const uint32_t ks[] = {1, 2, 3, 4, 8};
 	sim_row best, aut;
@@ -337,13 +341,8 @@ Test(auto, poisson_at_70pct_auto_matches_throughput_and_p99_ttft_within_5pct, .t
 	compare(base_config(), t, N, ks, 5, &best, &aut, &bk);
 	cr_expect_geq(aut.speedup, 0.99 * best.speedup, "auto %.4f vs k=%u %.4f", aut.speedup,
 		      bk, best.speedup);
-	/* the issue asks for a lower p99 TTFT than the best fixed k; on these
-	 * 5 seeds auto is lower (23.90 vs 24.57 ms) but over 11 seeds it is
-	 * 4.4% higher (26.22 vs 25.12, benchmarks.md): not robust, so what is
-	 * pinned here is the measured state: within 5% */
-	cr_expect_leq(aut.med.ttft_p99, 1.05 * best.med.ttft_p99,
-		      "auto p99 TTFT %.3f vs k=%u %.3f ms", aut.med.ttft_p99, bk,
-		      best.med.ttft_p99);
+	cr_expect_lt(aut.med.ttft_p99, best.med.ttft_p99, "auto p99 TTFT %.3f vs k=%u %.3f ms",
+		     aut.med.ttft_p99, bk, best.med.ttft_p99);
 	free_traces(t, N);
 }
 
