@@ -22,7 +22,7 @@
 #include <string.h>
 
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
-			 uint32_t n_decode, bkv_batch *b, bkv_step_shape *shape)
+			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
 	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
 	/* the arrays, hoisted: the uint8_t stores would otherwise make the
@@ -36,13 +36,20 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	uint32_t *const rbr = s->row_branch;
 	void **const rus = s->row_user;
 	const bkv_pool *pool = s->pool;
-	uint32_t r, t = 0, k = 0, n_chunks = 0;
+	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 	int kind_i;
 
-	qo[0] = 0;
-	kvp[0] = 0;
-	for (r = 0; r < n_rows; r++) {
+	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
+		BKV_ASSERT(first <= n_decode && rows == s->dec);
+		r = t = first;
+		k = s->fill_kv;
+		ctx = s->fill_ctx;
+	} else {
+		qo[0] = 0;
+		kvp[0] = 0;
+	}
+	for (; r < n_rows; r++) {
 		/* the row in locals: int32_t stores may alias its fields */
 		const bkv__lane *l = rows[r].lane;
 		const uint32_t start = rows[r].start, end = rows[r].end;

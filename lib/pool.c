@@ -98,8 +98,9 @@
 
 #include <string.h>
 
-#define SEQ_SLOT_BITS 20
-#define SEQ_SLOT_MASK ((1u << SEQ_SLOT_BITS) - 1)
+#define SEQ_SLOT_BITS BKV__SEQ_SLOT_BITS /* internal.h: the scheduler decodes
+						ids too (bkv__seq_append1) */
+#define SEQ_SLOT_MASK BKV__SEQ_SLOT_MASK
 #define SEQ_GEN_MAX 0xFFFu
 
 /* The metadata size docs/benchmarks.md reports. */
@@ -792,6 +793,18 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 		}
 	}
 	return append_any(pool, seq, tokens, n, hit_tokens);
+}
+
+/* bkv__seq_append1's other cases (internal.h): a block boundary takes
+ * append_one's boundary path, the rest the general one. */
+int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
+			  const bkv__seq **out)
+{
+	int rc = bkv_seq_append(pool, seq, &token, 1, hit);
+
+	if (rc == BKV_OK)
+		*out = seq_get(pool, seq);
+	return rc;
 }
 
 /* Any append: validation, prefix hits, copy-on-write, whole blocks. */

@@ -617,7 +617,7 @@ static void lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_ste
 /* Remove ended and preempted requests from run[], keeping admission order. */
 static void run_compact(bkv_sched *s)
 {
-	uint32_t i, j = 0;
+	uint32_t i, j = 0, multi = 0;
 
 	if (!s->run_dirty)
 		return;
@@ -629,8 +629,10 @@ static void run_compact(bkv_sched *s)
 			continue;
 		r->run_idx = j;
 		s->run[j++] = r;
+		multi += r->n > 1;
 	}
 	s->nr_run = j;
+	s->nr_run_multi = multi;
 	if (j == 0)
 		s->group_size = 0;
 }
@@ -878,6 +880,8 @@ static void plan_forks(bkv_sched *s)
 {
 	uint32_t i, j;
 
+	if (s->nr_run_multi == 0)
+		return; /* no request in run[] has n > 1 */
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
 		bkv__lane *l0 = &r->lane[0];
@@ -911,19 +915,74 @@ static void plan_forks(bkv_sched *s)
 	}
 }
 
-/* Decode rows for every decoding lane. Returns the lanes it saw that are
- * still prefilling (zero lets the step skip plan_continue's pass). */
+/* Decode rows for every decoding lane, each written into the batch arrays as
+ * it is planned (bkv__fill; s->fill_rows says how many made it), until a
+ * preemption - which may prune rows already written - stops the writing.
+ *
+ * The common case, a running single-lane request in decode whose append is
+ * simple, is one pass with the step's counters in locals: touch (the
+ * rollback record), append (bkv__seq_append1), the row, its batch entries;
+ * its budget charge (one token a row) is made once at the end (saturating
+ * subtractions add up to the same). Everything else takes append_room
+ * (preemption on ENOSPC) and add_row, with the counters written back first.
+ * A row is [old, old + 1) either way: a sampling row computes its token,
+ * even one the prefix cache holds (only possible with block_tokens 1).
+ * Returns the lanes it saw that are still prefilling (zero lets the step
+ * skip plan_continue's pass). */
 static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
-	uint32_t i, j, prefilling = 0;
+	bkv_pool *const pool = s->pool;
+	bkv__row *const dec = s->dec;
+	bkv__lane **const touched = s->touched;
+	const uint64_t step = s->step_no;
+	uint32_t i, j, prefilling = 0, n_dec = s->n_dec, n_touched = s->n_touched, fast = 0;
+	bkv__fill f;
 
+	bkv__fill_begin(s, &f);
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
+		bkv__lane *l = &r->lane[0];
 
+		if (r->n == 1 && REQ_IS_RUNNING(r) && l->decoding && !l->done &&
+		    l->seq != BKV__SEQ_NONE) {
+			const uint32_t old = l->kv_len;
+			const int32_t token = l->tok[old];
+			const bkv__seq *sq;
+			uint32_t hit;
+
+			BKV_ASSERT(old + 1 == LANE_KNOWN(l));
+			if (bkv__seq_append1(pool, l->seq, token, &hit, &sq) == BKV_OK) {
+				bkv__row *row = &dec[n_dec++];
+
+				if (l->touch_step != step) { /* touch() */
+					l->touch_step = step;
+					l->pre_len = old;
+					touched[n_touched++] = l;
+				}
+				l->kv_len = old + 1;
+				s->step_hits += hit;
+				row->lane = l;
+				row->start = old;
+				row->end = old + 1;
+				row->sample = 1;
+				row->out = BKV_TOKEN_FAIL;
+				fast++;
+				if (!si->preempted)
+					bkv__fill_decode(&f, r, l, token, old, sq->table,
+							 sq->n_blocks);
+				continue;
+			}
+			/* ENOSPC or another answer: the pool is unchanged; the
+			 * general path below retries with preemption */
+		}
+		s->n_dec = n_dec;
+		s->n_touched = n_touched;
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
-			bkv__lane *l = &r->lane[j];
-			uint32_t old = l->kv_len, hit = 0;
+			uint32_t old, hit = 0, nb = 0;
+			const int32_t *table;
 
+			l = &r->lane[j];
+			old = l->kv_len;
 			if (l->done || l->seq == BKV__SEQ_NONE)
 				continue;
 			if (!l->decoding) {
@@ -934,8 +993,21 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+			if (si->preempted)
+				continue; /* rows may be pruned: stop writing */
+			table = bkv_seq_blocks(pool, l->seq, &nb);
+			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb);
 		}
+		n_dec = s->n_dec;
+		n_touched = s->n_touched;
 	}
+	s->n_dec = n_dec;
+	s->n_touched = n_touched;
+	charge(s, fast);
+	BKV_ASSERT(si->preempted || f.r == n_dec);
+	s->fill_rows = si->preempted ? 0 : f.r;
+	s->fill_kv = f.k;
+	s->fill_ctx = f.ctx;
 	return prefilling;
 }
 
@@ -1101,6 +1173,7 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		r->admit_seq = ++s->admit_seq;
 		r->run_idx = s->nr_run;
 		s->run[s->nr_run++] = r;
+		s->nr_run_multi += r->n > 1;
 		s->slots_used += r->n_live;
 		s->last_admit_us = now;
 		si->admitted++;
@@ -1137,7 +1210,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
-	bkv__batch_fill(s, kind, rows, n, n_decode, &b, &sh);
+	bkv__batch_fill(s, kind, rows, n, n_decode, rows == s->dec ? s->fill_rows : 0, &b, &sh);
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
 	t0 = clock_us(s);
@@ -1195,6 +1268,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	if (si->preempted) { /* rows of requests preempted after planning */
 		rows_prune(s->dec, &s->n_dec);
 		rows_prune(s->pre, &s->n_pre);
+		s->fill_rows = 0; /* the written rows may be among them */
 	}
 	if (!s->split) {
 		if (s->n_dec + s->n_pre == 0)
@@ -1208,6 +1282,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	}
 	if (s->n_pre) {
 		*called = 1;
+		s->fill_rows = 0; /* the prefill call reuses the batch arrays */
 		rc = call_host(s, BKV_CALL_PREFILL, s->pre, s->n_pre, 0, si);
 		if (rc != BKV_OK)
 			return rc;
@@ -1355,7 +1430,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 		forget_moot_copies(s);
 
 	s->step_no++;
-	s->n_pre = s->n_dec = s->n_touched = s->step_hits = 0;
+	s->n_pre = s->n_dec = s->n_touched = s->step_hits = s->fill_rows = 0;
 	memset(s->copies_sent, 0, sizeof(s->copies_sent));
 	bkv__auto_step_begin(s);
 	s->budget_left = s->cfg.chunked_prefill
