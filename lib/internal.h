@@ -69,6 +69,11 @@ uint64_t bkv__monotonic_us(void);
 				       on each of its ancestors until the copy
 				       clears, so every pinned indexed block
 				       keeps a pinned parent */
+#define BKV__BLOCK_HASHED 0x40u     /* only inside a transaction's commit
+				       (pool.c txn_end): hash holds the
+				       block's chain hash, computed ahead
+				       so the index slots could be
+				       prefetched */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -244,6 +249,16 @@ void bkv__lru_unlink(bkv_pool *pool, int32_t b);
 /* Index b (full, not indexed) if its parent is indexed (or it is logical
  * block 0) and its hash is not indexed yet. */
 void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
+/* bkv__cache_add's second half: b's parent is indexed (or b is logical
+ * block 0), no transaction is open, and h is b's chain hash
+ * (bkv__cache_hash). pool.c's transaction commit hashes its queue and
+ * prefetches the index slots before it indexes any of them. */
+void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h);
+/* b's chain hash under key, from its parent's hash (the parent indexed) or
+ * the root's, and its tokens. */
+uint64_t bkv__cache_hash(const bkv_pool *pool, int32_t b, uint64_t key);
+/* The index slot where a probe for hash starts. */
+uint32_t bkv__index_home(const bkv_pool *pool, uint64_t hash);
 /* Take b out of the index (it must be INDEXED); updates parent kids. */
 void bkv__cache_forget(bkv_pool *pool, int32_t b);
 /* Record a KV event (STORED for b, REMOVED for b, or CLEARED with b = -1):
@@ -333,7 +348,9 @@ typedef struct bkv__row {
 	uint32_t start;  /* first computed position */
 	uint32_t end;    /* sequence length after the row */
 	uint8_t sample;  /* the host writes a token for this row */
-	int32_t out;     /* the sampled token, after the call */
+	int32_t out;     /* the sampled token, copied after a prefill call
+			    (a split host's prefill rows; the last call's
+			    rows are committed from next_tokens) */
 } bkv__row;
 
 /* The id -> request map (open addressing, linear probing, lock). */

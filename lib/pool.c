@@ -251,9 +251,11 @@ static void copy_push(bkv_pool *pool, int kind, int32_t src, int32_t dst)
 #if defined(__GNUC__) || defined(__clang__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define NOINLINE __attribute__((noinline))
+#define PREFETCH(p) __builtin_prefetch(p)
 #else
 #define LIKELY(x) (x)
 #define NOINLINE
+#define PREFETCH(p) ((void)(p))
 #endif
 
 /* The free list is empty: evict the oldest cached block. */
@@ -800,8 +802,16 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out)
 {
-	int rc = bkv_seq_append(pool, seq, &token, 1, hit);
+	bkv__seq *s = seq_get(pool, seq);
+	int rc;
 
+	if (s && s->state == BKV__SEQ_OPEN && append_one(pool, s, token)) {
+		*hit = 0;
+		*out = s;
+		BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+		return BKV_OK;
+	}
+	rc = append_any(pool, seq, &token, 1, hit);
 	if (rc == BKV_OK)
 		*out = seq_get(pool, seq);
 	return rc;
@@ -1637,22 +1647,66 @@ void bkv__pool_txn_defer(bkv_pool *pool, int32_t b)
 	pool->txn_pending[pool->txn_n++] = b;
 }
 
+/* A queued block that commit would index now, its parent indexed already
+ * (a parent queued in the same transaction is indexed first). */
+static int txn_ready(const bkv_pool *pool, const bkv__block *k, uint32_t i)
+{
+	return (k->flags & BKV__BLOCK_TXN) && k->prev == (int32_t)i && k->ref > 0 &&
+	       k->fill == pool->bt && !BLOCK_IS_INDEXED(k) &&
+	       (k->parent < 0 || BLOCK_IS_INDEXED(&pool->blk[k->parent]));
+}
+
+/* Before commit indexes its queue: hash every block whose parent is indexed
+ * already and prefetch its index slot, then prefetch the block each of
+ * those slots names (the probe compares its hash). The index is large and
+ * each insert touches a random line of it, usually not in any cache: done
+ * one by one, every insert waits for main memory, twice. */
+static void txn_prefetch(bkv_pool *pool)
+{
+	uint32_t i;
+
+	for (i = 0; i < pool->txn_n; i++) {
+		bkv__block *k = &pool->blk[pool->txn_pending[i]];
+
+		if (!txn_ready(pool, k, i))
+			continue;
+		k->hash = bkv__cache_hash(pool, pool->txn_pending[i], k->key);
+		k->flags |= BKV__BLOCK_HASHED;
+		PREFETCH(&pool->index[bkv__index_home(pool, k->hash)]);
+	}
+	for (i = 0; i < pool->txn_n; i++) {
+		const bkv__block *k = &pool->blk[pool->txn_pending[i]];
+		int32_t e;
+
+		if (!(k->flags & BKV__BLOCK_HASHED))
+			continue;
+		e = pool->index[bkv__index_home(pool, k->hash)];
+		if (e >= 0)
+			PREFETCH(&pool->blk[e]);
+	}
+}
+
 static void txn_end(bkv_pool *pool, int commit)
 {
 	uint32_t i;
 
 	BKV_ASSERT(pool->txn_active);
 	pool->txn_active = 0;
+	if (commit && pool->index && pool->txn_n > 1)
+		txn_prefetch(pool);
 	for (i = 0; i < pool->txn_n; i++) {
 		int32_t b = pool->txn_pending[i];
 		bkv__block *k = &pool->blk[b];
 
 		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
 			continue; /* released (and maybe retaken) since queued */
-		k->flags &= ~BKV__BLOCK_TXN;
-		k->prev = -1;
-		if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
+		if (k->flags & BKV__BLOCK_HASHED) /* ready before any insert:
+						     still ready now */
+			bkv__cache_add_hashed(pool, b, k->key, k->hash);
+		else if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
 			bkv__cache_add(pool, b, k->key);
+		k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+		k->prev = -1;
 	}
 	pool->txn_n = 0;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);

@@ -936,6 +936,9 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	bkv__lane **const touched = s->touched;
 	const uint64_t step = s->step_no;
 	uint32_t i, j, prefilling = 0, n_dec = s->n_dec, n_touched = s->n_touched, fast = 0;
+	uint32_t hits = 0;
+	int writing = !si->preempted; /* si->preempted in a local: stores
+					 through the arrays would reload it */
 	bkv__fill f;
 
 	bkv__fill_begin(s, &f);
@@ -960,14 +963,14 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 					touched[n_touched++] = l;
 				}
 				l->kv_len = old + 1;
-				s->step_hits += hit;
+				hits += hit;
 				row->lane = l;
 				row->start = old;
 				row->end = old + 1;
 				row->sample = 1;
 				row->out = BKV_TOKEN_FAIL;
 				fast++;
-				if (!si->preempted)
+				if (writing)
 					bkv__fill_decode(&f, r, l, token, old, sq->table,
 							 sq->n_blocks);
 				continue;
@@ -1000,9 +1003,11 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		}
 		n_dec = s->n_dec;
 		n_touched = s->n_touched;
+		writing = !si->preempted;
 	}
 	s->n_dec = n_dec;
 	s->n_touched = n_touched;
+	s->step_hits += hits;
 	charge(s, fast);
 	BKV_ASSERT(si->preempted || f.r == n_dec);
 	s->fill_rows = si->preempted ? 0 : f.r;
@@ -1222,8 +1227,9 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		return BKV_EHOST;
 	if (s->cfg.cost.observe)
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
-	for (i = 0; i < n; i++)
-		rows[i].out = s->next_tokens[i];
+	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
+		for (i = 0; i < n; i++)
+			rows[i].out = s->next_tokens[i];
 	si->decode_tokens += n_decode;
 	for (i = n_decode; i < n; i++)
 		si->prefill_tokens += rows[i].end - rows[i].start;
@@ -1299,14 +1305,18 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 
 /* ---- commit / rollback --------------------------------------------------- */
 
-static void commit_rows(bkv_sched *s, bkv__row *rows, uint32_t n, bkv_step_info *si)
+/* Record each sampling row's token: outs[i] (the last call's next_tokens)
+ * or, with outs NULL, rows[i].out (a split host's prefill rows). */
+static void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n, const int32_t *outs,
+			bkv_step_info *si)
 {
+	void (*const on_token)(void *, uint64_t, uint32_t, int32_t, void *) = s->ops.on_token;
 	uint32_t i;
 
 	for (i = 0; i < n; i++) {
 		bkv__lane *l = rows[i].lane;
 		bkv__req *r = l->req;
-		int32_t t = rows[i].out;
+		int32_t t = outs ? outs[i] : rows[i].out;
 
 		if (!rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
 			continue;
@@ -1317,11 +1327,12 @@ static void commit_rows(bkv_sched *s, bkv__row *rows, uint32_t n, bkv_step_info 
 		l->tok[LANE_KNOWN(l)] = t;
 		l->n_gen++;
 		l->decoding = 1;
-		if (s->ops.on_token)
-			s->ops.on_token(s->host, r->id, l->branch, t, r->user);
-		if (!REQ_IS_RUNNING(r) || l->done)
-			continue;
-		if (is_stop(r, t))
+		if (on_token) {
+			on_token(s->host, r->id, l->branch, t, r->user);
+			if (!REQ_IS_RUNNING(r) || l->done)
+				continue;
+		}
+		if (r->n_stop && is_stop(r, t))
 			lane_done(s, l, BKV_FINISH_STOP, si);
 		else if (l->n_gen >= r->max_new)
 			lane_done(s, l, BKV_FINISH_LENGTH, si);
@@ -1343,8 +1354,8 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	}
 	bkv__pool_txn_commit(s->pool);
 	if (s->split)
-		commit_rows(s, s->pre, s->n_pre, si);
-	commit_rows(s, s->dec, s->n_dec, si);
+		commit_rows(s, s->pre, s->n_pre, NULL, si);
+	commit_rows(s, s->dec, s->n_dec, s->next_tokens, si);
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
