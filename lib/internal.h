@@ -187,44 +187,80 @@ struct bkv_pool {
 #define BKV__SEQ_SLOT_BITS 20
 #define BKV__SEQ_SLOT_MASK ((1u << BKV__SEQ_SLOT_BITS) - 1)
 
-/* The scheduler's one-token append (a decode row): the same effects and
- * answers as bkv_seq_append(pool, seq, &token, 1, hit). The common case -
- * the token lands inside the sequence's last block, which is private,
- * unindexed, filled exactly to the end and does not fill up with it - is
- * handled here, inline, with the id decoded once and no other argument
- * checks; everything else (a block boundary, a block filling up, copy-on-
- * write, errors) goes through bkv__seq_append1_slow, which is
- * bkv_seq_append. On BKV_OK *out is the sequence after the append (the
- * batch reads its table); on an error nothing changed. */
+/* The scheduler's one-token appends (decode rows), made through a cursor
+ * over the pool. bkv__append_one has the same effects and answers as
+ * bkv_seq_append(pool, seq, &token, 1, hit). Its common case - the token
+ * lands inside the sequence's last block, which is private, unindexed,
+ * filled exactly to the end and does not fill up with it - is handled
+ * inline, with the pool's fields held in the cursor (stores through the
+ * batch arrays cannot make the compiler reload them), the id decoded once,
+ * no other argument checks, and the token counters (pool->tokens,
+ * miss_tokens) added up in the cursor: bkv__append_flush adds them to the
+ * pool, and must run before any other pool call (the counters are part of
+ * the pool's invariants). Everything else (a block boundary, a block
+ * filling up, copy-on-write, errors) flushes and goes through
+ * bkv__seq_append1_slow (pool.c). On BKV_OK *out is the sequence after the
+ * append (the batch reads its table); on an error nothing changed. */
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out);
 
-static inline int bkv__seq_append1(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
-				   const bkv__seq **out)
+typedef struct bkv__appender {
+	bkv_pool *pool;     /* the pool appended to */
+	bkv__seq *seqs;     /* pool->seqs */
+	bkv__block *blk;    /* pool->blk */
+	int32_t *tok;       /* pool->tok */
+	uint32_t bt;        /* pool->bt */
+	uint32_t shift;     /* pool->bt_shift */
+	uint32_t max_seqs;  /* pool->cfg.max_seqs */
+	uint32_t n;         /* tokens appended inline, not yet in the pool's
+			       tokens and miss_tokens counters */
+} bkv__appender;
+
+static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
+{
+	a->pool = pool;
+	a->seqs = pool->seqs;
+	a->blk = pool->blk;
+	a->tok = pool->tok;
+	a->bt = pool->bt;
+	a->shift = pool->bt_shift;
+	a->max_seqs = pool->cfg.max_seqs;
+	a->n = 0;
+}
+
+static inline void bkv__append_flush(bkv__appender *a)
+{
+	a->pool->tokens += a->n;
+	a->pool->miss_tokens += a->n;
+	a->n = 0;
+}
+
+static inline int bkv__append_one(bkv__appender *a, uint32_t seq, int32_t token, uint32_t *hit,
+				  const bkv__seq **out)
 {
 	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
-	bkv__seq *s = &pool->seqs[slot];
-	const uint32_t off = s->len & (pool->bt - 1);
+	bkv__seq *s = &a->seqs[slot];
+	const uint32_t off = s->len & (a->bt - 1);
 
 	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
 	 * block_tokens implies len + 1 < INT32_MAX (INT32_MAX ends a block) */
-	if (off != 0 && off + 1 < pool->bt && slot < pool->cfg.max_seqs &&
-	    s->state == BKV__SEQ_OPEN && s->gen == (seq >> BKV__SEQ_SLOT_BITS)) {
+	if (off != 0 && off + 1 < a->bt && slot < a->max_seqs && s->state == BKV__SEQ_OPEN &&
+	    s->gen == (seq >> BKV__SEQ_SLOT_BITS)) {
 		const int32_t b = s->table[s->n_blocks - 1];
-		bkv__block *k = &pool->blk[b];
+		bkv__block *k = &a->blk[b];
 
 		if (k->ref == 1 && k->fill == off && !(k->flags & BKV__BLOCK_INDEXED)) {
-			pool->tok[((size_t)b << pool->bt_shift) + off] = token;
+			a->tok[((size_t)b << a->shift) + off] = token;
 			k->fill = off + 1;
-			pool->tokens++;
-			pool->miss_tokens++;
 			s->len++;
+			a->n++;
 			*hit = 0;
 			*out = s;
 			return BKV_OK;
 		}
 	}
-	return bkv__seq_append1_slow(pool, seq, token, hit, out);
+	bkv__append_flush(a);
+	return bkv__seq_append1_slow(a->pool, seq, token, hit, out);
 }
 
 /* Step transactions (pool.c). Between begin and commit, blocks that become
@@ -533,7 +569,8 @@ static inline void bkv__fill_decode(bkv__fill *f, const bkv__req *q, const bkv__
 	f->rbr[r] = l->branch;
 	f->rus[r] = q->user;
 	f->next[r] = BKV_TOKEN_FAIL;
-	f->lpl[r] = (int32_t)(start + 1 - ((nb - 1) << shift));
+	f->lpl[r] = (int32_t)(start & ((1u << shift) - 1)) + 1; /* start is in
+								   block nb - 1 */
 	/* four ids per fixed-size copy, then two, then one (no call) */
 	for (i = 0; i + 4 <= nb; i += 4)
 		memcpy(&kvi[i], &table[i], 4 * sizeof(int32_t));

@@ -99,7 +99,7 @@
 #include <string.h>
 
 #define SEQ_SLOT_BITS BKV__SEQ_SLOT_BITS /* internal.h: the scheduler decodes
-						ids too (bkv__seq_append1) */
+						ids too (bkv__append_one) */
 #define SEQ_SLOT_MASK BKV__SEQ_SLOT_MASK
 #define SEQ_GEN_MAX 0xFFFu
 
@@ -577,6 +577,11 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 		k->prev = -1;
 		k->parent = -1;
 	}
+	/* Touch the token store now: every appended token is written into it,
+	 * and left untouched its pages would be mapped on first write - a page
+	 * fault inside bkv_seq_append (inside a scheduler step) for every 4 KiB
+	 * of blocks the first time they are used. */
+	memset(pool->tok, 0, nb * bt * sizeof(int32_t));
 	pool->free_head = 0;
 	pool->nr_free = (uint32_t)nb;
 	for (i = 0; i < nh; i++) {
@@ -797,7 +802,7 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 	return append_any(pool, seq, tokens, n, hit_tokens);
 }
 
-/* bkv__seq_append1's other cases (internal.h): a block boundary takes
+/* bkv__append_one's other cases (internal.h): a block boundary takes
  * append_one's boundary path, the rest the general one. */
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out)

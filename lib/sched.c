@@ -921,7 +921,7 @@ static void plan_forks(bkv_sched *s)
  *
  * The common case, a running single-lane request in decode whose append is
  * simple, is one pass with the step's counters in locals: touch (the
- * rollback record), append (bkv__seq_append1), the row, its batch entries;
+ * rollback record), append (bkv__append_one), the row, its batch entries;
  * its budget charge (one token a row) is made once at the end (saturating
  * subtractions add up to the same). Everything else takes append_room
  * (preemption on ENOSPC) and add_row, with the counters written back first.
@@ -939,29 +939,33 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	uint32_t hits = 0;
 	int writing = !si->preempted; /* si->preempted in a local: stores
 					 through the arrays would reload it */
+	bkv__appender ap;
 	bkv__fill f;
 
+	bkv__append_begin(pool, &ap);
 	bkv__fill_begin(s, &f);
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
 		bkv__lane *l = &r->lane[0];
 
-		if (r->n == 1 && REQ_IS_RUNNING(r) && l->decoding && !l->done &&
-		    l->seq != BKV__SEQ_NONE) {
+		/* a running single-lane request's lane is live and holds a
+		 * sequence (bkv_sched_check 9, 10) */
+		if (r->n == 1 && REQ_IS_RUNNING(r) && l->decoding) {
 			const uint32_t old = l->kv_len;
 			const int32_t token = l->tok[old];
 			const bkv__seq *sq;
 			uint32_t hit;
 
-			BKV_ASSERT(old + 1 == LANE_KNOWN(l));
-			if (bkv__seq_append1(pool, l->seq, token, &hit, &sq) == BKV_OK) {
+			BKV_ASSERT(!l->done && l->seq != BKV__SEQ_NONE && old + 1 == LANE_KNOWN(l));
+			if (bkv__append_one(&ap, l->seq, token, &hit, &sq) == BKV_OK) {
 				bkv__row *row = &dec[n_dec++];
 
-				if (l->touch_step != step) { /* touch() */
-					l->touch_step = step;
-					l->pre_len = old;
-					touched[n_touched++] = l;
-				}
+				/* touch(): nothing appended to a lane before
+				 * this pass, which sees each lane once */
+				BKV_ASSERT(l->touch_step != step);
+				l->touch_step = step;
+				l->pre_len = old;
+				touched[n_touched++] = l;
 				l->kv_len = old + 1;
 				hits += hit;
 				row->lane = l;
@@ -978,6 +982,7 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			/* ENOSPC or another answer: the pool is unchanged; the
 			 * general path below retries with preemption */
 		}
+		bkv__append_flush(&ap);
 		s->n_dec = n_dec;
 		s->n_touched = n_touched;
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
@@ -1005,6 +1010,7 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		n_touched = s->n_touched;
 		writing = !si->preempted;
 	}
+	bkv__append_flush(&ap);
 	s->n_dec = n_dec;
 	s->n_touched = n_touched;
 	s->step_hits += hits;
