@@ -14,6 +14,14 @@
  *
  * Every array was sized when the scheduler was created or when a larger
  * request was submitted (see struct bkv__bufs), so filling allocates nothing.
+ *
+ * Decode rows are usually written while the step plans them (sched.c's
+ * plan_decode, through bkv__fill in internal.h: the planning pass has the
+ * request, lane and block table in hand, so a second pass here would only
+ * load them again); bkv__batch_fill then starts after those rows (`first`)
+ * and writes the rest: prefill chunks, rows planned later, or everything
+ * when a preemption pruned rows or a split host's prefill call reused the
+ * arrays.
  * The copy lists are the pool's pending ones not yet sent in this step (a
  * split host's decode call sees only what appeared after the prefill call).
  */

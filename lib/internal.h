@@ -203,6 +203,11 @@ struct bkv_pool {
  * append (the batch reads its table); on an error nothing changed. */
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out);
+/* Grow an open sequence's table to n_blocks entries now (at most the pool's
+ * block count), so that appends up to that length never reallocate it
+ * (inside later steps). Best effort: on ENOMEM nothing changes and an append
+ * grows the table as before. */
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks);
 
 typedef struct bkv__appender {
 	bkv_pool *pool;     /* the pool appended to */

@@ -17,7 +17,9 @@
  * Metadata is struct-of-blocks (bkv__block, 40 bytes, see internal.h) plus a
  * token store tok[N * block_tokens] holding each block's token ids: a block
  * that fills across several appends is hashed from it, and a prefix hit is
- * verified against it token by token. The free list is singly linked through
+ * verified against it token by token (the store is written through once at
+ * create, so no page of it is first touched - faulted in - inside a step).
+ * The free list is singly linked through
  * bkv__block.next; its initial pop order is 0, 1, ..., N-1 and freed blocks
  * are pushed on its head (LIFO, so a hot block is reused first). Allocation
  * pops the free list and, only when it is empty, evicts the oldest cached
@@ -82,7 +84,10 @@
  * one, a block that becomes full is not indexed at once but queued on
  * txn_pending (its queue position kept in its otherwise unused `prev` link);
  * commit indexes the queue in fill order, abort forgets it. No lookup can then
- * hit a block whose KV the current step has not computed yet.
+ * hit a block whose KV the current step has not computed yet. Commit first
+ * hashes the queued blocks whose parents are indexed and prefetches their
+ * index slots (the index is large and each insert lands on a cold line), so
+ * the misses overlap instead of coming one insert at a time.
  *
  * KV events (for cluster routers): prefix.c writes a STORED or REMOVED event
  * into a preallocated ring wherever a block enters or leaves the index, and
@@ -800,6 +805,14 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 		}
 	}
 	return append_any(pool, seq, tokens, n, hit_tokens);
+}
+
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
+{
+	bkv__seq *s = seq_get(pool, seq);
+
+	if (s && s->state == BKV__SEQ_OPEN)
+		(void)table_reserve(pool, s, BKV_MIN(n_blocks, pool->nb));
 }
 
 /* bkv__append_one's other cases (internal.h): a block boundary takes

@@ -17,7 +17,9 @@
  *            every row's tokens are appended to its sequence now (demand
  *            paging), so "make room" happens here: on ENOSPC the pool has
  *            already reclaimed cached blocks, and the scheduler preempts a
- *            victim (recompute or swap) and retries
+ *            victim (recompute or swap) and retries. Decode rows are one
+ *            pass (plan_decode): rollback record, one-token append, row and
+ *            the row's batch entries together
  *   call     mixed host: one forward (decode rows, then chunks); split host:
  *            prefill call, then a decode call over every decoding row plus
  *            rows whose prompt finished in the prefill call
@@ -898,6 +900,10 @@ static void plan_forks(bkv_sched *s)
 				rc = bkv_seq_fork(s->pool, l0->seq, &l->seq);
 			if (rc != BKV_OK)
 				l->seq = BKV__SEQ_NONE;
+			else
+				bkv__seq_reserve(s->pool, l->seq,
+						 (r->prompt_len + r->max_new + s->bt - 1) >>
+							 s->bt_shift);
 		}
 		if (rc != BKV_OK) { /* retry next step */
 			for (j = 1; j < r->n; j++) {
@@ -1076,6 +1082,10 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			l->seq = BKV__SEQ_NONE;
 			break;
 		}
+		/* the table for the whole history now: decode steps then
+		 * never reallocate it */
+		bkv__seq_reserve(s->pool, l->seq,
+				 (r->prompt_len + r->max_new + s->bt - 1) >> s->bt_shift);
 		l->kv_len = 0;
 		l->decoding = 0;
 		touch(s, l);
