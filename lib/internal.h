@@ -244,7 +244,7 @@ static inline int bkv__append_one(bkv__appender *a, uint32_t seq, int32_t token,
 				  const bkv__seq **out)
 {
 	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
-	bkv__seq *s = &a->seqs[slot];
+	bkv__seq *s = &a->seqs[slot < a->max_seqs ? slot : 0]; /* read in bounds */
 	const uint32_t off = s->len & (a->bt - 1);
 
 	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
