@@ -14,6 +14,14 @@
  *
  * Every array was sized when the scheduler was created or when a larger
  * request was submitted (see struct bkv__bufs), so filling allocates nothing.
+ *
+ * Decode rows are usually written while the step plans them (sched.c's
+ * plan_decode, through bkv__fill in internal.h: the planning pass has the
+ * request, lane and block table in hand, so a second pass here would only
+ * load them again); bkv__batch_fill then starts after those rows (`first`)
+ * and writes the rest: prefill chunks, rows planned later, or everything
+ * when a preemption pruned rows or a split host's prefill call reused the
+ * arrays.
  * The copy lists are the pool's pending ones not yet sent in this step (a
  * split host's later calls - a second packed prefill call, the decode call -
  * see only what appeared after the calls before them).
@@ -23,7 +31,7 @@
 #include <string.h>
 
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
-			 uint32_t n_decode, bkv_batch *b, bkv_step_shape *shape)
+			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
 	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
 	/* the arrays, hoisted: the uint8_t stores would otherwise make the
@@ -37,13 +45,20 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	uint32_t *const rbr = s->row_branch;
 	void **const rus = s->row_user;
 	const bkv_pool *pool = s->pool;
-	uint32_t r, t = 0, k = 0, n_chunks = 0;
+	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 	int kind_i;
 
-	qo[0] = 0;
-	kvp[0] = 0;
-	for (r = 0; r < n_rows; r++) {
+	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
+		BKV_ASSERT(first <= n_decode && rows == s->dec);
+		r = t = first;
+		k = s->fill_kv;
+		ctx = s->fill_ctx;
+	} else {
+		qo[0] = 0;
+		kvp[0] = 0;
+	}
+	for (; r < n_rows; r++) {
 		/* the row in locals: int32_t stores may alias its fields */
 		const bkv__lane *l = rows[r].lane;
 		const uint32_t start = rows[r].start, end = rows[r].end;

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ---- assertion tiers ------------------------------------------------------
  * BKV_DEBUG_LEVEL 0: none. 1: BKV_ASSERT (cheap, O(1)). 2: also
@@ -68,6 +69,11 @@ uint64_t bkv__monotonic_us(void);
 				       on each of its ancestors until the copy
 				       clears, so every pinned indexed block
 				       keeps a pinned parent */
+#define BKV__BLOCK_HASHED 0x40u     /* only inside a transaction's commit
+				       (pool.c txn_end): hash holds the
+				       block's chain hash, computed ahead
+				       so the index slots could be
+				       prefetched */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -177,6 +183,91 @@ struct bkv_pool {
 	uint64_t ev_dropped;   /* events dropped on a full ring */
 };
 
+/* Sequence ids: slot | gen << BKV__SEQ_SLOT_BITS (pool.c). */
+#define BKV__SEQ_SLOT_BITS 20
+#define BKV__SEQ_SLOT_MASK ((1u << BKV__SEQ_SLOT_BITS) - 1)
+
+/* The scheduler's one-token appends (decode rows), made through a cursor
+ * over the pool. bkv__append_one has the same effects and answers as
+ * bkv_seq_append(pool, seq, &token, 1, hit). Its common case - the token
+ * lands inside the sequence's last block, which is private, unindexed,
+ * filled exactly to the end and does not fill up with it - is handled
+ * inline, with the pool's fields held in the cursor (stores through the
+ * batch arrays cannot make the compiler reload them), the id decoded once,
+ * no other argument checks, and the token counters (pool->tokens,
+ * miss_tokens) added up in the cursor: bkv__append_flush adds them to the
+ * pool, and must run before any other pool call (the counters are part of
+ * the pool's invariants). Everything else (a block boundary, a block
+ * filling up, copy-on-write, errors) flushes and goes through
+ * bkv__seq_append1_slow (pool.c). On BKV_OK *out is the sequence after the
+ * append (the batch reads its table); on an error nothing changed. */
+int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
+			  const bkv__seq **out);
+/* Grow an open sequence's table to n_blocks entries now (at most the pool's
+ * block count), so that appends up to that length never reallocate it
+ * (inside later steps). Best effort: on ENOMEM nothing changes and an append
+ * grows the table as before. */
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks);
+
+typedef struct bkv__appender {
+	bkv_pool *pool;     /* the pool appended to */
+	bkv__seq *seqs;     /* pool->seqs */
+	bkv__block *blk;    /* pool->blk */
+	int32_t *tok;       /* pool->tok */
+	uint32_t bt;        /* pool->bt */
+	uint32_t shift;     /* pool->bt_shift */
+	uint32_t max_seqs;  /* pool->cfg.max_seqs */
+	uint32_t n;         /* tokens appended inline, not yet in the pool's
+			       tokens and miss_tokens counters */
+} bkv__appender;
+
+static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
+{
+	a->pool = pool;
+	a->seqs = pool->seqs;
+	a->blk = pool->blk;
+	a->tok = pool->tok;
+	a->bt = pool->bt;
+	a->shift = pool->bt_shift;
+	a->max_seqs = pool->cfg.max_seqs;
+	a->n = 0;
+}
+
+static inline void bkv__append_flush(bkv__appender *a)
+{
+	a->pool->tokens += a->n;
+	a->pool->miss_tokens += a->n;
+	a->n = 0;
+}
+
+static inline int bkv__append_one(bkv__appender *a, uint32_t seq, int32_t token, uint32_t *hit,
+				  const bkv__seq **out)
+{
+	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
+	bkv__seq *s = &a->seqs[slot < a->max_seqs ? slot : 0]; /* read in bounds */
+	const uint32_t off = s->len & (a->bt - 1);
+
+	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
+	 * block_tokens implies len + 1 < INT32_MAX (INT32_MAX ends a block) */
+	if (off != 0 && off + 1 < a->bt && slot < a->max_seqs && s->state == BKV__SEQ_OPEN &&
+	    s->gen == (seq >> BKV__SEQ_SLOT_BITS)) {
+		const int32_t b = s->table[s->n_blocks - 1];
+		bkv__block *k = &a->blk[b];
+
+		if (k->ref == 1 && k->fill == off && !(k->flags & BKV__BLOCK_INDEXED)) {
+			a->tok[((size_t)b << a->shift) + off] = token;
+			k->fill = off + 1;
+			s->len++;
+			a->n++;
+			*hit = 0;
+			*out = s;
+			return BKV_OK;
+		}
+	}
+	bkv__append_flush(a);
+	return bkv__seq_append1_slow(a->pool, seq, token, hit, out);
+}
+
 /* Step transactions (pool.c). Between begin and commit, blocks that become
  * full are not entered into the prefix-cache index, so no lookup can hit KV
  * that the current step has not computed yet; commit indexes them (parents
@@ -199,6 +290,16 @@ void bkv__lru_unlink(bkv_pool *pool, int32_t b);
 /* Index b (full, not indexed) if its parent is indexed (or it is logical
  * block 0) and its hash is not indexed yet. */
 void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
+/* bkv__cache_add's second half: b's parent is indexed (or b is logical
+ * block 0), no transaction is open, and h is b's chain hash
+ * (bkv__cache_hash). pool.c's transaction commit hashes its queue and
+ * prefetches the index slots before it indexes any of them. */
+void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h);
+/* b's chain hash under key, from its parent's hash (the parent indexed) or
+ * the root's, and its tokens. */
+uint64_t bkv__cache_hash(const bkv_pool *pool, int32_t b, uint64_t key);
+/* The index slot where a probe for hash starts. */
+uint32_t bkv__index_home(const bkv_pool *pool, uint64_t hash);
 /* Take b out of the index (it must be INDEXED); updates parent kids. */
 void bkv__cache_forget(bkv_pool *pool, int32_t b);
 /* Record a KV event (STORED for b, REMOVED for b, or CLEARED with b = -1):
@@ -288,7 +389,9 @@ typedef struct bkv__row {
 	uint32_t start;  /* first computed position */
 	uint32_t end;    /* sequence length after the row */
 	uint8_t sample;  /* the host writes a token for this row */
-	int32_t out;     /* the sampled token, after the call */
+	int32_t out;     /* the sampled token, copied after a prefill call
+			    (a split host's prefill rows; the last call's
+			    rows are committed from next_tokens) */
 } bkv__row;
 
 /* The id -> request map (open addressing, linear probing, lock). */
@@ -355,6 +458,8 @@ struct bkv_sched {
 	bkv__req **run;        /* [max_running] */
 	uint32_t nr_run;       /* entries */
 	uint32_t slots_used;   /* sum of n_live over run[] <= max_running */
+	uint32_t nr_run_multi; /* entries of run[] with n > 1 (plan_forks
+				  skips its pass when 0) */
 	uint32_t group_size;   /* static: rows of the current group, else 0 */
 	int run_dirty;         /* a request left RUNNING since the last
 				  compaction of run[] */
@@ -373,6 +478,12 @@ struct bkv_sched {
 	uint32_t n_touched;
 	bkv__req **swap_pend;  /* [max_running] swapped, copies unsent */
 	uint32_t n_swap_pend;
+	uint32_t fill_rows;    /* dec[0, fill_rows) are in the batch arrays
+				  already (written while planning, bkv__fill);
+				  0 once a preemption pruned rows or a
+				  prefill call reused the arrays */
+	uint32_t fill_kv;      /* kv_indices entries of those rows */
+	uint64_t fill_ctx;     /* their summed context lengths */
 	bkv__req *done_head;   /* requests ended this step (to free) */
 	uint32_t budget_left;  /* tokens this step may still compute */
 	uint32_t step_hits;    /* prompt tokens this step took from the prefix
@@ -414,9 +525,98 @@ bkv__req *bkv__pick_victim(const bkv_sched *s);
 int bkv__want_swap(const bkv_sched *s, const bkv__req *r);
 uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining);
 
-/* batch.c: fill batch and shape from rows; returns the call's tokens. */
+/* batch.c: fill batch and shape from rows; returns the call's tokens. Rows
+ * [0, first) are in the arrays already (first is s->fill_rows for s->dec,
+ * else 0; see bkv__fill below). */
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
-			 uint32_t n_decode, bkv_batch *batch, bkv_step_shape *shape);
+			 uint32_t n_decode, uint32_t first, bkv_batch *batch, bkv_step_shape *shape);
+
+/* Decode rows written into the batch arrays while the step plans them, so
+ * that the planning pass, which has the request, lane and block table at
+ * hand, also writes each row's batch entries instead of a second pass
+ * loading them again. The arrays are copied into locals (a struct whose
+ * address never escapes the planning function): stores through them may
+ * not alias these fields, so nothing is reloaded per row. A decode row
+ * computes one token, so rows written == tokens written. */
+typedef struct bkv__fill {
+	int32_t *tok_ids;   /* s->bufs.token_ids */
+	int32_t *pos;       /* s->bufs.positions */
+	int32_t *slots;     /* s->bufs.slot_mapping */
+	int32_t *kvi;       /* s->bufs.kv_indices */
+	int32_t *qo;        /* s->qo_indptr */
+	int32_t *kvp;       /* s->kv_indptr */
+	int32_t *lpl;       /* s->last_page_len */
+	int32_t *next;      /* s->next_tokens */
+	uint8_t *smp;       /* s->row_sample */
+	uint64_t *rid;      /* s->row_req */
+	uint32_t *rbr;      /* s->row_branch */
+	void **rus;         /* s->row_user */
+	uint32_t shift;     /* log2(block_tokens) */
+	uint32_t kv_cap;    /* s->bufs.kv_cap */
+	uint32_t r;         /* rows (= tokens) written */
+	uint32_t k;         /* kv_indices entries written */
+	uint64_t ctx;       /* sum of the rows' context lengths (end) */
+} bkv__fill;
+
+/* Write decode row f->r: lane l of request q computes position start (its
+ * token), its sequence's table is table[0, nb) after the append. */
+static inline void bkv__fill_decode(bkv__fill *f, const bkv__req *q, const bkv__lane *l,
+				    int32_t token, uint32_t start, const int32_t *table,
+				    uint32_t nb)
+{
+	const uint32_t r = f->r, k = f->k, shift = f->shift;
+	int32_t *const kvi = f->kvi + k;
+	uint32_t i;
+
+	BKV_ASSERT(k + nb <= f->kv_cap);
+	f->smp[r] = 1;
+	f->rid[r] = q->id;
+	f->rbr[r] = l->branch;
+	f->rus[r] = q->user;
+	f->next[r] = BKV_TOKEN_FAIL;
+	f->lpl[r] = (int32_t)(start & ((1u << shift) - 1)) + 1; /* start is in
+								   block nb - 1 */
+	/* four ids per fixed-size copy, then two, then one (no call) */
+	for (i = 0; i + 4 <= nb; i += 4)
+		memcpy(&kvi[i], &table[i], 4 * sizeof(int32_t));
+	if (nb & 2) {
+		memcpy(&kvi[i], &table[i], 2 * sizeof(int32_t));
+		i += 2;
+	}
+	if (nb & 1)
+		kvi[i] = table[i];
+	f->tok_ids[r] = token;
+	f->pos[r] = (int32_t)start;
+	f->slots[r] = (table[nb - 1] << shift) + (int32_t)(start & ((1u << shift) - 1));
+	f->qo[r + 1] = (int32_t)(r + 1);
+	f->kvp[r + 1] = (int32_t)(k + nb);
+	f->ctx += start + 1;
+	f->r = r + 1;
+	f->k = k + nb;
+}
+
+/* Start writing this step's decode rows at row 0 (bkv__fill). */
+static inline void bkv__fill_begin(bkv_sched *s, bkv__fill *f)
+{
+	f->tok_ids = s->bufs.token_ids;
+	f->pos = s->bufs.positions;
+	f->slots = s->bufs.slot_mapping;
+	f->kvi = s->bufs.kv_indices;
+	f->qo = s->qo_indptr;
+	f->kvp = s->kv_indptr;
+	f->lpl = s->last_page_len;
+	f->next = s->next_tokens;
+	f->smp = s->row_sample;
+	f->rid = s->row_req;
+	f->rbr = s->row_branch;
+	f->rus = s->row_user;
+	f->shift = s->bt_shift;
+	f->kv_cap = s->bufs.kv_cap;
+	f->r = f->k = 0;
+	f->ctx = 0;
+	f->qo[0] = 0;
+	f->kvp[0] = 0;
+}
 
 /* ---- auto.c: decisions from the cost model --------------------------------
  * Admission group 0 (economic order quantity over the observed slot-free

@@ -17,7 +17,9 @@
  * Metadata is struct-of-blocks (bkv__block, 40 bytes, see internal.h) plus a
  * token store tok[N * block_tokens] holding each block's token ids: a block
  * that fills across several appends is hashed from it, and a prefix hit is
- * verified against it token by token. The free list is singly linked through
+ * verified against it token by token (the store is written through once at
+ * create, so no page of it is first touched - faulted in - inside a step).
+ * The free list is singly linked through
  * bkv__block.next; its initial pop order is 0, 1, ..., N-1 and freed blocks
  * are pushed on its head (LIFO, so a hot block is reused first). Allocation
  * pops the free list and, only when it is empty, evicts the oldest cached
@@ -82,7 +84,10 @@
  * one, a block that becomes full is not indexed at once but queued on
  * txn_pending (its queue position kept in its otherwise unused `prev` link);
  * commit indexes the queue in fill order, abort forgets it. No lookup can then
- * hit a block whose KV the current step has not computed yet.
+ * hit a block whose KV the current step has not computed yet. Commit first
+ * hashes the queued blocks whose parents are indexed and prefetches their
+ * index slots (the index is large and each insert lands on a cold line), so
+ * the misses overlap instead of coming one insert at a time.
  *
  * KV events (for cluster routers): prefix.c writes a STORED or REMOVED event
  * into a preallocated ring wherever a block enters or leaves the index, and
@@ -98,8 +103,9 @@
 
 #include <string.h>
 
-#define SEQ_SLOT_BITS 20
-#define SEQ_SLOT_MASK ((1u << SEQ_SLOT_BITS) - 1)
+#define SEQ_SLOT_BITS BKV__SEQ_SLOT_BITS /* internal.h: the scheduler decodes
+						ids too (bkv__append_one) */
+#define SEQ_SLOT_MASK BKV__SEQ_SLOT_MASK
 #define SEQ_GEN_MAX 0xFFFu
 
 /* The metadata size docs/benchmarks.md reports. */
@@ -250,9 +256,11 @@ static void copy_push(bkv_pool *pool, int kind, int32_t src, int32_t dst)
 #if defined(__GNUC__) || defined(__clang__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define NOINLINE __attribute__((noinline))
+#define PREFETCH(p) __builtin_prefetch(p)
 #else
 #define LIKELY(x) (x)
 #define NOINLINE
+#define PREFETCH(p) ((void)(p))
 #endif
 
 /* The free list is empty: evict the oldest cached block. */
@@ -574,6 +582,11 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 		k->prev = -1;
 		k->parent = -1;
 	}
+	/* Touch the token store now: every appended token is written into it,
+	 * and left untouched its pages would be mapped on first write - a page
+	 * fault inside bkv_seq_append (inside a scheduler step) for every 4 KiB
+	 * of blocks the first time they are used. */
+	memset(pool->tok, 0, nb * bt * sizeof(int32_t));
 	pool->free_head = 0;
 	pool->nr_free = (uint32_t)nb;
 	for (i = 0; i < nh; i++) {
@@ -792,6 +805,34 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 		}
 	}
 	return append_any(pool, seq, tokens, n, hit_tokens);
+}
+
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
+{
+	bkv__seq *s = seq_get(pool, seq);
+
+	if (s && s->state == BKV__SEQ_OPEN)
+		(void)table_reserve(pool, s, BKV_MIN(n_blocks, pool->nb));
+}
+
+/* bkv__append_one's other cases (internal.h): a block boundary takes
+ * append_one's boundary path, the rest the general one. */
+int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
+			  const bkv__seq **out)
+{
+	bkv__seq *s = seq_get(pool, seq);
+	int rc;
+
+	if (s && s->state == BKV__SEQ_OPEN && append_one(pool, s, token)) {
+		*hit = 0;
+		*out = s;
+		BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+		return BKV_OK;
+	}
+	rc = append_any(pool, seq, &token, 1, hit);
+	if (rc == BKV_OK)
+		*out = seq_get(pool, seq);
+	return rc;
 }
 
 /* Any append: validation, prefix hits, copy-on-write, whole blocks. */
@@ -1624,22 +1665,66 @@ void bkv__pool_txn_defer(bkv_pool *pool, int32_t b)
 	pool->txn_pending[pool->txn_n++] = b;
 }
 
+/* A queued block that commit would index now, its parent indexed already
+ * (a parent queued in the same transaction is indexed first). */
+static int txn_ready(const bkv_pool *pool, const bkv__block *k, uint32_t i)
+{
+	return (k->flags & BKV__BLOCK_TXN) && k->prev == (int32_t)i && k->ref > 0 &&
+	       k->fill == pool->bt && !BLOCK_IS_INDEXED(k) &&
+	       (k->parent < 0 || BLOCK_IS_INDEXED(&pool->blk[k->parent]));
+}
+
+/* Before commit indexes its queue: hash every block whose parent is indexed
+ * already and prefetch its index slot, then prefetch the block each of
+ * those slots names (the probe compares its hash). The index is large and
+ * each insert touches a random line of it, usually not in any cache: done
+ * one by one, every insert waits for main memory, twice. */
+static void txn_prefetch(bkv_pool *pool)
+{
+	uint32_t i;
+
+	for (i = 0; i < pool->txn_n; i++) {
+		bkv__block *k = &pool->blk[pool->txn_pending[i]];
+
+		if (!txn_ready(pool, k, i))
+			continue;
+		k->hash = bkv__cache_hash(pool, pool->txn_pending[i], k->key);
+		k->flags |= BKV__BLOCK_HASHED;
+		PREFETCH(&pool->index[bkv__index_home(pool, k->hash)]);
+	}
+	for (i = 0; i < pool->txn_n; i++) {
+		const bkv__block *k = &pool->blk[pool->txn_pending[i]];
+		int32_t e;
+
+		if (!(k->flags & BKV__BLOCK_HASHED))
+			continue;
+		e = pool->index[bkv__index_home(pool, k->hash)];
+		if (e >= 0)
+			PREFETCH(&pool->blk[e]);
+	}
+}
+
 static void txn_end(bkv_pool *pool, int commit)
 {
 	uint32_t i;
 
 	BKV_ASSERT(pool->txn_active);
 	pool->txn_active = 0;
+	if (commit && pool->index && pool->txn_n > 1)
+		txn_prefetch(pool);
 	for (i = 0; i < pool->txn_n; i++) {
 		int32_t b = pool->txn_pending[i];
 		bkv__block *k = &pool->blk[b];
 
 		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
 			continue; /* released (and maybe retaken) since queued */
-		k->flags &= ~BKV__BLOCK_TXN;
-		k->prev = -1;
-		if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
+		if (k->flags & BKV__BLOCK_HASHED) /* ready before any insert:
+						     still ready now */
+			bkv__cache_add_hashed(pool, b, k->key, k->hash);
+		else if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
 			bkv__cache_add(pool, b, k->key);
+		k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+		k->prev = -1;
 	}
 	pool->txn_n = 0;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);

@@ -299,6 +299,29 @@ void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 		return;
 	h = block_hash(pool->cfg.hash_seed, parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT,
 		       key, pool->tok + (size_t)b * pool->bt, pool->bt);
+	bkv__cache_add_hashed(pool, b, key, h);
+}
+
+uint64_t bkv__cache_hash(const bkv_pool *pool, int32_t b, uint64_t key)
+{
+	int32_t parent = pool->blk[b].parent;
+
+	return block_hash(pool->cfg.hash_seed,
+			  parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT, key,
+			  pool->tok + (size_t)b * pool->bt, pool->bt);
+}
+
+uint32_t bkv__index_home(const bkv_pool *pool, uint64_t hash)
+{
+	return home(pool, hash);
+}
+
+void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h)
+{
+	bkv__block *k = &pool->blk[b];
+	int32_t parent = k->parent;
+
+	BKV_ASSERT(!pool->txn_active && (parent < 0 || BLOCK_IS_INDEXED(&pool->blk[parent])));
 	if (index_find(pool, h) >= 0)
 		return; /* same content already cached: this copy stays private */
 	k->hash = h;

@@ -17,7 +17,9 @@
  *            every row's tokens are appended to its sequence now (demand
  *            paging), so "make room" happens here: on ENOSPC the pool has
  *            already reclaimed cached blocks, and the scheduler preempts a
- *            victim (recompute or swap) and retries
+ *            victim (recompute or swap) and retries. Decode rows are one
+ *            pass (plan_decode): rollback record, one-token append, row and
+ *            the row's batch entries together
  *   call     mixed host: one forward (decode rows, then chunks); split host:
  *            prefill call (with admission auto maybe several, packed by
  *            length: auto.c), then a decode call over every decoding row
@@ -618,7 +620,7 @@ static void lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_ste
 /* Remove ended and preempted requests from run[], keeping admission order. */
 static void run_compact(bkv_sched *s)
 {
-	uint32_t i, j = 0;
+	uint32_t i, j = 0, multi = 0;
 
 	if (!s->run_dirty)
 		return;
@@ -630,8 +632,10 @@ static void run_compact(bkv_sched *s)
 			continue;
 		r->run_idx = j;
 		s->run[j++] = r;
+		multi += r->n > 1;
 	}
 	s->nr_run = j;
+	s->nr_run_multi = multi;
 	if (j == 0)
 		s->group_size = 0;
 }
@@ -879,6 +883,8 @@ static void plan_forks(bkv_sched *s)
 {
 	uint32_t i, j;
 
+	if (s->nr_run_multi == 0)
+		return; /* no request in run[] has n > 1 */
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
 		bkv__lane *l0 = &r->lane[0];
@@ -895,6 +901,10 @@ static void plan_forks(bkv_sched *s)
 				rc = bkv_seq_fork(s->pool, l0->seq, &l->seq);
 			if (rc != BKV_OK)
 				l->seq = BKV__SEQ_NONE;
+			else
+				bkv__seq_reserve(s->pool, l->seq,
+						 (r->prompt_len + r->max_new + s->bt - 1) >>
+							 s->bt_shift);
 		}
 		if (rc != BKV_OK) { /* retry next step */
 			for (j = 1; j < r->n; j++) {
@@ -912,19 +922,82 @@ static void plan_forks(bkv_sched *s)
 	}
 }
 
-/* Decode rows for every decoding lane. Returns the lanes it saw that are
- * still prefilling (zero lets the step skip plan_continue's pass). */
+/* Decode rows for every decoding lane, each written into the batch arrays as
+ * it is planned (bkv__fill; s->fill_rows says how many made it), until a
+ * preemption - which may prune rows already written - stops the writing.
+ *
+ * The common case, a running single-lane request in decode whose append is
+ * simple, is one pass with the step's counters in locals: touch (the
+ * rollback record), append (bkv__append_one), the row, its batch entries;
+ * its budget charge (one token a row) is made once at the end (saturating
+ * subtractions add up to the same). Everything else takes append_room
+ * (preemption on ENOSPC) and add_row, with the counters written back first.
+ * A row is [old, old + 1) either way: a sampling row computes its token,
+ * even one the prefix cache holds (only possible with block_tokens 1).
+ * Returns the lanes it saw that are still prefilling (zero lets the step
+ * skip plan_continue's pass). */
 static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
-	uint32_t i, j, prefilling = 0;
+	bkv_pool *const pool = s->pool;
+	bkv__row *const dec = s->dec;
+	bkv__lane **const touched = s->touched;
+	const uint64_t step = s->step_no;
+	uint32_t i, j, prefilling = 0, n_dec = s->n_dec, n_touched = s->n_touched, fast = 0;
+	uint32_t hits = 0;
+	int writing = !si->preempted; /* si->preempted in a local: stores
+					 through the arrays would reload it */
+	bkv__appender ap;
+	bkv__fill f;
 
+	bkv__append_begin(pool, &ap);
+	bkv__fill_begin(s, &f);
 	for (i = 0; i < s->nr_run; i++) {
 		bkv__req *r = s->run[i];
+		bkv__lane *l = &r->lane[0];
 
+		/* a running single-lane request's lane is live and holds a
+		 * sequence (bkv_sched_check 9, 10) */
+		if (r->n == 1 && REQ_IS_RUNNING(r) && l->decoding) {
+			const uint32_t old = l->kv_len;
+			const int32_t token = l->tok[old];
+			const bkv__seq *sq;
+			uint32_t hit;
+
+			BKV_ASSERT(!l->done && l->seq != BKV__SEQ_NONE && old + 1 == LANE_KNOWN(l));
+			if (bkv__append_one(&ap, l->seq, token, &hit, &sq) == BKV_OK) {
+				bkv__row *row = &dec[n_dec++];
+
+				/* touch(): nothing appended to a lane before
+				 * this pass, which sees each lane once */
+				BKV_ASSERT(l->touch_step != step);
+				l->touch_step = step;
+				l->pre_len = old;
+				touched[n_touched++] = l;
+				l->kv_len = old + 1;
+				hits += hit;
+				row->lane = l;
+				row->start = old;
+				row->end = old + 1;
+				row->sample = 1;
+				row->out = BKV_TOKEN_FAIL;
+				fast++;
+				if (writing)
+					bkv__fill_decode(&f, r, l, token, old, sq->table,
+							 sq->n_blocks);
+				continue;
+			}
+			/* ENOSPC or another answer: the pool is unchanged; the
+			 * general path below retries with preemption */
+		}
+		bkv__append_flush(&ap);
+		s->n_dec = n_dec;
+		s->n_touched = n_touched;
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
-			bkv__lane *l = &r->lane[j];
-			uint32_t old = l->kv_len, hit = 0;
+			uint32_t old, hit = 0, nb = 0;
+			const int32_t *table;
 
+			l = &r->lane[j];
+			old = l->kv_len;
 			if (l->done || l->seq == BKV__SEQ_NONE)
 				continue;
 			if (!l->decoding) {
@@ -935,8 +1008,24 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+			if (si->preempted)
+				continue; /* rows may be pruned: stop writing */
+			table = bkv_seq_blocks(pool, l->seq, &nb);
+			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb);
 		}
+		n_dec = s->n_dec;
+		n_touched = s->n_touched;
+		writing = !si->preempted;
 	}
+	bkv__append_flush(&ap);
+	s->n_dec = n_dec;
+	s->n_touched = n_touched;
+	s->step_hits += hits;
+	charge(s, fast);
+	BKV_ASSERT(si->preempted || f.r == n_dec);
+	s->fill_rows = si->preempted ? 0 : f.r;
+	s->fill_kv = f.k;
+	s->fill_ctx = f.ctx;
 	return prefilling;
 }
 
@@ -994,6 +1083,10 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			l->seq = BKV__SEQ_NONE;
 			break;
 		}
+		/* the table for the whole history now: decode steps then
+		 * never reallocate it */
+		bkv__seq_reserve(s->pool, l->seq,
+				 (r->prompt_len + r->max_new + s->bt - 1) >> s->bt_shift);
 		l->kv_len = 0;
 		l->decoding = 0;
 		touch(s, l);
@@ -1102,6 +1195,7 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		r->admit_seq = ++s->admit_seq;
 		r->run_idx = s->nr_run;
 		s->run[s->nr_run++] = r;
+		s->nr_run_multi += r->n > 1;
 		s->slots_used += r->n_live;
 		s->last_admit_us = now;
 		si->admitted++;
@@ -1138,7 +1232,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
-	bkv__batch_fill(s, kind, rows, n, n_decode, &b, &sh);
+	bkv__batch_fill(s, kind, rows, n, n_decode, rows == s->dec ? s->fill_rows : 0, &b, &sh);
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
 	t0 = clock_us(s);
@@ -1150,8 +1244,9 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		return BKV_EHOST;
 	if (s->cfg.cost.observe)
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
-	for (i = 0; i < n; i++)
-		rows[i].out = s->next_tokens[i];
+	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
+		for (i = 0; i < n; i++)
+			rows[i].out = s->next_tokens[i];
 	si->decode_tokens += n_decode;
 	for (i = n_decode; i < n; i++)
 		si->prefill_tokens += rows[i].end - rows[i].start;
@@ -1219,6 +1314,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	if (si->preempted) { /* rows of requests preempted after planning */
 		rows_prune(s->dec, &s->n_dec);
 		rows_prune(s->pre, &s->n_pre);
+		s->fill_rows = 0; /* the written rows may be among them */
 	}
 	if (!s->split) {
 		if (s->n_dec + s->n_pre == 0)
@@ -1232,6 +1328,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	}
 	if (s->n_pre) {
 		*called = 1;
+		s->fill_rows = 0; /* the prefill call reuses the batch arrays */
 		rc = run_prefill(s, si);
 		if (rc != BKV_OK)
 			return rc;
@@ -1248,14 +1345,18 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 
 /* ---- commit / rollback --------------------------------------------------- */
 
-static void commit_rows(bkv_sched *s, bkv__row *rows, uint32_t n, bkv_step_info *si)
+/* Record each sampling row's token: outs[i] (the last call's next_tokens)
+ * or, with outs NULL, rows[i].out (a split host's prefill rows). */
+static void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n, const int32_t *outs,
+			bkv_step_info *si)
 {
+	void (*const on_token)(void *, uint64_t, uint32_t, int32_t, void *) = s->ops.on_token;
 	uint32_t i;
 
 	for (i = 0; i < n; i++) {
 		bkv__lane *l = rows[i].lane;
 		bkv__req *r = l->req;
-		int32_t t = rows[i].out;
+		int32_t t = outs ? outs[i] : rows[i].out;
 
 		if (!rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
 			continue;
@@ -1266,11 +1367,12 @@ static void commit_rows(bkv_sched *s, bkv__row *rows, uint32_t n, bkv_step_info 
 		l->tok[LANE_KNOWN(l)] = t;
 		l->n_gen++;
 		l->decoding = 1;
-		if (s->ops.on_token)
-			s->ops.on_token(s->host, r->id, l->branch, t, r->user);
-		if (!REQ_IS_RUNNING(r) || l->done)
-			continue;
-		if (is_stop(r, t))
+		if (on_token) {
+			on_token(s->host, r->id, l->branch, t, r->user);
+			if (!REQ_IS_RUNNING(r) || l->done)
+				continue;
+		}
+		if (r->n_stop && is_stop(r, t))
 			lane_done(s, l, BKV_FINISH_STOP, si);
 		else if (l->n_gen >= r->max_new)
 			lane_done(s, l, BKV_FINISH_LENGTH, si);
@@ -1292,8 +1394,8 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	}
 	bkv__pool_txn_commit(s->pool);
 	if (s->split)
-		commit_rows(s, s->pre, s->n_pre, si);
-	commit_rows(s, s->dec, s->n_dec, si);
+		commit_rows(s, s->pre, s->n_pre, NULL, si);
+	commit_rows(s, s->dec, s->n_dec, s->next_tokens, si);
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
@@ -1379,7 +1481,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 		forget_moot_copies(s);
 
 	s->step_no++;
-	s->n_pre = s->n_dec = s->n_touched = s->step_hits = 0;
+	s->n_pre = s->n_dec = s->n_touched = s->step_hits = s->fill_rows = 0;
 	memset(s->copies_sent, 0, sizeof(s->copies_sent));
 	bkv__auto_step_begin(s);
 	s->budget_left = s->cfg.chunked_prefill
