@@ -85,6 +85,8 @@ struct bkv__auto {
 				    host gave one */
 	bkv_chunk_shape *chunks; /* [chunk_cap] scratch for priced shapes */
 	uint32_t chunk_cap;      /* = max_running + 1 */
+	uint64_t fit_step;       /* step whose decode context fit_ctx holds */
+	uint64_t fit_ctx;        /* summed context of that step's decode rows */
 	/* observations */
 	double freed_sum;        /* decayed slots freed */
 	double step_sum;         /* decayed steps (same decay): r = sum / sum */
@@ -866,7 +868,12 @@ uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	sh.kind = BKV_CALL_MIXED;
 	sh.decode_rows = d;
 	sh.padded_rows = d;
-	sh.decode_context = (uint64_t)((double)d * (mean + AUTO_CTX_EXTRA));
+	/* the running rows' context as the last decode call saw it (long
+	 * prompts stay longer in the running set than in the arrivals, so
+	 * the prompt mean would underprice a long-context decode call) */
+	sh.decode_context = (uint64_t)((double)d * (s->dec_ctx_row > 0.0
+						     ? s->dec_ctx_row + 1.0
+						     : mean + AUTO_CTX_EXTRA));
 	sh.chunks = a->chunks;
 #define PRICE_B(pb, out)                                                       \
 	do {                                                                   \
@@ -925,6 +932,67 @@ uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	}
 #undef PRICE_B
 	return d + best_b;
+}
+
+/* Chunked prefill with a TPOT target on a mixed host: the longest chunk, at
+ * most c, that a lane at offset start may add to this step's forward while
+ * the step's predicted time keeps the target. The budget priced its tokens
+ * as the tails of typical long prompts; a chunk deep inside a longer prompt
+ * attends to more context than that, which only its offset tells (Mooncake's
+ * 100k-token prompts broke the target by 2x without this). The shape priced
+ * is the step's as planned so far: its decode rows with their real context,
+ * the chunks already planned, and this one. Returns c when no target applies
+ * or when not even one token fits beside the decode rows alone (the target
+ * is out of reach in this step; the prompt still progresses), 0 when the
+ * chunks already planned leave no room (the lane waits a step). O(log c)
+ * prices, each O(chunks planned); the decode context is summed once a step
+ * (O(decode rows), the scheduled work). */
+uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	uint32_t i, n = s->n_pre, lo, hi;
+
+	if (!a || !a->tpot_us || s->split || !s->cfg.cost.step_us || c <= 1 ||
+	    n + 1 > a->chunk_cap)
+		return c;
+	if (a->fit_step != s->step_no) {
+		uint64_t ctx = 0;
+
+		for (i = 0; i < s->n_dec; i++)
+			ctx += s->dec[i].end;
+		a->fit_ctx = ctx;
+		a->fit_step = s->step_no;
+	}
+	for (i = 0; i < n; i++) {
+		a->chunks[i].start = s->pre[i].start;
+		a->chunks[i].len = s->pre[i].end - s->pre[i].start;
+	}
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_MIXED;
+	sh.decode_rows = s->n_dec;
+	sh.padded_rows = s->n_dec;
+	sh.decode_context = a->fit_ctx;
+	sh.chunks = a->chunks;
+	sh.n_chunks = n + 1;
+	a->chunks[n].start = start;
+#define FITS(ln_) (a->chunks[n].len = (ln_), price(s, &sh) <= (double)a->tpot_us)
+	if (FITS(c))
+		return c;
+	if (!FITS(1))
+		return n == 0 ? c : 0;
+	lo = 1;
+	hi = c - 1;
+	while (lo < hi) {
+		uint32_t mid = hi - (hi - lo) / 2;
+
+		if (FITS(mid))
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+#undef FITS
+	return lo;
 }
 
 /* ---- preemption ---------------------------------------------------------- */

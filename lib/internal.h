@@ -484,6 +484,9 @@ struct bkv_sched {
 				  prefill call reused the arrays */
 	uint32_t fill_kv;      /* kv_indices entries of those rows */
 	uint64_t fill_ctx;     /* their summed context lengths */
+	double dec_ctx_row;    /* context per decode row in the last call
+				  that had decode rows (0: none yet); the
+				  auto budget prices decode rows with it */
 	bkv__req *done_head;   /* requests ended this step (to free) */
 	uint32_t budget_left;  /* tokens this step may still compute */
 	uint32_t step_hits;    /* prompt tokens this step took from the prefix
@@ -648,6 +651,7 @@ uint32_t bkv__auto_pack(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row
 			const uint32_t **order, const uint32_t **ends);
 /* The step's token budget: fixed when not auto; cap bounds it. */
 uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap);
+uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c);
 /* Preempt AUTO: 1 swap, 0 recompute, -1 no opinion (KV size unknown). */
 int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
 /* For tests: the admission group chosen, the batch cap, the slot-free rate

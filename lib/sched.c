@@ -1047,7 +1047,10 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			target = lane_target(l);
 			if (l->kv_len >= target)
 				continue;
-			c = bkv__chunk_len(s, target - l->kv_len);
+			c = bkv__auto_chunk_fit(s, l->kv_len,
+						bkv__chunk_len(s, target - l->kv_len));
+			if (c == 0)
+				continue; /* no room under the TPOT target */
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 			if (append_room(s, l, c, sample, &hit, now, si) != BKV_OK)
 				continue;
@@ -1093,7 +1096,8 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		target = lane_target(l);
 		if (target == 0)
 			continue; /* n > 1, one-token prompt: forks next step */
-		c = bkv__chunk_len(s, target);
+		/* priced from offset 0: prefix hits only make it cheaper */
+		c = bkv__auto_chunk_fit(s, 0, bkv__chunk_len(s, target));
 		if (c == 0 && j > 0)
 			continue; /* the budget went to earlier branches: this one
 				     starts in a later step (plan_continue) */
@@ -1233,6 +1237,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
 	bkv__batch_fill(s, kind, rows, n, n_decode, rows == s->dec ? s->fill_rows : 0, &b, &sh);
+	if (n_decode)
+		s->dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
 	t0 = clock_us(s);

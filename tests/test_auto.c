@@ -410,3 +410,40 @@ Test(auto, tpot_target_keeps_p99_time_between_tokens_under_it, .timeout = 120)
 	cr_expect_gt(row.med.tbt_p99, 2.5);
 	free_traces(t, N);
 }
+
+/* A TPOT target with chunked prefill on long prompts (a prefix of the
+ * Mooncake trace, prompts up to ~100k tokens, H100 roofline): a chunk deep
+ * inside a long prompt attends to its whole prefix, so the token budget alone
+ * (priced as the tail of a typical long prompt) let steps run to twice the
+ * target. Each chunk is now fitted at its offset: p99 time between tokens
+ * stays under the target, with the auto budget and with a fixed one. */
+Test(auto, tpot_target_holds_for_chunks_deep_in_long_prompts, .timeout = 120)
+{
+	trace t = {0};
+	char err[256] = "";
+	cr_assert_eq(trace_load(TRACE_MOONCAKE, TRACES "mooncake_conversation_trace.jsonl", NULL, &t,
+				err, sizeof(err)),
+		     TRACE_OK, "%s", err);
+	if (t.n > 600)
+		t.n = 600;
+	sim_config c = base_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.cost_kind = SIM_COST_ROOFLINE;
+	cr_assert_eq(bkv_cost_roofline_init(&c.roofline, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16),
+		     BKV_OK);
+	c.slots = 64;
+	c.kv_blocks = 200000;
+	c.k = 0;
+	c.chunked = 1;
+	c.mixed_host = 1;
+	c.budget = 0;
+	c.tpot_us = 100000;
+	sim_result r;
+	sim_row row;
+	run_row(&c, &t, 1, NULL, &r, &row);
+	cr_expect_leq(row.med.tbt_p99, 100.0, "chunked auto: %.3f ms", row.med.tbt_p99);
+	c.budget = 4096;
+	run_row(&c, &t, 1, NULL, &r, &row);
+	cr_expect_leq(row.med.tbt_p99, 100.0, "chunked 4096: %.3f ms", row.med.tbt_p99);
+	trace_free(&t);
+}
