@@ -309,8 +309,8 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->next_tokens = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
 	s->chunks = bkv__calloc(&a, s->row_cap, sizeof(bkv_chunk_shape));
 	bufs_need(s, 256, &tok, &kv);
-	if (!s->lock || !s->map || !s->heap || !s->age || !s->run || !s->pre || !s->dec || !s->touched ||
-	    !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
+	if (!s->lock || !s->map || !s->heap || !s->age || !s->run || !s->pre || !s->dec ||
+	    !s->touched || !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
 	    !s->row_sample || !s->row_req || !s->row_branch || !s->row_user ||
 	    !s->next_tokens || !s->chunks || bufs_alloc(&a, &s->bufs, tok, kv) != BKV_OK) {
 		if (s->lock)
