@@ -977,7 +977,27 @@ typedef struct bkv_sched_config {
 				      scheduler; it predicts seed 000's costs
 				      until 16 calls of a kind were measured,
 				      then fits the host's */
-	uint32_t reserved[8];      /* zero (else EINVAL); room for later
+	uint64_t max_bypass_us;    /* bound on the delay output-length hints
+				      may add (bkv_request.predicted_output):
+				      once the oldest waiting request of the
+				      class being admitted (by arrival; not a
+				      preempted one, those go first anyway)
+				      has waited this long, it is admitted
+				      before the hinted requests that would
+				      pass it. Without hints the queue is FCFS
+				      and this never acts. 0 = auto: 2 * S *
+				      (1 + Q / max_running), S the observed
+				      time a request runs (admission to a
+				      LENGTH/STOP end, a decayed mean over
+				      about the last 100; no bound before the
+				      first end), Q the slots queued when the
+				      request arrived (itself and those
+				      arriving with it included): twice the
+				      FCFS wait it could expect
+				      (docs/design.md). 1..2^42 (about 51
+				      days) or UINT64_MAX = no bound (pure
+				      longest first). Took reserved[0..1]. */
+	uint32_t reserved[6];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 
@@ -997,7 +1017,10 @@ typedef struct bkv_request {
 	uint32_t predicted_output;  /* hint: expected output tokens; 0 = unknown.
 				       Hinted requests are admitted longest
 				       first within a priority class (before
-				       unhinted ones) */
+				       unhinted ones), up to
+				       bkv_sched_config.max_bypass_us: no
+				       request waits longer than that bound
+				       while later ones pass it */
 	void *user;                 /* handed back in callbacks and batches */
 } bkv_request;
 
@@ -1152,9 +1175,11 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * Verify the scheduler's invariants together with its pool's: counts of the
  * queue, running and swapped requests against their lists, each running
  * lane's sequence length, slots <= max_running, every request in exactly one
- * state. O(requests + blocks): for tests and debugging.
+ * state, every new waiting request once in the age order the bypass bound
+ * reads (bkv_sched_config.max_bypass_us). O(requests + blocks): for tests and
+ * debugging.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..23:
+ * @return 0 when consistent; a positive invariant number otherwise (1..29:
  *         the scheduler's, listed in lib/sched.c; 1000 + n: the pool's
  *         invariant n); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

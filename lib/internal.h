@@ -370,6 +370,13 @@ typedef struct bkv__req {
 	uint8_t zombie;        /* lock: DONE while on the abort list; freed
 				  when the list is drained */
 	uint32_t heap_idx;     /* position in the queue heap while queued */
+	uint32_t age_idx;      /* position in the age heap while queued with
+				  order > 0 (a new request), else UINT32_MAX */
+	uint32_t queued_with;  /* slots queued when it entered the queue as a
+				  new request, itself and the requests
+				  drained with it included (the auto bypass
+				  bound) */
+	uint64_t admit_us;     /* clock at its last admission */
 	uint32_t run_idx;      /* position in run[] while running */
 	uint64_t admit_seq;    /* admission counter; larger = more recent */
 	uint64_t enq_us;       /* clock when it entered the queue */
@@ -453,6 +460,17 @@ struct bkv_sched {
 	uint32_t nr_swapped;   /* heap entries in SWAPPED */
 	int64_t arrival;       /* last arrival order handed out */
 	int64_t front;         /* last front order handed out (decreasing) */
+	bkv__req **age;        /* [heap_cap] the age heap: the queued requests
+				  with order > 0 (new, never preempted), a
+				  binary heap keyed by (priority descending,
+				  order ascending); age[0] is the oldest new
+				  request of the highest class holding one.
+				  age_n <= heap_n */
+	uint32_t age_n;        /* entries */
+	double run_mean_us;    /* decayed mean of the time requests ran
+				  (admission to a LENGTH/STOP end), for the
+				  auto bypass bound; 0 = none ended yet */
+	uint64_t step_us;      /* clock at the start of the current step */
 
 	/* running requests, in admission order */
 	bkv__req **run;        /* [max_running] */
@@ -522,6 +540,12 @@ bkv__req *bkv__queue_pop(bkv_sched *s);
 void bkv__queue_remove(bkv_sched *s, bkv__req *r);
 int bkv__queue_less(const bkv__req *a, const bkv__req *b);
 int bkv__queue_check(const bkv_sched *s);
+/* The request admission serves next: heap[0], unless the oldest new request
+ * of its class has waited past the bypass bound (then that one). Queue not
+ * empty. */
+bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now);
+/* A request ran from admission to a LENGTH/STOP end: feed run_mean_us. */
+void bkv__queue_ran(bkv_sched *s, const bkv__req *r);
 /* policy.c: decisions */
 int bkv__admit_allowed(const bkv_sched *s, uint64_t now);
 bkv__req *bkv__pick_victim(const bkv_sched *s);

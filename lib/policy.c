@@ -10,14 +10,27 @@
  * requests and a decreasing counter for preempted ones, so a preempted request
  * goes to the front of its priority class (the most recently preempted first,
  * which, because victims are taken most-recent-admission first, restores the
- * original admission order) and FCFS holds within a class. Push, pop and
- * removal by position are O(log n); nothing here scans the waiting requests.
+ * original admission order) and FCFS holds within a class - unless requests
+ * carry output-length hints: new requests of a class then go longest hint
+ * first, unhinted last.
  *
  *      heap[0] = best             (priority 5, order -3)   <- preempted
  *       /            \
  *   (5, 17)        (5, 40)                                 <- FCFS
  *    /    \
  * (0, 2) (0, 9) ...                                        <- lower class
+ *
+ * The bypass bound. Under a steady stream of long hints a short or unhinted
+ * request could be passed forever, so a second heap, the age heap, holds the
+ * new requests (order > 0) keyed by (priority, order) alone: age[0] is the
+ * oldest new request of the highest class holding one. When heap[0] is new
+ * (no preempted request is ahead of it), age[0] is the oldest of the same
+ * class; once it has waited longer than max_bypass_us (or the auto bound,
+ * 2 * S * (1 + Q / max_running): bkv__queue_head), admission takes it before
+ * heap[0]. Without hints both heaps agree on the head and nothing changes.
+ * Both heaps share the sift code; push, pop and removal by position are
+ * O(log n), reading the head is O(1), and nothing here scans the waiting
+ * requests.
  *
  * Admission (continuous policy) with group k, free slots f, queue slots q:
  * admit when f >= k, or when q <= f (the queue cannot supply more: everything
@@ -31,8 +44,8 @@
  * run[] (O(running), the scheduled work). Preempt mode: RECOMPUTE always
  * recomputes; SWAP and AUTO swap when the pool has a host tier with room for
  * the request's blocks and the request has one live lane (multi-lane requests
- * are recomputed, see docs/design.md); AUTO will consult the cost model once it
- * prices swaps.
+ * are recomputed, see docs/design.md); AUTO also asks the cost model
+ * (bkv__auto_want_swap) and recomputes when that is predicted cheaper.
  */
 #include "internal.h"
 
@@ -49,52 +62,87 @@ int bkv__queue_less(const bkv__req *a, const bkv__req *b)
 	return a->order < b->order;
 }
 
-static void heap_set(bkv_sched *s, uint32_t i, bkv__req *r)
+/* The age heap's key: the queue's without the hints. */
+static int age_less(const bkv__req *a, const bkv__req *b)
 {
-	s->heap[i] = r;
-	r->heap_idx = i;
+	if (a->priority != b->priority)
+		return a->priority > b->priority;
+	return a->order < b->order;
 }
 
-static void sift_up(bkv_sched *s, uint32_t i)
-{
-	bkv__req *r = s->heap[i];
-
-	while (i > 0) {
-		uint32_t p = (i - 1) / 2;
-
-		if (!bkv__queue_less(r, s->heap[p]))
-			break;
-		heap_set(s, i, s->heap[p]);
-		i = p;
+/* Both heaps share this code, instantiated once per heap (a runtime switch
+ * cost a tenth more instructions per churning step): ARR entries, N count,
+ * IDX the request's position field, LESS the order. heap_delete removes entry
+ * i: the last entry takes its place and moves up or down. */
+#define DEFINE_HEAP(NAME, ARR, N, IDX, LESS)                                       \
+	static void NAME##_set(bkv_sched *s, uint32_t i, bkv__req *r)               \
+	{                                                                           \
+		s->ARR[i] = r;                                                      \
+		r->IDX = i;                                                         \
+	}                                                                           \
+	static void NAME##_up(bkv_sched *s, uint32_t i)                             \
+	{                                                                           \
+		bkv__req *r = s->ARR[i];                                            \
+                                                                                    \
+		while (i > 0) {                                                     \
+			uint32_t p = (i - 1) / 2;                                   \
+                                                                                    \
+			if (!LESS(r, s->ARR[p]))                                    \
+				break;                                              \
+			NAME##_set(s, i, s->ARR[p]);                                \
+			i = p;                                                      \
+		}                                                                   \
+		NAME##_set(s, i, r);                                                \
+	}                                                                           \
+	static void NAME##_down(bkv_sched *s, uint32_t i)                           \
+	{                                                                           \
+		bkv__req *r = s->ARR[i];                                            \
+		uint32_t n = s->N;                                                  \
+                                                                                    \
+		for (;;) {                                                          \
+			uint32_t c = 2 * i + 1;                                     \
+                                                                                    \
+			if (c >= n)                                                 \
+				break;                                              \
+			if (c + 1 < n && LESS(s->ARR[c + 1], s->ARR[c]))            \
+				c++;                                                \
+			if (!LESS(s->ARR[c], r))                                    \
+				break;                                              \
+			NAME##_set(s, i, s->ARR[c]);                                \
+			i = c;                                                      \
+		}                                                                   \
+		NAME##_set(s, i, r);                                                \
+	}                                                                           \
+	static void NAME##_insert(bkv_sched *s, bkv__req *r)                        \
+	{                                                                           \
+		NAME##_set(s, s->N++, r);                                           \
+		NAME##_up(s, s->N - 1);                                             \
+	}                                                                           \
+	static void NAME##_delete(bkv_sched *s, uint32_t i)                         \
+	{                                                                           \
+		s->N--;                                                             \
+		if (i != s->N) {                                                    \
+			bkv__req *moved = s->ARR[s->N];                             \
+                                                                                    \
+			NAME##_set(s, i, moved);                                    \
+			NAME##_down(s, i);                                          \
+			if (moved->IDX == i)                                        \
+				NAME##_up(s, i);                                    \
+		}                                                                   \
 	}
-	heap_set(s, i, r);
-}
 
-static void sift_down(bkv_sched *s, uint32_t i)
-{
-	bkv__req *r = s->heap[i];
-
-	for (;;) {
-		uint32_t c = 2 * i + 1;
-
-		if (c >= s->heap_n)
-			break;
-		if (c + 1 < s->heap_n && bkv__queue_less(s->heap[c + 1], s->heap[c]))
-			c++;
-		if (!bkv__queue_less(s->heap[c], r))
-			break;
-		heap_set(s, i, s->heap[c]);
-		i = c;
-	}
-	heap_set(s, i, r);
-}
+DEFINE_HEAP(qheap, heap, heap_n, heap_idx, bkv__queue_less)
+DEFINE_HEAP(aheap, age, age_n, age_idx, age_less)
 
 void bkv__queue_push(bkv_sched *s, bkv__req *r)
 {
 	BKV_ASSERT(s->heap_n < s->heap_cap);
 	BKV_ASSERT(r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED);
-	heap_set(s, s->heap_n++, r);
-	sift_up(s, s->heap_n - 1);
+	qheap_insert(s, r);
+	if (r->order > 0) { /* new: the bypass bound may pick it (age heap) */
+		BKV_ASSERT(r->state == BKV__REQ_WAITING && s->age_n < s->heap_cap);
+		aheap_insert(s, r);
+	}
 	s->queue_slots += r->n_live;
 	if (r->state == BKV__REQ_WAITING)
 		s->nr_waiting++;
@@ -112,16 +160,13 @@ void bkv__queue_remove(bkv_sched *s, bkv__req *r)
 		s->nr_waiting--;
 	else
 		s->nr_swapped--;
-	s->heap_n--;
-	if (i != s->heap_n) {
-		bkv__req *moved = s->heap[s->heap_n];
-
-		heap_set(s, i, moved);
-		sift_down(s, i);
-		if (moved->heap_idx == i)
-			sift_up(s, i);
-	}
+	qheap_delete(s, i);
 	r->heap_idx = UINT32_MAX;
+	if (r->age_idx != UINT32_MAX) {
+		BKV_ASSERT(r->age_idx < s->age_n && s->age[r->age_idx] == r);
+		aheap_delete(s, r->age_idx);
+		r->age_idx = UINT32_MAX;
+	}
 }
 
 bkv__req *bkv__queue_pop(bkv_sched *s)
@@ -135,10 +180,57 @@ bkv__req *bkv__queue_pop(bkv_sched *s)
 	return r;
 }
 
-/* O(queue): for bkv_sched_check only. */
+/* The bypass bound (docs/design.md, "Output-length hints"). */
+#define BYPASS_FACTOR 2.0    /* auto: times the FCFS wait expected */
+#define BYPASS_RUN_DECAY 0.99 /* weight of the past in run_mean_us: about
+				       the last 100 ends count */
+
+bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
+{
+	bkv__req *h = s->heap[0], *a;
+	double waited, bound;
+
+	BKV_ASSERT(s->heap_n > 0);
+	/* preempted requests (order < 0) go first; with no new request
+	 * queued, or the oldest one already in front, nothing was passed */
+	if (h->order < 0 || s->age_n == 0 || s->age[0] == h)
+		return h;
+	a = s->age[0];
+	/* h is new, so no queued request outranks its class, and a is the
+	 * oldest new request of that class: hints put h before it */
+	BKV_ASSERT(a->priority == h->priority && a->order < h->order);
+	if (s->cfg.max_bypass_us == UINT64_MAX || now <= a->enq_us)
+		return h;
+	waited = (double)(now - a->enq_us);
+	if (s->cfg.max_bypass_us)
+		bound = (double)s->cfg.max_bypass_us;
+	else if (s->run_mean_us > 0.0)
+		bound = BYPASS_FACTOR * s->run_mean_us *
+			(1.0 + (double)a->queued_with / (double)s->cfg.max_running);
+	else
+		return h; /* auto, and no request has ended yet: no estimate */
+	return waited > bound ? a : h;
+}
+
+void bkv__queue_ran(bkv_sched *s, const bkv__req *r)
+{
+	double ran;
+
+	if (s->step_us < r->admit_us)
+		return;
+	/* at least 1 us, so that 0 keeps meaning "none ended yet" */
+	ran = BKV_MAX((double)(s->step_us - r->admit_us), 1.0);
+	if (s->run_mean_us <= 0.0)
+		s->run_mean_us = ran;
+	else
+		s->run_mean_us = BYPASS_RUN_DECAY * s->run_mean_us + (1.0 - BYPASS_RUN_DECAY) * ran;
+}
+
+/* O(queue): for bkv_sched_check only. 1-5: the queue heap; 24-29: the age
+ * heap (the numbers sched.c lists). */
 int bkv__queue_check(const bkv_sched *s)
 {
-	uint32_t i, slots = 0, waiting = 0, swapped = 0;
+	uint32_t i, slots = 0, waiting = 0, swapped = 0, young = 0;
 
 	for (i = 0; i < s->heap_n; i++) {
 		const bkv__req *r = s->heap[i];
@@ -154,11 +246,32 @@ int bkv__queue_check(const bkv_sched *s)
 		else
 			return 3;
 		slots += r->n_live;
+		/* the age heap holds exactly the new requests, each once */
+		if (r->order > 0) {
+			young++;
+			if (r->age_idx >= s->age_n || s->age[r->age_idx] != r)
+				return 24;
+		} else if (r->age_idx != UINT32_MAX) {
+			return 25;
+		}
 	}
 	if (waiting != s->nr_waiting || swapped != s->nr_swapped)
 		return 4;
 	if (slots != s->queue_slots)
 		return 5;
+	if (young != s->age_n)
+		return 26;
+	/* ... in (class, arrival) heap order, each also in the queue */
+	for (i = 0; i < s->age_n; i++) {
+		const bkv__req *r = s->age[i];
+
+		if (r->age_idx != i || r->heap_idx >= s->heap_n || s->heap[r->heap_idx] != r)
+			return 27;
+		if (r->order <= 0 || r->state != BKV__REQ_WAITING)
+			return 28;
+		if (i > 0 && age_less(r, s->age[(i - 1) / 2]))
+			return 29;
+	}
 	return 0;
 }
 
@@ -184,7 +297,7 @@ int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
 		return 1; /* the queue cannot supply a bigger group */
 	if (s->cfg.max_wait_us == UINT64_MAX)
 		return 0;
-	head = s->heap[0];
+	head = bkv__queue_head(s, now);
 	since = BKV_MAX(head->enq_us, s->last_admit_us);
 	return now >= since && now - since >= s->cfg.max_wait_us;
 }

@@ -54,6 +54,8 @@
 #define MAX_RUNNING_LIMIT (1u << 20)
 #define MAX_QUEUE_LIMIT (1u << 24)
 #define MAX_BUDGET_LIMIT (1u << 24)
+#define MAX_BYPASS_LIMIT (1ull << 42) /* us, about 51 days; past it a value is
+					 a unit mistake, not a bound */
 #define TOK_CAP_LIMIT (1u << 24)
 #define MAP_INIT_CAP 64u
 
@@ -235,6 +237,8 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (!(c->host_link_bytes_per_us >= 0.0) || isinf(c->host_link_bytes_per_us))
 		return 0;
+	if (c->max_bypass_us > MAX_BYPASS_LIMIT && c->max_bypass_us != UINT64_MAX)
+		return 0;
 	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
 			return 0;
@@ -291,6 +295,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
 	s->map = bkv__calloc(&a, s->map_cap, sizeof(bkv__slot));
 	s->heap = bkv__calloc(&a, s->heap_cap, sizeof(bkv__req *));
+	s->age = bkv__calloc(&a, s->heap_cap, sizeof(bkv__req *));
 	s->run = bkv__calloc(&a, m, sizeof(bkv__req *));
 	s->pre = bkv__calloc(&a, s->row_cap, sizeof(bkv__row));
 	s->dec = bkv__calloc(&a, 2 * s->row_cap, sizeof(bkv__row));
@@ -306,8 +311,8 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->next_tokens = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
 	s->chunks = bkv__calloc(&a, s->row_cap, sizeof(bkv_chunk_shape));
 	bufs_need(s, 256, &tok, &kv);
-	if (!s->lock || !s->map || !s->heap || !s->run || !s->pre || !s->dec || !s->touched ||
-	    !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
+	if (!s->lock || !s->map || !s->heap || !s->age || !s->run || !s->pre || !s->dec ||
+	    !s->touched || !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
 	    !s->row_sample || !s->row_req || !s->row_branch || !s->row_user ||
 	    !s->next_tokens || !s->chunks || bufs_alloc(&a, &s->bufs, tok, kv) != BKV_OK) {
 		if (s->lock)
@@ -380,6 +385,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	}
 	bkv__free(a, s->map, (size_t)s->map_cap * sizeof(bkv__slot));
 	bkv__free(a, s->heap, (size_t)s->heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->age, (size_t)s->heap_cap * sizeof(bkv__req *));
 	bkv__free(a, s->run, (size_t)m * sizeof(bkv__req *));
 	bkv__free(a, s->pre, (size_t)s->row_cap * sizeof(bkv__row));
 	bkv__free(a, s->dec, 2 * (size_t)s->row_cap * sizeof(bkv__row));
@@ -452,6 +458,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	r->predicted_output = q->predicted_output;
 	r->state = BKV__REQ_INBOX;
 	r->heap_idx = UINT32_MAX;
+	r->age_idx = UINT32_MAX;
 	r->stop = (int32_t *)(void *)&r->lane[q->n];
 	if (q->n_stop)
 		memcpy(r->stop, q->stop_tokens, (size_t)q->n_stop * sizeof(int32_t));
@@ -580,6 +587,8 @@ static void finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_ste
 	if (r->state == BKV__REQ_RUNNING) {
 		s->slots_used -= r->n_live;
 		s->run_dirty = 1;
+		if (why == BKV_FINISH_LENGTH || why == BKV_FINISH_STOP)
+			bkv__queue_ran(s, r); /* the auto bypass bound's S */
 	} else if (r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED) {
 		bkv__queue_remove(s, r);
 		ATOMIC_SUB(&s->nr_queued, 1);
@@ -674,6 +683,7 @@ static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv__req *in, *ab, *r, *next, *rev = NULL;
 	bkv__bufs old;
+	uint32_t batch_slots = 0, queued_with;
 
 	memset(&old, 0, sizeof(old));
 	LOCK(s);
@@ -691,12 +701,19 @@ static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	UNLOCK(s);
 	bufs_free(&s->alloc, &old);
 
+	/* the slots queued once this batch is in: its requests arrived
+	 * together, so each may wait behind all of them (the auto bypass
+	 * bound, policy.c) */
+	for (r = in; r; r = r->next)
+		batch_slots += r->n_live;
+	queued_with = s->queue_slots + batch_slots;
 	for (r = in; r; r = next) {
 		next = r->next;
 		r->next = NULL;
 		r->state = BKV__REQ_WAITING;
 		r->order = ++s->arrival;
 		r->enq_us = now;
+		r->queued_with = queued_with;
 		bkv__queue_push(s, r);
 	}
 	/* the abort list is LIFO; end them in the order they were asked */
@@ -1179,7 +1196,8 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	if (!bkv__admit_allowed(s, now))
 		return;
 	while (s->heap_n && s->budget_left) {
-		bkv__req *r = s->heap[0];
+		bkv__req *r = bkv__queue_head(s, now); /* heap[0] unless the
+							   bypass bound acts */
 		uint32_t free_slots = s->cfg.max_running - s->slots_used;
 		int rc;
 
@@ -1197,6 +1215,7 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		r->state = BKV__REQ_RUNNING;
 		r->swap_unsent = 0;
 		r->admit_seq = ++s->admit_seq;
+		r->admit_us = now;
 		r->run_idx = s->nr_run;
 		s->run[s->nr_run++] = r;
 		s->nr_run_multi += r->n > 1;
@@ -1482,6 +1501,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	s->in_step = 1;
 	memset(&si, 0, sizeof(si));
 	now = clock_us(s);
+	s->step_us = now;
 	drain(s, now, &si);
 	if (s->nr_run == 0)
 		forget_moot_copies(s);
@@ -1545,7 +1565,9 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
 /* Invariant numbers (0 = consistent; 1000 + n: the pool's invariant n):
  *  1-5  the queue heap (policy.c)     6-15 run[], lanes and slots
  * 16-17 queued requests' sequences    18-22 map, inbox and counters
- * 23    open pool sequences == lanes holding one */
+ * 23    open pool sequences == lanes holding one
+ * 24-29 the age heap (policy.c): exactly the queued requests with order > 0,
+ *       each once, WAITING, in (priority, arrival) heap order */
 int bkv_sched_check(const bkv_sched *s)
 {
 	uint32_t i, j, slots = 0, n_inbox = 0, n_seqs = 0, mapped = 0;

@@ -193,7 +193,25 @@ Test(sched, max_wait_auto_is_documented_default)
 	cr_expect_eq(f->s->cfg.admit_group, 1);
 	cr_expect_eq(f->s->cfg.max_wait_us, 100000);
 	cr_expect_eq(f->s->cfg.token_budget, 512);
+	cr_expect_eq(f->s->cfg.max_bypass_us, 0, "auto stays 0: derived at each admission");
 	fh_destroy(f);
+}
+
+Test(sched, max_bypass_us_range_ends_are_accepted)
+{
+	const uint64_t ok[] = {0, 1, 1ull << 42, UINT64_MAX};
+	fh_opts o;
+	fake_host *f;
+
+	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 6 * 4,
+		     "the bound took two reserved slots: the size did not change");
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		fh_opts_init(&o);
+		o.cfg.max_bypass_us = ok[i];
+		f = fh_create(&o);
+		cr_expect_eq(f->s->cfg.max_bypass_us, ok[i]);
+		fh_destroy(f);
+	}
 }
 
 Test(sched, chunked_prefill_resumes_at_the_right_position)
@@ -831,7 +849,10 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(preempt, (bkv_preempt_mode)9);
 	BAD(preempt, BKV_PREEMPT_SWAP); /* the pool has no host tier */
 	BAD(host_link_bytes_per_us, -1.0);
+	BAD(max_bypass_us, (1ull << 42) + 1); /* past the range, not UINT64_MAX */
+	BAD(max_bypass_us, UINT64_MAX - 1);
 	BAD(reserved[3], 1);
+	BAD(reserved[5], 1);
 #undef BAD
 	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");
 	cr_expect_eq(bkv_pool_check(pool), 0);
@@ -908,4 +929,220 @@ Test(sched, empty_steps_are_ok_and_cheap)
 	cr_expect_eq(f->n_calls, 0);
 	cr_expect_eq(bkv_sched_check(f->s), 0);
 	fh_destroy(f);
+}
+
+/* ---- output-length hints: the bypass bound -------------------------------- */
+
+static uint64_t submit_hinted(fake_host *f, const int32_t *prompt, uint32_t len,
+			      uint32_t max_new, int32_t prio, uint32_t hint)
+{
+	bkv_request q;
+	uint64_t id = 0;
+
+	bkv_request_init(&q);
+	q.prompt = prompt;
+	q.prompt_len = len;
+	q.max_new_tokens = max_new;
+	q.priority = prio;
+	q.predicted_output = hint;
+	q.user = &f->req[__atomic_load_n(&f->s->next_id, __ATOMIC_RELAXED) + 1];
+	cr_assert_eq(bkv_submit(f->s, &q, &id), BKV_OK);
+	cr_assert(id <= FH_MAX_REQ);
+	f->req[id].prompt = prompt;
+	f->req[id].prompt_len = len;
+	return id;
+}
+
+/* An unhinted request submitted first, then a stream of longer-hinted ones
+ * that keeps both slots busy and two requests always waiting. Returns the
+ * start time (virtual us) of the step that admitted the unhinted one, or
+ * UINT64_MAX if it was still waiting after `steps` steps. *passed: hinted
+ * requests admitted in steps that began after bound_us (the unhinted one
+ * still waiting). */
+static uint64_t stream_past_unhinted(uint64_t max_bypass_us, uint32_t steps, uint64_t bound_us,
+				     uint32_t *passed, double *auto_bound)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(8, 5);
+	uint64_t u, t_admit = UINT64_MAX;
+	uint32_t i;
+
+	fh_opts_init(&o);
+	o.cfg.max_running = 2;
+	o.cfg.admit_group = 1;
+	o.cfg.max_wait_us = UINT64_MAX;
+	o.cfg.max_bypass_us = max_bypass_us;
+	f = fh_create(&o);
+	*passed = 0;
+	u = submit_hinted(f, p, 8, 4, 0, 0);
+	for (i = 0; i < 4; i++)
+		submit_hinted(f, p, 8, 6, 0, 50);
+	for (i = 0; i < steps && bkv_sched_pending(f->s); i++) {
+		uint64_t t0 = f->now;
+		bkv_step_info si;
+
+		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		if (t_admit == UINT64_MAX && f->n_out[u][0] > 0) {
+			t_admit = t0;
+			if (auto_bound)
+				*auto_bound = 2.0 * f->s->run_mean_us * (1.0 + 5.0 / 2.0);
+		} else if (t_admit == UINT64_MAX && t0 > bound_us) {
+			*passed += si.admitted;
+		}
+		/* the stream: keep two hinted requests waiting */
+		while (si.waiting + (t_admit == UINT64_MAX ? 0 : 1) < 3 &&
+		       f->s->next_id < FH_MAX_REQ - 1) {
+			submit_hinted(f, p, 8, 6, 0, 50 + (uint32_t)(f->s->next_id % 7));
+			si.waiting++;
+		}
+	}
+	cr_assert_eq(f->finish_count[u], t_admit == UINT64_MAX ? 0u : 1u);
+	fh_destroy(f);
+	free(p);
+	return t_admit;
+}
+
+Test(sched, unhinted_request_is_admitted_within_the_bypass_bound)
+{
+	uint32_t passed;
+	uint64_t t;
+
+	/* no bound: the stream passes it for as long as it lasts */
+	t = stream_past_unhinted(UINT64_MAX, 400, 5000, &passed, NULL);
+	cr_expect_eq(t, UINT64_MAX, "admitted at %llu us with no bound", (unsigned long long)t);
+	/* 5 ms: admitted in the first step after it has waited 5 ms in which a
+	 * slot is free (requests here run 6 steps of 100 us), before any
+	 * hinted request that step; it entered the queue at 0 us */
+	t = stream_past_unhinted(5000, 400, 5000, &passed, NULL);
+	cr_expect(t > 5000 && t <= 5000 + 6 * 100, "admitted at %llu us", (unsigned long long)t);
+	cr_expect_eq(passed, 0, "%u hinted requests passed it after the bound", passed);
+}
+
+Test(sched, auto_bypass_bound_admits_the_unhinted_request)
+{
+	uint32_t passed;
+	double bound = 0;
+	uint64_t t;
+
+	/* auto: 2 * S * (1 + Q / max_running), Q = 5 slots queued at arrival;
+	 * S is observed (about 600 us here: 6 steps of 100 us) */
+	t = stream_past_unhinted(0, 400, UINT64_MAX, &passed, &bound);
+	cr_assert_neq(t, UINT64_MAX, "never admitted under auto");
+	cr_expect(bound > 0 && (double)t > bound * 0.9 && (double)t <= bound * 1.1 + 600,
+		  "admitted at %llu us, auto bound %.0f us", (unsigned long long)t, bound);
+}
+
+/* With no hint anywhere the age heap agrees with the queue on the head: the
+ * bound, however small, changes nothing (the sched tests pin FCFS). */
+Test(sched, bypass_bound_never_acts_without_hints)
+{
+	uint64_t ids[2][40];
+	uint32_t order[2][40], n[2] = {0, 0};
+
+	for (int run = 0; run < 2; run++) {
+		fh_opts o;
+		fake_host *f;
+		int32_t *p = fh_prompt(10, 9);
+
+		fh_opts_init(&o);
+		o.cfg.max_running = 3;
+		o.cfg.max_bypass_us = run ? 1 : UINT64_MAX;
+		f = fh_create(&o);
+		for (uint32_t i = 0; i < 40; i++)
+			ids[run][i] = fh_submit_ex(f, p, 10, 2 + i % 9, (int32_t)(i % 3), 1, 0);
+		while (bkv_sched_pending(f->s)) {
+			uint64_t before[41];
+
+			for (uint32_t i = 0; i < 40; i++)
+				before[i] = f->n_out[ids[run][i]][0];
+			cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+			cr_assert_eq(bkv_sched_check(f->s), 0);
+			for (uint32_t i = 0; i < 40; i++)
+				if (before[i] == 0 && f->n_out[ids[run][i]][0] > 0)
+					order[run][n[run]++] = i;
+		}
+		fh_destroy(f);
+		free(p);
+	}
+	cr_assert_eq(n[0], 40);
+	cr_assert_eq(n[1], 40);
+	cr_assert_arr_eq(order[0], order[1], sizeof(order[0]));
+}
+
+/* Hints, priority classes, preemption (a small pool), swap and aborts of
+ * waiting requests: the checker (age heap invariants 24-29 included) holds
+ * after every step, and every request ends exactly once. */
+Test(sched, age_heap_stays_consistent_under_preemption_priorities_and_aborts)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(40, 3);
+	uint64_t rng = 99, last = 0;
+	uint32_t step;
+
+	fh_opts_init(&o);
+	o.device_blocks = 16; /* 256 tokens: preemption */
+	o.host_blocks = 16;
+	o.cfg.max_running = 6;
+	o.cfg.max_bypass_us = 2000;
+	o.cfg.preempt = BKV_PREEMPT_SWAP;
+	f = fh_create(&o);
+	for (step = 0; step < 600; step++) {
+		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+		if (step < 300 && (rng >> 40) % 3 == 0 && f->s->next_id < FH_MAX_REQ - 1)
+			last = submit_hinted(f, p, 8 + (uint32_t)(rng >> 50) % 32,
+					     20 + (uint32_t)(rng >> 20) % 60, (int32_t)((rng >> 30) % 3),
+					     (uint32_t)((rng >> 12) % 4) * 10);
+		if ((rng >> 44) % 11 == 0 && last)
+			(void)bkv_abort(f->s, 1 + (rng >> 8) % last);
+		cr_assert(bkv_step(f->s, NULL) == BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d at step %u",
+			     bkv_sched_check(f->s), step);
+		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	}
+	fh_run(f, 100000);
+	cr_assert(f->s->stats.preemptions > 0, "the workload must preempt");
+	all_finished_once(f, 1, last);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(sched, checker_catches_a_broken_age_heap)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(8, 1);
+	bkv__req *a, *b;
+
+	fh_opts_init(&o);
+	o.cfg.max_running = 1;
+	f = fh_create(&o);
+	for (uint32_t i = 0; i < 4; i++)
+		submit_hinted(f, p, 8, 3, 0, i * 10);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(f->s->age_n, 3);
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	a = f->s->age[0];
+	b = f->s->age[1];
+	/* out of arrival order */
+	f->s->age[0] = b;
+	f->s->age[1] = a;
+	a->age_idx = 1;
+	b->age_idx = 0;
+	cr_expect_eq(bkv_sched_check(f->s), 29);
+	f->s->age[0] = a;
+	f->s->age[1] = b;
+	a->age_idx = 0;
+	b->age_idx = 1;
+	/* missing */
+	f->s->age_n--;
+	cr_expect_eq(bkv_sched_check(f->s), 24);
+	f->s->age_n++;
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	fh_run(f, 1000);
+	fh_destroy(f);
+	free(p);
 }

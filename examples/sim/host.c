@@ -407,6 +407,7 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	sc.token_budget = cfg->budget;
 	sc.max_queue = t->n > 65536 ? t->n : 65536;
 	sc.tpot_target_us = cfg->tpot_us;
+	sc.max_bypass_us = cfg->max_bypass_us;
 	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;

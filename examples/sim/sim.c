@@ -41,6 +41,8 @@ static void usage(FILE *f)
 	      "  --tpot US                  the scheduler's time-between-tokens target\n"
 	      "  --hints                    requests carry their output length as a hint\n"
 	      "                             (not the static baseline: it stays FCFS)\n"
+	      "  --max-bypass MS|never      bound on the delay hints may add (default\n"
+	      "                             auto: max_bypass_us = 0)\n"
 	      "  --compare [K,K,..]         static, k=1, fixed k (default 1,2,3,4,6,8,12,16,\n"
 	      "                             24,32 up to --slots; the best is reported), auto,\n"
 	      "                             chunked b=512 and chunked auto on a mixed host,\n"
@@ -521,6 +523,16 @@ int main(int argc, char **argv)
 			NEED_ARG();
 			if (parse_u32(v, &c.tpot_us))
 				BAD_ARG();
+		} else if (!strcmp(a, "--max-bypass")) {
+			uint32_t ms;
+
+			NEED_ARG();
+			if (!strcmp(v, "never"))
+				c.max_bypass_us = UINT64_MAX;
+			else if (parse_u32(v, &ms))
+				BAD_ARG();
+			else
+				c.max_bypass_us = (uint64_t)ms * 1000u;
 		} else if (!strcmp(a, "--hints")) {
 			c.hints = 1;
 		} else if (!strcmp(a, "--compare")) {

@@ -39,6 +39,8 @@ typedef struct sim_config {
 				      0 = none */
 	int hints;                 /* nonzero: each request carries its true
 				      output length as predicted_output */
+	uint64_t max_bypass_us;    /* bkv_sched_config.max_bypass_us: 0 = auto,
+				      UINT64_MAX = no bound */
 	int mixed_host;            /* 1: forward(); 0: prefill() + decode() */
 	uint32_t slots;            /* max_running */
 	uint32_t block_tokens;     /* pool block size */
