@@ -602,8 +602,8 @@ static inline void bkv__fill_decode(bkv__fill *f, const bkv__req *q, const bkv__
 				    uint32_t nb, uint32_t off, int32_t slot)
 {
 	const uint32_t r = f->r, k = f->k;
-	int32_t *const kvi = f->kvi + k;
-	uint32_t i;
+	const int32_t *src, *const end = table + nb;
+	int32_t *dst;
 
 	f->smp[r] = 1;
 	f->rid[r] = q->id;
@@ -616,8 +616,8 @@ static inline void bkv__fill_decode(bkv__fill *f, const bkv__req *q, const bkv__
 	 * BKV__KV_SLACK entries past kv_cap; the up to three entries written
 	 * past the row's end are overwritten by the next row or lie past the
 	 * batch's last kv_indptr */
-	for (i = 0; i < nb; i += 4)
-		memcpy(&kvi[i], &table[i], 4 * sizeof(int32_t));
+	for (src = table, dst = f->kvi + k; src < end; src += 4, dst += 4)
+		memcpy(dst, src, 4 * sizeof(int32_t));
 	f->tok_ids[r] = token;
 	f->pos[r] = (int32_t)start;
 	f->slots[r] = slot;
