@@ -108,7 +108,9 @@ typedef struct bkv__block {
 typedef struct bkv__seq {
 	int32_t *table;    /* [cap] block ids, [0, n_blocks) in use; kept across
 			      slot reuse, grown geometrically, freed at destroy */
-	uint32_t cap;      /* entries allocated in table */
+	uint32_t cap;      /* entries allocated in table; a multiple of 4, so
+			      that bkv__fill_decode may copy whole groups of
+			      four entries */
 	uint32_t n_blocks; /* entries in use == ceil(len / block_tokens) */
 	uint32_t len;      /* tokens in the sequence, < 2^31 */
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
@@ -188,19 +190,21 @@ struct bkv_pool {
 #define BKV__SEQ_SLOT_MASK ((1u << BKV__SEQ_SLOT_BITS) - 1)
 
 /* The scheduler's one-token appends (decode rows), made through a cursor
- * over the pool. bkv__append_one has the same effects and answers as
- * bkv_seq_append(pool, seq, &token, 1, hit). Its common case - the token
- * lands inside the sequence's last block, which is private, unindexed,
- * filled exactly to the end and does not fill up with it - is handled
- * inline, with the pool's fields held in the cursor (stores through the
- * batch arrays cannot make the compiler reload them), the id decoded once,
- * no other argument checks, and the token counters (pool->tokens,
- * miss_tokens) added up in the cursor: bkv__append_flush adds them to the
- * pool, and must run before any other pool call (the counters are part of
- * the pool's invariants). Everything else (a block boundary, a block
- * filling up, copy-on-write, errors) flushes and goes through
- * bkv__seq_append1_slow (pool.c). On BKV_OK *out is the sequence after the
- * append (the batch reads its table); on an error nothing changed. */
+ * over the pool. bkv__append_fast, and when it declines bkv__append_flush
+ * then bkv__seq_append1_slow, together have the same effects and answers
+ * as bkv_seq_append(pool, seq, &token, 1, hit). The common case - the
+ * token lands inside the sequence's last block, which is private,
+ * unindexed, filled exactly to the end and does not fill up with it - is
+ * handled inline (bkv__append_fast), with the pool's fields held in the
+ * cursor (stores through the batch arrays cannot make the compiler reload
+ * them), the id decoded once, no other argument checks, and the token
+ * counters (pool->tokens, miss_tokens) added up in the cursor:
+ * bkv__append_flush adds them to the pool, and must run before any other
+ * pool call (the counters are part of the pool's invariants). Everything
+ * else (a block boundary, a block filling up, copy-on-write, errors) goes
+ * through bkv__seq_append1_slow (pool.c). On BKV_OK *out is the sequence
+ * after the append (the batch reads its table); on an error nothing
+ * changed. */
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out);
 /* Grow an open sequence's table to n_blocks entries now (at most the pool's
@@ -216,6 +220,7 @@ typedef struct bkv__appender {
 	int32_t *tok;       /* pool->tok */
 	uint32_t bt;        /* pool->bt */
 	uint32_t shift;     /* pool->bt_shift */
+	uint32_t bt_m2;     /* pool->bt - 2 (wraps to UINT32_MAX for 1) */
 	uint32_t max_seqs;  /* pool->cfg.max_seqs */
 	uint32_t n;         /* tokens appended inline, not yet in the pool's
 			       tokens and miss_tokens counters */
@@ -229,6 +234,7 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	a->tok = pool->tok;
 	a->bt = pool->bt;
 	a->shift = pool->bt_shift;
+	a->bt_m2 = pool->bt - 2;
 	a->max_seqs = pool->cfg.max_seqs;
 	a->n = 0;
 }
@@ -240,32 +246,55 @@ static inline void bkv__append_flush(bkv__appender *a)
 	a->n = 0;
 }
 
-static inline int bkv__append_one(bkv__appender *a, uint32_t seq, int32_t token, uint32_t *hit,
-				  const bkv__seq **out)
+/* What a decode row's batch entries need from its append: the sequence's
+ * table after it, and where the token went (bkv__fill_decode). */
+typedef struct bkv__appended {
+	const int32_t *table; /* the sequence's block table; NULL: the inline
+				 case did not apply, nothing changed */
+	uint32_t nb;          /* its entries */
+	uint32_t off;         /* the token's offset in block table[nb - 1] */
+	int32_t slot;         /* its token-store index, table[nb - 1] *
+				 block_tokens + off (the row's slot_mapping) */
+} bkv__appended;
+
+/* The inline case: appends and answers the sequence's
+ * table and the token's slot, or answers table NULL having changed nothing
+ * (then bkv__append_flush and bkv__seq_append1_slow decide). The values come
+ * from the checks' own loads, before the stores, so the caller reloads
+ * nothing. off in [1, block_tokens - 2] is tested as one unsigned compare
+ * (bt_m2 = block_tokens - 2, UINT32_MAX when block_tokens is 1). */
+static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int32_t token)
 {
 	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
 	bkv__seq *s = &a->seqs[slot < a->max_seqs ? slot : 0]; /* read in bounds */
 	const uint32_t off = s->len & (a->bt - 1);
+	bkv__appended res = {NULL, 0, 0, 0};
 
 	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
 	 * block_tokens implies len + 1 < INT32_MAX (INT32_MAX ends a block) */
-	if (off != 0 && off + 1 < a->bt && slot < a->max_seqs && s->state == BKV__SEQ_OPEN &&
+	if (off - 1 < a->bt_m2 && slot < a->max_seqs && s->state == BKV__SEQ_OPEN &&
 	    s->gen == (seq >> BKV__SEQ_SLOT_BITS)) {
-		const int32_t b = s->table[s->n_blocks - 1];
+		const uint32_t nb = s->n_blocks;
+		const int32_t *const table = s->table;
+		const int32_t b = table[nb - 1];
 		bkv__block *k = &a->blk[b];
 
-		if (k->ref == 1 && k->fill == off && !(k->flags & BKV__BLOCK_INDEXED)) {
-			a->tok[((size_t)b << a->shift) + off] = token;
+		/* not INDEXED either: only full blocks are (bkv_pool_check's
+		 * CHECK_FILL), and fill == off < block_tokens - 1 */
+		if (k->ref == 1 && k->fill == off) {
+			const size_t at = ((size_t)b << a->shift) + off;
+
+			a->tok[at] = token;
 			k->fill = off + 1;
 			s->len++;
 			a->n++;
-			*hit = 0;
-			*out = s;
-			return BKV_OK;
+			res.table = table;
+			res.nb = nb;
+			res.off = off;
+			res.slot = (int32_t)at;
 		}
 	}
-	bkv__append_flush(a);
-	return bkv__seq_append1_slow(a->pool, seq, token, hit, out);
+	return res;
 }
 
 /* Step transactions (pool.c). Between begin and commit, blocks that become
@@ -492,7 +521,9 @@ struct bkv_sched {
 	uint32_t n_pre;
 	bkv__row *dec;         /* [row_cap] decode rows of this step */
 	uint32_t n_dec;
-	bkv__lane **touched;   /* [row_cap] lanes appended to this step */
+	bkv__lane **touched;   /* [row_cap] lanes appended to this step, except
+				  those of plan_decode's fast rows (rollback
+				  reaches them through s->dec) */
 	uint32_t n_touched;
 	bkv__req **swap_pend;  /* [max_running] swapped, copies unsent */
 	uint32_t n_swap_pend;
@@ -565,6 +596,9 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
  * address never escapes the planning function): stores through them may
  * not alias these fields, so nothing is reloaded per row. A decode row
  * computes one token, so rows written == tokens written. */
+/* kv_indices entries allocated past bufs.kv_cap (bkv__fill_decode). */
+#define BKV__KV_SLACK 3
+
 typedef struct bkv__fill {
 	int32_t *tok_ids;   /* s->bufs.token_ids */
 	int32_t *pos;       /* s->bufs.positions */
@@ -579,47 +613,57 @@ typedef struct bkv__fill {
 	uint32_t *rbr;      /* s->row_branch */
 	void **rus;         /* s->row_user */
 	uint32_t shift;     /* log2(block_tokens) */
-	uint32_t kv_cap;    /* s->bufs.kv_cap */
+	uint32_t kv_cap;    /* s->bufs.kv_cap; k <= kv_cap (asserted once per
+			       pass: k only grows) */
 	uint32_t r;         /* rows (= tokens) written */
 	uint32_t k;         /* kv_indices entries written */
 	uint64_t ctx;       /* sum of the rows' context lengths (end) */
 } bkv__fill;
 
 /* Write decode row f->r: lane l of request q computes position start (its
- * token), its sequence's table is table[0, nb) after the append. */
+ * token), its sequence's table is table[0, nb) after the append, and the
+ * token went to offset off of block table[nb - 1], token-store index slot
+ * (bkv__fill_slot computes both when the caller does not have them). */
 static inline void bkv__fill_decode(bkv__fill *f, const bkv__req *q, const bkv__lane *l,
 				    int32_t token, uint32_t start, const int32_t *table,
-				    uint32_t nb)
+				    uint32_t nb, uint32_t off, int32_t slot)
 {
-	const uint32_t r = f->r, k = f->k, shift = f->shift;
-	int32_t *const kvi = f->kvi + k;
-	uint32_t i;
+	const uint32_t r = f->r, k = f->k;
+	const int32_t *src, *const end = table + nb;
+	int32_t *dst;
 
-	BKV_ASSERT(k + nb <= f->kv_cap);
 	f->smp[r] = 1;
 	f->rid[r] = q->id;
 	f->rbr[r] = l->branch;
 	f->rus[r] = q->user;
 	f->next[r] = BKV_TOKEN_FAIL;
-	f->lpl[r] = (int32_t)(start & ((1u << shift) - 1)) + 1; /* start is in
-								   block nb - 1 */
-	/* four ids per fixed-size copy, then two, then one (no call) */
-	for (i = 0; i + 4 <= nb; i += 4)
-		memcpy(&kvi[i], &table[i], 4 * sizeof(int32_t));
-	if (nb & 2) {
-		memcpy(&kvi[i], &table[i], 2 * sizeof(int32_t));
-		i += 2;
-	}
-	if (nb & 1)
-		kvi[i] = table[i];
+	f->lpl[r] = (int32_t)off + 1;
+	/* four ids per fixed-size copy (no call), rounding nb up: the table's
+	 * capacity is a multiple of four (bkv__seq.cap) and kv_indices has
+	 * BKV__KV_SLACK entries past kv_cap; the up to three entries written
+	 * past the row's end are overwritten by the next row or lie past the
+	 * batch's last kv_indptr */
+	for (src = table, dst = f->kvi + k; src < end; src += 4, dst += 4)
+		memcpy(dst, src, 4 * sizeof(int32_t));
 	f->tok_ids[r] = token;
 	f->pos[r] = (int32_t)start;
-	f->slots[r] = (table[nb - 1] << shift) + (int32_t)(start & ((1u << shift) - 1));
+	f->slots[r] = slot;
 	f->qo[r + 1] = (int32_t)(r + 1);
 	f->kvp[r + 1] = (int32_t)(k + nb);
 	f->ctx += start + 1;
 	f->r = r + 1;
 	f->k = k + nb;
+}
+
+/* bkv__fill_decode's off and slot for position start of a table of nb
+ * entries (start is in block table[nb - 1]). */
+static inline uint32_t bkv__fill_slot(const bkv__fill *f, uint32_t start, const int32_t *table,
+				      uint32_t nb, int32_t *slot)
+{
+	const uint32_t off = start & ((1u << f->shift) - 1);
+
+	*slot = (table[nb - 1] << f->shift) + (int32_t)off;
+	return off;
 }
 
 /* Start writing this step's decode rows at row 0 (bkv__fill). */

@@ -104,7 +104,7 @@
 #include <string.h>
 
 #define SEQ_SLOT_BITS BKV__SEQ_SLOT_BITS /* internal.h: the scheduler decodes
-						ids too (bkv__append_one) */
+						ids too (bkv__append_fast) */
 #define SEQ_SLOT_MASK BKV__SEQ_SLOT_MASK
 #define SEQ_GEN_MAX 0xFFFu
 
@@ -209,6 +209,9 @@ static int table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n)
 		cap = cap > UINT32_MAX / 2 ? n : cap * 2;
 	if (cap > pool->nb && n <= pool->nb)
 		cap = pool->nb;
+	if (cap > UINT32_MAX - 3)
+		return BKV_ENOMEM;
+	cap = (cap + 3) & ~3u; /* a multiple of 4 (bkv__seq.cap) */
 	t = bkv__realloc(&pool->alloc, s->table, (size_t)s->cap * sizeof(int32_t),
 			 (size_t)cap * sizeof(int32_t));
 	if (!t)
@@ -815,7 +818,7 @@ void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
 		(void)table_reserve(pool, s, BKV_MIN(n_blocks, pool->nb));
 }
 
-/* bkv__append_one's other cases (internal.h): a block boundary takes
+/* bkv__append_fast's other cases (internal.h): a block boundary takes
  * append_one's boundary path, the rest the general one. */
 int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
 			  const bkv__seq **out)

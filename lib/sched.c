@@ -65,6 +65,11 @@
 #define ATOMIC_SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_RELAXED)
 #define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
 #define LANE_KNOWN(l) ((l)->req->prompt_len + (l)->n_gen)
 #define REQ_IS_RUNNING(r) ((r)->state == BKV__REQ_RUNNING)
 
@@ -103,7 +108,8 @@ static void bufs_free(const bkv_allocator *a, bkv__bufs *b)
 	bkv__free(a, b->token_ids, (size_t)b->tok_cap * sizeof(int32_t));
 	bkv__free(a, b->positions, (size_t)b->tok_cap * sizeof(int32_t));
 	bkv__free(a, b->slot_mapping, (size_t)b->tok_cap * sizeof(int32_t));
-	bkv__free(a, b->kv_indices, (size_t)b->kv_cap * sizeof(int32_t));
+	bkv__free(a, b->kv_indices,
+		  ((size_t)b->kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
 	memset(b, 0, sizeof(*b));
 }
 
@@ -115,7 +121,7 @@ static int bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, ui
 	b->token_ids = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
 	b->positions = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
 	b->slot_mapping = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
-	b->kv_indices = bkv__malloc(a, (size_t)kv_cap * sizeof(int32_t));
+	b->kv_indices = bkv__malloc(a, ((size_t)kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
 	if (!b->token_ids || !b->positions || !b->slot_mapping || !b->kv_indices) {
 		bufs_free(a, b);
 		return BKV_ENOMEM;
@@ -945,7 +951,9 @@ static void plan_forks(bkv_sched *s)
  *
  * The common case, a running single-lane request in decode whose append is
  * simple, is one pass with the step's counters in locals: touch (the
- * rollback record), append (bkv__append_one), the row, its batch entries;
+ * rollback record: pre_len and touch_step, but no touched-list entry -
+ * rollback finds these lanes through their rows), append (bkv__append_fast,
+ * or bkv__seq_append1_slow at a block boundary), the row, its batch entries;
  * its budget charge (one token a row) is made once at the end (saturating
  * subtractions add up to the same). Everything else takes append_room
  * (preemption on ENOSPC) and add_row, with the counters written back first.
@@ -957,9 +965,9 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv_pool *const pool = s->pool;
 	bkv__row *const dec = s->dec;
-	bkv__lane **const touched = s->touched;
 	const uint64_t step = s->step_no;
-	uint32_t i, j, prefilling = 0, n_dec = s->n_dec, n_touched = s->n_touched, fast = 0;
+	const uint32_t n_dec0 = s->n_dec;
+	uint32_t i, j, prefilling = 0, n_dec = n_dec0, slow = 0;
 	uint32_t hits = 0;
 	int writing = !si->preempted; /* si->preempted in a local: stores
 					 through the arrays would reload it */
@@ -977,41 +985,51 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		if (r->n == 1 && REQ_IS_RUNNING(r) && l->decoding) {
 			const uint32_t old = l->kv_len;
 			const int32_t token = l->tok[old];
-			const bkv__seq *sq;
-			uint32_t hit;
+			bkv__appended ad;
+			bkv__row *row;
 
-			BKV_ASSERT(!l->done && l->seq != BKV__SEQ_NONE && old + 1 == LANE_KNOWN(l));
-			if (bkv__append_one(&ap, l->seq, token, &hit, &sq) == BKV_OK) {
-				bkv__row *row = &dec[n_dec++];
+			BKV_ASSERT(!l->done && l->seq != BKV__SEQ_NONE &&
+				   old + 1 == r->prompt_len + l->n_gen); /* LANE_KNOWN */
+			ad = bkv__append_fast(&ap, l->seq, token);
+			if (!ad.table) { /* a block boundary or anything unusual */
+				const bkv__seq *sq;
+				uint32_t hit;
 
-				/* touch(): nothing appended to a lane before
-				 * this pass, which sees each lane once */
-				BKV_ASSERT(l->touch_step != step);
-				l->touch_step = step;
-				l->pre_len = old;
-				touched[n_touched++] = l;
-				l->kv_len = old + 1;
+				bkv__append_flush(&ap);
+				if (bkv__seq_append1_slow(pool, l->seq, token, &hit, &sq) !=
+				    BKV_OK)
+					goto general; /* ENOSPC or another answer: the
+							 pool is unchanged; the general
+							 path retries with preemption */
 				hits += hit;
-				row->lane = l;
-				row->start = old;
-				row->end = old + 1;
-				row->sample = 1;
-				row->out = BKV_TOKEN_FAIL;
-				fast++;
-				if (writing)
-					bkv__fill_decode(&f, r, l, token, old, sq->table,
-							 sq->n_blocks);
-				continue;
+				ad.table = sq->table;
+				ad.nb = sq->n_blocks;
+				ad.off = bkv__fill_slot(&f, old, ad.table, ad.nb, &ad.slot);
 			}
-			/* ENOSPC or another answer: the pool is unchanged; the
-			 * general path below retries with preemption */
+			row = &dec[n_dec++];
+			/* touch() without the touched list: nothing appended to
+			 * a lane before this pass, which sees each lane once;
+			 * rollback finds the lane through this row */
+			BKV_ASSERT(l->touch_step != step);
+			l->touch_step = step;
+			l->pre_len = old;
+			l->kv_len = old + 1;
+			row->lane = l;
+			row->start = old;
+			row->end = old + 1;
+			row->sample = 1; /* row->out is read for prefill rows only */
+			if (writing)
+				bkv__fill_decode(&f, r, l, token, old, ad.table, ad.nb, ad.off,
+						 ad.slot);
+			continue;
 		}
+general:
 		bkv__append_flush(&ap);
 		s->n_dec = n_dec;
-		s->n_touched = n_touched;
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
-			uint32_t old, hit = 0, nb = 0;
+			uint32_t old, hit = 0, nb = 0, off;
 			const int32_t *table;
+			int32_t slot;
 
 			l = &r->lane[j];
 			old = l->kv_len;
@@ -1028,17 +1046,18 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			if (si->preempted)
 				continue; /* rows may be pruned: stop writing */
 			table = bkv_seq_blocks(pool, l->seq, &nb);
-			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb);
+			off = bkv__fill_slot(&f, old, table, nb, &slot);
+			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);
 		}
+		slow += s->n_dec - n_dec; /* the general path's rows */
 		n_dec = s->n_dec;
-		n_touched = s->n_touched;
 		writing = !si->preempted;
 	}
 	bkv__append_flush(&ap);
 	s->n_dec = n_dec;
-	s->n_touched = n_touched;
 	s->step_hits += hits;
-	charge(s, fast);
+	charge(s, n_dec - n_dec0 - slow); /* the fast rows */
+	BKV_ASSERT(f.k <= f.kv_cap);
 	BKV_ASSERT(si->preempted || f.r == n_dec);
 	s->fill_rows = si->preempted ? 0 : f.r;
 	s->fill_kv = f.k;
@@ -1370,18 +1389,22 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 
 /* ---- commit / rollback --------------------------------------------------- */
 
+typedef void (*on_token_fn)(void *, uint64_t, uint32_t, int32_t, void *);
+
 /* Record each sampling row's token: outs[i] (the last call's next_tokens)
- * or, with outs NULL, rows[i].out (a split host's prefill rows). */
-static void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n, const int32_t *outs,
-			bkv_step_info *si)
+ * or, with from_outs 0, rows[i].out (a split host's prefill rows), and tell
+ * on_token (s->ops.on_token). from_outs and on_token are passed in so that
+ * commit's calls, with constants, compile to loops without those tests. */
+static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n,
+				      int from_outs, const int32_t *outs, on_token_fn on_token,
+				      bkv_step_info *si)
 {
-	void (*const on_token)(void *, uint64_t, uint32_t, int32_t, void *) = s->ops.on_token;
 	uint32_t i;
 
 	for (i = 0; i < n; i++) {
 		bkv__lane *l = rows[i].lane;
 		bkv__req *r = l->req;
-		int32_t t = outs ? outs[i] : rows[i].out;
+		int32_t t = from_outs ? outs[i] : rows[i].out;
 
 		if (!rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
 			continue;
@@ -1419,8 +1442,11 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	}
 	bkv__pool_txn_commit(s->pool);
 	if (s->split)
-		commit_rows(s, s->pre, s->n_pre, NULL, si);
-	commit_rows(s, s->dec, s->n_dec, s->next_tokens, si);
+		commit_rows(s, s->pre, s->n_pre, 0, NULL, s->ops.on_token, si);
+	if (s->ops.on_token)
+		commit_rows(s, s->dec, s->n_dec, 1, s->next_tokens, s->ops.on_token, si);
+	else
+		commit_rows(s, s->dec, s->n_dec, 1, s->next_tokens, NULL, si);
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
@@ -1428,6 +1454,17 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	s->stats.prefill_calls += si->prefill_calls;
 	s->stats.decode_calls += si->decode_calls;
 	s->stats.busy_us += si->measured_us;
+}
+
+/* Put a lane touched this step back to its length before the step. */
+static void lane_restore(bkv_sched *s, bkv__lane *l)
+{
+	BKV_ASSERT(l->touch_step == s->step_no);
+	if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
+		return;
+	if (l->kv_len != l->pre_len)
+		bkv_seq_truncate(s->pool, l->seq, l->pre_len);
+	l->kv_len = l->pre_len;
 }
 
 /* A host call failed: truncate every sequence the step appended to, forget
@@ -1438,15 +1475,12 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	uint32_t i, j;
 
-	for (i = 0; i < s->n_touched; i++) {
-		bkv__lane *l = s->touched[i];
-
-		if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
-			continue;
-		if (l->kv_len != l->pre_len)
-			bkv_seq_truncate(s->pool, l->seq, l->pre_len);
-		l->kv_len = l->pre_len;
-	}
+	for (i = 0; i < s->n_touched; i++)
+		lane_restore(s, s->touched[i]);
+	/* plan_decode's fast rows touched their lanes without the touched list
+	 * (every decode row's lane was touched; restoring twice is harmless) */
+	for (i = 0; i < s->n_dec; i++)
+		lane_restore(s, s->dec[i].lane);
 	bkv__pool_txn_abort(s->pool);
 	for (i = 0; i < s->n_swap_pend; i++) {
 		bkv__req *r = s->swap_pend[i];
