@@ -54,7 +54,13 @@ typedef struct out {
 	size_t len; /* bytes the text needs so far (not counting the NUL) */
 } out;
 
-static void put(out *o, const char *fmt, ...)
+#if defined(__GNUC__)
+#define PRINTF_LIKE __attribute__((format(printf, 2, 3)))
+#else
+#define PRINTF_LIKE
+#endif
+
+PRINTF_LIKE static void put(out *o, const char *fmt, ...)
 {
 	char *dst = NULL;
 	size_t room = 0;

@@ -230,8 +230,8 @@ Test(trace, truncated_and_corrupted_input_never_crashes)
 	const char *files[3] = {
 		"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n",
 		"{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2]}\n",
-		"run,n_requests,rate_req_s,seq,prompt_len,output_len,issue_time_rel_s,ttft_ms,"
-		"tpot_ms\nvllm-1-1,1,1,0,55,4,0.0,69.5,26.1\n"};
+		("run,n_requests,rate_req_s,seq,prompt_len,output_len,issue_time_rel_s,ttft_ms,"
+		 "tpot_ms\nvllm-1-1,1,1,0,55,4,0.0,69.5,26.1\n")};
 	const char flips[] = {'\0', ',', '"', '[', '{', '-', '9', '\n', '.', ' '};
 	for (int f = 0; f < 3; f++) {
 		size_t len = strlen(files[f]);
@@ -330,14 +330,12 @@ Test(trace, seed000_workload_follows_its_definition)
 	cr_assert_eq(trace_seed000(&t, 0), TRACE_OK);
 	cr_assert_eq(t.n, 256);
 	uint32_t n64 = 0;
-	double sum = 0.0;
 	for (uint32_t i = 0; i < t.n; i++) {
 		const trace_req *r = &t.reqs[i];
 		cr_expect_float_eq(r->arrival_us, 0.0, 1e-12);
 		cr_expect(r->prompt_len >= 8 && r->prompt_len <= 64);
 		cr_expect(r->output_len == 64 || (r->output_len >= 1 && r->output_len <= 39));
 		n64 += r->output_len == 64;
-		sum += r->output_len;
 	}
 	/* 40% +- 4 sigma of a binomial(256, 0.4) */
 	cr_expect(n64 > 70 && n64 < 135, "%u of 256 at 64", n64);

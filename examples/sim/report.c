@@ -18,14 +18,18 @@
 static double med_field(const sim_result *runs, int n, size_t off, double *scratch)
 {
 	for (int i = 0; i < n; i++)
-		scratch[i] = *(const double *)((const char *)&runs[i] + off);
+		memcpy(&scratch[i], (const char *)&runs[i] + off, sizeof(double));
 	return sim_median(scratch, n);
 }
 
 static double med_u64(const sim_result *runs, int n, size_t off, double *scratch)
 {
-	for (int i = 0; i < n; i++)
-		scratch[i] = (double)*(const uint64_t *)((const char *)&runs[i] + off);
+	for (int i = 0; i < n; i++) {
+		uint64_t v;
+
+		memcpy(&v, (const char *)&runs[i] + off, sizeof(v));
+		scratch[i] = (double)v;
+	}
 	return sim_median(scratch, n);
 }
 

@@ -79,7 +79,14 @@ int trace_push(trace *t, double arrival_us, uint32_t prompt_len, uint32_t output
 
 /* ---- small parsing helpers ----------------------------------------------- */
 
-static void set_err(char *err, size_t errlen, unsigned long line, const char *fmt, ...)
+#if defined(__GNUC__)
+#define PRINTF_LIKE __attribute__((format(printf, 4, 5)))
+#else
+#define PRINTF_LIKE
+#endif
+
+PRINTF_LIKE static void set_err(char *err, size_t errlen, unsigned long line, const char *fmt,
+				...)
 {
 	if (!err || !errlen)
 		return;

@@ -116,7 +116,13 @@ struct kh_host {
 	int nested_rc;             /* what it returned */
 };
 
-static inline void kh_violation(kh_host *h, const char *fmt, ...)
+#if defined(__GNUC__)
+#define KH_PRINTF_LIKE __attribute__((format(printf, 2, 3)))
+#else
+#define KH_PRINTF_LIKE
+#endif
+
+KH_PRINTF_LIKE static inline void kh_violation(kh_host *h, const char *fmt, ...)
 {
 	va_list ap;
 
