@@ -957,9 +957,11 @@ uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c)
 	    n + 1 > a->chunk_cap)
 		return c;
 	if (a->fit_step != s->step_no) {
-		uint64_t ctx = 0;
+		/* the fused decode pass summed its rows' context already */
+		uint64_t ctx = s->fill_rows ? s->fill_ctx : 0;
 
-		for (i = 0; i < s->n_dec; i++)
+		BKV_ASSERT(s->fill_rows <= s->n_dec);
+		for (i = s->fill_rows; i < s->n_dec; i++)
 			ctx += s->dec[i].end;
 		a->fit_ctx = ctx;
 		a->fit_step = s->step_no;

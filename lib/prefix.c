@@ -136,15 +136,7 @@ static inline int32_t index_find(const bkv_pool *pool, uint64_t hash)
 
 int32_t bkv__index_find(const bkv_pool *pool, uint64_t hash)
 {
-	uint32_t mask = pool->index_mask, i = home(pool, hash);
-
-	for (;;) {
-		int32_t b = pool->index[i];
-
-		if (b < 0 || pool->blk[b].hash == hash)
-			return b;
-		i = (i + 1) & mask;
-	}
+	return index_find(pool, hash);
 }
 
 void bkv__index_insert(bkv_pool *pool, int32_t b)

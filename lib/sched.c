@@ -361,6 +361,23 @@ static void req_drop_seqs(bkv_sched *s, bkv__req *r)
 	}
 }
 
+/* Close every lane's sequence (full blocks stay in the prefix cache): the
+ * request will recompute from its tokens. */
+static void req_close_lanes(bkv_sched *s, bkv__req *r)
+{
+	uint32_t i;
+
+	for (i = 0; i < r->n; i++) {
+		bkv__lane *l = &r->lane[i];
+
+		if (l->seq != BKV__SEQ_NONE)
+			bkv_seq_close(s->pool, l->seq);
+		l->seq = BKV__SEQ_NONE;
+		l->kv_len = 0;
+		l->decoding = 0;
+	}
+}
+
 void bkv_sched_destroy(bkv_sched *s)
 {
 	const bkv_allocator *a;
@@ -785,17 +802,8 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 				swap = 0;
 		}
 	}
-	if (!swap) {
-		for (i = 0; i < r->n; i++) {
-			bkv__lane *l = &r->lane[i];
-
-			if (l->seq != BKV__SEQ_NONE)
-				bkv_seq_close(s->pool, l->seq);
-			l->seq = BKV__SEQ_NONE;
-			l->kv_len = 0;
-			l->decoding = 0;
-		}
-	}
+	if (!swap)
+		req_close_lanes(s, r);
 	s->slots_used -= r->n_live;
 	s->run_dirty = 1;
 	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
@@ -1473,7 +1481,7 @@ static void lane_restore(bkv_sched *s, bkv__lane *l)
  * preemptions. Device and swap-in copies stay pending for the next call. */
 static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
-	uint32_t i, j;
+	uint32_t i;
 
 	for (i = 0; i < s->n_touched; i++)
 		lane_restore(s, s->touched[i]);
@@ -1486,15 +1494,7 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		bkv__req *r = s->swap_pend[i];
 
 		bkv__queue_remove(s, r);
-		for (j = 0; j < r->n; j++) {
-			bkv__lane *l = &r->lane[j];
-
-			if (l->seq != BKV__SEQ_NONE)
-				bkv_seq_close(s->pool, l->seq);
-			l->seq = BKV__SEQ_NONE;
-			l->kv_len = 0;
-			l->decoding = 0;
-		}
+		req_close_lanes(s, r);
 		r->swap_unsent = 0;
 		r->state = BKV__REQ_WAITING;
 		r->enq_us = now;

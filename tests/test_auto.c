@@ -17,18 +17,8 @@
 static sim_config base_config(void)
 {
 	sim_config c;
-	memset(&c, 0, sizeof(c));
-	c.policy = BKV_POLICY_CONTINUOUS;
-	c.k = 1;
-	c.max_wait_us = UINT64_MAX;
-	c.budget = 512;
-	c.slots = 32;
-	c.block_tokens = 16;
-	c.prefix_cache = 1;
+	sim_config_init(&c);
 	c.gen = SIM_GEN_STEPS;
-	c.cost_kind = SIM_COST_POLY;
-	c.give_model = 1;
-	bkv_cost_poly_init(&c.poly);
 	return c;
 }
 

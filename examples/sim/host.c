@@ -349,6 +349,21 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	free(tpot);
 }
 
+void sim_config_init(sim_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->policy = BKV_POLICY_CONTINUOUS;
+	c->k = 1;
+	c->max_wait_us = UINT64_MAX;
+	c->budget = 512;
+	c->slots = 32;
+	c->block_tokens = 16;
+	c->prefix_cache = 1;
+	c->give_model = 1;
+	c->cost_kind = SIM_COST_POLY;
+	bkv_cost_poly_init(&c->poly);
+}
+
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen)
 {
 	struct timespec w0, w1;

@@ -393,17 +393,7 @@ int main(int argc, char **argv)
 	o.prompt = (trace_dist){DIST_UNIFORM, 8, 64};
 	o.output = (trace_dist){DIST_SEED000_GEN, 1, 64};
 	sim_config c;
-	memset(&c, 0, sizeof(c));
-	c.policy = BKV_POLICY_CONTINUOUS;
-	c.k = 1;
-	c.max_wait_us = UINT64_MAX;
-	c.budget = 512;
-	c.slots = 32;
-	c.block_tokens = 16;
-	c.prefix_cache = 1;
-	c.give_model = 1;
-	c.cost_kind = SIM_COST_POLY;
-	bkv_cost_poly_init(&c.poly);
+	sim_config_init(&c);
 	int host_set = 0;
 
 	for (int i = 1; i < argc; i++) {

@@ -107,6 +107,11 @@ typedef struct sim_result {
 
 /* Run one trace through the real scheduler on a virtual clock. Returns 0, or
  * a negative bkv_status / -100 (the scheduler stalled) with a message in err. */
+/* Seed 000's setup: continuous k = 1 on a split host, budget 512, 32 slots,
+ * 16-token blocks, prefix cache on, seed 000's polynomial given to the
+ * scheduler; the rest zero. Every caller starts from it. */
+void sim_config_init(sim_config *c);
+
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);
 
 /* The DistServe latency model (see ../shared/data/traces/README.md) as a cost
