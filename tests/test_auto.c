@@ -22,6 +22,26 @@ static sim_config base_config(void)
 	return c;
 }
 
+/* Seed 000's workload, seeds 0..n-1. */
+static void seed000_traces(trace *t, int n)
+{
+	for (int i = 0; i < n; i++) {
+		memset(&t[i], 0, sizeof(t[i]));
+		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
+	}
+}
+
+/* Chunked prefill on a mixed host with admission and budget auto. */
+static sim_config chunked_auto_config(void)
+{
+	sim_config c = base_config();
+	c.k = 0;
+	c.chunked = 1;
+	c.mixed_host = 1;
+	c.budget = 0;
+	return c;
+}
+
 /* Run c over every trace; row gets medians and speed-ups against base. */
 static void run_row(const sim_config *c, trace *t, int n, const sim_result *base,
 		    sim_result *runs, sim_row *row)
@@ -210,20 +230,13 @@ Test(auto, seed000_hints_with_chunked_auto_reach_1_70x_fcfs_static, .timeout = 1
 {
 	enum { N = 9 };
 	trace t[N];
-	for (int i = 0; i < N; i++) {
-		memset(&t[i], 0, sizeof(t[i]));
-		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
-	}
+	seed000_traces(t, N);
 	sim_config c = base_config();
 	sim_result *base = calloc(N, sizeof(*base)), *runs = calloc(N, sizeof(*runs));
 	sim_row row;
 	c.policy = BKV_POLICY_STATIC;
 	run_row(&c, t, N, NULL, base, &row);
-	c = base_config();
-	c.k = 0;
-	c.chunked = 1;
-	c.mixed_host = 1;
-	c.budget = 0;
+	c = chunked_auto_config();
 	c.hints = 1;
 	run_row(&c, t, N, base, runs, &row);
 	cr_expect_geq(row.speedup, 1.70, "chunked auto with hints %.4f", row.speedup);
@@ -239,10 +252,7 @@ Test(auto, seed000_split_host_auto_within_1pct_of_the_best_fixed_k, .timeout = 1
 {
 	enum { N = 9 };
 	trace t[N];
-	for (int i = 0; i < N; i++) {
-		memset(&t[i], 0, sizeof(t[i]));
-		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
-	}
+	seed000_traces(t, N);
 	const uint32_t ks[] = {1, 4, 6, 8, 12};
 	sim_row best, aut;
 	uint32_t bk;
@@ -257,20 +267,13 @@ Test(auto, seed000_mixed_host_chunked_auto_budget_beats_1_60x_static, .timeout =
 {
 	enum { N = 9 };
 	trace t[N];
-	for (int i = 0; i < N; i++) {
-		memset(&t[i], 0, sizeof(t[i]));
-		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
-	}
+	seed000_traces(t, N);
 	sim_config c = base_config();
 	sim_result *base = calloc(N, sizeof(*base)), *runs = calloc(N, sizeof(*runs));
 	sim_row row;
 	c.policy = BKV_POLICY_STATIC;
 	run_row(&c, t, N, NULL, base, &row);
-	c = base_config();
-	c.k = 0;
-	c.chunked = 1;
-	c.mixed_host = 1;
-	c.budget = 0;
+	c = chunked_auto_config();
 	run_row(&c, t, N, base, runs, &row);
 	cr_expect_geq(row.speedup, 1.60, "chunked auto %.4f", row.speedup);
 	free(base);
@@ -377,10 +380,7 @@ Test(auto, tpot_target_keeps_p99_time_between_tokens_under_it, .timeout = 120)
 {
 	enum { N = 3 };
 	trace t[N];
-	for (int i = 0; i < N; i++) {
-		memset(&t[i], 0, sizeof(t[i]));
-		cr_assert_eq(trace_seed000(&t[i], (uint64_t)i), TRACE_OK);
-	}
+	seed000_traces(t, N);
 	sim_config c = base_config();
 	c.k = 0;
 	c.tpot_us = 4000;
