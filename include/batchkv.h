@@ -881,7 +881,11 @@ typedef enum bkv_finish_reason {
 	BKV_FINISH_LENGTH = 0, /* max_new_tokens generated */
 	BKV_FINISH_STOP = 1,   /* a stop token was generated */
 	BKV_FINISH_ABORT = 2,  /* bkv_abort() */
-	BKV_FINISH_ERROR = 3   /* the host wrote BKV_TOKEN_FAIL for it */
+	BKV_FINISH_ERROR = 3   /* the host wrote BKV_TOKEN_FAIL for it, or it
+				  could never be admitted (a step with
+				  nothing running and its admission refused
+				  twice in a row: bkv_sched_stats
+				  .unadmittable) */
 } bkv_finish_reason; /* n > 1 samples: the reason of the branch that ended
 			last (ERROR and ABORT end every branch at once) */
 
@@ -1062,6 +1066,10 @@ typedef struct bkv_sched_stats {
 	uint64_t prefill_calls;
 	uint64_t decode_calls;
 	double busy_us;            /* measured time in host calls */
+	uint64_t unadmittable;     /* of finished: ended with
+				      BKV_FINISH_ERROR by the progress rule,
+				      as they could never be admitted (nothing
+				      running, the pool otherwise empty) */
 } bkv_sched_stats;
 
 /**
@@ -1176,10 +1184,13 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * queue, running and swapped requests against their lists, each running
  * lane's sequence length, slots <= max_running, every request in exactly one
  * state, every new waiting request once in the age order the bypass bound
- * reads (bkv_sched_config.max_bypass_us). O(requests + blocks): for tests and
- * debugging.
+ * reads (bkv_sched_config.max_bypass_us), no call having written into a
+ * shared or cached block (checked at each call in builds with
+ * BKV_DEBUG_LEVEL >= 1), sequences kept for every unforked branch, and every
+ * full block of a running lane in the prefix cache. O(requests + blocks): for
+ * tests and debugging.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..29:
+ * @return 0 when consistent; a positive invariant number otherwise (1..32:
  *         the scheduler's, listed in lib/sched.c; 1000 + n: the pool's
  *         invariant n); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

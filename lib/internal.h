@@ -176,6 +176,12 @@ struct bkv_pool {
 	uint32_t txn_n;        /* entries in txn_pending; <= nb because an
 				  entry is added only when a block fills and
 				  a block fills once per take */
+	uint64_t *txn_owner;   /* [nb] parallel to txn_pending: where the
+				  queued block sits, sequence slot << 32 |
+				  table position (UINT64_MAX: unknown), for
+				  commit's duplicate swap (txn_dedupe) */
+	uint64_t dedup_blocks; /* blocks commit swapped for the indexed copy
+				  of their content */
 	bkv_kv_event *ev;      /* [cfg.event_capacity] KV event ring; NULL when
 				  events are off (prefix.c writes, pool.c
 				  drains) */
@@ -212,6 +218,18 @@ int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t 
  * (inside later steps). Best effort: on ENOMEM nothing changes and an append
  * grows the table as before. */
 void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks);
+
+/* bkv_seq_append without prefix lookups: every token is written, into
+ * private blocks (copy-on-write first), so no slot it gives lies in a shared
+ * or indexed block. For the tokens a row samples from. */
+int bkv__seq_append_private(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n);
+/* Append only the prefix hits among the first n of tokens (no block taken,
+ * nothing written): whole blocks the cache holds, and first, when the
+ * sequence ends inside a private block, the cached block holding that
+ * block's tokens and the next ones (then the private block is freed: its
+ * KV equals the cached one's). Returns the tokens appended (0..n); nothing
+ * else changes. */
+int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n);
 
 typedef struct bkv__appender {
 	bkv_pool *pool;     /* the pool appended to */
@@ -317,13 +335,15 @@ void bkv__index_remove(bkv_pool *pool, int32_t b);
 void bkv__lru_push(bkv_pool *pool, int32_t b);
 void bkv__lru_unlink(bkv_pool *pool, int32_t b);
 /* Index b (full, not indexed) if its parent is indexed (or it is logical
- * block 0) and its hash is not indexed yet. */
-void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
+ * block 0) and its hash is not indexed yet. Returns the block indexed under
+ * that hash already when that is why b was not indexed, else -1 (indexed,
+ * queued in a transaction, or its parent not indexed). */
+int32_t bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key);
 /* bkv__cache_add's second half: b's parent is indexed (or b is logical
  * block 0), no transaction is open, and h is b's chain hash
  * (bkv__cache_hash). pool.c's transaction commit hashes its queue and
  * prefetches the index slots before it indexes any of them. */
-void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h);
+int32_t bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h);
 /* b's chain hash under key, from its parent's hash (the parent indexed) or
  * the root's, and its tokens. */
 uint64_t bkv__cache_hash(const bkv_pool *pool, int32_t b, uint64_t key);
@@ -563,6 +583,13 @@ struct bkv_sched {
 				  rolled back) whose duration fell in bucket
 				  i (not cumulative; last = +Inf) */
 	double step_sum_s;     /* metrics.c: sum of step durations, seconds */
+	int admit_tried;       /* this step's admission was allowed (it may
+				  still have taken nothing) */
+	uint32_t stalls;       /* consecutive steps with nothing running, no
+				  row, and an allowed admission that took
+				  nothing (the progress rule, sched.c) */
+	int bad_write;         /* a call wrote into a shared or cached block
+				  (bkv_sched_check 30); sticky */
 };
 
 /* policy.c: the queue */

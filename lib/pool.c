@@ -403,11 +403,20 @@ static void block_release(bkv_pool *pool, int32_t b, int drop)
 	pool->nr_free++;
 }
 
-/* A block just became full: offer it to the prefix cache. */
-static inline void block_filled(bkv_pool *pool, int32_t b, uint64_t key)
+/* Block s->table[pos] just became full: offer it to the prefix cache. Inside
+ * a transaction it is queued, and the queue entry remembers where it sits
+ * (sequence slot, table position), so that commit can put the cached copy in
+ * its place when the same content is indexed already (txn_dedupe). */
+static inline void block_filled(bkv_pool *pool, const bkv__seq *s, uint32_t pos)
 {
-	if (pool->index)
-		bkv__cache_add(pool, b, key);
+	int32_t b = s->table[pos];
+	const bkv__block *k = &pool->blk[b];
+
+	if (!pool->index)
+		return;
+	(void)bkv__cache_add(pool, b, s->key);
+	if (pool->txn_active && (k->flags & BKV__BLOCK_TXN))
+		pool->txn_owner[k->prev] = (uint64_t)(uint32_t)(s - pool->seqs) << 32 | pos;
 }
 
 static void host_push(bkv_pool *pool, int32_t h)
@@ -495,6 +504,7 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
 	bkv__free(a, pool->index, index_cap(pool) * sizeof(int32_t));
 	bkv__free(a, pool->txn_pending, pool->index ? nb * sizeof(int32_t) : 0);
+	bkv__free(a, pool->txn_owner, pool->index ? nb * sizeof(uint64_t) : 0);
 	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
 	bkv__free(a, pool->ev, pool->ev ? pool->cfg.event_capacity * sizeof(bkv_kv_event) : 0);
 	bkv__free(a, pool->tok, nb * bt * sizeof(int32_t));
@@ -550,7 +560,8 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 		pool->index_mask = (uint32_t)(icap - 1);
 		memset(pool->index, 0xff, icap * sizeof(int32_t));
 		pool->txn_pending = bkv__malloc(&a, nb * sizeof(int32_t));
-		if (!pool->txn_pending)
+		pool->txn_owner = bkv__malloc(&a, nb * sizeof(uint64_t));
+		if (!pool->txn_pending || !pool->txn_owner)
 			goto nomem;
 	}
 	if (cfg->event_capacity) {
@@ -786,12 +797,12 @@ static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
 	pool->miss_tokens++;
 	s->len++;
 	if (off + 1 == bt)
-		block_filled(pool, b, s->key);
+		block_filled(pool, s, s->n_blocks - 1);
 	return 1;
 }
 
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
-				uint32_t *hit_tokens);
+				uint32_t *hit_tokens, int nohit);
 
 int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 		   uint32_t *hit_tokens)
@@ -807,7 +818,12 @@ int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t
 			return BKV_OK;
 		}
 	}
-	return append_any(pool, seq, tokens, n, hit_tokens);
+	return append_any(pool, seq, tokens, n, hit_tokens, 0);
+}
+
+int bkv__seq_append_private(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
+{
+	return append_any(pool, seq, tokens, n, NULL, 1);
 }
 
 void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
@@ -832,15 +848,18 @@ int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t 
 		BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 		return BKV_OK;
 	}
-	rc = append_any(pool, seq, &token, 1, hit);
+	/* a decode row writes its token: never a prefix hit (possible only
+	 * with block_tokens 1), so its slot is in a private block */
+	rc = append_any(pool, seq, &token, 1, hit, 1);
 	if (rc == BKV_OK)
 		*out = seq_get(pool, seq);
 	return rc;
 }
 
-/* Any append: validation, prefix hits, copy-on-write, whole blocks. */
+/* Any append: validation, prefix hits (none with nohit: every token is
+ * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
-				uint32_t *hit_tokens)
+				uint32_t *hit_tokens, int nohit)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
 	int32_t last, b;
@@ -874,7 +893,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 
 	/* Pre-pass: verified prefix hits, stashed past the table's end (not
 	 * visible until n_blocks moves). */
-	if (pool->index && off == 0 && (last < 0 || BLOCK_IS_INDEXED(&pool->blk[last]))) {
+	if (pool->index && !nohit && off == 0 &&
+	    (last < 0 || BLOCK_IS_INDEXED(&pool->blk[last]))) {
 		uint64_t ph = last < 0 ? BKV__HASH_ROOT : pool->blk[last].hash, h = 0;
 		int32_t parent = last;
 
@@ -936,7 +956,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		pos += w;
 		rem -= w;
 		if (off + w == bt)
-			block_filled(pool, b, s->key);
+			block_filled(pool, s, nb0 - 1);
 	}
 	if (rem) {
 		int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1;
@@ -958,7 +978,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 			pos += w;
 			rem -= w;
 			if (w == bt)
-				block_filled(pool, b, s->key);
+				block_filled(pool, s, nbk - 1);
 			prev = b;
 		}
 		s->n_blocks = nbk;
@@ -971,6 +991,77 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		*hit_tokens = hits * bt;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;
+}
+
+int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
+{
+	uint32_t bt = pool->bt, off, nb0, hits = 0, got = 0, i;
+	uint64_t ph = BKV__HASH_ROOT, h = 0;
+	int32_t parent = -1, last;
+	bkv__seq *s = NULL;
+
+	if (!pool->index || seq_resident(pool, seq, &s) != BKV_OK || n == 0)
+		return 0;
+	if ((uint64_t)s->len + n > INT32_MAX)
+		return 0;
+	off = s->len & (bt - 1);
+	nb0 = s->n_blocks;
+	last = nb0 ? s->table[nb0 - 1] : -1;
+	if (off) {
+		/* The last block is partial: its own tokens and the next bt - off
+		 * make a full block, which the cache may hold. Only a private
+		 * block nothing else reads is swapped out. */
+		bkv__block *k = &pool->blk[last];
+		int32_t c, *t = pool->tok + (size_t)last * bt;
+
+		if (n < bt - off || k->ref != 1 || BLOCK_IS_INDEXED(k) || k->fill != off ||
+		    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_TXN |
+				 BKV__BLOCK_COPY_SRC)) ||
+		    (k->parent >= 0 && !BLOCK_IS_INDEXED(&pool->blk[k->parent])))
+			return 0;
+		/* the private block's token ids past fill are scratch */
+		memcpy(t + off, tokens, (size_t)(bt - off) * sizeof(int32_t));
+		if (k->parent >= 0)
+			ph = pool->blk[k->parent].hash;
+		c = bkv__cache_lookup(pool, ph, k->parent, s->key, t, &h);
+		if (c < 0)
+			return 0;
+		block_pin(pool, c);
+		s->table[nb0 - 1] = c;
+		block_put(pool, last, 1);
+		got = bt - off;
+		ph = h;
+		parent = c;
+	} else if (last >= 0) {
+		if (!BLOCK_IS_INDEXED(&pool->blk[last]))
+			return 0;
+		ph = pool->blk[last].hash;
+		parent = last;
+	}
+	/* then whole blocks, as append_any's pre-pass (pinned as found: there
+	 * is nothing to undo, each is a complete hit) */
+	if (table_reserve(pool, s, BKV_MIN(blocks_for(pool, (uint64_t)s->len + n), pool->nb)))
+		return (int)got;
+	while (got + (uint64_t)(hits + 1) * bt <= n && nb0 + hits < s->cap) {
+		int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
+					      tokens + got + (size_t)hits * bt, &h);
+
+		if (c < 0)
+			break;
+		block_pin(pool, c);
+		s->table[nb0 + hits] = c;
+		ph = h;
+		parent = c;
+		hits++;
+	}
+	for (i = 0; i < hits; i++)
+		BKV_ASSERT(BLOCK_IS_INDEXED(&pool->blk[s->table[nb0 + i]]));
+	s->n_blocks = nb0 + hits;
+	got += hits * bt;
+	s->len += got;
+	pool->hit_tokens += got;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return (int)got;
 }
 
 int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
@@ -1144,13 +1235,14 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		       (size_t)w * sizeof(int32_t));
 		pool->blk[d].fill = w;
 		pool->blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
+		pool->blk[d].key = s->key; /* read when the copy clears */
 		pool->tokens += w;
 		copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
 		pool->host_state[hb] = BKV__HOST_PENDING;
 		pool->host_pending++;
 		s->table[i] = d;
 		if (w == bt)
-			block_filled(pool, d, s->key);
+			block_filled(pool, s, i);
 	}
 	pool->swap_in_blocks += s->n_blocks - hits;
 	s->state = BKV__SEQ_OPEN;
@@ -1201,7 +1293,16 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 				}
 			}
 		} else if (kind == BKV_COPY_SWAP_IN) {
-			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			int32_t d = l->v[i].dst;
+			bkv__block *k = &pool->blk[d];
+
+			k->flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			/* its KV is in now: a full block the swap-in's own
+			 * transaction did not index (it was rolled back) is
+			 * offered again */
+			if (pool->index && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k) &&
+			    !(k->flags & BKV__BLOCK_TXN))
+				(void)bkv__cache_add(pool, d, k->key);
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
 			pool->host_pending--;
 			host_push(pool, l->v[i].src);
@@ -1657,6 +1758,7 @@ void bkv__pool_txn_defer(bkv_pool *pool, int32_t b)
 
 			if ((q->flags & BKV__BLOCK_TXN) && q->prev == (int32_t)i) {
 				q->prev = (int32_t)n;
+				pool->txn_owner[n] = pool->txn_owner[i];
 				pool->txn_pending[n++] = e;
 			}
 		}
@@ -1665,6 +1767,7 @@ void bkv__pool_txn_defer(bkv_pool *pool, int32_t b)
 	BKV_ASSERT(pool->txn_n < pool->nb);
 	k->flags |= BKV__BLOCK_TXN;
 	k->prev = (int32_t)pool->txn_n;
+	pool->txn_owner[pool->txn_n] = UINT64_MAX; /* block_filled sets it */
 	pool->txn_pending[pool->txn_n++] = b;
 }
 
@@ -1707,27 +1810,93 @@ static void txn_prefetch(bkv_pool *pool)
 	}
 }
 
+/* Commit found b's content indexed already, as block d (queue entry q): the
+ * step computed KV that the cache holds. Put d in b's place in the table
+ * that filled it and free b, so that the sequence's chain runs through
+ * indexed blocks and the blocks it fills later can be indexed too (a chain
+ * with a private duplicate in it stops there: a block is indexed only under
+ * an indexed parent). d's KV is b's (same tokens under the same parent and
+ * key), written by an earlier successful call or earlier in this commit's
+ * call. Only a private block that nothing else reads (one reference, no
+ * pending copy) in a table that still holds it at the recorded place. */
+static void txn_dedupe(bkv_pool *pool, uint32_t q, int32_t b, int32_t d)
+{
+	bkv__block *k = &pool->blk[b];
+	const bkv__block *c = &pool->blk[d];
+	uint64_t own = pool->txn_owner[q];
+	uint32_t slot = (uint32_t)(own >> 32), pos = (uint32_t)own;
+	bkv__seq *s;
+
+	if (own == UINT64_MAX || slot >= pool->cfg.max_seqs || k->ref != 1 ||
+	    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_COPY_SRC)))
+		return;
+	s = &pool->seqs[slot];
+	if (s->state != BKV__SEQ_OPEN || pos >= s->n_blocks || s->table[pos] != b)
+		return;
+	if (c->parent != k->parent || c->key != s->key || c->fill != pool->bt ||
+	    memcmp(pool->tok + (size_t)d * pool->bt, pool->tok + (size_t)b * pool->bt,
+		   (size_t)pool->bt * sizeof(int32_t)) != 0)
+		return; /* a hash collision: keep the private copy */
+	block_pin(pool, d);
+	s->table[pos] = d;
+	if (pos + 1 < s->n_blocks && pool->blk[s->table[pos + 1]].parent == b)
+		pool->blk[s->table[pos + 1]].parent = d;
+	k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+	k->prev = -1;
+	block_put(pool, b, 1);
+	pool->dedup_blocks++;
+}
+
 static void txn_end(bkv_pool *pool, int commit)
 {
-	uint32_t i;
+	uint32_t i, left;
+	int progress;
 
 	BKV_ASSERT(pool->txn_active);
 	pool->txn_active = 0;
 	if (commit && pool->index && pool->txn_n > 1)
 		txn_prefetch(pool);
-	for (i = 0; i < pool->txn_n; i++) {
-		int32_t b = pool->txn_pending[i];
-		bkv__block *k = &pool->blk[b];
+	/* Queue order is fill order, parents first, except a block offered
+	 * again late (a swapped-in block whose copy cleared at this commit,
+	 * after its children filled): such children wait for another pass. */
+	do {
+		left = 0;
+		progress = 0;
+		for (i = 0; i < pool->txn_n; i++) {
+			int32_t b = pool->txn_pending[i], d = -1;
+			bkv__block *k = &pool->blk[b];
 
-		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
-			continue; /* released (and maybe retaken) since queued */
-		if (k->flags & BKV__BLOCK_HASHED) /* ready before any insert:
-						     still ready now */
-			bkv__cache_add_hashed(pool, b, k->key, k->hash);
-		else if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
-			bkv__cache_add(pool, b, k->key);
-		k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
-		k->prev = -1;
+			if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
+				continue; /* released (and maybe retaken) since queued,
+					     or done in an earlier pass */
+			if (commit && !(k->flags & BKV__BLOCK_HASHED) && k->parent >= 0 &&
+			    (pool->blk[k->parent].flags & BKV__BLOCK_TXN)) {
+				left++; /* its parent is queued later */
+				continue;
+			}
+			progress = 1;
+			if (k->flags & BKV__BLOCK_HASHED) /* ready before any
+							     insert: still ready */
+				d = bkv__cache_add_hashed(pool, b, k->key, k->hash);
+			else if (commit && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k))
+				d = bkv__cache_add(pool, b, k->key);
+			if (d >= 0) {
+				txn_dedupe(pool, i, b, d);
+				if (!(k->flags & BKV__BLOCK_TXN))
+					continue; /* freed: d in its place */
+			}
+			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+			k->prev = -1;
+		}
+	} while (left && progress);
+	for (i = 0; left && i < pool->txn_n; i++) { /* not reached: a parent
+							always makes progress */
+		bkv__block *k = &pool->blk[pool->txn_pending[i]];
+
+		if ((k->flags & BKV__BLOCK_TXN) && k->prev == (int32_t)i) {
+			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+			k->prev = -1;
+		}
 	}
 	pool->txn_n = 0;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);

@@ -273,7 +273,7 @@ uint32_t bkv_block_hashes(uint64_t hash_seed, uint64_t key, uint32_t block_token
 
 /* ---- cache membership ---------------------------------------------------- */
 
-void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
+int32_t bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 {
 	bkv__block *k = &pool->blk[b];
 	int32_t parent = k->parent;
@@ -281,17 +281,17 @@ void bkv__cache_add(bkv_pool *pool, int32_t b, uint64_t key)
 
 	BKV_ASSERT(k->fill == pool->bt && !BLOCK_IS_INDEXED(k));
 	if (!pool->index)
-		return;
+		return -1;
 	if (pool->txn_active) {
 		k->key = key; /* read back at commit */
 		bkv__pool_txn_defer(pool, b);
-		return;
+		return -1;
 	}
 	if (parent >= 0 && !BLOCK_IS_INDEXED(&pool->blk[parent]))
-		return;
+		return -1;
 	h = block_hash(pool->cfg.hash_seed, parent >= 0 ? pool->blk[parent].hash : BKV__HASH_ROOT,
 		       key, pool->tok + (size_t)b * pool->bt, pool->bt);
-	bkv__cache_add_hashed(pool, b, key, h);
+	return bkv__cache_add_hashed(pool, b, key, h);
 }
 
 uint64_t bkv__cache_hash(const bkv_pool *pool, int32_t b, uint64_t key)
@@ -308,14 +308,15 @@ uint32_t bkv__index_home(const bkv_pool *pool, uint64_t hash)
 	return home(pool, hash);
 }
 
-void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h)
+int32_t bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h)
 {
 	bkv__block *k = &pool->blk[b];
-	int32_t parent = k->parent;
+	int32_t parent = k->parent, d;
 
 	BKV_ASSERT(!pool->txn_active && (parent < 0 || BLOCK_IS_INDEXED(&pool->blk[parent])));
-	if (index_find(pool, h) >= 0)
-		return; /* same content already cached: this copy stays private */
+	if ((d = index_find(pool, h)) >= 0)
+		return d; /* same content already cached: this copy stays
+			     private (a transaction's commit may swap it for d) */
 	k->hash = h;
 	k->key = key;
 	k->flags |= BKV__BLOCK_INDEXED;
@@ -325,6 +326,7 @@ void bkv__cache_add_hashed(bkv_pool *pool, int32_t b, uint64_t key, uint64_t h)
 		pool->blk[parent].kids++;
 	if (pool->ev)
 		bkv__event(pool, BKV_EVENT_STORED, b);
+	return -1;
 }
 
 void bkv__cache_forget(bkv_pool *pool, int32_t b)

@@ -822,26 +822,52 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 }
 
 /* Append n tokens of a lane's history. A row that samples appends its last
- * token on its own, so that token is never a prefix-cache hit (with
- * block_tokens >= 2): the host must compute it to sample, and it must not
- * write into a cached block. All-or-nothing. */
+ * token on its own and without a prefix lookup (bkv__seq_append_private):
+ * the host must compute it to sample, so it is written, and the library
+ * never gives a write a slot in a shared or cached block - with
+ * block_tokens 1 that token alone is a whole block the cache may hold.
+ * All-or-nothing. */
 static int lane_append(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint32_t *hit)
 {
-	uint32_t h1 = 0, h2 = 0;
+	uint32_t h1 = 0;
 	int rc;
 
-	if (!sample || n == 1)
+	if (!sample)
 		return bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, n, hit);
-	rc = bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, n - 1, &h1);
-	if (rc != BKV_OK)
-		return rc;
-	rc = bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len + n - 1, 1, &h2);
+	if (n > 1) {
+		rc = bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, n - 1, &h1);
+		if (rc != BKV_OK)
+			return rc;
+	}
+	rc = bkv__seq_append_private(s->pool, l->seq, l->tok + l->kv_len + n - 1, 1);
 	if (rc != BKV_OK) {
-		bkv_seq_truncate(s->pool, l->seq, l->kv_len);
+		if (n > 1)
+			bkv_seq_truncate(s->pool, l->seq, l->kv_len);
 		return rc;
 	}
-	*hit = h1 + h2;
+	*hit = h1;
 	return BKV_OK;
+}
+
+/* A prefilling lane takes every prefix hit up to target first (but never
+ * the last token of a row that will sample), before its chunk is sized:
+ * hits compute nothing, so the step's token budget does not bound them,
+ * and a lane whose last chunk ended inside a block takes the cached block
+ * holding it once another request has computed it. The lane must be
+ * touched (its rollback length recorded) already. Returns the hit tokens
+ * (kv_len has moved past them). */
+static uint32_t lane_hits(bkv_sched *s, bkv__lane *l, uint32_t target)
+{
+	uint32_t n = target - l->kv_len;
+	int h;
+
+	if (target == LANE_KNOWN(l))
+		n--; /* the row's last token samples: computed */
+	if (n == 0)
+		return 0;
+	h = bkv__seq_take_hits(s->pool, l->seq, l->tok + l->kv_len, n);
+	l->kv_len += (uint32_t)h;
+	return (uint32_t)h;
 }
 
 /* Append n tokens of a lane's history, preempting victims while the pool is
@@ -896,6 +922,7 @@ static uint32_t add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l,
 		start = l->kv_len - 1;
 	if (start >= l->kv_len)
 		return 0; /* all hits, nothing to compute */
+	BKV_ASSERT(!sample || start < l->kv_len); /* a sampled token is written */
 	row = &rows[(*n)++];
 	row->lane = l;
 	row->start = start;
@@ -1083,7 +1110,7 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r) && s->budget_left; j++) {
 			bkv__lane *l = &r->lane[j];
-			uint32_t old = l->kv_len, hit = 0, target, c;
+			uint32_t old = l->kv_len, hit = 0, h0, target, c;
 			int sample;
 
 			if (l->done || l->decoding || l->seq == BKV__SEQ_NONE)
@@ -1091,14 +1118,18 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			target = lane_target(l);
 			if (l->kv_len >= target)
 				continue;
-			c = bkv__auto_chunk_fit(s, l->kv_len,
-						bkv__chunk_len(s, target - l->kv_len));
-			if (c == 0)
-				continue; /* no room under the TPOT target */
+			touch(s, l);
+			h0 = lane_hits(s, l, target);
+			c = l->kv_len < target ? bkv__auto_chunk_fit(s, l->kv_len,
+								     bkv__chunk_len(s, target - l->kv_len))
+					       : 0;
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
-			if (append_room(s, l, c, sample, &hit, now, si) != BKV_OK)
-				continue;
-			charge(s, add_row(s, s->pre, &s->n_pre, l, old, hit, sample));
+			if (c == 0 || append_room(s, l, c, sample, &hit, now, si) != BKV_OK) {
+				if (REQ_IS_RUNNING(r))
+					s->step_hits += h0; /* taken, nothing computed */
+				continue; /* (c 0: no room under the TPOT target) */
+			}
+			charge(s, add_row(s, s->pre, &s->n_pre, l, old, h0 + hit, sample));
 		}
 	}
 }
@@ -1120,7 +1151,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		return BKV_ENOSPC;
 	for (j = 0; j < r->n && rc == BKV_OK; j++) {
 		bkv__lane *l = &r->lane[j];
-		uint32_t target, c, hit = 0;
+		uint32_t target, c, hit = 0, h0;
 		int sample;
 
 		if (l->done || (j > 0 && !r->forked))
@@ -1140,21 +1171,27 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		target = lane_target(l);
 		if (target == 0)
 			continue; /* n > 1, one-token prompt: forks next step */
-		/* priced from offset 0: prefix hits only make it cheaper */
-		c = bkv__auto_chunk_fit(s, 0, bkv__chunk_len(s, target));
-		if (c == 0 && j > 0)
+		h0 = lane_hits(s, l, target);
+		if (l->kv_len == target) { /* all hits (n > 1: forks next step) */
+			s->step_hits += h0;
+			continue;
+		}
+		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
+		if (c == 0 && j > 0) {
+			s->step_hits += h0;
 			continue; /* the budget went to earlier branches: this one
-				     starts in a later step (plan_continue) */
+				     goes on in a later step (plan_continue) */
+		}
 		if (c == 0) {
 			rc = BKV_ENOSPC;
 			break;
 		}
-		sample = c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
+		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		rc = lane_append(s, l, c, sample, &hit);
 		if (rc != BKV_OK)
 			break;
-		l->kv_len = c;
-		charge(s, add_row(s, s->pre, &s->n_pre, l, 0, hit, sample));
+		l->kv_len += c;
+		charge(s, add_row(s, s->pre, &s->n_pre, l, 0, h0 + hit, sample));
 	}
 	if (rc != BKV_OK) {
 		for (j = 0; j < r->n; j++) {
@@ -1196,32 +1233,58 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 	old = l->kv_len;
 	if (l->decoding) {
 		touch(s, l);
-		if (bkv_seq_append(s->pool, l->seq, l->tok + l->kv_len, 1, &hit) == BKV_OK) {
+		if (bkv__seq_append_private(s->pool, l->seq, l->tok + l->kv_len, 1) == BKV_OK) {
 			l->kv_len++;
-			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+			charge(s, add_row(s, s->dec, &s->n_dec, l, old, 0, 1));
 		}
 	} else {
-		uint32_t target = lane_target(l);
-		uint32_t c = bkv__chunk_len(s, target - l->kv_len);
-		int sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
+		uint32_t target = lane_target(l), c, h0;
+		int sample;
 
 		touch(s, l);
+		h0 = l->kv_len < target ? lane_hits(s, l, target) : 0;
+		c = bkv__chunk_len(s, target - l->kv_len);
+		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
 			l->kv_len += c;
-			charge(s, add_row(s, s->pre, &s->n_pre, l, old, hit, sample));
+			charge(s, add_row(s, s->pre, &s->n_pre, l, old, h0 + hit, sample));
+		} else {
+			s->step_hits += h0;
 		}
 	}
 	return BKV_OK;
 }
 
+/* Pool sequences the running requests will still open: n - 1 for each that
+ * has not forked yet. Admission keeps them free, so a fork never waits for
+ * a sequence that only another waiting fork could give back. */
+static uint32_t fork_seqs(const bkv_sched *s)
+{
+	uint32_t i, n = 0;
+
+	if (s->nr_run_multi == 0)
+		return 0;
+	for (i = 0; i < s->nr_run; i++) {
+		const bkv__req *r = s->run[i];
+
+		if (REQ_IS_RUNNING(r) && r->n > 1 && !r->forked)
+			n += r->n - 1;
+	}
+	return n;
+}
+
 static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	int was_empty;
+	uint32_t forks;
 
 	run_compact(s); /* preempted requests leave run[] before it grows */
 	was_empty = s->nr_run == 0;
+	s->admit_tried = 0;
 	if (!bkv__admit_allowed(s, now))
 		return;
+	s->admit_tried = 1;
+	forks = fork_seqs(s);
 	while (s->heap_n && s->budget_left) {
 		bkv__req *r = bkv__queue_head(s, now); /* heap[0] unless the
 							   bypass bound acts */
@@ -1234,6 +1297,11 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			break;
 		if (!bkv__auto_admit_ok(s, r))
 			break; /* auto.c: batch cap, TPOT target, padding */
+		/* a new (or recomputing) request opens n_live sequences, now or
+		 * when it forks; a swapped one holds its own */
+		if (r->state == BKV__REQ_WAITING &&
+		    (uint64_t)r->n_live + forks + s->pool->nr_seqs > s->pool->cfg.max_seqs)
+			break;
 		rc = r->state == BKV__REQ_SWAPPED ? admit_swapped(s, r) : admit_waiting(s, r);
 		if (rc != BKV_OK)
 			break;
@@ -1249,6 +1317,8 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		s->slots_used += r->n_live;
 		s->last_admit_us = now;
 		si->admitted++;
+		if (r->n > 1 && !r->forked)
+			forks += r->n - 1;
 		bkv__auto_admitted(s, r);
 	}
 	if (s->cfg.policy == BKV_POLICY_STATIC && was_empty && s->nr_run)
@@ -1268,6 +1338,27 @@ static void rows_prune(bkv__row *rows, uint32_t *n)
 
 /* ---- calls --------------------------------------------------------------- */
 
+/* Every slot a call writes (slot_mapping) must lie in a block only the
+ * writing row's sequence holds: one table reference and not in the prefix
+ * cache. Checked under BKV_DEBUG_LEVEL >= 1 (one load per row and block);
+ * a violation sticks and bkv_sched_check reports it (invariant 30). */
+static int batch_writes_shared(const bkv_sched *s, const bkv_batch *b)
+{
+	const bkv__block *blk = s->pool->blk;
+	uint32_t t, last = UINT32_MAX;
+
+	for (t = 0; t < b->n_tokens; t++) {
+		uint32_t id = (uint32_t)b->slot_mapping[t] >> s->bt_shift;
+
+		if (id == last)
+			continue;
+		last = id;
+		if (id >= s->device_blocks || blk[id].ref != 1 || BLOCK_IS_INDEXED(&blk[id]))
+			return 1;
+	}
+	return 0;
+}
+
 static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n,
 		     uint32_t n_decode, bkv_step_info *si)
 {
@@ -1283,6 +1374,10 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
 	bkv__batch_fill(s, kind, rows, n, n_decode, rows == s->dec ? s->fill_rows : 0, &b, &sh);
+#if BKV_DEBUG_LEVEL >= 1
+	if (!s->bad_write)
+		s->bad_write = batch_writes_shared(s, &b);
+#endif
 	if (n_decode)
 		s->dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
@@ -1321,7 +1416,7 @@ static void plan_after_prefill(bkv_sched *s)
 		bkv__row *row = &s->pre[i];
 		bkv__lane *l = row->lane;
 		bkv__req *r = l->req;
-		uint32_t old = l->kv_len, hit = 0;
+		uint32_t old = l->kv_len;
 		int32_t t = row->out;
 
 		if (!row->sample || t == BKV_TOKEN_FAIL || is_stop(r, t) ||
@@ -1329,10 +1424,10 @@ static void plan_after_prefill(bkv_sched *s)
 			continue;
 		l->tok[LANE_KNOWN(l)] = t; /* committed (n_gen++) only at commit */
 		BKV_ASSERT(l->kv_len == LANE_KNOWN(l));
-		if (bkv_seq_append(s->pool, l->seq, &l->tok[l->kv_len], 1, &hit) != BKV_OK)
+		if (bkv__seq_append_private(s->pool, l->seq, &l->tok[l->kv_len], 1) != BKV_OK)
 			continue;
 		l->kv_len++;
-		add_row(s, s->dec, &s->n_dec, l, old, hit, 1);
+		add_row(s, s->dec, &s->n_dec, l, old, 0, 1);
 	}
 }
 
@@ -1464,6 +1559,32 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	s->stats.busy_us += si->measured_us;
 }
 
+/* A swapped request recomputes instead: its sequences (and host blocks) go,
+ * it waits where it was in the queue. */
+static void swapped_to_recompute(bkv_sched *s, bkv__req *r, uint64_t now)
+{
+	BKV_ASSERT(r->state == BKV__REQ_SWAPPED);
+	bkv__queue_remove(s, r);
+	req_close_lanes(s, r);
+	r->swap_unsent = 0;
+	r->state = BKV__REQ_WAITING;
+	r->enq_us = now;
+	bkv__queue_push(s, r);
+}
+
+/* Swap-outs whose copies no host call carried yet become recompute
+ * preemptions (their freed device blocks may hold other KV by the time a
+ * call would carry them). */
+static void swaps_to_recompute(bkv_sched *s, uint64_t now)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n_swap_pend; i++)
+		swapped_to_recompute(s, s->swap_pend[i], now);
+	s->n_swap_pend = 0;
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+}
+
 /* Put a lane touched this step back to its length before the step. */
 static void lane_restore(bkv_sched *s, bkv__lane *l)
 {
@@ -1490,24 +1611,46 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (i = 0; i < s->n_dec; i++)
 		lane_restore(s, s->dec[i].lane);
 	bkv__pool_txn_abort(s->pool);
-	for (i = 0; i < s->n_swap_pend; i++) {
-		bkv__req *r = s->swap_pend[i];
-
-		bkv__queue_remove(s, r);
-		req_close_lanes(s, r);
-		r->swap_unsent = 0;
-		r->state = BKV__REQ_WAITING;
-		r->enq_us = now;
-		bkv__queue_push(s, r);
-	}
-	s->n_swap_pend = 0;
-	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+	swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
 	si->prefill_calls = si->decode_calls = 0;
 }
 
 /* ---- the step ------------------------------------------------------------ */
+
+/* The progress rule. A step in which nothing runs, no row is planned and
+ * admission was allowed but took nothing, twice in a row, would repeat
+ * forever: nothing it depends on changes by itself. Break it: swap-outs no
+ * call carried become recomputes (their copies need a call that never
+ * comes), then a swapped request that holds a sequence a waiting one
+ * needs; and a head that cannot be admitted into an otherwise empty pool
+ * ends with BKV_FINISH_ERROR rather than wait forever (bkv_step returns
+ * BKV_OK with the request ended: it is no longer pending). */
+static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	bkv__req *head = bkv__queue_head(s, now);
+	uint32_t i;
+
+	s->stalls = 0;
+	if (s->n_swap_pend) {
+		swaps_to_recompute(s, now);
+		return;
+	}
+	if (head->state == BKV__REQ_SWAPPED) {
+		swapped_to_recompute(s, head, now);
+		return;
+	}
+	for (i = 0; i < s->heap_n; i++) { /* only when stuck: O(queue) */
+		if (s->heap[i]->state == BKV__REQ_SWAPPED) {
+			swapped_to_recompute(s, s->heap[i], now);
+			return;
+		}
+	}
+	s->stats.unadmittable++;
+	finish_req(s, head, BKV_FINISH_ERROR, si);
+}
+
 
 /* With nothing running, no table references a block that a pending device
  * (copy-on-write) or swap-in copy would write: their sequences were
@@ -1553,6 +1696,13 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 		plan_continue(s, now, &si);
 	plan_admit(s, now, &si);
 	bkv__auto_after_admit(s);
+	if (s->n_pre + s->n_dec == 0 && s->nr_run == 0 && s->heap_n && s->admit_tried &&
+	    !si.admitted) {
+		if (++s->stalls >= 2)
+			unstick(s, now, &si);
+	} else {
+		s->stalls = 0;
+	}
 	si.hit_tokens = s->step_hits;
 
 	rc = run_calls(s, &si, &called);
@@ -1601,7 +1751,32 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 16-17 queued requests' sequences    18-22 map, inbox and counters
  * 23    open pool sequences == lanes holding one
  * 24-29 the age heap (policy.c): exactly the queued requests with order > 0,
- *       each once, WAITING, in (priority, arrival) heap order */
+ *       each once, WAITING, in (priority, arrival) heap order
+ * 30    a call's slot_mapping named a slot in a shared or cached block
+ *       (sticky; checked at the call under BKV_DEBUG_LEVEL >= 1)
+ * 31    the running requests' unforked branches cannot all get a sequence
+ * 32    a running lane's full block (KV committed) is not in the prefix
+ *       cache: every full block a step computes is indexed at its commit
+ *       (a duplicate of an indexed block is swapped for it, txn_dedupe in
+ *       pool.c), or still waits for the swap-in copy that brings its KV */
+static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
+{
+	const bkv_pool *p = s->pool;
+	uint32_t i, n, nb;
+	const int32_t *t;
+
+	if (!p->index)
+		return 1;
+	t = bkv_seq_blocks(p, l->seq, &nb);
+	n = BKV_MIN(l->kv_len >> s->bt_shift, nb);
+	/* a swapped-in block whose copy a rolled-back call was to carry is
+	 * indexed when the copy is cleared (its KV is not in yet) */
+	for (i = 0; i < n; i++)
+		if (!(p->blk[t[i]].flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_PEND_SWAPIN)))
+			return 0;
+	return 1;
+}
+
 int bkv_sched_check(const bkv_sched *s)
 {
 	uint32_t i, j, slots = 0, n_inbox = 0, n_seqs = 0, mapped = 0;
@@ -1647,6 +1822,8 @@ int bkv_sched_check(const bkv_sched *s)
 				return 12;
 			if (l->decoding && l->kv_len + 1 != LANE_KNOWN(l))
 				return 13;
+			if (!lane_blocks_indexed(s, l))
+				return 32;
 		}
 		if (live != r->n_live)
 			return 8;
@@ -1656,6 +1833,10 @@ int bkv_sched_check(const bkv_sched *s)
 		return 14;
 	if (s->slots_used > s->cfg.max_running)
 		return 15;
+	if (s->bad_write)
+		return 30;
+	if ((uint64_t)s->pool->nr_seqs + fork_seqs(s) > s->pool->cfg.max_seqs)
+		return 31;
 	for (i = 0; i < s->heap_n; i++) {
 		r = s->heap[i];
 		for (j = 0; j < r->n; j++) {

@@ -282,7 +282,7 @@ Test(sched, split_host_chunks_run_as_prefill_calls_under_the_budget)
 {
 	fh_opts o;
 	fake_host *f;
-	int32_t *p = fh_prompt(40, 4);
+	int32_t *p = fh_prompt(40, 4), *q = fh_prompt(40, 5);
 	uint32_t c, pre = 0;
 
 	fh_opts_init(&o);
@@ -290,8 +290,10 @@ Test(sched, split_host_chunks_run_as_prefill_calls_under_the_budget)
 	o.cfg.chunked_prefill = 1;
 	o.cfg.token_budget = 16;
 	f = fh_create(&o);
+	/* two prompts (one shared prompt would be computed once: the second
+	 * request hits what the first computed) */
 	fh_submit(f, p, 40, 4);
-	fh_submit(f, p, 40, 4);
+	fh_submit(f, q, 40, 4);
 	fh_run(f, 100);
 	for (c = 0; c < f->n_calls; c++) {
 		cr_assert(f->calls[c].n_tokens <= 16);
@@ -307,6 +309,7 @@ Test(sched, split_host_chunks_run_as_prefill_calls_under_the_budget)
 	all_finished_once(f, 1, 2);
 	fh_destroy(f);
 	free(p);
+	free(q);
 }
 
 Test(sched, mixed_and_split_hosts_get_the_callbacks_they_registered)
@@ -656,7 +659,7 @@ Test(sched, victim_is_lowest_priority_then_most_recently_admitted)
 {
 	fh_opts o;
 	fake_host *f;
-	int32_t *p = fh_prompt(4, 1);
+	int32_t *p[3] = {fh_prompt(4, 1), fh_prompt(4, 2), fh_prompt(4, 3)};
 	uint64_t a, b, c;
 	bkv_step_info si;
 	bkv__req *rc_;
@@ -666,9 +669,12 @@ Test(sched, victim_is_lowest_priority_then_most_recently_admitted)
 	o.device_blocks = 4;
 	o.cfg.preempt = BKV_PREEMPT_RECOMPUTE;
 	f = fh_create(&o);
-	a = fh_submit_ex(f, p, 4, 8, 0, 1, 0);
-	b = fh_submit_ex(f, p, 4, 8, 1, 1, 0);
-	c = fh_submit_ex(f, p, 4, 8, 0, 1, 0);
+	/* three prompts: with one shared prompt the three full blocks would be
+	 * one block after the first commit (duplicates are swapped for the
+	 * cached copy) and nobody would need preempting */
+	a = fh_submit_ex(f, p[0], 4, 8, 0, 1, 0);
+	b = fh_submit_ex(f, p[1], 4, 8, 1, 1, 0);
+	c = fh_submit_ex(f, p[2], 4, 8, 0, 1, 0);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* prompts: 3 blocks (b, a, c) */
 	cr_assert_eq(si.admitted, 3);
 	cr_assert_eq(si.preempted, 0);
@@ -684,7 +690,9 @@ Test(sched, victim_is_lowest_priority_then_most_recently_admitted)
 	cr_expect_eq(f->n_out[c][0], 8);
 	pool_drained(f);
 	fh_destroy(f);
-	free(p);
+	free(p[0]);
+	free(p[1]);
+	free(p[2]);
 }
 
 /* Run the same workload on a roomy pool and a tiny one; the tiny one must
