@@ -72,6 +72,9 @@
 				    call split off (rounding is no gain) */
 #define AUTO_PACK_CUTS 32u       /* most inner call boundaries the prefill
 				    partition considers (O(cuts^2) prices) */
+#define AUTO_CLOCK_US 1.0        /* the clock's resolution (now_us and the
+				    monotonic clock count microseconds): the
+				    least positive price of a call */
 #define AUTO_RING 256u           /* steps ahead the completion calendar
 				    covers (a power of two) */
 
@@ -137,6 +140,12 @@ struct bkv__auto {
 
 /* ---- pricing ------------------------------------------------------------- */
 
+/* The model's price of a call; 0 when it has no answer (no model, or a
+ * price that is not positive). Calls are timed with a microsecond clock,
+ * so a positive price below one tick (AUTO_CLOCK_US) is raised to it: a
+ * model fitted to calls the clock timed at 0 or 1 us (a host faster than
+ * the clock, issue 13) knows only that they take less than a tick, and the
+ * shape its fit gives below that is noise. */
 static double price(const bkv_sched *s, const bkv_step_shape *sh)
 {
 	double t;
@@ -144,7 +153,9 @@ static double price(const bkv_sched *s, const bkv_step_shape *sh)
 	if (!s->cfg.cost.step_us)
 		return 0.0;
 	t = s->cfg.cost.step_us(s->cfg.cost.ctx, sh);
-	return isfinite(t) && t > 0.0 ? t : 0.0;
+	if (!isfinite(t) || t <= 0.0)
+		return 0.0;
+	return t < AUTO_CLOCK_US ? AUTO_CLOCK_US : t;
 }
 
 static void prompt_stats(const bkv__auto *a, double *mean, double *sd)
@@ -355,7 +366,10 @@ void bkv__auto_after_admit(bkv_sched *s)
 
 /* Batch cap: the fewest rows whose predicted cost per decode token is within
  * AUTO_KNEE of the best at max_running (past it more rows buy no throughput,
- * only latency and KV), and no more rows than a TPOT target allows. */
+ * only latency and KV), and no more rows than a TPOT target allows. A row
+ * count the model has no price for (0) is not the knee: a calibrated fit of
+ * sub-tick noise can price small decode calls below zero (clamped), and a
+ * free decode row would cap the batch at one row (issue 13). */
 static uint32_t batch_cap(const bkv_sched *s, double mean)
 {
 	const bkv__auto *a = s->autos;
@@ -366,8 +380,9 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 		return n_max;
 	while (lo < hi) { /* per-token cost falls with n: smallest n at knee */
 		uint32_t mid = lo + (hi - lo) / 2;
+		double d = price_decode(s, mid, mean);
 
-		if (price_decode(s, mid, mean) / mid <= AUTO_KNEE * best)
+		if (d > 0.0 && d / mid <= AUTO_KNEE * best)
 			hi = mid;
 		else
 			lo = mid + 1;
