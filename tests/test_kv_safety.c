@@ -1,0 +1,168 @@
+/*
+ * test_kv_safety.c - what the outside adversarial run found (issue 13): a
+ * write into a shared cached block, and forked requests that could never
+ * fork. Each test fails on the code before the fix.
+ *
+ * The fake host (test_sched_host.h) verifies every context position of every
+ * row against the request's tokens, so KV that another request overwrote is
+ * caught on the next read; bkv_sched_check runs after every step (fh_run),
+ * and with it invariant 30 (no call wrote into a shared or cached block).
+ */
+#include "test_sched_host.h"
+
+static void all_ended_once(fake_host *f, uint64_t first, uint64_t last)
+{
+	uint64_t id;
+
+	for (id = first; id <= last; id++)
+		cr_assert_eq(f->finish_count[id], 1, "request %llu ended %u times",
+			     (unsigned long long)id, f->finish_count[id]);
+}
+
+/* block_tokens 1: a one-token prompt is one whole block. B's prompt is A's,
+ * cached and read by A on every step; B must still compute (and write) its
+ * token, and the call that does it fails after writing garbage into every
+ * slot it was given. A's next step must read its own KV unharmed. */
+static void shared_block_case(int split, int chunked)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(1, 77);
+	bkv_step_info si;
+	int i;
+
+	fh_opts_init(&o);
+	o.block_tokens = 1;
+	o.device_blocks = 64;
+	o.split = split;
+	o.cfg.chunked_prefill = chunked;
+	o.cfg.token_budget = chunked ? 4 : 0;
+	o.cfg.admit_group = 1;
+	f = fh_create(&o);
+	fh_submit(f, p, 1, 12);
+	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* A's prompt: cached at commit */
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	fh_submit(f, p, 1, 12);                    /* B: a whole-prompt hit */
+	f->garbage_on_fail = 1;
+	f->fail_next = 1;
+	cr_assert_eq(bkv_step(f->s, &si), BKV_EHOST);
+	cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+	f->garbage_on_fail = 0;
+	for (i = 0; i < 4; i++) { /* every other step fails too */
+		f->garbage_on_fail = 1;
+		f->fail_next = i & 1;
+		(void)bkv_step(f->s, NULL);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	}
+	f->fail_next = 0;
+	fh_run(f, 1000);
+	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	all_ended_once(f, 1, 2);
+	cr_assert_eq(f->n_out[1][0], 12);
+	cr_assert_eq(f->n_out[2][0], 12);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(kv_safety, recompute_never_writes_a_shared_block)
+{
+	shared_block_case(0, 0);
+}
+
+Test(kv_safety, recompute_never_writes_a_shared_block_split_host)
+{
+	shared_block_case(1, 0);
+}
+
+Test(kv_safety, recompute_never_writes_a_shared_block_chunked)
+{
+	shared_block_case(0, 1);
+}
+
+/* Many one-token-block sharers of one prompt, a host that fails one call in
+ * five after writing garbage: nobody ever reads another's garbage. */
+Test(kv_safety, whole_prompt_hits_with_failing_calls_keep_every_kv_cell)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(6, 5);
+	uint32_t i, bt;
+
+	for (bt = 1; bt <= 4; bt *= 2) {
+		fh_opts_init(&o);
+		o.block_tokens = bt;
+		o.device_blocks = 256 / bt;
+		o.cfg.max_running = 6;
+		f = fh_create(&o);
+		f->garbage_on_fail = 1;
+		f->fail_permille = 200;
+		for (i = 0; i < 24; i++)
+			fh_submit(f, p, 1 + i % 6, 3 + i % 5);
+		fh_run(f, 5000);
+		cr_assert_eq(bkv_sched_pending(f->s), 0);
+		cr_assert_eq(f->errors, 0, "bt %u: %s", bt, f->first_error);
+		for (i = 1; i <= 24; i++)
+			cr_assert_eq(f->finish_count[i], 1);
+		fh_destroy(f);
+	}
+	free(p);
+}
+
+/* Pool max_seqs 2 and two requests with n = 2: admitting both would leave
+ * neither a sequence to fork into (a livelock the checker did not see).
+ * Admission keeps the sequences a request's branches need. */
+Test(kv_safety, forked_requests_never_livelock_on_the_pools_sequences)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(8, 3), *q = fh_prompt(8, 4);
+	uint32_t steps, n;
+
+	for (n = 2; n <= 3; n++) {
+		fh_opts_init(&o);
+		o.max_seqs = n;
+		o.device_blocks = 64;
+		f = fh_create(&o);
+		fh_submit_ex(f, p, 8, 5, 0, n, 0);
+		fh_submit_ex(f, q, 8, 5, 0, n, 0);
+		fh_submit_ex(f, p, 3, 4, 0, 1, 0);
+		steps = fh_run(f, 500);
+		cr_assert_eq(bkv_sched_pending(f->s), 0, "n %u: livelock (%u steps)", n, steps);
+		all_ended_once(f, 1, 3);
+		cr_assert_eq(f->reason[1], BKV_FINISH_LENGTH);
+		cr_assert_eq(f->reason[2], BKV_FINISH_LENGTH);
+		fh_destroy(f);
+	}
+	free(p);
+	free(q);
+}
+
+/* The same with preemption in the mix: a tiny pool, recompute and swap. */
+Test(kv_safety, forks_small_pool_and_preemption_always_finish)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(12, 9);
+	uint32_t i, mode;
+
+	for (mode = 0; mode < 3; mode++) {
+		fh_opts_init(&o);
+		o.block_tokens = 4;
+		o.max_seqs = 3;
+		o.device_blocks = 12;
+		o.host_blocks = 32;
+		o.cfg.preempt = (bkv_preempt_mode)mode;
+		o.cfg.max_running = 4;
+		f = fh_create(&o);
+		for (i = 0; i < 10; i++)
+			fh_submit_ex(f, p, 4 + i % 8, 6, (int32_t)(i % 3), 1 + i % 2, 0);
+		fh_run(f, 5000);
+		cr_assert_eq(bkv_sched_pending(f->s), 0, "mode %u", mode);
+		all_ended_once(f, 1, 10);
+		for (i = 1; i <= 10; i++)
+			cr_assert_eq(f->reason[i], BKV_FINISH_LENGTH, "mode %u req %u", mode, i);
+		fh_destroy(f);
+	}
+	free(p);
+}
