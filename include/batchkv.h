@@ -1295,20 +1295,32 @@ BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *ex
  * the KV copies the host must make, (source pool's block -> this pool's
  * block), in table order. Full imported blocks enter this pool's prefix cache
  * (and its KV events) at once, so the host must finish the transfers before
- * its next computation that reads them - the rule of pool copy lists. When
- * both pools share hash_seed, every exported hash is checked against the
- * tokens (a damaged export is refused). All-or-nothing.
+ * its next computation that reads them - the rule of pool copy lists.
+ *
+ * The image is untrusted input (it may come off a network): every field is
+ * checked before any array entry is read, and a refused image changes
+ * nothing. The rule: size >= sizeof(bkv_seq_image); block_tokens equals this
+ * pool's; 0 < len <= cap_tokens; n_blocks == ceil(len / block_tokens) <=
+ * cap_blocks; tokens and blocks are non-NULL; n_blocks <= this pool's
+ * device_blocks; every blocks[i] >= 0. Only the first len entries of tokens
+ * and the first n_blocks of blocks and hashes are read, so cap_tokens and
+ * cap_blocks must not claim more than the arrays hold. When both pools share
+ * hash_seed, hashes must be non-NULL, every full block's hash must equal its
+ * chained hash of the tokens (a damaged export is refused) and a partial last
+ * block's entry must be 0; with another seed, hashes is not read (may be
+ * NULL). key is any value. All-or-nothing.
  * @param pool         the destination pool.
- * @param exp          as bkv_seq_export filled it; block_tokens must equal
- *                     this pool's.
+ * @param exp          as bkv_seq_export filled it (see the rule above).
  * @param seq          receives the new sequence id.
  * @param transfers    receives up to exp->n_blocks copies; caller-owned.
  * @param n_transfers  receives the number of copies written.
- * @return BKV_OK; BKV_EINVAL (NULL argument, block_tokens differ, len 0,
- *         n_blocks != ceil(len/block_tokens), a source block id < 0, or a
- *         hash mismatch); BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough
- *         device blocks); BKV_E2BIG (more than device_blocks blocks);
- *         BKV_ENOMEM (the block table could not grow).
+ * @return BKV_OK; BKV_EINVAL (NULL argument, or the image breaks the rule
+ *         above: size too small, block_tokens differ, len 0, n_blocks !=
+ *         ceil(len/block_tokens), len > cap_tokens, n_blocks > cap_blocks,
+ *         a NULL array, a source block id < 0, or a hash mismatch);
+ *         BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough device blocks);
+ *         BKV_E2BIG (more than device_blocks blocks); BKV_ENOMEM (the block
+ *         table could not grow).
  * Thread rules: the pool's thread.
  */
 BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,

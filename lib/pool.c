@@ -1358,6 +1358,45 @@ static void slot_unopen(bkv_pool *pool, bkv__seq *s)
 	s->state = BKV__SEQ_FREE;
 }
 
+/* Is an image fit to import? Every field is checked against the image's own
+ * capacities and this pool's geometry before any array entry is read: the
+ * image may come off a network, so its counts are not trusted. BKV_OK,
+ * BKV_EINVAL (inconsistent or damaged) or BKV_E2BIG (larger than the pool). */
+static int image_valid(const bkv_pool *pool, const bkv_seq_image *exp)
+{
+	uint32_t bt = pool->bt, i;
+	uint64_t ph = BKV__HASH_ROOT;
+
+	if (exp->size < sizeof *exp || exp->block_tokens != bt || exp->len == 0 ||
+	    exp->n_blocks != blocks_for(pool, exp->len))
+		return BKV_EINVAL;
+	/* the counts must fit the arrays the image says it carries */
+	if (exp->len > exp->cap_tokens || exp->n_blocks > exp->cap_blocks || !exp->tokens ||
+	    !exp->blocks)
+		return BKV_EINVAL;
+	if (exp->n_blocks > pool->nb)
+		return BKV_E2BIG;
+	for (i = 0; i < exp->n_blocks; i++)
+		if (exp->blocks[i] < 0)
+			return BKV_EINVAL;
+	if (exp->hash_seed != pool->cfg.hash_seed)
+		return BKV_OK; /* another seed: the hashes cannot be checked */
+	if (!exp->hashes)
+		return BKV_EINVAL;
+	for (i = 0; i < exp->n_blocks; i++) {
+		if ((uint64_t)(i + 1) * bt > exp->len) { /* the partial last block */
+			if (exp->hashes[i] != 0)
+				return BKV_EINVAL;
+			break;
+		}
+		ph = bkv__block_hash(pool->cfg.hash_seed, ph, exp->key,
+				     exp->tokens + (size_t)i * bt, bt);
+		if (exp->hashes[i] != ph)
+			return BKV_EINVAL;
+	}
+	return BKV_OK;
+}
+
 int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
 		   bkv_copy *transfers, uint32_t *n_transfers)
 {
@@ -1365,27 +1404,11 @@ int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
 	bkv__seq *s;
 	int rc;
 
-	if (!pool || !exp || !seq || !transfers || !n_transfers || exp->size < sizeof *exp)
+	if (!pool || !exp || !seq || !transfers || !n_transfers)
 		return BKV_EINVAL;
+	if ((rc = image_valid(pool, exp)) != BKV_OK)
+		return rc;
 	bt = pool->bt;
-	if (exp->block_tokens != bt || exp->len == 0 || !exp->tokens || !exp->blocks ||
-	    exp->n_blocks != blocks_for(pool, exp->len))
-		return BKV_EINVAL;
-	for (i = 0; i < exp->n_blocks; i++)
-		if (exp->blocks[i] < 0)
-			return BKV_EINVAL;
-	if (exp->hash_seed == pool->cfg.hash_seed) {
-		uint64_t ph = BKV__HASH_ROOT;
-
-		if (!exp->hashes)
-			return BKV_EINVAL;
-		for (i = 0; (uint64_t)(i + 1) * bt <= exp->len; i++) {
-			ph = bkv__block_hash(pool->cfg.hash_seed, ph, exp->key,
-					     exp->tokens + (size_t)i * bt, bt);
-			if (exp->hashes[i] != ph)
-				return BKV_EINVAL;
-		}
-	}
 	s = slot_peek(pool);
 	if (!s)
 		return BKV_EAGAIN;
