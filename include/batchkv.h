@@ -170,14 +170,25 @@ BKV_API uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *sh
 
 typedef struct bkv_pool bkv_pool;
 
+/* Most device token slots a pool may have: device_blocks x block_tokens <=
+ * 2^31, because every slot_mapping entry (block * block_tokens + offset, see
+ * bkv_batch) is an int32_t. bkv_pool_create refuses a larger geometry with
+ * BKV_EINVAL. */
+#define BKV_MAX_TOKEN_SLOTS 0x80000000u
+
 typedef struct bkv_pool_config {
 	uint32_t size;             /* sizeof(bkv_pool_config); set by init (ABI) */
 	uint32_t block_tokens;     /* token slots per block; a power of two in
 				      1..65536. Default 16. */
-	uint32_t device_blocks;    /* blocks on the device tier, 1..2^30; every one
+	uint32_t device_blocks;    /* blocks on the device tier, 1..2^30, and
+				      device_blocks x block_tokens <=
+				      BKV_MAX_TOKEN_SLOTS (2^31); every one
 				      usable. No default: 0 is refused. */
 	uint32_t host_blocks;      /* blocks on the host (swap) tier, 0..2^30;
-				      0 = no swap. Default 0. */
+				      0 = no swap. Default 0. Not bound by
+				      BKV_MAX_TOKEN_SLOTS: host blocks are
+				      named by id in copy lists, never by
+				      slot. */
 	uint32_t max_seqs;         /* most sequences open at once, 1..2^20.
 				      Default 1024. */
 	uint32_t watermark_blocks; /* free blocks kept for running sequences to
@@ -267,7 +278,7 @@ BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
  * @param alloc  allocator for every pool structure; NULL = libc. Copied.
  * @param out    receives the pool; untouched on failure.
  * @return BKV_OK; BKV_EINVAL (NULL cfg/out, cfg->size too small, a field out of
- *         range); BKV_ENOMEM.
+ *         range, more than BKV_MAX_TOKEN_SLOTS device token slots); BKV_ENOMEM.
  * Thread rules: any thread; the pool then belongs to one thread at a time.
  */
 BKV_API int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc,

@@ -457,6 +457,10 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->device_blocks == 0 || c->device_blocks > (1u << 30))
 		return 0;
+	/* slot_mapping holds block * block_tokens + offset as int32_t: every
+	 * device slot, up to device_blocks * block_tokens - 1, must fit. */
+	if ((uint64_t)c->device_blocks * c->block_tokens > BKV_MAX_TOKEN_SLOTS)
+		return 0;
 	if (c->host_blocks > (1u << 30))
 		return 0;
 	if (c->max_seqs == 0 || c->max_seqs > (1u << SEQ_SLOT_BITS))
