@@ -754,7 +754,10 @@ int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 		return rc;
 	if (n == 0)
 		return 0;
-	return (int64_t)blocks_for(pool, (uint64_t)s->len + n) - s->n_blocks + needs_cow(pool, s);
+	/* len + n can pass 2^32 blocks (block_tokens 1 or 2): counted in 64
+	 * bits, not through blocks_for's uint32_t */
+	return (int64_t)(((uint64_t)s->len + n + pool->bt - 1) >> pool->bt_shift) - s->n_blocks +
+	       needs_cow(pool, s);
 }
 
 /* The one-token append of a decode step, when it is simple: the last block is

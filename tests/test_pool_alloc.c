@@ -499,3 +499,24 @@ Test(pool_input, pool_create_refuses_more_than_2_31_token_slots)
 	calls = 0;
 	cr_assert_eq(bkv_pool_create(&c, &a, &p), BKV_ENOMEM);
 }
+
+Test(pool_input, blocks_needed_counts_past_2_32_blocks)
+{
+	/* block_tokens 1: len + n passes 2^32 and must not wrap to a small or
+	 * negative count (which would read as an error code) */
+	bkv_pool *p = make_pool(1, 8, 0, 0);
+	int32_t t[3] = {1, 2, 3};
+	uint32_t a;
+
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 3, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX), (int64_t)UINT32_MAX);
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX - 2), (int64_t)UINT32_MAX - 2);
+	bkv_pool_destroy(p);
+	p = make_pool(2, 8, 0, 0);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 2, NULL), BKV_OK);
+	/* ceil((2 + 2^32 - 1) / 2) = 2^31 + 1 blocks, minus the one held */
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX), (int64_t)1 << 31);
+	bkv_pool_destroy(p);
+}
