@@ -815,7 +815,7 @@ BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape 
  * Observations taken so far for one call kind (with forgetting, the weight
  * they still carry is less).
  * @param calib  the calibrated model.
- * @param kind   a bkv_copy_kind.
+ * @param kind   a bkv_call_kind.
  * @return the count; 0 for NULL or an unknown kind.
  * Thread rules: owner thread.
  */
@@ -825,7 +825,7 @@ BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_ca
  * The fitted coefficients of one call kind, in the order of the formula above.
  * @param w  receives BKV_COST_CALIB_FEATURES values.
  * @param calib  the calibrated model.
- * @param kind   a bkv_copy_kind.
+ * @param kind   a bkv_call_kind.
  * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
  * Thread rules: owner thread.
  */
