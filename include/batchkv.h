@@ -170,14 +170,25 @@ BKV_API uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *sh
 
 typedef struct bkv_pool bkv_pool;
 
+/* Most device token slots a pool may have: device_blocks x block_tokens <=
+ * 2^31, because every slot_mapping entry (block * block_tokens + offset, see
+ * bkv_batch) is an int32_t. bkv_pool_create refuses a larger geometry with
+ * BKV_EINVAL. */
+#define BKV_MAX_TOKEN_SLOTS 0x80000000u
+
 typedef struct bkv_pool_config {
 	uint32_t size;             /* sizeof(bkv_pool_config); set by init (ABI) */
 	uint32_t block_tokens;     /* token slots per block; a power of two in
 				      1..65536. Default 16. */
-	uint32_t device_blocks;    /* blocks on the device tier, 1..2^30; every one
+	uint32_t device_blocks;    /* blocks on the device tier, 1..2^30, and
+				      device_blocks x block_tokens <=
+				      BKV_MAX_TOKEN_SLOTS (2^31); every one
 				      usable. No default: 0 is refused. */
 	uint32_t host_blocks;      /* blocks on the host (swap) tier, 0..2^30;
-				      0 = no swap. Default 0. */
+				      0 = no swap. Default 0. Not bound by
+				      BKV_MAX_TOKEN_SLOTS: host blocks are
+				      named by id in copy lists, never by
+				      slot. */
 	uint32_t max_seqs;         /* most sequences open at once, 1..2^20.
 				      Default 1024. */
 	uint32_t watermark_blocks; /* free blocks kept for running sequences to
@@ -267,7 +278,7 @@ BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
  * @param alloc  allocator for every pool structure; NULL = libc. Copied.
  * @param out    receives the pool; untouched on failure.
  * @return BKV_OK; BKV_EINVAL (NULL cfg/out, cfg->size too small, a field out of
- *         range); BKV_ENOMEM.
+ *         range, more than BKV_MAX_TOKEN_SLOTS device token slots); BKV_ENOMEM.
  * Thread rules: any thread; the pool then belongs to one thread at a time.
  */
 BKV_API int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc,
@@ -804,7 +815,7 @@ BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape 
  * Observations taken so far for one call kind (with forgetting, the weight
  * they still carry is less).
  * @param calib  the calibrated model.
- * @param kind   a bkv_copy_kind.
+ * @param kind   a bkv_call_kind.
  * @return the count; 0 for NULL or an unknown kind.
  * Thread rules: owner thread.
  */
@@ -814,7 +825,7 @@ BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_ca
  * The fitted coefficients of one call kind, in the order of the formula above.
  * @param w  receives BKV_COST_CALIB_FEATURES values.
  * @param calib  the calibrated model.
- * @param kind   a bkv_copy_kind.
+ * @param kind   a bkv_call_kind.
  * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
  * Thread rules: owner thread.
  */
@@ -1306,20 +1317,32 @@ BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *ex
  * the KV copies the host must make, (source pool's block -> this pool's
  * block), in table order. Full imported blocks enter this pool's prefix cache
  * (and its KV events) at once, so the host must finish the transfers before
- * its next computation that reads them - the rule of pool copy lists. When
- * both pools share hash_seed, every exported hash is checked against the
- * tokens (a damaged export is refused). All-or-nothing.
+ * its next computation that reads them - the rule of pool copy lists.
+ *
+ * The image is untrusted input (it may come off a network): every field is
+ * checked before any array entry is read, and a refused image changes
+ * nothing. The rule: size >= sizeof(bkv_seq_image); block_tokens equals this
+ * pool's; 0 < len <= cap_tokens; n_blocks == ceil(len / block_tokens) <=
+ * cap_blocks; tokens and blocks are non-NULL; n_blocks <= this pool's
+ * device_blocks; every blocks[i] >= 0. Only the first len entries of tokens
+ * and the first n_blocks of blocks and hashes are read, so cap_tokens and
+ * cap_blocks must not claim more than the arrays hold. When both pools share
+ * hash_seed, hashes must be non-NULL, every full block's hash must equal its
+ * chained hash of the tokens (a damaged export is refused) and a partial last
+ * block's entry must be 0; with another seed, hashes is not read (may be
+ * NULL). key is any value. All-or-nothing.
  * @param pool         the destination pool.
- * @param exp          as bkv_seq_export filled it; block_tokens must equal
- *                     this pool's.
+ * @param exp          as bkv_seq_export filled it (see the rule above).
  * @param seq          receives the new sequence id.
  * @param transfers    receives up to exp->n_blocks copies; caller-owned.
  * @param n_transfers  receives the number of copies written.
- * @return BKV_OK; BKV_EINVAL (NULL argument, block_tokens differ, len 0,
- *         n_blocks != ceil(len/block_tokens), a source block id < 0, or a
- *         hash mismatch); BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough
- *         device blocks); BKV_E2BIG (more than device_blocks blocks);
- *         BKV_ENOMEM (the block table could not grow).
+ * @return BKV_OK; BKV_EINVAL (NULL argument, or the image breaks the rule
+ *         above: size too small, block_tokens differ, len 0, n_blocks !=
+ *         ceil(len/block_tokens), len > cap_tokens, n_blocks > cap_blocks,
+ *         a NULL array, a source block id < 0, or a hash mismatch);
+ *         BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough device blocks);
+ *         BKV_E2BIG (more than device_blocks blocks); BKV_ENOMEM (the block
+ *         table could not grow).
  * Thread rules: the pool's thread.
  */
 BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,

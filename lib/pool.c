@@ -466,6 +466,10 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->device_blocks == 0 || c->device_blocks > (1u << 30))
 		return 0;
+	/* slot_mapping holds block * block_tokens + offset as int32_t: every
+	 * device slot, up to device_blocks * block_tokens - 1, must fit. */
+	if ((uint64_t)c->device_blocks * c->block_tokens > BKV_MAX_TOKEN_SLOTS)
+		return 0;
 	if (c->host_blocks > (1u << 30))
 		return 0;
 	if (c->max_seqs == 0 || c->max_seqs > (1u << SEQ_SLOT_BITS))
@@ -761,7 +765,10 @@ int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 		return rc;
 	if (n == 0)
 		return 0;
-	return (int64_t)blocks_for(pool, (uint64_t)s->len + n) - s->n_blocks + needs_cow(pool, s);
+	/* len + n can pass 2^32 blocks (block_tokens 1 or 2): counted in 64
+	 * bits, not through blocks_for's uint32_t */
+	return (int64_t)(((uint64_t)s->len + n + pool->bt - 1) >> pool->bt_shift) - s->n_blocks +
+	       needs_cow(pool, s);
 }
 
 /* The one-token append of a decode step, when it is simple: the last block is
@@ -1459,6 +1466,45 @@ static void slot_unopen(bkv_pool *pool, bkv__seq *s)
 	s->state = BKV__SEQ_FREE;
 }
 
+/* Is an image fit to import? Every field is checked against the image's own
+ * capacities and this pool's geometry before any array entry is read: the
+ * image may come off a network, so its counts are not trusted. BKV_OK,
+ * BKV_EINVAL (inconsistent or damaged) or BKV_E2BIG (larger than the pool). */
+static int image_valid(const bkv_pool *pool, const bkv_seq_image *exp)
+{
+	uint32_t bt = pool->bt, i;
+	uint64_t ph = BKV__HASH_ROOT;
+
+	if (exp->size < sizeof *exp || exp->block_tokens != bt || exp->len == 0 ||
+	    exp->n_blocks != blocks_for(pool, exp->len))
+		return BKV_EINVAL;
+	/* the counts must fit the arrays the image says it carries */
+	if (exp->len > exp->cap_tokens || exp->n_blocks > exp->cap_blocks || !exp->tokens ||
+	    !exp->blocks)
+		return BKV_EINVAL;
+	if (exp->n_blocks > pool->nb)
+		return BKV_E2BIG;
+	for (i = 0; i < exp->n_blocks; i++)
+		if (exp->blocks[i] < 0)
+			return BKV_EINVAL;
+	if (exp->hash_seed != pool->cfg.hash_seed)
+		return BKV_OK; /* another seed: the hashes cannot be checked */
+	if (!exp->hashes)
+		return BKV_EINVAL;
+	for (i = 0; i < exp->n_blocks; i++) {
+		if ((uint64_t)(i + 1) * bt > exp->len) { /* the partial last block */
+			if (exp->hashes[i] != 0)
+				return BKV_EINVAL;
+			break;
+		}
+		ph = bkv__block_hash(pool->cfg.hash_seed, ph, exp->key,
+				     exp->tokens + (size_t)i * bt, bt);
+		if (exp->hashes[i] != ph)
+			return BKV_EINVAL;
+	}
+	return BKV_OK;
+}
+
 int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
 		   bkv_copy *transfers, uint32_t *n_transfers)
 {
@@ -1466,27 +1512,11 @@ int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
 	bkv__seq *s;
 	int rc;
 
-	if (!pool || !exp || !seq || !transfers || !n_transfers || exp->size < sizeof *exp)
+	if (!pool || !exp || !seq || !transfers || !n_transfers)
 		return BKV_EINVAL;
+	if ((rc = image_valid(pool, exp)) != BKV_OK)
+		return rc;
 	bt = pool->bt;
-	if (exp->block_tokens != bt || exp->len == 0 || !exp->tokens || !exp->blocks ||
-	    exp->n_blocks != blocks_for(pool, exp->len))
-		return BKV_EINVAL;
-	for (i = 0; i < exp->n_blocks; i++)
-		if (exp->blocks[i] < 0)
-			return BKV_EINVAL;
-	if (exp->hash_seed == pool->cfg.hash_seed) {
-		uint64_t ph = BKV__HASH_ROOT;
-
-		if (!exp->hashes)
-			return BKV_EINVAL;
-		for (i = 0; (uint64_t)(i + 1) * bt <= exp->len; i++) {
-			ph = bkv__block_hash(pool->cfg.hash_seed, ph, exp->key,
-					     exp->tokens + (size_t)i * bt, bt);
-			if (exp->hashes[i] != ph)
-				return BKV_EINVAL;
-		}
-	}
 	s = slot_peek(pool);
 	if (!s)
 		return BKV_EAGAIN;

@@ -567,3 +567,156 @@ Test(export, swapped_sequences_are_not_exported)
 	cr_assert_eq(bkv_seq_export(src, s, &ib.im), BKV_ESTATE);
 	bkv_pool_destroy(src);
 }
+
+/* ---- damaged images (the image is untrusted input) ------------------------ */
+
+/* A 10-token, 3-block export of src (block_tokens 4) in ib; dst is empty. The
+ * arrays really hold 128 tokens and 32 blocks, so an import that ignores the
+ * image's capacities reads valid memory and succeeds instead of refusing. */
+static void export_ten(bkv_pool *src, image_buf *ib)
+{
+	int32_t t[10];
+	uint32_t s;
+
+	fill_tokens(t, 10, 1);
+	cr_assert_eq(bkv_seq_open(src, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(src, s, t, 10, NULL), BKV_OK);
+	image_init(ib);
+	cr_assert_eq(bkv_seq_export(src, s, &ib->im), BKV_OK);
+}
+
+/* Import must fail with rc and change nothing in dst, nor write the outputs. */
+static void expect_refused(bkv_pool *dst, const image_buf *ib, int rc)
+{
+	bkv_pool_stats before = pool_stats(dst);
+	bkv_copy x[32];
+	uint32_t d = 77, nx = 77;
+	bkv_kv_event ev[4];
+
+	cr_assert_eq(bkv_seq_import(dst, &ib->im, &d, x, &nx), rc);
+	cr_assert_eq(d, 77);
+	cr_assert_eq(nx, 77);
+	expect_same_stats(&before, dst);
+	cr_assert_eq(bkv_pool_events(dst, ev, 4), 0);
+}
+
+Test(export, import_refuses_an_image_whose_len_exceeds_its_arrays)
+{
+	bkv_pool *src = make_ev_pool(4, 16, 0, 0, 0), *dst = make_ev_pool(4, 16, 0, 8, 0);
+	image_buf ib;
+
+	export_ten(src, &ib);
+	ib.im.cap_tokens = 9; /* the tokens array claims 9 entries for 10 tokens */
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.cap_tokens = 0;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.cap_tokens = 10; /* exactly enough */
+	ib.im.cap_blocks = 3;
+	{
+		bkv_copy x[3];
+		uint32_t d, nx;
+
+		cr_assert_eq(bkv_seq_import(dst, &ib.im, &d, x, &nx), BKV_OK);
+		cr_assert_eq(nx, 3);
+		expect_len(dst, d, 10);
+	}
+	cr_assert_eq(bkv_pool_check(dst), 0);
+	bkv_pool_destroy(src);
+	bkv_pool_destroy(dst);
+}
+
+Test(export, import_refuses_n_blocks_past_capacity)
+{
+	bkv_pool *src = make_ev_pool(4, 16, 0, 0, 0), *dst = make_ev_pool(4, 16, 0, 8, 0);
+	image_buf ib;
+
+	export_ten(src, &ib);
+	ib.im.cap_blocks = 2; /* blocks and hashes claim 2 entries for 3 blocks */
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.cap_blocks = 0;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	/* a len and n_blocks that agree with each other but not with the arrays */
+	ib.im.cap_blocks = 32;
+	ib.im.len = 129;
+	ib.im.n_blocks = 33;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	bkv_pool_destroy(src);
+	bkv_pool_destroy(dst);
+}
+
+Test(export, import_refuses_an_image_larger_than_the_pool_before_reading_it)
+{
+	/* honest capacities, but 64 blocks for a 16-block pool: E2BIG, not a
+	 * hash walk over 256 tokens (the hashes are garbage) */
+	bkv_pool *dst = make_ev_pool(4, 16, 0, 8, 0);
+	static int32_t tokens[256], blocks[64];
+	static uint64_t hashes[64];
+	image_buf ib;
+
+	image_init(&ib);
+	ib.im.block_tokens = 4;
+	ib.im.len = 256;
+	ib.im.n_blocks = 64;
+	ib.im.tokens = tokens;
+	ib.im.blocks = blocks;
+	ib.im.hashes = hashes;
+	ib.im.cap_tokens = 256;
+	ib.im.cap_blocks = 64;
+	memset(hashes, 0xa5, sizeof hashes);
+	expect_refused(dst, &ib, BKV_E2BIG);
+	bkv_pool_destroy(dst);
+}
+
+Test(export, import_refuses_a_nonzero_hash_for_a_partial_last_block)
+{
+	bkv_pool *src = make_ev_pool(4, 16, 0, 0, 0), *dst = make_ev_pool(4, 16, 0, 8, 0);
+	image_buf ib;
+
+	export_ten(src, &ib);
+	cr_assert_eq(ib.hashes[2], 0);
+	ib.hashes[2] = 1; /* block 2 holds 2 of 4 tokens: it has no hash */
+	expect_refused(dst, &ib, BKV_EINVAL);
+	/* another seed: hashes are not read at all, so NULL is accepted */
+	{
+		bkv_pool *other = make_ev_pool(4, 16, 0, 0, 9);
+		bkv_copy x[3];
+		uint32_t d, nx;
+
+		ib.im.hashes = NULL;
+		cr_assert_eq(bkv_seq_import(other, &ib.im, &d, x, &nx), BKV_OK);
+		cr_assert_eq(nx, 3);
+		cr_assert_eq(bkv_pool_check(other), 0);
+		bkv_pool_destroy(other);
+	}
+	bkv_pool_destroy(src);
+	bkv_pool_destroy(dst);
+}
+
+Test(export, import_refuses_null_arrays_and_a_short_size)
+{
+	bkv_pool *src = make_ev_pool(4, 16, 0, 0, 0), *dst = make_ev_pool(4, 16, 0, 8, 0);
+	image_buf ib;
+
+	export_ten(src, &ib);
+	ib.im.size = sizeof ib.im - 1;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.size = sizeof ib.im;
+	ib.im.tokens = NULL;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.tokens = ib.tokens;
+	ib.im.blocks = NULL;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.blocks = ib.blocks;
+	ib.im.hashes = NULL; /* same seed: the hashes are needed */
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.hashes = ib.hashes;
+	ib.im.len = 0;
+	ib.im.n_blocks = 0;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	ib.im.len = 10;
+	ib.im.n_blocks = 3;
+	ib.im.block_tokens = 0;
+	expect_refused(dst, &ib, BKV_EINVAL);
+	bkv_pool_destroy(src);
+	bkv_pool_destroy(dst);
+}

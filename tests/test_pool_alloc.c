@@ -434,3 +434,89 @@ Test(pool_input, stats_fill_only_the_size_the_caller_knows)
 	cr_assert_eq(st.nr_seqs, 1);
 	bkv_pool_destroy(p);
 }
+
+/* An allocator that refuses every call: a create that gets past validation
+ * answers BKV_ENOMEM without touching gigabytes, one refused by validation
+ * answers BKV_EINVAL and never calls it. */
+static void *refuse_alloc(void *ud, size_t size)
+{
+	(void)size;
+	++*(uint64_t *)ud;
+	return NULL;
+}
+
+static void *refuse_realloc(void *ud, void *p, size_t old_size, size_t size)
+{
+	(void)p;
+	(void)old_size;
+	(void)size;
+	++*(uint64_t *)ud;
+	return NULL;
+}
+
+static void refuse_free(void *ud, void *p, size_t size)
+{
+	(void)ud;
+	(void)size;
+	cr_assert_null(p);
+}
+
+Test(pool_input, pool_create_refuses_more_than_2_31_token_slots)
+{
+	static const uint32_t bts[] = {2, 4, 16, 1024, 65536};
+	uint64_t calls = 0;
+	bkv_allocator a = {refuse_alloc, refuse_realloc, refuse_free, &calls};
+	bkv_pool_config c;
+	bkv_pool *p = (bkv_pool *)(uintptr_t)0x1;
+	size_t i;
+
+	cr_assert_eq(BKV_MAX_TOKEN_SLOTS, 1ull << 31);
+	for (i = 0; i < sizeof bts / sizeof bts[0]; i++) {
+		uint32_t most = (uint32_t)(BKV_MAX_TOKEN_SLOTS / bts[i]);
+
+		bkv_pool_config_init(&c);
+		c.block_tokens = bts[i];
+		c.device_blocks = most > (1u << 30) ? (1u << 30) : most;
+		calls = 0;
+		/* the largest geometry passes validation (then memory runs out) */
+		cr_assert_eq(bkv_pool_create(&c, &a, &p), BKV_ENOMEM, "bt %u", bts[i]);
+		cr_assert_gt(calls, 0);
+		if (most > (1u << 30))
+			continue; /* bt 2: device_blocks' own bound comes first */
+		/* one block more is 2^31 + bt slots: the last slot would not fit
+		 * an int32_t slot_mapping entry */
+		c.device_blocks = most + 1;
+		calls = 0;
+		cr_assert_eq(bkv_pool_create(&c, &a, &p), BKV_EINVAL, "bt %u", bts[i]);
+		cr_assert_eq(calls, 0, "bt %u: refused after allocating", bts[i]);
+		cr_assert_eq(p, (bkv_pool *)(uintptr_t)0x1);
+	}
+	/* the host tier is named by block id only: its geometry is not bound */
+	bkv_pool_config_init(&c);
+	c.block_tokens = 65536;
+	c.device_blocks = 1;
+	c.host_blocks = 1u << 20; /* 2^36 host token slots */
+	calls = 0;
+	cr_assert_eq(bkv_pool_create(&c, &a, &p), BKV_ENOMEM);
+}
+
+Test(pool_input, blocks_needed_counts_past_2_32_blocks)
+{
+	/* block_tokens 1: len + n passes 2^32 and must not wrap to a small or
+	 * negative count (which would read as an error code) */
+	bkv_pool *p = make_pool(1, 8, 0, 0);
+	int32_t t[3] = {1, 2, 3};
+	uint32_t a;
+
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 3, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX), (int64_t)UINT32_MAX);
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX - 2), (int64_t)UINT32_MAX - 2);
+	bkv_pool_destroy(p);
+	p = make_pool(2, 8, 0, 0);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t, 2, NULL), BKV_OK);
+	/* ceil((2 + 2^32 - 1) / 2) = 2^31 + 1 blocks, minus the one held */
+	cr_assert_eq(bkv_seq_blocks_needed(p, a, UINT32_MAX), (int64_t)1 << 31);
+	bkv_pool_destroy(p);
+}

@@ -1,13 +1,18 @@
 /*
  * fuzz_pool.c - the block pool driven by arbitrary bytes.
  *
- * The input is read as a program: a pool config (block size, tiers, sequence
- * slots, watermark, prefix cache on or off, and which allocation to refuse),
+ * The input is read as a program: a pool config (block size, 1 included,
+ * tiers, sequence slots, watermark, prefix cache on or off, and which
+ * allocation to refuse; a device-blocks byte of 0xFF asks for the 2^31
+ * token-slot edge, or one block past it, with every allocation refused),
  * then operations until the bytes run out: open, open keyed, append (tokens
  * drawn from a small alphabet, copied from another sequence so prefix hits
  * happen, or extreme ids), truncate, fork, close, drop, swap out, swap in,
  * clear a copy list, reset the cache, step transactions (begin, commit,
- * abort, as the scheduler brackets a step) and the read-only queries.
+ * abort, as the scheduler brackets a step), the read-only queries, and an
+ * export of a sequence that is damaged in a chosen way (len, n_blocks, a
+ * capacity, block_tokens, size, key, seed, a token, hash or block id, a NULL
+ * array, or a size past the pool) and imported back into the pool.
  *
  * A shadow model keeps, per sequence the harness opened, the tokens it should
  * hold. After every operation the harness checks:
@@ -21,6 +26,14 @@
  *     happens only when the allocator refused a call;
  *   - an append of n tokens that bkv_seq_blocks_needed() says fits in
  *     bkv_pool_available() blocks does not fail with BKV_ENOSPC;
+ *   - an import is refused with exactly the code the header's image rule
+ *     gives (image_expect, from the rule alone) and changes nothing, or,
+ *     for an image the rule accepts, succeeds (or runs out of sequence
+ *     slots, blocks or memory) and then holds the image's tokens, with one
+ *     transfer (from the image's block) per block that was not a prefix
+ *     hit. The arrays it reads are heap buffers of exactly the capacities
+ *     the image claims, so an import that reads past them is an
+ *     AddressSanitizer heap-buffer-overflow;
  *   - after destroy, the counting allocator holds no byte.
  * Any violation abort()s (FZ_FAIL), which is what the fuzzer reports.
  */
@@ -138,6 +151,218 @@ static mseq *pick(model *m, fz *f, uint32_t *id)
 		FZ_CHECK((rc_out) <= 0, "%s returned %d", #call, (rc_out));            \
 	} while (0)
 
+/* ---- damaged export images ------------------------------------------------ */
+
+#define IMG_BLOCKS 64u /* export room: more than any fuzzed device_blocks */
+
+/* What bkv_seq_import must answer for an image, from the header's rule alone:
+ * BKV_EINVAL, BKV_E2BIG, or BKV_OK (valid; the pool may still lack room). */
+static int image_expect(const bkv_pool_config *cfg, const bkv_seq_image *im)
+{
+	uint32_t bt = cfg->block_tokens, nfull, i;
+	uint64_t *h;
+	int rc = BKV_OK;
+
+	if (im->size < sizeof(*im) || im->block_tokens != bt || im->len == 0 ||
+	    im->n_blocks != ((uint64_t)im->len + bt - 1) / bt)
+		return BKV_EINVAL;
+	if (im->len > im->cap_tokens || im->n_blocks > im->cap_blocks || !im->tokens ||
+	    !im->blocks)
+		return BKV_EINVAL;
+	if (im->n_blocks > cfg->device_blocks)
+		return BKV_E2BIG;
+	for (i = 0; i < im->n_blocks; i++)
+		if (im->blocks[i] < 0)
+			return BKV_EINVAL;
+	if (im->hash_seed != cfg->hash_seed)
+		return BKV_OK;
+	if (!im->hashes)
+		return BKV_EINVAL;
+	nfull = im->len / bt;
+	h = malloc(((size_t)nfull + 1) * sizeof(*h));
+	FZ_CHECK(h, "out of memory in the harness");
+	FZ_CHECK(bkv_block_hashes(im->hash_seed, im->key, bt, im->tokens, im->len, h) == nfull,
+		 "bkv_block_hashes count");
+	for (i = 0; i < nfull && rc == BKV_OK; i++)
+		if (im->hashes[i] != h[i])
+			rc = BKV_EINVAL;
+	if (rc == BKV_OK && im->n_blocks > nfull && im->hashes[nfull] != 0)
+		rc = BKV_EINVAL;
+	free(h);
+	return rc;
+}
+
+/* A heap copy of n entries of size sz from src (n_src of them valid; the rest
+ * garbage), exactly n entries long so that reading past it is caught. */
+static void *exact_copy(const void *src, uint32_t n_src, uint32_t n, size_t sz)
+{
+	unsigned char *p = malloc(((size_t)n ? n : 1) * sz);
+
+	FZ_CHECK(p, "out of memory in the harness");
+	memset(p, 0x5a, ((size_t)n ? n : 1) * sz);
+	memcpy(p, src, (size_t)(n_src < n ? n_src : n) * sz);
+	return p;
+}
+
+/* Export s, damage the image as the input says, import it into the same pool
+ * and check the answer against image_expect. */
+static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
+{
+	static int32_t etok[MAX_LEN];
+	static int32_t eblk[IMG_BLOCKS];
+	static uint64_t ehash[IMG_BLOCKS];
+	static bkv_copy x[IMG_BLOCKS + 8];
+	bkv_seq_image im, orig;
+	uint32_t id, got = 0, nx = 0, cap_t, cap_b, i, want, bt = m->bt;
+	uint8_t kind = fz_u8(f) % 16, v = fz_u8(f);
+	mseq *s = pick(m, f, &id), *t;
+	int rc;
+
+	memset(&im, 0, sizeof(im));
+	im.size = sizeof(im);
+	im.blocks = eblk;
+	im.hashes = ehash;
+	im.tokens = etok;
+	im.cap_blocks = IMG_BLOCKS;
+	im.cap_tokens = MAX_LEN;
+	rc = bkv_seq_export(m->pool, id, &im);
+	if (!s) {
+		FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "export of bogus: %d", rc);
+		return;
+	}
+	if (s->swapped) {
+		FZ_CHECK(rc == BKV_ESTATE, "export of swapped: %d", rc);
+		return;
+	}
+	FZ_CHECK(rc == BKV_OK, "export: %d", rc);
+	FZ_CHECK(im.len == s->len && im.n_blocks == (s->len + bt - 1) / bt &&
+			 im.block_tokens == bt && im.key == s->key &&
+			 im.hash_seed == cfg->hash_seed,
+		 "export header of seq %u", id);
+	FZ_CHECK(!memcmp(etok, s->tok, (size_t)s->len * sizeof(int32_t)), "export tokens");
+	orig = im;
+	cap_t = im.len;
+	cap_b = im.n_blocks;
+	switch (kind) {
+	case 0: /* intact */
+		break;
+	case 1: /* len past the tokens array, n_blocks kept */
+		im.len += 1 + v % (2 * bt);
+		break;
+	case 2: /* len and n_blocks grown together past both arrays */
+		im.len += 1 + v % (4 * bt);
+		im.n_blocks = (uint32_t)(((uint64_t)im.len + bt - 1) / bt);
+		break;
+	case 3: /* the tokens array claims less than len */
+		cap_t = im.len ? v % im.len : 0;
+		break;
+	case 4: /* blocks and hashes claim less than n_blocks */
+		cap_b = im.n_blocks ? v % im.n_blocks : 0;
+		break;
+	case 5: /* n_blocks off */
+		if (v & 1)
+			im.n_blocks += 1u + v % 3u;
+		else
+			im.n_blocks -= 1u + v % 3u;
+		break;
+	case 6: /* another block size */
+		im.block_tokens = v & 1 ? bt * 2 : (v & 2 ? 0 : bt + 1);
+		break;
+	case 7: /* a token changed in transit */
+		if (im.len)
+			etok[v % im.len] ^= 1 + (v >> 4);
+		break;
+	case 8: /* a hash changed */
+		if (im.n_blocks)
+			ehash[v % im.n_blocks] ^= 1u + v;
+		break;
+	case 9: /* a negative source block id */
+		if (im.n_blocks)
+			eblk[v % im.n_blocks] = v & 1 ? -1 : INT32_MIN;
+		break;
+	case 10: /* a short size */
+		im.size = v % sizeof(im);
+		break;
+	case 11: /* a NULL array */
+		if (v % 3 == 0)
+			im.tokens = NULL;
+		else if (v % 3 == 1)
+			im.blocks = NULL;
+		else
+			im.hashes = NULL;
+		break;
+	case 12: /* another key or seed */
+		if (v & 1)
+			im.key ^= 1u + (v >> 1);
+		else
+			im.hash_seed ^= 1u + (v >> 1);
+		break;
+	case 13: { /* honest arrays, more blocks than the pool has */
+		uint64_t len = ((uint64_t)cfg->device_blocks + 1 + v % 3) * bt;
+
+		if (len > (1u << 18))
+			break;
+		im.len = (uint32_t)len - (v & 1 ? bt - 1 : 0);
+		im.n_blocks = (uint32_t)(((uint64_t)im.len + bt - 1) / bt);
+		cap_t = im.len;
+		cap_b = im.n_blocks;
+		break;
+	}
+	case 14: /* extreme counts that agree with each other */
+		im.len = v & 1 ? UINT32_MAX : INT32_MAX;
+		im.n_blocks = (uint32_t)(((uint64_t)im.len + bt - 1) / bt);
+		break;
+	default: /* a nonzero hash on a partial last block, or len 0 */
+		if (im.len % bt)
+			ehash[im.n_blocks - 1] = 1u + v;
+		else
+			im.len = 0;
+		break;
+	}
+	/* the arrays the import may read: exactly the claimed capacities */
+	im.cap_tokens = cap_t;
+	im.cap_blocks = cap_b;
+	if (im.tokens)
+		im.tokens = exact_copy(etok, orig.len, cap_t, sizeof(int32_t));
+	if (im.blocks)
+		im.blocks = exact_copy(eblk, orig.n_blocks, cap_b, sizeof(int32_t));
+	if (im.hashes)
+		im.hashes = exact_copy(ehash, orig.n_blocks, cap_b, sizeof(uint64_t));
+	want = (uint32_t)-image_expect(cfg, &im);
+	t = free_slot(m);
+	MUTATE(m, mem, bkv_seq_import(m->pool, &im, &got, x, &nx), rc);
+	if (want != 0) {
+		FZ_CHECK(rc == -(int)want, "import of damage %u: %d, the rule says %d", kind, rc,
+			 -(int)want);
+	} else if (rc != BKV_OK) {
+		FZ_CHECK(rc == BKV_EAGAIN || rc == BKV_ENOSPC || rc == BKV_ENOMEM,
+			 "import of a valid image (damage %u): %d", kind, rc);
+	} else {
+		const int32_t *table;
+		uint32_t nb, first;
+
+		table = bkv_seq_blocks(m->pool, got, &nb);
+		FZ_CHECK(nb == im.n_blocks && nx <= nb, "import: %u blocks, %u transfers", nb, nx);
+		first = nb - nx; /* the leading blocks were prefix hits */
+		for (i = 0; i < nx; i++)
+			FZ_CHECK(x[i].src == im.blocks[first + i] && x[i].dst == table[first + i] &&
+					 x[i].dst >= 0 && (uint32_t)x[i].dst < cfg->device_blocks,
+				 "transfer %u: %d -> %d", i, x[i].src, x[i].dst);
+		if (t && im.len <= MAX_LEN) {
+			t->id = got;
+			t->len = im.len;
+			t->swapped = 0;
+			t->key = im.key;
+			memcpy(t->tok, im.tokens, (size_t)im.len * sizeof(int32_t));
+		} else {
+			FZ_CHECK(bkv_seq_drop(m->pool, got) == BKV_OK, "drop import");
+		}
+	}
+	free(im.tokens);
+	free(im.blocks);
+	free(im.hashes);
+}
+
 static void make_tokens(model *m, fz *f, int32_t *t, uint32_t n)
 {
 	uint8_t mode = fz_u8(f) % 4;
@@ -172,7 +397,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	bkv_pool_config cfg;
 	model *m;
 	uint8_t b;
-	int rc;
+	int rc, huge;
 	uint32_t steps = 0;
 	static int32_t tok[4 * MAX_LEN];
 
@@ -183,10 +408,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cfg.block_tokens = 1u << (b % 8);          /* 1..128 */
 	if (b >= 0xF0)
 		cfg.block_tokens = b == 0xFF ? 3 : 65536; /* invalid / extreme */
-	cfg.device_blocks = fz_u8(&f) % 40;         /* 0 is refused */
+	b = fz_u8(&f);
+	cfg.device_blocks = b % 40;                 /* 0 is refused */
 	if (cfg.block_tokens == 65536)
 		cfg.device_blocks = 1 + cfg.device_blocks % 2;
+	huge = b == 0xFF && cfg.block_tokens != 3;
 	cfg.host_blocks = fz_u8(&f) % 24;
+	if (huge) {
+		/* the slot-geometry edge: 2^31 device token slots (or one block
+		 * more) with every allocation refused, so that no gigabytes are
+		 * touched: BKV_ENOMEM when the geometry is valid, else EINVAL */
+		uint32_t most = (uint32_t)(BKV_MAX_TOKEN_SLOTS / cfg.block_tokens);
+
+		cfg.device_blocks = (most > (1u << 30) ? (1u << 30) : most) + (cfg.host_blocks & 1);
+	}
 	cfg.max_seqs = 1 + fz_u8(&f) % MAX_SEQS;
 	cfg.watermark_blocks = fz_u8(&f) % 4;
 	b = fz_u8(&f);
@@ -194,6 +429,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cfg.hash_seed = b >> 1;
 	mem.fail_at = fz_u8(&f);
 	mem.sticky = (b & 0x80) != 0;
+	if (huge) {
+		mem.fail_at = 1;
+		mem.sticky = 1;
+	}
 
 	m = calloc(1, sizeof(*m));
 	if (!m)
@@ -203,8 +442,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FZ_CHECK(rc == BKV_EINVAL || rc == BKV_ENOMEM, "create: %d", rc);
 		FZ_CHECK(rc != BKV_EINVAL ||
 				 (cfg.device_blocks == 0 || cfg.block_tokens == 3 ||
-				  cfg.watermark_blocks > cfg.device_blocks),
+				  cfg.watermark_blocks > cfg.device_blocks ||
+				  cfg.device_blocks > (1u << 30) ||
+				  (uint64_t)cfg.device_blocks * cfg.block_tokens > BKV_MAX_TOKEN_SLOTS),
 			 "valid config refused");
+		FZ_CHECK(rc == BKV_EINVAL ||
+				 (uint64_t)cfg.device_blocks * cfg.block_tokens <= BKV_MAX_TOKEN_SLOTS,
+			 "a pool of %llu token slots was not refused",
+			 (unsigned long long)cfg.device_blocks * cfg.block_tokens);
+		FZ_CHECK(rc == BKV_EINVAL || mem.calls > 0, "create: %d without allocating", rc);
+		FZ_CHECK(rc != BKV_EINVAL || !huge || mem.calls == 0,
+			 "create refused the geometry after allocating");
 		FZ_CHECK(rc != BKV_ENOMEM || mem.failures, "create: ENOMEM, no refusal");
 		FZ_CHECK(m->pool == NULL, "failed create wrote the handle");
 		FZ_CHECK(mem.live_bytes == 0 && mem.live_blocks == 0,
@@ -218,7 +466,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	while (fz_more(&f) && steps++ < 400) {
 		uint32_t id, n, i, got;
 		mseq *s, *t;
-		uint8_t op = fz_u8(&f) % 17;
+		uint8_t op = fz_u8(&f);
+
+		/* 0xF0..0xFF: the import of a damaged export; below, op % 17 */
+		op = op >= 0xF0 ? 17 : op % 17;
 
 		switch (op) {
 		case 0: /* open */
@@ -417,6 +668,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			FZ_CHECK(st.host_free + st.host_used == cfg.host_blocks, "host counts");
 			break;
 		}
+		case 17:
+			op_import(m, &f, &mem, &cfg);
+			break;
 		default: { /* a burst: append one token to every resident sequence */
 			for (i = 0; i < MAX_SEQS; i++) {
 				s = &m->s[i];
