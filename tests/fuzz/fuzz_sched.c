@@ -159,13 +159,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* the pool (valid: the pool has its own harness) */
 	bkv_pool_config_init(&pc);
 	b = fz_u8(&f);
-	pc.block_tokens = 1u << (b % 6); /* 1..32 */
+	/* 1..32, and 1 (each token a whole block: a one-token prompt is a
+	 * whole-prompt hit) half the time it is not 1 already (issue 13) */
+	pc.block_tokens = (b & 0x80) && (b % 6) < 3 ? 1 : 1u << (b % 6);
 	pc.device_blocks = 1 + fz_u8(&f) % 48;
 	pc.host_blocks = fz_u8(&f) % 24;
 	/* any slot count: a request with more samples than the pool has
 	 * sequence slots is refused at submit (BKV_E2BIG; regression test
 	 * faults/submit_refuses_more_samples_than_pool_sequences) */
-	pc.max_seqs = 1 + fz_u8(&f) % 43;
+	b = fz_u8(&f);
+	/* tiny slot counts with forked requests (issue 13's livelock) often */
+	pc.max_seqs = (b & 0x80) ? 1 + b % 4 : 1 + b % 43;
 	pc.watermark_blocks = fz_u8(&f) % 3;
 	if (pc.watermark_blocks > pc.device_blocks)
 		pc.watermark_blocks = 0;
