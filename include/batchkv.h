@@ -238,6 +238,11 @@ typedef struct bkv_pool_stats {
 				     dropped) */
 	uint64_t events_dropped;  /* of which dropped because the ring was
 				     full */
+	uint64_t dup_blocks;      /* full blocks a scheduler step computed
+				     whose content was in the prefix cache by
+				     its commit (two requests computed it in
+				     one step): swapped for the cached copy at
+				     the commit, the private one freed */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the

@@ -1392,6 +1392,7 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.swap_in_blocks = pool->swap_in_blocks;
 		st.events = pool->ev_seq;
 		st.events_dropped = pool->ev_dropped;
+		st.dup_blocks = pool->dedup_blocks;
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);

@@ -166,3 +166,54 @@ Test(kv_safety, forks_small_pool_and_preemption_always_finish)
 	}
 	free(p);
 }
+
+/* The progress rule: C is swapped out (it holds a pool sequence and host
+ * blocks), then B arrives with a higher priority and n = 2 while the pool's
+ * two sequences are A's and C's. Once A ends nothing runs, and B, at the
+ * head, cannot get its two sequences while C holds one: without the rule
+ * every later step would admit nothing and run nothing. C is turned into a
+ * recompute, B runs, then C. */
+Test(kv_safety, a_swapped_request_holding_a_needed_sequence_is_recomputed)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(4, 21), *q = fh_prompt(4, 22), *r = fh_prompt(4, 23);
+	bkv_sched_stats st = {.size = sizeof(st)};
+	uint32_t steps = 0;
+	uint64_t a, b = 0, c;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 6;
+	o.host_blocks = 16;
+	o.max_seqs = 2;
+	o.cfg.preempt = BKV_PREEMPT_SWAP;
+	o.cfg.max_running = 4;
+	o.cfg.admit_group = 1;
+	f = fh_create(&o);
+	a = fh_submit(f, p, 4, 14);
+	c = fh_submit(f, q, 4, 12);
+	while (bkv_sched_pending(f->s) && steps < 400) {
+		cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		steps++;
+		bkv_sched_stats_get(f->s, &st);
+		if (!b && st.swaps)
+			b = fh_submit_ex(f, r, 4, 3, 5, 2, 0);
+	}
+	cr_assert(b, "C was never swapped out: the scenario did not happen");
+	cr_assert_eq(bkv_sched_pending(f->s), 0, "stuck after %u steps", steps);
+	cr_assert_eq(f->finish_count[a], 1);
+	cr_assert_eq(f->finish_count[b], 1);
+	cr_assert_eq(f->finish_count[c], 1);
+	cr_assert_eq(f->reason[b], BKV_FINISH_LENGTH);
+	cr_assert_eq(f->reason[c], BKV_FINISH_LENGTH);
+	cr_assert_eq(f->n_out[c][0], 12);
+	bkv_sched_stats_get(f->s, &st);
+	cr_assert_eq(st.unadmittable, 0);
+	fh_destroy(f);
+	free(p);
+	free(q);
+	free(r);
+}

@@ -562,6 +562,13 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	res->decode_tokens = ss.decode_tokens;
 	res->hit_tokens = ss.hit_tokens;
 	res->preemptions = ss.preemptions;
+	{
+		bkv_pool_stats ps;
+
+		ps.size = sizeof(ps);
+		bkv_pool_stats_get(pool, &ps);
+		res->dup_tokens = ps.dup_blocks * pc.block_tokens;
+	}
 	for (uint32_t i = 0; i < t->n; i++) {
 		res->prompt_tokens += t->reqs[i].prompt_len;
 		if (h.req[i].finish_us >= 0.0)

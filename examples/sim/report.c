@@ -65,6 +65,7 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	MED_U(decode_tokens);
 	MED_U(out_tokens);
 	MED_U(hit_tokens);
+	MED_U(dup_tokens);
 	MED_U(prompt_tokens);
 	MED_U(preemptions);
 	MED_D(kv_waste);
@@ -136,7 +137,7 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				"\"tpot_ms\": {\"mean\": %.10g, \"p50\": %.10g, \"p99\": %.10g}, "
 				"\"tbt_p99_ms\": %.10g, "
 				"\"preemptions\": %llu, \"prefix_hit_rate\": %.10g, "
-				"\"kv_waste\": %.10g",
+				"\"dup_tokens\": %llu, \"kv_waste\": %.10g",
 				r->label, rows[i].n_seeds, r->n_req, r->finished, r->errors,
 				rows[i].has_base ? rows[i].speedup : 0.0, rows[i].speedup_q1,
 				rows[i].speedup_q3, rows[i].wins, r->makespan_us, r->prefill_us,
@@ -147,7 +148,7 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				(unsigned long long)r->out_tokens, r->tput_tok_s, r->ttft_mean,
 				r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50, r->tpot_p99,
 				r->tbt_p99, (unsigned long long)r->preemptions, hit_rate(r),
-				r->kv_waste);
+				(unsigned long long)r->dup_tokens, r->kv_waste);
 			if (roofline)
 				fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
 			if (r->ref_ttft_mean >= 0)

@@ -79,6 +79,8 @@ typedef struct sim_result {
 				      scheduler's count) */
 	uint64_t out_tokens;       /* tokens delivered through on_token */
 	uint64_t hit_tokens;       /* prompt tokens served by the prefix cache */
+	uint64_t dup_tokens;       /* tokens of blocks computed twice in one
+				      step (bkv_pool_stats.dup_blocks) */
 	uint64_t prompt_tokens;    /* prompt tokens submitted */
 	uint64_t preemptions;      /* scheduler preemptions */
 	double kv_waste;           /* mean over steps of waste slots / used
