@@ -67,8 +67,11 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define COLD __attribute__((noinline, cold)) /* rare paths kept out of
+						 bkv_step's hot loop */
 #else
 #define ALWAYS_INLINE inline
+#define COLD
 #endif
 #define LANE_KNOWN(l) ((l)->req->prompt_len + (l)->n_gen)
 #define REQ_IS_RUNNING(r) ((r)->state == BKV__REQ_RUNNING)
@@ -1258,12 +1261,10 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 /* Pool sequences the running requests will still open: n - 1 for each that
  * has not forked yet. Admission keeps them free, so a fork never waits for
  * a sequence that only another waiting fork could give back. */
-static uint32_t fork_seqs(const bkv_sched *s)
+static COLD uint32_t fork_seqs_walk(const bkv_sched *s)
 {
 	uint32_t i, n = 0;
 
-	if (s->nr_run_multi == 0)
-		return 0;
 	for (i = 0; i < s->nr_run; i++) {
 		const bkv__req *r = s->run[i];
 
@@ -1271,6 +1272,11 @@ static uint32_t fork_seqs(const bkv_sched *s)
 			n += r->n - 1;
 	}
 	return n;
+}
+
+static inline uint32_t fork_seqs(const bkv_sched *s)
+{
+	return s->nr_run_multi ? fork_seqs_walk(s) : 0;
 }
 
 static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
@@ -1338,16 +1344,22 @@ static void rows_prune(bkv__row *rows, uint32_t *n)
 
 /* ---- calls --------------------------------------------------------------- */
 
+#if BKV_DEBUG_LEVEL >= 1
 /* Every slot a call writes (slot_mapping) must lie in a block only the
  * writing row's sequence holds: one table reference and not in the prefix
- * cache. Checked under BKV_DEBUG_LEVEL >= 1 (one load per row and block);
- * a violation sticks and bkv_sched_check reports it (invariant 30). */
-static int batch_writes_shared(const bkv_sched *s, const bkv_batch *b)
+ * cache. Checked under BKV_DEBUG_LEVEL >= 1 from token `first` on (one load
+ * per row and block); a violation sticks and bkv_sched_check reports it
+ * (invariant 30). The tokens before `first` are the decode rows the fused
+ * pass wrote (plan_decode): each is its lane's append into its last block
+ * through bkv__append_fast, whose test is this one (one reference, filled
+ * to the token's offset, so not indexed), or through the private append of
+ * bkv__seq_append1_slow (copy-on-write first, no prefix lookup). */
+static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint32_t first)
 {
 	const bkv__block *blk = s->pool->blk;
 	uint32_t t, last = UINT32_MAX;
 
-	for (t = 0; t < b->n_tokens; t++) {
+	for (t = first; t < b->n_tokens; t++) {
 		uint32_t id = (uint32_t)b->slot_mapping[t] >> s->bt_shift;
 
 		if (id == last)
@@ -1358,6 +1370,7 @@ static int batch_writes_shared(const bkv_sched *s, const bkv_batch *b)
 	}
 	return 0;
 }
+#endif
 
 static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n,
 		     uint32_t n_decode, bkv_step_info *si)
@@ -1367,16 +1380,17 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	bkv_step_shape sh;
 	uint64_t t0, t1;
 	double us;
-	uint32_t i;
+	uint32_t i, first;
 	int rc;
 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
-	bkv__batch_fill(s, kind, rows, n, n_decode, rows == s->dec ? s->fill_rows : 0, &b, &sh);
+	first = rows == s->dec ? s->fill_rows : 0;
+	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
 #if BKV_DEBUG_LEVEL >= 1
-	if (!s->bad_write)
-		s->bad_write = batch_writes_shared(s, &b);
+	if (!s->bad_write && first < b.n_tokens)
+		s->bad_write = batch_writes_shared(s, &b, first);
 #endif
 	if (n_decode)
 		s->dec_ctx_row = (double)sh.decode_context / (double)n_decode;
