@@ -1136,7 +1136,9 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
  * @param sched  the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
- *         or n > max_running, or n > the pool's max_seqs);
+ *         prompt + max_new_tokens > INT32_MAX, n > max_running, n > the
+ *         pool's max_seqs, or max_running such histories would need more
+ *         than 2^29 block-table entries in one step);
  *         BKV_EAGAIN (queue full); BKV_ENOMEM.
  */
 BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_id);

@@ -133,8 +133,11 @@ static int bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, ui
 }
 
 /* Token and block entries one call may need for requests whose history (prompt
- * + max_new) is hist: every row is at most one lane's whole history. */
-static void bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv)
+ * + max_new) is hist: every row is at most one lane's whole history. Returns
+ * nonzero when the kv_indices entries would pass KV_CAP_LIMIT (then *kv is
+ * capped there and such a request must be refused: a step could need more). */
+#define KV_CAP_LIMIT (UINT32_MAX / 8)
+static int bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv)
 {
 	uint64_t t, k, dev_tokens = (uint64_t)s->device_blocks * s->bt;
 
@@ -146,7 +149,8 @@ static void bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t
 	t = BKV_MAX(t, (uint64_t)s->row_cap);
 	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->row_cap;
 	*tok = (uint32_t)t;
-	*kv = k > UINT32_MAX / 8 ? UINT32_MAX / 8 : (uint32_t)k;
+	*kv = k > KV_CAP_LIMIT ? KV_CAP_LIMIT : (uint32_t)k;
+	return k > KV_CAP_LIMIT;
 }
 
 /* ---- the id map (lock held) ---------------------------------------------- */
@@ -319,7 +323,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->row_user = bkv__calloc(&a, s->row_cap, sizeof(void *));
 	s->next_tokens = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
 	s->chunks = bkv__calloc(&a, s->row_cap, sizeof(bkv_chunk_shape));
-	bufs_need(s, 256, &tok, &kv);
+	(void)bufs_need(s, 256, &tok, &kv);
 	if (!s->lock || !s->map || !s->heap || !s->age || !s->run || !s->pre || !s->dec ||
 	    !s->touched || !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
 	    !s->row_sample || !s->row_req || !s->row_branch || !s->row_user ||
@@ -460,8 +464,10 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
 	blocks = (hist + s->bt - 1) / s->bt * q->n;
 	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
-	    q->n > s->pool->cfg.max_seqs)
-		return BKV_E2BIG; /* could never run all n branches at once */
+	    q->n > s->pool->cfg.max_seqs || bufs_need(s, hist, &tok, &kv))
+		return BKV_E2BIG; /* could never run all n branches at once, or a
+				     step's block-table array could not hold
+				     max_running such histories */
 	/* request, lanes, stop tokens, then n histories of hist tokens */
 	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
 		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
@@ -498,8 +504,6 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 		l->tok = r->stop + q->n_stop + (size_t)i * hist;
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}
-	bufs_need(s, hist, &tok, &kv);
-
 	LOCK(s);
 	if (ATOMIC_LOAD(&s->nr_queued) >= s->cfg.max_queue) {
 		rc = BKV_EAGAIN;

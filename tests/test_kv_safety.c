@@ -217,3 +217,40 @@ Test(kv_safety, a_swapped_request_holding_a_needed_sequence_is_recomputed)
 	free(q);
 	free(r);
 }
+
+/* A request whose histories could need more block-table entries in one step
+ * than the batch array can hold is refused, not accepted with a capped
+ * array (the step would have written past it). */
+Test(kv_safety, submit_refuses_histories_past_the_block_table_array)
+{
+	bkv_pool_config pc;
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	bkv_request q;
+	int32_t tok = 1;
+	uint64_t id;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 1;
+	pc.device_blocks = 1u << 18;
+	pc.prefix_cache = 0;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&sc);
+	sc.max_running = 1u << 18;
+	sc.max_queue = 4;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = fh_forward;
+	cr_assert_eq(bkv_sched_create(&sc, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_request_init(&q);
+	q.prompt = &tok;
+	q.prompt_len = 1;
+	q.max_new_tokens = 3000; /* 2^18 rows x 3,001 blocks > 2^29 entries */
+	cr_assert_eq(bkv_submit(s, &q, &id), BKV_E2BIG);
+	q.max_new_tokens = 3; /* 2^18 x 4 blocks: well inside (and small to
+				 allocate under AddressSanitizer) */
+	cr_assert_eq(bkv_submit(s, &q, &id), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
