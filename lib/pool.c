@@ -144,8 +144,10 @@ enum {
 				  swapped tables (each exactly once), pending !=
 				  swap-in copy sources */
 	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
-	CHECK_TXN = 17,        /* a TXN block outside a transaction, not pinned,
-				  not full, indexed, or not at its queue slot */
+	CHECK_TXN = 17,        /* a TXN (queued) block not pinned, not full,
+				  indexed, or not at its queue slot (between
+				  transactions only the swapped-in blocks an
+				  abort carried over are queued) */
 };
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -1304,12 +1306,6 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 			bkv__block *k = &pool->blk[d];
 
 			k->flags &= ~BKV__BLOCK_PEND_SWAPIN;
-			/* its KV is in now: a full block the swap-in's own
-			 * transaction did not index (it was rolled back) is
-			 * offered again */
-			if (pool->index && k->ref > 0 && k->fill == pool->bt && !BLOCK_IS_INDEXED(k) &&
-			    !(k->flags & BKV__BLOCK_TXN))
-				(void)bkv__cache_add(pool, d, k->key);
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
 			pool->host_pending--;
 			host_push(pool, l->v[i].src);
@@ -1768,8 +1764,7 @@ static int check_pending(const bkv_pool *pool)
 void bkv__pool_txn_begin(bkv_pool *pool)
 {
 	BKV_ASSERT(!pool->txn_active);
-	pool->txn_active = 1;
-	pool->txn_n = 0;
+	pool->txn_active = 1; /* txn_n: entries an abort carried over */
 }
 
 /* Queue a block that just became full (called by bkv__cache_add inside a
@@ -1880,16 +1875,21 @@ static void txn_dedupe(bkv_pool *pool, uint32_t q, int32_t b, int32_t d)
 
 static void txn_end(bkv_pool *pool, int commit)
 {
-	uint32_t i, left;
+	uint32_t i, left, carried;
 	int progress;
 
 	BKV_ASSERT(pool->txn_active);
 	pool->txn_active = 0;
 	if (commit && pool->index && pool->txn_n > 1)
 		txn_prefetch(pool);
-	/* Queue order is fill order, parents first, except a block offered
-	 * again late (a swapped-in block whose copy cleared at this commit,
-	 * after its children filled): such children wait for another pass. */
+	/* Queue order is fill order, parents first, except after an abort
+	 * carried blocks over (below): a carried block's children that filled
+	 * in this transaction may come before it, and wait for another pass.
+	 * An abort keeps the swapped-in blocks queued (their swap-in copies
+	 * stay pending for the next call, which brings their KV; the next
+	 * commit indexes them), compacted to the queue's front; it forgets
+	 * the rest. */
+	carried = 0;
 	do {
 		left = 0;
 		progress = 0;
@@ -1900,6 +1900,14 @@ static void txn_end(bkv_pool *pool, int commit)
 			if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
 				continue; /* released (and maybe retaken) since queued,
 					     or done in an earlier pass */
+			if (!commit && (k->flags & BKV__BLOCK_PEND_SWAPIN) && k->ref > 0 &&
+			    k->fill == pool->bt && !BLOCK_IS_INDEXED(k)) {
+				pool->txn_owner[carried] = pool->txn_owner[i];
+				pool->txn_pending[carried] = b;
+				k->prev = (int32_t)carried++;
+				k->flags &= ~BKV__BLOCK_HASHED;
+				continue;
+			}
 			if (commit && !(k->flags & BKV__BLOCK_HASHED) && k->parent >= 0 &&
 			    (pool->blk[k->parent].flags & BKV__BLOCK_TXN)) {
 				left++; /* its parent is queued later */
@@ -1929,7 +1937,7 @@ static void txn_end(bkv_pool *pool, int commit)
 			k->prev = -1;
 		}
 	}
-	pool->txn_n = 0;
+	pool->txn_n = carried;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }
 
@@ -1953,7 +1961,9 @@ static int check_txn(const bkv_pool *pool)
 
 		if (!(k->flags & BKV__BLOCK_TXN))
 			continue;
-		if (!pool->txn_active || k->ref == 0 || BLOCK_IS_INDEXED(k) ||
+		/* (between transactions: swapped-in blocks an abort carried
+		 * over, their copies pending or cleared since) */
+		if (k->ref == 0 || BLOCK_IS_INDEXED(k) ||
 		    k->fill != pool->bt || q < 0 || (uint32_t)q >= pool->txn_n ||
 		    pool->txn_pending[q] != (int32_t)i)
 			return CHECK_TXN;
