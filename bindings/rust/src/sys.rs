@@ -74,7 +74,7 @@ pub const BKV_EVENT_STORED: bkv_kv_event_kind = 0;
 pub const BKV_EVENT_REMOVED: bkv_kv_event_kind = 1;
 pub const BKV_EVENT_CLEARED: bkv_kv_event_kind = 2;
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_allocator {
     pub alloc: Option<unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void>,
     pub realloc: Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize, usize) -> *mut c_void>,
@@ -82,7 +82,7 @@ pub struct bkv_allocator {
     pub ud: *mut c_void,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_model_shape {
     pub layers: u32,
     pub kv_heads: u32,
@@ -90,7 +90,7 @@ pub struct bkv_model_shape {
     pub dtype_bytes: u32,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_pool_config {
     pub size: u32,
     pub block_tokens: u32,
@@ -104,7 +104,7 @@ pub struct bkv_pool_config {
     pub reserved: [u32; 3],
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_pool_stats {
     pub size: u32,
     pub block_tokens: u32,
@@ -130,13 +130,13 @@ pub struct bkv_pool_stats {
     pub events_dropped: u64,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_copy {
     pub src: i32,
     pub dst: i32,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_seq_info {
     pub len: u32,
     pub n_blocks: u32,
@@ -144,13 +144,13 @@ pub struct bkv_seq_info {
     pub key: u64,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_chunk_shape {
     pub len: u32,
     pub start: u32,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_step_shape {
     pub kind: bkv_call_kind,
     pub decode_rows: u32,
@@ -160,14 +160,14 @@ pub struct bkv_step_shape {
     pub padded_rows: u32,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_cost_model {
     pub step_us: Option<unsafe extern "C" fn(*mut c_void, *const bkv_step_shape) -> f64>,
     pub observe: Option<unsafe extern "C" fn(*mut c_void, *const bkv_step_shape, f64)>,
     pub ctx: *mut c_void,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_cost_poly {
     pub size: u32,
     pub a: f64,
@@ -182,7 +182,7 @@ pub struct bkv_cost_poly {
     pub reserved: [u32; 4],
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_cost_roofline {
     pub size: u32,
     pub name: *const c_char,
@@ -198,7 +198,7 @@ pub struct bkv_cost_roofline {
     pub reserved: [u32; 4],
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_batch {
     pub kind: bkv_call_kind,
     pub n_rows: u32,
@@ -224,7 +224,7 @@ pub struct bkv_batch {
     pub swap_in: *const bkv_copy,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_host_ops {
     pub forward: Option<unsafe extern "C" fn(*mut c_void, *const bkv_batch, *mut i32) -> c_int>,
     pub prefill: Option<unsafe extern "C" fn(*mut c_void, *const bkv_batch, *mut i32) -> c_int>,
@@ -234,7 +234,7 @@ pub struct bkv_host_ops {
     pub now_us: Option<unsafe extern "C" fn(*mut c_void) -> u64>,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_sched_config {
     pub size: u32,
     pub policy: bkv_policy,
@@ -253,7 +253,7 @@ pub struct bkv_sched_config {
     pub reserved: [u32; 6],
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_request {
     pub size: u32,
     pub prompt: *const i32,
@@ -268,7 +268,7 @@ pub struct bkv_request {
     pub user: *mut c_void,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_step_info {
     pub rows: u32,
     pub prefill_tokens: u32,
@@ -285,7 +285,7 @@ pub struct bkv_step_info {
     pub measured_us: f64,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_sched_stats {
     pub size: u32,
     pub waiting: u32,
@@ -307,7 +307,7 @@ pub struct bkv_sched_stats {
     pub unadmittable: u64,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_kv_event {
     pub seq: u64,
     pub hash: u64,
@@ -319,7 +319,7 @@ pub struct bkv_kv_event {
     pub has_parent: u32,
 }
 #[repr(C)]
-#[derive(Copy, Clone)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_seq_image {
     pub size: u32,
     pub block_tokens: u32,
