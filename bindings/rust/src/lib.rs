@@ -23,6 +23,66 @@
 //!   `Err(Error::State)`; the stats, check, metrics and pool calls are guarded
 //!   the same way, so they never run during a step.
 //!
+//! # The rules, checked by the compiler
+//! Each `compile_fail` example below has a twin that compiles, so it fails
+//! for the reason given, not for a typo.
+//!
+//! A host may copy what a batch holds, but not keep the borrowed slices:
+//! ```
+//! use batchkv::*;
+//! struct Copies { kept: Vec<i32> }
+//! impl Host for Copies {
+//!     fn forward(&mut self, b: &Batch<'_>, _n: &mut [i32]) -> std::result::Result<(), HostFailed> {
+//!         self.kept = b.token_ids().to_vec();
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! ```compile_fail
+//! use batchkv::*;
+//! struct Keeps<'a> { kept: &'a [i32] }
+//! impl<'a> Host for Keeps<'a> {
+//!     fn forward(&mut self, b: &Batch<'_>, _n: &mut [i32]) -> std::result::Result<(), HostFailed> {
+//!         self.kept = b.token_ids(); // the batch is borrowed for this call only
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! The scheduler borrows its pool mutably, so the pool is untouchable while
+//! it lives, and usable again after:
+//! ```
+//! use batchkv::*;
+//! struct H;
+//! impl Host for H {
+//!     fn forward(&mut self, _: &Batch<'_>, _: &mut [i32]) -> std::result::Result<(), HostFailed> { Ok(()) }
+//! }
+//! let mut pool = Pool::new(&PoolConfig { device_blocks: 8, ..Default::default() }).unwrap();
+//! let s = Scheduler::new(&mut pool, H, &SchedConfig::default(), None).unwrap();
+//! s.pending();
+//! drop(s);
+//! pool.open().unwrap();
+//! ```
+//! ```compile_fail
+//! use batchkv::*;
+//! struct H;
+//! impl Host for H {
+//!     fn forward(&mut self, _: &Batch<'_>, _: &mut [i32]) -> std::result::Result<(), HostFailed> { Ok(()) }
+//! }
+//! let mut pool = Pool::new(&PoolConfig { device_blocks: 8, ..Default::default() }).unwrap();
+//! let s = Scheduler::new(&mut pool, H, &SchedConfig::default(), None).unwrap();
+//! pool.open().unwrap(); // the scheduler still borrows the pool
+//! s.pending();
+//! ```
+//! A pool is `Send` but not `Sync`:
+//! ```
+//! fn send<T: Send>() {}
+//! send::<batchkv::Pool>();
+//! ```
+//! ```compile_fail
+//! fn sync<T: Sync>() {}
+//! sync::<batchkv::Pool>();
+//! ```
+//!
 //! # Failures
 //! Every fallible call returns [`Result`], with one [`Error`] variant per
 //! status code. A host callback that returns `Err(HostFailed)` or panics fails
