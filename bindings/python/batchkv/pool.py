@@ -12,6 +12,7 @@ during a step (from a callback) raises StateError instead of corrupting it.
 import collections
 import ctypes
 import enum
+import operator
 
 import numpy as np
 
@@ -63,7 +64,11 @@ def _fill(struct, fields, what):
 
 
 def _from_struct(cls, s):
-    return cls(*(getattr(s, f) for f in cls._fields))
+    get = cls.__dict__.get("_get")
+    if get is None:
+        get = operator.attrgetter(*cls._fields)
+        cls._get = get
+    return tuple.__new__(cls, get(s))
 
 
 def _i32(tokens):

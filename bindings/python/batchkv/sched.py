@@ -76,13 +76,52 @@ SchedStats = _record("SchedStats", _ffi.bkv_sched_stats,
                      "bkv_sched_stats: the scheduler's cumulative counters.")
 
 _I32 = ctypes.c_int32
-_BATCH_PTRS = {f: getattr(_ffi.bkv_batch, f).offset for f, _ in _ffi.bkv_batch._fields_}
+# Pointer fields of bkv_batch by word index, read from a word view of the struct.
+_WORD = ctypes.sizeof(ctypes.c_size_t)
+_PTR = {f: getattr(_ffi.bkv_batch, f).offset // _WORD for f, t in _ffi.bkv_batch._fields_
+        if getattr(_ffi.bkv_batch, f).offset % _WORD == 0}
+_WORDS = ctypes.c_size_t * (ctypes.sizeof(_ffi.bkv_batch) // _WORD)
+# The compute callbacks are made with plain-address arguments (cheaper than
+# ctypes pointer objects) and cast to bkv_host_ops' prototype: same C ABI.
+_COMPUTE_RAW = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _empty(dtype, shape=(0,)):
     a = np.zeros(shape, dtype)
     a.flags.writeable = False
     return a
+
+
+_EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64)}
+_NO_COPIES = _empty(np.int32, (0, 2))
+
+
+class _Views:
+    """A scheduler's cache of numpy views over the library's batch buffers.
+
+    The scheduler reuses its batch arrays from step to step (they only move
+    when they grow), so a view made once at an address serves every later
+    call whose array starts there and is no longer: view[:n] costs a slice
+    instead of a new buffer object. A view is made of exactly the n elements
+    valid at the time, so no slice ever covers memory the library did not
+    hand over in that call."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self):
+        self.cache = {}
+
+    def get(self, key, addr, n, ctype, dtype, writable=False):
+        c = self.cache.get(key)
+        if c is not None and c[0] == addr and len(c[1]) >= n:
+            return c[1][:n]
+        if not n or not addr:
+            return _EMPTY[np.dtype(dtype)] if not writable else np.zeros(0, dtype)
+        v = np.frombuffer((ctype * n).from_address(addr), dtype=dtype)
+        if not writable:
+            v.flags.writeable = False
+        self.cache[key] = (addr, v)
+        return v
 
 
 class Batch:
@@ -97,35 +136,25 @@ class Batch:
     perform swap_out, swap_in, copies in that order before computing).
     users: the user objects of the rows' requests (a list)."""
 
-    __slots__ = ("_raw", "_words", "_sched", "kind", "n_rows", "n_decode_rows", "n_tokens",
-                 "block_tokens", "_cache")
+    __slots__ = ("_words", "_raw", "_sched", "_views", "kind", "n_rows", "n_decode_rows",
+                 "n_tokens", "block_tokens")
 
-    def __init__(self, addr, sched):
-        raw = _ffi.bkv_batch.from_address(addr)
+    def __init__(self, raw, words, sched):
         self._raw = raw
+        self._words = words
         self._sched = sched
+        self._views = sched._views
         self.kind = raw.kind
         self.n_rows = raw.n_rows
         self.n_decode_rows = raw.n_decode_rows
         self.n_tokens = raw.n_tokens
         self.block_tokens = raw.block_tokens
-        self._cache = {}
-        self._words = addr
 
     def _ptr(self, field):
-        return ctypes.c_void_p.from_address(self._words + _BATCH_PTRS[field]).value
+        return self._words[_PTR[field]]
 
     def _view(self, field, n, ctype, dtype):
-        v = self._cache.get(field)
-        if v is None:
-            p = self._ptr(field)
-            if not n or not p:
-                v = _empty(dtype)
-            else:
-                v = np.frombuffer((ctype * n).from_address(p), dtype=dtype)
-                v.flags.writeable = False
-            self._cache[field] = v
-        return v
+        return self._views.get((field, self.kind), self._ptr(field), n, ctype, dtype)
 
     @property
     def token_ids(self):
@@ -169,17 +198,11 @@ class Batch:
         return self._view("row_branch", self.n_rows, ctypes.c_uint32, np.uint32)
 
     def _copies(self, field, count):
-        v = self._cache.get(field)
-        if v is None:
-            n = getattr(self._raw, count)
-            p = self._ptr(field)
-            if not n or not p:
-                v = _empty(np.int32, (0, 2))
-            else:
-                v = np.frombuffer((_I32 * (2 * n)).from_address(p), dtype=np.int32).reshape(n, 2)
-                v.flags.writeable = False
-            self._cache[field] = v
-        return v
+        n = getattr(self._raw, count)
+        if not n:
+            return _NO_COPIES
+        return self._views.get((field, self.kind), self._ptr(field), 2 * n, _I32,
+                               np.int32).reshape(n, 2)
 
     @property
     def copies(self):
@@ -231,17 +254,19 @@ class Scheduler:
         self._ticket = itertools.count(1)
         self._exc = None           # the first exception a callback raised this step
         self._stepping = False     # True while bkv_step runs (read by the callbacks' guards)
+        self._views = _Views()
+        self._keep_raw = []
         self._step_lock = threading.Lock()
         ops = _ffi.bkv_host_ops()
         fn = _ffi.HOST_FN
         keep = []
         if callable(getattr(host, "forward", None)):
-            keep.append(fn["forward"](self._compute_cb(host.forward)))
+            keep.append(self._compute_cb(host.forward))
             ops.forward = keep[-1]
         elif callable(getattr(host, "prefill", None)) and callable(getattr(host, "decode", None)):
-            keep.append(fn["prefill"](self._compute_cb(host.prefill)))
+            keep.append(self._compute_cb(host.prefill))
             ops.prefill = keep[-1]
-            keep.append(fn["decode"](self._compute_cb(host.decode)))
+            keep.append(self._compute_cb(host.decode))
             ops.decode = keep[-1]
         else:
             raise TypeError("Scheduler: the host needs forward(), or prefill() and decode()")
@@ -268,19 +293,26 @@ class Scheduler:
             self._exc = e
 
     def _compute_cb(self, method):
+        structs = {}                # batch address -> its ctypes struct (reused)
+        views = self._views
+
         def cb(_host, batch, next_tokens):
             try:
-                b = Batch(ctypes.cast(batch, ctypes.c_void_p).value, self)
-                n = b.n_rows
-                nt = np.frombuffer((_I32 * n).from_address(
-                    ctypes.cast(next_tokens, ctypes.c_void_p).value), dtype=np.int32) if n \
-                    else np.zeros(0, np.int32)
+                st = structs.get(batch)
+                if st is None:
+                    st = structs[batch] = (_ffi.bkv_batch.from_address(batch),
+                                           _WORDS.from_address(batch))
+                b = Batch(st[0], st[1], self)
+                nt = views.get(("next_tokens", b.kind), next_tokens, b.n_rows, _I32, np.int32,
+                               writable=True)
                 rc = method(b, nt)
                 return int(rc) if rc is not None and rc < 0 else 0
             except BaseException as e:  # re-raised by step()
                 self._fail(e)
                 return -1
-        return cb
+        raw_cb = _COMPUTE_RAW(cb)
+        self._keep_raw.append(raw_cb)  # the cast below does not own it
+        return ctypes.cast(raw_cb, _ffi.HOST_FN["forward"])
 
     def _token_cb(self, method):
         users = self._users
