@@ -13,6 +13,7 @@ import collections
 import ctypes
 import enum
 import operator
+import struct as _struct
 
 import numpy as np
 
@@ -63,10 +64,31 @@ def _fill(struct, fields, what):
         setattr(struct, k, int(v) if isinstance(v, (bool, enum.IntEnum)) else v)
 
 
+_CODES = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
+          ctypes.c_double: "d", ctypes.c_int: "i", ctypes.c_uint8: "B"}
+
+
+def _unpacker(cls, ctype):
+    """A struct.Struct reading the record's fields straight out of the C
+    struct's bytes (one call instead of a ctypes attribute read per field),
+    or None when a field is not a plain scalar."""
+    fmt, at = "=", 0
+    for name in cls._fields:
+        d = getattr(ctype, name)
+        code = _CODES.get(dict(ctype._fields_)[name])
+        if code is None or d.offset < at:
+            return None
+        fmt += "x" * (d.offset - at) + code
+        at = d.offset + d.size
+    return _struct.Struct(fmt)
+
+
 def _from_struct(cls, s):
+    """A record (namedtuple) of a ctypes struct's fields named in cls."""
     get = cls.__dict__.get("_get")
     if get is None:
-        get = operator.attrgetter(*cls._fields)
+        u = _unpacker(cls, type(s))
+        get = (lambda x, f=u.unpack_from: f(x)) if u else operator.attrgetter(*cls._fields)
         cls._get = get
     return tuple.__new__(cls, get(s))
 

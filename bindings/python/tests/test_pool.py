@@ -152,3 +152,18 @@ def test_cost_models():
     with pytest.raises(batchkv.InvalidArgumentError):
         cal.set_forget(0.5)
     cal.close()
+
+
+def test_records_read_every_field_of_their_struct():
+    from batchkv import _ffi
+    from batchkv.pool import _from_struct
+    for rec, ctype in ((batchkv.StepInfo, _ffi.bkv_step_info),
+                       (batchkv.SchedStats, _ffi.bkv_sched_stats),
+                       (batchkv.PoolStats, _ffi.bkv_pool_stats)):
+        s = ctype()
+        for i, f in enumerate(rec._fields):
+            setattr(s, f, (i + 1) * 1.5 if "us" in f and f != "max_wait_us" and
+                    isinstance(getattr(s, f), float) else i + 1000)
+        got = _from_struct(rec, s)
+        assert got == tuple(getattr(s, f) for f in rec._fields), rec.__name__
+        assert len(got) == len([f for f, _ in ctype._fields_ if f not in ("size", "reserved")])
