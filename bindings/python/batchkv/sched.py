@@ -349,7 +349,8 @@ class Scheduler:
     # -- lifetime -------------------------------------------------------------
     def close(self):
         """Destroy the scheduler (bkv_sched_destroy): requests still open end
-        with no callback. Idempotent. Not from a callback."""
+        with no callback. Idempotent. Not from a callback, and not while
+        another thread may still call submit() or abort() (join them first)."""
         if self._stepping:
             raise StateError("Scheduler.close: called during step()", _ffi.BKV_ESTATE)
         if getattr(self, "_h", None):
