@@ -101,7 +101,7 @@ class _Views:
 
     The scheduler reuses its batch arrays from step to step (they only move
     when they grow), so a view made once at an address serves every later
-    call whose array starts there and is no longer: view[:n] costs a slice
+    call whose array starts there and needs no more elements: view[:n] is a slice
     instead of a new buffer object. A view is made of exactly the n elements
     valid at the time, so no slice ever covers memory the library did not
     hand over in that call."""

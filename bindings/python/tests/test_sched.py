@@ -226,3 +226,34 @@ def test_split_host_and_cost_model():
     assert cost.observations(batchkv.CallKind.DECODE) > 0
     with pytest.raises(TypeError):
         Scheduler(pool, object())
+
+
+def test_host_clock_and_kv_events_between_steps():
+    class Clocked(PlusOne):
+        t = 0
+
+        def now_us(self):
+            self.t += 250
+            return self.t
+
+    host = Clocked()
+    pool = Pool(device_blocks=64, block_tokens=4, event_capacity=256, hash_seed=9)
+    s = Scheduler(pool, host)
+    prompt = list(range(200, 213))                # 3 full blocks + 1
+    rid = s.submit(prompt, 3)
+    info = s.step()
+    assert host.t > 0 and info.measured_us > 0 and info.measured_us % 250 == 0
+    s.run()
+    assert host.finished[rid][0] == FinishReason.LENGTH
+    stored = [e for e in pool.events() if e.kind == batchkv.EventKind.STORED]
+    want = batchkv.block_hashes(prompt + host.tokens[rid][:-1], 4, hash_seed=9)
+    assert [e.hash for e in stored] == list(want)
+
+    class BadClock(PlusOne):
+        def now_us(self):
+            raise OSError("clock gone")
+
+    s2 = Scheduler(Pool(device_blocks=8), BadClock())
+    s2.submit([1, 2], 1)
+    with pytest.raises(OSError, match="clock gone"):
+        s2.step()

@@ -72,6 +72,26 @@ fn minimal_workload_as_in_minimal_c() {
 }
 
 #[test]
+fn kv_events_and_pool_stats_through_the_scheduler() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, block_tokens: 4, event_capacity: 64,
+                                           hash_seed: 9, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    let prompt: Vec<i32> = (200..213).collect();
+    let id = s.submit(&Request::new(&prompt, 3)).unwrap();
+    s.run().unwrap();
+    let ev = s.pool_events(64).unwrap();
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&s.host_mut().tokens[&id][..2]);
+    let stored: Vec<u64> = ev.iter().filter(|e| e.kind == sys::BKV_EVENT_STORED as u32)
+        .map(|e| e.hash).collect();
+    assert_eq!(stored, block_hashes(9, 0, 4, &seq));
+    assert_eq!(stored.len(), 3);
+    let ps = s.pool_stats().unwrap();
+    assert_eq!(ps.nr_free + ps.nr_used + ps.nr_cached, 64);
+    assert_eq!(ps.nr_seqs, 0);
+}
+
+#[test]
 fn host_err_and_panic_roll_back_and_lose_nothing() {
     let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
     let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
