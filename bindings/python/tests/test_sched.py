@@ -257,3 +257,23 @@ def test_host_clock_and_kv_events_between_steps():
     s2.submit([1, 2], 1)
     with pytest.raises(OSError, match="clock gone"):
         s2.step()
+
+
+def test_abort_from_a_callback():
+    class AbortsAtTwo(PlusOne):
+        def on_token(self, req, branch, token, user):
+            super().on_token(req, branch, token, user)
+            if len(self.tokens[req]) == 2:
+                self.sched.abort(req)   # allowed from callbacks; lands at the next step
+
+    host = AbortsAtTwo()
+    pool, s, ids = minimal(host)
+    host.sched = s
+    s.run()
+    # request 0 ends by length at its 2nd token (the abort answers OK but it
+    # keeps its reason); the others end by the abort, drained before the next
+    # step computes anything, so with exactly 2 tokens
+    assert host.finished[ids[0]][0] == FinishReason.LENGTH
+    for r in ids[1:]:
+        assert host.finished[r][0] == FinishReason.ABORT and host.tokens[r] == [105, 106]
+    assert s.stats().aborted == 2
