@@ -237,8 +237,12 @@ class Scheduler:
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).
 
-    Raises InvalidArgumentError (a field out of range; a host with neither
-    forward nor both prefill and decode), OutOfMemoryError.
+    Raises InvalidArgumentError (a field out of range), TypeError (a host
+    with neither forward nor both prefill and decode), OutOfMemoryError.
+
+    Use it as a context manager or call close(): its C callbacks refer back
+    to it, so an unclosed scheduler is only freed by the cyclic garbage
+    collector.
     """
 
     def __init__(self, pool, host, cost=None, **config):
