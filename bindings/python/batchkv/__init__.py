@@ -1,0 +1,47 @@
+"""batchkv - Python bindings of libbatchkv (ctypes over the shared library).
+
+libbatchkv decides, for an LLM inference runtime (the host), which tokens run
+in each iteration and where every sequence's KV cache lives. This package is
+its whole public API in Python:
+
+    Pool             the block-paged KV pool: sequences, fork/CoW, prefix
+                     cache, swap, copy lists, stats, KV events, export/import
+    Scheduler        requests, step(), the host callbacks, stats, metrics
+    Batch            what a compute callback receives: zero-copy numpy views
+                     of the library's arrays, VALID ONLY DURING THE CALLBACK
+    PolyCost, RooflineCost, CalibratedCost   the built-in cost models
+    BkvError and one subclass per status code (batchkv.errors)
+
+Minimal use (examples/python/minimal.py is the complete program):
+
+    class Host:
+        def forward(self, batch, next_tokens):
+            last = batch.token_ids[batch.qo_indptr[1:] - 1]
+            next_tokens[:] = np.where(batch.row_sample != 0, last + 1, 0)
+        def on_token(self, req, branch, token, user): print(req, token)
+
+    pool = batchkv.Pool(device_blocks=64)
+    sched = batchkv.Scheduler(pool, Host())
+    sched.submit([100, 101, 102], max_new_tokens=4)
+    sched.run()
+
+The library is found at $BATCHKV_LIBRARY, where meson installed it, or on the
+dynamic linker's path (see batchkv._ffi.load). Thread rules are the header's:
+see batchkv.sched.
+"""
+from ._ffi import BKV_VERSION_STRING as __version__  # noqa: F401
+from ._native import _lib
+from .cost import (CalibratedCost, CallKind, PolyCost, RooflineCost, RooflinePreset,  # noqa: F401
+                   StepShape)
+from .errors import (ERRORS, BkvError, HostError, InvalidArgumentError,  # noqa: F401
+                     NoSpaceError, NotFoundError, OutOfMemoryError, StateError, TooBigError,
+                     TryAgainError, strerror)
+from .pool import (CopyKind, EventKind, KvEvent, ModelShape, Pool, PoolStats, SeqImage,  # noqa: F401
+                   SeqInfo, block_hashes, blocks_for_bytes, kv_bytes_per_token)
+from .sched import (TOKEN_FAIL, Batch, FinishReason, Policy, Preempt, SchedStats,  # noqa: F401
+                    Scheduler, StepInfo)
+
+
+def version():
+    """bkv_version(): the version string the loaded library was built with."""
+    return _lib.bkv_version().decode()

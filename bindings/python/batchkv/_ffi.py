@@ -1,0 +1,440 @@
+"""batchkv._ffi - the raw ctypes declarations of include/batchkv.h.
+
+Hand-kept mirror of the header: one ctypes Structure per public struct (same
+name, same fields in order), the enum values and status codes as integers, and
+FUNCTIONS, the restype and argtypes of every BKV_API function. Nothing here is
+Pythonic; the package (batchkv/__init__.py and friends) builds on it.
+bindings/tools/check_bindings.py fails when this file and the header disagree
+(a function or field added, removed or retyped), and tests/test_layout.py
+compares every size and offset with the C compiler's.
+
+Opaque handles (bkv_pool *, bkv_sched *, bkv_cost_calib *) are c_void_p.
+Enum-typed fields and parameters are c_int (the C enum's size on every ABI the
+library builds for).
+"""
+import ctypes
+import ctypes.util
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_int,  # noqa: F401
+                    c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+
+BKV_OK = 0
+BKV_EINVAL = -1
+BKV_ENOMEM = -2
+BKV_ENOSPC = -3
+BKV_E2BIG = -4
+BKV_EAGAIN = -5
+BKV_ENOENT = -6
+BKV_EHOST = -7
+BKV_ESTATE = -8
+BKV_VERSION_MAJOR = 0
+BKV_VERSION_MINOR = 1
+BKV_VERSION_PATCH = 0
+BKV_MAX_TOKEN_SLOTS = 2147483648
+BKV_COST_CALIB_FEATURES = 9
+BKV_COST_CALIB_MIN_OBS = 16
+BKV_TOKEN_FAIL = -1
+BKV_VERSION_STRING = "0.1.0"
+BKV_COPY_DEVICE = 0
+BKV_COPY_SWAP_OUT = 1
+BKV_COPY_SWAP_IN = 2
+BKV_CALL_MIXED = 0
+BKV_CALL_PREFILL = 1
+BKV_CALL_DECODE = 2
+BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16 = 0
+BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16 = 1
+BKV_ROOFLINE_A100_80GB_OPT_13B_FP16 = 2
+BKV_ROOFLINE_PRESET_COUNT = 3
+BKV_FINISH_LENGTH = 0
+BKV_FINISH_STOP = 1
+BKV_FINISH_ABORT = 2
+BKV_FINISH_ERROR = 3
+BKV_POLICY_CONTINUOUS = 0
+BKV_POLICY_STATIC = 1
+BKV_PREEMPT_AUTO = 0
+BKV_PREEMPT_RECOMPUTE = 1
+BKV_PREEMPT_SWAP = 2
+BKV_EVENT_STORED = 0
+BKV_EVENT_REMOVED = 1
+BKV_EVENT_CLEARED = 2
+
+
+class bkv_allocator(Structure):
+    _fields_ = [
+        ('alloc', CFUNCTYPE(c_void_p, c_void_p, c_size_t)),
+        ('realloc', CFUNCTYPE(c_void_p, c_void_p, c_void_p, c_size_t, c_size_t)),
+        ('free', CFUNCTYPE(None, c_void_p, c_void_p, c_size_t)),
+        ('ud', c_void_p),
+    ]
+
+
+class bkv_model_shape(Structure):
+    _fields_ = [
+        ('layers', c_uint32),
+        ('kv_heads', c_uint32),
+        ('head_dim', c_uint32),
+        ('dtype_bytes', c_uint32),
+    ]
+
+
+class bkv_pool_config(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('block_tokens', c_uint32),
+        ('device_blocks', c_uint32),
+        ('host_blocks', c_uint32),
+        ('max_seqs', c_uint32),
+        ('watermark_blocks', c_uint32),
+        ('prefix_cache', c_int),
+        ('hash_seed', c_uint64),
+        ('event_capacity', c_uint32),
+        ('reserved', c_uint32 * 3),
+    ]
+
+
+class bkv_pool_stats(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('block_tokens', c_uint32),
+        ('device_blocks', c_uint32),
+        ('host_blocks', c_uint32),
+        ('nr_free', c_uint32),
+        ('nr_used', c_uint32),
+        ('nr_cached', c_uint32),
+        ('nr_indexed', c_uint32),
+        ('host_free', c_uint32),
+        ('host_used', c_uint32),
+        ('nr_seqs', c_uint32),
+        ('nr_swapped', c_uint32),
+        ('tokens', c_uint64),
+        ('waste_slots', c_uint64),
+        ('hit_tokens', c_uint64),
+        ('miss_tokens', c_uint64),
+        ('evictions', c_uint64),
+        ('cow_copies', c_uint64),
+        ('swap_out_blocks', c_uint64),
+        ('swap_in_blocks', c_uint64),
+        ('events', c_uint64),
+        ('events_dropped', c_uint64),
+    ]
+
+
+class bkv_copy(Structure):
+    _fields_ = [
+        ('src', c_int32),
+        ('dst', c_int32),
+    ]
+
+
+class bkv_seq_info(Structure):
+    _fields_ = [
+        ('len', c_uint32),
+        ('n_blocks', c_uint32),
+        ('swapped', c_int),
+        ('key', c_uint64),
+    ]
+
+
+class bkv_chunk_shape(Structure):
+    _fields_ = [
+        ('len', c_uint32),
+        ('start', c_uint32),
+    ]
+
+
+class bkv_step_shape(Structure):
+    _fields_ = [
+        ('kind', c_int),
+        ('decode_rows', c_uint32),
+        ('decode_context', c_uint64),
+        ('n_chunks', c_uint32),
+        ('chunks', POINTER(bkv_chunk_shape)),
+        ('padded_rows', c_uint32),
+    ]
+
+
+class bkv_cost_model(Structure):
+    _fields_ = [
+        ('step_us', CFUNCTYPE(c_double, c_void_p, POINTER(bkv_step_shape))),
+        ('observe', CFUNCTYPE(None, c_void_p, POINTER(bkv_step_shape), c_double)),
+        ('ctx', c_void_p),
+    ]
+
+
+class bkv_cost_poly(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('a', c_double),
+        ('b', c_double),
+        ('c', c_double),
+        ('kappa', c_double),
+        ('rows_ref', c_double),
+        ('packed', c_int),
+        ('d0', c_double),
+        ('d1', c_double),
+        ('d2', c_double),
+        ('reserved', c_uint32 * 4),
+    ]
+
+
+class bkv_cost_roofline(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('name', c_char_p),
+        ('peak_flops', c_double),
+        ('mem_bw', c_double),
+        ('model_bytes', c_double),
+        ('active_params', c_double),
+        ('kv_bytes_per_token', c_double),
+        ('attn_flops_per_pair', c_double),
+        ('flops_eff', c_double),
+        ('mem_eff', c_double),
+        ('overhead_us', c_double),
+        ('reserved', c_uint32 * 4),
+    ]
+
+
+class bkv_batch(Structure):
+    _fields_ = [
+        ('kind', c_int),
+        ('n_rows', c_uint32),
+        ('n_decode_rows', c_uint32),
+        ('n_tokens', c_uint32),
+        ('block_tokens', c_uint32),
+        ('token_ids', POINTER(c_int32)),
+        ('positions', POINTER(c_int32)),
+        ('qo_indptr', POINTER(c_int32)),
+        ('kv_indptr', POINTER(c_int32)),
+        ('kv_indices', POINTER(c_int32)),
+        ('kv_last_page_len', POINTER(c_int32)),
+        ('slot_mapping', POINTER(c_int32)),
+        ('row_sample', POINTER(c_uint8)),
+        ('row_req', POINTER(c_uint64)),
+        ('row_branch', POINTER(c_uint32)),
+        ('row_user', POINTER(c_void_p)),
+        ('n_copies', c_uint32),
+        ('copies', POINTER(bkv_copy)),
+        ('n_swap_out', c_uint32),
+        ('swap_out', POINTER(bkv_copy)),
+        ('n_swap_in', c_uint32),
+        ('swap_in', POINTER(bkv_copy)),
+    ]
+
+
+class bkv_host_ops(Structure):
+    _fields_ = [
+        ('forward', CFUNCTYPE(c_int, c_void_p, POINTER(bkv_batch), POINTER(c_int32))),
+        ('prefill', CFUNCTYPE(c_int, c_void_p, POINTER(bkv_batch), POINTER(c_int32))),
+        ('decode', CFUNCTYPE(c_int, c_void_p, POINTER(bkv_batch), POINTER(c_int32))),
+        ('on_token', CFUNCTYPE(None, c_void_p, c_uint64, c_uint32, c_int32, c_void_p)),
+        ('on_finish', CFUNCTYPE(None, c_void_p, c_uint64, c_int, c_void_p)),
+        ('now_us', CFUNCTYPE(c_uint64, c_void_p)),
+    ]
+
+
+class bkv_sched_config(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('policy', c_int),
+        ('max_running', c_uint32),
+        ('admit_group', c_uint32),
+        ('max_wait_us', c_uint64),
+        ('chunked_prefill', c_int),
+        ('token_budget', c_uint32),
+        ('max_queue', c_uint32),
+        ('preempt', c_int),
+        ('host_link_bytes_per_us', c_double),
+        ('kv_bytes_per_token', c_uint64),
+        ('tpot_target_us', c_uint32),
+        ('cost', bkv_cost_model),
+        ('max_bypass_us', c_uint64),
+        ('reserved', c_uint32 * 6),
+    ]
+
+
+class bkv_request(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('prompt', POINTER(c_int32)),
+        ('prompt_len', c_uint32),
+        ('max_new_tokens', c_uint32),
+        ('stop_tokens', POINTER(c_int32)),
+        ('n_stop', c_uint32),
+        ('priority', c_int32),
+        ('cache_key', c_uint64),
+        ('n', c_uint32),
+        ('predicted_output', c_uint32),
+        ('user', c_void_p),
+    ]
+
+
+class bkv_step_info(Structure):
+    _fields_ = [
+        ('rows', c_uint32),
+        ('prefill_tokens', c_uint32),
+        ('decode_tokens', c_uint32),
+        ('hit_tokens', c_uint32),
+        ('prefill_calls', c_uint32),
+        ('decode_calls', c_uint32),
+        ('admitted', c_uint32),
+        ('finished', c_uint32),
+        ('preempted', c_uint32),
+        ('running', c_uint32),
+        ('waiting', c_uint32),
+        ('predicted_us', c_double),
+        ('measured_us', c_double),
+    ]
+
+
+class bkv_sched_stats(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('waiting', c_uint32),
+        ('running', c_uint32),
+        ('swapped', c_uint32),
+        ('steps', c_uint64),
+        ('failed_steps', c_uint64),
+        ('submitted', c_uint64),
+        ('finished', c_uint64),
+        ('aborted', c_uint64),
+        ('prefill_tokens', c_uint64),
+        ('decode_tokens', c_uint64),
+        ('hit_tokens', c_uint64),
+        ('preemptions', c_uint64),
+        ('swaps', c_uint64),
+        ('prefill_calls', c_uint64),
+        ('decode_calls', c_uint64),
+        ('busy_us', c_double),
+        ('unadmittable', c_uint64),
+    ]
+
+
+class bkv_kv_event(Structure):
+    _fields_ = [
+        ('seq', c_uint64),
+        ('hash', c_uint64),
+        ('parent_hash', c_uint64),
+        ('key', c_uint64),
+        ('kind', c_uint32),
+        ('token_count', c_uint32),
+        ('block', c_int32),
+        ('has_parent', c_uint32),
+    ]
+
+
+class bkv_seq_image(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('block_tokens', c_uint32),
+        ('len', c_uint32),
+        ('n_blocks', c_uint32),
+        ('key', c_uint64),
+        ('hash_seed', c_uint64),
+        ('blocks', POINTER(c_int32)),
+        ('hashes', POINTER(c_uint64)),
+        ('tokens', POINTER(c_int32)),
+        ('cap_blocks', c_uint32),
+        ('cap_tokens', c_uint32),
+    ]
+
+FUNCTIONS = {
+    'bkv_strerror': (c_char_p, [c_int]),
+    'bkv_version': (c_char_p, []),
+    'bkv_kv_bytes_per_token': (c_uint64, [POINTER(bkv_model_shape)]),
+    'bkv_blocks_for_bytes': (c_uint32, [c_uint64, POINTER(bkv_model_shape), c_uint32]),
+    'bkv_pool_config_init': (None, [POINTER(bkv_pool_config)]),
+    'bkv_pool_create': (c_int, [POINTER(bkv_pool_config), POINTER(bkv_allocator), POINTER(c_void_p)]),
+    'bkv_pool_destroy': (None, [c_void_p]),
+    'bkv_seq_open': (c_int, [c_void_p, POINTER(c_uint32)]),
+    'bkv_seq_open_keyed': (c_int, [c_void_p, c_uint64, POINTER(c_uint32)]),
+    'bkv_seq_append': (c_int, [c_void_p, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint32)]),
+    'bkv_seq_blocks_needed': (c_int64, [c_void_p, c_uint32, c_uint32]),
+    'bkv_seq_truncate': (c_int, [c_void_p, c_uint32, c_uint32]),
+    'bkv_seq_fork': (c_int, [c_void_p, c_uint32, POINTER(c_uint32)]),
+    'bkv_seq_close': (c_int, [c_void_p, c_uint32]),
+    'bkv_seq_drop': (c_int, [c_void_p, c_uint32]),
+    'bkv_seq_blocks': (POINTER(c_int32), [c_void_p, c_uint32, POINTER(c_uint32)]),
+    'bkv_seq_info_get': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_info)]),
+    'bkv_seq_swap_out': (c_int, [c_void_p, c_uint32]),
+    'bkv_seq_swap_in': (c_int, [c_void_p, c_uint32]),
+    'bkv_pool_copies': (c_uint32, [c_void_p, c_int, POINTER(POINTER(bkv_copy))]),
+    'bkv_pool_clear_copies': (None, [c_void_p, c_int]),
+    'bkv_pool_available': (c_uint32, [c_void_p]),
+    'bkv_pool_can_admit': (c_int, [c_void_p, c_uint32]),
+    'bkv_pool_reset_cache': (c_int, [c_void_p]),
+    'bkv_pool_stats_get': (None, [c_void_p, POINTER(bkv_pool_stats)]),
+    'bkv_pool_check': (c_int, [c_void_p]),
+    'bkv_cost_poly_init': (None, [POINTER(bkv_cost_poly)]),
+    'bkv_cost_poly_step_us': (c_double, [POINTER(bkv_cost_poly), POINTER(bkv_step_shape)]),
+    'bkv_cost_poly_model': (bkv_cost_model, [POINTER(bkv_cost_poly)]),
+    'bkv_cost_roofline_init': (c_int, [POINTER(bkv_cost_roofline), c_int]),
+    'bkv_cost_roofline_work': (None, [POINTER(bkv_cost_roofline), POINTER(bkv_step_shape), POINTER(c_double), POINTER(c_double)]),
+    'bkv_cost_roofline_step_us': (c_double, [POINTER(bkv_cost_roofline), POINTER(bkv_step_shape)]),
+    'bkv_cost_roofline_model': (bkv_cost_model, [POINTER(bkv_cost_roofline)]),
+    'bkv_cost_calib_create': (c_int, [POINTER(bkv_cost_model), POINTER(bkv_allocator), POINTER(c_void_p)]),
+    'bkv_cost_calib_destroy': (None, [c_void_p]),
+    'bkv_cost_calib_set_forget': (c_int, [c_void_p, c_double]),
+    'bkv_cost_calib_step_us': (c_double, [c_void_p, POINTER(bkv_step_shape)]),
+    'bkv_cost_calib_observe': (None, [c_void_p, POINTER(bkv_step_shape), c_double]),
+    'bkv_cost_calib_observations': (c_uint64, [c_void_p, c_int]),
+    'bkv_cost_calib_coefficients': (c_int, [c_void_p, c_int, POINTER(c_double)]),
+    'bkv_cost_calib_model': (bkv_cost_model, [c_void_p]),
+    'bkv_sched_config_init': (None, [POINTER(bkv_sched_config)]),
+    'bkv_request_init': (None, [POINTER(bkv_request)]),
+    'bkv_sched_create': (c_int, [POINTER(bkv_sched_config), c_void_p, POINTER(bkv_host_ops), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
+    'bkv_sched_destroy': (None, [c_void_p]),
+    'bkv_submit': (c_int, [c_void_p, POINTER(bkv_request), POINTER(c_uint64)]),
+    'bkv_abort': (c_int, [c_void_p, c_uint64]),
+    'bkv_step': (c_int, [c_void_p, POINTER(bkv_step_info)]),
+    'bkv_sched_pending': (c_uint64, [c_void_p]),
+    'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
+    'bkv_sched_check': (c_int, [c_void_p]),
+    'bkv_pool_events': (c_uint32, [c_void_p, POINTER(bkv_kv_event), c_uint32]),
+    'bkv_block_hashes': (c_uint32, [c_uint64, c_uint64, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),
+    'bkv_seq_export': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_image)]),
+    'bkv_seq_import': (c_int, [c_void_p, POINTER(bkv_seq_image), POINTER(c_uint32), POINTER(bkv_copy), POINTER(c_uint32)]),
+    'bkv_sched_metrics_prometheus': (c_size_t, [c_void_p, c_char_p, c_size_t]),
+}
+
+# The callback types of bkv_host_ops and bkv_cost_model, by field name.
+HOST_FN = dict(bkv_host_ops._fields_)
+COST_FN = dict(bkv_cost_model._fields_)
+
+
+def _candidates():
+    env = os.environ.get("BATCHKV_LIBRARY")
+    if env:
+        yield env
+        return
+    try:
+        from . import _build_config  # written by meson install
+        yield _build_config.LIBRARY
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("batchkv")
+    if found:
+        yield found
+    yield "libbatchkv.so.0"
+
+
+def load():
+    """Open the shared library and declare every function of FUNCTIONS on it.
+
+    The library is looked for at $BATCHKV_LIBRARY (a path; nothing else is
+    tried when it is set), then where `meson install` put it, then by the
+    dynamic linker's search (ctypes.util.find_library). Raises OSError naming
+    every place tried.
+    """
+    tried = []
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+            continue
+        for name, (restype, argtypes) in FUNCTIONS.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        return lib
+    raise OSError("batchkv: cannot load libbatchkv: tried " + "; ".join(tried))

@@ -1,0 +1,379 @@
+"""batchkv.pool - the block-paged KV pool (bkv_pool) and its sequences.
+
+A Pool owns block *indices* only: device_blocks frames of block_tokens slots,
+an optional host tier for swap, one block table per sequence, copy-on-write
+sharing and a prefix cache. The host keeps the KV tensors and performs the
+block copies the pool lists (copies()).
+
+Thread rules (the header's): a pool belongs to one thread at a time, and
+while a Scheduler uses it, only between that scheduler's steps; a call made
+during a step (from a callback) raises StateError instead of corrupting it.
+"""
+import collections
+import ctypes
+import enum
+import operator
+import struct as _struct
+
+import numpy as np
+
+from . import _ffi
+from ._native import _lib
+from .errors import StateError, check
+
+__all__ = ["Pool", "CopyKind", "EventKind", "SeqInfo", "PoolStats", "KvEvent", "SeqImage",
+           "ModelShape", "kv_bytes_per_token", "blocks_for_bytes", "block_hashes"]
+
+
+class CopyKind(enum.IntEnum):
+    """bkv_copy_kind: which list a block copy is in."""
+    DEVICE = _ffi.BKV_COPY_DEVICE      # device -> device (copy-on-write)
+    SWAP_OUT = _ffi.BKV_COPY_SWAP_OUT  # device -> host
+    SWAP_IN = _ffi.BKV_COPY_SWAP_IN    # host -> device
+
+
+class EventKind(enum.IntEnum):
+    """bkv_kv_event_kind."""
+    STORED = _ffi.BKV_EVENT_STORED
+    REMOVED = _ffi.BKV_EVENT_REMOVED
+    CLEARED = _ffi.BKV_EVENT_CLEARED
+
+
+def _record(name, struct, doc, skip=("size", "reserved")):
+    fields = [f for f, _ in struct._fields_ if f not in skip]
+    cls = collections.namedtuple(name, fields)
+    cls.__doc__ = doc
+    return cls
+
+
+SeqInfo = _record("SeqInfo", _ffi.bkv_seq_info, "bkv_seq_info: len, n_blocks, swapped, key.")
+PoolStats = _record("PoolStats", _ffi.bkv_pool_stats,
+                    "bkv_pool_stats: the pool's live counters (free + used + cached = "
+                    "device_blocks). Field meanings as in batchkv.h.")
+KvEvent = _record("KvEvent", _ffi.bkv_kv_event,
+                  "bkv_kv_event: seq, hash, parent_hash, key, kind (EventKind), token_count, "
+                  "block, has_parent.")
+ModelShape = collections.namedtuple("ModelShape", "layers kv_heads head_dim dtype_bytes")
+ModelShape.__doc__ = "bkv_model_shape: the shape of a model's KV cache."
+
+
+def _fill(struct, fields, what):
+    for k, v in fields.items():
+        if k in ("size", "reserved") or not hasattr(type(struct), k):
+            raise TypeError("%s: unknown field %r" % (what, k))
+        setattr(struct, k, int(v) if isinstance(v, (bool, enum.IntEnum)) else v)
+
+
+_CODES = {ctypes.c_uint32: "I", ctypes.c_int32: "i", ctypes.c_uint64: "Q", ctypes.c_int64: "q",
+          ctypes.c_double: "d", ctypes.c_int: "i", ctypes.c_uint8: "B"}
+
+
+def _unpacker(cls, ctype):
+    """A struct.Struct reading the record's fields straight out of the C
+    struct's bytes (one call instead of a ctypes attribute read per field),
+    or None when a field is not a plain scalar."""
+    fmt, at = "=", 0
+    for name in cls._fields:
+        d = getattr(ctype, name)
+        code = _CODES.get(dict(ctype._fields_)[name])
+        if code is None or d.offset < at:
+            return None
+        fmt += "x" * (d.offset - at) + code
+        at = d.offset + d.size
+    return _struct.Struct(fmt)
+
+
+def _from_struct(cls, s):
+    """A record (namedtuple) of a ctypes struct's fields named in cls."""
+    get = cls.__dict__.get("_get")
+    if get is None:
+        u = _unpacker(cls, type(s))
+        get = (lambda x, f=u.unpack_from: f(x)) if u else operator.attrgetter(*cls._fields)
+        cls._get = get
+    return tuple.__new__(cls, get(s))
+
+
+def _i32(tokens):
+    """A C-contiguous int32 copy or view of a token sequence."""
+    return np.ascontiguousarray(tokens, dtype=np.int32)
+
+
+def _ptr(arr, ctype):
+    return arr.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def _shape(shape):
+    s = _ffi.bkv_model_shape()
+    s.layers, s.kv_heads, s.head_dim, s.dtype_bytes = (int(x) for x in shape)
+    return s
+
+
+def kv_bytes_per_token(shape):
+    """Bytes of KV one token occupies (bkv_kv_bytes_per_token); shape is a
+    ModelShape or a (layers, kv_heads, head_dim, dtype_bytes) tuple. 0 on bad
+    input."""
+    s = _shape(shape)
+    return _lib.bkv_kv_bytes_per_token(ctypes.byref(s))
+
+
+def blocks_for_bytes(budget, shape, block_tokens):
+    """Whole blocks of block_tokens tokens that fit in budget bytes
+    (bkv_blocks_for_bytes); 0 on bad input."""
+    s = _shape(shape)
+    return _lib.bkv_blocks_for_bytes(int(budget), ctypes.byref(s), int(block_tokens))
+
+
+def block_hashes(tokens, block_tokens, hash_seed=0, key=0):
+    """Chained hashes of the full blocks of tokens (bkv_block_hashes), the
+    hashes a pool with this seed and block size gives them in its KV events.
+    Returns a uint64 numpy array of len(tokens) // block_tokens entries."""
+    t = _i32(tokens)
+    out = np.zeros(len(t) // max(int(block_tokens), 1), dtype=np.uint64)
+    n = _lib.bkv_block_hashes(int(hash_seed), int(key), int(block_tokens),
+                              _ptr(t, ctypes.c_int32), len(t), _ptr(out, ctypes.c_uint64))
+    return out[:n]
+
+
+class SeqImage:
+    """An exported sequence (bkv_seq_image) as plain data: block_tokens, len,
+    key, hash_seed and numpy arrays blocks (int32), hashes (uint64) and
+    tokens (int32). Picklable; Pool.import_image reads it back."""
+
+    def __init__(self, block_tokens, length, key, hash_seed, blocks, hashes, tokens):
+        self.block_tokens = int(block_tokens)
+        self.len = int(length)
+        self.key = int(key)
+        self.hash_seed = int(hash_seed)
+        self.blocks = np.ascontiguousarray(blocks, dtype=np.int32)
+        self.hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+
+    @property
+    def n_blocks(self):
+        return len(self.blocks)
+
+    def __repr__(self):
+        return "SeqImage(len=%d, n_blocks=%d, key=%d)" % (self.len, self.n_blocks, self.key)
+
+
+class Pool:
+    """A block-paged KV pool (bkv_pool_create).
+
+    Keyword arguments are bkv_pool_config fields; unset ones keep
+    bkv_pool_config_init's defaults (block_tokens 16, host_blocks 0,
+    max_seqs 1024, watermark_blocks 0, prefix_cache True, hash_seed 0,
+    event_capacity 0). device_blocks is required.
+
+        pool = Pool(device_blocks=4096, block_tokens=16, host_blocks=1024)
+
+    Raises InvalidArgumentError for a field out of range, OutOfMemoryError.
+    Use as a context manager or call close(); a Pool a live Scheduler uses
+    cannot be closed (StateError).
+    """
+
+    def __init__(self, **config):
+        cfg = _ffi.bkv_pool_config()
+        _lib.bkv_pool_config_init(ctypes.byref(cfg))
+        _fill(cfg, config, "Pool")
+        h = ctypes.c_void_p()
+        check(_lib.bkv_pool_create(ctypes.byref(cfg), None, ctypes.byref(h)), "bkv_pool_create")
+        self._h = h
+        self._stepping = False  # set by the Scheduler around bkv_step
+        self._users = 0         # live schedulers over this pool
+        self.block_tokens = cfg.block_tokens
+        self.device_blocks = cfg.device_blocks
+        self.host_blocks = cfg.host_blocks
+        self.hash_seed = cfg.hash_seed
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self):
+        """Destroy the pool (bkv_pool_destroy). Idempotent."""
+        if self._users:
+            raise StateError("Pool.close: a Scheduler still uses this pool", _ffi.BKV_ESTATE)
+        if self._h:
+            _lib.bkv_pool_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) and not self._users:
+            _lib.bkv_pool_destroy(self._h)
+            self._h = None
+
+    def _p(self):
+        if self._stepping:
+            raise StateError("Pool: called during a bkv_step of its scheduler", _ffi.BKV_ESTATE)
+        if not self._h:
+            raise StateError("Pool: closed", _ffi.BKV_ESTATE)
+        return self._h
+
+    # -- sequences --------------------------------------------------------
+    def open(self, key=0):
+        """Open an empty sequence (bkv_seq_open / bkv_seq_open_keyed with a
+        nonzero prefix-cache key). Returns its id. TryAgainError at max_seqs."""
+        seq = ctypes.c_uint32()
+        if key:
+            check(_lib.bkv_seq_open_keyed(self._p(), int(key), ctypes.byref(seq)),
+                  "bkv_seq_open_keyed")
+        else:
+            check(_lib.bkv_seq_open(self._p(), ctypes.byref(seq)), "bkv_seq_open")
+        return seq.value
+
+    def append(self, seq, tokens):
+        """Append tokens (bkv_seq_append); returns how many leading tokens
+        were prefix-cache hits. All-or-nothing: NoSpaceError, TooBigError,
+        StateError (swapped), NotFoundError leave the sequence unchanged."""
+        t = _i32(tokens)
+        hit = ctypes.c_uint32()
+        check(_lib.bkv_seq_append(self._p(), seq, _ptr(t, ctypes.c_int32), len(t),
+                                  ctypes.byref(hit)), "bkv_seq_append")
+        return hit.value
+
+    def blocks_needed(self, seq, n):
+        """Blocks an append of n tokens would take (bkv_seq_blocks_needed)."""
+        return check(_lib.bkv_seq_blocks_needed(self._p(), seq, int(n)), "bkv_seq_blocks_needed")
+
+    def truncate(self, seq, new_len):
+        """Shorten a sequence to new_len tokens (bkv_seq_truncate)."""
+        check(_lib.bkv_seq_truncate(self._p(), seq, int(new_len)), "bkv_seq_truncate")
+
+    def fork(self, parent):
+        """A new sequence sharing every block of parent (bkv_seq_fork)."""
+        child = ctypes.c_uint32()
+        check(_lib.bkv_seq_fork(self._p(), parent, ctypes.byref(child)), "bkv_seq_fork")
+        return child.value
+
+    def close_seq(self, seq):
+        """Close a finished sequence; its full cached blocks stay cached
+        (bkv_seq_close)."""
+        check(_lib.bkv_seq_close(self._p(), seq), "bkv_seq_close")
+
+    def drop(self, seq):
+        """Drop an aborted sequence; its blocks leave the cache (bkv_seq_drop)."""
+        check(_lib.bkv_seq_drop(self._p(), seq), "bkv_seq_drop")
+
+    def blocks(self, seq):
+        """The sequence's block table (bkv_seq_blocks) as a new int32 numpy
+        array (a copy: the library's table moves when the sequence changes).
+        NotFoundError for an unknown sequence."""
+        n = ctypes.c_uint32()
+        p = _lib.bkv_seq_blocks(self._p(), seq, ctypes.byref(n))
+        if not p:
+            check(_ffi.BKV_ENOENT, "bkv_seq_blocks")
+        return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
+            np.zeros(0, np.int32)
+
+    def info(self, seq):
+        """SeqInfo(len, n_blocks, swapped, key) of a sequence (bkv_seq_info_get)."""
+        i = _ffi.bkv_seq_info()
+        check(_lib.bkv_seq_info_get(self._p(), seq, ctypes.byref(i)), "bkv_seq_info_get")
+        return SeqInfo(i.len, i.n_blocks, bool(i.swapped), i.key)
+
+    def swap_out(self, seq):
+        """Move a sequence to the host tier (bkv_seq_swap_out)."""
+        check(_lib.bkv_seq_swap_out(self._p(), seq), "bkv_seq_swap_out")
+
+    def swap_in(self, seq):
+        """Bring a swapped sequence back (bkv_seq_swap_in)."""
+        check(_lib.bkv_seq_swap_in(self._p(), seq), "bkv_seq_swap_in")
+
+    # -- copies, cache, counters -------------------------------------------
+    def copies(self, kind):
+        """Pending copies of one CopyKind (bkv_pool_copies) as a new (n, 2)
+        int32 array of (src, dst) rows, in the order to perform them."""
+        out = ctypes.POINTER(_ffi.bkv_copy)()
+        n = _lib.bkv_pool_copies(self._p(), int(kind), ctypes.byref(out))
+        if n == 0:
+            return np.zeros((0, 2), np.int32)
+        return _copies_view(out, n).copy()
+
+    def clear_copies(self, kind):
+        """Forget pending copies of one kind once performed (bkv_pool_clear_copies)."""
+        _lib.bkv_pool_clear_copies(self._p(), int(kind))
+
+    def available(self):
+        """Free plus reclaimable device blocks (bkv_pool_available)."""
+        return _lib.bkv_pool_available(self._p())
+
+    def can_admit(self, n_tokens):
+        """Would a new sequence of n_tokens fit above the watermark
+        (bkv_pool_can_admit)?"""
+        return bool(_lib.bkv_pool_can_admit(self._p(), int(n_tokens)))
+
+    def reset_cache(self):
+        """Empty the prefix cache (bkv_pool_reset_cache)."""
+        check(_lib.bkv_pool_reset_cache(self._p()), "bkv_pool_reset_cache")
+
+    def stats(self):
+        """PoolStats, the live counters (bkv_pool_stats_get)."""
+        s = _ffi.bkv_pool_stats()
+        s.size = ctypes.sizeof(s)
+        _lib.bkv_pool_stats_get(self._p(), ctypes.byref(s))
+        return _from_struct(PoolStats, s)
+
+    def check(self):
+        """Walk every invariant (bkv_pool_check): 0 when consistent, else the
+        number of the violated invariant."""
+        return _lib.bkv_pool_check(self._p())
+
+    def events(self, max_events=1024):
+        """Drain up to max_events KV events (bkv_pool_events), oldest first,
+        as a list of KvEvent. Empty when event_capacity is 0."""
+        buf = (_ffi.bkv_kv_event * max_events)()
+        n = _lib.bkv_pool_events(self._p(), buf, max_events)
+        return [KvEvent(e.seq, e.hash, e.parent_hash, e.key, EventKind(e.kind), e.token_count,
+                        e.block, e.has_parent) for e in buf[:n]]
+
+    # -- export / import -----------------------------------------------------
+    def export(self, seq):
+        """Export a device-resident sequence (bkv_seq_export) as a SeqImage.
+        The sequence is unchanged; keep it open until its KV was copied."""
+        img = _ffi.bkv_seq_image()
+        img.size = ctypes.sizeof(img)
+        rc = _lib.bkv_seq_export(self._p(), seq, ctypes.byref(img))
+        if rc != _ffi.BKV_E2BIG:  # the first call asks for the sizes
+            check(rc, "bkv_seq_export")
+        blocks = np.zeros(img.n_blocks, np.int32)
+        hashes = np.zeros(img.n_blocks, np.uint64)
+        tokens = np.zeros(img.len, np.int32)
+        img.blocks, img.hashes, img.tokens = (_ptr(blocks, ctypes.c_int32),
+                                              _ptr(hashes, ctypes.c_uint64),
+                                              _ptr(tokens, ctypes.c_int32))
+        img.cap_blocks, img.cap_tokens = len(blocks), len(tokens)
+        check(_lib.bkv_seq_export(self._p(), seq, ctypes.byref(img)), "bkv_seq_export")
+        return SeqImage(img.block_tokens, img.len, img.key, img.hash_seed, blocks, hashes, tokens)
+
+    def import_image(self, image):
+        """Import a SeqImage as a new sequence (bkv_seq_import). Returns
+        (seq, transfers): transfers is an (n, 2) int32 array of (source
+        pool's block, this pool's block) KV copies the host must make before
+        its next computation. The image is validated whole (InvalidArgumentError)."""
+        img = _ffi.bkv_seq_image()
+        img.size = ctypes.sizeof(img)
+        img.block_tokens, img.len, img.n_blocks = image.block_tokens, image.len, image.n_blocks
+        img.key, img.hash_seed = image.key, image.hash_seed
+        blocks, hashes, tokens = (np.ascontiguousarray(image.blocks, np.int32),
+                                  np.ascontiguousarray(image.hashes, np.uint64),
+                                  np.ascontiguousarray(image.tokens, np.int32))
+        img.blocks, img.hashes, img.tokens = (_ptr(blocks, ctypes.c_int32),
+                                              _ptr(hashes, ctypes.c_uint64),
+                                              _ptr(tokens, ctypes.c_int32))
+        img.cap_blocks, img.cap_tokens = min(len(blocks), len(hashes)), len(tokens)
+        transfers = (_ffi.bkv_copy * max(image.n_blocks, 1))()
+        seq, n = ctypes.c_uint32(), ctypes.c_uint32()
+        check(_lib.bkv_seq_import(self._p(), ctypes.byref(img), ctypes.byref(seq), transfers,
+                                  ctypes.byref(n)), "bkv_seq_import")
+        out = np.frombuffer(transfers, dtype=np.int32).reshape(-1, 2)[:n.value].copy()
+        return seq.value, out
+
+
+def _copies_view(ptr, n):
+    """A zero-copy (n, 2) int32 view of a bkv_copy array."""
+    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    return np.frombuffer((ctypes.c_int32 * (2 * n)).from_address(addr),
+                         dtype=np.int32).reshape(n, 2)

@@ -1,0 +1,496 @@
+"""batchkv.sched - the scheduler (bkv_sched), the host callbacks and the batch.
+
+A Scheduler runs one transaction per step(): admit, plan, make room, build the
+batch, call the host, commit. The host is any Python object with either
+
+    forward(batch, next_tokens)              mixed batches, or
+    prefill(batch, next_tokens) and
+    decode(batch, next_tokens)               split kernels
+
+and optionally on_token(req, branch, token, user), on_finish(req, reason,
+user) and now_us() (a clock in microseconds). A compute method returns None
+(or 0) on success; a negative int fails the call without an exception.
+
+THE BATCH IS BORROWED. A Batch's arrays (token_ids, positions, qo_indptr,
+kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req,
+row_branch, copies, swap_out, swap_in) are zero-copy numpy views of the
+library's buffers, read-only, and next_tokens is a writable view of the
+library's output array. They are valid only while the callback runs: the next
+step reuses the memory. Copy (np.array(view)) anything kept.
+
+EXCEPTIONS. An exception raised by forward/prefill/decode makes that host call
+fail (BKV_EHOST): the step is rolled back (no token reached any request, every
+sequence is back at its length) and step() re-raises the same exception; the
+next step() retries, so no request is lost. An exception raised by on_token or
+on_finish cannot roll anything back (the step has committed); it is re-raised
+by step() after the step completed, and the token or finish it was told about
+stands. If several callbacks raise in one step, the first is raised.
+
+THREADS. submit(), abort() and pending may be called from any Python thread
+while another thread runs step(): the library calls are made with the GIL
+released, and the callbacks (which take the GIL back) never run under the
+library's lock, so the two never deadlock. Everything else belongs to the
+stepping thread, between steps.
+"""
+import ctypes
+import enum
+import itertools
+import threading
+
+import numpy as np
+
+from . import _ffi
+from ._native import _lib
+from .errors import StateError, check, error
+from .pool import _fill, _from_struct, _i32, _record
+
+__all__ = ["Scheduler", "Batch", "Policy", "Preempt", "FinishReason", "StepInfo", "SchedStats",
+           "TOKEN_FAIL"]
+
+TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
+
+
+class Policy(enum.IntEnum):
+    """bkv_policy."""
+    CONTINUOUS = _ffi.BKV_POLICY_CONTINUOUS
+    STATIC = _ffi.BKV_POLICY_STATIC
+
+
+class Preempt(enum.IntEnum):
+    """bkv_preempt_mode."""
+    AUTO = _ffi.BKV_PREEMPT_AUTO
+    RECOMPUTE = _ffi.BKV_PREEMPT_RECOMPUTE
+    SWAP = _ffi.BKV_PREEMPT_SWAP
+
+
+class FinishReason(enum.IntEnum):
+    """bkv_finish_reason: why a request ended."""
+    LENGTH = _ffi.BKV_FINISH_LENGTH
+    STOP = _ffi.BKV_FINISH_STOP
+    ABORT = _ffi.BKV_FINISH_ABORT
+    ERROR = _ffi.BKV_FINISH_ERROR
+
+
+StepInfo = _record("StepInfo", _ffi.bkv_step_info, "bkv_step_info: what one step did.")
+SchedStats = _record("SchedStats", _ffi.bkv_sched_stats,
+                     "bkv_sched_stats: the scheduler's cumulative counters.")
+
+_I32 = ctypes.c_int32
+# Pointer fields of bkv_batch by word index, read from a word view of the struct.
+_WORD = ctypes.sizeof(ctypes.c_size_t)
+_PTR = {f: getattr(_ffi.bkv_batch, f).offset // _WORD for f, t in _ffi.bkv_batch._fields_
+        if getattr(_ffi.bkv_batch, f).offset % _WORD == 0}
+_WORDS = ctypes.c_size_t * (ctypes.sizeof(_ffi.bkv_batch) // _WORD)
+# The compute callbacks are made with plain-address arguments (cheaper than
+# ctypes pointer objects) and cast to bkv_host_ops' prototype: same C ABI.
+_COMPUTE_RAW = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def _empty(dtype, shape=(0,)):
+    a = np.zeros(shape, dtype)
+    a.flags.writeable = False
+    return a
+
+
+_EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64)}
+_NO_COPIES = _empty(np.int32, (0, 2))
+
+
+class _Views:
+    """A scheduler's cache of numpy views over the library's batch buffers.
+
+    The scheduler reuses its batch arrays from step to step (they only move
+    when they grow), so a view made once at an address serves every later
+    call whose array starts there and needs no more elements: view[:n] is a slice
+    instead of a new buffer object. A view is made of exactly the n elements
+    valid at the time, so no slice ever covers memory the library did not
+    hand over in that call."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self):
+        self.cache = {}
+
+    def get(self, key, addr, n, ctype, dtype, writable=False):
+        c = self.cache.get(key)
+        if c is not None and c[0] == addr and len(c[1]) >= n:
+            return c[1][:n]
+        if not n or not addr:
+            return _EMPTY[np.dtype(dtype)] if not writable else np.zeros(0, dtype)
+        v = np.frombuffer((ctype * n).from_address(addr), dtype=dtype)
+        if not writable:
+            v.flags.writeable = False
+        self.cache[key] = (addr, v)
+        return v
+
+
+class Batch:
+    """One host call's work (bkv_batch), as zero-copy numpy views that are
+    valid only during the callback (see the module's doc). Scalars: kind
+    (CallKind), n_rows, n_decode_rows (rows [0, n_decode_rows) decode one
+    token each; the rest are prefill chunks), n_tokens, block_tokens.
+    Arrays (read-only views, created on first access): token_ids, positions,
+    slot_mapping [n_tokens]; qo_indptr, kv_indptr [n_rows+1]; kv_indices;
+    kv_last_page_len, row_sample (uint8), row_req (uint64), row_branch
+    (uint32) [n_rows]; copies, swap_out, swap_in ((n, 2) int32 src, dst:
+    perform swap_out, swap_in, copies in that order before computing).
+    users: the user objects of the rows' requests (a list)."""
+
+    __slots__ = ("_words", "_raw", "_sched", "_views", "kind", "n_rows", "n_decode_rows",
+                 "n_tokens", "block_tokens")
+
+    def __init__(self, raw, words, sched):
+        self._raw = raw
+        self._words = words
+        self._sched = sched
+        self._views = sched._views
+        self.kind = raw.kind
+        self.n_rows = raw.n_rows
+        self.n_decode_rows = raw.n_decode_rows
+        self.n_tokens = raw.n_tokens
+        self.block_tokens = raw.block_tokens
+
+    def _ptr(self, field):
+        return self._words[_PTR[field]]
+
+    def _view(self, field, n, ctype, dtype):
+        return self._views.get((field, self.kind), self._ptr(field), n, ctype, dtype)
+
+    @property
+    def token_ids(self):
+        return self._view("token_ids", self.n_tokens, _I32, np.int32)
+
+    @property
+    def positions(self):
+        return self._view("positions", self.n_tokens, _I32, np.int32)
+
+    @property
+    def slot_mapping(self):
+        return self._view("slot_mapping", self.n_tokens, _I32, np.int32)
+
+    @property
+    def qo_indptr(self):
+        return self._view("qo_indptr", self.n_rows + 1, _I32, np.int32)
+
+    @property
+    def kv_indptr(self):
+        return self._view("kv_indptr", self.n_rows + 1, _I32, np.int32)
+
+    @property
+    def kv_indices(self):
+        n = int(self.kv_indptr[self.n_rows]) if self.n_rows else 0
+        return self._view("kv_indices", n, _I32, np.int32)
+
+    @property
+    def kv_last_page_len(self):
+        return self._view("kv_last_page_len", self.n_rows, _I32, np.int32)
+
+    @property
+    def row_sample(self):
+        return self._view("row_sample", self.n_rows, ctypes.c_uint8, np.uint8)
+
+    @property
+    def row_req(self):
+        return self._view("row_req", self.n_rows, ctypes.c_uint64, np.uint64)
+
+    @property
+    def row_branch(self):
+        return self._view("row_branch", self.n_rows, ctypes.c_uint32, np.uint32)
+
+    def _copies(self, field, count):
+        n = getattr(self._raw, count)
+        if not n:
+            return _NO_COPIES
+        return self._views.get((field, self.kind), self._ptr(field), 2 * n, _I32,
+                               np.int32).reshape(n, 2)
+
+    @property
+    def copies(self):
+        return self._copies("copies", "n_copies")
+
+    @property
+    def swap_out(self):
+        return self._copies("swap_out", "n_swap_out")
+
+    @property
+    def swap_in(self):
+        return self._copies("swap_in", "n_swap_in")
+
+    @property
+    def users(self):
+        p = self._ptr("row_user")
+        if not self.n_rows or not p:
+            return []
+        ptrs = (ctypes.c_void_p * self.n_rows).from_address(p)
+        get = self._sched._users.get
+        return [get(u) for u in ptrs]
+
+
+class Scheduler:
+    """A scheduler over a Pool (bkv_sched_create), driving `host`.
+
+    Keyword arguments are bkv_sched_config fields (policy, max_running,
+    admit_group, max_wait_us, chunked_prefill, token_budget, max_queue,
+    preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us,
+    max_bypass_us); unset ones keep bkv_sched_config_init's defaults. cost:
+    a PolyCost, RooflineCost or CalibratedCost (default: the library's
+    calibrated seed 000 model). The pool must not be used by anyone else
+    while the scheduler lives (its methods are refused during a step).
+
+    Raises InvalidArgumentError (a field out of range), TypeError (a host
+    with neither forward nor both prefill and decode), OutOfMemoryError.
+
+    Use it as a context manager or call close(): its C callbacks refer back
+    to it, so an unclosed scheduler is only freed by the cyclic garbage
+    collector.
+    """
+
+    def __init__(self, pool, host, cost=None, **config):
+        cfg = _ffi.bkv_sched_config()
+        _lib.bkv_sched_config_init(ctypes.byref(cfg))
+        _fill(cfg, config, "Scheduler")
+        self._cost = cost
+        if cost is not None:
+            cfg.cost = cost._model()
+        self._pool = pool
+        self._host = host
+        self._users = {}           # user pointer (a token) -> the request's user object
+        self._ticket = itertools.count(1)
+        self._exc = None           # the first exception a callback raised this step
+        self._stepping = False     # True while bkv_step runs (read by the callbacks' guards)
+        self._views = _Views()
+        self._keep_raw = []
+        self._step_lock = threading.Lock()
+        ops = _ffi.bkv_host_ops()
+        fn = _ffi.HOST_FN
+        keep = []
+        if callable(getattr(host, "forward", None)):
+            keep.append(self._compute_cb(host.forward))
+            ops.forward = keep[-1]
+        elif callable(getattr(host, "prefill", None)) and callable(getattr(host, "decode", None)):
+            keep.append(self._compute_cb(host.prefill))
+            ops.prefill = keep[-1]
+            keep.append(self._compute_cb(host.decode))
+            ops.decode = keep[-1]
+        else:
+            raise TypeError("Scheduler: the host needs forward(), or prefill() and decode()")
+        if callable(getattr(host, "on_token", None)):
+            keep.append(fn["on_token"](self._token_cb(host.on_token)))
+            ops.on_token = keep[-1]
+        keep.append(fn["on_finish"](self._finish_cb(getattr(host, "on_finish", None))))
+        ops.on_finish = keep[-1]
+        if callable(getattr(host, "now_us", None)):
+            keep.append(fn["now_us"](self._clock_cb(host.now_us)))
+            ops.now_us = keep[-1]
+        self._keep = keep          # the C function pointers must outlive the scheduler
+        h = ctypes.c_void_p()
+        check(_lib.bkv_sched_create(ctypes.byref(cfg), pool._p(), ctypes.byref(ops), None, None,
+                                    ctypes.byref(h)), "bkv_sched_create")
+        self._h = h
+        pool._users += 1
+        self._info = _ffi.bkv_step_info()
+        self._info_ref = ctypes.byref(self._info)
+
+    # -- callbacks (called by the library on the stepping thread) ----------
+    def _fail(self, e):
+        if self._exc is None:
+            self._exc = e
+
+    def _compute_cb(self, method):
+        structs = {}                # batch address -> its ctypes struct (reused)
+        views = self._views
+
+        def cb(_host, batch, next_tokens):
+            try:
+                st = structs.get(batch)
+                if st is None:
+                    st = structs[batch] = (_ffi.bkv_batch.from_address(batch),
+                                           _WORDS.from_address(batch))
+                b = Batch(st[0], st[1], self)
+                nt = views.get(("next_tokens", b.kind), next_tokens, b.n_rows, _I32, np.int32,
+                               writable=True)
+                rc = method(b, nt)
+                return int(rc) if rc is not None and rc < 0 else 0
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return -1
+        raw_cb = _COMPUTE_RAW(cb)
+        self._keep_raw.append(raw_cb)  # the cast below does not own it
+        return ctypes.cast(raw_cb, _ffi.HOST_FN["forward"])
+
+    def _token_cb(self, method):
+        users = self._users
+
+        def cb(_host, req, branch, token, user):
+            try:
+                method(req, branch, token, users.get(user))
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+        return cb
+
+    def _finish_cb(self, method):
+        users = self._users
+
+        def cb(_host, req, reason, user):
+            obj = users.pop(user, None)
+            if method is None:
+                return
+            try:
+                method(req, FinishReason(reason), obj)
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+        return cb
+
+    def _clock_cb(self, method):
+        def cb(_host):
+            try:
+                return int(method())
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return 0
+        return cb
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self):
+        """Destroy the scheduler (bkv_sched_destroy): requests still open end
+        with no callback. Idempotent. Not from a callback, and not while
+        another thread may still call submit() or abort() (join them first)."""
+        if self._stepping:
+            raise StateError("Scheduler.close: called during step()", _ffi.BKV_ESTATE)
+        if getattr(self, "_h", None):
+            _lib.bkv_sched_destroy(self._h)
+            self._h = None
+            self._pool._users -= 1
+            self._users.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) and not self._stepping:
+            self.close()
+
+    def _s(self):
+        if not self._h:
+            raise StateError("Scheduler: closed", _ffi.BKV_ESTATE)
+        return self._h
+
+    # -- any thread -------------------------------------------------------
+    def submit(self, prompt, max_new_tokens, stop_tokens=(), priority=0, cache_key=0, n=1,
+               predicted_output=0, user=None):
+        """Submit a request (bkv_submit); returns its id (never 0). It enters
+        the queue at the next step. prompt and stop_tokens are token
+        sequences (copied). user is handed back to on_token/on_finish and in
+        Batch.users. Any thread, concurrently with step().
+
+        Raises InvalidArgumentError (empty prompt, max_new_tokens 0, n 0),
+        TooBigError (can never fit the pool, n > max_running or max_seqs),
+        TryAgainError (queue full), OutOfMemoryError."""
+        p = _i32(prompt)
+        q = _ffi.bkv_request()
+        _lib.bkv_request_init(ctypes.byref(q))
+        q.prompt = p.ctypes.data_as(ctypes.POINTER(_I32))
+        q.prompt_len = len(p)
+        q.max_new_tokens = max_new_tokens
+        if len(stop_tokens):
+            st = _i32(stop_tokens)
+            q.stop_tokens = st.ctypes.data_as(ctypes.POINTER(_I32))
+            q.n_stop = len(st)
+        q.priority = priority
+        q.cache_key = cache_key
+        q.n = n
+        q.predicted_output = predicted_output
+        ticket = next(self._ticket)
+        self._users[ticket] = user  # before submit: a step may start at once
+        q.user = ticket
+        rid = ctypes.c_uint64()
+        rc = _lib.bkv_submit(self._s(), ctypes.byref(q), ctypes.byref(rid))
+        if rc < 0:
+            self._users.pop(ticket, None)
+            raise error(rc, "bkv_submit")
+        return rid.value
+
+    def abort(self, req_id):
+        """Abort a request (bkv_abort): it ends with FinishReason.ABORT at the
+        next step. Any thread, and from callbacks. NotFoundError when unknown,
+        already ended or already aborted."""
+        check(_lib.bkv_abort(self._s(), int(req_id)), "bkv_abort")
+
+    @property
+    def pending(self):
+        """Requests not yet ended (bkv_sched_pending; a snapshot, any thread)."""
+        return _lib.bkv_sched_pending(self._s())
+
+    # -- the stepping thread ------------------------------------------------
+    def step(self):
+        """Run one iteration (bkv_step) and return its StepInfo.
+
+        Re-raises an exception a callback raised (see the module's doc: from
+        a compute callback the step was rolled back; retry). HostError when a
+        compute callback returned a negative int. StateError from a callback
+        or while another thread steps."""
+        h = self._s()
+        if not self._step_lock.acquire(False):
+            raise StateError("Scheduler.step: already stepping (a callback or another thread)",
+                             _ffi.BKV_ESTATE)
+        self._stepping = True
+        self._pool._stepping = True
+        try:
+            rc = _lib.bkv_step(h, self._info_ref)
+        finally:
+            self._stepping = False
+            self._pool._stepping = False
+            self._step_lock.release()
+        exc = self._exc
+        if exc is not None:
+            self._exc = None
+            if rc == _ffi.BKV_EHOST and hasattr(exc, "add_note"):
+                exc.add_note("batchkv: the host call failed and bkv_step rolled the step back "
+                             "(BKV_EHOST); step() again to retry")
+            raise exc
+        if rc < 0:
+            raise error(rc, "bkv_step")
+        return _from_struct(StepInfo, self._info)
+
+    def run(self, max_steps=None):
+        """step() until nothing is pending (or max_steps steps); returns the
+        number of steps taken."""
+        steps = 0
+        while self.pending and (max_steps is None or steps < max_steps):
+            self.step()
+            steps += 1
+        return steps
+
+    def stats(self):
+        """SchedStats, the cumulative counters (bkv_sched_stats_get)."""
+        st = _ffi.bkv_sched_stats()
+        st.size = ctypes.sizeof(st)
+        _lib.bkv_sched_stats_get(self._between(), ctypes.byref(st))
+        return _from_struct(SchedStats, st)
+
+    def check(self):
+        """Verify the scheduler's and its pool's invariants (bkv_sched_check):
+        0 when consistent, else the invariant's number."""
+        return _lib.bkv_sched_check(self._between())
+
+    def metrics(self):
+        """The Prometheus text exposition of the scheduler's and pool's
+        metrics (bkv_sched_metrics_prometheus), as a str."""
+        h = self._between()
+        n = _lib.bkv_sched_metrics_prometheus(h, None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        _lib.bkv_sched_metrics_prometheus(h, buf, n + 1)
+        return buf.value.decode()
+
+    def _between(self):
+        if self._stepping:
+            raise StateError("Scheduler: called during step()", _ffi.BKV_ESTATE)
+        return self._s()
+
+    @property
+    def pool(self):
+        return self._pool
+

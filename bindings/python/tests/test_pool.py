@@ -1,0 +1,169 @@
+"""The pool through Python: errors by class, sequences, prefix hits, fork and
+copy-on-write, swap, KV events, export/import, sizing helpers."""
+import numpy as np
+import pytest
+
+import batchkv
+from batchkv import CopyKind, EventKind, Pool
+
+
+def test_version_and_strerror():
+    assert batchkv.version() == batchkv.__version__ == "0.1.0"
+    assert batchkv.strerror(-7) == "a host callback failed"
+    assert batchkv.strerror(12345) == "unknown error"
+
+
+def test_one_class_per_status_code():
+    codes = {c: cls for c, cls in batchkv.ERRORS.items()}
+    assert sorted(codes) == [-8, -7, -6, -5, -4, -3, -2, -1]
+    assert len(set(codes.values())) == 8
+    for c, cls in codes.items():
+        assert issubclass(cls, batchkv.BkvError) and cls.status == c
+    assert issubclass(batchkv.NotFoundError, LookupError)
+    assert issubclass(batchkv.OutOfMemoryError, MemoryError)
+    assert issubclass(batchkv.InvalidArgumentError, ValueError)
+
+
+def test_errors_come_from_real_calls():
+    with pytest.raises(batchkv.InvalidArgumentError) as e:
+        Pool(device_blocks=0)
+    assert e.value.status == -1 and "invalid argument" in str(e.value)
+    with pytest.raises(TypeError):
+        Pool(device_blocks=8, no_such_field=1)
+    with Pool(device_blocks=4, block_tokens=4, max_seqs=2) as p:
+        s = p.open()
+        with pytest.raises(batchkv.NotFoundError):
+            p.close_seq(s + 12345)
+        with pytest.raises(batchkv.StateError):      # no host tier
+            p.swap_out(s)
+        with pytest.raises(batchkv.TooBigError):     # 5 blocks > the pool's 4
+            p.append(s, range(17))
+        p.append(s, range(12))                       # 3 of the 4 blocks
+        t = p.open()
+        with pytest.raises(batchkv.NoSpaceError):    # 2 more blocks, 1 free
+            p.append(t, range(50, 58))
+        assert p.info(t).len == 0 and p.info(s).len == 12  # all-or-nothing
+    # a sequence longer than the whole pool
+    with Pool(device_blocks=2, block_tokens=4) as p:
+        s = p.open()
+        p.append(s, [1] * 8)
+        with pytest.raises(batchkv.TooBigError):
+            p.append(s, [1])
+    with Pool(device_blocks=4, max_seqs=1) as p:
+        p.open()
+        with pytest.raises(batchkv.TryAgainError):
+            p.open()
+
+
+def test_prefix_hits_fork_and_copy_on_write():
+    with Pool(device_blocks=16, block_tokens=4) as p:
+        a = p.open()
+        assert p.append(a, range(10)) == 0
+        assert p.info(a) == batchkv.SeqInfo(10, 3, False, 0)
+        b = p.open()
+        assert p.append(b, range(9)) == 8            # two full blocks hit
+        assert list(p.blocks(b)[:2]) == list(p.blocks(a)[:2])
+        c = p.fork(a)
+        assert list(p.blocks(c)) == list(p.blocks(a))
+        p.append(c, [99])                            # write into the shared partial block
+        cp = p.copies(CopyKind.DEVICE)
+        assert cp.shape == (1, 2) and cp[0, 0] == p.blocks(a)[2] and cp[0, 1] == p.blocks(c)[2]
+        p.clear_copies(CopyKind.DEVICE)
+        assert p.copies(CopyKind.DEVICE).shape == (0, 2)
+        st = p.stats()
+        assert st.hit_tokens == 8 and st.cow_copies == 1 and st.nr_seqs == 3
+        assert st.nr_free + st.nr_used + st.nr_cached == 16
+        assert p.blocks_needed(a, 10) == 2           # 2 fill its last block, 8 take 2
+        p.truncate(a, 4)
+        assert p.info(a).len == 4
+        for s in (a, b, c):
+            p.close_seq(s)
+        assert p.check() == 0
+        assert p.available() == 16 and p.can_admit(64) and not p.can_admit(65)
+
+
+def test_swap_out_and_in_list_the_copies():
+    with Pool(device_blocks=8, block_tokens=4, host_blocks=8, prefix_cache=False) as p:
+        s = p.open()
+        p.append(s, range(6))
+        dev = p.blocks(s)
+        p.swap_out(s)
+        out = p.copies(CopyKind.SWAP_OUT)
+        assert list(out[:, 0]) == list(dev) and p.info(s).swapped
+        with pytest.raises(batchkv.StateError):
+            p.append(s, [1])
+        p.clear_copies(CopyKind.SWAP_OUT)
+        p.swap_in(s)
+        inn = p.copies(CopyKind.SWAP_IN)
+        assert list(inn[:, 0]) == list(out[:, 1]) and list(inn[:, 1]) == list(p.blocks(s))
+        p.clear_copies(CopyKind.SWAP_IN)
+        assert p.stats().swap_in_blocks == 2 and p.check() == 0
+
+
+def test_events_match_block_hashes_and_export_import():
+    with Pool(device_blocks=16, block_tokens=4, event_capacity=64, hash_seed=5) as src, \
+            Pool(device_blocks=16, block_tokens=4, hash_seed=5) as dst:
+        s = src.open()
+        toks = list(range(100, 110))
+        src.append(s, toks)
+        ev = src.events()
+        assert [e.kind for e in ev] == [EventKind.STORED, EventKind.STORED]
+        assert [e.seq for e in ev] == [1, 2]
+        hashes = batchkv.block_hashes(toks, 4, hash_seed=5)
+        assert list(hashes) == [e.hash for e in ev]
+        assert ev[1].parent_hash == ev[0].hash and ev[1].has_parent == 1
+        assert src.events() == []
+        img = src.export(s)
+        assert img.len == 10 and img.n_blocks == 3 and list(img.tokens) == toks
+        assert list(img.hashes[:2]) == list(hashes) and img.hashes[2] == 0
+        seq, transfers = dst.import_image(img)
+        assert dst.info(seq).len == 10
+        assert transfers.shape == (3, 2) and list(transfers[:, 0]) == list(img.blocks)
+        assert list(transfers[:, 1]) == list(dst.blocks(seq))
+        img.hashes[0] ^= np.uint64(1)                # a damaged image is refused
+        with pytest.raises(batchkv.InvalidArgumentError):
+            dst.import_image(img)
+
+
+def test_sizing_helpers():
+    shape = batchkv.ModelShape(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)
+    assert batchkv.kv_bytes_per_token(shape) == 2 * 32 * 8 * 128 * 2
+    assert batchkv.blocks_for_bytes(2 ** 30, shape, 16) == 2 ** 30 // (131072 * 16)
+    assert batchkv.kv_bytes_per_token((0, 1, 1, 1)) == 0
+
+
+def test_cost_models():
+    poly = batchkv.PolyCost()
+    assert poly.a == 1677 and poly.rows_ref == 32
+    d = batchkv.StepShape(kind=batchkv.CallKind.DECODE, decode_rows=32, padded_rows=32)
+    assert poly.step_us(d) == pytest.approx(1064 + 24.1 * 32)
+    poly.d0 = 0
+    assert poly.step_us(d) == pytest.approx(24.1 * 32)
+    rl = batchkv.RooflineCost(batchkv.RooflinePreset.H100_SXM_LLAMA3_8B_BF16)
+    flops, nbytes = rl.work(d)
+    assert flops > 0 and nbytes > 0 and rl.step_us(d) > 0
+    cal = batchkv.CalibratedCost(batchkv.PolyCost())
+    assert cal.step_us(d) == pytest.approx(1064 + 24.1 * 32)
+    for i in range(20):
+        cal.observe(d, 500.0)
+    assert cal.observations(batchkv.CallKind.DECODE) == 20
+    assert cal.step_us(d) == pytest.approx(500.0, rel=1e-3)
+    assert cal.coefficients(batchkv.CallKind.DECODE).shape == (9,)
+    with pytest.raises(batchkv.InvalidArgumentError):
+        cal.set_forget(0.5)
+    cal.close()
+
+
+def test_records_read_every_field_of_their_struct():
+    from batchkv import _ffi
+    from batchkv.pool import _from_struct
+    for rec, ctype in ((batchkv.StepInfo, _ffi.bkv_step_info),
+                       (batchkv.SchedStats, _ffi.bkv_sched_stats),
+                       (batchkv.PoolStats, _ffi.bkv_pool_stats)):
+        s = ctype()
+        for i, f in enumerate(rec._fields):
+            setattr(s, f, (i + 1) * 1.5 if "us" in f and f != "max_wait_us" and
+                    isinstance(getattr(s, f), float) else i + 1000)
+        got = _from_struct(rec, s)
+        assert got == tuple(getattr(s, f) for f in rec._fields), rec.__name__
+        assert len(got) == len([f for f, _ in ctype._fields_ if f not in ("size", "reserved")])

@@ -1,0 +1,279 @@
+"""The scheduler through Python: examples/minimal.c's workload, the batch as
+zero-copy read-only views valid during the call, exceptions in callbacks,
+misuse refused with the right class, stats and metrics."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import batchkv
+from batchkv import FinishReason, Pool, Scheduler
+
+PROMPT = [100, 101, 102, 103, 104]
+STOP = 110
+
+
+class PlusOne:
+    """minimal.c's host: each row answers (last input token + 1)."""
+
+    def __init__(self):
+        self.tokens = {}
+        self.finished = {}
+        self.batches = 0
+
+    def forward(self, b, next_tokens):
+        self.batches += 1
+        last = b.token_ids[b.qo_indptr[1:] - 1]
+        next_tokens[:] = np.where(b.row_sample != 0, last + 1, 0)
+
+    def on_token(self, req, branch, token, user):
+        self.tokens.setdefault(req, []).append(token)
+
+    def on_finish(self, req, reason, user):
+        assert req not in self.finished
+        self.finished[req] = (reason, user)
+
+
+def minimal(host, **sched_kw):
+    pool = Pool(device_blocks=64)
+    s = Scheduler(pool, host, **sched_kw)
+    ids = [s.submit(PROMPT, 2 + 2 * i, stop_tokens=[STOP], user="r%d" % i) for i in range(3)]
+    return pool, s, ids
+
+
+def test_minimal_workload_as_in_minimal_c():
+    host = PlusOne()
+    pool, s, ids = minimal(host)
+    steps = s.run()
+    assert steps > 0 and s.pending == 0
+    # 2, 4 and 6 new tokens; the third reaches the stop token 110 at its 6th
+    assert host.tokens == {ids[0]: [105, 106], ids[1]: [105, 106, 107, 108],
+                           ids[2]: [105, 106, 107, 108, 109, 110]}
+    assert host.finished == {ids[0]: (FinishReason.LENGTH, "r0"),
+                             ids[1]: (FinishReason.LENGTH, "r1"),
+                             ids[2]: (FinishReason.STOP, "r2")}
+    st = s.stats()
+    assert st.submitted == 3 and st.finished == 3 and st.decode_tokens + 3 == 12
+    assert s.check() == 0
+    text = s.metrics()
+    assert "# TYPE bkv_step_duration_seconds histogram" in text
+    assert "bkv_requests_finished_total" in text or "finished" in text
+    s.close()
+    pool.close()
+
+
+def test_batch_views_are_zero_copy_read_only_and_borrowed():
+    seen = {}
+
+    class Host(PlusOne):
+        def forward(self, b, next_tokens):
+            raw = b._raw
+            for name in ("token_ids", "positions", "qo_indptr", "kv_indptr", "kv_indices",
+                         "slot_mapping", "row_sample", "row_req", "row_branch"):
+                v = getattr(b, name)
+                assert not v.flags.writeable, name
+                # the view's memory is the library's array: no copy was made
+                assert v.ctypes.data == ctypes.cast(getattr(raw, name), ctypes.c_void_p).value
+                with pytest.raises(ValueError):
+                    v[0] = 1
+            assert next_tokens.flags.writeable and len(next_tokens) == b.n_rows
+            assert list(b.positions[:b.qo_indptr[1]]) == list(range(b.qo_indptr[1])) or \
+                b.n_decode_rows > 0
+            if not seen:                 # the first call: the three prompts
+                seen["users"] = b.users
+                seen["kept"] = b.token_ids
+                seen["copy"] = np.array(b.token_ids)
+            return super().forward(b, next_tokens)
+
+    host = Host()
+    pool, s, ids = minimal(host)
+    s.step()
+    assert seen["users"] == ["r0", "r1", "r2"]
+    assert list(seen["copy"]) == PROMPT * 3
+    s.run()
+    # a kept view is documented as invalid after the call: the library has
+    # reused the buffer, the copy is intact
+    assert list(seen["copy"]) == PROMPT * 3
+    s.close()
+    pool.close()
+
+
+def test_exception_in_forward_rolls_back_and_is_reraised():
+    class Flaky(PlusOne):
+        fail = 0
+
+        def forward(self, b, next_tokens):
+            if self.fail:
+                self.fail -= 1
+                next_tokens[:] = 7      # written, then discarded by the rollback
+                raise KeyError("kernel exploded")
+            return super().forward(b, next_tokens)
+
+    host = Flaky()
+    pool, s, ids = minimal(host)
+    s.step()                             # prefill: one token each
+    before = {k: list(v) for k, v in host.tokens.items()}
+    host.fail = 2
+    for _ in range(2):
+        with pytest.raises(KeyError, match="kernel exploded") as e:
+            s.step()
+        assert any("rolled the step back" in n for n in getattr(e.value, "__notes__", [""])) \
+            or not hasattr(e.value, "add_note")
+        assert host.tokens == before     # no token reached any request
+        assert s.check() == 0 and pool.check() == 0
+    s.run()
+    assert host.tokens[ids[2]] == [105, 106, 107, 108, 109, 110]
+    assert len(host.finished) == 3       # no request lost
+    st = s.stats()
+    assert st.failed_steps == 2 and st.finished == 3
+    s.close()
+    pool.close()
+
+
+def test_negative_return_is_a_host_error():
+    class Refuses(PlusOne):
+        def forward(self, b, next_tokens):
+            return -1
+
+    pool = Pool(device_blocks=8)
+    s = Scheduler(pool, Refuses())
+    s.submit([1, 2], 1)
+    with pytest.raises(batchkv.HostError) as e:
+        s.step()
+    assert e.value.status == -7
+    assert s.pending == 1
+
+
+def test_exception_in_on_token_is_raised_after_the_step_commits():
+    class Noisy(PlusOne):
+        def on_token(self, req, branch, token, user):
+            super().on_token(req, branch, token, user)
+            if token == 106:
+                raise ValueError("listener failed")
+
+    host = Noisy()
+    pool, s, ids = minimal(host)
+    s.step()
+    with pytest.raises(ValueError, match="listener failed"):
+        s.step()                         # the tokens of that step stand
+    assert all(v[:2] == [105, 106] for v in host.tokens.values())
+    s.run()
+    assert len(host.finished) == 3 and host.tokens[ids[1]] == [105, 106, 107, 108]
+
+
+def test_misuse_from_callbacks_is_refused():
+    class Reentrant(PlusOne):
+        def forward(self, b, next_tokens):
+            self.sched.step()
+
+    host = Reentrant()
+    pool, s, ids = minimal(host)
+    host.sched = s
+    with pytest.raises(batchkv.StateError):
+        s.step()
+
+    class TouchesPool(PlusOne):
+        def forward(self, b, next_tokens):
+            self.pool.open()
+
+    host = TouchesPool()
+    pool, s, ids = minimal(host)
+    host.pool = pool
+    with pytest.raises(batchkv.StateError):
+        s.step()
+    with pytest.raises(batchkv.StateError):
+        pool.close()                     # a scheduler still uses it
+    s.close()
+    pool.close()
+
+
+def test_abort_and_submit_errors():
+    host = PlusOne()
+    pool, s, ids = minimal(host)
+    s.abort(ids[1])
+    with pytest.raises(batchkv.NotFoundError):
+        s.abort(ids[1])
+    with pytest.raises(batchkv.InvalidArgumentError):
+        s.submit([], 4)
+    with pytest.raises(batchkv.TooBigError):
+        s.submit(list(range(64 * 16 + 1)), 1)
+    s.run()
+    assert host.finished[ids[1]][0] == FinishReason.ABORT
+    assert s.stats().aborted == 1
+
+
+def test_split_host_and_cost_model():
+    class Split:
+        def __init__(self):
+            self.kinds = []
+
+        def prefill(self, b, next_tokens):
+            self.kinds.append(b.kind)
+            next_tokens[:] = 1
+
+        def decode(self, b, next_tokens):
+            self.kinds.append(b.kind)
+            next_tokens[:] = 2
+
+    host = Split()
+    pool = Pool(device_blocks=32)
+    cost = batchkv.CalibratedCost(batchkv.PolyCost())
+    s = Scheduler(pool, host, cost=cost, max_running=4)
+    for i in range(4):
+        s.submit([i, i + 1, i + 2], 3)
+    s.run()
+    assert set(host.kinds) == {batchkv.CallKind.PREFILL, batchkv.CallKind.DECODE}
+    assert cost.observations(batchkv.CallKind.DECODE) > 0
+    with pytest.raises(TypeError):
+        Scheduler(pool, object())
+
+
+def test_host_clock_and_kv_events_between_steps():
+    class Clocked(PlusOne):
+        t = 0
+
+        def now_us(self):
+            self.t += 250
+            return self.t
+
+    host = Clocked()
+    pool = Pool(device_blocks=64, block_tokens=4, event_capacity=256, hash_seed=9)
+    s = Scheduler(pool, host)
+    prompt = list(range(200, 213))                # 3 full blocks + 1
+    rid = s.submit(prompt, 3)
+    info = s.step()
+    assert host.t > 0 and info.measured_us > 0 and info.measured_us % 250 == 0
+    s.run()
+    assert host.finished[rid][0] == FinishReason.LENGTH
+    stored = [e for e in pool.events() if e.kind == batchkv.EventKind.STORED]
+    want = batchkv.block_hashes(prompt + host.tokens[rid][:-1], 4, hash_seed=9)
+    assert [e.hash for e in stored] == list(want)
+
+    class BadClock(PlusOne):
+        def now_us(self):
+            raise OSError("clock gone")
+
+    s2 = Scheduler(Pool(device_blocks=8), BadClock())
+    s2.submit([1, 2], 1)
+    with pytest.raises(OSError, match="clock gone"):
+        s2.step()
+
+
+def test_abort_from_a_callback():
+    class AbortsAtTwo(PlusOne):
+        def on_token(self, req, branch, token, user):
+            super().on_token(req, branch, token, user)
+            if len(self.tokens[req]) == 2:
+                self.sched.abort(req)   # allowed from callbacks; lands at the next step
+
+    host = AbortsAtTwo()
+    pool, s, ids = minimal(host)
+    host.sched = s
+    s.run()
+    # request 0 ends by length at its 2nd token (the abort answers OK but it
+    # keeps its reason); the others end by the abort, drained before the next
+    # step computes anything, so with exactly 2 tokens
+    assert host.finished[ids[0]][0] == FinishReason.LENGTH
+    for r in ids[1:]:
+        assert host.finished[r][0] == FinishReason.ABORT and host.tokens[r] == [105, 106]
+    assert s.stats().aborted == 2

@@ -1,0 +1,1112 @@
+//! Safe Rust bindings of libbatchkv, the LLM serving scheduler and
+//! block-paged KV cache manager (`include/batchkv.h`).
+//!
+//! * [`Pool`] owns a `bkv_pool`: sequences, fork and copy-on-write, the
+//!   prefix cache, swap, copy lists, stats, KV events, export/import.
+//!   Mutating calls take `&mut self`, so a block table or copy list borrowed
+//!   from the pool (`&[i32]`, `&[Copy]`) cannot outlive the next change: the
+//!   header's "valid until the pool next changes", checked by the compiler.
+//! * [`Scheduler<'pool, H>`] owns a `bkv_sched` over a pool it borrows
+//!   mutably for `'pool` (the header: "used by no one else while the
+//!   scheduler runs") and a host `H: Host` whose methods are the callbacks.
+//! * [`Batch<'a>`] is what `Host::forward` receives: the library's arrays as
+//!   slices borrowed for the duration of the call (the trait method's
+//!   anonymous lifetime means they cannot be kept).
+//!
+//! # Threads (the header's rules, in types)
+//! * `Pool: Send`, not `Sync`: one thread at a time.
+//! * `Scheduler: Send + Sync` when `H: Send`. [`Scheduler::submit`],
+//!   [`Scheduler::abort`] and [`Scheduler::pending`] take `&self` and may run
+//!   on any thread while another steps (`std::thread::scope` shares it).
+//!   [`Scheduler::step`] also takes `&self`, but only one step runs at a time:
+//!   a second concurrent call (or one from a callback) gets
+//!   `Err(Error::State)`; the stats, check, metrics and pool calls are guarded
+//!   the same way, so they never run during a step.
+//!
+//! # The rules, checked by the compiler
+//! Each `compile_fail` example below has a twin that compiles, so it fails
+//! for the reason given, not for a typo.
+//!
+//! A host may copy what a batch holds, but not keep the borrowed slices:
+//! ```
+//! use batchkv::*;
+//! struct Copies { kept: Vec<i32> }
+//! impl Host for Copies {
+//!     fn forward(&mut self, b: &Batch<'_>, _n: &mut [i32]) -> std::result::Result<(), HostFailed> {
+//!         self.kept = b.token_ids().to_vec();
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! ```compile_fail
+//! use batchkv::*;
+//! struct Keeps<'a> { kept: &'a [i32] }
+//! impl<'a> Host for Keeps<'a> {
+//!     fn forward(&mut self, b: &Batch<'_>, _n: &mut [i32]) -> std::result::Result<(), HostFailed> {
+//!         self.kept = b.token_ids(); // the batch is borrowed for this call only
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! The scheduler borrows its pool mutably, so the pool is untouchable while
+//! it lives, and usable again after:
+//! ```
+//! use batchkv::*;
+//! struct H;
+//! impl Host for H {
+//!     fn forward(&mut self, _: &Batch<'_>, _: &mut [i32]) -> std::result::Result<(), HostFailed> { Ok(()) }
+//! }
+//! let mut pool = Pool::new(&PoolConfig { device_blocks: 8, ..Default::default() }).unwrap();
+//! let s = Scheduler::new(&mut pool, H, &SchedConfig::default(), None).unwrap();
+//! s.pending();
+//! drop(s);
+//! pool.open().unwrap();
+//! ```
+//! ```compile_fail
+//! use batchkv::*;
+//! struct H;
+//! impl Host for H {
+//!     fn forward(&mut self, _: &Batch<'_>, _: &mut [i32]) -> std::result::Result<(), HostFailed> { Ok(()) }
+//! }
+//! let mut pool = Pool::new(&PoolConfig { device_blocks: 8, ..Default::default() }).unwrap();
+//! let s = Scheduler::new(&mut pool, H, &SchedConfig::default(), None).unwrap();
+//! pool.open().unwrap(); // the scheduler still borrows the pool
+//! s.pending();
+//! ```
+//! A pool is `Send` but not `Sync`:
+//! ```
+//! fn send<T: Send>() {}
+//! send::<batchkv::Pool>();
+//! ```
+//! ```compile_fail
+//! fn sync<T: Sync>() {}
+//! sync::<batchkv::Pool>();
+//! ```
+//!
+//! # Failures
+//! Every fallible call returns [`Result`], with one [`Error`] variant per
+//! status code. A host callback that returns `Err(HostFailed)` or panics fails
+//! the call: the step is rolled back (`BKV_EHOST`) and `step` returns
+//! `Err(Error::Host)`, or resumes the panic on the caller's thread after the
+//! library has rolled back (a panic never unwinds through C).
+
+pub mod sys;
+
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::CStr;
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::{c_int, c_void};
+use std::panic::{self, AssertUnwindSafe};
+use std::ptr::{self, NonNull};
+use std::slice;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use sys::bkv_chunk_shape as ChunkShape;
+pub use sys::bkv_copy as Copy;
+pub use sys::bkv_kv_event as KvEvent;
+pub use sys::bkv_model_shape as ModelShape;
+pub use sys::bkv_pool_config as PoolConfig;
+pub use sys::bkv_pool_stats as PoolStats;
+pub use sys::bkv_sched_config as SchedConfig;
+pub use sys::bkv_sched_stats as SchedStats;
+pub use sys::bkv_seq_info as SeqInfo;
+pub use sys::bkv_step_info as StepInfo;
+
+/// Functions of the header the safe layer does not wrap, with the reason.
+/// The drift guard reads this table (and fails on an entry that is wrapped
+/// after all).
+pub const UNBOUND: &[(&str, &str)] = &[];
+
+// ------------------------------------------------------------------ errors --
+
+/// A failed call: one variant per `bkv_status` code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Error {
+    /// `BKV_EINVAL`: an argument or config field out of range (misuse).
+    InvalidArgument,
+    /// `BKV_ENOMEM`: the allocator failed.
+    OutOfMemory,
+    /// `BKV_ENOSPC`: not enough free KV blocks (normal: reclaim or preempt).
+    NoSpace,
+    /// `BKV_E2BIG`: it can never fit, or a caller array is too small.
+    TooBig,
+    /// `BKV_EAGAIN`: a limit (max_seqs, max_queue) was reached; retry later.
+    TryAgain,
+    /// `BKV_ENOENT`: no such sequence or request.
+    NotFound,
+    /// `BKV_EHOST`: a host compute callback failed; the step was rolled back.
+    Host,
+    /// `BKV_ESTATE`: not allowed now (swapped, stepping, from a callback).
+    State,
+    /// A negative status this version does not know.
+    Unknown(i32),
+}
+
+impl Error {
+    /// The error of a negative status; `None` for `BKV_OK` and positive values.
+    pub fn from_status(status: c_int) -> Option<Error> {
+        Some(match status {
+            s if s >= 0 => return None,
+            sys::BKV_EINVAL => Error::InvalidArgument,
+            sys::BKV_ENOMEM => Error::OutOfMemory,
+            sys::BKV_ENOSPC => Error::NoSpace,
+            sys::BKV_E2BIG => Error::TooBig,
+            sys::BKV_EAGAIN => Error::TryAgain,
+            sys::BKV_ENOENT => Error::NotFound,
+            sys::BKV_EHOST => Error::Host,
+            sys::BKV_ESTATE => Error::State,
+            s => Error::Unknown(s),
+        })
+    }
+
+    /// The `bkv_status` code.
+    pub fn status(self) -> c_int {
+        match self {
+            Error::InvalidArgument => sys::BKV_EINVAL,
+            Error::OutOfMemory => sys::BKV_ENOMEM,
+            Error::NoSpace => sys::BKV_ENOSPC,
+            Error::TooBig => sys::BKV_E2BIG,
+            Error::TryAgain => sys::BKV_EAGAIN,
+            Error::NotFound => sys::BKV_ENOENT,
+            Error::Host => sys::BKV_EHOST,
+            Error::State => sys::BKV_ESTATE,
+            Error::Unknown(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(strerror(self.status()))
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn check(rc: c_int) -> Result<c_int> {
+    match Error::from_status(rc) {
+        Some(e) => Err(e),
+        None => Ok(rc),
+    }
+}
+
+/// `bkv_strerror`: the library's message for a status code.
+pub fn strerror(status: c_int) -> &'static str {
+    // SAFETY: bkv_strerror returns a static NUL-terminated string, never NULL.
+    unsafe { CStr::from_ptr(sys::bkv_strerror(status)) }.to_str().unwrap_or("?")
+}
+
+/// `bkv_version`: the version string the library was built with.
+pub fn version() -> &'static str {
+    // SAFETY: a static string.
+    unsafe { CStr::from_ptr(sys::bkv_version()) }.to_str().unwrap_or("?")
+}
+
+/// `bkv_kv_bytes_per_token`: bytes of KV one token occupies (0 on bad input).
+pub fn kv_bytes_per_token(shape: &ModelShape) -> u64 {
+    unsafe { sys::bkv_kv_bytes_per_token(shape) }
+}
+
+/// `bkv_blocks_for_bytes`: whole blocks that fit in a byte budget.
+pub fn blocks_for_bytes(budget: u64, shape: &ModelShape, block_tokens: u32) -> u32 {
+    unsafe { sys::bkv_blocks_for_bytes(budget, shape, block_tokens) }
+}
+
+/// `bkv_block_hashes`: the chained hashes of the full blocks of `tokens`, as
+/// a pool with this seed and block size gives them in its KV events.
+pub fn block_hashes(hash_seed: u64, key: u64, block_tokens: u32, tokens: &[i32]) -> Vec<u64> {
+    if block_tokens == 0 {
+        return Vec::new();
+    }
+    let mut out = vec![0u64; tokens.len() / block_tokens as usize];
+    let n = unsafe {
+        sys::bkv_block_hashes(hash_seed, key, block_tokens, tokens.as_ptr(),
+                              tokens.len() as u32, out.as_mut_ptr())
+    };
+    out.truncate(n as usize);
+    out
+}
+
+// ---------------------------------------------------------------- configs --
+
+impl Default for PoolConfig {
+    /// `bkv_pool_config_init`'s defaults (device_blocks 0 must still be set).
+    fn default() -> Self {
+        let mut c = unsafe { std::mem::zeroed::<PoolConfig>() };
+        unsafe { sys::bkv_pool_config_init(&mut c) };
+        c
+    }
+}
+
+impl Default for SchedConfig {
+    /// `bkv_sched_config_init`'s defaults (the cost model is the library's).
+    fn default() -> Self {
+        let mut c = unsafe { std::mem::zeroed::<SchedConfig>() };
+        unsafe { sys::bkv_sched_config_init(&mut c) };
+        c
+    }
+}
+
+fn zeroed<T>() -> T {
+    // SAFETY: used for the header's plain-data structs only (integers,
+    // doubles, nullable pointers and Option<fn>: all-zero is valid).
+    unsafe { std::mem::zeroed() }
+}
+
+// ------------------------------------------------------------------ pool --
+
+/// Which copy list (`bkv_copy_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// device -> device (copy-on-write)
+    Device = 0,
+    /// device -> host
+    SwapOut = 1,
+    /// host -> device
+    SwapIn = 2,
+}
+
+/// An exported sequence (`bkv_seq_image`) as owned data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqImage {
+    pub block_tokens: u32,
+    pub len: u32,
+    pub key: u64,
+    pub hash_seed: u64,
+    pub blocks: Vec<i32>,
+    pub hashes: Vec<u64>,
+    pub tokens: Vec<i32>,
+}
+
+/// A block-paged KV pool (`bkv_pool`). `Send`: it may move between threads;
+/// not `Sync`: one thread uses it at a time.
+pub struct Pool {
+    raw: NonNull<sys::bkv_pool>,
+}
+
+// SAFETY: the header: "a pool belongs to one thread at a time".
+unsafe impl Send for Pool {}
+
+impl Pool {
+    /// `bkv_pool_create` with `cfg` (copied). `Err(InvalidArgument)` for a
+    /// field out of range, `Err(OutOfMemory)`.
+    pub fn new(cfg: &PoolConfig) -> Result<Pool> {
+        let mut c = *cfg;
+        c.size = std::mem::size_of::<PoolConfig>() as u32;
+        let mut p = ptr::null_mut();
+        check(unsafe { sys::bkv_pool_create(&c, ptr::null(), &mut p) })?;
+        Ok(Pool { raw: NonNull::new(p).ok_or(Error::OutOfMemory)? })
+    }
+
+    /// The raw handle, for calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *mut sys::bkv_pool {
+        self.raw.as_ptr()
+    }
+
+    /// `bkv_seq_open`: a new empty sequence.
+    pub fn open(&mut self) -> Result<u32> {
+        let mut s = 0;
+        check(unsafe { sys::bkv_seq_open(self.as_ptr(), &mut s) })?;
+        Ok(s)
+    }
+
+    /// `bkv_seq_open_keyed`: a new sequence whose blocks are cached under `key`.
+    pub fn open_keyed(&mut self, key: u64) -> Result<u32> {
+        let mut s = 0;
+        check(unsafe { sys::bkv_seq_open_keyed(self.as_ptr(), key, &mut s) })?;
+        Ok(s)
+    }
+
+    /// `bkv_seq_append`: returns the leading tokens that were prefix hits.
+    pub fn append(&mut self, seq: u32, tokens: &[i32]) -> Result<u32> {
+        let mut hit = 0;
+        check(unsafe {
+            sys::bkv_seq_append(self.as_ptr(), seq, tokens.as_ptr(), tokens.len() as u32, &mut hit)
+        })?;
+        Ok(hit)
+    }
+
+    /// `bkv_seq_blocks_needed`.
+    pub fn blocks_needed(&self, seq: u32, n: u32) -> Result<u64> {
+        let r = unsafe { sys::bkv_seq_blocks_needed(self.as_ptr(), seq, n) };
+        if r < 0 {
+            Err(Error::from_status(r as c_int).unwrap_or(Error::Unknown(r as i32)))
+        } else {
+            Ok(r as u64)
+        }
+    }
+
+    /// `bkv_seq_truncate`.
+    pub fn truncate(&mut self, seq: u32, new_len: u32) -> Result<()> {
+        check(unsafe { sys::bkv_seq_truncate(self.as_ptr(), seq, new_len) }).map(|_| ())
+    }
+
+    /// `bkv_seq_fork`: a child sharing every block of `parent`.
+    pub fn fork(&mut self, parent: u32) -> Result<u32> {
+        let mut c = 0;
+        check(unsafe { sys::bkv_seq_fork(self.as_ptr(), parent, &mut c) })?;
+        Ok(c)
+    }
+
+    /// `bkv_seq_close`: full cached blocks stay in the prefix cache.
+    pub fn close_seq(&mut self, seq: u32) -> Result<()> {
+        check(unsafe { sys::bkv_seq_close(self.as_ptr(), seq) }).map(|_| ())
+    }
+
+    /// `bkv_seq_drop`: an aborted sequence's blocks leave the cache.
+    pub fn drop_seq(&mut self, seq: u32) -> Result<()> {
+        check(unsafe { sys::bkv_seq_drop(self.as_ptr(), seq) }).map(|_| ())
+    }
+
+    /// `bkv_seq_blocks`: the block table, borrowed until the pool changes.
+    pub fn blocks(&self, seq: u32) -> Result<&[i32]> {
+        let mut n = 0;
+        let p = unsafe { sys::bkv_seq_blocks(self.as_ptr(), seq, &mut n) };
+        if p.is_null() {
+            return Err(Error::NotFound);
+        }
+        Ok(unsafe { raw_slice(p, n as usize) })
+    }
+
+    /// `bkv_seq_info_get`.
+    pub fn info(&self, seq: u32) -> Result<SeqInfo> {
+        let mut i = zeroed::<SeqInfo>();
+        check(unsafe { sys::bkv_seq_info_get(self.as_ptr(), seq, &mut i) })?;
+        Ok(i)
+    }
+
+    /// `bkv_seq_swap_out`.
+    pub fn swap_out(&mut self, seq: u32) -> Result<()> {
+        check(unsafe { sys::bkv_seq_swap_out(self.as_ptr(), seq) }).map(|_| ())
+    }
+
+    /// `bkv_seq_swap_in`.
+    pub fn swap_in(&mut self, seq: u32) -> Result<()> {
+        check(unsafe { sys::bkv_seq_swap_in(self.as_ptr(), seq) }).map(|_| ())
+    }
+
+    /// `bkv_pool_copies`: pending copies of one kind, borrowed until the pool
+    /// changes.
+    pub fn copies(&self, kind: CopyKind) -> &[Copy] {
+        let mut out = ptr::null();
+        let n = unsafe { sys::bkv_pool_copies(self.as_ptr(), kind as c_int, &mut out) };
+        unsafe { raw_slice(out, n as usize) }
+    }
+
+    /// `bkv_pool_clear_copies`: forget copies of one kind once performed.
+    pub fn clear_copies(&mut self, kind: CopyKind) {
+        unsafe { sys::bkv_pool_clear_copies(self.as_ptr(), kind as c_int) }
+    }
+
+    /// `bkv_pool_available`: free plus reclaimable device blocks.
+    pub fn available(&self) -> u32 {
+        unsafe { sys::bkv_pool_available(self.as_ptr()) }
+    }
+
+    /// `bkv_pool_can_admit`.
+    pub fn can_admit(&self, n_tokens: u32) -> bool {
+        unsafe { sys::bkv_pool_can_admit(self.as_ptr(), n_tokens) != 0 }
+    }
+
+    /// `bkv_pool_reset_cache`.
+    pub fn reset_cache(&mut self) -> Result<()> {
+        check(unsafe { sys::bkv_pool_reset_cache(self.as_ptr()) }).map(|_| ())
+    }
+
+    /// `bkv_pool_stats_get`.
+    pub fn stats(&self) -> PoolStats {
+        pool_stats(self.as_ptr())
+    }
+
+    /// `bkv_pool_check`: 0 when consistent, else the invariant's number.
+    pub fn check(&self) -> i32 {
+        unsafe { sys::bkv_pool_check(self.as_ptr()) }
+    }
+
+    /// `bkv_pool_events`: drain up to `max` KV events, oldest first.
+    pub fn events(&mut self, max: u32) -> Vec<KvEvent> {
+        pool_events(self.as_ptr(), max)
+    }
+
+    /// `bkv_seq_export`: a device-resident sequence as owned data.
+    pub fn export(&self, seq: u32) -> Result<SeqImage> {
+        let mut img = zeroed::<sys::bkv_seq_image>();
+        img.size = std::mem::size_of::<sys::bkv_seq_image>() as u32;
+        let rc = unsafe { sys::bkv_seq_export(self.as_ptr(), seq, &mut img) };
+        if rc != sys::BKV_E2BIG {
+            check(rc)?;
+        }
+        let mut blocks = vec![0i32; img.n_blocks as usize];
+        let mut hashes = vec![0u64; img.n_blocks as usize];
+        let mut tokens = vec![0i32; img.len as usize];
+        img.blocks = blocks.as_mut_ptr();
+        img.hashes = hashes.as_mut_ptr();
+        img.tokens = tokens.as_mut_ptr();
+        img.cap_blocks = blocks.len() as u32;
+        img.cap_tokens = tokens.len() as u32;
+        check(unsafe { sys::bkv_seq_export(self.as_ptr(), seq, &mut img) })?;
+        Ok(SeqImage { block_tokens: img.block_tokens, len: img.len, key: img.key,
+                      hash_seed: img.hash_seed, blocks, hashes, tokens })
+    }
+
+    /// `bkv_seq_import`: returns the new sequence and the KV transfers
+    /// (source pool's block -> this pool's block) the host must make.
+    pub fn import(&mut self, image: &SeqImage) -> Result<(u32, Vec<Copy>)> {
+        let mut img = zeroed::<sys::bkv_seq_image>();
+        img.size = std::mem::size_of::<sys::bkv_seq_image>() as u32;
+        img.block_tokens = image.block_tokens;
+        img.len = image.len;
+        img.n_blocks = image.blocks.len() as u32;
+        img.key = image.key;
+        img.hash_seed = image.hash_seed;
+        // the library only reads these arrays (the struct's pointers are *mut
+        // because export writes through the same struct)
+        img.blocks = image.blocks.as_ptr() as *mut i32;
+        img.hashes = image.hashes.as_ptr() as *mut u64;
+        img.tokens = image.tokens.as_ptr() as *mut i32;
+        img.cap_blocks = image.blocks.len().min(image.hashes.len()) as u32;
+        img.cap_tokens = image.tokens.len() as u32;
+        let mut transfers = vec![Copy { src: 0, dst: 0 }; image.blocks.len().max(1)];
+        let (mut seq, mut n) = (0u32, 0u32);
+        check(unsafe {
+            sys::bkv_seq_import(self.as_ptr(), &img, &mut seq, transfers.as_mut_ptr(), &mut n)
+        })?;
+        transfers.truncate(n as usize);
+        Ok((seq, transfers))
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        unsafe { sys::bkv_pool_destroy(self.as_ptr()) }
+    }
+}
+
+fn pool_stats(p: *const sys::bkv_pool) -> PoolStats {
+    let mut s = zeroed::<PoolStats>();
+    s.size = std::mem::size_of::<PoolStats>() as u32;
+    unsafe { sys::bkv_pool_stats_get(p, &mut s) };
+    s
+}
+
+fn pool_events(p: *mut sys::bkv_pool, max: u32) -> Vec<KvEvent> {
+    let mut v = vec![zeroed::<KvEvent>(); max as usize];
+    let n = unsafe { sys::bkv_pool_events(p, v.as_mut_ptr(), max) };
+    v.truncate(n as usize);
+    v
+}
+
+/// A slice over a library array; empty for a NULL pointer or n == 0.
+unsafe fn raw_slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
+    if p.is_null() || n == 0 {
+        &[]
+    } else {
+        slice::from_raw_parts(p, n)
+    }
+}
+
+// ----------------------------------------------------------- cost models --
+
+/// Which host call (`bkv_call_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    Mixed = 0,
+    Prefill = 1,
+    Decode = 2,
+}
+
+/// One host call to price (`bkv_step_shape`).
+#[derive(Debug, Clone, Copy)]
+pub struct StepShape<'a> {
+    pub kind: CallKind,
+    pub decode_rows: u32,
+    pub decode_context: u64,
+    pub chunks: &'a [ChunkShape],
+    pub padded_rows: u32,
+}
+
+impl<'a> StepShape<'a> {
+    fn raw(&self) -> sys::bkv_step_shape {
+        sys::bkv_step_shape {
+            kind: self.kind as c_int,
+            decode_rows: self.decode_rows,
+            decode_context: self.decode_context,
+            n_chunks: self.chunks.len() as u32,
+            chunks: self.chunks.as_ptr(),
+            padded_rows: self.padded_rows.max(self.decode_rows),
+        }
+    }
+}
+
+/// A cost model a scheduler can use. The scheduler borrows it mutably for
+/// its whole life (`'pool`), so no one else reads or changes it meanwhile.
+pub trait CostModel {
+    /// The `bkv_cost_model` whose ctx points into `self`.
+    fn raw_model(&mut self) -> sys::bkv_cost_model;
+}
+
+/// Seed 000's polynomial (`bkv_cost_poly`); the fields are public through
+/// [`PolyCost::params`].
+pub struct PolyCost {
+    raw: Box<sys::bkv_cost_poly>,
+}
+
+impl PolyCost {
+    /// `bkv_cost_poly_init`'s coefficients.
+    pub fn new() -> PolyCost {
+        let mut raw = Box::new(zeroed::<sys::bkv_cost_poly>());
+        unsafe { sys::bkv_cost_poly_init(&mut *raw) };
+        PolyCost { raw }
+    }
+    /// The coefficients, to read or change.
+    pub fn params(&mut self) -> &mut sys::bkv_cost_poly {
+        &mut self.raw
+    }
+    /// `bkv_cost_poly_step_us`.
+    pub fn step_us(&self, shape: &StepShape<'_>) -> f64 {
+        let s = shape.raw();
+        unsafe { sys::bkv_cost_poly_step_us(&*self.raw, &s) }
+    }
+}
+
+impl Default for PolyCost {
+    fn default() -> Self {
+        PolyCost::new()
+    }
+}
+
+impl CostModel for PolyCost {
+    fn raw_model(&mut self) -> sys::bkv_cost_model {
+        unsafe { sys::bkv_cost_poly_model(&mut *self.raw) }
+    }
+}
+
+/// Seed 004's roofline (`bkv_cost_roofline`) from a preset.
+pub struct RooflineCost {
+    raw: Box<sys::bkv_cost_roofline>,
+}
+
+impl RooflineCost {
+    /// `bkv_cost_roofline_init` with a `sys::BKV_ROOFLINE_*` preset.
+    pub fn new(preset: sys::bkv_roofline_preset) -> Result<RooflineCost> {
+        let mut raw = Box::new(zeroed::<sys::bkv_cost_roofline>());
+        check(unsafe { sys::bkv_cost_roofline_init(&mut *raw, preset) })?;
+        Ok(RooflineCost { raw })
+    }
+    /// The model's figures, to read or change.
+    pub fn params(&mut self) -> &mut sys::bkv_cost_roofline {
+        &mut self.raw
+    }
+    /// `bkv_cost_roofline_step_us`.
+    pub fn step_us(&self, shape: &StepShape<'_>) -> f64 {
+        let s = shape.raw();
+        unsafe { sys::bkv_cost_roofline_step_us(&*self.raw, &s) }
+    }
+    /// `bkv_cost_roofline_work`: (FLOPs, bytes) of one call.
+    pub fn work(&self, shape: &StepShape<'_>) -> (f64, f64) {
+        let s = shape.raw();
+        let (mut f, mut b) = (0.0, 0.0);
+        unsafe { sys::bkv_cost_roofline_work(&*self.raw, &s, &mut f, &mut b) };
+        (f, b)
+    }
+}
+
+impl CostModel for RooflineCost {
+    fn raw_model(&mut self) -> sys::bkv_cost_model {
+        unsafe { sys::bkv_cost_roofline_model(&mut *self.raw) }
+    }
+}
+
+/// The calibrated model (`bkv_cost_calib`) over a base it borrows for `'b`.
+pub struct CalibratedCost<'b> {
+    raw: NonNull<sys::bkv_cost_calib>,
+    _base: PhantomData<&'b mut ()>,
+}
+
+// SAFETY: "the model then belongs to one thread at a time".
+unsafe impl<'b> Send for CalibratedCost<'b> {}
+
+impl<'b> CalibratedCost<'b> {
+    /// `bkv_cost_calib_create` over `base` (None: learn from zero).
+    pub fn new(base: Option<&'b mut dyn CostModel>) -> Result<CalibratedCost<'b>> {
+        let b = base.map(|m| m.raw_model());
+        let mut p = ptr::null_mut();
+        check(unsafe {
+            sys::bkv_cost_calib_create(b.as_ref().map_or(ptr::null(), |m| m as *const _),
+                                       ptr::null(), &mut p)
+        })?;
+        Ok(CalibratedCost { raw: NonNull::new(p).ok_or(Error::OutOfMemory)?, _base: PhantomData })
+    }
+    /// `bkv_cost_calib_set_forget` (0.9..=1).
+    pub fn set_forget(&mut self, forget: f64) -> Result<()> {
+        check(unsafe { sys::bkv_cost_calib_set_forget(self.raw.as_ptr(), forget) }).map(|_| ())
+    }
+    /// `bkv_cost_calib_step_us`.
+    pub fn step_us(&mut self, shape: &StepShape<'_>) -> f64 {
+        let s = shape.raw();
+        unsafe { sys::bkv_cost_calib_step_us(self.raw.as_ptr(), &s) }
+    }
+    /// `bkv_cost_calib_observe`.
+    pub fn observe(&mut self, shape: &StepShape<'_>, measured_us: f64) {
+        let s = shape.raw();
+        unsafe { sys::bkv_cost_calib_observe(self.raw.as_ptr(), &s, measured_us) }
+    }
+    /// `bkv_cost_calib_observations`.
+    pub fn observations(&self, kind: CallKind) -> u64 {
+        unsafe { sys::bkv_cost_calib_observations(self.raw.as_ptr(), kind as c_int) }
+    }
+    /// `bkv_cost_calib_coefficients`.
+    pub fn coefficients(&self, kind: CallKind) -> [f64; sys::BKV_COST_CALIB_FEATURES] {
+        let mut w = [0.0; sys::BKV_COST_CALIB_FEATURES];
+        unsafe { sys::bkv_cost_calib_coefficients(self.raw.as_ptr(), kind as c_int, w.as_mut_ptr()) };
+        w
+    }
+}
+
+impl<'b> CostModel for CalibratedCost<'b> {
+    fn raw_model(&mut self) -> sys::bkv_cost_model {
+        unsafe { sys::bkv_cost_calib_model(self.raw.as_ptr()) }
+    }
+}
+
+impl<'b> Drop for CalibratedCost<'b> {
+    fn drop(&mut self) {
+        unsafe { sys::bkv_cost_calib_destroy(self.raw.as_ptr()) }
+    }
+}
+
+// ------------------------------------------------------------- the batch --
+
+/// One host call's work (`bkv_batch`), borrowed from the library for the
+/// duration of the callback. Rows `0..n_decode_rows()` decode one token
+/// each; the rest are prefill chunks. Perform `swap_out`, `swap_in`, `copies`
+/// in that order before computing.
+pub struct Batch<'a> {
+    raw: &'a sys::bkv_batch,
+}
+
+impl<'a> Batch<'a> {
+    /// Wrap a raw batch (for hosts that call their own trampolines).
+    ///
+    /// # Safety
+    /// `raw` must be a batch the library handed to a callback, still running.
+    pub unsafe fn from_raw(raw: &'a sys::bkv_batch) -> Batch<'a> {
+        Batch { raw }
+    }
+    pub fn raw(&self) -> &'a sys::bkv_batch {
+        self.raw
+    }
+    pub fn kind(&self) -> CallKind {
+        match self.raw.kind {
+            sys::BKV_CALL_PREFILL => CallKind::Prefill,
+            sys::BKV_CALL_DECODE => CallKind::Decode,
+            _ => CallKind::Mixed,
+        }
+    }
+    pub fn n_rows(&self) -> usize {
+        self.raw.n_rows as usize
+    }
+    pub fn n_decode_rows(&self) -> usize {
+        self.raw.n_decode_rows as usize
+    }
+    pub fn n_tokens(&self) -> usize {
+        self.raw.n_tokens as usize
+    }
+    pub fn block_tokens(&self) -> u32 {
+        self.raw.block_tokens
+    }
+    fn t<T>(&self, p: *const T, n: usize) -> &'a [T] {
+        unsafe { raw_slice(p, n) }
+    }
+    /// `[n_tokens]` input tokens.
+    pub fn token_ids(&self) -> &'a [i32] {
+        self.t(self.raw.token_ids, self.n_tokens())
+    }
+    /// `[n_tokens]` position of each token.
+    pub fn positions(&self) -> &'a [i32] {
+        self.t(self.raw.positions, self.n_tokens())
+    }
+    /// `[n_rows + 1]`: row r's tokens are `qo_indptr[r]..qo_indptr[r + 1]`.
+    pub fn qo_indptr(&self) -> &'a [i32] {
+        self.t(self.raw.qo_indptr, self.n_rows() + 1)
+    }
+    /// `[n_rows + 1]`: row r's blocks are `kv_indices[kv_indptr[r]..kv_indptr[r + 1]]`.
+    pub fn kv_indptr(&self) -> &'a [i32] {
+        self.t(self.raw.kv_indptr, self.n_rows() + 1)
+    }
+    /// Block ids of every row, context and new tokens.
+    pub fn kv_indices(&self) -> &'a [i32] {
+        let n = self.kv_indptr().last().map_or(0, |&x| x as usize);
+        self.t(self.raw.kv_indices, n)
+    }
+    /// `[n_rows]` tokens in each row's last block.
+    pub fn kv_last_page_len(&self) -> &'a [i32] {
+        self.t(self.raw.kv_last_page_len, self.n_rows())
+    }
+    /// `[n_tokens]` slot (block * block_tokens + offset) of each new token's K/V.
+    pub fn slot_mapping(&self) -> &'a [i32] {
+        self.t(self.raw.slot_mapping, self.n_tokens())
+    }
+    /// `[n_rows]` 1: write a sampled token for this row.
+    pub fn row_sample(&self) -> &'a [u8] {
+        self.t(self.raw.row_sample, self.n_rows())
+    }
+    /// `[n_rows]` request id of each row.
+    pub fn row_req(&self) -> &'a [u64] {
+        self.t(self.raw.row_req, self.n_rows())
+    }
+    /// `[n_rows]` sample index (0..n-1) of each row.
+    pub fn row_branch(&self) -> &'a [u32] {
+        self.t(self.raw.row_branch, self.n_rows())
+    }
+    /// `[n_rows]` the `user` value of each row's request ([`Request::user`]).
+    pub fn row_user(&self) -> &'a [usize] {
+        self.t(self.raw.row_user as *const usize, self.n_rows())
+    }
+    /// Device -> device copies (copy-on-write), performed last.
+    pub fn copies(&self) -> &'a [Copy] {
+        self.t(self.raw.copies, self.raw.n_copies as usize)
+    }
+    /// Device -> host copies, performed first.
+    pub fn swap_out(&self) -> &'a [Copy] {
+        self.t(self.raw.swap_out, self.raw.n_swap_out as usize)
+    }
+    /// Host -> device copies, performed second.
+    pub fn swap_in(&self) -> &'a [Copy] {
+        self.t(self.raw.swap_in, self.raw.n_swap_in as usize)
+    }
+}
+
+// ----------------------------------------------------------- the host ----
+
+/// A host compute call failed (the step is rolled back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFailed;
+
+/// Why a request ended (`bkv_finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Length,
+    Stop,
+    Abort,
+    Error,
+}
+
+/// The host: its kernels and notifications (`bkv_host_ops`). A scheduler made
+/// with [`Scheduler::new`] calls `forward` (mixed batches); one made with
+/// [`Scheduler::new_split`] calls `prefill` and `decode` (which default to
+/// `forward`). Every method runs on the stepping thread, inside `step`.
+pub trait Host {
+    /// Compute one batch; write a token into `next_tokens[r]` for every row
+    /// with `batch.row_sample()[r] != 0` (`BKV_TOKEN_FAIL` fails that
+    /// request). `Err` or a panic fails the call and rolls the step back.
+    fn forward(&mut self, batch: &Batch<'_>, next_tokens: &mut [i32])
+        -> std::result::Result<(), HostFailed>;
+    /// A split host's prefill call.
+    fn prefill(&mut self, batch: &Batch<'_>, next_tokens: &mut [i32])
+        -> std::result::Result<(), HostFailed> {
+        self.forward(batch, next_tokens)
+    }
+    /// A split host's decode call.
+    fn decode(&mut self, batch: &Batch<'_>, next_tokens: &mut [i32])
+        -> std::result::Result<(), HostFailed> {
+        self.forward(batch, next_tokens)
+    }
+    /// A token reached a request's branch (`user`: [`Request::user`]).
+    fn on_token(&mut self, _req: u64, _branch: u32, _token: i32, _user: usize) {}
+    /// A request ended (exactly once per request).
+    fn on_finish(&mut self, _req: u64, _reason: FinishReason, _user: usize) {}
+    /// true: the library reads the clock from `now_us` (else its monotonic one).
+    const HAS_CLOCK: bool = false;
+    /// Microseconds of the host's clock (used when `HAS_CLOCK`).
+    fn now_us(&mut self) -> u64 {
+        0
+    }
+}
+
+/// A request (`bkv_request`); the arrays are copied by `submit`.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub prompt: &'a [i32],
+    pub max_new_tokens: u32,
+    pub stop_tokens: &'a [i32],
+    pub priority: i32,
+    pub cache_key: u64,
+    /// samples (forked branches), >= 1
+    pub n: u32,
+    pub predicted_output: u32,
+    /// handed back in callbacks and `Batch::row_user` (an index, a key)
+    pub user: usize,
+}
+
+impl<'a> Request<'a> {
+    /// A request with `bkv_request_init`'s defaults (n = 1).
+    pub fn new(prompt: &'a [i32], max_new_tokens: u32) -> Request<'a> {
+        Request { prompt, max_new_tokens, stop_tokens: &[], priority: 0, cache_key: 0, n: 1,
+                  predicted_output: 0, user: 0 }
+    }
+}
+
+struct HostCell<H> {
+    host: UnsafeCell<H>,
+    panic: Cell<Option<Box<dyn Any + Send + 'static>>>,
+}
+
+/// Run a callback body, catching a panic into the cell (never unwinding into C).
+fn guarded<H, R>(cell: &HostCell<H>, fail: R, f: impl FnOnce(&mut H) -> R) -> R {
+    // SAFETY: callbacks run inside step, which holds the stepping flag: the
+    // only live reference to the host.
+    let h = unsafe { &mut *cell.host.get() };
+    match panic::catch_unwind(AssertUnwindSafe(|| f(h))) {
+        Ok(r) => r,
+        Err(p) => {
+            let old = cell.panic.take();
+            cell.panic.set(Some(old.unwrap_or(p)));
+            fail
+        }
+    }
+}
+
+type ComputeFn<H> = fn(&mut H, &Batch<'_>, &mut [i32]) -> std::result::Result<(), HostFailed>;
+
+unsafe fn compute<H: Host>(host: *mut c_void, b: *const sys::bkv_batch, next: *mut i32,
+                           f: ComputeFn<H>) -> c_int {
+    let cell = &*(host as *const HostCell<H>);
+    let b = &*b;
+    let batch = Batch { raw: b };
+    let nt: &mut [i32] = if next.is_null() || b.n_rows == 0 {
+        &mut []
+    } else {
+        slice::from_raw_parts_mut(next, b.n_rows as usize)
+    };
+    guarded(cell, -1, |h| match f(h, &batch, nt) {
+        Ok(()) => 0,
+        Err(HostFailed) => -1,
+    })
+}
+
+unsafe extern "C" fn forward_cb<H: Host>(h: *mut c_void, b: *const sys::bkv_batch,
+                                          n: *mut i32) -> c_int {
+    compute::<H>(h, b, n, H::forward)
+}
+
+unsafe extern "C" fn prefill_cb<H: Host>(h: *mut c_void, b: *const sys::bkv_batch,
+                                          n: *mut i32) -> c_int {
+    compute::<H>(h, b, n, H::prefill)
+}
+
+unsafe extern "C" fn decode_cb<H: Host>(h: *mut c_void, b: *const sys::bkv_batch,
+                                         n: *mut i32) -> c_int {
+    compute::<H>(h, b, n, H::decode)
+}
+
+unsafe extern "C" fn token_cb<H: Host>(h: *mut c_void, req: u64, branch: u32, token: i32,
+                                        user: *mut c_void) {
+    let cell = &*(h as *const HostCell<H>);
+    guarded(cell, (), |h| h.on_token(req, branch, token, user as usize))
+}
+
+unsafe extern "C" fn finish_cb<H: Host>(h: *mut c_void, req: u64, why: sys::bkv_finish_reason,
+                                         user: *mut c_void) {
+    let cell = &*(h as *const HostCell<H>);
+    let why = match why {
+        sys::BKV_FINISH_LENGTH => FinishReason::Length,
+        sys::BKV_FINISH_STOP => FinishReason::Stop,
+        sys::BKV_FINISH_ABORT => FinishReason::Abort,
+        _ => FinishReason::Error,
+    };
+    guarded(cell, (), |h| h.on_finish(req, why, user as usize))
+}
+
+unsafe extern "C" fn clock_cb<H: Host>(h: *mut c_void) -> u64 {
+    let cell = &*(h as *const HostCell<H>);
+    guarded(cell, 0, |h| h.now_us())
+}
+
+// ------------------------------------------------------------- scheduler --
+
+/// A scheduler (`bkv_sched`) over a pool borrowed for `'pool`, driving a host
+/// `H`. See the crate documentation for its thread rules.
+pub struct Scheduler<'pool, H: Host> {
+    raw: NonNull<sys::bkv_sched>,
+    host: Box<HostCell<H>>,
+    stepping: AtomicBool,
+    pool: *mut sys::bkv_pool,
+    _pool: PhantomData<&'pool mut Pool>,
+}
+
+// SAFETY: bkv_submit, bkv_abort and bkv_sched_pending may run on any thread
+// concurrently with bkv_step (the header); every other call, and every use of
+// the host, happens under the `stepping` flag, one thread at a time, so the
+// host only needs to be Send.
+unsafe impl<'pool, H: Host + Send> Send for Scheduler<'pool, H> {}
+unsafe impl<'pool, H: Host + Send> Sync for Scheduler<'pool, H> {}
+
+/// Holds the stepping flag; released on drop.
+struct Exclusive<'s>(&'s AtomicBool);
+
+impl<'s> Drop for Exclusive<'s> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl<'pool, H: Host> Scheduler<'pool, H> {
+    /// `bkv_sched_create` with a mixed-batch host (`Host::forward`).
+    pub fn new(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
+               cost: Option<&'pool mut dyn CostModel>) -> Result<Self> {
+        Self::create(pool, host, cfg, cost, false)
+    }
+
+    /// `bkv_sched_create` with a split host (`Host::prefill`, `Host::decode`).
+    pub fn new_split(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
+                     cost: Option<&'pool mut dyn CostModel>) -> Result<Self> {
+        Self::create(pool, host, cfg, cost, true)
+    }
+
+    fn create(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
+              cost: Option<&'pool mut dyn CostModel>, split: bool) -> Result<Self> {
+        let mut c = *cfg;
+        c.size = std::mem::size_of::<SchedConfig>() as u32;
+        if let Some(m) = cost {
+            c.cost = m.raw_model();
+        }
+        let mut ops = zeroed::<sys::bkv_host_ops>();
+        if split {
+            ops.prefill = Some(prefill_cb::<H>);
+            ops.decode = Some(decode_cb::<H>);
+        } else {
+            ops.forward = Some(forward_cb::<H>);
+        }
+        ops.on_token = Some(token_cb::<H>);
+        ops.on_finish = Some(finish_cb::<H>);
+        if H::HAS_CLOCK {
+            ops.now_us = Some(clock_cb::<H>);
+        }
+        let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None) });
+        let mut s = ptr::null_mut();
+        check(unsafe {
+            sys::bkv_sched_create(&c, pool.as_ptr(), &ops,
+                                  &*host as *const HostCell<H> as *mut c_void, ptr::null(), &mut s)
+        })?;
+        Ok(Scheduler { raw: NonNull::new(s).ok_or(Error::OutOfMemory)?, host,
+                       stepping: AtomicBool::new(false), pool: pool.as_ptr(), _pool: PhantomData })
+    }
+
+    fn exclusive(&self) -> Result<Exclusive<'_>> {
+        if self.stepping.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return Err(Error::State);
+        }
+        Ok(Exclusive(&self.stepping))
+    }
+
+    /// `bkv_submit` (any thread): returns the request id.
+    pub fn submit(&self, req: &Request<'_>) -> Result<u64> {
+        let mut q = zeroed::<sys::bkv_request>();
+        unsafe { sys::bkv_request_init(&mut q) };
+        q.prompt = req.prompt.as_ptr();
+        q.prompt_len = req.prompt.len() as u32;
+        q.max_new_tokens = req.max_new_tokens;
+        q.stop_tokens = if req.stop_tokens.is_empty() { ptr::null() } else { req.stop_tokens.as_ptr() };
+        q.n_stop = req.stop_tokens.len() as u32;
+        q.priority = req.priority;
+        q.cache_key = req.cache_key;
+        q.n = req.n;
+        q.predicted_output = req.predicted_output;
+        q.user = req.user as *mut c_void;
+        let mut id = 0;
+        check(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
+        Ok(id)
+    }
+
+    /// `bkv_abort` (any thread): the request ends with `Abort` at the next step.
+    pub fn abort(&self, req_id: u64) -> Result<()> {
+        check(unsafe { sys::bkv_abort(self.raw.as_ptr(), req_id) }).map(|_| ())
+    }
+
+    /// `bkv_sched_pending` (any thread): requests not yet ended.
+    pub fn pending(&self) -> u64 {
+        unsafe { sys::bkv_sched_pending(self.raw.as_ptr()) }
+    }
+
+    /// `bkv_step`: one iteration. `Err(Host)` when a compute callback
+    /// returned `Err` (rolled back; step again); a callback's panic is
+    /// resumed here after the library finished the step. `Err(State)` while
+    /// another step runs.
+    pub fn step(&self) -> Result<StepInfo> {
+        let _x = self.exclusive()?;
+        let mut info = zeroed::<StepInfo>();
+        let rc = unsafe { sys::bkv_step(self.raw.as_ptr(), &mut info) };
+        if let Some(p) = self.host.panic.take() {
+            drop(_x);
+            panic::resume_unwind(p);
+        }
+        check(rc)?;
+        Ok(info)
+    }
+
+    /// `step` until nothing is pending; returns the steps taken.
+    pub fn run(&self) -> Result<u64> {
+        let mut n = 0;
+        while self.pending() > 0 {
+            self.step()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// `bkv_sched_stats_get` (not during a step: `Err(State)`).
+    pub fn stats(&self) -> Result<SchedStats> {
+        let _x = self.exclusive()?;
+        let mut s = zeroed::<SchedStats>();
+        s.size = std::mem::size_of::<SchedStats>() as u32;
+        unsafe { sys::bkv_sched_stats_get(self.raw.as_ptr(), &mut s) };
+        Ok(s)
+    }
+
+    /// `bkv_sched_check`: 0 when consistent.
+    pub fn check(&self) -> Result<i32> {
+        let _x = self.exclusive()?;
+        Ok(unsafe { sys::bkv_sched_check(self.raw.as_ptr()) })
+    }
+
+    /// `bkv_sched_metrics_prometheus`: the Prometheus text.
+    pub fn metrics(&self) -> Result<String> {
+        let _x = self.exclusive()?;
+        let n = unsafe { sys::bkv_sched_metrics_prometheus(self.raw.as_ptr(), ptr::null_mut(), 0) };
+        let mut buf = vec![0u8; n + 1];
+        unsafe {
+            sys::bkv_sched_metrics_prometheus(self.raw.as_ptr(), buf.as_mut_ptr() as *mut _, n + 1)
+        };
+        buf.truncate(n);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// The pool's counters, between steps.
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        let _x = self.exclusive()?;
+        Ok(pool_stats(self.pool))
+    }
+
+    /// Drain the pool's KV events, between steps.
+    pub fn pool_events(&self, max: u32) -> Result<Vec<KvEvent>> {
+        let _x = self.exclusive()?;
+        Ok(pool_events(self.pool, max))
+    }
+
+    /// The host, between steps.
+    pub fn host_mut(&mut self) -> &mut H {
+        self.host.host.get_mut()
+    }
+}
+
+impl<'pool, H: Host> Drop for Scheduler<'pool, H> {
+    fn drop(&mut self) {
+        unsafe { sys::bkv_sched_destroy(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,259 @@
+//! The safe wrapper: minimal.c's workload, rollback on Err and on panic, KV
+//! bookkeeping through the pool, submit/abort from other threads while one
+//! thread steps, misuse answered with the right Error.
+use batchkv::*;
+use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[derive(Default)]
+struct PlusOne {
+    tokens: HashMap<u64, Vec<i32>>,
+    finished: HashMap<u64, (FinishReason, usize)>,
+    fail: u32,
+    panic: u32,
+    calls: u32,
+}
+
+impl Host for PlusOne {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        self.calls += 1;
+        if self.panic > 0 {
+            self.panic -= 1;
+            panic!("kernel exploded");
+        }
+        if self.fail > 0 {
+            self.fail -= 1;
+            return Err(HostFailed);
+        }
+        let (tok, qo) = (b.token_ids(), b.qo_indptr());
+        assert_eq!(qo.len(), b.n_rows() + 1);
+        assert_eq!(b.row_req().len(), b.n_rows());
+        for r in 0..b.n_rows() {
+            if b.row_sample()[r] != 0 {
+                next[r] = tok[qo[r + 1] as usize - 1] + 1;
+            }
+        }
+        Ok(())
+    }
+    fn on_token(&mut self, req: u64, _b: u32, token: i32, _u: usize) {
+        self.tokens.entry(req).or_insert_with(Vec::new).push(token);
+    }
+    fn on_finish(&mut self, req: u64, why: FinishReason, user: usize) {
+        assert!(self.finished.insert(req, (why, user)).is_none(), "ended twice");
+    }
+}
+
+const PROMPT: [i32; 5] = [100, 101, 102, 103, 104];
+
+fn submit3<H: Host>(s: &Scheduler<'_, H>) -> Vec<u64> {
+    (0..3u32).map(|i| {
+        s.submit(&Request { stop_tokens: &[110], user: 10 + i as usize,
+                            ..Request::new(&PROMPT, 2 + 2 * i) }).unwrap()
+    }).collect()
+}
+
+#[test]
+fn minimal_workload_as_in_minimal_c() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    let ids = submit3(&s);
+    assert!(s.run().unwrap() > 0);
+    assert_eq!(s.check().unwrap(), 0);
+    let st = s.stats().unwrap();
+    assert_eq!((st.submitted, st.finished), (3, 3));
+    assert!(s.metrics().unwrap().contains("# TYPE bkv_step_duration_seconds histogram"));
+    let h = s.host_mut();
+    assert_eq!(h.tokens[&ids[0]], vec![105, 106]);
+    assert_eq!(h.tokens[&ids[1]], vec![105, 106, 107, 108]);
+    assert_eq!(h.tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+    assert_eq!(h.finished[&ids[0]], (FinishReason::Length, 10));
+    assert_eq!(h.finished[&ids[2]], (FinishReason::Stop, 12));
+}
+
+#[test]
+fn kv_events_and_pool_stats_through_the_scheduler() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, block_tokens: 4, event_capacity: 64,
+                                           hash_seed: 9, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    let prompt: Vec<i32> = (200..213).collect();
+    let id = s.submit(&Request::new(&prompt, 3)).unwrap();
+    s.run().unwrap();
+    let ev = s.pool_events(64).unwrap();
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&s.host_mut().tokens[&id][..2]);
+    let stored: Vec<u64> = ev.iter().filter(|e| e.kind == sys::BKV_EVENT_STORED as u32)
+        .map(|e| e.hash).collect();
+    assert_eq!(stored, block_hashes(9, 0, 4, &seq));
+    assert_eq!(stored.len(), 3);
+    let ps = s.pool_stats().unwrap();
+    assert_eq!(ps.nr_free + ps.nr_used + ps.nr_cached, 64);
+    assert_eq!(ps.nr_seqs, 0);
+}
+
+#[test]
+fn host_err_and_panic_roll_back_and_lose_nothing() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    let ids = submit3(&s);
+    s.step().unwrap();
+    let before = s.host_mut().tokens.clone();
+    s.host_mut().fail = 1;
+    assert_eq!(s.step().unwrap_err(), Error::Host);
+    s.host_mut().panic = 1;
+    let r = panic::catch_unwind(AssertUnwindSafe(|| s.step()));
+    let msg = r.unwrap_err();
+    assert_eq!(msg.downcast_ref::<&str>(), Some(&"kernel exploded"));
+    assert_eq!(s.host_mut().tokens, before, "a rolled-back step delivered tokens");
+    assert_eq!(s.check().unwrap(), 0);
+    s.run().unwrap();
+    let st = s.stats().unwrap();
+    assert_eq!((st.failed_steps, st.finished), (2, 3));
+    assert_eq!(s.host_mut().tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+}
+
+#[test]
+fn pool_blocks_fork_copies_swap_events_export_import() {
+    let cfg = PoolConfig { device_blocks: 16, block_tokens: 4, host_blocks: 8,
+                           event_capacity: 64, hash_seed: 5, ..Default::default() };
+    let mut p = Pool::new(&cfg).unwrap();
+    let a = p.open().unwrap();
+    let toks: Vec<i32> = (100..110).collect();
+    assert_eq!(p.append(a, &toks).unwrap(), 0);
+    let b = p.open().unwrap();
+    assert_eq!(p.append(b, &toks[..9]).unwrap(), 8);
+    let ev = p.events(64);
+    assert_eq!(ev.len(), 2);
+    assert_eq!(block_hashes(5, 0, 4, &toks), vec![ev[0].hash, ev[1].hash]);
+    let c = p.fork(a).unwrap();
+    p.append(c, &[7]).unwrap();
+    let (ablk, cblk) = (p.blocks(a).unwrap().to_vec(), p.blocks(c).unwrap().to_vec());
+    let cp = p.copies(CopyKind::Device);
+    assert_eq!((cp.len(), cp[0].src, cp[0].dst), (1, ablk[2], cblk[2]));
+    p.clear_copies(CopyKind::Device);
+    assert!(p.copies(CopyKind::Device).is_empty());
+    assert_eq!(p.info(a).unwrap().len, 10);
+    let img = p.export(a).unwrap();
+    assert_eq!((img.len, img.blocks.clone()), (10, ablk.clone()));
+    p.close_seq(c).unwrap();
+    p.swap_out(b).unwrap();
+    assert_eq!(p.copies(CopyKind::SwapOut).len(), 3);
+    assert_eq!(p.append(b, &[1]).unwrap_err(), Error::State);
+    p.clear_copies(CopyKind::SwapOut);
+    p.swap_in(b).unwrap();
+    p.clear_copies(CopyKind::SwapIn);
+    assert_eq!(p.check(), 0);
+    let st = p.stats();
+    assert_eq!((st.hit_tokens, st.cow_copies, st.nr_seqs), (8, 1, 2));
+    let mut q = Pool::new(&PoolConfig { device_blocks: 16, block_tokens: 4, hash_seed: 5,
+                                        ..Default::default() }).unwrap();
+    let (seq, tr) = q.import(&img).unwrap();
+    assert_eq!(q.info(seq).unwrap().len, 10);
+    assert_eq!(tr.iter().map(|t| t.src).collect::<Vec<_>>(), ablk);
+    let mut bad = img.clone();
+    bad.hashes[0] ^= 1;
+    assert_eq!(q.import(&bad).unwrap_err(), Error::InvalidArgument);
+    assert_eq!(Pool::new(&PoolConfig::default()).err(), Some(Error::InvalidArgument));
+    assert_eq!(p.close_seq(a + 9999).unwrap_err(), Error::NotFound);
+}
+
+#[derive(Default)]
+struct Counter {
+    finished: HashMap<u64, FinishReason>,
+}
+
+impl Host for Counter {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        std::thread::yield_now();
+        for r in 0..b.n_rows() {
+            next[r] = 5;
+        }
+        Ok(())
+    }
+    fn on_finish(&mut self, req: u64, why: FinishReason, _u: usize) {
+        assert!(self.finished.insert(req, why).is_none(), "ended twice");
+    }
+}
+
+#[test]
+fn submit_and_abort_from_threads_while_stepping() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 512, block_tokens: 8,
+                                           ..Default::default() }).unwrap();
+    let cfg = SchedConfig { max_running: 32, ..Default::default() };
+    let mut s = Scheduler::new(&mut pool, Counter::default(), &cfg, None).unwrap();
+    let aborted = AtomicUsize::new(0);
+    let ids: Vec<Vec<u64>> = std::thread::scope(|sc| {
+        let s = &s;
+        let aborted = &aborted;
+        let clients: Vec<_> = (0..4).map(|t| sc.spawn(move || {
+            let mut mine = Vec::new();
+            for i in 0..200u32 {
+                let prompt: Vec<i32> = (0..1 + i % 20).map(|x| (x * 7 + t) as i32).collect();
+                mine.push(s.submit(&Request::new(&prompt, 1 + i % 9)).unwrap());
+                if i % 3 == 0 && s.abort(mine[(i as usize * 7) % mine.len()]).is_ok() {
+                    aborted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            mine
+        })).collect();
+        let mut steps = 0u64;
+        while clients.iter().any(|c| !c.is_finished()) || s.pending() > 0 {
+            s.step().unwrap();
+            steps += 1;
+            assert!(steps < 1_000_000);
+        }
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let all: Vec<u64> = ids.into_iter().flatten().collect();
+    assert_eq!(all.len(), 800);
+    let st = s.stats().unwrap();
+    assert_eq!((st.submitted, st.finished), (800, 800));
+    assert!(st.aborted as usize <= aborted.load(Ordering::Relaxed) && st.aborted > 0);
+    let h = s.host_mut();
+    assert_eq!(h.finished.len(), 800);
+    assert!(all.iter().all(|id| h.finished.contains_key(id)));
+}
+
+#[test]
+fn thread_rules_are_in_the_types() {
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+    send::<Pool>();
+    send::<Scheduler<'static, Counter>>();
+    sync::<Scheduler<'static, Counter>>();
+}
+
+#[test]
+fn cost_models_and_helpers() {
+    let mut poly = PolyCost::new();
+    let d = StepShape { kind: CallKind::Decode, decode_rows: 32, decode_context: 0, chunks: &[],
+                        padded_rows: 32 };
+    assert!((poly.step_us(&d) - (1064.0 + 24.1 * 32.0)).abs() < 1e-6);
+    let rl = RooflineCost::new(sys::BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16).unwrap();
+    assert!(rl.work(&d).0 > 0.0 && rl.step_us(&d) > 0.0);
+    {
+        let mut cal = CalibratedCost::new(Some(&mut poly)).unwrap();
+        for _ in 0..20 {
+            cal.observe(&d, 500.0);
+        }
+        assert_eq!(cal.observations(CallKind::Decode), 20);
+        assert!((cal.step_us(&d) - 500.0).abs() < 1.0);
+        assert_eq!(cal.set_forget(0.5).unwrap_err(), Error::InvalidArgument);
+        assert_eq!(cal.coefficients(CallKind::Decode).len(), 9);
+        let mut pool = Pool::new(&PoolConfig { device_blocks: 32, ..Default::default() }).unwrap();
+        let s = Scheduler::new_split(&mut pool, PlusOne::default(), &SchedConfig::default(),
+                                     Some(&mut cal)).unwrap();
+        submit3(&s);
+        s.run().unwrap();
+        assert_eq!(s.stats().unwrap().finished, 3);
+        assert!(s.stats().unwrap().decode_calls > 0);
+    }
+    poly.params().d0 = 0.0;
+    assert!((poly.step_us(&d) - 24.1 * 32.0).abs() < 1e-6);
+    let shape = ModelShape { layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2 };
+    assert_eq!(kv_bytes_per_token(&shape), 131072);
+    assert_eq!(blocks_for_bytes(1 << 30, &shape, 16), 512);
+    assert_eq!(version(), "0.1.0");
+    assert_eq!(Error::Host.to_string(), "a host callback failed");
+    assert_eq!(Error::from_status(-8), Some(Error::State));
+}
