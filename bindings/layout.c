@@ -59,6 +59,7 @@ int main(void)
 	F(bkv_pool_stats, swap_in_blocks);
 	F(bkv_pool_stats, events);
 	F(bkv_pool_stats, events_dropped);
+	F(bkv_pool_stats, dup_blocks);
 	S(bkv_copy);
 	F(bkv_copy, src);
 	F(bkv_copy, dst);

@@ -116,6 +116,7 @@ class bkv_pool_stats(Structure):
         ('swap_in_blocks', c_uint64),
         ('events', c_uint64),
         ('events_dropped', c_uint64),
+        ('dup_blocks', c_uint64),
     ]
 
 

@@ -128,6 +128,7 @@ pub struct bkv_pool_stats {
     pub swap_in_blocks: u64,
     pub events: u64,
     pub events_dropped: u64,
+    pub dup_blocks: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

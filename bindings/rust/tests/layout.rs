@@ -31,7 +31,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_allocator { alloc, realloc, free, ud }),
         layout!(bkv_model_shape { layers, kv_heads, head_dim, dtype_bytes }),
         layout!(bkv_pool_config { size, block_tokens, device_blocks, host_blocks, max_seqs, watermark_blocks, prefix_cache, hash_seed, event_capacity, reserved }),
-        layout!(bkv_pool_stats { size, block_tokens, device_blocks, host_blocks, nr_free, nr_used, nr_cached, nr_indexed, host_free, host_used, nr_seqs, nr_swapped, tokens, waste_slots, hit_tokens, miss_tokens, evictions, cow_copies, swap_out_blocks, swap_in_blocks, events, events_dropped }),
+        layout!(bkv_pool_stats { size, block_tokens, device_blocks, host_blocks, nr_free, nr_used, nr_cached, nr_indexed, host_free, host_used, nr_seqs, nr_swapped, tokens, waste_slots, hit_tokens, miss_tokens, evictions, cow_copies, swap_out_blocks, swap_in_blocks, events, events_dropped, dup_blocks }),
         layout!(bkv_copy { src, dst }),
         layout!(bkv_seq_info { len, n_blocks, swapped, key }),
         layout!(bkv_chunk_shape { len, start }),
