@@ -79,11 +79,13 @@ int evw_create(evw *w, uint32_t ring, uint32_t n_requests, uint64_t seed)
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = EVW_BT;
 	pc.device_blocks = 48;
-	pc.host_blocks = 6;
+	pc.host_blocks = 8;
 	pc.max_seqs = 64;
 	pc.event_capacity = ring;
 	bkv_sched_config_init(&sc);
 	sc.max_running = 32;
+	bkv_cost_poly_init(&w->poly);
+	sc.cost = bkv_cost_poly_model(&w->poly);
 	memset(&ops, 0, sizeof ops);
 	ops.forward = forward;
 	ops.on_token = on_token;

@@ -3,7 +3,8 @@
  * bkv_sched over a small pool with a host tier, driven by a fake host, fed
  * prompts that share prefixes, so that one run goes through prefix hits,
  * evictions, swap and recompute preemption, a dropped-event gap (the caller
- * skips drains) and a cache reset. Deterministic for a given seed.
+ * skips drains) and a cache reset. The scheduler prices steps with a fixed
+ * model, so a seed gives the same run on any machine.
  */
 #ifndef BKV_EVENTS_WORKLOAD_H
 #define BKV_EVENTS_WORKLOAD_H
@@ -22,6 +23,9 @@ typedef struct evw {
 	uint32_t n_requests;  /* requests the run submits in all */
 	uint32_t reset_step;  /* step at which bkv_pool_reset_cache runs */
 	uint32_t finished;    /* requests ended (on_finish) */
+	bkv_cost_poly poly;   /* the scheduler's fixed cost model (seed 000's
+				 polynomial), so decisions do not follow the
+				 machine's speed */
 } evw;
 
 /* Create a replica: event ring of ring events, n requests, seed. 0 or a
