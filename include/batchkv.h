@@ -1391,14 +1391,22 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
 
 /* How KVEventBatch and its events are laid out. */
 typedef enum bkv_vllm_wire {
-	BKV_VLLM_WIRE_MAP = 0,  /* current vLLM: each struct a map keyed by
-				   field name, events tagged by a first
-				   "type" entry, defaults omitted */
-	BKV_VLLM_WIRE_ARRAY = 1 /* older vLLM (array_like structs): each
-				   struct an array of its fields in order,
-				   an event's tag first; BlockStored has
-				   block_hashes, parent_block_hash,
-				   token_ids, block_size, lora_id only */
+	BKV_VLLM_WIRE_MAP = 0,     /* current vLLM: each struct a map keyed by
+				      field name, events tagged by a first
+				      "type" entry, defaults omitted */
+	BKV_VLLM_WIRE_ARRAY = 1,   /* array_like vLLM (what llm-d's KV-cache
+				      decoder reads): each struct an array
+				      of its fields in order, an event's tag
+				      first; BlockStored ends with lora_id,
+				      medium, lora_name, BlockRemoved with
+				      medium; data_parallel_rank last in the
+				      batch when set; no group fields */
+	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: BlockStored
+				      is tag, block_hashes,
+				      parent_block_hash, token_ids,
+				      block_size, lora_id; BlockRemoved tag,
+				      block_hashes; the batch ts, events;
+				      hashes always ints */
 } bkv_vllm_wire;
 
 /* Which block hash the events carry. */
@@ -1430,15 +1438,15 @@ typedef struct bkv_vllm_config {
 				       (vLLM's default,
 				       VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1);
 				       0: as the 32-byte digest. NATIVE and
-				       ARRAY always send ints. Default 1. */
+				       ARRAY_V0 always send ints. Default 1. */
 	const char *hash_seed;      /* the replicas' PYTHONHASHSEED: the first
 				       block's parent is hash(hash_seed)
 				       (vLLM's NONE_HASH). Copied at create;
 				       at most 255 bytes. Default "0". */
-	const char *medium;         /* MAP: BlockStored/BlockRemoved.medium;
+	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium;
 				       NULL sends nil. Copied. Default "GPU"
 				       (the index holds device blocks only). */
-	int32_t data_parallel_rank; /* MAP: KVEventBatch.data_parallel_rank;
+	int32_t data_parallel_rank; /* MAP, ARRAY: KVEventBatch.data_parallel_rank;
 				       -1 omits it. Default -1. */
 	int32_t group_idx;          /* MAP: the KV-cache group index of every
 				       event; -1 omits it. Default -1. */

@@ -693,7 +693,7 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 
 	if (!cfg || !pool || !out || cfg->size < sizeof *cfg)
 		return BKV_EINVAL;
-	if (cfg->wire > BKV_VLLM_WIRE_ARRAY || cfg->hash > BKV_VLLM_HASH_SHA256 ||
+	if (cfg->wire > BKV_VLLM_WIRE_ARRAY_V0 || cfg->hash > BKV_VLLM_HASH_SHA256 ||
 	    !seed_ok(cfg->hash_seed) || !pool->ev || cfg->data_parallel_rank < -1 ||
 	    cfg->group_idx < -1)
 		return BKV_EINVAL;
@@ -739,10 +739,10 @@ uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc)
 	return enc ? enc->resyncs : 0;
 }
 
-/* A published hash: an int (NATIVE, ARRAY, int_hashes) or 32 bytes. */
+/* A published hash: an int (NATIVE, ARRAY_V0, int_hashes) or 32 bytes. */
 static void put_hash(bkv_vllm_encoder *e, wbuf *w, const uint8_t *d)
 {
-	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE || e->cfg.wire == BKV_VLLM_WIRE_ARRAY ||
+	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE || e->cfg.wire == BKV_VLLM_WIRE_ARRAY_V0 ||
 	    e->cfg.int_hashes)
 		mp_uint(w, bkv_vllm_hash_int(d));
 	else
@@ -803,7 +803,7 @@ static void flush_group(bkv_vllm_encoder *e)
 				  (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0));
 		mp_str(w, "type");
 	} else {
-		mp_array(w, 6);
+		mp_array(w, e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
 	}
 	mp_str(w, "BlockStored");
 	if (map)
@@ -835,17 +835,21 @@ static void flush_group(bkv_vllm_encoder *e)
 		mp_uint(w, e->group_key);
 	else
 		mp_nil(w);
-	if (map) {
-		mp_str(w, "medium");
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
+		if (map)
+			mp_str(w, "medium");
 		if (e->cfg.medium)
 			mp_str(w, e->cfg.medium);
 		else
 			mp_nil(w);
-		mp_str(w, "lora_name");
+		if (map)
+			mp_str(w, "lora_name");
 		if (name)
 			mp_str(w, name);
 		else
 			mp_nil(w);
+	}
+	if (map) {
 		if (e->cfg.extra_keys) {
 			mp_str(w, "extra_keys");
 			mp_array(w, n);
@@ -899,19 +903,22 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
 		mp_map(w, 3 + (e->cfg.group_idx >= 0));
 		mp_str(w, "type");
 	} else {
-		mp_array(w, 2);
+		mp_array(w, e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
 	}
 	mp_str(w, "BlockRemoved");
 	if (map)
 		mp_str(w, "block_hashes");
 	mp_array(w, 1);
 	put_hash(e, w, d);
-	if (map) {
-		mp_str(w, "medium");
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
+		if (map)
+			mp_str(w, "medium");
 		if (e->cfg.medium)
 			mp_str(w, e->cfg.medium);
 		else
 			mp_nil(w);
+	}
+	if (map) {
 		if (e->cfg.group_idx >= 0) {
 			mp_str(w, "group_idx");
 			mp_uint(w, (uint64_t)e->cfg.group_idx);
@@ -1053,15 +1060,17 @@ int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint
 		mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
 		mp_str(m, "ts");
 	} else {
-		mp_array(m, 2);
+		mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
+				 e->cfg.data_parallel_rank >= 0));
 	}
 	mp_f64(m, ts);
 	if (map)
 		mp_str(m, "events");
 	mp_array(m, e->n_events);
 	wb_put(m, e->body.p, e->body.n);
-	if (map && e->cfg.data_parallel_rank >= 0) {
-		mp_str(m, "data_parallel_rank");
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0 && e->cfg.data_parallel_rank >= 0) {
+		if (map)
+			mp_str(m, "data_parallel_rank");
 		mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
 	}
 	if (m->oom) {

@@ -93,7 +93,7 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed):
     out = subprocess.run([dump, wire, hkind, str(int_hashes), str(extra), str(dp), str(group),
                           kind, seed], check=True, capture_output=True).stdout
     fn = hash_fn(hkind)
-    as_int = hkind == "native" or wire == "array" or int_hashes == 1
+    as_int = hkind == "native" or wire == "array0" or int_hashes == 1
     none_hash = fn(seed) if fn else None
     full = {}     # published hash -> full 32-byte digest (for parents)
     have = set()  # published hashes the events say the replica holds
@@ -122,9 +122,12 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed):
                 if rec[1:4] != b"\xa2ts" or rec[4] != 0xcb:
                     fail(f"{label}: ts is not the first entry as a float64")
             else:
-                if not isinstance(obj, list) or len(obj) != 2:
-                    fail(f"{label}: array batch is not [ts, events]")
-                ts, events = obj
+                want_len = 3 if wire == "array" and dp >= 0 else 2
+                if not isinstance(obj, list) or len(obj) != want_len:
+                    fail(f"{label}: array batch has {len(obj)} entries, want {want_len}")
+                if want_len == 3 and obj[2] != dp:
+                    fail(f"{label}: data_parallel_rank {obj[2]}")
+                ts, events = obj[0], obj[1]
             if not isinstance(ts, float) or not events:
                 fail(f"{label}: bad ts or empty events")
             for ev in events:
@@ -156,14 +159,17 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed):
                         fail(f"{label}: unknown event type {t!r}")
                 else:
                     t = ev[0]
+                    v0 = wire == "array0"
                     if t == "BlockStored":
-                        if len(ev) != 6:
+                        if len(ev) != (6 if v0 else 8):
                             fail(f"{label}: array BlockStored has {len(ev)} entries")
-                        _, hashes, parent, toks, bsize, lora_id = ev
-                        lora_name = LORA.get(lora_id)
+                        _, hashes, parent, toks, bsize, lora_id = ev[:6]
+                        lora_name = LORA.get(lora_id) if v0 else ev[7]
+                        if not v0 and ev[6] != "GPU":
+                            fail(f"{label}: medium {ev[6]!r}")
                     elif t == "BlockRemoved":
-                        if len(ev) != 2:
-                            fail(f"{label}: array BlockRemoved has {len(ev)} entries")
+                        if len(ev) != (2 if v0 else 3) or (not v0 and ev[2] != "GPU"):
+                            fail(f"{label}: array BlockRemoved {ev!r}")
                         hashes = ev[1]
                     elif t == "AllBlocksCleared":
                         if len(ev) != 1:
@@ -269,7 +275,9 @@ def main():
     run(dump, "map", "pickle", 0, 1, -1, 1, "sliding_window", "42")
     run(dump, "map", "native", 1, 0, -1, -1, "-", "0")
     run(dump, "array", "cbor", 1, 0, -1, -1, "-", "0")
-    run(dump, "array", "native", 1, 0, -1, -1, "-", "0")
+    run(dump, "array", "cbor", 0, 0, 1, -1, "-", "7")
+    run(dump, "array0", "cbor", 1, 0, -1, -1, "-", "0")
+    run(dump, "array0", "native", 1, 0, -1, -1, "-", "0")
     print("ok")
 
 

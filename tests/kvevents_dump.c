@@ -14,7 +14,7 @@
  *        kvevents_dump hash cbor|pickle SEED BLOCK_TOKENS LORA|- < tokens
  *   The second form reads token ids (text) from stdin and prints each full
  *   block's bkv_vllm_block_hashes digest in hex, one per line.
- *   WIRE map|array, HASH native|cbor|pickle, INT 0|1, EXTRA 0|1, DP and
+ *   WIRE map|array|array0, HASH native|cbor|pickle, INT 0|1, EXTRA 0|1, DP and
  *   GROUP an int (-1 omits), KIND a string ("-" omits), SEED PYTHONHASHSEED.
  */
 #include "../examples/events/workload.h"
@@ -85,7 +85,9 @@ int main(int argc, char **argv)
 	if (argc != 9)
 		return fprintf(stderr, "usage: kvevents_dump WIRE HASH INT EXTRA DP GROUP KIND SEED\n"), 2;
 	bkv_vllm_config_init(&vc);
-	vc.wire = strcmp(argv[1], "array") == 0 ? BKV_VLLM_WIRE_ARRAY : BKV_VLLM_WIRE_MAP;
+	vc.wire = strcmp(argv[1], "array") == 0    ? BKV_VLLM_WIRE_ARRAY
+		  : strcmp(argv[1], "array0") == 0 ? BKV_VLLM_WIRE_ARRAY_V0
+						   : BKV_VLLM_WIRE_MAP;
 	vc.hash = strcmp(argv[2], "native") == 0   ? BKV_VLLM_HASH_NATIVE
 		  : strcmp(argv[2], "pickle") == 0 ? BKV_VLLM_HASH_SHA256
 						   : BKV_VLLM_HASH_SHA256_CBOR;

@@ -109,10 +109,12 @@ Test(kvevents, two_chained_blocks_are_one_block_stored_map_layout)
 	bkv_pool_destroy(p);
 }
 
-Test(kvevents, array_layout_is_the_older_array_like_structs)
+Test(kvevents, array_layouts_are_the_array_like_structs)
 {
 	bkv_pool *p = ev_pool(2, 4, 16);
-	bkv_vllm_encoder *e = native_encoder(p, BKV_VLLM_WIRE_ARRAY);
+	bkv_vllm_encoder *e0 = native_encoder(p, BKV_VLLM_WIRE_ARRAY_V0);
+	bkv_vllm_config vc;
+	bkv_vllm_encoder *e1 = NULL;
 	int32_t t[2] = {200, 300};
 	uint64_t h[1];
 	uint32_t s, hit;
@@ -120,16 +122,35 @@ Test(kvevents, array_layout_is_the_older_array_like_structs)
 	size_t len;
 	exp_buf w = {{0}, 0};
 
+	bkv_vllm_config_init(&vc);
+	vc.hash = BKV_VLLM_HASH_NATIVE;
+	vc.wire = BKV_VLLM_WIRE_ARRAY;
+	vc.data_parallel_rank = 2;
+	/* a second encoder on the same pool sees the same blocks (the first
+	 * one drains, so it snapshots; compare its first batch below) */
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, t, 2, h), 1);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 2, &hit), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, p, 2.0, &msg, &len), 1);
-	/* [2.0, [["BlockStored", [h0], nil, [200, 300], 2, nil]]] */
+	cr_assert_eq(bkv_vllm_encode(e0, p, 2.0, &msg, &len), 1);
+	/* V0: [2.0, [["BlockStored", [h0], nil, [200, 300], 2, nil]]] */
 	X(&w, "\x92\xcb\x40\x00\x00\x00\x00\x00\x00\x00\x91\x96\xab" "BlockStored\x91");
 	x_u64(&w, h[0]);
 	X(&w, "\xc0\x92\xcc\xc8\xcd\x01\x2c\x02\xc0");
 	expect_bytes(msg, len, &w);
-	bkv_vllm_encoder_destroy(e);
+
+	/* ARRAY, created after events were emitted: its first batch is a
+	 * snapshot. [2.0, [["AllBlocksCleared"], ["BlockStored", [h0], nil,
+	 * [200, 300], 2, nil, "GPU", nil]], 2] */
+	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, &e1), BKV_OK);
+	cr_assert_eq(bkv_vllm_encode(e1, p, 2.0, &msg, &len), 2);
+	w.n = 0;
+	X(&w, "\x93\xcb\x40\x00\x00\x00\x00\x00\x00\x00\x92\x91\xb0" "AllBlocksCleared");
+	X(&w, "\x98\xab" "BlockStored\x91");
+	x_u64(&w, h[0]);
+	X(&w, "\xc0\x92\xcc\xc8\xcd\x01\x2c\x02\xc0\xa3GPU\xc0\x02");
+	expect_bytes(msg, len, &w);
+	bkv_vllm_encoder_destroy(e0);
+	bkv_vllm_encoder_destroy(e1);
 	bkv_pool_destroy(p);
 }
 
@@ -253,7 +274,7 @@ Test(kvevents, bad_arguments_are_refused)
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, NULL, NULL, &e), BKV_EINVAL);
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, NULL), BKV_EINVAL);
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, quiet, NULL, &e), BKV_EINVAL, "events off");
-	vc.wire = 2;
+	vc.wire = 3;
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, &e), BKV_EINVAL);
 	bkv_vllm_config_init(&vc);
 	vc.hash_seed = NULL;

@@ -23,7 +23,7 @@
  * overflows and the encoder's resynchronisation goes out as well.
  *
  * Usage: bkv-kv-publisher [--pub ENDPOINT] [--replay ENDPOINT|-] [--topic T] [--requests N] [--ring N] [--buffer N] [--dp-rank R]
- *          [--hash cbor|pickle|native] [--seed PYTHONHASHSEED] [--gap]
+ *          [--wire map|array|array0] [--hash cbor|pickle|native] [--seed PYTHONHASHSEED] [--gap]
  *          [--step-us N] [--truth ENDPOINT] [--linger-ms N]
  */
 #include "workload.h"
@@ -188,7 +188,7 @@ static void sleep_us(long us)
 int main(int argc, char **argv)
 {
 	const char *pub_ep = "tcp://*:5557", *replay_ep = "tcp://*:5558", *truth_ep = NULL;
-	const char *hash = "cbor", *seed = "0";
+	const char *hash = "cbor", *seed = "0", *wire = "map";
 	uint32_t requests = 160, ring = 64, buffer = 10000;
 	int dp = -1, gap = 0, rc, more, hwm = 100000;
 	long step_us = 2000, linger_ms = 30000;
@@ -227,6 +227,8 @@ int main(int argc, char **argv)
 			buffer = (uint32_t)atoi(v);
 		else if (!strcmp(a, "--dp-rank"))
 			dp = atoi(v);
+		else if (!strcmp(a, "--wire"))
+			wire = v;
 		else if (!strcmp(a, "--hash"))
 			hash = v;
 		else if (!strcmp(a, "--seed"))
@@ -247,6 +249,9 @@ int main(int argc, char **argv)
 	vc.hash = !strcmp(hash, "native") ? BKV_VLLM_HASH_NATIVE
 		  : !strcmp(hash, "pickle") ? BKV_VLLM_HASH_SHA256
 					    : BKV_VLLM_HASH_SHA256_CBOR;
+	vc.wire = !strcmp(wire, "array")    ? BKV_VLLM_WIRE_ARRAY
+		  : !strcmp(wire, "array0") ? BKV_VLLM_WIRE_ARRAY_V0
+					    : BKV_VLLM_WIRE_MAP;
 	vc.hash_seed = seed;
 	vc.data_parallel_rank = dp;
 	vc.key_name = evw_key_name;
