@@ -293,25 +293,25 @@ static int apply_batch(hset *s, const uint8_t *msg, size_t len)
 /* ---- the simulated replicas -------------------------------------------------- */
 
 typedef struct msg {
-	double at;      /* delivery time: the end of the step that made it */
-	uint8_t *p;     /* payload */
-	size_t n;       /* bytes */
-	struct msg *next;
+	double at;        /* delivery time: the end of the step that made it */
+	uint8_t *p;       /* payload (a KVEventBatch), malloc */
+	size_t n;         /* bytes */
+	struct msg *next; /* the next message of the same replica */
 } msg;
 
 typedef struct replica {
-	bkv_pool *pool;
-	bkv_sched *sched;
-	bkv_vllm_encoder *enc;
+	bkv_pool *pool;        /* its KV pool (events on) */
+	bkv_sched *sched;      /* its scheduler over pool */
+	bkv_vllm_encoder *enc; /* turns pool events into KVEventBatch bytes */
 	bkv_cost_roofline rl;  /* prices its steps */
 	double now;            /* its virtual clock, us */
 	uint64_t active_blocks; /* router's count: blocks of requests sent here
 				   and not finished */
 	hset view;             /* the router's view of its cache */
-	msg *head, *tail;      /* messages not yet delivered */
-	bkv_chunk_shape *chunks;
-	uint32_t chunk_cap;
-	uint32_t next_token;
+	msg *head, *tail;      /* messages not yet delivered, oldest first */
+	bkv_chunk_shape *chunks; /* [chunk_cap] scratch for a call's shape */
+	uint32_t chunk_cap;    /* entries of chunks */
+	uint32_t next_token;   /* made-up token counter */
 } replica;
 
 typedef struct rreq {
@@ -386,19 +386,28 @@ static uint64_t host_now(void *host)
 }
 
 typedef struct opts {
-	const char *trace;
-	uint32_t limit, replicas, kv_blocks, slots;
-	double weight, speed;
+	const char *trace;   /* Mooncake JSONL path */
+	uint32_t limit;      /* requests replayed, from the first */
+	uint32_t replicas;   /* simulated replicas */
+	uint32_t kv_blocks;  /* device blocks per replica */
+	uint32_t slots;      /* max_running per replica */
+	double weight;       /* kv-aware: overlap weight of uncached blocks */
+	double speed;        /* arrival times are divided by it */
 } opts;
 
 enum { POL_RR = 0, POL_PREFIX = 1, POL_KV = 2 };
 static const char *const pol_name[3] = {"round-robin", "prefix", "kv-aware"};
 
 typedef struct result {
-	uint64_t prompt_tokens, hit_tokens, preemptions;
-	double ttft_mean, ttft_p50, ttft_p99, makespan_s;
-	uint64_t events_bytes, batches;
-	uint32_t per_replica_max, per_replica_min;
+	uint64_t prompt_tokens;   /* submitted */
+	uint64_t hit_tokens;      /* served from the replicas' prefix caches */
+	uint64_t preemptions;     /* over all replicas */
+	double ttft_mean, ttft_p50, ttft_p99; /* ms, arrival to first token */
+	double makespan_s;        /* the last replica clock, s */
+	uint64_t events_bytes;    /* KVEventBatch bytes the router decoded or
+				     had queued */
+	uint64_t batches;         /* KVEventBatch messages */
+	uint32_t per_replica_max, per_replica_min; /* requests routed */
 } result;
 
 static int cmp_d(const void *a, const void *b)
