@@ -527,6 +527,7 @@ static int block_digest(uint32_t algo, wbuf *w, const uint8_t *parent, const int
 	sha256_ctx c;
 
 	w->n = 0;
+	w->oom = 0; /* a failed growth earlier is not this block's */
 	if (algo == BKV_VLLM_HASH_SHA256_CBOR)
 		cbor_block(w, parent, tok, n, name);
 	else

@@ -10,6 +10,7 @@
 
 #include <criterion/criterion.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 static bkv_pool *ev_pool(uint32_t bt, uint32_t nb, uint32_t ring)
@@ -309,4 +310,100 @@ Test(kvevents, hash_int_is_the_last_eight_bytes_big_endian)
 		d[i] = (uint8_t)i;
 	cr_assert_eq(bkv_vllm_hash_int(d), 0x18191a1b1c1d1e1full);
 	cr_assert_eq(bkv_vllm_hash_int(NULL), 0);
+}
+
+/* A counting allocator that fails allocation number fail_at (1-based; 0 =
+ * never), Lua's Memcontrol idea. */
+typedef struct failing {
+	long n;       /* allocations and reallocations so far */
+	long fail_at; /* the one to fail */
+	long live;    /* bytes held */
+} failing;
+
+static void *f_alloc(void *ud, size_t size)
+{
+	failing *f = ud;
+	void *p;
+
+	if (++f->n == f->fail_at)
+		return NULL;
+	p = malloc(size);
+	if (p)
+		f->live += (long)size;
+	return p;
+}
+
+static void *f_realloc(void *ud, void *p, size_t old, size_t size)
+{
+	failing *f = ud;
+	void *q;
+
+	if (++f->n == f->fail_at)
+		return NULL;
+	q = realloc(p, size);
+	if (q)
+		f->live += (long)size - (long)old;
+	return q;
+}
+
+static void f_free(void *ud, void *p, size_t size)
+{
+	failing *f = ud;
+
+	if (p)
+		f->live -= (long)size;
+	free(p);
+}
+
+Test(kvevents, every_failed_allocation_is_enomem_and_the_next_encode_resyncs)
+{
+	int32_t t[64];
+	long k;
+	int done = 0;
+
+	for (int i = 0; i < 64; i++)
+		t[i] = 1000 + i;
+	for (k = 1; !done && k < 200; k++) {
+		failing f = {0, k, 0};
+		bkv_allocator a = {f_alloc, f_realloc, f_free, &f};
+		bkv_pool *p = ev_pool(2, 64, 256);
+		bkv_vllm_config vc;
+		bkv_vllm_encoder *e = NULL;
+		const uint8_t *msg;
+		size_t len;
+		uint32_t s, hit;
+		int rc;
+
+		bkv_vllm_config_init(&vc);
+		rc = bkv_vllm_encoder_create(&vc, p, &a, &e);
+		if (rc != BKV_OK) {
+			cr_assert_eq(rc, BKV_ENOMEM, "allocation %ld: %d", k, rc);
+			cr_assert_null(e);
+			cr_assert_eq(f.live, 0, "allocation %ld: create leaked %ld bytes", k, f.live);
+			bkv_pool_destroy(p);
+			continue;
+		}
+		cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+		cr_assert_eq(bkv_seq_append(p, s, t, 64, &hit), BKV_OK); /* 32 blocks */
+		rc = bkv_vllm_encode(e, p, 1.0, &msg, &len);
+		if (rc == BKV_ENOMEM) {
+			/* the events are lost; the next call resynchronises */
+			rc = bkv_vllm_encode(e, p, 1.0, &msg, &len);
+			cr_assert_eq(rc, 2, "allocation %ld: %d, want AllBlocksCleared + one BlockStored", k, rc);
+			cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1);
+		} else if (f.n >= f.fail_at) {
+			/* a hash input failed to grow: recovered by a snapshot at once */
+			cr_assert_eq(rc, 2, "allocation %ld: %d", k, rc);
+			cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1);
+		} else {
+			cr_assert_eq(rc, 1, "allocation %ld: %d", k, rc);
+			cr_assert_eq(bkv_vllm_encoder_resyncs(e), 0);
+			done = 1; /* no allocation left to fail */
+		}
+		cr_assert_gt(len, 32 * 9);
+		bkv_vllm_encoder_destroy(e);
+		cr_assert_eq(f.live, 0, "allocation %ld: %ld bytes leaked", k, f.live);
+		bkv_pool_destroy(p);
+	}
+	cr_assert(done, "the encoder still failed after %ld allocations", k);
 }
