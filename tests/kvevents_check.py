@@ -84,14 +84,20 @@ def read_records(data):
         elif tag == b"S":
             yield "S", struct.unpack_from("<6Q", data, i)
             i += 48
+        elif tag == b"R":
+            yield "R", None
         else:
             fail(f"bad record tag {tag!r} at {i - 1}")
 
 
-def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed):
+def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
     label = f"{wire}/{hkind}/int={int_hashes}/extra={extra}/dp={dp}/group={group}/kind={kind}/seed={seed}"
-    out = subprocess.run([dump, wire, hkind, str(int_hashes), str(extra), str(dp), str(group),
-                          kind, seed], check=True, capture_output=True).stdout
+    if rounds:
+        label = f"random pool ops x{rounds}: {wire}/{hkind}"
+        args = [dump, "random", wire, hkind, str(rounds)]
+    else:
+        args = [dump, wire, hkind, str(int_hashes), str(extra), str(dp), str(group), kind, seed]
+    out = subprocess.run(args, check=True, capture_output=True).stdout
     fn = hash_fn(hkind)
     as_int = hkind == "native" or wire == "array0" or int_hashes == 1
     none_hash = fn(seed) if fn else None
@@ -224,9 +230,20 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed):
                 fail(f"{label}: rebuilt set ({len(have)}) != pool index ({len(truth)}): "
                      f"{len(have - truth)} extra, {len(truth - have)} missing")
             checks += 1
+        elif tag == "R":
+            have.clear()  # a new replica
+            full.clear()
         else:
             stats = rec
     ev_, swap_out, preempt, swaps, dropped, resyncs = stats
+    if rounds:
+        print(f"{label}: {batches} batches, {stores} stored, {removes} removed, {clears} cleared, "
+              f"{checks} index checks equal; pools: {ev_} events, {swap_out} evictions, "
+              f"{dropped} events dropped, {resyncs} resyncs")
+        if not (removes > 15 * rounds and clears >= rounds and dropped > 0 and resyncs >= 1
+                and checks > 80 * rounds):
+            fail(f"{label}: the random workloads did not reach removals, resets and overflow")
+        return
     print(f"{label}: {batches} batches, {stores} stored, {removes} removed, {clears} cleared, "
           f"{checks} index checks equal; pool: {ev_} evictions, {swap_out} blocks swapped out, "
           f"{preempt} preemptions ({swaps} by swap), {dropped} events dropped, {resyncs} resyncs")
@@ -278,6 +295,11 @@ def main():
     run(dump, "array", "cbor", 0, 0, 1, -1, "-", "7")
     run(dump, "array0", "cbor", 1, 0, -1, -1, "-", "0")
     run(dump, "array0", "native", 1, 0, -1, -1, "-", "0")
+    # forks, truncates, drops, transactions and drains 1..12 operations apart
+    # (stores evicted before a drain, ring overflows)
+    run(dump, "map", "cbor", 1, 0, -1, -1, "-", "0", rounds=30)
+    run(dump, "map", "pickle", 1, 0, -1, -1, "-", "0", rounds=10)
+    run(dump, "array", "native", 1, 0, -1, -1, "-", "0", rounds=10)
     print("ok")
 
 

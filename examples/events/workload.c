@@ -150,7 +150,12 @@ int evw_step(evw *w)
 
 uint32_t evw_truth(const evw *w, const bkv_vllm_config *cfg, uint8_t *out, uint32_t cap)
 {
-	const bkv_pool *pool = w->pool;
+	return evw_pool_truth(w->pool, cfg, out, cap);
+}
+
+uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_t *out,
+			uint32_t cap)
+{
 	uint32_t b, n = 0, bt = pool->bt;
 	int32_t *chain = malloc(sizeof(int32_t) * pool->nb);
 	int32_t *tok = malloc(sizeof(int32_t) * (size_t)pool->nb * bt);

@@ -42,5 +42,8 @@ const char *evw_key_name(void *ud, uint64_t key);
  * and hashed from the root with bkv_vllm_block_hashes, not incrementally).
  * Writes at most cap digests into out; returns how many blocks are indexed. */
 uint32_t evw_truth(const evw *w, const bkv_vllm_config *cfg, uint8_t *out, uint32_t cap);
+/* The same for any pool whose keys evw_key_name names. */
+uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_t *out,
+			uint32_t cap);
 
 #endif
