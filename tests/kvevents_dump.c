@@ -197,7 +197,11 @@ static int random_mode(char **argv)
 			if (txn || op + 1 < next_drain)
 				continue; /* inside a transaction the index waits for commit */
 			put_batch_and_truth(enc, p, &vc, truth, 24, (double)op);
-			next_drain = op + 1 + 1 + (uint32_t)rand() % (rand() % 8 ? 3 : 12);
+			{
+				uint32_t span = rand() % 8 ? 3 : 12; /* drawn first */
+
+				next_drain = op + 1 + 1 + (uint32_t)rand() % span;
+			}
 		}
 		if (txn)
 			bkv__pool_txn_commit(p);
