@@ -25,11 +25,15 @@
  * tokens served from the replicas' prefix caches and the time to first token.
  *
  * Usage: bkv-router-sim [--trace FILE] [--limit N] [--replicas R]
- *          [--kv-blocks N] [--slots N] [--weight W] [--speed X]
+ *          [--kv-blocks N] [--slots N] [--weight W] [--speed X] [--check]
  *   --speed X divides every arrival time by X (X > 1: a heavier load).
+ *   --check: at the end of each run, after the last messages are delivered,
+ *   every replica's view must equal its pool's index (evw_pool_truth reads
+ *   it directly); exit 1 otherwise.
  */
 #include "sim.h"
 #include "trace.h"
+#include "workload.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -393,6 +397,7 @@ typedef struct opts {
 	uint32_t slots;      /* max_running per replica */
 	double weight;       /* kv-aware: overlap weight of uncached blocks */
 	double speed;        /* arrival times are divided by it */
+	int check;           /* compare views with the pools at the end */
 } opts;
 
 enum { POL_RR = 0, POL_PREFIX = 1, POL_KV = 2 };
@@ -408,6 +413,7 @@ typedef struct result {
 				     had queued */
 	uint64_t batches;         /* KVEventBatch messages */
 	uint32_t per_replica_max, per_replica_min; /* requests routed */
+	uint64_t checked_blocks;  /* --check: indexed blocks found in the views */
 } result;
 
 static int cmp_d(const void *a, const void *b)
@@ -576,6 +582,31 @@ static int run(const opts *o, const trace *t, int pol, result *res)
 	}
 
 	res->per_replica_min = UINT32_MAX;
+	for (uint32_t r = 0; r < R && o->check; r++) {
+		replica *P = &g_rep[r];
+		uint8_t *truth = malloc((size_t)o->kv_blocks * BKV_VLLM_DIGEST_BYTES);
+		uint32_t nt;
+
+		while (P->head) { /* deliver the rest */
+			msg *m = P->head;
+
+			if (apply_batch(&P->view, m->p, m->n))
+				return fprintf(stderr, "router: malformed batch\n"), -1;
+			P->head = m->next;
+			free(m->p);
+			free(m);
+		}
+		P->tail = NULL;
+		nt = evw_pool_truth(P->pool, &vc, truth, o->kv_blocks);
+		if (nt != P->view.n)
+			return fprintf(stderr, "router: replica %u: view %u blocks, index %u\n", r,
+				       P->view.n, nt), -1;
+		for (uint32_t k = 0; k < nt; k++)
+			if (!hs_has(&P->view, bkv_vllm_hash_int(truth + (size_t)k * BKV_VLLM_DIGEST_BYTES)))
+				return fprintf(stderr, "router: replica %u: an indexed block unknown\n", r), -1;
+		res->checked_blocks += nt;
+		free(truth);
+	}
 	for (uint32_t r = 0; r < R; r++) {
 		replica *P = &g_rep[r];
 		bkv_sched_stats ss;
@@ -621,14 +652,17 @@ static int run(const opts *o, const trace *t, int pol, result *res)
 int main(int argc, char **argv)
 {
 	opts o = {"../shared/data/traces/mooncake_conversation_trace.jsonl", 3000, 4, 20000, 64,
-		  1.0, 1.0};
+		  1.0, 1.0, 0};
 	trace t;
 	char err[256];
 
-	for (int i = 1; i + 1 < argc; i += 2) {
-		const char *a = argv[i], *v = argv[i + 1];
+	for (int i = 1; i < argc; i += 2) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
 
-		if (!strcmp(a, "--trace"))
+		if (!strcmp(a, "--check")) {
+			o.check = 1;
+			i--;
+		} else if (!strcmp(a, "--trace"))
 			o.trace = v;
 		else if (!strcmp(a, "--limit"))
 			o.limit = (uint32_t)atoi(v);
@@ -665,6 +699,9 @@ int main(int argc, char **argv)
 		       (unsigned long long)r.hit_tokens, r.ttft_mean, r.ttft_p50, r.ttft_p99,
 		       r.makespan_s, (unsigned long long)r.preemptions, r.per_replica_min,
 		       r.per_replica_max);
+		if (o.check)
+			printf("  check: every replica's view equals its index (%llu blocks)\n",
+			       (unsigned long long)r.checked_blocks);
 	}
 	trace_free(&t);
 	return 0;

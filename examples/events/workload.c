@@ -161,16 +161,19 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 	int32_t *tok = malloc(sizeof(int32_t) * (size_t)pool->nb * bt);
 	uint8_t *dig = malloc((size_t)pool->nb * BKV_VLLM_DIGEST_BYTES);
 	uint64_t *nat = malloc(sizeof(uint64_t) * pool->nb);
+	uint8_t *seen = calloc(pool->nb, 1);
 
-	if (!chain || !tok || !dig || !nat)
+	if (!chain || !tok || !dig || !nat || !seen)
 		goto done;
+	/* Every indexed block lies on the chain of an indexed block without
+	 * indexed children (a leaf): hash each leaf's chain from the root and
+	 * take every block on it once. */
 	for (b = 0; b < pool->nb; b++) {
 		const bkv__block *k = &pool->blk[b];
 		uint32_t d = 0, i;
 		int32_t c = (int32_t)b;
-		uint8_t *o;
 
-		if (!BLOCK_IS_INDEXED(k))
+		if (!BLOCK_IS_INDEXED(k) || k->kids)
 			continue;
 		while (c >= 0) {
 			chain[d++] = c;
@@ -179,26 +182,37 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 		for (i = 0; i < d; i++) /* root first */
 			memcpy(tok + (size_t)i * bt, pool->tok + (size_t)chain[d - 1 - i] * bt,
 			       bt * sizeof(int32_t));
-		if (n < cap) {
-			o = out + (size_t)n * BKV_VLLM_DIGEST_BYTES;
-			if (cfg->hash == BKV_VLLM_HASH_NATIVE) {
-				bkv_block_hashes(pool->cfg.hash_seed, k->key, bt, tok, d * bt, nat);
-				memset(o, 0, BKV_VLLM_DIGEST_BYTES);
-				for (i = 0; i < 8; i++)
-					o[24 + i] = (uint8_t)(nat[d - 1] >> (56 - 8 * i));
-			} else {
-				bkv_vllm_block_hashes(cfg, evw_key_name(NULL, k->key), bt, tok, d * bt,
-						      dig);
-				memcpy(o, dig + (size_t)(d - 1) * BKV_VLLM_DIGEST_BYTES,
-				       BKV_VLLM_DIGEST_BYTES);
+		if (cfg->hash == BKV_VLLM_HASH_NATIVE) {
+			bkv_block_hashes(pool->cfg.hash_seed, k->key, bt, tok, d * bt, nat);
+			for (i = 0; i < d; i++) {
+				memset(dig + (size_t)i * BKV_VLLM_DIGEST_BYTES, 0, 24);
+				for (int j = 0; j < 8; j++)
+					dig[(size_t)i * BKV_VLLM_DIGEST_BYTES + 24 + (size_t)j] =
+						(uint8_t)(nat[i] >> (56 - 8 * j));
 			}
+		} else {
+			bkv_vllm_block_hashes(cfg, evw_key_name(NULL, k->key), bt, tok, d * bt, dig);
 		}
-		n++;
+		for (i = 0; i < d; i++) {
+			int32_t x = chain[d - 1 - i];
+
+			if (seen[x])
+				continue;
+			seen[x] = 1;
+			if (n < cap)
+				memcpy(out + (size_t)n * BKV_VLLM_DIGEST_BYTES,
+				       dig + (size_t)i * BKV_VLLM_DIGEST_BYTES, BKV_VLLM_DIGEST_BYTES);
+			n++;
+		}
 	}
+	for (b = 0; b < pool->nb; b++) /* an indexed block off every leaf chain: miscounted */
+		if (BLOCK_IS_INDEXED(&pool->blk[b]) && !seen[b])
+			n = UINT32_MAX;
 done:
 	free(chain);
 	free(tok);
 	free(dig);
 	free(nat);
+	free(seen);
 	return n;
 }
