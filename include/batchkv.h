@@ -1374,6 +1374,197 @@ BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *s
  */
 BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, size_t cap);
 
+/* ------------------------------------------------------------------------ */
+/* KV events in vLLM's wire format (lib/kvevents.c)                          */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Routers built for vLLM (llm-d's KV-cache manager, NVIDIA Dynamo's KV router,
+ * the SGLang router) follow a replica through its KV events: a msgpack
+ * KVEventBatch {ts, events, data_parallel_rank} of tagged BlockStored /
+ * BlockRemoved / AllBlocksCleared structs, sent over ZeroMQ. A bkv_vllm_encoder
+ * drains a pool's events (bkv_pool_events) and writes exactly the bytes a vLLM
+ * replica's msgspec encoder writes for the same blocks, with block hashes
+ * computed the way vLLM computes them (hash_block_tokens) when asked, so such
+ * a router can follow a libbatchkv engine unchanged. docs/scaling.md cites
+ * the vLLM sources followed and lists which router versions decode it.
+ *
+ * The encoder belongs to the pool's thread and reads the pool (token store,
+ * index) while it drains, so call bkv_vllm_encode between pool calls. When the
+ * pool's event ring dropped events (a gap in seq), the batch it writes is a
+ * resynchronisation: AllBlocksCleared followed by a BlockStored for every
+ * block in the index, parents first, so a subscriber's view is exact again.
+ */
+
+/* How KVEventBatch and its events are laid out. */
+typedef enum bkv_vllm_wire {
+	BKV_VLLM_WIRE_MAP = 0,     /* current vLLM: each struct a map keyed by
+				      field name, events tagged by a first
+				      "type" entry, defaults omitted */
+	BKV_VLLM_WIRE_ARRAY = 1,   /* array_like vLLM (what llm-d's KV-cache
+				      decoder reads): each struct an array
+				      of its fields in order, an event's tag
+				      first; BlockStored ends with lora_id,
+				      medium, lora_name, BlockRemoved with
+				      medium; data_parallel_rank last in the
+				      batch when set; no group fields */
+	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: BlockStored
+				      is tag, block_hashes,
+				      parent_block_hash, token_ids,
+				      block_size, lora_id; BlockRemoved tag,
+				      block_hashes; the batch ts, events;
+				      hashes always ints */
+} bkv_vllm_wire;
+
+/* Which block hash the events carry. */
+typedef enum bkv_vllm_hash {
+	BKV_VLLM_HASH_NATIVE = 0,      /* the pool's own 64-bit chained hash
+					  (bkv_block_hashes), as an int */
+	BKV_VLLM_HASH_SHA256_CBOR = 1, /* vLLM's "sha256_cbor": SHA-256 of the
+					  canonical CBOR of (parent digest,
+					  token tuple, extra keys) */
+	BKV_VLLM_HASH_SHA256 = 2       /* vLLM's "sha256": SHA-256 of the
+					  pickle (protocol 5) of the same tuple */
+} bkv_vllm_hash;
+
+/* Bytes in a vLLM block digest (SHA-256). */
+#define BKV_VLLM_DIGEST_BYTES 32
+
+/* Names a pool's prefix-cache key for vLLM: the LoRA adapter name that vLLM
+ * puts in a block's extra keys (and in BlockStored.lora_name). Return NULL for
+ * a key without a name. Called on the pool's thread while encoding; the
+ * string must stay valid until bkv_vllm_encode returns. */
+typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);
+
+typedef struct bkv_vllm_config {
+	uint32_t size;              /* sizeof(bkv_vllm_config); set by init */
+	uint32_t wire;              /* a bkv_vllm_wire. Default MAP. */
+	uint32_t hash;              /* a bkv_vllm_hash. Default SHA256_CBOR. */
+	uint32_t int_hashes;        /* nonzero: a digest goes out as the int
+				       of its last 8 bytes read big-endian
+				       (vLLM's default,
+				       VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1);
+				       0: as the 32-byte digest. NATIVE and
+				       ARRAY_V0 always send ints. Default 1. */
+	const char *hash_seed;      /* the replicas' PYTHONHASHSEED: the first
+				       block's parent is hash(hash_seed)
+				       (vLLM's NONE_HASH). Copied at create;
+				       at most 255 bytes. Default "0". */
+	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium;
+				       NULL sends nil. Copied. Default "GPU"
+				       (the index holds device blocks only). */
+	int32_t data_parallel_rank; /* MAP, ARRAY: KVEventBatch.data_parallel_rank;
+				       -1 omits it. Default -1. */
+	int32_t group_idx;          /* MAP: the KV-cache group index of every
+				       event; -1 omits it. Default -1. */
+	const char *spec_kind;      /* MAP: BlockStored.kv_cache_spec_kind
+				       (e.g. "full_attention"); NULL omits
+				       it. Copied. Default NULL. */
+	uint32_t sliding_window;    /* MAP: BlockStored.
+				       kv_cache_spec_sliding_window in tokens;
+				       0 omits it. Default 0. */
+	uint32_t extra_keys;        /* MAP, nonzero: BlockStored.extra_keys,
+				       one entry per block (nil, or [lora
+				       name]). Default 0 (omitted). */
+	bkv_vllm_key_name_fn key_name; /* names keys (LoRA); NULL: no key has
+				       a name. A nonzero key is sent as
+				       lora_id either way. */
+	void *key_name_ud;          /* handed to key_name; never read */
+	uint32_t reserved[4];       /* zero; room for later fields */
+} bkv_vllm_config;
+
+typedef struct bkv_vllm_encoder bkv_vllm_encoder;
+
+/**
+ * Fill a vLLM encoder config with defaults (see each field).
+ * @param cfg  the config to fill; NULL is ignored.
+ * Thread rules: any thread.
+ */
+BKV_API void bkv_vllm_config_init(bkv_vllm_config *cfg);
+
+/**
+ * Create an encoder for one pool. It keeps each indexed block's published
+ * hash (32 bytes + 8 per device block) and grows a message buffer as needed.
+ * @param cfg    validated and copied (strings too).
+ * @param pool   the pool whose events it will drain; must have events on
+ *               (cfg.event_capacity > 0) and outlive the encoder.
+ * @param alloc  allocator; NULL = libc. Copied.
+ * @param out    receives the encoder; untouched on failure.
+ * @return BKV_OK; BKV_EINVAL (NULL cfg/pool/out, cfg->size too small, a field
+ *         out of range, a NULL or too long hash_seed, a pool without
+ *         events); BKV_ENOMEM.
+ * Thread rules: the pool's thread.
+ */
+BKV_API int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
+				    const bkv_allocator *alloc, bkv_vllm_encoder **out);
+
+/**
+ * Destroy an encoder. NULL is ignored.
+ * @param enc  the encoder.
+ * Thread rules: the pool's thread.
+ */
+BKV_API void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc);
+
+/**
+ * Drain every pending event of the pool and encode them as one vLLM
+ * KVEventBatch (msgpack), the payload of one ZeroMQ message. Consecutive
+ * stored blocks that chain (each the parent of the next, same key) share one
+ * BlockStored, as vLLM's per-request stores do; each removed block is its
+ * own BlockRemoved. A block stored and removed again between two calls is
+ * left out (its tokens are gone); the stream still replays to the index.
+ * @param enc  the encoder.
+ * @param pool the encoder's pool.
+ * @param ts   KVEventBatch.ts, seconds (vLLM sends time.time()).
+ * @param msg  receives the payload, owned by the encoder and valid until its
+ *             next call; NULL when there was nothing to send.
+ * @param len  receives the payload's length in bytes (0: nothing to send).
+ * @return the number of vLLM events in the batch (>= 0); BKV_EINVAL (NULL
+ *         argument, another pool); BKV_ENOMEM (the buffer could not grow; the
+ *         drained events are lost and the next call resynchronises).
+ * Thread rules: the pool's thread, between calls that change the pool.
+ */
+BKV_API int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts,
+			    const uint8_t **msg, size_t *len);
+
+/**
+ * Resynchronisations written so far (ring overflows and buffer failures).
+ * @param enc  the encoder; NULL gives 0.
+ * @return the count.
+ * Thread rules: the pool's thread.
+ */
+BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
+
+/**
+ * vLLM's block digests of the full blocks of a token sequence: what a vLLM
+ * replica with this hash function, PYTHONHASHSEED and block size computes
+ * (and what bkv_vllm_encode publishes for a pool holding these tokens). A
+ * router hashes an incoming prompt with it.
+ * @param cfg           hash (SHA256_CBOR or SHA256) and hash_seed are read.
+ * @param lora_name     the extra key of every block (vLLM's LoRA name);
+ *                      NULL for none.
+ * @param block_tokens  tokens per block (> 0).
+ * @param tokens        n token ids; may be NULL only when n < block_tokens.
+ * @param n             token count.
+ * @param digests       receives (n / block_tokens) x BKV_VLLM_DIGEST_BYTES
+ *                      bytes; may be NULL only when that is 0.
+ * @return the number of digests written (n / block_tokens); 0 on bad input
+ *         (NULL cfg, a NATIVE hash, a NULL or too long hash_seed, a
+ *         failed allocation for very large blocks).
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name,
+				       uint32_t block_tokens, const int32_t *tokens, uint32_t n,
+				       uint8_t *digests);
+
+/**
+ * The int a digest is sent as when int_hashes is set: its last 8 bytes read
+ * big-endian (vLLM's int.from_bytes(digest, "big") & (2^64 - 1)).
+ * @param digest  BKV_VLLM_DIGEST_BYTES bytes; NULL gives 0.
+ * @return the 64-bit value.
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_vllm_hash_int(const uint8_t *digest);
+
 #ifdef __cplusplus
 }
 #endif
