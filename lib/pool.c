@@ -1244,7 +1244,6 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		       (size_t)w * sizeof(int32_t));
 		pool->blk[d].fill = w;
 		pool->blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
-		pool->blk[d].key = s->key; /* read when the copy clears */
 		pool->tokens += w;
 		copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
 		pool->host_state[hb] = BKV__HOST_PENDING;
@@ -1302,10 +1301,7 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 				}
 			}
 		} else if (kind == BKV_COPY_SWAP_IN) {
-			int32_t d = l->v[i].dst;
-			bkv__block *k = &pool->blk[d];
-
-			k->flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			pool->blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
 			pool->host_pending--;
 			host_push(pool, l->v[i].src);
