@@ -219,5 +219,20 @@ int main(void)
 	F(bkv_seq_image, tokens);
 	F(bkv_seq_image, cap_blocks);
 	F(bkv_seq_image, cap_tokens);
+	S(bkv_vllm_config);
+	F(bkv_vllm_config, size);
+	F(bkv_vllm_config, wire);
+	F(bkv_vllm_config, hash);
+	F(bkv_vllm_config, int_hashes);
+	F(bkv_vllm_config, hash_seed);
+	F(bkv_vllm_config, medium);
+	F(bkv_vllm_config, data_parallel_rank);
+	F(bkv_vllm_config, group_idx);
+	F(bkv_vllm_config, spec_kind);
+	F(bkv_vllm_config, sliding_window);
+	F(bkv_vllm_config, extra_keys);
+	F(bkv_vllm_config, key_name);
+	F(bkv_vllm_config, key_name_ud);
+	F(bkv_vllm_config, reserved);
 	return 0;
 }

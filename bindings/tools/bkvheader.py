@@ -16,6 +16,8 @@ _FUNC = re.compile(r"BKV_API\s+([^;{]*?)\b(bkv_\w+)\s*\(([^;{]*?)\)\s*;", re.S)
 _STRUCT = re.compile(r"typedef\s+struct\s+(bkv_\w+)\s*\{(.*?)\}\s*(bkv_\w+)\s*;", re.S)
 _ENUM = re.compile(r"typedef\s+enum\s+(bkv_\w+)\s*\{(.*?)\}\s*(bkv_\w+)\s*;", re.S)
 _OPAQUE = re.compile(r"typedef\s+struct\s+(bkv_\w+)\s+(bkv_\w+)\s*;")
+# typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);
+_FNTYPE = re.compile(r"typedef\s+([^;{}()]*?\(\s*\*\s*(bkv_\w+)\s*\)\s*\([^;{}]*?\))\s*;", re.S)
 _DEFINE = re.compile(r"^#define\s+(BKV_[A-Z0-9_]+)\s+\(?(-?(?:0x[0-9a-fA-F]+|\d+))u?\)?\s*$", re.M)
 _STATUS = re.compile(r"X\((\w+),\s*(-?\d+),\s*\"([^\"]*)\"\)")
 
@@ -67,9 +69,12 @@ def _params(text):
 
 def parse(path):
     """Return a dict: functions {name: (ret, [(type, name)])}, structs
-    {name: [(type, field, array_len_or_None)]}, opaque [names], enums
-    {name: {value_name: int}}, status [(NAME, value, message)], defines
-    {name: int}."""
+    {name: [(type, field, array_len_or_None)]}, opaque [names], fntypes
+    {name: 'fn(ret;param types)'} (function-pointer typedefs, spelled as a
+    function-pointer field's type is), enums {name: {value_name: int}},
+    status [(NAME, value, message)], defines {name: int}. A struct field or
+    parameter of a typedef'd callback type keeps the typedef's name as its
+    type."""
     raw = open(path, encoding="utf-8").read()
     text = _strip_comments(raw)
     body = text
@@ -105,13 +110,26 @@ def parse(path):
             nxt += 1
         enums[name] = vals
     opaque = [n for tag, n in _OPAQUE.findall(body)]
+    fntypes = {}
+    for decl, name in _FNTYPE.findall(body):
+        t, n, _ = _split_decl(decl)
+        if n != name or not t.startswith("fn("):
+            raise ValueError("bkvheader: cannot read callback typedef %r" % decl)
+        if name in fntypes:
+            raise ValueError("bkvheader: %s declared twice" % name)
+        fntypes[name] = t
+    typedefs = len(re.findall(r"\btypedef\b", body))
+    read = len(_STRUCT.findall(body)) + len(_ENUM.findall(body)) + len(opaque) + len(fntypes)
+    if typedefs != read:
+        raise ValueError("bkvheader: read %d of %d typedefs (a kind this reader does not "
+                         "know?)" % (read, typedefs))
     status = [(n, int(v), msg) for n, v, msg in _STATUS.findall(raw)]
     defines = {n: int(v, 0) for n, v in _DEFINE.findall(raw)}
     if len(funcs) != raw.count("\nBKV_API "):
         raise ValueError("bkvheader: read %d of %d BKV_API declarations"
                          % (len(funcs), raw.count("\nBKV_API ")))
-    return {"functions": funcs, "structs": structs, "opaque": opaque, "enums": enums,
-            "status": status, "defines": defines}
+    return {"functions": funcs, "structs": structs, "opaque": opaque, "fntypes": fntypes,
+            "enums": enums, "status": status, "defines": defines}
 
 
 if __name__ == "__main__":

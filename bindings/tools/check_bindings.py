@@ -17,7 +17,12 @@ What it checks, against what bkvheader.py reads from the header:
     below: a changed parameter type, a parameter added or removed fails).
     Every public struct has a ctypes Structure and a #[repr(C)] Rust struct
     with the same fields, in order, of the mapped types; every enum value and
-    status code has its constant in both.
+    status code has its constant in both. Every function-pointer typedef
+    (bkv_vllm_key_name_fn) has a CFUNCTYPE of the same name in _ffi.py and a
+    `pub type NAME = Option<unsafe extern "C" fn(..)>;` in sys.rs with the
+    typedef's signature, and a field or parameter of that type is declared
+    with it (by name in Rust; in ctypes by signature, as CFUNCTYPE returns
+    one cached class per signature).
  2. The safe layer. Every function is used by the Pythonic package (a
     `_lib.<name>` reference outside _ffi.py) and by the Rust wrapper (a
     `sys::<name>` reference in src/lib.rs), or is listed in that language's
@@ -59,6 +64,10 @@ SCALARS = {
 def c_to_py(t, hdr):
     """The ctypes expression a C type must be declared as in _ffi.py."""
     t = bkvheader.norm_type(t)
+    if t in hdr["fntypes"]:
+        return py_fn_type(hdr["fntypes"][t], hdr)
+    if t.startswith("fn("):
+        return py_fn_type(t, hdr)
     if t in ("const char*", "char*"):
         return "c_char_p"
     if t == "void* const *":
@@ -100,8 +109,8 @@ def c_to_rs(t, hdr):
         r = c_to_rs(ret, hdr)
         return "Option<unsafe extern \"C\" fn(%s)%s>" % (", ".join(ps),
                                                         "" if r == "c_void" else " -> " + r)
-    if t in hdr["enums"] or t in hdr["structs"] or t in hdr["opaque"]:
-        return t
+    if t in hdr["enums"] or t in hdr["structs"] or t in hdr["opaque"] or t in hdr["fntypes"]:
+        return t  # a callback typedef by its name: its alias is checked on its own
     if t in SCALARS:
         return SCALARS[t][1]
     raise ValueError("no Rust mapping for C type %r" % t)
@@ -143,6 +152,8 @@ def emit_layout(hdr):
 
 def emit_rust(hdr):
     out = []
+    for name, sig in hdr["fntypes"].items():
+        out.append("pub type %s = %s;" % (name, c_to_rs(sig, hdr)))
     for name, vals in hdr["enums"].items():
         out.append("pub type %s = c_int;" % name)
         for k, v in vals.items():
@@ -167,6 +178,10 @@ def emit_rust(hdr):
 
 def emit_python(hdr):
     out = []
+    for name, sig in hdr["fntypes"].items():
+        ret, params = py_fn_type(sig, hdr)[3:-1].split(";", 1)
+        out.append("%s = CFUNCTYPE(%s)" % (name, ", ".join([ret] + (params.split(",") if params
+                                                                    else []))))
     for name, fields in hdr["structs"].items():
         out.append("class %s(Structure):\n    _fields_ = [" % name)
         for t, f, arr in fields:
@@ -229,10 +244,19 @@ _SCALAR_KIND = {"c_int": "i", "c_uint8": "u", "c_int32": "i", "c_uint32": "u", "
 
 
 def py_fn_type(t, hdr):
-    """c_to_py for a function-pointer field: 'fn(ret;args)' in ctypes names."""
+    """c_to_py for a function-pointer type: 'fn(ret;args)' in ctypes names.
+
+    A callback returning a string (const char *) is declared with restype
+    c_void_p: ctypes cannot return a c_char_p from a Python callback safely
+    (it keeps the bytes object alive forever and warns "memory leak in
+    callback function"), so the wrapper returns the address of a buffer it
+    keeps alive for as long as the header says, as an int."""
     ret, params = t[3:-1].split(";", 1)
     ps = [c_to_py(p, hdr) for p in params.split(",")] if params else []
-    return "fn(%s;%s)" % (c_to_py(ret, hdr), ",".join(ps))
+    r = c_to_py(ret, hdr)
+    if r == "c_char_p":
+        r = "c_void_p"
+    return "fn(%s;%s)" % (r, ",".join(ps))
 
 
 def check_python(hdr, root, problems):
@@ -255,6 +279,14 @@ def check_python(hdr, root, problems):
     for name in ffi.FUNCTIONS:
         if name not in hdr["functions"]:
             problems.append("python: _ffi declares %s, which the header does not" % name)
+    import ctypes
+    for name, sig in hdr["fntypes"].items():
+        ct = getattr(ffi, name, None)
+        if not (isinstance(ct, type) and issubclass(ct, ctypes._CFuncPtr)):
+            problems.append("python: callback type %s has no CFUNCTYPE in _ffi" % name)
+        elif not same_ctype(ctypes_name(ct), py_fn_type(sig, hdr)):
+            problems.append("python: callback type %s declared %s, header says %s" % (
+                name, ctypes_name(ct), py_fn_type(sig, hdr)))
     for name, fields in hdr["structs"].items():
         cls = getattr(ffi, name, None)
         if cls is None:
@@ -358,6 +390,11 @@ def check_rust(hdr, root, problems):
             problems.append("rust: struct %s has no #[repr(C)] struct in sys.rs" % name)
         elif structs[name] != want:
             problems.append("rust: %s fields %s, header says %s" % (name, structs[name], want))
+    for name, sig in hdr["fntypes"].items():
+        want = rs_norm(c_to_rs(sig, hdr))
+        if aliases.get(name) != want:
+            problems.append("rust: callback type %s is %s in sys.rs, header says `pub type %s = "
+                            "%s;`" % (name, aliases.get(name), name, want))
     for name in hdr["opaque"]:
         if name not in opaque:
             problems.append("rust: opaque %s missing in sys.rs" % name)
@@ -398,8 +435,9 @@ def main(argv):
         problems.append("bindings/layout.c differs from what --emit-layout prints (regenerate)")
     for p in problems:
         print("drift:", p)
-    print("check_bindings: %d functions, %d structs, %d enums; %d problems" % (
-        len(hdr["functions"]), len(hdr["structs"]), len(hdr["enums"]), len(problems)))
+    print("check_bindings: %d functions, %d structs, %d enums, %d callback types; %d problems"
+          % (len(hdr["functions"]), len(hdr["structs"]), len(hdr["enums"]), len(hdr["fntypes"]),
+             len(problems)))
     return 1 if problems else 0
 
 

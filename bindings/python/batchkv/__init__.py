@@ -10,6 +10,9 @@ its whole public API in Python:
     Batch            what a compute callback receives: zero-copy numpy views
                      of the library's arrays, VALID ONLY DURING THE CALLBACK
     PolyCost, RooflineCost, CalibratedCost   the built-in cost models
+    VllmEncoder      the pool's KV events as vLLM KVEventBatch msgpack bytes
+                     (what vLLM-event routers such as llm-d and Dynamo read);
+                     vllm_block_hashes, vllm_hash_int: vLLM's block hashes
     BkvError and one subclass per status code (batchkv.errors)
 
 Minimal use (examples/python/minimal.py is the complete program):
@@ -40,6 +43,8 @@ from .pool import (CopyKind, EventKind, KvEvent, ModelShape, Pool, PoolStats, Se
                    SeqInfo, block_hashes, blocks_for_bytes, kv_bytes_per_token)
 from .sched import (TOKEN_FAIL, Batch, FinishReason, Policy, Preempt, SchedStats,  # noqa: F401
                     Scheduler, StepInfo)
+from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401
+                   vllm_hash_int)
 
 
 def version():

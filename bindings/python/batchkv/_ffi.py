@@ -8,7 +8,8 @@ bindings/tools/check_bindings.py fails when this file and the header disagree
 (a function or field added, removed or retyped), and tests/test_layout.py
 compares every size and offset with the C compiler's.
 
-Opaque handles (bkv_pool *, bkv_sched *, bkv_cost_calib *) are c_void_p.
+Opaque handles (bkv_pool *, bkv_sched *, bkv_cost_calib *, bkv_vllm_encoder *)
+are c_void_p.
 Enum-typed fields and parameters are c_int (the C enum's size on every ABI the
 library builds for).
 """
@@ -57,6 +58,13 @@ BKV_PREEMPT_SWAP = 2
 BKV_EVENT_STORED = 0
 BKV_EVENT_REMOVED = 1
 BKV_EVENT_CLEARED = 2
+BKV_VLLM_WIRE_MAP = 0
+BKV_VLLM_WIRE_ARRAY = 1
+BKV_VLLM_WIRE_ARRAY_V0 = 2
+BKV_VLLM_HASH_NATIVE = 0
+BKV_VLLM_HASH_SHA256_CBOR = 1
+BKV_VLLM_HASH_SHA256 = 2
+BKV_VLLM_DIGEST_BYTES = 32
 
 
 class bkv_allocator(Structure):
@@ -338,6 +346,32 @@ class bkv_seq_image(Structure):
         ('cap_tokens', c_uint32),
     ]
 
+
+# typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key): the
+# restype is c_void_p, not c_char_p, because ctypes cannot hand a string back
+# from a Python callback without leaking it; batchkv.vllm returns the address
+# of a buffer it keeps until bkv_vllm_encode returns.
+bkv_vllm_key_name_fn = CFUNCTYPE(c_void_p, c_void_p, c_uint64)
+
+
+class bkv_vllm_config(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('wire', c_uint32),
+        ('hash', c_uint32),
+        ('int_hashes', c_uint32),
+        ('hash_seed', c_char_p),
+        ('medium', c_char_p),
+        ('data_parallel_rank', c_int32),
+        ('group_idx', c_int32),
+        ('spec_kind', c_char_p),
+        ('sliding_window', c_uint32),
+        ('extra_keys', c_uint32),
+        ('key_name', bkv_vllm_key_name_fn),
+        ('key_name_ud', c_void_p),
+        ('reserved', c_uint32 * 4),
+    ]
+
 FUNCTIONS = {
     'bkv_strerror': (c_char_p, [c_int]),
     'bkv_version': (c_char_p, []),
@@ -395,6 +429,13 @@ FUNCTIONS = {
     'bkv_seq_export': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_image)]),
     'bkv_seq_import': (c_int, [c_void_p, POINTER(bkv_seq_image), POINTER(c_uint32), POINTER(bkv_copy), POINTER(c_uint32)]),
     'bkv_sched_metrics_prometheus': (c_size_t, [c_void_p, c_char_p, c_size_t]),
+    'bkv_vllm_config_init': (None, [POINTER(bkv_vllm_config)]),
+    'bkv_vllm_encoder_create': (c_int, [POINTER(bkv_vllm_config), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
+    'bkv_vllm_encoder_destroy': (None, [c_void_p]),
+    'bkv_vllm_encode': (c_int, [c_void_p, c_void_p, c_double, POINTER(POINTER(c_uint8)), POINTER(c_size_t)]),
+    'bkv_vllm_encoder_resyncs': (c_uint64, [c_void_p]),
+    'bkv_vllm_block_hashes': (c_uint32, [POINTER(bkv_vllm_config), c_char_p, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint8)]),
+    'bkv_vllm_hash_int': (c_uint64, [POINTER(c_uint8)]),
 }
 
 # The callback types of bkv_host_ops and bkv_cost_model, by field name.

@@ -167,8 +167,8 @@ class Pool:
         pool = Pool(device_blocks=4096, block_tokens=16, host_blocks=1024)
 
     Raises InvalidArgumentError for a field out of range, OutOfMemoryError.
-    Use as a context manager or call close(); a Pool a live Scheduler uses
-    cannot be closed (StateError).
+    Use as a context manager or call close(); a Pool a live Scheduler or
+    VllmEncoder uses cannot be closed (StateError).
     """
 
     def __init__(self, **config):
@@ -179,7 +179,7 @@ class Pool:
         check(_lib.bkv_pool_create(ctypes.byref(cfg), None, ctypes.byref(h)), "bkv_pool_create")
         self._h = h
         self._stepping = False  # set by the Scheduler around bkv_step
-        self._users = 0         # live schedulers over this pool
+        self._users = 0         # live schedulers and vLLM encoders over this pool
         self.block_tokens = cfg.block_tokens
         self.device_blocks = cfg.device_blocks
         self.host_blocks = cfg.host_blocks
@@ -189,7 +189,8 @@ class Pool:
     def close(self):
         """Destroy the pool (bkv_pool_destroy). Idempotent."""
         if self._users:
-            raise StateError("Pool.close: a Scheduler still uses this pool", _ffi.BKV_ESTATE)
+            raise StateError("Pool.close: a Scheduler or VllmEncoder still uses this pool",
+                             _ffi.BKV_ESTATE)
         if self._h:
             _lib.bkv_pool_destroy(self._h)
             self._h = None

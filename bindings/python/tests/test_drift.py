@@ -111,3 +111,33 @@ def test_a_changed_enum_value_is_caught(tree):
     edit(tree, "include/batchkv.h", "BKV_PREEMPT_SWAP = 2", "BKV_PREEMPT_SWAP = 3")
     rc, out = check(tree)
     assert rc == 1 and "python: BKV_PREEMPT_SWAP" in out and "rust: const BKV_PREEMPT_SWAP" in out
+
+
+def test_a_changed_callback_typedef_is_caught_in_both_languages(tree):
+    edit(tree, "include/batchkv.h",
+         "typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);",
+         "typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint32_t key);")
+    rc, out = check(tree)
+    assert rc == 1
+    assert "python: callback type bkv_vllm_key_name_fn declared" in out, out
+    assert "rust: callback type bkv_vllm_key_name_fn is" in out, out
+
+
+def test_a_callback_field_is_checked_against_its_typedef(tree):
+    # Rust: the field must name the alias (the alias itself is checked once)
+    edit(tree, "bindings/rust/src/sys.rs", "pub key_name: bkv_vllm_key_name_fn,",
+         "pub key_name: Option<unsafe extern \"C\" fn(*mut c_void, u64) -> *const c_char>,")
+    # ctypes: the field's CFUNCTYPE must have the typedef's signature
+    edit(tree, "bindings/python/batchkv/_ffi.py", "('key_name', bkv_vllm_key_name_fn),",
+         "('key_name', CFUNCTYPE(c_void_p, c_void_p, c_uint32)),")
+    rc, out = check(tree)
+    assert rc == 1
+    assert "python: bkv_vllm_config fields" in out, out
+    assert "rust: bkv_vllm_config fields" in out, out
+
+
+def test_a_typedef_the_reader_does_not_know_fails_loudly(tree):
+    edit(tree, "include/batchkv.h", "typedef struct bkv_vllm_encoder bkv_vllm_encoder;",
+         "typedef struct bkv_vllm_encoder bkv_vllm_encoder;\ntypedef uint64_t bkv_new_id;")
+    rc, out = check(tree)
+    assert rc != 0 and "bkvheader: read" in out and "typedefs" in out, out

@@ -9,6 +9,8 @@
 //! * [`Scheduler<'pool, H>`] owns a `bkv_sched` over a pool it borrows
 //!   mutably for `'pool` (the header: "used by no one else while the
 //!   scheduler runs") and a host `H: Host` whose methods are the callbacks.
+//! * [`VllmEncoder`] turns a pool's KV events into the msgpack batches a
+//!   vLLM replica publishes (for vLLM-event routers such as llm-d, Dynamo).
 //! * [`Batch<'a>`] is what `Host::forward` receives: the library's arrays as
 //!   slices borrowed for the duration of the call (the trait method's
 //!   anonymous lifetime means they cannot be kept).
@@ -94,14 +96,14 @@ pub mod sys;
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 use std::slice;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use sys::bkv_chunk_shape as ChunkShape;
 pub use sys::bkv_copy as Copy;
@@ -287,7 +289,10 @@ pub struct SeqImage {
 /// not `Sync`: one thread uses it at a time.
 pub struct Pool {
     raw: NonNull<sys::bkv_pool>,
+    id: u64, // unique for the process's life: what a VllmEncoder checks
 }
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 // SAFETY: the header: "a pool belongs to one thread at a time".
 unsafe impl Send for Pool {}
@@ -300,7 +305,8 @@ impl Pool {
         c.size = std::mem::size_of::<PoolConfig>() as u32;
         let mut p = ptr::null_mut();
         check(unsafe { sys::bkv_pool_create(&c, ptr::null(), &mut p) })?;
-        Ok(Pool { raw: NonNull::new(p).ok_or(Error::OutOfMemory)? })
+        Ok(Pool { raw: NonNull::new(p).ok_or(Error::OutOfMemory)?,
+                  id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed) })
     }
 
     /// The raw handle, for calls this crate does not wrap.
@@ -508,6 +514,346 @@ unsafe fn raw_slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
     } else {
         slice::from_raw_parts(p, n)
     }
+}
+
+// ------------------------------------------------------------ vLLM events --
+
+/// How a KVEventBatch and its events are laid out (`bkv_vllm_wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VllmWire {
+    /// Current vLLM: each struct a map keyed by field name, events tagged by
+    /// a first "type" entry, defaults omitted.
+    Map = 0,
+    /// `array_like` vLLM (what llm-d's and Dynamo's decoders read).
+    Array = 1,
+    /// The first `array_like` vLLM (no medium, no lora_name; ints only).
+    ArrayV0 = 2,
+}
+
+/// Which block hash the events carry (`bkv_vllm_hash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VllmHash {
+    /// The pool's own 64-bit chained hash, as an int.
+    Native = 0,
+    /// vLLM's "sha256_cbor".
+    Sha256Cbor = 1,
+    /// vLLM's "sha256" (pickle protocol 5).
+    Sha256 = 2,
+}
+
+/// Bytes in a vLLM block digest (`BKV_VLLM_DIGEST_BYTES`).
+pub const VLLM_DIGEST_BYTES: usize = sys::BKV_VLLM_DIGEST_BYTES;
+
+/// `bkv_vllm_config` as owned data; `Default` is `bkv_vllm_config_init`'s.
+/// The key-naming callback is not a field: see [`VllmEncoder::with_key_name`].
+/// A string with a NUL byte is refused (`Err(InvalidArgument)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VllmConfig {
+    /// Default `Map`.
+    pub wire: VllmWire,
+    /// Default `Sha256Cbor`.
+    pub hash: VllmHash,
+    /// A digest goes out as the int of its last 8 bytes (true, the default)
+    /// or as the 32 bytes. `Native` and `ArrayV0` always send ints.
+    pub int_hashes: bool,
+    /// The replicas' PYTHONHASHSEED (at most 255 bytes). Default "0".
+    pub hash_seed: String,
+    /// BlockStored/BlockRemoved.medium; `None` sends nil. Default "GPU".
+    pub medium: Option<String>,
+    /// KVEventBatch.data_parallel_rank; -1 (the default) omits it.
+    pub data_parallel_rank: i32,
+    /// Map layout: every event's group_idx; -1 (the default) omits it.
+    pub group_idx: i32,
+    /// Map layout: BlockStored.kv_cache_spec_kind; `None` (default) omits it.
+    pub spec_kind: Option<String>,
+    /// Map layout: kv_cache_spec_sliding_window; 0 (default) omits it.
+    pub sliding_window: u32,
+    /// Map layout: send BlockStored.extra_keys. Default false.
+    pub extra_keys: bool,
+}
+
+unsafe fn opt_string(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        None
+    } else {
+        Some(CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+}
+
+impl Default for VllmConfig {
+    fn default() -> Self {
+        let mut c = zeroed::<sys::bkv_vllm_config>();
+        unsafe { sys::bkv_vllm_config_init(&mut c) };
+        VllmConfig {
+            wire: match c.wire {
+                1 => VllmWire::Array,
+                2 => VllmWire::ArrayV0,
+                _ => VllmWire::Map,
+            },
+            hash: match c.hash {
+                0 => VllmHash::Native,
+                2 => VllmHash::Sha256,
+                _ => VllmHash::Sha256Cbor,
+            },
+            int_hashes: c.int_hashes != 0,
+            // SAFETY: init points these at static strings or NULL
+            hash_seed: unsafe { opt_string(c.hash_seed) }.unwrap_or_default(),
+            medium: unsafe { opt_string(c.medium) },
+            data_parallel_rank: c.data_parallel_rank,
+            group_idx: c.group_idx,
+            spec_kind: unsafe { opt_string(c.spec_kind) },
+            sliding_window: c.sliding_window,
+            extra_keys: c.extra_keys != 0,
+        }
+    }
+}
+
+/// A raw config and the C strings it points into.
+struct RawVllmConfig {
+    raw: sys::bkv_vllm_config,
+    _strings: (CString, Option<CString>, Option<CString>),
+}
+
+fn c_string(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::InvalidArgument)
+}
+
+impl VllmConfig {
+    fn to_raw(&self) -> Result<RawVllmConfig> {
+        let seed = c_string(&self.hash_seed)?;
+        let medium = match &self.medium {
+            Some(m) => Some(c_string(m)?),
+            None => None,
+        };
+        let kind = match &self.spec_kind {
+            Some(k) => Some(c_string(k)?),
+            None => None,
+        };
+        let mut c = zeroed::<sys::bkv_vllm_config>();
+        unsafe { sys::bkv_vllm_config_init(&mut c) };
+        c.wire = self.wire as u32;
+        c.hash = self.hash as u32;
+        c.int_hashes = self.int_hashes as u32;
+        c.hash_seed = seed.as_ptr();
+        c.medium = medium.as_ref().map_or(ptr::null(), |m| m.as_ptr());
+        c.data_parallel_rank = self.data_parallel_rank;
+        c.group_idx = self.group_idx;
+        c.spec_kind = kind.as_ref().map_or(ptr::null(), |k| k.as_ptr());
+        c.sliding_window = self.sliding_window;
+        c.extra_keys = self.extra_keys as u32;
+        // the CStrings' buffers are on the heap: moving them keeps the pointers
+        Ok(RawVllmConfig { raw: c, _strings: (seed, medium, kind) })
+    }
+}
+
+/// What a key-naming closure left behind for `encode` to report.
+enum KeyNameFailure {
+    Nul,
+    Panic(Box<dyn Any + Send + 'static>),
+}
+
+/// The state `bkv_vllm_key_name_fn` is handed (`key_name_ud`).
+struct KeyNames {
+    f: Box<dyn FnMut(u64) -> Option<String> + Send>,
+    names: Vec<CString>, // this encode's names: valid until it returns
+    failed: Option<KeyNameFailure>,
+}
+
+unsafe extern "C" fn key_name_cb(ud: *mut c_void, key: u64) -> *const c_char {
+    // SAFETY: ud is the encoder's Box<KeyNames>, used only inside its encode
+    // (&mut self), on that thread.
+    let k = &mut *(ud as *mut KeyNames);
+    if k.failed.is_some() {
+        return ptr::null();
+    }
+    let f = &mut k.f;
+    match panic::catch_unwind(AssertUnwindSafe(|| f(key))) {
+        Ok(None) => ptr::null(),
+        Ok(Some(name)) => match CString::new(name) {
+            Ok(c) => {
+                let p = c.as_ptr();
+                k.names.push(c);
+                p
+            }
+            Err(_) => {
+                k.failed = Some(KeyNameFailure::Nul);
+                ptr::null()
+            }
+        },
+        Err(p) => {
+            k.failed = Some(KeyNameFailure::Panic(p));
+            ptr::null()
+        }
+    }
+}
+
+/// A vLLM KV-event encoder (`bkv_vllm_encoder`) over one [`Pool`]: it
+/// drains the pool's events and writes the msgpack KVEventBatch a vLLM
+/// replica writes for the same blocks (docs/scaling.md).
+///
+/// Thread rules (the header's): the encoder belongs to its pool's thread
+/// and runs between pool calls. It is `Send` (it moves with its pool), not
+/// `Sync`; [`encode`](VllmEncoder::encode) takes the pool `&mut`, so no
+/// other pool call runs meanwhile, and [`Scheduler::vllm_encode`] does the
+/// same between steps for a pool a scheduler borrows.
+///
+/// The encoder does not borrow its pool (the pool must stay mutable between
+/// encodes). What keeps that safe: `encode` refuses any pool but the very
+/// `Pool` it was made for (`Err(InvalidArgument)`; pools are told apart by a
+/// process-unique id, not by address, so a new pool at a freed one's address
+/// is refused too), so a dropped pool is never read through it; and its
+/// `Drop` (`bkv_vllm_encoder_destroy`) frees only the encoder's own memory
+/// (lib/kvevents.c), so dropping it after its pool is harmless. Drop it
+/// first all the same, as the header asks.
+///
+/// ```
+/// use batchkv::*;
+/// let mut pool = Pool::new(&PoolConfig { device_blocks: 8, block_tokens: 4,
+///                                        event_capacity: 64, ..Default::default() }).unwrap();
+/// let mut enc = VllmEncoder::new(&pool, &VllmConfig { wire: VllmWire::Array,
+///                                                     ..Default::default() }).unwrap();
+/// let s = pool.open().unwrap();
+/// pool.append(s, &[1, 2, 3, 4, 5]).unwrap();
+/// let payload = enc.encode(&mut pool, 0.0).unwrap();
+/// assert!(!payload.is_empty()); // one BlockStored: publish it over ZeroMQ
+/// ```
+pub struct VllmEncoder {
+    raw: NonNull<sys::bkv_vllm_encoder>,
+    pool_id: u64,
+    names: Option<Box<KeyNames>>,
+    last_events: u32,
+}
+
+// SAFETY: the encoder is used only through &mut self (or under a
+// scheduler's exclusive flag) by one thread at a time; the key-naming
+// closure is Send.
+unsafe impl Send for VllmEncoder {}
+
+impl VllmEncoder {
+    /// `bkv_vllm_encoder_create` for `pool` (which must have events on:
+    /// `event_capacity > 0`). `Err(InvalidArgument)` for a pool without
+    /// events, a field out of range, a hash_seed over 255 bytes or a string
+    /// with a NUL byte; `Err(OutOfMemory)`.
+    pub fn new(pool: &Pool, cfg: &VllmConfig) -> Result<VllmEncoder> {
+        Self::create(pool, cfg, None)
+    }
+
+    /// As [`new`](VllmEncoder::new), with `key_name` naming the pool's
+    /// prefix-cache keys for vLLM (the LoRA adapter name of BlockStored and
+    /// of the block hash's extra keys; `None`: no name). It is called from
+    /// inside `encode`, on that thread, only for nonzero keys. A name with a
+    /// NUL byte makes that `encode` return `Err(InvalidArgument)`; a panic is
+    /// caught at the C boundary and resumed when `bkv_vllm_encode` returns.
+    /// Either way that batch is lost.
+    pub fn with_key_name<F>(pool: &Pool, cfg: &VllmConfig, key_name: F) -> Result<VllmEncoder>
+    where
+        F: FnMut(u64) -> Option<String> + Send + 'static,
+    {
+        Self::create(pool, cfg, Some(Box::new(KeyNames { f: Box::new(key_name), names: Vec::new(),
+                                                         failed: None })))
+    }
+
+    fn create(pool: &Pool, cfg: &VllmConfig, mut names: Option<Box<KeyNames>>)
+              -> Result<VllmEncoder> {
+        let mut c = cfg.to_raw()?;
+        if let Some(k) = names.as_mut() {
+            c.raw.key_name = Some(key_name_cb);
+            c.raw.key_name_ud = &mut **k as *mut KeyNames as *mut c_void;
+        }
+        let mut e = ptr::null_mut();
+        check(unsafe { sys::bkv_vllm_encoder_create(&c.raw, pool.as_ptr(), ptr::null(), &mut e) })?;
+        Ok(VllmEncoder { raw: NonNull::new(e).ok_or(Error::OutOfMemory)?, pool_id: pool.id,
+                         names, last_events: 0 })
+    }
+
+    /// `bkv_vllm_encode`: drain every pending event of `pool` and encode
+    /// them as one KVEventBatch at time `ts` (seconds; vLLM sends
+    /// time.time()). The payload of one ZeroMQ message, borrowed until the
+    /// next call; empty when there was nothing to send.
+    /// `Err(InvalidArgument)` for another pool; `Err(OutOfMemory)` (the
+    /// drained events are lost and the next batch resynchronises).
+    pub fn encode(&mut self, pool: &mut Pool, ts: f64) -> Result<&[u8]> {
+        if pool.id != self.pool_id {
+            return Err(Error::InvalidArgument);
+        }
+        self.encode_raw(pool.as_ptr(), ts)
+    }
+
+    fn encode_raw(&mut self, pool: *mut sys::bkv_pool, ts: f64) -> Result<&[u8]> {
+        if let Some(k) = self.names.as_mut() {
+            k.names.clear();
+            k.failed = None;
+        }
+        let mut msg = ptr::null();
+        let mut len = 0usize;
+        let rc = unsafe { sys::bkv_vllm_encode(self.raw.as_ptr(), pool, ts, &mut msg, &mut len) };
+        if let Some(k) = self.names.as_mut() {
+            k.names.clear();
+            match k.failed.take() {
+                Some(KeyNameFailure::Panic(p)) => panic::resume_unwind(p),
+                Some(KeyNameFailure::Nul) => return Err(Error::InvalidArgument),
+                None => {}
+            }
+        }
+        self.last_events = check(rc)? as u32;
+        // SAFETY: the payload is the encoder's, valid until its next call,
+        // which needs &mut self
+        Ok(unsafe { raw_slice(msg, len) })
+    }
+
+    /// vLLM events in the last batch `encode` returned.
+    pub fn last_event_count(&self) -> u32 {
+        self.last_events
+    }
+
+    /// `bkv_vllm_encoder_resyncs`: resynchronisations written so far (ring
+    /// overflows, buffer failures).
+    pub fn resyncs(&self) -> u64 {
+        unsafe { sys::bkv_vllm_encoder_resyncs(self.raw.as_ptr()) }
+    }
+}
+
+impl Drop for VllmEncoder {
+    fn drop(&mut self) {
+        unsafe { sys::bkv_vllm_encoder_destroy(self.raw.as_ptr()) }
+    }
+}
+
+/// `bkv_vllm_block_hashes`: vLLM's digests of the full blocks of `tokens`
+/// (what a replica with `cfg.hash`, `cfg.hash_seed` and this block size
+/// computes, and what an encoder with the same config publishes).
+/// `lora_name` is every block's extra key. `Err(InvalidArgument)` for a
+/// `Native` hash, `block_tokens == 0`, a bad hash_seed.
+pub fn vllm_block_hashes(cfg: &VllmConfig, lora_name: Option<&str>, block_tokens: u32,
+                         tokens: &[i32]) -> Result<Vec<[u8; VLLM_DIGEST_BYTES]>> {
+    if block_tokens == 0 || cfg.hash == VllmHash::Native || tokens.len() > u32::MAX as usize {
+        return Err(Error::InvalidArgument);
+    }
+    let c = cfg.to_raw()?;
+    let lora = match lora_name {
+        Some(l) => Some(c_string(l)?),
+        None => None,
+    };
+    let want = tokens.len() / block_tokens as usize;
+    let mut out = vec![[0u8; VLLM_DIGEST_BYTES]; want];
+    if want == 0 {
+        return Ok(out);
+    }
+    let n = unsafe {
+        sys::bkv_vllm_block_hashes(&c.raw, lora.as_ref().map_or(ptr::null(), |l| l.as_ptr()),
+                                   block_tokens, tokens.as_ptr(), tokens.len() as u32,
+                                   out.as_mut_ptr() as *mut u8)
+    };
+    if n as usize != want {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(out)
+}
+
+/// `bkv_vllm_hash_int`: the int a digest is sent as (its last 8 bytes,
+/// big-endian).
+pub fn vllm_hash_int(digest: &[u8; VLLM_DIGEST_BYTES]) -> u64 {
+    unsafe { sys::bkv_vllm_hash_int(digest.as_ptr()) }
 }
 
 // ----------------------------------------------------------- cost models --
@@ -937,6 +1283,7 @@ pub struct Scheduler<'pool, H: Host> {
     host: Box<HostCell<H>>,
     stepping: AtomicBool,
     pool: *mut sys::bkv_pool,
+    pool_id: u64,
     _pool: PhantomData<&'pool mut Pool>,
 }
 
@@ -995,7 +1342,8 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
                                   &*host as *const HostCell<H> as *mut c_void, ptr::null(), &mut s)
         })?;
         Ok(Scheduler { raw: NonNull::new(s).ok_or(Error::OutOfMemory)?, host,
-                       stepping: AtomicBool::new(false), pool: pool.as_ptr(), _pool: PhantomData })
+                       stepping: AtomicBool::new(false), pool: pool.as_ptr(), pool_id: pool.id,
+                       _pool: PhantomData })
     }
 
     fn exclusive(&self) -> Result<Exclusive<'_>> {
@@ -1097,6 +1445,18 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
     pub fn pool_events(&self, max: u32) -> Result<Vec<KvEvent>> {
         let _x = self.exclusive()?;
         Ok(pool_events(self.pool, max))
+    }
+
+    /// [`VllmEncoder::encode`] on this scheduler's pool, between steps
+    /// (`Err(Error::State)` during one): how a serving loop publishes after
+    /// each step while the scheduler borrows the pool. `Err(InvalidArgument)`
+    /// for an encoder made for another pool.
+    pub fn vllm_encode<'e>(&self, enc: &'e mut VllmEncoder, ts: f64) -> Result<&'e [u8]> {
+        if enc.pool_id != self.pool_id {
+            return Err(Error::InvalidArgument);
+        }
+        let _x = self.exclusive()?;
+        enc.encode_raw(self.pool, ts)
     }
 
     /// The host, between steps.

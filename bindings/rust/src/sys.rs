@@ -27,6 +27,7 @@ pub const BKV_COST_CALIB_FEATURES: usize = 9;
 pub const BKV_COST_CALIB_MIN_OBS: u64 = 16;
 pub const BKV_TOKEN_FAIL: i32 = -1;
 pub const BKV_VERSION_STRING: &str = "0.1.0";
+pub const BKV_VLLM_DIGEST_BYTES: usize = 32;
 
 /// Opaque handle.
 #[repr(C)]
@@ -41,6 +42,11 @@ pub struct bkv_cost_calib {
 /// Opaque handle.
 #[repr(C)]
 pub struct bkv_sched {
+    _private: [u8; 0],
+}
+/// Opaque handle.
+#[repr(C)]
+pub struct bkv_vllm_encoder {
     _private: [u8; 0],
 }
 
@@ -73,6 +79,16 @@ pub type bkv_kv_event_kind = c_int;
 pub const BKV_EVENT_STORED: bkv_kv_event_kind = 0;
 pub const BKV_EVENT_REMOVED: bkv_kv_event_kind = 1;
 pub const BKV_EVENT_CLEARED: bkv_kv_event_kind = 2;
+pub type bkv_vllm_wire = c_int;
+pub const BKV_VLLM_WIRE_MAP: bkv_vllm_wire = 0;
+pub const BKV_VLLM_WIRE_ARRAY: bkv_vllm_wire = 1;
+pub const BKV_VLLM_WIRE_ARRAY_V0: bkv_vllm_wire = 2;
+pub type bkv_vllm_hash = c_int;
+pub const BKV_VLLM_HASH_NATIVE: bkv_vllm_hash = 0;
+pub const BKV_VLLM_HASH_SHA256_CBOR: bkv_vllm_hash = 1;
+pub const BKV_VLLM_HASH_SHA256: bkv_vllm_hash = 2;
+/// `bkv_vllm_key_name_fn`: names a prefix-cache key (a LoRA name) for vLLM.
+pub type bkv_vllm_key_name_fn = Option<unsafe extern "C" fn(*mut c_void, u64) -> *const c_char>;
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct bkv_allocator {
@@ -334,6 +350,24 @@ pub struct bkv_seq_image {
     pub cap_blocks: u32,
     pub cap_tokens: u32,
 }
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_vllm_config {
+    pub size: u32,
+    pub wire: u32,
+    pub hash: u32,
+    pub int_hashes: u32,
+    pub hash_seed: *const c_char,
+    pub medium: *const c_char,
+    pub data_parallel_rank: i32,
+    pub group_idx: i32,
+    pub spec_kind: *const c_char,
+    pub sliding_window: u32,
+    pub extra_keys: u32,
+    pub key_name: bkv_vllm_key_name_fn,
+    pub key_name_ud: *mut c_void,
+    pub reserved: [u32; 4],
+}
 extern "C" {
     pub fn bkv_strerror(status: c_int) -> *const c_char;
     pub fn bkv_version() -> *const c_char;
@@ -391,4 +425,11 @@ extern "C" {
     pub fn bkv_seq_export(pool: *const bkv_pool, seq: u32, exp: *mut bkv_seq_image) -> c_int;
     pub fn bkv_seq_import(pool: *mut bkv_pool, exp: *const bkv_seq_image, seq: *mut u32, transfers: *mut bkv_copy, n_transfers: *mut u32) -> c_int;
     pub fn bkv_sched_metrics_prometheus(sched: *const bkv_sched, buf: *mut c_char, cap: usize) -> usize;
+    pub fn bkv_vllm_config_init(cfg: *mut bkv_vllm_config);
+    pub fn bkv_vllm_encoder_create(cfg: *const bkv_vllm_config, pool: *const bkv_pool, alloc: *const bkv_allocator, out: *mut *mut bkv_vllm_encoder) -> c_int;
+    pub fn bkv_vllm_encoder_destroy(enc: *mut bkv_vllm_encoder);
+    pub fn bkv_vllm_encode(enc: *mut bkv_vllm_encoder, pool: *mut bkv_pool, ts: f64, msg: *mut *const u8, len: *mut usize) -> c_int;
+    pub fn bkv_vllm_encoder_resyncs(enc: *const bkv_vllm_encoder) -> u64;
+    pub fn bkv_vllm_block_hashes(cfg: *const bkv_vllm_config, lora_name: *const c_char, block_tokens: u32, tokens: *const i32, n: u32, digests: *mut u8) -> u32;
+    pub fn bkv_vllm_hash_int(digest: *const u8) -> u64;
 }
