@@ -307,6 +307,14 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 			last_finish = v->finish_us;
 		if (v->failed || v->first_us < 0.0)
 			continue;
+		if (h->cfg->slo_ttft_ms > 0.0) {
+			double f = (v->first_us - t->reqs[i].arrival_us) / 1000.0;
+			double p = v->n_tok > 1 ? (v->finish_us - v->first_us) / (v->n_tok - 1) / 1000.0
+						: 0.0;
+			if (v->finish_us >= 0.0 && f <= h->cfg->slo_ttft_ms &&
+			    p <= h->cfg->slo_tpot_ms)
+				res->slo_met++;
+		}
 		if (ttft && tpot) {
 			ttft[nt] = (v->first_us - t->reqs[i].arrival_us) / 1000.0;
 			sum_ttft += ttft[nt++];
@@ -325,6 +333,7 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 		}
 	}
 	res->makespan_us = last_finish - first_arrival;
+	res->span_us = t->n ? t->reqs[t->n - 1].arrival_us - first_arrival : 0.0;
 	res->ttft_mean = nt ? sum_ttft / nt : 0.0;
 	res->tpot_mean = np ? sum_tpot / np : 0.0;
 	if (ttft && tpot) {
@@ -400,6 +409,15 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = cfg->block_tokens;
 	pc.device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
+	if (!cfg->kv_blocks && pc.device_blocks > SIM_MAX_DERIVED_BLOCKS) {
+		snprintf(err, errlen,
+			 "every slot holding the longest request needs %u blocks (more than %u): "
+			 "give --kv-blocks or fewer --slots",
+			 pc.device_blocks, SIM_MAX_DERIVED_BLOCKS);
+		free(h.req);
+		free(prompt);
+		return BKV_E2BIG;
+	}
 	pc.host_blocks = cfg->host_blocks;
 	pc.max_seqs = cfg->slots * 2 + 64;
 	pc.prefix_cache = cfg->prefix_cache;
@@ -423,7 +441,8 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	sc.max_queue = t->n > 65536 ? t->n : 65536;
 	sc.tpot_target_us = cfg->tpot_us;
 	sc.max_bypass_us = cfg->max_bypass_us;
-	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
+	sc.preempt = cfg->preempt ? cfg->preempt
+		   : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
 	bkv_cost_calib *calib = NULL;
@@ -596,5 +615,121 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	free(prompt);
 	clock_gettime(CLOCK_MONOTONIC, &w1);
 	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;
+	return rc;
+}
+
+/* ---- goodput ------------------------------------------------------------- */
+
+double sim_trace_rate(const trace *t)
+{
+	if (!t->n)
+		return 0.0;
+	double span = t->reqs[t->n - 1].arrival_us - t->reqs[0].arrival_us;
+	return span > 0.0 ? (t->n - 1) / (span / 1e6) : 0.0;
+}
+
+int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		   double tpot_ms, double *attain, char *err, size_t errlen)
+{
+	sim_config c = *cfg;
+	c.slo_ttft_ms = ttft_ms;
+	c.slo_tpot_ms = tpot_ms;
+	c.progress = 0;
+	uint64_t met = 0, all = 0;
+	for (int i = 0; i < n; i++) {
+		sim_result r;
+		memset(&r, 0, sizeof(r));
+		int rc = sim_run(&c, &t[i], &r, err, errlen);
+		if (rc)
+			return rc;
+		met += r.slo_met;
+		all += t[i].n;
+	}
+	*attain = all ? (double)met / (double)all : 0.0;
+	return 0;
+}
+
+/* Arrivals of every trace at rate r, from the saved originals. */
+static void scale_arrivals(trace *t, int n, double *const *orig, double f)
+{
+	for (int i = 0; i < n; i++) {
+		double a0 = t[i].n ? orig[i][0] : 0.0;
+		for (uint32_t j = 0; j < t[i].n; j++)
+			t[i].reqs[j].arrival_us = a0 + (orig[i][j] - a0) * f;
+	}
+}
+
+int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, double ttft_ms,
+		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof(*out));
+	if (!(rate0 > 0.0) || !(ttft_ms > 0.0) || !(tpot_ms > 0.0) || !(pct > 0.0) || pct > 100.0) {
+		snprintf(err, errlen, "goodput needs a positive rate, targets and 0 < pct <= 100");
+		return BKV_EINVAL;
+	}
+	double **orig = calloc((size_t)n, sizeof(*orig));
+	int rc = orig ? 0 : BKV_ENOMEM;
+	for (int i = 0; !rc && i < n; i++) {
+		orig[i] = malloc((size_t)(t[i].n ? t[i].n : 1) * sizeof(double));
+		if (!orig[i]) {
+			rc = BKV_ENOMEM;
+			break;
+		}
+		for (uint32_t j = 0; j < t[i].n; j++)
+			orig[i][j] = t[i].reqs[j].arrival_us;
+	}
+	if (rc) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	double need = pct / 100.0 - 1e-12, lo = 0.0, hi = 0.0, lo_att = 0.0, a;
+	double r = rate0;
+	/* bracket: from rate0 up while met, or down while not */
+	for (int i = 0; i <= 20; i++) {
+		scale_arrivals(t, n, orig, rate0 / r);
+		if ((rc = sim_attainment(cfg, t, n, ttft_ms, tpot_ms, &a, err, errlen)))
+			goto out;
+		out->evals++;
+		if (a >= need) {
+			lo = r, lo_att = a;
+			if (hi > 0.0)
+				break;
+			r *= 2.0;
+		} else {
+			hi = r;
+			if (lo > 0.0)
+				break;
+			r /= 2.0;
+		}
+	}
+	if (lo == 0.0 || hi == 0.0) {
+		out->capped = lo == 0.0 ? -1 : 1;
+	} else {
+		while (hi > 1.01 * lo) {
+			r = sqrt(lo * hi);
+			scale_arrivals(t, n, orig, rate0 / r);
+			if ((rc = sim_attainment(cfg, t, n, ttft_ms, tpot_ms, &a, err, errlen)))
+				goto out;
+			out->evals++;
+			if (a >= need)
+				lo = r, lo_att = a;
+			else
+				hi = r;
+		}
+	}
+	out->rps = lo;
+	out->hi_rps = hi;
+	out->attain = lo_att;
+out:
+	if (orig) {
+		int have = 1;
+		for (int i = 0; i < n; i++)
+			have &= orig[i] != NULL;
+		if (have)
+			scale_arrivals(t, n, orig, 1.0);
+		for (int i = 0; i < n; i++)
+			free(orig[i]);
+		free(orig);
+	}
 	return rc;
 }

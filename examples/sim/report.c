@@ -83,6 +83,7 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	MED_D(mbu);
 	MED_D(ref_ttft_mean);
 	MED_D(ref_tpot_mean);
+	MED_D(span_us);
 #undef MED_D
 #undef MED_U
 	double wall = 0.0, perr = 0.0;
@@ -119,7 +120,8 @@ static double hit_rate(const sim_result *r)
 	return r->prompt_tokens ? (double)r->hit_tokens / (double)r->prompt_tokens : 0.0;
 }
 
-void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline)
+void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline,
+		const char *title)
 {
 	if (fmt == SIM_JSON) {
 		fprintf(out, "[\n");
@@ -155,6 +157,9 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				fprintf(out,
 					", \"ref_ttft_mean_ms\": %.10g, \"ref_tpot_mean_ms\": %.10g",
 					r->ref_ttft_mean, r->ref_tpot_mean);
+			if (rows[i].has_goodput)
+				fprintf(out, ", \"goodput_rps\": %.10g, \"goodput_capped\": %d",
+					rows[i].goodput_rps, rows[i].goodput_capped);
 			fprintf(out, ", \"prediction_error\": %.10g, \"wall_s\": %.10g}%s\n",
 				r->pred_err, r->wall_s, i + 1 < n ? "," : "");
 		}
@@ -165,12 +170,12 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 		fprintf(out, "label,seeds,requests,speedup,prefill_calls,decode_steps,prefill_share,"
 			     "makespan_us,throughput_tok_s,ttft_mean_ms,ttft_p50_ms,ttft_p99_ms,"
 			     "tpot_mean_ms,tpot_p50_ms,tpot_p99_ms,tbt_p99_ms,preemptions,prefix_hit_rate,"
-			     "kv_waste,mfu,mbu,ref_ttft_mean_ms,ref_tpot_mean_ms\n");
+			     "kv_waste,mfu,mbu,ref_ttft_mean_ms,ref_tpot_mean_ms,errors,goodput_rps\n");
 		for (int i = 0; i < n; i++) {
 			const sim_result *r = &rows[i].med;
 			fprintf(out,
 				"%s,%d,%u,%.10g,%llu,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,"
-				"%.10g,%.10g,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g\n",
+				"%.10g,%.10g,%llu,%.10g,%.10g,%.10g,%.10g,%.10g,%.10g,%u,",
 				r->label, rows[i].n_seeds, r->n_req,
 				rows[i].has_base ? rows[i].speedup : 0.0,
 				(unsigned long long)r->prefill_calls,
@@ -178,12 +183,17 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 				r->tput_tok_s, r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean,
 				r->tpot_p50, r->tpot_p99, r->tbt_p99, (unsigned long long)r->preemptions,
 				hit_rate(r), r->kv_waste, roofline ? r->mfu : 0.0,
-				roofline ? r->mbu : 0.0, r->ref_ttft_mean, r->ref_tpot_mean);
+				roofline ? r->mbu : 0.0, r->ref_ttft_mean, r->ref_tpot_mean, r->errors);
+			if (rows[i].has_goodput)
+				fprintf(out, "%.10g", rows[i].goodput_rps);
+			fprintf(out, "\n");
 		}
 		return;
 	}
-	fprintf(out, "%-14s %8s %8s %8s %7s %10s %9s %9s %9s %8s %8s %8s %8s %6s %6s %6s",
-		"policy", "speedup", "prefills", "decodes", "pf%", "tok/s", "ttft_avg",
+	if (title)
+		fprintf(out, "%s\n", title);
+	fprintf(out, "%-14s %8s %6s %8s %8s %7s %10s %9s %9s %9s %8s %8s %8s %8s %6s %6s %6s",
+		"policy", "speedup", "errors", "prefills", "decodes", "pf%", "tok/s", "ttft_avg",
 		"ttft_p50", "ttft_p99", "tpot_avg", "tpot_p50", "tpot_p99", "tbt_p99", "preempt",
 		"hit%", "waste%");
 	if (roofline)
@@ -197,9 +207,9 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 		else
 			snprintf(sp, sizeof(sp), "-");
 		fprintf(out,
-			"%-14s %8s %8llu %8llu %6.1f%% %10.1f %9.2f %9.2f %9.2f %8.2f %8.2f "
+			"%-14s %8s %6u %8llu %8llu %6.1f%% %10.1f %9.2f %9.2f %9.2f %8.2f %8.2f "
 			"%8.2f %8.2f %6llu %5.1f%% %5.1f%%",
-			r->label, sp, (unsigned long long)r->prefill_calls,
+			r->label, sp, r->errors, (unsigned long long)r->prefill_calls,
 			(unsigned long long)r->decode_steps, 100.0 * rows[i].prefill_share, r->tput_tok_s,
 			r->ttft_mean, r->ttft_p50, r->ttft_p99, r->tpot_mean, r->tpot_p50,
 			r->tpot_p99, r->tbt_p99, (unsigned long long)r->preemptions, 100.0 * hit_rate(r),
@@ -212,6 +222,64 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
 		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "
 			     "same traces)\n",
 			rows[0].n_seeds, rows[0].n_seeds == 1 ? "" : "s");
+	if (title) {
+		fputs("columns: speedup = static makespan / the row's (per seed, then the median);\n"
+		      "  errors = requests ended by an error or abort (the most over seeds; a row\n"
+		      "  with errors is not a valid result); prefills / decodes = host calls carrying\n"
+		      "  prefill / decode rows; pf% = prefill time / busy time; tok/s = generated\n"
+		      "  tokens per virtual second; ttft = first token - arrival; tpot = (last -\n"
+		      "  first) / (tokens - 1) per request; tbt_p99 = p99 of every gap between two\n"
+		      "  tokens of a request; preempt = preemptions; hit% = prompt tokens served by\n"
+		      "  the prefix cache; waste% = allocated KV slots holding no token (mean over\n"
+		      "  steps)",
+		      out);
+		if (roofline)
+			fputs("; MFU% / MBU% = roofline FLOPs / bytes over busy time at peak", out);
+		fputs(".\n", out);
+	}
+}
+
+int sim_warn_errors(FILE *err, const sim_row *rows, int n)
+{
+	int bad = 0;
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		if (!r->errors)
+			continue;
+		bad++;
+		fprintf(err,
+			"bkv-sim: warning: %s: %u of %u requests failed (ended by an error or "
+			"abort, e.g. a prompt larger than the pool: see --kv-blocks); its "
+			"latencies and speed-up cover only the others\n",
+			r->label, r->errors, r->n_req);
+	}
+	return bad;
+}
+
+void sim_note_overload(FILE *out, const sim_row *rows, int n)
+{
+	int over = 0, best = -1;
+	double lo = 0.0, hi = 0.0;
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		if (!(r->span_us > 0.0))
+			continue;
+		double f = r->makespan_us / r->span_us;
+		if (f <= SIM_OVERLOAD)
+			continue;
+		if (!over || f < lo)
+			lo = f, best = i;
+		if (!over || f > hi)
+			hi = f;
+		over++;
+	}
+	if (!over)
+		return;
+	fprintf(out,
+		"overload: %d of %d rows take more than %.0fx the trace's arrival span "
+		"(%.1f s): makespan %.1fx (%s) to %.1fx the span; requests queue, and "
+		"TTFT measures the queue\n",
+		over, n, SIM_OVERLOAD, rows[best].med.span_us / 1e6, lo, rows[best].med.label, hi);
 }
 
 /* Escape the few XML characters a label may hold. */
