@@ -167,7 +167,7 @@ void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofl
  * many such rows), and a trace the simulated machine cannot keep up with
  * (a makespan more than SIM_OVERLOAD times the arrival span). */
 int sim_warn_errors(FILE *err, const sim_row *rows, int n);
-#define SIM_OVERLOAD 2.0
+#define SIM_OVERLOAD 1.5
 void sim_note_overload(FILE *out, const sim_row *rows, int n);
 
 /* ---- goodput ------------------------------------------------------------
