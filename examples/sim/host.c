@@ -117,6 +117,11 @@ static double price(const sim_config *cfg, const bkv_step_shape *s)
 	}
 }
 
+double sim_price_us(const sim_config *cfg, const bkv_step_shape *s)
+{
+	return price(cfg, s);
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -289,7 +294,7 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 			longest = need;
 	}
 	uint64_t per = (longest + cfg->block_tokens - 1) / cfg->block_tokens + 1;
-	uint64_t n = per * cfg->slots + 64;
+	uint64_t n = per * (cfg->pool_slots ? cfg->pool_slots : cfg->slots) + 64;
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
 }
 

@@ -54,6 +54,9 @@ static void usage(FILE *f)
 	      "                             24,32 up to --slots; the best is reported), auto,\n"
 	      "                             chunked b=512 and chunked auto on a mixed host,\n"
 	      "                             same traces, with ratios\n"
+	      "  --peers                    with --compare: rows vllm-v1, vllm-v0, sglang,\n"
+	      "                             sarathi, tgi, llamacpp, orca (each peer's\n"
+	      "                             defaults in our knobs; docs/benchmarks.md)\n"
 	      "  --max-wait US|never        partial-group timeout (default never)\n"
 	      "  --slots N                  running slots (default 32)\n"
 	      "  --host split|mixed         split prefill/decode kernels or one forward\n"
@@ -115,6 +118,9 @@ typedef struct opts {
 	uint32_t cmp_k[MAX_SWEEP]; /* [n_cmp_k] fixed k of --compare */
 	int n_cmp_k;             /* 0: the default list */
 	int allow_errors;        /* --allow-errors */
+	int peers;               /* --peers: the peer presets join --compare */
+	int big_gpu;             /* the cost model is an H100's (vLLM's larger
+				    defaults) */
 	int goodput;             /* --goodput given */
 	double gp_ttft_ms, gp_tpot_ms, gp_pct; /* its targets */
 	char title[256];         /* the table's title */
@@ -377,6 +383,97 @@ static double paired_ratio(const sim_result *a, const sim_result *b, int n)
 	return m;
 }
 
+/* The peer presets (docs/benchmarks.md, "Peer presets"): each peer's
+ * documented defaults expressed in the scheduler's knobs, on the machine of
+ * c0 (its cost model, its pool: pool_slots keeps the memory when a peer runs
+ * more rows). */
+static const char *const peer_names[] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
+					 "tgi", "llamacpp", "orca"};
+#define N_PEERS 7
+
+static void peer_config(const opts *o, const sim_config *c0, const trace *t, int which,
+			sim_config *c)
+{
+	*c = *c0;
+	c->policy = BKV_POLICY_CONTINUOUS;
+	c->hints = 0;
+	c->k = 1;
+	c->max_wait_us = UINT64_MAX;
+	c->tpot_us = 0;
+	c->chunked = 0;
+	c->mixed_host = 0;
+	c->preempt = BKV_PREEMPT_RECOMPUTE;
+	c->pool_slots = c0->slots;
+	switch (which) {
+	case 0: /* vLLM v1: always chunked, FCFS, recompute; 8192 / 1024 on
+		   an H100-class GPU, else 2048 / 256 (arg_utils.py) */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		c->budget = o->big_gpu ? 8192 : 2048;
+		c->slots = o->big_gpu ? 1024 : 256;
+		break;
+	case 1: /* vLLM v0: prefill-first iterations, no mixing, 256 seqs */
+		c->slots = 256;
+		break;
+	case 2: /* SGLang: prefill batches before decode, not mixed by
+		   default; chunked_prefill_size 8192 is beyond our split host */
+		break;
+	case 3: /* Sarathi-Serve: stall-free mixed batches, budget from the
+		   TBT target */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		if (o->goodput)
+			c->tpot_us = (uint32_t)lround(o->gp_tpot_ms * 1000.0);
+		else if (c0->tpot_us)
+			c->tpot_us = c0->tpot_us;
+		c->budget = c->tpot_us ? 0 : 512;
+		break;
+	case 4: { /* TGI: a new prefill batch waits for floor(1.2 x running)
+		     queued requests or 20 decode steps (max_waiting_tokens) */
+		c->k = c0->slots;
+		double ctx = 0.0;
+		for (uint32_t i = 0; i < t->n; i++)
+			ctx += t->reqs[i].prompt_len + t->reqs[i].output_len / 2.0;
+		ctx = t->n ? ctx / t->n : 1.0;
+		bkv_step_shape d;
+		memset(&d, 0, sizeof(d));
+		d.kind = BKV_CALL_DECODE;
+		d.decode_rows = c0->slots;
+		d.padded_rows = c0->slots;
+		d.decode_context = (uint64_t)llround(ctx * c0->slots);
+		c->max_wait_us = (uint64_t)llround(20.0 * sim_price_us(c0, &d));
+		break;
+	}
+	case 5: /* llama.cpp server: n_parallel 1 slot, n_batch 2048 chunks
+		   in one mixed batch, KV per slot (no preemption needed) */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		c->budget = 2048;
+		c->slots = 1;
+		break;
+	case 6: { /* Orca: iteration-level, selective batching (mixed, whole
+		     prompts), KV reserved for the maximum length */
+		c->mixed_host = 1;
+		if (c0->kv_blocks) {
+			uint64_t longest = 1;
+			for (uint32_t i = 0; i < t->n; i++) {
+				uint64_t need = (uint64_t)t->reqs[i].prompt_len + t->reqs[i].output_len + 1;
+				if (need > longest)
+					longest = need;
+			}
+			uint64_t per = (longest + c0->block_tokens - 1) / c0->block_tokens + 1;
+			uint64_t fit = c0->kv_blocks / per;
+			c->slots = fit < 1 ? 1 : fit < c0->slots ? (uint32_t)fit : c0->slots;
+		}
+		break;
+	}
+	}
+	/* --slots is the machine's row limit: a peer's own maximum applies
+	 * below it */
+	if (c->slots > c0->slots)
+		c->slots = c0->slots;
+}
+
 /* --compare: every policy on the same traces, then the ratios the cost-model
  * targets are stated in (docs/benchmarks.md, "Cost-model decisions"). */
 static int compare(const opts *o, const sim_config *c0, trace *traces, int n_seeds)
@@ -398,8 +495,8 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 		ks[0] = 1;
 		nk++;
 	}
-	/* rows: static, k..., auto, chunked b=512, chunked auto */
-	int n_rows = 1 + nk + 3;
+	/* rows: static, k..., auto, chunked b=512, chunked auto[, peers] */
+	int n_rows = 1 + nk + 3 + (o->peers ? N_PEERS : 0);
 	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
 	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
 	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
@@ -425,9 +522,13 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	cf[3 + nk].chunked = 1;
 	cf[3 + nk].mixed_host = 1;
 	cf[3 + nk].budget = 0;
+	for (int p = 0; o->peers && p < N_PEERS; p++)
+		peer_config(o, c0, &traces[0], p, &cf[4 + nk + p]);
 	int done = 0, total = n_rows * n_seeds;
 	for (int i = 0; i < n_rows; i++) {
 		policy_label(&cf[i], labels[i], sizeof(labels[i]));
+		if (i >= 4 + nk)
+			snprintf(labels[i], sizeof(labels[i]), "%s", peer_names[i - 4 - nk]);
 		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
 			      &done, total))
 			return 1;
@@ -710,6 +811,7 @@ int main(int argc, char **argv)
 		} else if (!strcmp(a, "--cost")) {
 			NEED_ARG();
 			cost_name = v;
+			o.big_gpu = strstr(v, "h100") != NULL;
 			bkv_roofline_preset p;
 			if (!strcmp(v, "poly")) {
 				c.cost_kind = SIM_COST_POLY;
@@ -779,6 +881,8 @@ int main(int argc, char **argv)
 			c.check = 1;
 		} else if (!strcmp(a, "--quiet")) {
 			o.quiet = 1;
+		} else if (!strcmp(a, "--peers")) {
+			o.peers = 1;
 		} else if (!strcmp(a, "--allow-errors")) {
 			o.allow_errors = 1;
 		} else if (!strcmp(a, "--goodput")) {
@@ -875,6 +979,10 @@ int main(int argc, char **argv)
 			 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
 			 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s",
 			 c.mixed_host ? "mixed" : "split", c.slots, cost_name);
+	}
+	if (o.peers && !o.compare) {
+		fprintf(stderr, "bkv-sim: --peers adds rows to --compare\n");
+		return 2;
 	}
 	if (o.compare) {
 		int st = compare(&o, &c, traces, n_seeds);

@@ -64,6 +64,10 @@ typedef struct sim_config {
 				      slo_tpot_ms (sim_result.slo_met) */
 	double slo_tpot_ms;        /* TPOT target of that count (a request of
 				      one token meets it) */
+	uint32_t pool_slots;       /* slots the derived pool is sized for when
+				      kv_blocks is 0 (0 = slots): a preset
+				      with more running rows keeps the
+				      machine's memory */
 	bkv_preempt_mode preempt;  /* bkv_sched_config.preempt; AUTO (0) keeps
 				      bkv-sim's rule: swap with a host tier,
 				      else recompute */
@@ -130,6 +134,9 @@ typedef struct sim_result {
 void sim_config_init(sim_config *c);
 
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);
+
+/* The host's price of one call under cfg's cost model, us. */
+double sim_price_us(const sim_config *cfg, const bkv_step_shape *s);
 
 /* The DistServe latency model (see ../shared/data/traces/README.md) as a cost
  * model; ctx unused. */
