@@ -39,6 +39,8 @@ static void usage(FILE *f)
 	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
 	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"
 	      "  --limit N                  first N requests of a trace\n"
+	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
+	      "                             rate: (n - 1) / span)\n"
 	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"
 	      "policy:\n"
 	      "  --policy static|continuous|chunked|auto   (default continuous; auto =\n"
@@ -119,6 +121,8 @@ typedef struct opts {
 	int n_cmp_k;             /* 0: the default list */
 	int allow_errors;        /* --allow-errors */
 	int peers;               /* --peers: the peer presets join --compare */
+	double trace_rate;       /* --rate: a trace's arrivals scaled to this
+				    mean rate, req/s; 0 = as recorded */
 	int big_gpu;             /* the cost model is an H100's (vLLM's larger
 				    defaults) */
 	int goodput;             /* --goodput given */
@@ -881,6 +885,12 @@ int main(int argc, char **argv)
 			c.check = 1;
 		} else if (!strcmp(a, "--quiet")) {
 			o.quiet = 1;
+		} else if (!strcmp(a, "--rate")) {
+			NEED_ARG();
+			char *end;
+			o.trace_rate = strtod(v, &end);
+			if (*end || !(o.trace_rate > 0) || o.trace_rate > 1e9)
+				BAD_ARG();
 		} else if (!strcmp(a, "--peers")) {
 			o.peers = 1;
 		} else if (!strcmp(a, "--allow-errors")) {
@@ -958,6 +968,18 @@ int main(int argc, char **argv)
 		}
 	}
 
+	if (o.trace_rate > 0.0) {
+		double r0 = o.trace_path ? sim_trace_rate(&traces[0]) : 0.0;
+		if (!(r0 > 0.0)) {
+			fprintf(stderr, "bkv-sim: --rate needs a trace whose arrivals are spread in "
+					"time (synthetic workloads: --arrival poisson:R)\n");
+			return 2;
+		}
+		double a0 = traces[0].reqs[0].arrival_us;
+		for (uint32_t j = 0; j < traces[0].n; j++)
+			traces[0].reqs[j].arrival_us =
+				a0 + (traces[0].reqs[j].arrival_us - a0) * r0 / o.trace_rate;
+	}
 	if (o.goodput && o.trace_path && sim_trace_rate(&traces[0]) <= 0.0) {
 		fprintf(stderr, "bkv-sim: --goodput: %s's arrivals all share one time\n",
 			o.trace_path);
