@@ -182,3 +182,48 @@ Test(sim_goodput, overload_line_when_the_makespan_outruns_the_arrivals)
 		free_all(t);
 	}
 }
+
+/* The peer presets: the labels other projects read, the knobs each sets,
+ * and a clean run of each on seed 000's workload. */
+Test(sim_goodput, peer_presets_have_their_labels_and_knobs)
+{
+	static const char *want[] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
+				     "tgi", "llamacpp", "orca"};
+	cr_assert_eq(SIM_N_PEERS, 7);
+	for (int i = 0; i < SIM_N_PEERS; i++)
+		cr_expect_str_eq(sim_peer_names[i], want[i]);
+	trace t = {0};
+	cr_assert_eq(trace_seed000(&t, 0), TRACE_OK);
+	sim_config c0 = config(), c[SIM_N_PEERS];
+	for (int i = 0; i < SIM_N_PEERS; i++) {
+		sim_peer_config(i, &c0, &t, 0, 0.0, &c[i]);
+		cr_expect_leq(c[i].slots, c0.slots, "%s", want[i]);
+		cr_expect_eq(c[i].pool_slots, c0.slots, "%s keeps the machine's pool", want[i]);
+		cr_expect_eq(c[i].policy, BKV_POLICY_CONTINUOUS);
+		sim_result r;
+		char err[256] = "";
+		memset(&r, 0, sizeof(r));
+		cr_assert_eq(sim_run(&c[i], &t, &r, err, sizeof(err)), 0, "%s: %s", want[i], err);
+		cr_expect_eq(r.errors, 0, "%s", want[i]);
+		cr_expect_eq(r.finished, t.n, "%s", want[i]);
+	}
+	cr_expect(c[0].chunked && c[0].mixed_host && c[0].budget == 2048);
+	cr_expect(!c[1].chunked && !c[1].mixed_host && c[1].k == 1);
+	cr_expect(!c[2].chunked && !c[2].mixed_host);
+	cr_expect(c[3].chunked && c[3].budget == 512 && c[3].tpot_us == 0);
+	cr_expect(c[4].k == c0.slots && c[4].max_wait_us > 0 && c[4].max_wait_us != UINT64_MAX);
+	cr_expect(c[5].chunked && c[5].budget == 2048 && c[5].slots == 1);
+	cr_expect(c[6].mixed_host && !c[6].chunked);
+	/* vLLM's H100-class defaults; Sarathi under a TBT target; Orca's
+	 * reservation under a fixed pool */
+	sim_config v;
+	sim_peer_config(0, &c0, &t, 1, 0.0, &v);
+	cr_expect_eq(v.budget, 8192);
+	sim_peer_config(3, &c0, &t, 0, 4.0, &v);
+	cr_expect(v.budget == 0 && v.tpot_us == 4000);
+	sim_config small = c0;
+	small.kv_blocks = 60; /* longest seed 000 request: 64 + 65 tokens = 10 blocks */
+	sim_peer_config(6, &small, &t, 0, 0.0, &v);
+	cr_expect_eq(v.slots, 6);
+	trace_free(&t);
+}

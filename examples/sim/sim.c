@@ -387,97 +387,6 @@ static double paired_ratio(const sim_result *a, const sim_result *b, int n)
 	return m;
 }
 
-/* The peer presets (docs/benchmarks.md, "Peer presets"): each peer's
- * documented defaults expressed in the scheduler's knobs, on the machine of
- * c0 (its cost model, its pool: pool_slots keeps the memory when a peer runs
- * more rows). */
-static const char *const peer_names[] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
-					 "tgi", "llamacpp", "orca"};
-#define N_PEERS 7
-
-static void peer_config(const opts *o, const sim_config *c0, const trace *t, int which,
-			sim_config *c)
-{
-	*c = *c0;
-	c->policy = BKV_POLICY_CONTINUOUS;
-	c->hints = 0;
-	c->k = 1;
-	c->max_wait_us = UINT64_MAX;
-	c->tpot_us = 0;
-	c->chunked = 0;
-	c->mixed_host = 0;
-	c->preempt = BKV_PREEMPT_RECOMPUTE;
-	c->pool_slots = c0->slots;
-	switch (which) {
-	case 0: /* vLLM v1: always chunked, FCFS, recompute; 8192 / 1024 on
-		   an H100-class GPU, else 2048 / 256 (arg_utils.py) */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		c->budget = o->big_gpu ? 8192 : 2048;
-		c->slots = o->big_gpu ? 1024 : 256;
-		break;
-	case 1: /* vLLM v0: prefill-first iterations, no mixing, 256 seqs */
-		c->slots = 256;
-		break;
-	case 2: /* SGLang: prefill batches before decode, not mixed by
-		   default; chunked_prefill_size 8192 is beyond our split host */
-		break;
-	case 3: /* Sarathi-Serve: stall-free mixed batches, budget from the
-		   TBT target */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		if (o->goodput)
-			c->tpot_us = (uint32_t)lround(o->gp_tpot_ms * 1000.0);
-		else if (c0->tpot_us)
-			c->tpot_us = c0->tpot_us;
-		c->budget = c->tpot_us ? 0 : 512;
-		break;
-	case 4: { /* TGI: a new prefill batch waits for floor(1.2 x running)
-		     queued requests or 20 decode steps (max_waiting_tokens) */
-		c->k = c0->slots;
-		double ctx = 0.0;
-		for (uint32_t i = 0; i < t->n; i++)
-			ctx += t->reqs[i].prompt_len + t->reqs[i].output_len / 2.0;
-		ctx = t->n ? ctx / t->n : 1.0;
-		bkv_step_shape d;
-		memset(&d, 0, sizeof(d));
-		d.kind = BKV_CALL_DECODE;
-		d.decode_rows = c0->slots;
-		d.padded_rows = c0->slots;
-		d.decode_context = (uint64_t)llround(ctx * c0->slots);
-		c->max_wait_us = (uint64_t)llround(20.0 * sim_price_us(c0, &d));
-		break;
-	}
-	case 5: /* llama.cpp server: n_parallel 1 slot, n_batch 2048 chunks
-		   in one mixed batch, KV per slot (no preemption needed) */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		c->budget = 2048;
-		c->slots = 1;
-		break;
-	case 6: { /* Orca: iteration-level, selective batching (mixed, whole
-		     prompts), KV reserved for the maximum length */
-		c->mixed_host = 1;
-		if (c0->kv_blocks) {
-			uint64_t longest = 1;
-			for (uint32_t i = 0; i < t->n; i++) {
-				uint64_t need = (uint64_t)t->reqs[i].prompt_len + t->reqs[i].output_len + 1;
-				if (need > longest)
-					longest = need;
-			}
-			uint64_t per = (longest + c0->block_tokens - 1) / c0->block_tokens + 1;
-			uint64_t fit = c0->kv_blocks / per;
-			c->slots = fit < 1 ? 1 : fit < c0->slots ? (uint32_t)fit : c0->slots;
-		}
-		break;
-	}
-	}
-	/* --slots is the machine's row limit: a peer's own maximum applies
-	 * below it */
-	if (c->slots > c0->slots)
-		c->slots = c0->slots;
-}
-
 /* --compare: every policy on the same traces, then the ratios the cost-model
  * targets are stated in (docs/benchmarks.md, "Cost-model decisions"). */
 static int compare(const opts *o, const sim_config *c0, trace *traces, int n_seeds)
@@ -500,7 +409,7 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 		nk++;
 	}
 	/* rows: static, k..., auto, chunked b=512, chunked auto[, peers] */
-	int n_rows = 1 + nk + 3 + (o->peers ? N_PEERS : 0);
+	int n_rows = 1 + nk + 3 + (o->peers ? SIM_N_PEERS : 0);
 	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
 	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
 	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
@@ -526,13 +435,14 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	cf[3 + nk].chunked = 1;
 	cf[3 + nk].mixed_host = 1;
 	cf[3 + nk].budget = 0;
-	for (int p = 0; o->peers && p < N_PEERS; p++)
-		peer_config(o, c0, &traces[0], p, &cf[4 + nk + p]);
+	for (int p = 0; o->peers && p < SIM_N_PEERS; p++)
+		sim_peer_config(p, c0, &traces[0], o->big_gpu,
+				o->goodput ? o->gp_tpot_ms : 0.0, &cf[4 + nk + p]);
 	int done = 0, total = n_rows * n_seeds;
 	for (int i = 0; i < n_rows; i++) {
 		policy_label(&cf[i], labels[i], sizeof(labels[i]));
 		if (i >= 4 + nk)
-			snprintf(labels[i], sizeof(labels[i]), "%s", peer_names[i - 4 - nk]);
+			snprintf(labels[i], sizeof(labels[i]), "%s", sim_peer_names[i - 4 - nk]);
 		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
 			      &done, total))
 			return 1;

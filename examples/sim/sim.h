@@ -177,6 +177,22 @@ int sim_warn_errors(FILE *err, const sim_row *rows, int n);
 #define SIM_OVERLOAD 1.5
 void sim_note_overload(FILE *out, const sim_row *rows, int n);
 
+/* ---- peer presets ----------------------------------------------------------
+ * Other engines' default scheduling in the scheduler's knobs (bkv-sim
+ * --compare --peers; docs/benchmarks.md, "Peer presets" has each source and
+ * what the knobs cannot express). Labels, in order: vllm-v1, vllm-v0,
+ * sglang, sarathi, tgi, llamacpp, orca (read by tests outside the project:
+ * never rename). */
+#define SIM_N_PEERS 7
+extern const char *const sim_peer_names[SIM_N_PEERS];
+/* Preset which (0..SIM_N_PEERS-1) on c0's machine into c: its cost model and
+ * pool (pool_slots = c0->slots), at most c0->slots running rows. t (the
+ * first trace) sizes TGI's wait and Orca's reservation; big_gpu: vLLM's
+ * H100-class defaults; tpot_target_ms > 0: Sarathi's TBT target (else
+ * c0->tpot_us, else a fixed 512-token budget). */
+void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gpu,
+		     double tpot_target_ms, sim_config *c);
+
 /* ---- goodput ------------------------------------------------------------
  * The highest arrival rate at which pct% of all requests (pooled over the
  * traces) finish without error with TTFT <= ttft_ms and TPOT <= tpot_ms
