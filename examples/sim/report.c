@@ -304,7 +304,16 @@ int sim_svg(const char *path, const sim_row *rows, int n, const char *title)
 	if (!f)
 		return -1;
 	const int bar_w = 56, gap = 24, left = 70, top = 50, height = 300;
+	/* labels longer than a bar is wide are slanted; room below for them */
+	size_t longest = 0;
+	for (int i = 0; i < n; i++)
+		if (strlen(rows[i].med.label) > longest)
+			longest = strlen(rows[i].med.label);
+	int slant = longest > 8;
+	int below = slant ? 20 + (int)(longest * 7 * 0.6) : 0;
 	int width = left + n * (bar_w + gap) + 140;
+	if (title && (int)strlen(title) * 8 + left + 20 > width)
+		width = (int)strlen(title) * 8 + left + 20;
 	double ymax = 0.0;
 	for (int i = 0; i < n; i++) {
 		double tot = rows[i].med.prefill_us + rows[i].med.decode_us;
@@ -316,7 +325,7 @@ int sim_svg(const char *path, const sim_row *rows, int n, const char *title)
 	fprintf(f,
 		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
 		"font-family=\"sans-serif\" font-size=\"12\">\n",
-		width, top + height + 70);
+		width, top + height + 70 + below);
 	fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
 	fprintf(f, "<text x=\"%d\" y=\"24\" font-size=\"15\">", left);
 	xml_text(f, title ? title : "bkv-sim");
@@ -349,8 +358,14 @@ int sim_svg(const char *path, const sim_row *rows, int n, const char *title)
 			"<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#9ecae1\"/>\n"
 			"<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#08519c\"/>\n",
 			x, yd, bar_w, hd, x, yp, bar_w, hp);
-		fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x + bar_w / 2,
-			top + height + 16);
+		if (slant)
+			fprintf(f,
+				"<text x=\"%d\" y=\"%d\" text-anchor=\"end\" "
+				"transform=\"rotate(-35 %d %d)\">",
+				x + bar_w / 2 + 4, top + height + 16, x + bar_w / 2 + 4, top + height + 16);
+		else
+			fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x + bar_w / 2,
+				top + height + 16);
 		xml_text(f, r->label);
 		fprintf(f, "</text>\n");
 		if (rows[i].has_base)
@@ -368,7 +383,7 @@ int sim_svg(const char *path, const sim_row *rows, int n, const char *title)
 	fprintf(f,
 		"<text x=\"%d\" y=\"%d\" fill=\"#555\">bar labels: speed-up vs static "
 		"(median over seeds)</text>\n</svg>\n",
-		left, top + height + 40);
+		left, top + height + 40 + below);
 	int bad = ferror(f);
 	if (fclose(f) || bad)
 		return -1;

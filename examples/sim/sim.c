@@ -455,6 +455,15 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE,
 		   o->title);
 	print_goodput(o, rows, n_rows, traces);
+	if (o->svg) {
+		char title[160];
+		snprintf(title, sizeof(title), "bkv-sim --compare: %s, time split into prefill and decode",
+			 o->trace_path ? o->trace_path : o->workload);
+		if (sim_svg(o->svg, rows, n_rows, title)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			return 1;
+		}
+	}
 	/* the best fixed k: highest median speed-up; on a tie (to 0.05%) the
 	 * lower p99 TTFT */
 	int best = 1;
