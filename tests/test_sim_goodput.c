@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define N_SEEDS 2
 #define RATE0 100.0
@@ -226,4 +227,30 @@ Test(sim_goodput, peer_presets_have_their_labels_and_knobs)
 	sim_peer_config(6, &small, &t, 0, 0.0, &v);
 	cr_expect_eq(v.slots, 6);
 	trace_free(&t);
+}
+
+/* A parse error names the file and the line; a binary file says so. */
+Test(sim_goodput, trace_errors_name_the_file_and_a_binary_file_is_named_binary)
+{
+	char bad[] = "/tmp/bkv_sim_badXXXXXX", bin[] = "/tmp/bkv_sim_binXXXXXX";
+	int fd = mkstemp(bad);
+	cr_assert(fd >= 0);
+	FILE *f = fdopen(fd, "w");
+	fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+	      "bad,line\n",
+	      f);
+	fclose(f);
+	fd = mkstemp(bin);
+	cr_assert(fd >= 0);
+	f = fdopen(fd, "w");
+	fwrite("\x7f" "ELF\x02\x01\x01\x00\x00\x00", 1, 10, f);
+	fclose(f);
+	trace t = {0};
+	char err[512] = "";
+	cr_expect_eq(trace_load(TRACE_AZURE, bad, NULL, &t, err, sizeof(err)), TRACE_EPARSE);
+	cr_expect(strstr(err, bad) && strstr(err, "line 3"), "%s", err);
+	cr_expect_eq(trace_load(TRACE_AZURE, bin, NULL, &t, err, sizeof(err)), TRACE_EPARSE);
+	cr_expect(strstr(err, bin) && strstr(err, "binary"), "%s", err);
+	remove(bad);
+	remove(bin);
 }
