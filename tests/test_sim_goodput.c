@@ -254,3 +254,32 @@ Test(sim_goodput, trace_errors_name_the_file_and_a_binary_file_is_named_binary)
 	remove(bad);
 	remove(bin);
 }
+
+/* The goodput chart: every rate searched is a point, each row in the
+ * legend with its goodput, both panels drawn. */
+Test(sim_goodput, goodput_chart_has_every_row_and_both_panels)
+{
+	sim_config c[2] = {config(), config()};
+	c[1].policy = BKV_POLICY_STATIC;
+	sim_goodput g[2];
+	g[0] = search(&c[0], 20.0, 3.0, 90.0);
+	g[1] = search(&c[1], 20.0, 3.0, 90.0);
+	cr_expect_eq(g[0].pt[0].rps, RATE0, "the first rate tried is the workload's");
+	cr_expect(g[0].pt[0].ttft_p99_ms > 0.0 && g[0].pt[0].tpot_p99_ms > 0.0);
+	char path[] = "/tmp/bkv_sim_gpXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	const char *labels[] = {"k=1", "static"};
+	cr_assert_eq(sim_goodput_svg(path, "t", labels, g, 2, 20.0, 3.0, 90.0), 0);
+	FILE *f = fopen(path, "r");
+	char buf[65536];
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[len] = 0;
+	fclose(f);
+	remove(path);
+	cr_expect(strstr(buf, "p99 TTFT") && strstr(buf, "p99 TPOT"));
+	cr_expect(strstr(buf, "k=1: ") && strstr(buf, "static: "));
+	cr_expect(strstr(buf, "<polyline") != NULL);
+	cr_expect(strstr(buf, "</svg>") != NULL);
+}

@@ -725,24 +725,64 @@ double sim_trace_rate(const trace *t)
 	return span > 0.0 ? (t->n - 1) / (span / 1e6) : 0.0;
 }
 
-int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
-		   double tpot_ms, double *attain, char *err, size_t errlen)
+int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
+		       char *err, size_t errlen)
 {
 	sim_config c = *cfg;
 	c.slo_ttft_ms = ttft_ms;
 	c.slo_tpot_ms = tpot_ms;
 	c.progress = 0;
 	uint64_t met = 0, all = 0;
+	double *p1 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+	double *p2 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+	if (!p1 || !p2) {
+		free(p1);
+		free(p2);
+		snprintf(err, errlen, "out of memory");
+		return BKV_ENOMEM;
+	}
 	for (int i = 0; i < n; i++) {
 		sim_result r;
 		memset(&r, 0, sizeof(r));
 		int rc = sim_run(&c, &t[i], &r, err, errlen);
-		if (rc)
+		if (rc) {
+			free(p1);
+			free(p2);
 			return rc;
+		}
 		met += r.slo_met;
 		all += t[i].n;
+		p1[i] = r.ttft_p99;
+		p2[i] = r.tpot_p99;
 	}
 	*attain = all ? (double)met / (double)all : 0.0;
+	if (ttft_p99)
+		*ttft_p99 = sim_median(p1, n);
+	if (tpot_p99)
+		*tpot_p99 = sim_median(p2, n);
+	free(p1);
+	free(p2);
+	return 0;
+}
+
+int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		   double tpot_ms, double *attain, char *err, size_t errlen)
+{
+	return sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, attain, NULL, NULL, err, errlen);
+}
+
+/* One rate of the search: simulate, record the point. */
+static int goodput_eval(const sim_config *cfg, trace *t, int n, double r, double ttft_ms,
+			double tpot_ms, sim_goodput *out, double *a, char *err, size_t errlen)
+{
+	double f1 = 0.0, f2 = 0.0;
+	int rc = sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, a, &f1, &f2, err, errlen);
+	if (rc)
+		return rc;
+	if (out->evals < SIM_GOODPUT_POINTS)
+		out->pt[out->evals] = (sim_goodput_point){r, f1, f2, *a};
+	out->evals++;
 	return 0;
 }
 
@@ -784,9 +824,8 @@ int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, dou
 	/* bracket: from rate0 up while met, or down while not */
 	for (int i = 0; i <= 20; i++) {
 		scale_arrivals(t, n, orig, rate0 / r);
-		if ((rc = sim_attainment(cfg, t, n, ttft_ms, tpot_ms, &a, err, errlen)))
+		if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
 			goto out;
-		out->evals++;
 		if (a >= need) {
 			lo = r, lo_att = a;
 			if (hi > 0.0)
@@ -805,9 +844,8 @@ int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, dou
 		while (hi > 1.01 * lo) {
 			r = sqrt(lo * hi);
 			scale_arrivals(t, n, orig, rate0 / r);
-			if ((rc = sim_attainment(cfg, t, n, ttft_ms, tpot_ms, &a, err, errlen)))
+			if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
 				goto out;
-			out->evals++;
 			if (a >= need)
 				lo = r, lo_att = a;
 			else

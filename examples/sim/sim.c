@@ -76,7 +76,8 @@ static void usage(FILE *f)
 	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"
 	      "output:\n"
 	      "  --json | --csv             instead of the table\n"
-	      "  --svg FILE                 prefill/decode time bars per row\n"
+	      "  --svg FILE                 prefill/decode time bars per row; with --goodput,\n"
+	      "                             p99 TTFT and TPOT against rate per row\n"
 	      "  --fidelity                 (distserve) every run vs its measurement\n"
 	      "  --check                    bkv_sched_check after every step\n"
 	      "  --goodput TTFT_MS,TPOT_MS[,PCT]  per policy, the highest arrival rate\n"
@@ -243,11 +244,19 @@ static double base_rate(const opts *o, const trace *t)
 	return 0.0;
 }
 
-/* --goodput: search every row's rate (sim_goodput_search) into rows[]. */
+/* --goodput: search every row's rate (sim_goodput_search) into rows[]; with
+ * --svg, the chart of p99s against rate instead of the bars. */
 static int goodput_rows(const opts *o, const sim_config *cf, sim_row *rows, int n_rows,
 			trace *traces, int n_seeds)
 {
 	double r0 = base_rate(o, &traces[0]);
+	sim_goodput *all = calloc((size_t)n_rows, sizeof(*all));
+	const char **labels = calloc((size_t)n_rows, sizeof(*labels));
+	if (!all || !labels) {
+		free(all);
+		free(labels);
+		return 1;
+	}
 	for (int i = 0; i < n_rows; i++) {
 		sim_goodput g;
 		char err[256] = "";
@@ -260,15 +269,32 @@ static int goodput_rows(const opts *o, const sim_config *cf, sim_row *rows, int 
 		if (sim_goodput_search(&c, traces, n_seeds, r0, o->gp_ttft_ms, o->gp_tpot_ms,
 				       o->gp_pct, &g, err, sizeof(err))) {
 			fprintf(stderr, "bkv-sim: goodput of %s: %s\n", rows[i].med.label, err);
+			free(all);
+			free(labels);
 			return 1;
 		}
+		all[i] = g;
+		labels[i] = rows[i].med.label;
 		rows[i].has_goodput = 1;
 		rows[i].goodput_rps = g.rps;
 		rows[i].goodput_capped = g.capped;
 	}
 	if (!o->quiet && isatty(2))
 		fprintf(stderr, "\r%-72s\r", "");
-	return 0;
+	int st = 0;
+	if (o->svg) {
+		char title[200];
+		snprintf(title, sizeof(title), "bkv-sim goodput: %s (TTFT <= %g ms, TPOT <= %g ms)",
+			 o->trace_path ? o->trace_path : o->workload, o->gp_ttft_ms, o->gp_tpot_ms);
+		if (sim_goodput_svg(o->svg, title, labels, all, n_rows, o->gp_ttft_ms, o->gp_tpot_ms,
+				    o->gp_pct)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			st = 1;
+		}
+	}
+	free(all);
+	free(labels);
+	return st;
 }
 
 static void print_goodput(const opts *o, const sim_row *rows, int n_rows, const trace *t)
@@ -455,7 +481,7 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE,
 		   o->title);
 	print_goodput(o, rows, n_rows, traces);
-	if (o->svg) {
+	if (o->svg && !o->goodput) {
 		char title[160];
 		snprintf(title, sizeof(title), "bkv-sim --compare: %s, time split into prefill and decode",
 			 o->trace_path ? o->trace_path : o->workload);
@@ -974,7 +1000,7 @@ int main(int argc, char **argv)
 	if (!status) {
 		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE, o.title);
 		print_goodput(&o, rows, row, traces);
-		if (o.svg) {
+		if (o.svg && !o.goodput) {
 			char title[128];
 			snprintf(title, sizeof(title), "bkv-sim: %s, time split into prefill and decode",
 				 o.trace_path ? o.trace_path : o.workload);

@@ -204,6 +204,12 @@ void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gp
  * targets and another does not (at most 2^20 either way), then bisects
  * until the two are within 1% (hi <= 1.01 lo). The traces' arrivals are
  * restored before it returns. */
+#define SIM_GOODPUT_POINTS 64
+/* One rate the search simulated: medians over traces of the p99s. */
+typedef struct sim_goodput_point {
+	double rps, ttft_p99_ms, tpot_p99_ms, attain;
+} sim_goodput_point;
+
 typedef struct sim_goodput {
 	double rps;        /* the highest rate found meeting the targets (0:
 			      none) */
@@ -212,12 +218,24 @@ typedef struct sim_goodput {
 	int capped;        /* 1: met at the highest rate tried; -1: not met at
 			      the lowest; 0: bracketed to 1% */
 	int evals;         /* rates simulated */
+	sim_goodput_point pt[SIM_GOODPUT_POINTS]; /* [min(evals, 64)] in the
+				      order simulated */
 } sim_goodput;
+
+/* Chart of p99 TTFT and p99 TPOT against rate (log-log), one line per row
+ * (labels[i], g[i]), the targets dashed and each goodput marked. 0 or -1. */
+int sim_goodput_svg(const char *path, const char *title, const char *const *labels,
+		    const sim_goodput *g, int n, double ttft_ms, double tpot_ms, double pct);
 
 /* The share of requests meeting the targets over n traces at their
  * current arrivals, into *attain. 0 or a sim_run error. */
 int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
 		   double tpot_ms, double *attain, char *err, size_t errlen);
+/* The same, also giving the medians over traces of p99 TTFT and TPOT (ms;
+ * either pointer may be NULL). */
+int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
+		       char *err, size_t errlen);
 int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, double ttft_ms,
 		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen);
 /* A trace's own arrival rate, (n - 1) / span in req/s; 0 when the span is 0. */
