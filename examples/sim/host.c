@@ -117,6 +117,11 @@ static double price(const sim_config *cfg, const bkv_step_shape *s)
 	}
 }
 
+double sim_price_us(const sim_config *cfg, const bkv_step_shape *s)
+{
+	return price(cfg, s);
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -289,7 +294,7 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 			longest = need;
 	}
 	uint64_t per = (longest + cfg->block_tokens - 1) / cfg->block_tokens + 1;
-	uint64_t n = per * cfg->slots + 64;
+	uint64_t n = per * (cfg->pool_slots ? cfg->pool_slots : cfg->slots) + 64;
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
 }
 
@@ -307,6 +312,14 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 			last_finish = v->finish_us;
 		if (v->failed || v->first_us < 0.0)
 			continue;
+		if (h->cfg->slo_ttft_ms > 0.0) {
+			double f = (v->first_us - t->reqs[i].arrival_us) / 1000.0;
+			double p = v->n_tok > 1 ? (v->finish_us - v->first_us) / (v->n_tok - 1) / 1000.0
+						: 0.0;
+			if (v->finish_us >= 0.0 && f <= h->cfg->slo_ttft_ms &&
+			    p <= h->cfg->slo_tpot_ms)
+				res->slo_met++;
+		}
 		if (ttft && tpot) {
 			ttft[nt] = (v->first_us - t->reqs[i].arrival_us) / 1000.0;
 			sum_ttft += ttft[nt++];
@@ -325,6 +338,7 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 		}
 	}
 	res->makespan_us = last_finish - first_arrival;
+	res->span_us = t->n ? t->reqs[t->n - 1].arrival_us - first_arrival : 0.0;
 	res->ttft_mean = nt ? sum_ttft / nt : 0.0;
 	res->tpot_mean = np ? sum_tpot / np : 0.0;
 	if (ttft && tpot) {
@@ -400,6 +414,15 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = cfg->block_tokens;
 	pc.device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
+	if (!cfg->kv_blocks && pc.device_blocks > SIM_MAX_DERIVED_BLOCKS) {
+		snprintf(err, errlen,
+			 "every slot holding the longest request needs %u blocks (more than %u): "
+			 "give --kv-blocks or fewer --slots",
+			 pc.device_blocks, SIM_MAX_DERIVED_BLOCKS);
+		free(h.req);
+		free(prompt);
+		return BKV_E2BIG;
+	}
 	pc.host_blocks = cfg->host_blocks;
 	pc.max_seqs = cfg->slots * 2 + 64;
 	pc.prefix_cache = cfg->prefix_cache;
@@ -423,7 +446,8 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	sc.max_queue = t->n > 65536 ? t->n : 65536;
 	sc.tpot_target_us = cfg->tpot_us;
 	sc.max_bypass_us = cfg->max_bypass_us;
-	sc.preempt = cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
+	sc.preempt = cfg->preempt ? cfg->preempt
+		   : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
 	bkv_cost_calib *calib = NULL;
@@ -596,5 +620,251 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	free(prompt);
 	clock_gettime(CLOCK_MONOTONIC, &w1);
 	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;
+	return rc;
+}
+
+/* ---- peer presets ------------------------------------------------------ */
+
+/* The peer presets (docs/benchmarks.md, "Peer presets"): each peer's
+ * documented defaults expressed in the scheduler's knobs, on the machine of
+ * c0 (its cost model, its pool: pool_slots keeps the memory when a peer runs
+ * more rows). */
+const char *const sim_peer_names[SIM_N_PEERS] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
+						 "tgi", "llamacpp", "orca"};
+
+void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gpu,
+		     double tpot_target_ms, sim_config *c)
+{
+	*c = *c0;
+	c->policy = BKV_POLICY_CONTINUOUS;
+	c->hints = 0;
+	c->k = 1;
+	c->max_wait_us = UINT64_MAX;
+	c->tpot_us = 0;
+	c->chunked = 0;
+	c->mixed_host = 0;
+	c->preempt = BKV_PREEMPT_RECOMPUTE;
+	c->pool_slots = c0->slots;
+	switch (which) {
+	case 0: /* vLLM v1: always chunked, FCFS, recompute; 8192 / 1024 on
+		   an H100-class GPU, else 2048 / 256 (arg_utils.py) */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		c->budget = big_gpu ? 8192 : 2048;
+		c->slots = big_gpu ? 1024 : 256;
+		break;
+	case 1: /* vLLM v0: prefill-first iterations, no mixing, 256 seqs */
+		c->slots = 256;
+		break;
+	case 2: /* SGLang: prefill batches before decode, not mixed by
+		   default; chunked_prefill_size 8192 is beyond our split host */
+		break;
+	case 3: /* Sarathi-Serve: stall-free mixed batches, budget from the
+		   TBT target */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		if (tpot_target_ms > 0.0)
+			c->tpot_us = (uint32_t)lround(tpot_target_ms * 1000.0);
+		else if (c0->tpot_us)
+			c->tpot_us = c0->tpot_us;
+		c->budget = c->tpot_us ? 0 : 512;
+		break;
+	case 4: { /* TGI: a new prefill batch waits for floor(1.2 x running)
+		     queued requests or 20 decode steps (max_waiting_tokens) */
+		c->k = c0->slots;
+		double ctx = 0.0;
+		for (uint32_t i = 0; i < t->n; i++)
+			ctx += t->reqs[i].prompt_len + t->reqs[i].output_len / 2.0;
+		ctx = t->n ? ctx / t->n : 1.0;
+		bkv_step_shape d;
+		memset(&d, 0, sizeof(d));
+		d.kind = BKV_CALL_DECODE;
+		d.decode_rows = c0->slots;
+		d.padded_rows = c0->slots;
+		d.decode_context = (uint64_t)llround(ctx * c0->slots);
+		c->max_wait_us = (uint64_t)llround(20.0 * sim_price_us(c0, &d));
+		break;
+	}
+	case 5: /* llama.cpp server: n_parallel 1 slot, n_batch 2048 chunks
+		   in one mixed batch, KV per slot (no preemption needed) */
+		c->chunked = 1;
+		c->mixed_host = 1;
+		c->budget = 2048;
+		c->slots = 1;
+		break;
+	case 6: { /* Orca: iteration-level, selective batching (mixed, whole
+		     prompts), KV reserved for the maximum length */
+		c->mixed_host = 1;
+		if (c0->kv_blocks) {
+			uint64_t longest = 1;
+			for (uint32_t i = 0; i < t->n; i++) {
+				uint64_t need = (uint64_t)t->reqs[i].prompt_len + t->reqs[i].output_len + 1;
+				if (need > longest)
+					longest = need;
+			}
+			uint64_t per = (longest + c0->block_tokens - 1) / c0->block_tokens + 1;
+			uint64_t fit = c0->kv_blocks / per;
+			c->slots = fit < 1 ? 1 : fit < c0->slots ? (uint32_t)fit : c0->slots;
+		}
+		break;
+	}
+	}
+	/* --slots is the machine's row limit: a peer's own maximum applies
+	 * below it */
+	if (c->slots > c0->slots)
+		c->slots = c0->slots;
+}
+
+/* ---- goodput ------------------------------------------------------------- */
+
+double sim_trace_rate(const trace *t)
+{
+	if (!t->n)
+		return 0.0;
+	double span = t->reqs[t->n - 1].arrival_us - t->reqs[0].arrival_us;
+	return span > 0.0 ? (t->n - 1) / (span / 1e6) : 0.0;
+}
+
+int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
+		       char *err, size_t errlen)
+{
+	sim_config c = *cfg;
+	c.slo_ttft_ms = ttft_ms;
+	c.slo_tpot_ms = tpot_ms;
+	c.progress = 0;
+	uint64_t met = 0, all = 0;
+	double *p1 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+	double *p2 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+	if (!p1 || !p2) {
+		free(p1);
+		free(p2);
+		snprintf(err, errlen, "out of memory");
+		return BKV_ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		sim_result r;
+		memset(&r, 0, sizeof(r));
+		int rc = sim_run(&c, &t[i], &r, err, errlen);
+		if (rc) {
+			free(p1);
+			free(p2);
+			return rc;
+		}
+		met += r.slo_met;
+		all += t[i].n;
+		p1[i] = r.ttft_p99;
+		p2[i] = r.tpot_p99;
+	}
+	*attain = all ? (double)met / (double)all : 0.0;
+	if (ttft_p99)
+		*ttft_p99 = sim_median(p1, n);
+	if (tpot_p99)
+		*tpot_p99 = sim_median(p2, n);
+	free(p1);
+	free(p2);
+	return 0;
+}
+
+int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		   double tpot_ms, double *attain, char *err, size_t errlen)
+{
+	return sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, attain, NULL, NULL, err, errlen);
+}
+
+/* One rate of the search: simulate, record the point. */
+static int goodput_eval(const sim_config *cfg, trace *t, int n, double r, double ttft_ms,
+			double tpot_ms, sim_goodput *out, double *a, char *err, size_t errlen)
+{
+	double f1 = 0.0, f2 = 0.0;
+	int rc = sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, a, &f1, &f2, err, errlen);
+	if (rc)
+		return rc;
+	if (out->evals < SIM_GOODPUT_POINTS)
+		out->pt[out->evals] = (sim_goodput_point){r, f1, f2, *a};
+	out->evals++;
+	return 0;
+}
+
+/* Arrivals of every trace at rate r, from the saved originals. */
+static void scale_arrivals(trace *t, int n, double *const *orig, double f)
+{
+	for (int i = 0; i < n; i++) {
+		double a0 = t[i].n ? orig[i][0] : 0.0;
+		for (uint32_t j = 0; j < t[i].n; j++)
+			t[i].reqs[j].arrival_us = a0 + (orig[i][j] - a0) * f;
+	}
+}
+
+int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, double ttft_ms,
+		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof(*out));
+	if (!(rate0 > 0.0) || !(ttft_ms > 0.0) || !(tpot_ms > 0.0) || !(pct > 0.0) || pct > 100.0) {
+		snprintf(err, errlen, "goodput needs a positive rate, targets and 0 < pct <= 100");
+		return BKV_EINVAL;
+	}
+	double **orig = calloc((size_t)n, sizeof(*orig));
+	int rc = orig ? 0 : BKV_ENOMEM;
+	for (int i = 0; !rc && i < n; i++) {
+		orig[i] = malloc((size_t)(t[i].n ? t[i].n : 1) * sizeof(double));
+		if (!orig[i]) {
+			rc = BKV_ENOMEM;
+			break;
+		}
+		for (uint32_t j = 0; j < t[i].n; j++)
+			orig[i][j] = t[i].reqs[j].arrival_us;
+	}
+	if (rc) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	double need = pct / 100.0 - 1e-12, lo = 0.0, hi = 0.0, lo_att = 0.0, a;
+	double r = rate0;
+	/* bracket: from rate0 up while met, or down while not */
+	for (int i = 0; i <= 20; i++) {
+		scale_arrivals(t, n, orig, rate0 / r);
+		if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
+			goto out;
+		if (a >= need) {
+			lo = r, lo_att = a;
+			if (hi > 0.0)
+				break;
+			r *= 2.0;
+		} else {
+			hi = r;
+			if (lo > 0.0)
+				break;
+			r /= 2.0;
+		}
+	}
+	if (lo == 0.0 || hi == 0.0) {
+		out->capped = lo == 0.0 ? -1 : 1;
+	} else {
+		while (hi > 1.01 * lo) {
+			r = sqrt(lo * hi);
+			scale_arrivals(t, n, orig, rate0 / r);
+			if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
+				goto out;
+			if (a >= need)
+				lo = r, lo_att = a;
+			else
+				hi = r;
+		}
+	}
+	out->rps = lo;
+	out->hi_rps = hi;
+	out->attain = lo_att;
+out:
+	if (orig) {
+		int have = 1;
+		for (int i = 0; i < n; i++)
+			have &= orig[i] != NULL;
+		if (have)
+			scale_arrivals(t, n, orig, 1.0);
+		for (int i = 0; i < n; i++)
+			free(orig[i]);
+		free(orig);
+	}
 	return rc;
 }

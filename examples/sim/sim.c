@@ -22,6 +22,13 @@
 #include <unistd.h>
 
 #define MAX_SWEEP 64
+/* Bounds on sizes, so a typo is a clear error instead of gigabytes. */
+#define MAX_REQS 1000000u        /* --n, requests of one synthetic trace */
+#define MAX_REQS_TOTAL 10000000u /* requests over all seeds */
+#define MAX_LEN (1u << 20)       /* --prompt, --output tokens */
+#define MAX_BLOCKS (1u << 22)    /* --kv-blocks, --host-blocks (about 110 bytes each) */
+#define MAX_SLOTS 65536u         /* --slots */
+#define MAX_BLOCK_TOKENS 4096u   /* --block-tokens */
 
 static void usage(FILE *f)
 {
@@ -32,6 +39,8 @@ static void usage(FILE *f)
 	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
 	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"
 	      "  --limit N                  first N requests of a trace\n"
+	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
+	      "                             rate: (n - 1) / span)\n"
 	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"
 	      "policy:\n"
 	      "  --policy static|continuous|chunked|auto   (default continuous; auto =\n"
@@ -47,6 +56,9 @@ static void usage(FILE *f)
 	      "                             24,32 up to --slots; the best is reported), auto,\n"
 	      "                             chunked b=512 and chunked auto on a mixed host,\n"
 	      "                             same traces, with ratios\n"
+	      "  --peers                    with --compare: rows vllm-v1, vllm-v0, sglang,\n"
+	      "                             sarathi, tgi, llamacpp, orca (each peer's\n"
+	      "                             defaults in our knobs; docs/benchmarks.md)\n"
 	      "  --max-wait US|never        partial-group timeout (default never)\n"
 	      "  --slots N                  running slots (default 32)\n"
 	      "  --host split|mixed         split prefill/decode kernels or one forward\n"
@@ -64,10 +76,19 @@ static void usage(FILE *f)
 	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"
 	      "output:\n"
 	      "  --json | --csv             instead of the table\n"
-	      "  --svg FILE                 prefill/decode time bars per row\n"
+	      "  --svg FILE                 prefill/decode time bars per row; with --goodput,\n"
+	      "                             p99 TTFT and TPOT against rate per row\n"
 	      "  --fidelity                 (distserve) every run vs its measurement\n"
 	      "  --check                    bkv_sched_check after every step\n"
-	      "  --quiet                    no progress line\n",
+	      "  --goodput TTFT_MS,TPOT_MS[,PCT]  per policy, the highest arrival rate\n"
+	      "                             (req/s) at which PCT% (default 90) of requests\n"
+	      "                             meet both targets; needs arrivals spread in\n"
+	      "                             time (a trace, or --arrival poisson:R|uniform:R)\n"
+	      "  --allow-errors             exit 0 even when requests fail (default: a\n"
+	      "                             warning and exit status 3)\n"
+	      "  --quiet                    no progress line\n"
+	      "sizes are bounded: --n <= 1000000 (and 10^7 over all seeds), --prompt and\n"
+	      "--output <= 1048576 tokens, pools <= 4194304 blocks, --slots <= 65536\n",
 	      f);
 }
 
@@ -99,6 +120,15 @@ typedef struct opts {
 	int compare;             /* --compare */
 	uint32_t cmp_k[MAX_SWEEP]; /* [n_cmp_k] fixed k of --compare */
 	int n_cmp_k;             /* 0: the default list */
+	int allow_errors;        /* --allow-errors */
+	int peers;               /* --peers: the peer presets join --compare */
+	double trace_rate;       /* --rate: a trace's arrivals scaled to this
+				    mean rate, req/s; 0 = as recorded */
+	int big_gpu;             /* the cost model is an H100's (vLLM's larger
+				    defaults) */
+	int goodput;             /* --goodput given */
+	double gp_ttft_ms, gp_tpot_ms, gp_pct; /* its targets */
+	char title[256];         /* the table's title */
 } opts;
 
 static int parse_u32(const char *s, uint32_t *out)
@@ -203,6 +233,103 @@ static int run_seeds(const opts *o, const sim_config *c, const char *label, trac
 	return 0;
 }
 
+/* The rate the traces' arrivals stand for: a synthetic workload's rate, a
+ * file's own mean rate; 0 when arrivals are not spread in time. */
+static double base_rate(const opts *o, const trace *t)
+{
+	if (o->trace_path)
+		return sim_trace_rate(t);
+	if (!strcmp(o->workload, "synthetic") && o->arrival != ARRIVAL_BURST)
+		return o->rate;
+	return 0.0;
+}
+
+/* --goodput: search every row's rate (sim_goodput_search) into rows[]; with
+ * --svg, the chart of p99s against rate instead of the bars. */
+static int goodput_rows(const opts *o, const sim_config *cf, sim_row *rows, int n_rows,
+			trace *traces, int n_seeds)
+{
+	double r0 = base_rate(o, &traces[0]);
+	sim_goodput *all = calloc((size_t)n_rows, sizeof(*all));
+	const char **labels = calloc((size_t)n_rows, sizeof(*labels));
+	if (!all || !labels) {
+		free(all);
+		free(labels);
+		return 1;
+	}
+	for (int i = 0; i < n_rows; i++) {
+		sim_goodput g;
+		char err[256] = "";
+		if (!o->quiet && isatty(2)) {
+			fprintf(stderr, "\r[goodput %d/%d] %-16s", i + 1, n_rows, rows[i].med.label);
+			fflush(stderr);
+		}
+		sim_config c = cf[i];
+		c.progress = 0;
+		if (sim_goodput_search(&c, traces, n_seeds, r0, o->gp_ttft_ms, o->gp_tpot_ms,
+				       o->gp_pct, &g, err, sizeof(err))) {
+			fprintf(stderr, "bkv-sim: goodput of %s: %s\n", rows[i].med.label, err);
+			free(all);
+			free(labels);
+			return 1;
+		}
+		all[i] = g;
+		labels[i] = rows[i].med.label;
+		rows[i].has_goodput = 1;
+		rows[i].goodput_rps = g.rps;
+		rows[i].goodput_capped = g.capped;
+	}
+	if (!o->quiet && isatty(2))
+		fprintf(stderr, "\r%-72s\r", "");
+	int st = 0;
+	if (o->svg) {
+		char title[200];
+		snprintf(title, sizeof(title), "bkv-sim goodput: %s (TTFT <= %g ms, TPOT <= %g ms)",
+			 o->trace_path ? o->trace_path : o->workload, o->gp_ttft_ms, o->gp_tpot_ms);
+		if (sim_goodput_svg(o->svg, title, labels, all, n_rows, o->gp_ttft_ms, o->gp_tpot_ms,
+				    o->gp_pct)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			st = 1;
+		}
+	}
+	free(all);
+	free(labels);
+	return st;
+}
+
+static void print_goodput(const opts *o, const sim_row *rows, int n_rows, const trace *t)
+{
+	if (!o->goodput || o->fmt_out != SIM_TABLE)
+		return;
+	printf("goodput: the highest arrival rate at which %g%% of requests meet TTFT <= %g ms "
+	       "and TPOT <= %g ms (bisection to 1%%; the workload's own rate %.4g req/s)\n",
+	       o->gp_pct, o->gp_ttft_ms, o->gp_tpot_ms, base_rate(o, t));
+	for (int i = 0; i < n_rows; i++) {
+		const sim_row *r = &rows[i];
+		if (r->goodput_capped < 0)
+			printf("  %-14s        0 req/s (not met even at 2^-20 of the workload's rate)\n",
+			       r->med.label);
+		else
+			printf("  %-14s %10.4g req/s%s\n", r->med.label, r->goodput_rps,
+			       r->goodput_capped > 0 ? " (a lower bound: met at 2^20 of the "
+						       "workload's rate)"
+						     : "");
+	}
+}
+
+/* After a report: warn about failed requests and overload. Returns the exit
+ * status errors give (3 unless --allow-errors). */
+static int after_report(const opts *o, const sim_row *rows, int n)
+{
+	sim_note_overload(o->fmt_out == SIM_TABLE ? stdout : stderr, rows, n);
+	if (sim_warn_errors(stderr, rows, n) && !o->allow_errors) {
+		fprintf(stderr, "bkv-sim: requests failed: exit status 3 (--allow-errors to "
+				"accept)\n");
+		return 3;
+	}
+	return 0;
+}
+
 static int fidelity(const opts *o, sim_config *c)
 {
 	FILE *f = fopen(o->trace_path, "rb");
@@ -250,7 +377,7 @@ static int fidelity(const opts *o, sim_config *c)
 		fputc('\n', stderr);
 	if (!status) {
 		if (o->fmt_out != SIM_TABLE) {
-			sim_report(stdout, o->fmt_out, rows, nr, 0);
+			sim_report(stdout, o->fmt_out, rows, nr, 0, NULL);
 		} else {
 			printf("%-12s %5s %12s %12s %8s %12s %12s %8s\n", "run", "reqs",
 			       "ttft_meas", "ttft_sim", "err", "tpot_meas", "tpot_sim", "err");
@@ -265,6 +392,7 @@ static int fidelity(const opts *o, sim_config *c)
 			printf("(mean TTFT and TPOT in ms; TPOT over requests with more than one "
 			       "output token)\n");
 		}
+		status = after_report(o, rows, nr);
 	}
 	free(rows);
 	free(buf);
@@ -306,8 +434,8 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 		ks[0] = 1;
 		nk++;
 	}
-	/* rows: static, k..., auto, chunked b=512, chunked auto */
-	int n_rows = 1 + nk + 3;
+	/* rows: static, k..., auto, chunked b=512, chunked auto[, peers] */
+	int n_rows = 1 + nk + 3 + (o->peers ? SIM_N_PEERS : 0);
 	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
 	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
 	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
@@ -333,9 +461,14 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	cf[3 + nk].chunked = 1;
 	cf[3 + nk].mixed_host = 1;
 	cf[3 + nk].budget = 0;
+	for (int p = 0; o->peers && p < SIM_N_PEERS; p++)
+		sim_peer_config(p, c0, &traces[0], o->big_gpu,
+				o->goodput ? o->gp_tpot_ms : 0.0, &cf[4 + nk + p]);
 	int done = 0, total = n_rows * n_seeds;
 	for (int i = 0; i < n_rows; i++) {
 		policy_label(&cf[i], labels[i], sizeof(labels[i]));
+		if (i >= 4 + nk)
+			snprintf(labels[i], sizeof(labels[i]), "%s", sim_peer_names[i - 4 - nk]);
 		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
 			      &done, total))
 			return 1;
@@ -343,7 +476,20 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	}
 	if (!o->quiet && isatty(2))
 		fprintf(stderr, "\r%-72s\r", "");
-	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE);
+	if (o->goodput && goodput_rows(o, cf, rows, n_rows, traces, n_seeds))
+		return 1;
+	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE,
+		   o->title);
+	print_goodput(o, rows, n_rows, traces);
+	if (o->svg && !o->goodput) {
+		char title[160];
+		snprintf(title, sizeof(title), "bkv-sim --compare: %s, time split into prefill and decode",
+			 o->trace_path ? o->trace_path : o->workload);
+		if (sim_svg(o->svg, rows, n_rows, title)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			return 1;
+		}
+	}
 	/* the best fixed k: highest median speed-up; on a tie (to 0.05%) the
 	 * lower p99 TTFT */
 	int best = 1;
@@ -376,11 +522,12 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 			fprintf(out, " %s %.2f%s", labels[i], rows[i].med.tbt_p99,
 				i + 1 < n_rows ? "," : "\n");
 	}
+	int st = after_report(o, rows, n_rows);
 	free(cf);
 	free(rows);
 	free(runs);
 	free(labels);
-	return 0;
+	return st;
 }
 
 int main(int argc, char **argv)
@@ -395,6 +542,7 @@ int main(int argc, char **argv)
 	sim_config c;
 	sim_config_init(&c);
 	int host_set = 0;
+	const char *cost_name = "poly";
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -446,6 +594,11 @@ int main(int argc, char **argv)
 			NEED_ARG();
 			if (parse_u32(v, &o.n) || o.n == 0)
 				BAD_ARG();
+			if (o.n > MAX_REQS) {
+				fprintf(stderr, "bkv-sim: --n %u is more than %u requests\n", o.n,
+					MAX_REQS);
+				return 2;
+			}
 		} else if (!strcmp(a, "--arrival")) {
 			NEED_ARG();
 			if (!strcmp(v, "burst")) {
@@ -461,12 +614,28 @@ int main(int argc, char **argv)
 			}
 		} else if (!strcmp(a, "--prompt")) {
 			NEED_ARG();
-			if (trace_dist_parse(v, &o.prompt) || o.prompt.kind == DIST_SEED000_GEN)
-				BAD_ARG();
+			if (trace_dist_parse(v, &o.prompt) || o.prompt.kind == DIST_SEED000_GEN) {
+				fprintf(stderr, "bkv-sim: bad value for --prompt: '%s' (N or LO..HI, "
+						"1 to %u tokens)\n", v, MAX_LEN);
+				return 2;
+			}
+			if (o.prompt.hi > MAX_LEN || o.prompt.lo > MAX_LEN) {
+				fprintf(stderr, "bkv-sim: --prompt %s: at most %u tokens\n", v,
+					MAX_LEN);
+				return 2;
+			}
 		} else if (!strcmp(a, "--output")) {
 			NEED_ARG();
-			if (trace_dist_parse(v, &o.output))
-				BAD_ARG();
+			if (trace_dist_parse(v, &o.output)) {
+				fprintf(stderr, "bkv-sim: bad value for --output: '%s' (N, LO..HI or "
+						"seed000; 1 to %u tokens)\n", v, MAX_LEN);
+				return 2;
+			}
+			if (o.output.hi > MAX_LEN || o.output.lo > MAX_LEN) {
+				fprintf(stderr, "bkv-sim: --output %s: at most %u tokens\n", v,
+					MAX_LEN);
+				return 2;
+			}
 		} else if (!strcmp(a, "--seeds")) {
 			NEED_ARG();
 			uint32_t lo, hi;
@@ -552,6 +721,10 @@ int main(int argc, char **argv)
 			NEED_ARG();
 			if (parse_u32(v, &c.slots) || c.slots == 0)
 				BAD_ARG();
+			if (c.slots > MAX_SLOTS) {
+				fprintf(stderr, "bkv-sim: --slots %u: at most %u\n", c.slots, MAX_SLOTS);
+				return 2;
+			}
 		} else if (!strcmp(a, "--host")) {
 			NEED_ARG();
 			if (!strcmp(v, "split"))
@@ -586,6 +759,8 @@ int main(int argc, char **argv)
 				BAD_ARG();
 		} else if (!strcmp(a, "--cost")) {
 			NEED_ARG();
+			cost_name = v;
+			o.big_gpu = strstr(v, "h100") != NULL;
 			bkv_roofline_preset p;
 			if (!strcmp(v, "poly")) {
 				c.cost_kind = SIM_COST_POLY;
@@ -617,14 +792,29 @@ int main(int argc, char **argv)
 			NEED_ARG();
 			if (parse_u32(v, &c.kv_blocks))
 				BAD_ARG();
+			if (c.kv_blocks > MAX_BLOCKS) {
+				fprintf(stderr, "bkv-sim: --kv-blocks %u: at most %u\n", c.kv_blocks,
+					MAX_BLOCKS);
+				return 2;
+			}
 		} else if (!strcmp(a, "--block-tokens")) {
 			NEED_ARG();
 			if (parse_u32(v, &c.block_tokens) || c.block_tokens == 0)
 				BAD_ARG();
+			if (c.block_tokens > MAX_BLOCK_TOKENS) {
+				fprintf(stderr, "bkv-sim: --block-tokens %u: at most %u\n",
+					c.block_tokens, MAX_BLOCK_TOKENS);
+				return 2;
+			}
 		} else if (!strcmp(a, "--host-blocks")) {
 			NEED_ARG();
 			if (parse_u32(v, &c.host_blocks))
 				BAD_ARG();
+			if (c.host_blocks > MAX_BLOCKS) {
+				fprintf(stderr, "bkv-sim: --host-blocks %u: at most %u\n",
+					c.host_blocks, MAX_BLOCKS);
+				return 2;
+			}
 		} else if (!strcmp(a, "--no-prefix-cache")) {
 			c.prefix_cache = 0;
 		} else if (!strcmp(a, "--json")) {
@@ -640,6 +830,30 @@ int main(int argc, char **argv)
 			c.check = 1;
 		} else if (!strcmp(a, "--quiet")) {
 			o.quiet = 1;
+		} else if (!strcmp(a, "--rate")) {
+			NEED_ARG();
+			char *end;
+			o.trace_rate = strtod(v, &end);
+			if (*end || !(o.trace_rate > 0) || o.trace_rate > 1e9)
+				BAD_ARG();
+		} else if (!strcmp(a, "--peers")) {
+			o.peers = 1;
+		} else if (!strcmp(a, "--allow-errors")) {
+			o.allow_errors = 1;
+		} else if (!strcmp(a, "--goodput")) {
+			NEED_ARG();
+			char *end;
+			o.gp_pct = 90.0;
+			o.gp_ttft_ms = strtod(v, &end);
+			if (*end != ',')
+				BAD_ARG();
+			o.gp_tpot_ms = strtod(end + 1, &end);
+			if (*end == ',')
+				o.gp_pct = strtod(end + 1, &end);
+			if (*end || !(o.gp_ttft_ms > 0) || !(o.gp_tpot_ms > 0) || !(o.gp_pct > 0) ||
+			    o.gp_pct > 100 || o.gp_ttft_ms > 1e9 || o.gp_tpot_ms > 1e9)
+				BAD_ARG();
+			o.goodput = 1;
 		} else {
 			fprintf(stderr, "bkv-sim: unknown option '%s' (see --help)\n", a);
 			return 2;
@@ -674,6 +888,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bkv-sim: too many seeds\n");
 		return 2;
 	}
+	if (!o.trace_path && !strcmp(o.workload, "synthetic") &&
+	    (uint64_t)o.n * (uint64_t)n_seeds > MAX_REQS_TOTAL) {
+		fprintf(stderr, "bkv-sim: --n %u x %d seeds is more than %u requests\n", o.n,
+			n_seeds, MAX_REQS_TOTAL);
+		return 2;
+	}
+	if (o.goodput && !o.trace_path &&
+	    (strcmp(o.workload, "synthetic") || o.arrival == ARRIVAL_BURST)) {
+		fprintf(stderr, "bkv-sim: --goodput needs arrivals spread in time: a --trace, or "
+				"--workload synthetic --arrival poisson:R|uniform:R (seed 000's "
+				"shape: --prompt 8..64 --output seed000 --gen steps)\n");
+		return 2;
+	}
 
 	trace *traces = calloc((size_t)n_seeds, sizeof(*traces));
 	if (!traces)
@@ -686,6 +913,44 @@ int main(int argc, char **argv)
 		}
 	}
 
+	if (o.trace_rate > 0.0) {
+		double r0 = o.trace_path ? sim_trace_rate(&traces[0]) : 0.0;
+		if (!(r0 > 0.0)) {
+			fprintf(stderr, "bkv-sim: --rate needs a trace whose arrivals are spread in "
+					"time (synthetic workloads: --arrival poisson:R)\n");
+			return 2;
+		}
+		double a0 = traces[0].reqs[0].arrival_us;
+		for (uint32_t j = 0; j < traces[0].n; j++)
+			traces[0].reqs[j].arrival_us =
+				a0 + (traces[0].reqs[j].arrival_us - a0) * r0 / o.trace_rate;
+	}
+	if (o.goodput && o.trace_path && sim_trace_rate(&traces[0]) <= 0.0) {
+		fprintf(stderr, "bkv-sim: --goodput: %s's arrivals all share one time\n",
+			o.trace_path);
+		return 2;
+	}
+	{
+		char src[160];
+		if (o.trace_path)
+			snprintf(src, sizeof(src), "%s", o.trace_path);
+		else if (!strcmp(o.workload, "synthetic"))
+			snprintf(src, sizeof(src), "synthetic %s%.6g", o.arrival == ARRIVAL_BURST ? "burst"
+					: o.arrival == ARRIVAL_POISSON ? "poisson:" : "uniform:",
+				 o.arrival == ARRIVAL_BURST ? 0.0 : o.rate);
+		else
+			snprintf(src, sizeof(src), "seed000");
+		if (!o.trace_path && !strcmp(o.workload, "synthetic") && o.arrival == ARRIVAL_BURST)
+			src[strlen("synthetic burst")] = 0;
+		snprintf(o.title, sizeof(o.title),
+			 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
+			 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s",
+			 c.mixed_host ? "mixed" : "split", c.slots, cost_name);
+	}
+	if (o.peers && !o.compare) {
+		fprintf(stderr, "bkv-sim: --peers adds rows to --compare\n");
+		return 2;
+	}
 	if (o.compare) {
 		int st = compare(&o, &c, traces, n_seeds);
 		for (int s = 0; s < n_seeds; s++)
@@ -696,9 +961,10 @@ int main(int argc, char **argv)
 	int n_var = o.n_sweep ? o.n_sweep : 1;
 	int n_rows = n_var + (o.baseline ? 1 : 0);
 	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
+	sim_config *cfgs = calloc((size_t)n_rows, sizeof(*cfgs));
 	sim_result *base = calloc((size_t)n_seeds, sizeof(*base));
 	sim_result *runs = calloc((size_t)n_seeds, sizeof(*runs));
-	if (!rows || !base || !runs)
+	if (!rows || !base || !runs || !cfgs)
 		return 1;
 	int done = 0, total = n_rows * n_seeds, row = 0, status = 0;
 	if (o.baseline) {
@@ -709,6 +975,7 @@ int main(int argc, char **argv)
 		sc.hints = 0;      /* and FCFS: hints do not reach the baseline */
 		if (run_seeds(&o, &sc, "static", traces, n_seeds, base, &done, total))
 			return 1;
+		cfgs[row] = sc;
 		sim_rows_from_runs(&rows[row++], base, base, n_seeds);
 	}
 	for (int v = 0; v < n_var; v++) {
@@ -723,13 +990,17 @@ int main(int argc, char **argv)
 			status = 1;
 			break;
 		}
+		cfgs[row] = vc;
 		sim_rows_from_runs(&rows[row++], runs, o.baseline ? base : NULL, n_seeds);
 	}
 	if (!o.quiet && isatty(2))
 		fprintf(stderr, "\r%-72s\r", "");
+	if (!status && o.goodput && goodput_rows(&o, cfgs, rows, row, traces, n_seeds))
+		status = 1;
 	if (!status) {
-		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE);
-		if (o.svg) {
+		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE, o.title);
+		print_goodput(&o, rows, row, traces);
+		if (o.svg && !o.goodput) {
 			char title[128];
 			snprintf(title, sizeof(title), "bkv-sim: %s, time split into prefill and decode",
 				 o.trace_path ? o.trace_path : o.workload);
@@ -738,11 +1009,14 @@ int main(int argc, char **argv)
 				status = 1;
 			}
 		}
+		if (!status)
+			status = after_report(&o, rows, row);
 	}
 	for (int s = 0; s < n_seeds; s++)
 		trace_free(&traces[s]);
 	free(traces);
 	free(rows);
+	free(cfgs);
 	free(base);
 	free(runs);
 	return status;

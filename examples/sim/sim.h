@@ -59,6 +59,18 @@ typedef struct sim_config {
 	int check;                 /* run bkv_sched_check after every step */
 	int progress;              /* nonzero: a progress line on stderr every
 				      2^16 steps (the caller checks isatty) */
+	double slo_ttft_ms;        /* > 0: count the requests whose TTFT is at
+				      most this and whose TPOT is at most
+				      slo_tpot_ms (sim_result.slo_met) */
+	double slo_tpot_ms;        /* TPOT target of that count (a request of
+				      one token meets it) */
+	uint32_t pool_slots;       /* slots the derived pool is sized for when
+				      kv_blocks is 0 (0 = slots): a preset
+				      with more running rows keeps the
+				      machine's memory */
+	bkv_preempt_mode preempt;  /* bkv_sched_config.preempt; AUTO (0) keeps
+				      bkv-sim's rule: swap with a host tier,
+				      else recompute */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -102,7 +114,14 @@ typedef struct sim_result {
 	double wall_s;             /* real seconds the run took */
 	double ref_ttft_mean;      /* measured (DistServe) mean TTFT, ms; <0 none */
 	double ref_tpot_mean;      /* measured mean TPOT, ms; <0 none */
+	double span_us;            /* first to last arrival of the trace */
+	uint32_t slo_met;          /* requests that finished without error with
+				      TTFT <= slo_ttft_ms and TPOT <=
+				      slo_tpot_ms (0 when no target is set) */
 } sim_result;
+
+/* Most blocks sim_run derives for a pool when kv_blocks is 0. */
+#define SIM_MAX_DERIVED_BLOCKS (1u << 22)
 
 /* Steps a calibrated scheduler model may learn before its error counts. */
 #define SIM_CALIB_WARMUP 200
@@ -115,6 +134,9 @@ typedef struct sim_result {
 void sim_config_init(sim_config *c);
 
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);
+
+/* The host's price of one call under cfg's cost model, us. */
+double sim_price_us(const sim_config *cfg, const bkv_step_shape *s);
 
 /* The DistServe latency model (see ../shared/data/traces/README.md) as a cost
  * model; ctx unused. */
@@ -133,13 +155,91 @@ typedef struct sim_row {
 	int wins;         /* seeds where it beat the base */
 	int n_seeds;      /* seeds aggregated */
 	int has_base;     /* speedup is meaningful */
+	int has_goodput;  /* goodput_rps was searched (--goodput) */
+	double goodput_rps; /* highest rate meeting the targets, req/s (0:
+			       not even at the lowest rate tried) */
+	int goodput_capped; /* 1: still met at the highest rate tried (a
+			       lower bound), -1: not met at the lowest */
 } sim_row;
 
 void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *base, int n);
 
 typedef enum sim_format { SIM_TABLE = 0, SIM_JSON = 1, SIM_CSV = 2 } sim_format;
 
-void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline);
+/* The table, JSON or CSV. title (table only; NULL: none) heads the table and
+ * a legend of its columns follows it. */
+void sim_report(FILE *out, sim_format fmt, const sim_row *rows, int n, int roofline,
+		const char *title);
+/* Warnings after a report, on err: rows whose requests failed (returns how
+ * many such rows), and a trace the simulated machine cannot keep up with
+ * (a makespan more than SIM_OVERLOAD times the arrival span). */
+int sim_warn_errors(FILE *err, const sim_row *rows, int n);
+#define SIM_OVERLOAD 1.5
+void sim_note_overload(FILE *out, const sim_row *rows, int n);
+
+/* ---- peer presets ----------------------------------------------------------
+ * Other engines' default scheduling in the scheduler's knobs (bkv-sim
+ * --compare --peers; docs/benchmarks.md, "Peer presets" has each source and
+ * what the knobs cannot express). Labels, in order: vllm-v1, vllm-v0,
+ * sglang, sarathi, tgi, llamacpp, orca (read by tests outside the project:
+ * never rename). */
+#define SIM_N_PEERS 7
+extern const char *const sim_peer_names[SIM_N_PEERS];
+/* Preset which (0..SIM_N_PEERS-1) on c0's machine into c: its cost model and
+ * pool (pool_slots = c0->slots), at most c0->slots running rows. t (the
+ * first trace) sizes TGI's wait and Orca's reservation; big_gpu: vLLM's
+ * H100-class defaults; tpot_target_ms > 0: Sarathi's TBT target (else
+ * c0->tpot_us, else a fixed 512-token budget). */
+void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gpu,
+		     double tpot_target_ms, sim_config *c);
+
+/* ---- goodput ------------------------------------------------------------
+ * The highest arrival rate at which pct% of all requests (pooled over the
+ * traces) finish without error with TTFT <= ttft_ms and TPOT <= tpot_ms
+ * (DistServe's definition). Arrivals are scaled: at rate r every arrival
+ * time a_i becomes a_0 + (a_i - a_0) * rate0 / r, rate0 being the traces'
+ * own rate (a synthetic workload's --arrival rate, a file's (n - 1) / span);
+ * a Poisson or uniform workload scaled so is exactly that workload drawn at
+ * rate r. The search doubles or halves from rate0 until one rate meets the
+ * targets and another does not (at most 2^20 either way), then bisects
+ * until the two are within 1% (hi <= 1.01 lo). The traces' arrivals are
+ * restored before it returns. */
+#define SIM_GOODPUT_POINTS 64
+/* One rate the search simulated: medians over traces of the p99s. */
+typedef struct sim_goodput_point {
+	double rps, ttft_p99_ms, tpot_p99_ms, attain;
+} sim_goodput_point;
+
+typedef struct sim_goodput {
+	double rps;        /* the highest rate found meeting the targets (0:
+			      none) */
+	double hi_rps;     /* the lowest rate found failing them (0: none) */
+	double attain;     /* share meeting the targets at rps */
+	int capped;        /* 1: met at the highest rate tried; -1: not met at
+			      the lowest; 0: bracketed to 1% */
+	int evals;         /* rates simulated */
+	sim_goodput_point pt[SIM_GOODPUT_POINTS]; /* [min(evals, 64)] in the
+				      order simulated */
+} sim_goodput;
+
+/* Chart of p99 TTFT and p99 TPOT against rate (log-log), one line per row
+ * (labels[i], g[i]), the targets dashed and each goodput marked. 0 or -1. */
+int sim_goodput_svg(const char *path, const char *title, const char *const *labels,
+		    const sim_goodput *g, int n, double ttft_ms, double tpot_ms, double pct);
+
+/* The share of requests meeting the targets over n traces at their
+ * current arrivals, into *attain. 0 or a sim_run error. */
+int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		   double tpot_ms, double *attain, char *err, size_t errlen);
+/* The same, also giving the medians over traces of p99 TTFT and TPOT (ms;
+ * either pointer may be NULL). */
+int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
+		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
+		       char *err, size_t errlen);
+int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, double ttft_ms,
+		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen);
+/* A trace's own arrival rate, (n - 1) / span in req/s; 0 when the span is 0. */
+double sim_trace_rate(const trace *t);
 int sim_svg(const char *path, const sim_row *rows, int n, const char *title);
 double sim_median(double *v, int n);
 double sim_quantile(double *v, int n, double q);

@@ -794,8 +794,25 @@ int trace_load(trace_format fmt, const char *path, const char *filter, trace *t,
 			snprintf(err, errlen, "%s: read error", path);
 		return TRACE_EIO;
 	}
+	/* a NUL byte never appears in a text trace: name the file as binary
+	 * rather than report its first line's shape */
+	const char *nul = memchr(buf, 0, len < 65536 ? len : 65536);
+	if (nul) {
+		if (err)
+			snprintf(err, errlen, "%s: a binary file (a NUL byte at offset %zu), not a "
+					      "text trace",
+				 path, (size_t)(nul - buf));
+		free(buf);
+		return TRACE_EPARSE;
+	}
 	int rc = trace_parse(fmt, buf, len, filter, t, err, errlen);
 	free(buf);
+	if (rc == TRACE_EPARSE && err && errlen) {
+		/* name the file before the parser's "line N: ..." */
+		char tmp[512];
+		snprintf(tmp, sizeof(tmp), "%s", err);
+		snprintf(err, errlen, "%s: %s", path, tmp);
+	}
 	return rc;
 }
 

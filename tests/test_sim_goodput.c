@@ -1,0 +1,285 @@
+/*
+ * test_sim_goodput.c - bkv-sim's goodput search (sim_goodput_search) and its
+ * trust-at-a-glance reports: the bisection on a small synthetic workload
+ * (within 1%, the rate found meets the targets and 1.02x of it does not,
+ * attainment falls as the rate rises, looser targets never lower it), the
+ * arrivals restored afterwards, failed requests counted as errors and the
+ * overload line.
+ */
+#include "../examples/sim/sim.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_SEEDS 2
+#define RATE0 100.0
+
+static void workload(trace *t, double rate)
+{
+	trace_dist p = {DIST_UNIFORM, 8, 64}, o = {DIST_SEED000_GEN, 1, 64};
+	for (int s = 0; s < N_SEEDS; s++) {
+		memset(&t[s], 0, sizeof(t[s]));
+		cr_assert_eq(trace_synthetic(&t[s], 300, ARRIVAL_POISSON, rate, &p, &o, (uint64_t)s),
+			     TRACE_OK);
+	}
+}
+
+static void free_all(trace *t)
+{
+	for (int s = 0; s < N_SEEDS; s++)
+		trace_free(&t[s]);
+}
+
+static sim_config config(void)
+{
+	sim_config c;
+	sim_config_init(&c);
+	c.gen = SIM_GEN_STEPS;
+	return c;
+}
+
+static double attain_at(const sim_config *c, double rate, double ttft, double tpot)
+{
+	trace t[N_SEEDS];
+	char err[256] = "";
+	double a = -1.0;
+	workload(t, rate);
+	cr_assert_eq(sim_attainment(c, t, N_SEEDS, ttft, tpot, &a, err, sizeof(err)), 0, "%s", err);
+	free_all(t);
+	return a;
+}
+
+static sim_goodput search(const sim_config *c, double ttft, double tpot, double pct)
+{
+	trace t[N_SEEDS];
+	char err[256] = "";
+	sim_goodput g;
+	workload(t, RATE0);
+	double a0 = t[1].reqs[7].arrival_us;
+	cr_assert_eq(sim_goodput_search(c, t, N_SEEDS, RATE0, ttft, tpot, pct, &g, err, sizeof(err)),
+		     0, "%s", err);
+	cr_expect_eq(t[1].reqs[7].arrival_us, a0, "the arrivals are restored");
+	free_all(t);
+	return g;
+}
+
+Test(sim_goodput, bisection_brackets_the_rate_to_one_percent)
+{
+	sim_config c = config();
+	sim_goodput g = search(&c, 20.0, 3.0, 90.0);
+	cr_assert_eq(g.capped, 0, "bracketed");
+	cr_assert(g.rps > 0.0);
+	cr_expect(g.hi_rps > g.rps && g.hi_rps <= 1.01 * g.rps * (1 + 1e-12), "%g .. %g", g.rps,
+		  g.hi_rps);
+	cr_expect(g.attain >= 0.9);
+	cr_expect(g.evals >= 3 && g.evals <= 40, "%d rates", g.evals);
+	/* the rate found, drawn afresh at that rate, meets the targets; 1.02x
+	 * of it does not */
+	cr_expect_geq(attain_at(&c, g.rps, 20.0, 3.0), 0.9);
+	cr_expect_lt(attain_at(&c, 1.02 * g.rps, 20.0, 3.0), 0.9);
+}
+
+Test(sim_goodput, attainment_falls_as_the_rate_rises)
+{
+	sim_config c = config();
+	double prev = 2.0;
+	/* from light load to well past the knee (goodput about 235 req/s);
+	 * far beyond it attainment is a few percent either way and may wobble */
+	for (double r = 50.0; r <= 1600.0; r *= 2.0) {
+		double a = attain_at(&c, r, 20.0, 3.0);
+		cr_expect_leq(a, prev + 1e-12, "rate %g: %g after %g", r, a, prev);
+		prev = a;
+	}
+	cr_expect_lt(prev, 0.5, "overloaded at the highest rate");
+}
+
+Test(sim_goodput, looser_targets_never_lower_the_goodput)
+{
+	sim_config c = config();
+	sim_goodput tight = search(&c, 20.0, 3.0, 90.0);
+	sim_goodput ttft = search(&c, 40.0, 3.0, 90.0);
+	sim_goodput pct = search(&c, 20.0, 3.0, 50.0);
+	cr_expect_geq(ttft.rps, tight.rps * 0.99);
+	cr_expect_geq(pct.rps, tight.rps * 0.99);
+	/* a batching policy of the same engine: static batching holds every
+	 * request for a whole group, so its goodput is lower */
+	sim_config s = config();
+	s.policy = BKV_POLICY_STATIC;
+	sim_goodput st = search(&s, 20.0, 3.0, 90.0);
+	cr_expect_lt(st.rps, tight.rps, "static %g, continuous %g", st.rps, tight.rps);
+}
+
+Test(sim_goodput, bad_targets_are_refused)
+{
+	sim_config c = config();
+	trace t[N_SEEDS];
+	char err[256] = "";
+	sim_goodput g;
+	workload(t, RATE0);
+	cr_expect_eq(sim_goodput_search(&c, t, N_SEEDS, RATE0, 0.0, 3.0, 90.0, &g, err, sizeof(err)),
+		     BKV_EINVAL);
+	cr_expect_eq(sim_goodput_search(&c, t, N_SEEDS, RATE0, 20.0, 3.0, 101.0, &g, err,
+					sizeof(err)),
+		     BKV_EINVAL);
+	cr_expect_eq(sim_goodput_search(&c, t, N_SEEDS, 0.0, 20.0, 3.0, 90.0, &g, err, sizeof(err)),
+		     BKV_EINVAL);
+	free_all(t);
+}
+
+/* A pool of one block: most requests fail at submission; the row counts
+ * them, and the warning names the row. */
+Test(sim_goodput, failed_requests_are_counted_and_warned)
+{
+	trace t[N_SEEDS];
+	workload(t, RATE0);
+	sim_config c = config();
+	c.kv_blocks = 1;
+	sim_result r;
+	char err[256] = "";
+	memset(&r, 0, sizeof(r));
+	snprintf(r.label, sizeof(r.label), "k=1");
+	cr_assert_eq(sim_run(&c, &t[0], &r, err, sizeof(err)), 0, "%s", err);
+	cr_expect_gt(r.errors, 0);
+	sim_row row;
+	sim_rows_from_runs(&row, &r, NULL, 1);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	cr_expect_eq(sim_warn_errors(f, &row, 1), 1);
+	fclose(f);
+	cr_expect(strstr(buf, "k=1") && strstr(buf, "requests failed"), "%s", buf);
+	free(buf);
+	free_all(t);
+}
+
+/* A workload at 20x the rate it can serve: the overload line appears, and
+ * not at a light load. */
+Test(sim_goodput, overload_line_when_the_makespan_outruns_the_arrivals)
+{
+	sim_config c = config();
+	for (int heavy = 0; heavy < 2; heavy++) {
+		trace t[N_SEEDS];
+		workload(t, heavy ? 20000.0 : 10.0);
+		sim_result r;
+		char err[256] = "";
+		memset(&r, 0, sizeof(r));
+		cr_assert_eq(sim_run(&c, &t[0], &r, err, sizeof(err)), 0, "%s", err);
+		sim_row row;
+		sim_rows_from_runs(&row, &r, NULL, 1);
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&buf, &len);
+		sim_note_overload(f, &row, 1);
+		fclose(f);
+		if (heavy)
+			cr_expect(strstr(buf, "overload:") != NULL, "%s", buf);
+		else
+			cr_expect_eq(len, 0, "%s", buf);
+		free(buf);
+		free_all(t);
+	}
+}
+
+/* The peer presets: the labels other projects read, the knobs each sets,
+ * and a clean run of each on seed 000's workload. */
+Test(sim_goodput, peer_presets_have_their_labels_and_knobs)
+{
+	static const char *want[] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
+				     "tgi", "llamacpp", "orca"};
+	cr_assert_eq(SIM_N_PEERS, 7);
+	for (int i = 0; i < SIM_N_PEERS; i++)
+		cr_expect_str_eq(sim_peer_names[i], want[i]);
+	trace t = {0};
+	cr_assert_eq(trace_seed000(&t, 0), TRACE_OK);
+	sim_config c0 = config(), c[SIM_N_PEERS];
+	for (int i = 0; i < SIM_N_PEERS; i++) {
+		sim_peer_config(i, &c0, &t, 0, 0.0, &c[i]);
+		cr_expect_leq(c[i].slots, c0.slots, "%s", want[i]);
+		cr_expect_eq(c[i].pool_slots, c0.slots, "%s keeps the machine's pool", want[i]);
+		cr_expect_eq(c[i].policy, BKV_POLICY_CONTINUOUS);
+		sim_result r;
+		char err[256] = "";
+		memset(&r, 0, sizeof(r));
+		cr_assert_eq(sim_run(&c[i], &t, &r, err, sizeof(err)), 0, "%s: %s", want[i], err);
+		cr_expect_eq(r.errors, 0, "%s", want[i]);
+		cr_expect_eq(r.finished, t.n, "%s", want[i]);
+	}
+	cr_expect(c[0].chunked && c[0].mixed_host && c[0].budget == 2048);
+	cr_expect(!c[1].chunked && !c[1].mixed_host && c[1].k == 1);
+	cr_expect(!c[2].chunked && !c[2].mixed_host);
+	cr_expect(c[3].chunked && c[3].budget == 512 && c[3].tpot_us == 0);
+	cr_expect(c[4].k == c0.slots && c[4].max_wait_us > 0 && c[4].max_wait_us != UINT64_MAX);
+	cr_expect(c[5].chunked && c[5].budget == 2048 && c[5].slots == 1);
+	cr_expect(c[6].mixed_host && !c[6].chunked);
+	/* vLLM's H100-class defaults; Sarathi under a TBT target; Orca's
+	 * reservation under a fixed pool */
+	sim_config v;
+	sim_peer_config(0, &c0, &t, 1, 0.0, &v);
+	cr_expect_eq(v.budget, 8192);
+	sim_peer_config(3, &c0, &t, 0, 4.0, &v);
+	cr_expect(v.budget == 0 && v.tpot_us == 4000);
+	sim_config small = c0;
+	small.kv_blocks = 60; /* longest seed 000 request: 64 + 65 tokens = 10 blocks */
+	sim_peer_config(6, &small, &t, 0, 0.0, &v);
+	cr_expect_eq(v.slots, 6);
+	trace_free(&t);
+}
+
+/* A parse error names the file and the line; a binary file says so. */
+Test(sim_goodput, trace_errors_name_the_file_and_a_binary_file_is_named_binary)
+{
+	char bad[] = "/tmp/bkv_sim_badXXXXXX", bin[] = "/tmp/bkv_sim_binXXXXXX";
+	int fd = mkstemp(bad);
+	cr_assert(fd >= 0);
+	FILE *f = fdopen(fd, "w");
+	fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+	      "bad,line\n",
+	      f);
+	fclose(f);
+	fd = mkstemp(bin);
+	cr_assert(fd >= 0);
+	f = fdopen(fd, "w");
+	fwrite("\x7f" "ELF\x02\x01\x01\x00\x00\x00", 1, 10, f);
+	fclose(f);
+	trace t = {0};
+	char err[512] = "";
+	cr_expect_eq(trace_load(TRACE_AZURE, bad, NULL, &t, err, sizeof(err)), TRACE_EPARSE);
+	cr_expect(strstr(err, bad) && strstr(err, "line 3"), "%s", err);
+	cr_expect_eq(trace_load(TRACE_AZURE, bin, NULL, &t, err, sizeof(err)), TRACE_EPARSE);
+	cr_expect(strstr(err, bin) && strstr(err, "binary"), "%s", err);
+	remove(bad);
+	remove(bin);
+}
+
+/* The goodput chart: every rate searched is a point, each row in the
+ * legend with its goodput, both panels drawn. */
+Test(sim_goodput, goodput_chart_has_every_row_and_both_panels)
+{
+	sim_config c[2] = {config(), config()};
+	c[1].policy = BKV_POLICY_STATIC;
+	sim_goodput g[2];
+	g[0] = search(&c[0], 20.0, 3.0, 90.0);
+	g[1] = search(&c[1], 20.0, 3.0, 90.0);
+	cr_expect_eq(g[0].pt[0].rps, RATE0, "the first rate tried is the workload's");
+	cr_expect(g[0].pt[0].ttft_p99_ms > 0.0 && g[0].pt[0].tpot_p99_ms > 0.0);
+	char path[] = "/tmp/bkv_sim_gpXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	const char *labels[] = {"k=1", "static"};
+	cr_assert_eq(sim_goodput_svg(path, "t", labels, g, 2, 20.0, 3.0, 90.0), 0);
+	FILE *f = fopen(path, "r");
+	char buf[65536];
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[len] = 0;
+	fclose(f);
+	remove(path);
+	cr_expect(strstr(buf, "p99 TTFT") && strstr(buf, "p99 TPOT"));
+	cr_expect(strstr(buf, "k=1: ") && strstr(buf, "static: "));
+	cr_expect(strstr(buf, "<polyline") != NULL);
+	cr_expect(strstr(buf, "</svg>") != NULL);
+}
