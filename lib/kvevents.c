@@ -274,24 +274,26 @@ static void mp_bin(wbuf *w, const uint8_t *p, size_t n)
 	wb_put(w, p, n);
 }
 
-static void mp_array(wbuf *w, size_t n)
+/* An array or map header of n entries: the fix form (fix | n) below 16, else
+ * the 16-bit form (tag16) or the 32-bit one (tag16 + 1). */
+static void mp_container(wbuf *w, size_t n, uint8_t fix, uint8_t tag16)
 {
 	if (n < 16)
-		wb_byte(w, (uint8_t)(0x90 | n));
+		wb_byte(w, (uint8_t)(fix | n));
 	else if (n < 65536)
-		wb_byte(w, 0xdc), wb_be(w, n, 2);
+		wb_byte(w, tag16), wb_be(w, n, 2);
 	else
-		wb_byte(w, 0xdd), wb_be(w, n, 4);
+		wb_byte(w, (uint8_t)(tag16 + 1)), wb_be(w, n, 4);
+}
+
+static void mp_array(wbuf *w, size_t n)
+{
+	mp_container(w, n, 0x90, 0xdc);
 }
 
 static void mp_map(wbuf *w, size_t n)
 {
-	if (n < 16)
-		wb_byte(w, (uint8_t)(0x80 | n));
-	else if (n < 65536)
-		wb_byte(w, 0xde), wb_be(w, n, 2);
-	else
-		wb_byte(w, 0xdf), wb_be(w, n, 4);
+	mp_container(w, n, 0x80, 0xde);
 }
 
 /* ---- vLLM's hash input: canonical CBOR and pickle ------------------------- */

@@ -27,6 +27,7 @@
  *   GROUP an int (-1 omits), KIND a string ("-" omits), SEED PYTHONHASHSEED.
  */
 #include "../examples/events/workload.h"
+#include "pool_ops.h"
 
 #include "internal.h"
 
@@ -124,7 +125,6 @@ static int random_mode(char **argv)
 		bkv_vllm_encoder *enc = NULL;
 		bkv_pool_stats ps;
 		uint32_t seqs[8] = {0}, op, next_drain = 1;
-		int32_t t[64];
 		int txn = 0;
 		static const uint64_t keys[3] = {0, 7, 9};
 
@@ -139,61 +139,8 @@ static int random_mode(char **argv)
 		fputc('R', stdout); /* a new replica: the subscriber starts empty */
 		srand(round + 1);
 		for (op = 0; op < 400; op++) {
-			uint32_t k = (uint32_t)rand() % 8, len, i;
-			int what = rand() % 12;
-
-			if (what < 2 && !txn) {
-				bkv__pool_txn_begin(p);
-				txn = 1;
-			} else if (what < 3 && txn) {
-				if (rand() % 2)
-					bkv__pool_txn_commit(p);
-				else
-					bkv__pool_txn_abort(p);
-				txn = 0;
-			}
-			if (!seqs[k]) {
-				bkv_seq_open_keyed(p, keys[rand() % 3], &seqs[k]);
+			if (pool_random_op(p, seqs, &txn, keys, 3))
 				continue;
-			}
-			switch (what) {
-			case 3: case 4: case 5: case 6:
-				len = 1 + (uint32_t)rand() % 16;
-				for (i = 0; i < len; i++)
-					t[i] = (int32_t)(rand() % 3);
-				bkv_seq_append(p, seqs[k], t, len, NULL);
-				break;
-			case 7:
-				bkv_seq_close(p, seqs[k]);
-				seqs[k] = 0;
-				break;
-			case 8:
-				bkv_seq_drop(p, seqs[k]);
-				seqs[k] = 0;
-				break;
-			case 9: {
-				bkv_seq_info info;
-				uint32_t cc = (k + 1) % 8;
-
-				if (rand() % 2 && bkv_seq_info_get(p, seqs[k], &info) == BKV_OK &&
-				    info.len)
-					bkv_seq_truncate(p, seqs[k], (uint32_t)rand() % info.len);
-				else if (!seqs[cc])
-					bkv_seq_fork(p, seqs[k], &seqs[cc]);
-				break;
-			}
-			case 10:
-				if (!txn && bkv_seq_swap_out(p, seqs[k]) != BKV_OK)
-					bkv_seq_swap_in(p, seqs[k]);
-				bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
-				bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
-				bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
-				break;
-			default:
-				if (!txn && rand() % 8 == 0)
-					bkv_pool_reset_cache(p);
-				break;
-			}
 			if (txn || op + 1 < next_drain)
 				continue; /* inside a transaction the index waits for commit */
 			put_batch_and_truth(enc, p, &vc, truth, 24, (double)op);

@@ -9,6 +9,7 @@
  */
 #include "internal.h"
 #include "pool_util.h"
+#include "pool_ops.h"
 
 #include <stdlib.h>
 
@@ -271,68 +272,15 @@ Test(events, router_replay_equals_index_after_random_workloads)
 		bkv_pool *p = make_ev_pool(4, 24, 16, 4096, round);
 		router r = {calloc(64, sizeof(uint64_t)), 0, 64};
 		bkv_kv_event ev[64];
-		uint32_t seqs[8] = {0}, op, n;
-		int32_t t[64];
+		uint32_t seqs[8] = {0}, op, n, i;
 		int txn = 0;
 
 		srand(round + 1);
 		for (op = 0; op < 400; op++) {
-			uint32_t k = (uint32_t)rand() % 8, len, i;
-			int what = rand() % 12;
+			static const uint64_t ev_keys[2] = {0, 1};
 
-			if (what < 2 && !txn) {
-				bkv__pool_txn_begin(p);
-				txn = 1;
-			} else if (what < 3 && txn) {
-				if (rand() % 2)
-					bkv__pool_txn_commit(p);
-				else
-					bkv__pool_txn_abort(p);
-				txn = 0;
-			}
-			if (!seqs[k]) {
-				bkv_seq_open_keyed(p, (uint64_t)(rand() % 2), &seqs[k]);
+			if (pool_random_op(p, seqs, &txn, ev_keys, 2))
 				continue;
-			}
-			switch (what) {
-			case 3: case 4: case 5: case 6:
-				len = 1 + (uint32_t)rand() % 16;
-				/* few distinct contents, so prefixes are shared */
-				for (i = 0; i < len; i++)
-					t[i] = (int32_t)(rand() % 3);
-				bkv_seq_append(p, seqs[k], t, len, NULL);
-				break;
-			case 7:
-				bkv_seq_close(p, seqs[k]);
-				seqs[k] = 0;
-				break;
-			case 8:
-				bkv_seq_drop(p, seqs[k]);
-				seqs[k] = 0;
-				break;
-			case 9: {
-				bkv_seq_info info;
-				uint32_t c = (k + 1) % 8;
-
-				if (rand() % 2 && bkv_seq_info_get(p, seqs[k], &info) == BKV_OK &&
-				    info.len)
-					bkv_seq_truncate(p, seqs[k], (uint32_t)rand() % info.len);
-				else if (!seqs[c])
-					bkv_seq_fork(p, seqs[k], &seqs[c]);
-				break;
-			}
-			case 10:
-				if (!txn && bkv_seq_swap_out(p, seqs[k]) != BKV_OK)
-					bkv_seq_swap_in(p, seqs[k]);
-				bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
-				bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
-				bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
-				break;
-			default:
-				if (!txn && rand() % 8 == 0)
-					bkv_pool_reset_cache(p);
-				break;
-			}
 			while ((n = bkv_pool_events(p, ev, 64)) > 0)
 				for (i = 0; i < n; i++)
 					router_apply(&r, &ev[i]);
