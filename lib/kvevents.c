@@ -786,6 +786,20 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 	return 0;
 }
 
+/* An event's head: in the map layout a map of n_map fields whose first is
+ * the "type" tag, in the array layouts an array of n_array (the tag is its
+ * first element); then the event's name. */
+static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size_t n_array)
+{
+	if (e->cfg.wire == BKV_VLLM_WIRE_MAP) {
+		mp_map(&e->body, n_map);
+		mp_str(&e->body, "type");
+	} else {
+		mp_array(&e->body, n_array);
+	}
+	mp_str(&e->body, name);
+}
+
 /* Write the open BlockStored (the chain in group) into body. */
 static void flush_group(bkv_vllm_encoder *e)
 {
@@ -801,14 +815,10 @@ static void flush_group(bkv_vllm_encoder *e)
 	first = e->group[0];
 	parent = pool->blk[first].parent;
 	name = key_name(e, e->group_key);
-	if (map) {
-		mp_map(w, 8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
-				  (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0));
-		mp_str(w, "type");
-	} else {
-		mp_array(w, e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
-	}
-	mp_str(w, "BlockStored");
+	event_head(e, "BlockStored",
+		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
+			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
 	if (map)
 		mp_str(w, "block_hashes");
 	mp_array(w, n);
@@ -902,13 +912,8 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
 	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
 
 	flush_group(e);
-	if (map) {
-		mp_map(w, 3 + (e->cfg.group_idx >= 0));
-		mp_str(w, "type");
-	} else {
-		mp_array(w, e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
-	}
-	mp_str(w, "BlockRemoved");
+	event_head(e, "BlockRemoved", 3 + (e->cfg.group_idx >= 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
 	if (map)
 		mp_str(w, "block_hashes");
 	mp_array(w, 1);
@@ -933,13 +938,7 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
 static void put_cleared(bkv_vllm_encoder *e)
 {
 	flush_group(e);
-	if (e->cfg.wire == BKV_VLLM_WIRE_MAP) {
-		mp_map(&e->body, 1);
-		mp_str(&e->body, "type");
-	} else {
-		mp_array(&e->body, 1);
-	}
-	mp_str(&e->body, "AllBlocksCleared");
+	event_head(e, "AllBlocksCleared", 1, 1);
 	e->n_events++;
 }
 
