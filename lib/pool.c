@@ -865,6 +865,33 @@ int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t 
 	return rc;
 }
 
+/* The leading whole blocks of tokens[0, max * block_tokens) the cache holds
+ * after the sequence's last block `parent` (-1: none; its chain hash ph),
+ * written into s->table from n_blocks on (not visible until n_blocks moves;
+ * the caller pins them) and counted; *relinked gets how many of them are on
+ * the LRU. The table has room for max more entries. */
+static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uint64_t ph,
+			  const int32_t *tokens, uint32_t max, uint32_t *relinked)
+{
+	uint32_t hits = 0, nb0 = s->n_blocks;
+	uint64_t h = 0;
+
+	*relinked = 0;
+	while (hits < max) {
+		int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
+					      tokens + (size_t)hits * pool->bt, &h);
+
+		if (c < 0)
+			break;
+		*relinked += BLOCK_IS_CACHED(&pool->blk[c]);
+		s->table[nb0 + hits] = c;
+		ph = h;
+		parent = c;
+		hits++;
+	}
+	return hits;
+}
+
 /* Any append: validation, prefix hits (none with nohit: every token is
  * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
@@ -903,23 +930,9 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	/* Pre-pass: verified prefix hits, stashed past the table's end (not
 	 * visible until n_blocks moves). */
 	if (pool->index && !nohit && off == 0 &&
-	    (last < 0 || BLOCK_IS_INDEXED(&pool->blk[last]))) {
-		uint64_t ph = last < 0 ? BKV__HASH_ROOT : pool->blk[last].hash, h = 0;
-		int32_t parent = last;
-
-		while ((uint64_t)(hits + 1) * bt <= n) {
-			int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
-						      tokens + (size_t)hits * bt, &h);
-
-			if (c < 0)
-				break;
-			relinked += BLOCK_IS_CACHED(&pool->blk[c]);
-			s->table[nb0 + hits] = c;
-			ph = h;
-			parent = c;
-			hits++;
-		}
-	}
+	    (last < 0 || BLOCK_IS_INDEXED(&pool->blk[last])))
+		hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->blk[last].hash,
+				 tokens, n / bt, &relinked);
 	BKV_ASSERT(relinked <= pool->nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
 	if (need > (uint64_t)pool->nr_free + pool->nr_cached - relinked)
@@ -1004,7 +1017,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 
 int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
 {
-	uint32_t bt = pool->bt, off, nb0, hits = 0, got = 0, i;
+	uint32_t bt = pool->bt, off, nb0, hits = 0, got = 0, i, relinked;
 	uint64_t ph = BKV__HASH_ROOT, h = 0;
 	int32_t parent = -1, last;
 	bkv__seq *s = NULL;
@@ -1051,20 +1064,10 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 	 * is nothing to undo, each is a complete hit) */
 	if (table_reserve(pool, s, BKV_MIN(blocks_for(pool, (uint64_t)s->len + n), pool->nb)))
 		return (int)got;
-	while (got + (uint64_t)(hits + 1) * bt <= n && nb0 + hits < s->cap) {
-		int32_t c = bkv__cache_lookup(pool, ph, parent, s->key,
-					      tokens + got + (size_t)hits * bt, &h);
-
-		if (c < 0)
-			break;
-		block_pin(pool, c);
-		s->table[nb0 + hits] = c;
-		ph = h;
-		parent = c;
-		hits++;
-	}
+	hits = find_hits(pool, s, parent, ph, tokens + got,
+			 BKV_MIN((n - got) / bt, s->cap - nb0), &relinked);
 	for (i = 0; i < hits; i++)
-		BKV_ASSERT(BLOCK_IS_INDEXED(&pool->blk[s->table[nb0 + i]]));
+		block_pin(pool, s->table[nb0 + i]);
 	s->n_blocks = nb0 + hits;
 	got += hits * bt;
 	s->len += got;
@@ -1924,15 +1927,9 @@ static void txn_end(bkv_pool *pool, int commit)
 			k->prev = -1;
 		}
 	} while (left && progress);
-	for (i = 0; left && i < pool->txn_n; i++) { /* not reached: a parent
-							always makes progress */
-		bkv__block *k = &pool->blk[pool->txn_pending[i]];
-
-		if ((k->flags & BKV__BLOCK_TXN) && k->prev == (int32_t)i) {
-			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
-			k->prev = -1;
-		}
-	}
+	/* no pass ends without progress while blocks wait: a waiting block's
+	 * parent is queued, and the queue's first waiting parent is ready */
+	BKV_ASSERT(left == 0);
 	pool->txn_n = carried;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }

@@ -925,11 +925,10 @@ static uint32_t add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l,
 	uint32_t start = old + hit;
 
 	s->step_hits += hit;
-	if (sample && start >= l->kv_len)
-		start = l->kv_len - 1;
+	/* a sampled token is written, never a hit (lane_append, lane_hits) */
+	BKV_ASSERT(!sample || start < l->kv_len);
 	if (start >= l->kv_len)
 		return 0; /* all hits, nothing to compute */
-	BKV_ASSERT(!sample || start < l->kv_len); /* a sampled token is written */
 	row = &rows[(*n)++];
 	row->lane = l;
 	row->start = start;
@@ -999,8 +998,9 @@ static void plan_forks(bkv_sched *s)
  * its budget charge (one token a row) is made once at the end (saturating
  * subtractions add up to the same). Everything else takes append_room
  * (preemption on ENOSPC) and add_row, with the counters written back first.
- * A row is [old, old + 1) either way: a sampling row computes its token,
- * even one the prefix cache holds (only possible with block_tokens 1).
+ * A row is [old, old + 1) either way: the token is appended without a
+ * prefix lookup, into a private block, and computed (with block_tokens 1 the
+ * cache may hold it; it is still written, never shared).
  * Returns the lanes it saw that are still prefilling (zero lets the step
  * skip plan_continue's pass). */
 static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
