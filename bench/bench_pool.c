@@ -207,8 +207,8 @@ static void metadata(uint32_t bt, uint32_t nb)
 {
 	bkv_pool *p = make(bt, nb, 1);
 	double per_block_ctl, tok = (double)bt * sizeof(int32_t);
-	double index = (double)(p->index_mask + 1) * sizeof(int32_t) / nb;
-	double txn = p->txn_pending ? sizeof(int32_t) : 0;
+	double index = (double)(p->kv.index_mask + 1) * sizeof(int32_t) / nb;
+	double txn = p->kv.txn_pending ? sizeof(int32_t) : 0;
 
 	/* bkv__block + hash index share + checker scratch (+ the transaction
 	 * queue, when present) */

@@ -12,7 +12,7 @@
  *
  *   pool event ring --drain--> translate --> vLLM events --> msgpack batch
  *                                 |  ^
- *              pool->blk, pool->tok  |  per-block published hash (dig, nat)
+ *              pool->kv.blk, pool->kv.tok  |  per-block published hash (dig, nat)
  *
  * Translation keeps, per device block, the hash it was published under and
  * the pool hash it had then (nat), so a REMOVED event names the same hash its
@@ -697,7 +697,7 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 	if (!cfg || !pool || !out || cfg->size < sizeof *cfg)
 		return BKV_EINVAL;
 	if (cfg->wire > BKV_VLLM_WIRE_ARRAY_V0 || cfg->hash > BKV_VLLM_HASH_SHA256 ||
-	    !seed_ok(cfg->hash_seed) || !pool->ev || cfg->data_parallel_rank < -1 ||
+	    !seed_ok(cfg->hash_seed) || !pool->kv.ev || cfg->data_parallel_rank < -1 ||
 	    cfg->group_idx < -1)
 		return BKV_EINVAL;
 	bkv__alloc_init(&a, alloc);
@@ -707,8 +707,8 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 	e->alloc = a;
 	e->cfg = *cfg;
 	e->pool = pool;
-	e->nb = pool->nb;
-	e->bt = pool->bt;
+	e->nb = pool->kv.nb;
+	e->bt = pool->kv.bt;
 	nb = e->nb;
 	strcpy(e->seed, cfg->hash_seed);
 	e->cfg.hash_seed = e->seed;
@@ -732,7 +732,7 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 	/* Events the pool emitted before the encoder existed were never seen:
 	 * unless there were none, the first batch is a snapshot. */
 	e->last_seq = 0;
-	e->need_resync = pool->ev_seq != 0;
+	e->need_resync = pool->kv.ev_seq != 0;
 	*out = e;
 	return BKV_OK;
 }
@@ -761,13 +761,13 @@ static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
  * none (only after lost events) or no memory. */
 static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 {
-	const bkv__block *k = &e->pool->blk[b];
+	const bkv__block *k = &e->pool->kv.blk[b];
 	const uint8_t *parent = e->none;
 
 	if (k->parent >= 0) {
 		int32_t p = k->parent;
 
-		if (!e->valid[p] || e->nat[p] != e->pool->blk[p].hash)
+		if (!e->valid[p] || e->nat[p] != e->pool->kv.blk[p].hash)
 			return -1;
 		parent = e->dig[p];
 	}
@@ -777,7 +777,7 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 			e->dig[b][24 + i] = (uint8_t)(k->hash >> (56 - 8 * i));
 	} else {
 		if (block_digest(e->cfg.hash, &e->scratch, parent,
-				 e->pool->tok + (size_t)b * e->bt, e->bt, key_name(e, k->key),
+				 e->pool->kv.tok + (size_t)b * e->bt, e->bt, key_name(e, k->key),
 				 e->dig[b]))
 			return -1;
 	}
@@ -813,7 +813,7 @@ static void flush_group(bkv_vllm_encoder *e)
 	if (n == 0)
 		return;
 	first = e->group[0];
-	parent = pool->blk[first].parent;
+	parent = pool->kv.blk[first].parent;
 	name = key_name(e, e->group_key);
 	event_head(e, "BlockStored",
 		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
@@ -834,7 +834,7 @@ static void flush_group(bkv_vllm_encoder *e)
 		mp_str(w, "token_ids");
 	mp_array(w, (size_t)n * e->bt);
 	for (i = 0; i < n; i++) {
-		const int32_t *t = pool->tok + (size_t)e->group[i] * e->bt;
+		const int32_t *t = pool->kv.tok + (size_t)e->group[i] * e->bt;
 
 		for (j = 0; j < e->bt; j++)
 			mp_int(w, t[j]);
@@ -896,7 +896,7 @@ static void flush_group(bkv_vllm_encoder *e)
  * start a new one when it does not continue the chain. */
 static void add_stored(bkv_vllm_encoder *e, int32_t b)
 {
-	const bkv__block *k = &e->pool->blk[b];
+	const bkv__block *k = &e->pool->kv.blk[b];
 
 	if (e->n_group &&
 	    (k->parent != e->group[e->n_group - 1] || k->key != e->group_key))
@@ -958,12 +958,12 @@ static int snapshot(bkv_vllm_encoder *e)
 		uint32_t depth = 0;
 		int32_t c = (int32_t)b;
 
-		if (!BLOCK_IS_INDEXED(&pool->blk[b]) || e->valid[b])
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[b]) || e->valid[b])
 			continue;
 		while (c >= 0 && !e->valid[c]) {
-			BKV_ASSERT(BLOCK_IS_INDEXED(&pool->blk[c]) && depth < e->nb);
+			BKV_ASSERT(BLOCK_IS_INDEXED(&pool->kv.blk[c]) && depth < e->nb);
 			e->path[depth++] = c;
-			c = pool->blk[c].parent;
+			c = pool->kv.blk[c].parent;
 		}
 		while (depth-- > 0) {
 			if (publish_digest(e, e->path[depth]))
@@ -986,10 +986,10 @@ static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
 	case BKV_EVENT_STORED:
 		if (b < 0 || (uint32_t)b >= e->nb)
 			return -1;
-		if (!BLOCK_IS_INDEXED(&pool->blk[b]) || pool->blk[b].hash != ev->hash)
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[b]) || pool->kv.blk[b].hash != ev->hash)
 			return 0; /* gone before it was read: left out */
-		if ((pool->blk[b].parent >= 0) != (ev->has_parent != 0) ||
-		    (ev->has_parent && pool->blk[pool->blk[b].parent].hash != ev->parent_hash))
+		if ((pool->kv.blk[b].parent >= 0) != (ev->has_parent != 0) ||
+		    (ev->has_parent && pool->kv.blk[pool->kv.blk[b].parent].hash != ev->parent_hash))
 			return -1; /* not the chain the event names */
 		if (publish_digest(e, b))
 			return -1;
@@ -1037,9 +1037,9 @@ int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint
 				e->need_resync = 1;
 		}
 	}
-	if (pool->ev_seq != e->last_seq) { /* dropped after the last one kept */
+	if (pool->kv.ev_seq != e->last_seq) { /* dropped after the last one kept */
 		e->need_resync = 1;
-		e->last_seq = pool->ev_seq;
+		e->last_seq = pool->kv.ev_seq;
 	}
 	flush_group(e);
 	if (e->body.oom)

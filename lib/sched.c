@@ -464,7 +464,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
 	blocks = (hist + s->bt - 1) / s->bt * q->n;
 	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
-	    q->n > s->pool->cfg.max_seqs || bufs_need(s, hist, &tok, &kv))
+	    q->n > bkv__pool_max_seqs(s->pool) || bufs_need(s, hist, &tok, &kv))
 		return BKV_E2BIG; /* could never run all n branches at once, or a
 				     step's block-table array could not hold
 				     max_running such histories */
@@ -1315,7 +1315,7 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		/* a new (or recomputing) request opens n_live sequences, now or
 		 * when it forks; a swapped one holds its own */
 		if (r->state == BKV__REQ_WAITING &&
-		    (uint64_t)r->n_live + forks + s->pool->nr_seqs > s->pool->cfg.max_seqs)
+		    (uint64_t)r->n_live + forks + bkv__pool_nr_seqs(s->pool) > bkv__pool_max_seqs(s->pool))
 			break;
 		rc = r->state == BKV__REQ_SWAPPED ? admit_swapped(s, r) : admit_waiting(s, r);
 		if (rc != BKV_OK)
@@ -1365,7 +1365,7 @@ static void rows_prune(bkv__row *rows, uint32_t *n)
  * bkv__seq_append1_slow (copy-on-write first, no prefix lookup). */
 static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint32_t first)
 {
-	const bkv__block *blk = s->pool->blk;
+	const bkv_pool *p = s->pool;
 	uint32_t t, last = UINT32_MAX;
 
 	for (t = first; t < b->n_tokens; t++) {
@@ -1374,7 +1374,8 @@ static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint
 		if (id == last)
 			continue;
 		last = id;
-		if (id >= s->device_blocks || blk[id].ref != 1 || BLOCK_IS_INDEXED(&blk[id]))
+		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
+		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
 			return 1;
 	}
 	return 0;
@@ -1788,14 +1789,14 @@ static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
 	uint32_t i, n, nb;
 	const int32_t *t;
 
-	if (!p->index)
+	if (!bkv__pool_prefix_on(p))
 		return 1;
 	t = bkv_seq_blocks(p, l->seq, &nb);
 	n = BKV_MIN(l->kv_len >> s->bt_shift, nb);
 	/* a swapped-in block whose copy a rolled-back call was to carry is
 	 * indexed when the copy is cleared (its KV is not in yet) */
 	for (i = 0; i < n; i++)
-		if (!(p->blk[t[i]].flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_PEND_SWAPIN)))
+		if (!(bkv__pool_block_flags(p, t[i]) & (BKV__BLOCK_INDEXED | BKV__BLOCK_PEND_SWAPIN)))
 			return 0;
 	return 1;
 }
@@ -1858,7 +1859,7 @@ int bkv_sched_check(const bkv_sched *s)
 		return 15;
 	if (s->bad_write)
 		return 30;
-	if ((uint64_t)s->pool->nr_seqs + fork_seqs(s) > s->pool->cfg.max_seqs)
+	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + fork_seqs(s) > bkv__pool_max_seqs(s->pool))
 		return 31;
 	for (i = 0; i < s->heap_n; i++) {
 		r = s->heap[i];

@@ -95,8 +95,8 @@ static inline void expect_refs(const bkv_pool *p, const uint32_t *want, uint32_t
 	uint32_t i;
 
 	for (i = 0; i < n; i++)
-		cr_assert_eq(p->blk[i].ref, want[i], "block %u ref %u, want %u", i,
-			     p->blk[i].ref, want[i]);
+		cr_assert_eq(p->kv.blk[i].ref, want[i], "block %u ref %u, want %u", i,
+			     p->kv.blk[i].ref, want[i]);
 }
 
 static inline void expect_lru(const bkv_pool *p, const int32_t *want, uint32_t n)
@@ -104,7 +104,7 @@ static inline void expect_lru(const bkv_pool *p, const int32_t *want, uint32_t n
 	uint32_t i = 0;
 	int32_t b;
 
-	for (b = p->lru_head; b >= 0; b = p->blk[b].next, i++) {
+	for (b = p->kv.lru_head; b >= 0; b = p->kv.blk[b].next, i++) {
 		cr_assert_lt(i, n, "LRU longer than %u", n);
 		cr_assert_eq(b, want[i], "LRU[%u] is %d, want %d", i, b, want[i]);
 	}

@@ -255,11 +255,11 @@ static void expect_router_knows_index(const bkv_pool *p, const router *r)
 {
 	uint32_t i, n = 0;
 
-	for (i = 0; i < p->nb; i++) {
-		if (!BLOCK_IS_INDEXED(&p->blk[i]))
+	for (i = 0; i < p->kv.nb; i++) {
+		if (!BLOCK_IS_INDEXED(&p->kv.blk[i]))
 			continue;
 		n++;
-		cr_assert_geq(router_find(r, p->blk[i].hash), 0, "indexed block %u unknown", i);
+		cr_assert_geq(router_find(r, p->kv.blk[i].hash), 0, "indexed block %u unknown", i);
 	}
 	cr_assert_eq(n, r->n, "index %u hashes, router %u", n, r->n);
 }

@@ -88,7 +88,7 @@ static void verify(model *m, int kv)
 		cr_assert_eq(n, (m->len[s] + m->bt - 1) / m->bt);
 		for (i = 0; i < m->len[s]; i++) {
 			size_t slot = (size_t)t[i / m->bt] * m->bt + i % m->bt;
-			const int32_t *store = info.swapped ? m->p->host_tok : m->p->tok;
+			const int32_t *store = info.swapped ? m->p->host_tok : m->p->kv.tok;
 			const int32_t *kvm = info.swapped ? m->kv_host : m->kv_dev;
 
 			cr_assert_eq(store[slot], m->tok[s][i], "seq %u token %u: store %d want %d",
@@ -308,7 +308,7 @@ static void one_op(model *m)
 		cr_assert_eq(pool_stats(m->p).nr_indexed, 0);
 		break;
 	case OP_TXN: /* the scheduler's step transaction: begin, or end it */
-		if (!m->p->txn_active)
+		if (!m->p->kv.txn_active)
 			bkv__pool_txn_begin(m->p);
 		else if (rnd(m, 3))
 			bkv__pool_txn_commit(m->p);
@@ -343,7 +343,7 @@ static void run(uint32_t bt, uint32_t nb, uint32_t nh, int prefix, uint64_t seed
 		cr_assert_eq(r, 0, "check failed with %d after op %u (seed %llu)", r, i,
 			     (unsigned long long)seed);
 	}
-	if (m.p->txn_active)
+	if (m.p->kv.txn_active)
 		bkv__pool_txn_commit(m.p);
 	host_step(&m);
 	verify(&m, !lazy);

@@ -93,7 +93,7 @@ Test(pool_txn, queue_squeezes_stale_entries_when_full)
 		if (i < 19)
 			cr_assert_eq(bkv_seq_drop(p, a), BKV_OK);
 	}
-	cr_assert_leq(p->txn_n, 2u);
+	cr_assert_leq(p->kv.txn_n, 2u);
 	bkv__pool_txn_commit(p);
 	cr_assert_eq(pool_stats(p).nr_indexed, 1);
 	cr_assert_eq(bkv_pool_check(p), 0);

@@ -156,20 +156,20 @@ uint32_t evw_truth(const evw *w, const bkv_vllm_config *cfg, uint8_t *out, uint3
 uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_t *out,
 			uint32_t cap)
 {
-	uint32_t b, n = 0, bt = pool->bt;
-	int32_t *chain = malloc(sizeof(int32_t) * pool->nb);
-	int32_t *tok = malloc(sizeof(int32_t) * (size_t)pool->nb * bt);
-	uint8_t *dig = malloc((size_t)pool->nb * BKV_VLLM_DIGEST_BYTES);
-	uint64_t *nat = malloc(sizeof(uint64_t) * pool->nb);
-	uint8_t *seen = calloc(pool->nb, 1);
+	uint32_t b, n = 0, bt = pool->kv.bt;
+	int32_t *chain = malloc(sizeof(int32_t) * pool->kv.nb);
+	int32_t *tok = malloc(sizeof(int32_t) * (size_t)pool->kv.nb * bt);
+	uint8_t *dig = malloc((size_t)pool->kv.nb * BKV_VLLM_DIGEST_BYTES);
+	uint64_t *nat = malloc(sizeof(uint64_t) * pool->kv.nb);
+	uint8_t *seen = calloc(pool->kv.nb, 1);
 
 	if (!chain || !tok || !dig || !nat || !seen)
 		goto done;
 	/* Every indexed block lies on the chain of an indexed block without
 	 * indexed children (a leaf): hash each leaf's chain from the root and
 	 * take every block on it once. */
-	for (b = 0; b < pool->nb; b++) {
-		const bkv__block *k = &pool->blk[b];
+	for (b = 0; b < pool->kv.nb; b++) {
+		const bkv__block *k = &pool->kv.blk[b];
 		uint32_t d = 0, i;
 		int32_t c = (int32_t)b;
 
@@ -177,10 +177,10 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 			continue;
 		while (c >= 0) {
 			chain[d++] = c;
-			c = pool->blk[c].parent;
+			c = pool->kv.blk[c].parent;
 		}
 		for (i = 0; i < d; i++) /* root first */
-			memcpy(tok + (size_t)i * bt, pool->tok + (size_t)chain[d - 1 - i] * bt,
+			memcpy(tok + (size_t)i * bt, pool->kv.tok + (size_t)chain[d - 1 - i] * bt,
 			       bt * sizeof(int32_t));
 		if (cfg->hash == BKV_VLLM_HASH_NATIVE) {
 			bkv_block_hashes(pool->cfg.hash_seed, k->key, bt, tok, d * bt, nat);
@@ -205,8 +205,8 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 			n++;
 		}
 	}
-	for (b = 0; b < pool->nb; b++) /* an indexed block off every leaf chain: miscounted */
-		if (BLOCK_IS_INDEXED(&pool->blk[b]) && !seen[b])
+	for (b = 0; b < pool->kv.nb; b++) /* an indexed block off every leaf chain: miscounted */
+		if (BLOCK_IS_INDEXED(&pool->kv.blk[b]) && !seen[b])
 			n = UINT32_MAX;
 done:
 	free(chain);

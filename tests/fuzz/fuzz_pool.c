@@ -96,10 +96,10 @@ static void check_all(const model *m, int full)
 		FZ_CHECK(nb == (s->len + m->bt - 1) / m->bt, "seq %u has %u blocks for %u tokens",
 			 s->id, nb, s->len);
 		FZ_CHECK(nb == 0 || table, "seq %u: NULL table", s->id);
-		store = s->swapped ? p->host_tok : p->tok;
+		store = s->swapped ? p->host_tok : p->kv.tok;
 		for (j = 0; full && j < s->len; j++) {
 			int32_t b = table[j / m->bt];
-			uint32_t lim = s->swapped ? p->nh : p->nb;
+			uint32_t lim = s->swapped ? p->nh : p->kv.nb;
 
 			FZ_CHECK(b >= 0 && (uint32_t)b < lim, "seq %u block %d out of range", s->id, b);
 			FZ_CHECK(store[(size_t)b * m->bt + j % m->bt] == s->tok[j],

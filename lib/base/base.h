@@ -1,0 +1,67 @@
+/*
+ * base.h - what every layer of lib/ shares: the assertion tiers, the
+ * allocator hook every handle routes its memory through, a few macros.
+ *
+ * lib/ is built in layers (docs/design.md, "The layers"); each layer's
+ * header names its owner file for every declaration. Cross-file internals
+ * are named bkv__name (libuv's convention); file-static helpers carry no
+ * prefix.
+ */
+#ifndef BKV_BASE_H
+#define BKV_BASE_H
+
+#include "batchkv.h"
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- assertion tiers ------------------------------------------------------
+ * BKV_DEBUG_LEVEL 0: none. 1: BKV_ASSERT (cheap, O(1)). 2: also
+ * BKV_ASSERT_EXPENSIVE (a full invariant walk after each mutation). */
+#ifndef BKV_DEBUG_LEVEL
+#define BKV_DEBUG_LEVEL 1
+#endif
+#if BKV_DEBUG_LEVEL >= 1
+#define BKV_ASSERT(x) assert(x)
+#else
+#define BKV_ASSERT(x) ((void)0)
+#endif
+#if BKV_DEBUG_LEVEL >= 2
+#define BKV_ASSERT_EXPENSIVE(x) assert(x)
+#else
+#define BKV_ASSERT_EXPENSIVE(x) ((void)0)
+#endif
+
+#define BKV_UNUSED(x) ((void)(x))
+#define BKV_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define BKV_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- base/status.c: allocator hook --------------------------------------------
+ * Every handle copies the caller's bkv_allocator (or the libc one) and all of
+ * its memory goes through these. Sizes are passed back on free and realloc. */
+void bkv__alloc_init(bkv_allocator *dst, const bkv_allocator *src);
+void *bkv__malloc(const bkv_allocator *a, size_t size);
+void *bkv__calloc(const bkv_allocator *a, size_t n, size_t size);
+void *bkv__realloc(const bkv_allocator *a, void *p, size_t old_size, size_t size);
+void bkv__free(const bkv_allocator *a, void *p, size_t size);
+
+/* Overflow-checked n * size; returns 0 (and *out untouched) on overflow. */
+int bkv__mul_size(size_t n, size_t size, size_t *out);
+
+/* Monotonic clock in microseconds (CLOCK_MONOTONIC). */
+uint64_t bkv__monotonic_us(void);
+
+
+#if defined(__GNUC__) || defined(__clang__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define NOINLINE __attribute__((noinline))
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define LIKELY(x) (x)
+#define NOINLINE
+#define PREFETCH(p) ((void)(p))
+#endif
+
+#endif /* BKV_BASE_H */

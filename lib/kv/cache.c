@@ -1,0 +1,570 @@
+/*
+ * cache.c - the prefix cache: chained block hashes, the hash index, the LRU,
+ * the KV event ring and the step transaction's queue.
+ *
+ * The prefix cache is the pool's page cache. A block enters it when it becomes
+ * full, if its parent (the block before it in the sequence that wrote it) is
+ * already in it (or it is a sequence's first block) and no other block with
+ * the same hash is: so the indexed blocks form a forest in which every block's
+ * parent is indexed and alive, and a hash names at most one block. The hash is
+ * chained: H(seed, parent's hash, caller key, the block's tokens), so equal
+ * hashes mean equal whole prefixes with high probability - and a lookup never
+ * relies on that: a hit also requires the candidate's parent id, its key and
+ * every one of its tokens to equal the request's (bkv__cache_lookup), so a
+ * collision can only cost a miss.
+ *
+ *   hash index (open addressing, linear probing, capacity >= 2 x blocks)
+ *   +----+----+----+----+----+----+----+----+
+ *   | -1 | 17 | 4  | -1 | -1 | 9  | -1 | 2  |   slot = hash & mask; entries
+ *   +----+----+----+----+----+----+----+----+   are block ids, -1 empty
+ *
+ *   LRU of cached blocks (ref 0, indexed), linked through bkv__block.next/prev
+ *   head (oldest, evicted first)  B3 <-> B2 <-> A4 <-> ... <-> tail (newest)
+ *
+ * Blocks reach the LRU tail when their last user releases them; a hit takes a
+ * block off the LRU in O(1). Sequences release their blocks last to first, so
+ * of blocks released together the deepest reaches the LRU first and is
+ * evicted first; a cached block's parent is therefore always pinned or more
+ * recent on the LRU, so eviction never strands an indexed child (the LRU head
+ * has no indexed children; bkv_pool_check verifies this).
+ *
+ * The hash is a wyhash-style multiply-fold (128-bit product, xor of halves)
+ * over 16-byte words, written here; it is not a cryptographic hash, and need
+ * not be, since hits are verified.
+ *
+ * Transactions (bkv__kv_txn_begin/end, for the scheduler's step): inside
+ * one, a block that becomes full is not indexed at once but queued on
+ * txn_pending (its queue position kept in its otherwise unused `prev` link);
+ * commit indexes the queue in fill order, abort forgets it. No lookup can
+ * then hit a block whose KV the current step has not computed yet. Commit
+ * first hashes the queued blocks whose parents are indexed and prefetches
+ * their index slots (the index is large and each insert lands on a cold
+ * line), so the misses overlap instead of coming one insert at a time.
+ *
+ * KV events (for cluster routers): a STORED or REMOVED event goes into a
+ * preallocated ring wherever a block enters or leaves the index, a reset
+ * writes one CLEARED; bkv_pool_events drains it (bkv__kv_events).
+ */
+#include "kv/kv.h"
+
+#include <string.h>
+
+/* ---- the chained block hash ---------------------------------------------- */
+
+#define P0 0xa0761d6478bd642full
+#define P1 0xe7037ed1a0b428dbull
+#define P2 0x8ebc6af09c88c6e3ull
+#define P3 0x589965cc75374cc3ull
+
+#if defined(__SIZEOF_INT128__)
+__extension__ typedef unsigned __int128 u128;
+static inline uint64_t mum(uint64_t a, uint64_t b)
+{
+	u128 r = (u128)a * b;
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+#else
+static inline uint64_t mum(uint64_t a, uint64_t b)
+{
+	uint64_t ha = a >> 32, la = (uint32_t)a, hb = b >> 32, lb = (uint32_t)b;
+	uint64_t rh = ha * hb, rm0 = ha * lb, rm1 = hb * la, rl = la * lb;
+	uint64_t t = rl + (rm0 << 32), c = t < rl;
+	uint64_t lo = t + (rm1 << 32);
+	uint64_t hi;
+
+	c += lo < t;
+	hi = rh + (rm0 >> 32) + (rm1 >> 32) + c;
+	return lo ^ hi;
+}
+#endif
+
+static inline uint64_t rd64(const unsigned char *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+
+/* Two independent lanes over 32-byte steps (the multiplies overlap), folded
+ * together at the end. */
+static inline uint64_t block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+				  const int32_t *tokens, uint32_t n)
+{
+	const unsigned char *p = (const unsigned char *)tokens;
+	size_t bytes = (size_t)n * sizeof(int32_t);
+	uint64_t h = mum(seed ^ P0, parent_hash ^ P1);
+	uint64_t g = mum(key ^ P2, (uint64_t)bytes ^ P3);
+
+	while (bytes >= 32) {
+		h = mum(rd64(p) ^ P1, rd64(p + 8) ^ h);
+		g = mum(rd64(p + 16) ^ P2, rd64(p + 24) ^ g);
+		p += 32;
+		bytes -= 32;
+	}
+	h ^= g;
+	if (bytes >= 16) {
+		h = mum(rd64(p) ^ P1, rd64(p + 8) ^ h);
+		p += 16;
+		bytes -= 16;
+	}
+	if (bytes >= 8) {
+		h = mum(rd64(p) ^ P2, h ^ P3);
+		p += 8;
+		bytes -= 8;
+	}
+	if (bytes) {
+		uint32_t v;
+
+		memcpy(&v, p, sizeof v);
+		h = mum((uint64_t)v ^ P1, h ^ P0);
+	}
+	return mum(h ^ P0, g ^ P3 ^ P1);
+}
+
+uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+			 const int32_t *tokens, uint32_t n)
+{
+	return block_hash(seed, parent_hash, key, tokens, n);
+}
+
+/* ---- the hash index ------------------------------------------------------ */
+
+static inline uint32_t home(const bkv__kv *kv, uint64_t hash)
+{
+	return (uint32_t)(hash ^ (hash >> 32)) & kv->index_mask;
+}
+
+static inline int32_t index_find(const bkv__kv *kv, uint64_t hash)
+{
+	uint32_t mask = kv->index_mask, i = home(kv, hash);
+
+	for (;;) {
+		int32_t b = kv->index[i];
+
+		if (b < 0 || kv->blk[b].hash == hash)
+			return b;
+		i = (i + 1) & mask;
+	}
+}
+
+int32_t bkv__index_find(const bkv__kv *kv, uint64_t hash)
+{
+	return index_find(kv, hash);
+}
+
+void bkv__index_insert(bkv__kv *kv, int32_t b)
+{
+	uint32_t mask = kv->index_mask, i = home(kv, kv->blk[b].hash);
+
+	while (kv->index[i] >= 0)
+		i = (i + 1) & mask;
+	kv->index[i] = b;
+}
+
+/* Remove b; backward-shift the entries after it so that no tombstones are
+ * needed and every probe sequence stays unbroken. */
+void bkv__index_remove(bkv__kv *kv, int32_t b)
+{
+	uint32_t mask = kv->index_mask, i = home(kv, kv->blk[b].hash), j;
+
+	while (kv->index[i] != b) {
+		BKV_ASSERT(kv->index[i] >= 0);
+		i = (i + 1) & mask;
+	}
+	j = i;
+	for (;;) {
+		int32_t e;
+		uint32_t k;
+
+		j = (j + 1) & mask;
+		e = kv->index[j];
+		if (e < 0)
+			break;
+		k = home(kv, kv->blk[e].hash);
+		/* e may move back to i unless its home lies in (i, j]. */
+		if (((j - k) & mask) >= ((j - i) & mask)) {
+			kv->index[i] = e;
+			i = j;
+		}
+	}
+	kv->index[i] = -1;
+}
+
+/* ---- the LRU ------------------------------------------------------------- */
+
+void bkv__lru_push(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	k->next = -1;
+	k->prev = kv->lru_tail;
+	if (kv->lru_tail >= 0)
+		kv->blk[kv->lru_tail].next = b;
+	else
+		kv->lru_head = b;
+	kv->lru_tail = b;
+	kv->nr_cached++;
+}
+
+void bkv__lru_unlink(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	if (k->prev >= 0)
+		kv->blk[k->prev].next = k->next;
+	else
+		kv->lru_head = k->next;
+	if (k->next >= 0)
+		kv->blk[k->next].prev = k->prev;
+	else
+		kv->lru_tail = k->prev;
+	k->next = k->prev = -1;
+	kv->nr_cached--;
+}
+
+/* ---- KV events ----------------------------------------------------------- */
+
+/* The ring is written here and drained by bkv__kv_events (kv/frames.c). A full
+ * ring drops the new event (the host keeps the ones it has not read) and
+ * counts it; seq still advances, so the drained stream shows the gap. */
+void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b)
+{
+	uint32_t cap = kv->ev_cap, i;
+	bkv_kv_event *e;
+
+	if (!kv->ev)
+		return;
+	kv->ev_seq++;
+	if (kv->ev_n == cap) {
+		kv->ev_dropped++;
+		return;
+	}
+	i = kv->ev_head + kv->ev_n;
+	if (i >= cap)
+		i -= cap;
+	kv->ev_n++;
+	e = &kv->ev[i];
+	e->seq = kv->ev_seq;
+	e->kind = (uint32_t)kind;
+	e->block = b;
+	e->hash = e->parent_hash = e->key = 0;
+	e->token_count = 0;
+	e->has_parent = 0;
+	if (b >= 0) {
+		const bkv__block *k = &kv->blk[b];
+
+		e->hash = k->hash;
+		if (kind == BKV_EVENT_STORED) {
+			e->key = k->key;
+			e->token_count = kv->bt;
+			if (k->parent >= 0) {
+				e->has_parent = 1;
+				e->parent_hash = kv->blk[k->parent].hash;
+			}
+		}
+	}
+}
+
+uint32_t bkv_block_hashes(uint64_t hash_seed, uint64_t key, uint32_t block_tokens,
+			  const int32_t *tokens, uint32_t n, uint64_t *hashes)
+{
+	uint64_t ph = BKV__HASH_ROOT;
+	uint32_t nb, i;
+
+	if (block_tokens == 0)
+		return 0;
+	nb = n / block_tokens;
+	if (nb && (!tokens || !hashes))
+		return 0;
+	for (i = 0; i < nb; i++) {
+		ph = block_hash(hash_seed, ph, key, tokens + (size_t)i * block_tokens,
+				block_tokens);
+		hashes[i] = ph;
+	}
+	return nb;
+}
+
+/* ---- cache membership ---------------------------------------------------- */
+
+int32_t bkv__cache_add(bkv__kv *kv, int32_t b, uint64_t key)
+{
+	bkv__block *k = &kv->blk[b];
+	int32_t parent = k->parent;
+	uint64_t h;
+
+	BKV_ASSERT(k->fill == kv->bt && !BLOCK_IS_INDEXED(k));
+	if (!kv->index)
+		return -1;
+	if (kv->txn_active) {
+		k->key = key; /* read back at commit */
+		bkv__kv_txn_defer(kv, b);
+		return -1;
+	}
+	if (parent >= 0 && !BLOCK_IS_INDEXED(&kv->blk[parent]))
+		return -1;
+	h = block_hash(kv->hash_seed, parent >= 0 ? kv->blk[parent].hash : BKV__HASH_ROOT,
+		       key, kv->tok + (size_t)b * kv->bt, kv->bt);
+	return bkv__cache_add_hashed(kv, b, key, h);
+}
+
+uint64_t bkv__cache_hash(const bkv__kv *kv, int32_t b, uint64_t key)
+{
+	int32_t parent = kv->blk[b].parent;
+
+	return block_hash(kv->hash_seed,
+			  parent >= 0 ? kv->blk[parent].hash : BKV__HASH_ROOT, key,
+			  kv->tok + (size_t)b * kv->bt, kv->bt);
+}
+
+uint32_t bkv__index_home(const bkv__kv *kv, uint64_t hash)
+{
+	return home(kv, hash);
+}
+
+int32_t bkv__cache_add_hashed(bkv__kv *kv, int32_t b, uint64_t key, uint64_t h)
+{
+	bkv__block *k = &kv->blk[b];
+	int32_t parent = k->parent, d;
+
+	BKV_ASSERT(!kv->txn_active && (parent < 0 || BLOCK_IS_INDEXED(&kv->blk[parent])));
+	if ((d = index_find(kv, h)) >= 0)
+		return d; /* same content already cached: this copy stays
+			     private (a transaction's commit may swap it for d) */
+	k->hash = h;
+	k->key = key;
+	k->flags |= BKV__BLOCK_INDEXED;
+	bkv__index_insert(kv, b);
+	kv->nr_indexed++;
+	if (parent >= 0)
+		kv->blk[parent].kids++;
+	if (kv->ev)
+		bkv__event(kv, BKV_EVENT_STORED, b);
+	return -1;
+}
+
+void bkv__cache_forget(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	BKV_ASSERT(BLOCK_IS_INDEXED(k) && k->kids == 0);
+	if (kv->ev)
+		bkv__event(kv, BKV_EVENT_REMOVED, b);
+	bkv__index_remove(kv, b);
+	k->flags &= ~BKV__BLOCK_INDEXED;
+	kv->nr_indexed--;
+	if (k->parent >= 0) {
+		BKV_ASSERT(kv->blk[k->parent].kids > 0);
+		kv->blk[k->parent].kids--;
+	}
+}
+
+int32_t bkv__cache_evict(bkv__kv *kv)
+{
+	int32_t b = kv->lru_head;
+
+	if (b < 0)
+		return -1;
+	bkv__lru_unlink(kv, b);
+	bkv__cache_forget(kv, b);
+	kv->evictions++;
+	return b;
+}
+
+int32_t bkv__cache_lookup(const bkv__kv *kv, uint64_t parent_hash, int32_t parent,
+			  uint64_t key, const int32_t *tokens, uint64_t *hash)
+{
+	uint32_t bt = kv->bt;
+	uint64_t h = block_hash(kv->hash_seed, parent_hash, key, tokens, bt);
+	int32_t c = index_find(kv, h);
+	const bkv__block *k;
+
+	if (c < 0)
+		return -1;
+	k = &kv->blk[c];
+	if (k->parent != parent || k->key != key ||
+	    memcmp(kv->tok + (size_t)c * bt, tokens, (size_t)bt * sizeof(int32_t)) != 0)
+		return -1;
+	*hash = h;
+	return c;
+}
+
+/* ---- step transactions ------------------------------------------------------ */
+
+void bkv__kv_txn_begin(bkv__kv *kv)
+{
+	BKV_ASSERT(!kv->txn_active);
+	kv->txn_active = 1; /* txn_n: entries an abort carried over */
+}
+
+/* Queue a block that just became full (called by bkv__cache_add inside a
+ * transaction). Stale entries - blocks released since they were queued - are
+ * squeezed out when the queue is full; live entries number at most nb. */
+void bkv__kv_txn_defer(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+	uint32_t i, n = 0;
+
+	if (k->flags & BKV__BLOCK_TXN)
+		return;
+	if (kv->txn_n == kv->nb) {
+		for (i = 0; i < kv->txn_n; i++) {
+			int32_t e = kv->txn_pending[i];
+			bkv__block *q = &kv->blk[e];
+
+			if ((q->flags & BKV__BLOCK_TXN) && q->prev == (int32_t)i) {
+				q->prev = (int32_t)n;
+				kv->txn_owner[n] = kv->txn_owner[i];
+				kv->txn_pending[n++] = e;
+			}
+		}
+		kv->txn_n = n;
+	}
+	BKV_ASSERT(kv->txn_n < kv->nb);
+	k->flags |= BKV__BLOCK_TXN;
+	k->prev = (int32_t)kv->txn_n;
+	kv->txn_owner[kv->txn_n] = UINT64_MAX; /* block_filled sets it */
+	kv->txn_pending[kv->txn_n++] = b;
+}
+
+/* A queued block that commit would index now, its parent indexed already
+ * (a parent queued in the same transaction is indexed first). */
+static int txn_ready(const bkv__kv *kv, const bkv__block *k, uint32_t i)
+{
+	return (k->flags & BKV__BLOCK_TXN) && k->prev == (int32_t)i && k->ref > 0 &&
+	       k->fill == kv->bt && !BLOCK_IS_INDEXED(k) &&
+	       (k->parent < 0 || BLOCK_IS_INDEXED(&kv->blk[k->parent]));
+}
+
+/* Before commit indexes its queue: hash every block whose parent is indexed
+ * already and prefetch its index slot, then prefetch the block each of
+ * those slots names (the probe compares its hash). The index is large and
+ * each insert touches a random line of it, usually not in any cache: done
+ * one by one, every insert waits for main memory, twice. */
+static void txn_prefetch(bkv__kv *kv)
+{
+	uint32_t i;
+
+	for (i = 0; i < kv->txn_n; i++) {
+		bkv__block *k = &kv->blk[kv->txn_pending[i]];
+
+		if (!txn_ready(kv, k, i))
+			continue;
+		k->hash = bkv__cache_hash(kv, kv->txn_pending[i], k->key);
+		k->flags |= BKV__BLOCK_HASHED;
+		PREFETCH(&kv->index[bkv__index_home(kv, k->hash)]);
+	}
+	for (i = 0; i < kv->txn_n; i++) {
+		const bkv__block *k = &kv->blk[kv->txn_pending[i]];
+		int32_t e;
+
+		if (!(k->flags & BKV__BLOCK_HASHED))
+			continue;
+		e = kv->index[bkv__index_home(kv, k->hash)];
+		if (e >= 0)
+			PREFETCH(&kv->blk[e]);
+	}
+}
+
+/* Commit found b's content indexed already, as block d (queue entry q): the
+ * step computed KV that the cache holds. The owner puts d in b's place in
+ * the table that filled it (bkv__kv.dedupe) and b is freed, so that the
+ * sequence's chain runs through indexed blocks and the blocks it fills later
+ * can be indexed too (a chain with a private duplicate in it stops there: a
+ * block is indexed only under an indexed parent). d's KV is b's (same tokens
+ * under the same parent and key), written by an earlier successful call or
+ * earlier in this commit's call. Only a private block that nothing else
+ * reads (one reference, no pending copy) in a table that still holds it at
+ * the recorded place (the owner checks that). */
+static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
+{
+	bkv__block *k = &kv->blk[b];
+	const bkv__block *c = &kv->blk[d];
+	uint64_t own = kv->txn_owner[q];
+	int32_t next = -1;
+
+	if (own == UINT64_MAX || !kv->dedupe || k->ref != 1 ||
+	    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_COPY_SRC)))
+		return;
+	if (c->parent != k->parent || c->fill != kv->bt ||
+	    memcmp(kv->tok + (size_t)d * kv->bt, kv->tok + (size_t)b * kv->bt,
+		   (size_t)kv->bt * sizeof(int32_t)) != 0)
+		return; /* a hash collision: keep the private copy */
+	if (!kv->dedupe(kv->dedupe_arg, own, b, d, &next))
+		return;
+	bkv__block_pin(kv, d);
+	if (next >= 0 && kv->blk[next].parent == b)
+		kv->blk[next].parent = d;
+	k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+	k->prev = -1;
+	/* bkv__block_put's private case (one reference, none of its flags):
+	 * to the free list head */
+	k->ref = 0;
+	kv->nr_used--;
+	kv->tokens -= k->fill;
+	k->next = kv->free_head;
+	kv->free_head = b;
+	kv->nr_free++;
+	kv->dedup_blocks++;
+}
+
+void bkv__kv_txn_end(bkv__kv *kv, int commit)
+{
+	uint32_t i, left, carried;
+	int progress;
+
+	BKV_ASSERT(kv->txn_active);
+	kv->txn_active = 0;
+	if (commit && kv->index && kv->txn_n > 1)
+		txn_prefetch(kv);
+	/* Queue order is fill order, parents first, except after an abort
+	 * carried blocks over (below): a carried block's children that filled
+	 * in this transaction may come before it, and wait for another pass.
+	 * An abort keeps the swapped-in blocks queued (their swap-in copies
+	 * stay pending for the next call, which brings their KV; the next
+	 * commit indexes them), compacted to the queue's front; it forgets
+	 * the rest. */
+	carried = 0;
+	do {
+		left = 0;
+		progress = 0;
+		for (i = 0; i < kv->txn_n; i++) {
+			int32_t b = kv->txn_pending[i], d = -1;
+			bkv__block *k = &kv->blk[b];
+
+			if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
+				continue; /* released (and maybe retaken) since queued,
+					     or done in an earlier pass */
+			if (!commit && (k->flags & BKV__BLOCK_PEND_SWAPIN) && k->ref > 0 &&
+			    k->fill == kv->bt && !BLOCK_IS_INDEXED(k)) {
+				kv->txn_owner[carried] = kv->txn_owner[i];
+				kv->txn_pending[carried] = b;
+				k->prev = (int32_t)carried++;
+				k->flags &= ~BKV__BLOCK_HASHED;
+				continue;
+			}
+			if (commit && !(k->flags & BKV__BLOCK_HASHED) && k->parent >= 0 &&
+			    (kv->blk[k->parent].flags & BKV__BLOCK_TXN)) {
+				left++; /* its parent is queued later */
+				continue;
+			}
+			progress = 1;
+			if (k->flags & BKV__BLOCK_HASHED) /* ready before any
+							     insert: still ready */
+				d = bkv__cache_add_hashed(kv, b, k->key, k->hash);
+			else if (commit && k->ref > 0 && k->fill == kv->bt && !BLOCK_IS_INDEXED(k))
+				d = bkv__cache_add(kv, b, k->key);
+			if (d >= 0) {
+				txn_dedupe(kv, i, b, d);
+				if (!(k->flags & BKV__BLOCK_TXN))
+					continue; /* freed: d in its place */
+			}
+			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
+			k->prev = -1;
+		}
+	} while (left && progress);
+	/* no pass ends without progress while blocks wait: a waiting block's
+	 * parent is queued, and the queue's first waiting parent is ready */
+	BKV_ASSERT(left == 0);
+	kv->txn_n = carried;
+}

@@ -1,0 +1,256 @@
+/*
+ * frames.c - block frames: their creation, the free list, reference counts
+ * and the release rules' slow paths.
+ *
+ * The pool manages block *indices* only: device_blocks frames of
+ * block_tokens token slots, numbered 0..N-1, whose KV the host keeps in its
+ * own tensors. Every frame is in exactly one state:
+ *
+ *            take (pop free head)            last release, not indexed
+ *   FREE ---------------------------> PINNED -------------------------> FREE
+ *    ^                                 |  ^                        (push head)
+ *    | reset_cache          last release,|  | prefix hit
+ *    |                          indexed  v  | (unlink from LRU, O(1))
+ *    +------------------------------ CACHED (on the LRU; evicted from its
+ *                                     head when the free list is empty)
+ *
+ * Metadata is struct-of-blocks (bkv__block, 40 bytes, kv/kv.h) plus a token
+ * store tok[N * block_tokens] holding each block's token ids: a block that
+ * fills across several appends is hashed from it, and a prefix hit is
+ * verified against it token by token (the store is written through once at
+ * create, so no page of it is first touched - faulted in - inside a step).
+ * The free list is singly linked through bkv__block.next; its initial pop
+ * order is 0, 1, ..., N-1 and freed blocks are pushed on its head (LIFO, so a
+ * hot block is reused first). Allocation (bkv__block_take, kv/kv.h) pops the
+ * free list and, only when it is empty, evicts the oldest cached block:
+ * unhashed blocks are always reused before cached ones. Both are O(1) and
+ * never allocate memory.
+ *
+ * Release rules. A block whose last reference goes is put on the LRU tail if
+ * it is indexed, else on the free list head. drop (abort) is the same except
+ * that an indexed block with no indexed children leaves the index and is
+ * freed (one with indexed children must stay: its children's chain runs
+ * through it). The common cases are inline (bkv__block_put); this file has
+ * the rest.
+ *
+ * A copy-on-write source is flagged COPY_SRC until the host clears the
+ * device copies. If its last table reference goes meanwhile it stays pinned
+ * (counted in nr_used, on no list) and is released only at the clear
+ * (bkv__block_copy_cleared): a source can never be reclaimed and rewritten
+ * while a copy from it is outstanding. An indexed source whose last table
+ * reference goes also takes one reference on each of its ancestors
+ * (COPY_CHAIN): every pinned indexed block must keep a pinned parent, or the
+ * parent could be evicted from under it. The clear releases the source, then
+ * its ancestors, child first; a block released late like this moves its
+ * cached ancestors up the LRU behind it (bkv__lru_lift), so the LRU keeps
+ * every cached parent more recent than its children.
+ */
+#include "kv/kv.h"
+
+#include <string.h>
+
+/* The metadata size docs/benchmarks.md reports. */
+_Static_assert(sizeof(bkv__block) == 40, "bkv__block grew");
+
+static uint32_t log2u(uint32_t v)
+{
+	uint32_t s = 0;
+
+	while ((1u << s) < v)
+		s++;
+	return s;
+}
+
+int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uint32_t nblocks,
+		 int prefix_cache, uint64_t hash_seed, uint32_t event_capacity)
+{
+	size_t nb = nblocks, bt = block_tokens, icap = 0, i;
+
+	memset(kv, 0, sizeof *kv);
+	kv->bt = block_tokens;
+	kv->bt_shift = log2u(block_tokens);
+	kv->nb = nblocks;
+	kv->hash_seed = hash_seed;
+	kv->ev_cap = event_capacity;
+	kv->free_head = kv->lru_head = kv->lru_tail = -1;
+	/* Sizes cannot overflow size_t on 64-bit hosts (2^30 x 2^16 x 4); the
+	 * check keeps 32-bit hosts honest. */
+	if (nb > SIZE_MAX / bt / sizeof(bkv__block))
+		return BKV_ENOMEM;
+	if (prefix_cache) {
+		icap = 2;
+		while (icap < 2 * nb)
+			icap *= 2;
+	}
+	kv->blk = bkv__malloc(a, nb * sizeof(bkv__block));
+	kv->tok = bkv__malloc(a, nb * bt * sizeof(int32_t));
+	if (!kv->blk || !kv->tok)
+		return BKV_ENOMEM;
+	if (icap) {
+		kv->index = bkv__malloc(a, icap * sizeof(int32_t));
+		if (!kv->index)
+			return BKV_ENOMEM;
+		kv->index_mask = (uint32_t)(icap - 1);
+		memset(kv->index, 0xff, icap * sizeof(int32_t));
+		kv->txn_pending = bkv__malloc(a, nb * sizeof(int32_t));
+		kv->txn_owner = bkv__malloc(a, nb * sizeof(uint64_t));
+		if (!kv->txn_pending || !kv->txn_owner)
+			return BKV_ENOMEM;
+	}
+	if (event_capacity) {
+		kv->ev = bkv__malloc(a, event_capacity * sizeof(bkv_kv_event));
+		if (!kv->ev)
+			return BKV_ENOMEM;
+	}
+	for (i = 0; i < nb; i++) {
+		bkv__block *k = &kv->blk[i];
+
+		memset(k, 0, sizeof *k);
+		k->next = i + 1 < nb ? (int32_t)(i + 1) : -1;
+		k->prev = -1;
+		k->parent = -1;
+	}
+	/* Touch the token store now: every appended token is written into it,
+	 * and left untouched its pages would be mapped on first write - a page
+	 * fault inside bkv_seq_append (inside a scheduler step) for every 4 KiB
+	 * of blocks the first time they are used. */
+	memset(kv->tok, 0, nb * bt * sizeof(int32_t));
+	kv->free_head = 0;
+	kv->nr_free = (uint32_t)nb;
+	return BKV_OK;
+}
+
+void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
+{
+	size_t nb = kv->nb, bt = kv->bt;
+
+	bkv__free(a, kv->index, bkv__index_cap(kv) * sizeof(int32_t));
+	bkv__free(a, kv->txn_pending, kv->index ? nb * sizeof(int32_t) : 0);
+	bkv__free(a, kv->txn_owner, kv->index ? nb * sizeof(uint64_t) : 0);
+	bkv__free(a, kv->ev, kv->ev ? kv->ev_cap * sizeof(bkv_kv_event) : 0);
+	bkv__free(a, kv->tok, nb * bt * sizeof(int32_t));
+	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
+}
+
+NOINLINE int32_t bkv__block_take_evict(bkv__kv *kv)
+{
+	int32_t b = bkv__cache_evict(kv);
+
+	BKV_ASSERT(b >= 0);
+	return b;
+}
+
+/* Releases run last to first, so a parent is normally still pinned and this
+ * is not called; a late release (a copy-on-write source freed when its copy
+ * is cleared, after its sequence closed) moves the cached ancestors up
+ * behind it, so eviction still takes children first. */
+NOINLINE void bkv__lru_lift(bkv__kv *kv, int32_t a)
+{
+	for (; a >= 0 && BLOCK_IS_CACHED(&kv->blk[a]); a = kv->blk[a].parent) {
+		bkv__lru_unlink(kv, a);
+		bkv__lru_push(kv, a);
+	}
+}
+
+NOINLINE void bkv__block_put_slow(bkv__kv *kv, int32_t b, int drop)
+{
+	bkv__block *k = &kv->blk[b];
+
+	k->flags &= ~BKV__BLOCK_TXN;
+	if (k->flags & BKV__BLOCK_COPY_SRC) {
+		/* Stays pinned until its pending copy is cleared. Indexed, it
+		 * must keep its chain pinned too (its parent is still pinned:
+		 * tables release last to first), or the parent could be
+		 * evicted under it. */
+		if (BLOCK_IS_INDEXED(k) && k->parent >= 0 && !(k->flags & BKV__BLOCK_COPY_CHAIN)) {
+			int32_t a;
+
+			k->flags |= BKV__BLOCK_COPY_CHAIN;
+			for (a = k->parent; a >= 0; a = kv->blk[a].parent) {
+				BKV_ASSERT(BLOCK_IS_PINNED(&kv->blk[a]));
+				kv->blk[a].ref++;
+			}
+		}
+		return;
+	}
+	bkv__block_release(kv, b, drop);
+}
+
+void bkv__block_release(bkv__kv *kv, int32_t b, int drop)
+{
+	bkv__block *k = &kv->blk[b];
+
+	kv->nr_used--;
+	kv->tokens -= k->fill;
+	if (BLOCK_IS_INDEXED(k)) {
+		if (!drop || k->kids > 0) {
+			bkv__lru_push(kv, b);
+			bkv__lru_lift(kv, k->parent);
+			return;
+		}
+		bkv__cache_forget(kv, b);
+	}
+	k->next = kv->free_head;
+	kv->free_head = b;
+	kv->nr_free++;
+}
+
+void bkv__block_copy_cleared(bkv__kv *kv, int32_t src)
+{
+	bkv__block *k = &kv->blk[src];
+	int chain = (k->flags & BKV__BLOCK_COPY_CHAIN) != 0;
+	int32_t a;
+
+	k->flags &= ~(BKV__BLOCK_COPY_SRC | BKV__BLOCK_COPY_CHAIN);
+	if (k->ref == 0)
+		bkv__block_release(kv, src, 0);
+	/* then its ancestors, child first (the LRU order) */
+	for (a = chain ? k->parent : -1; a >= 0;) {
+		int32_t up = kv->blk[a].parent;
+
+		bkv__block_put(kv, a, 0);
+		a = up;
+	}
+}
+
+void bkv__kv_reset_cache(bkv__kv *kv)
+{
+	uint32_t i;
+
+	/* Oldest first onto the free head: the newest cached block is reused
+	 * first afterwards. */
+	while (kv->lru_head >= 0) {
+		int32_t b = kv->lru_head;
+
+		bkv__lru_unlink(kv, b);
+		kv->blk[b].next = kv->free_head;
+		kv->free_head = b;
+		kv->nr_free++;
+	}
+	for (i = 0; i < kv->nb; i++) {
+		kv->blk[i].flags &= ~BKV__BLOCK_INDEXED;
+		kv->blk[i].kids = 0;
+	}
+	if (kv->index)
+		memset(kv->index, 0xff, bkv__index_cap(kv) * sizeof(int32_t));
+	kv->nr_indexed = 0;
+	bkv__event(kv, BKV_EVENT_CLEARED, -1);
+}
+
+uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max)
+{
+	uint32_t n, cap, first;
+
+	if (!kv->ev)
+		return 0;
+	cap = kv->ev_cap;
+	n = BKV_MIN(max, kv->ev_n);
+	first = BKV_MIN(n, cap - kv->ev_head); /* up to the ring's end */
+	memcpy(out, kv->ev + kv->ev_head, first * sizeof *out);
+	memcpy(out + first, kv->ev, (n - first) * sizeof *out);
+	kv->ev_head += n;
+	if (kv->ev_head >= cap)
+		kv->ev_head -= cap;
+	kv->ev_n -= n;
+	return n;
+}

@@ -1,0 +1,336 @@
+/*
+ * kv.h - the KV layer: block frames, the free list, reference counts, the
+ * prefix cache (hash index, LRU, KV event ring) and the step transaction's
+ * queue of blocks waiting to be indexed.
+ *
+ * The lowest layer with state (docs/design.md, "The layers"). It knows
+ * blocks only: it never sees a sequence, a block table or a request. The
+ * pool layer above (pool/pool.h) embeds one struct bkv__kv and reaches it
+ * through these functions; nothing here calls up, except the transaction
+ * commit's duplicate hook (bkv__kv.dedupe), which the pool installs at
+ * create, the way SQLite's page cache asks its pager through xStress.
+ *
+ * Owners: kv/frames.c (create/destroy, the slow release paths, the copy-
+ * source release, reset), kv/cache.c (chained hashes, index, LRU, events,
+ * the transaction queue), kv/check.c (the block invariants). The fast frame
+ * operations are inline below: every append and release of the pool layer
+ * runs them.
+ */
+#ifndef BKV_KV_H
+#define BKV_KV_H
+
+#include "base/base.h"
+
+/* bkv__block.flags */
+#define BKV__BLOCK_INDEXED 0x1u     /* in the hash index (content immutable) */
+#define BKV__BLOCK_PEND_DEV 0x2u    /* src or dst of a pending device copy */
+#define BKV__BLOCK_PEND_SWAPIN 0x4u /* dst of a pending swap-in copy */
+#define BKV__BLOCK_TXN 0x8u         /* filled inside a transaction: waits in
+				       txn_pending to be indexed at commit */
+#define BKV__BLOCK_COPY_SRC 0x10u   /* source of a pending device copy: pinned
+				       even at ref 0 until the copy clears */
+#define BKV__BLOCK_COPY_CHAIN 0x20u /* an indexed COPY_SRC block whose last
+				       table reference went: it holds one ref
+				       on each of its ancestors until the copy
+				       clears, so every pinned indexed block
+				       keeps a pinned parent */
+#define BKV__BLOCK_HASHED 0x40u     /* only inside a transaction's commit
+				       (kv/cache.c txn_end): hash holds the
+				       block's chain hash, computed ahead
+				       so the index slots could be
+				       prefetched */
+
+/* One device block frame's metadata (40 bytes). A block is in exactly one
+ * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
+ * or free (ref 0, not indexed, on the free list). */
+typedef struct bkv__block {
+	uint64_t hash;  /* chained content hash; meaningful while INDEXED */
+	uint64_t key;   /* caller key of the sequence that indexed it; while
+			   INDEXED */
+	int32_t next;   /* free list: next free block; LRU: next more recent
+			   block (-1 = none) */
+	int32_t prev;   /* LRU only: next older block (-1 = none) */
+	int32_t parent; /* the block before it in the table of the sequence
+			   that took it (-1: it was logical block 0) */
+	uint32_t ref;   /* table references over device-resident sequences */
+	uint32_t kids;  /* indexed blocks whose parent is this one */
+	unsigned int fill : 24; /* tokens written, 0..block_tokens; a full
+				   block has fill == block_tokens */
+	unsigned int flags : 8; /* BKV__BLOCK_* */
+} bkv__block;
+
+#define BLOCK_IS_PINNED(b) ((b)->ref > 0 || ((b)->flags & BKV__BLOCK_COPY_SRC) != 0)
+#define BLOCK_IS_INDEXED(b) (((b)->flags & BKV__BLOCK_INDEXED) != 0)
+#define BLOCK_IS_CACHED(b) (!BLOCK_IS_PINNED(b) && BLOCK_IS_INDEXED(b))
+#define BLOCK_IS_FREE(b) (!BLOCK_IS_PINNED(b) && !BLOCK_IS_INDEXED(b))
+
+/* The commit found a queued block b's content indexed already as block d
+ * (the step computed KV the cache holds). The owner answers 1 when it put d
+ * in b's place in the table that filled it, with *next the block after it
+ * in that table (-1: none); the KV layer then pins d, frees b and gives next
+ * the parent d. 0: nothing changed (the table no longer holds b there).
+ * owner is the note bkv__block_filled recorded for b. */
+typedef int (*bkv__kv_dedupe_fn)(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t *next);
+
+typedef struct bkv__kv {
+	uint32_t bt;           /* block_tokens, a power of two */
+	uint32_t bt_shift;     /* log2(bt) */
+	uint32_t nb;           /* device blocks */
+	bkv__block *blk;       /* [nb] device block metadata */
+	int32_t *tok;          /* [nb * bt] each block's token ids */
+	int32_t free_head;     /* free list head (LIFO), -1 empty */
+	uint32_t nr_free;      /* blocks on the free list */
+	int32_t lru_head;      /* oldest cached block (evicted first), -1 */
+	int32_t lru_tail;      /* most recently released cached block, -1 */
+	uint32_t nr_cached;    /* blocks on the LRU */
+	uint32_t nr_used;      /* pinned blocks; free + used + cached == nb */
+	uint32_t nr_indexed;   /* blocks in the hash index */
+	int32_t *index;        /* [index_mask + 1] open addressing, linear
+				  probing, -1 empty; NULL without prefix cache */
+	uint32_t index_mask;   /* capacity - 1; capacity >= 2 * nb, pow2 */
+	uint64_t hash_seed;    /* the pool's hash_seed */
+	uint64_t tokens;       /* sum of fill over pinned blocks */
+	uint64_t evictions;    /* cached blocks evicted for reuse */
+	int txn_active;        /* inside bkv__kv_txn_begin/end */
+	int32_t *txn_pending;  /* [nb] blocks filled during the transaction, in
+				  fill order (a parent before its children) */
+	uint32_t txn_n;        /* entries in txn_pending; <= nb because an
+				  entry is added only when a block fills and
+				  a block fills once per take */
+	uint64_t *txn_owner;   /* [nb] parallel to txn_pending: the owner's
+				  note of where the queued block sits
+				  (UINT64_MAX: unknown), for dedupe */
+	bkv__kv_dedupe_fn dedupe; /* the owner's duplicate hook (or NULL) */
+	void *dedupe_arg;      /* its argument (the pool) */
+	uint64_t dedup_blocks; /* blocks commit swapped for the indexed copy
+				  of their content */
+	bkv_kv_event *ev;      /* [ev_cap] KV event ring; NULL when events are
+				  off (kv/cache.c writes, bkv__kv_events
+				  drains) */
+	uint32_t ev_cap;       /* the pool's event_capacity */
+	uint32_t ev_head;      /* ring index of the oldest pending event */
+	uint32_t ev_n;         /* pending events, <= ev_cap */
+	uint64_t ev_seq;       /* events emitted (the last event's seq) */
+	uint64_t ev_dropped;   /* events dropped on a full ring */
+} bkv__kv;
+
+/* Entries of the hash index (0 without the prefix cache). */
+static inline size_t bkv__index_cap(const bkv__kv *kv)
+{
+	return kv->index ? (size_t)kv->index_mask + 1 : 0;
+}
+
+/* ---- kv/frames.c ---------------------------------------------------------- */
+
+/* Allocate and initialise the frames (all free, popped 0, 1, ..., nb - 1),
+ * the token store (written through now: no first-touch page fault inside a
+ * step), and with prefix_cache the index and the transaction queue, with
+ * event_capacity the event ring. BKV_OK or BKV_ENOMEM (then bkv__kv_free
+ * releases what was allocated). */
+int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uint32_t nb,
+		 int prefix_cache, uint64_t hash_seed, uint32_t event_capacity);
+void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a);
+/* The free list is empty: evict the oldest cached block (one exists). */
+int32_t bkv__block_take_evict(bkv__kv *kv);
+/* A block no longer pinned by anything: to the LRU tail if indexed (unless
+ * dropping and it has no indexed children), else to the free list head. */
+void bkv__block_release(bkv__kv *kv, int32_t b, int drop);
+/* The last table reference of a block that is indexed, a pending copy's
+ * source or queued in a transaction went. */
+void bkv__block_put_slow(bkv__kv *kv, int32_t b, int drop);
+/* Keep every cached ancestor from a up more recent than its child on the
+ * LRU (a late release). */
+void bkv__lru_lift(bkv__kv *kv, int32_t a);
+/* The host cleared a device copy whose source is b: a COPY_SRC block is
+ * unpinned (released when no table holds it), then its COPY_CHAIN
+ * ancestors, child first. */
+void bkv__block_copy_cleared(bkv__kv *kv, int32_t b);
+/* Every cached block to the free list, the index emptied, one CLEARED
+ * event. */
+void bkv__kv_reset_cache(bkv__kv *kv);
+/* Drain up to max pending events into out. */
+uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max);
+
+/* Take a block for a sequence whose previous block is `parent` (-1: none):
+ * pop the free list, or evict the oldest cached block. The caller has made
+ * sure one exists. Returns it pinned (ref 1, fill 0). */
+static inline int32_t bkv__block_take(bkv__kv *kv, int32_t parent)
+{
+	int32_t b = kv->free_head;
+	bkv__block *k;
+
+	if (LIKELY(b >= 0)) {
+		k = &kv->blk[b];
+		kv->free_head = k->next;
+		kv->nr_free--;
+	} else {
+		b = bkv__block_take_evict(kv);
+		k = &kv->blk[b];
+	}
+	BKV_ASSERT(k->ref == 0 && !BLOCK_IS_INDEXED(k) && k->kids == 0);
+	k->ref = 1;
+	k->fill = 0;
+	k->parent = parent;
+	k->next = k->prev = -1;
+	kv->nr_used++;
+	return b;
+}
+
+/* ---- kv/cache.c ----------------------------------------------------------- */
+
+#define BKV__HASH_ROOT 0x9e3779b97f4a7c15ull /* parent hash of block 0 */
+uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
+			 const int32_t *tokens, uint32_t n);
+int32_t bkv__index_find(const bkv__kv *kv, uint64_t hash);
+void bkv__index_insert(bkv__kv *kv, int32_t b);
+void bkv__index_remove(bkv__kv *kv, int32_t b);
+void bkv__lru_push(bkv__kv *kv, int32_t b);
+void bkv__lru_unlink(bkv__kv *kv, int32_t b);
+/* Index b (full, not indexed) if its parent is indexed (or it is logical
+ * block 0) and its hash is not indexed yet. Returns the block indexed under
+ * that hash already when that is why b was not indexed, else -1 (indexed,
+ * queued in a transaction, or its parent not indexed). */
+int32_t bkv__cache_add(bkv__kv *kv, int32_t b, uint64_t key);
+/* bkv__cache_add's second half: b's parent is indexed (or b is logical
+ * block 0), no transaction is open, and h is b's chain hash
+ * (bkv__cache_hash). The transaction commit hashes its queue and
+ * prefetches the index slots before it indexes any of them. */
+int32_t bkv__cache_add_hashed(bkv__kv *kv, int32_t b, uint64_t key, uint64_t h);
+/* b's chain hash under key, from its parent's hash (the parent indexed) or
+ * the root's, and its tokens. */
+uint64_t bkv__cache_hash(const bkv__kv *kv, int32_t b, uint64_t key);
+/* The index slot where a probe for hash starts. */
+uint32_t bkv__index_home(const bkv__kv *kv, uint64_t hash);
+/* Take b out of the index (it must be INDEXED); updates parent kids. */
+void bkv__cache_forget(bkv__kv *kv, int32_t b);
+/* Record a KV event (STORED for b, REMOVED for b, or CLEARED with b = -1):
+ * into the ring, or counted as dropped when it is full. No-op when events
+ * are off. */
+void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b);
+/* Evict the LRU head: it leaves the index and the LRU; returns it (ref 0,
+ * in no list), or -1 when the LRU is empty. */
+int32_t bkv__cache_evict(bkv__kv *kv);
+/* Verified lookup: the indexed block holding tokens[0, bt) whose parent is
+ * `parent` (-1: root) and key is `key`, or -1. *hash gets the chain hash. */
+int32_t bkv__cache_lookup(const bkv__kv *kv, uint64_t parent_hash, int32_t parent,
+			  uint64_t key, const int32_t *tokens, uint64_t *hash);
+
+/* Step transactions. Between begin and end, blocks that become full are not
+ * entered into the prefix-cache index but queued, so no lookup can hit KV
+ * that the current step has not computed yet; a commit indexes them (parents
+ * first, calling the dedupe hook for content indexed already), an abort
+ * forgets them except swapped-in blocks, which stay queued for the next
+ * commit. */
+void bkv__kv_txn_begin(bkv__kv *kv);
+void bkv__kv_txn_end(bkv__kv *kv, int commit);
+/* Queue a block that just became full (bkv__cache_add inside a
+ * transaction). */
+void bkv__kv_txn_defer(bkv__kv *kv, int32_t b);
+
+/* ---- frames, inline ------------------------------------------------------- */
+
+/* Add a reference to a block found by a prefix lookup. */
+static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
+		bkv__lru_unlink(kv, b);
+		kv->nr_used++;
+		kv->tokens += k->fill;
+	}
+}
+
+/* Drop a table reference. At zero: to the LRU tail if indexed (unless
+ * dropping and it has no indexed children), else to the free list head. */
+static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
+{
+	bkv__block *k = &kv->blk[b];
+
+	BKV_ASSERT(k->ref > 0);
+	if (--k->ref)
+		return;
+	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)))) {
+		kv->nr_used--;
+		kv->tokens -= k->fill;
+		k->next = kv->free_head;
+		kv->free_head = b;
+		kv->nr_free++;
+		return;
+	}
+	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
+		/* indexed: cached on the LRU tail */
+		kv->nr_used--;
+		kv->tokens -= k->fill;
+		bkv__lru_push(kv, b);
+		if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))
+			bkv__lru_lift(kv, k->parent);
+		return;
+	}
+	bkv__block_put_slow(kv, b, drop);
+}
+
+/* Block b of a table just became full: offer it to the prefix cache. Inside
+ * a transaction it is queued, and the queue entry records the owner's note
+ * of where it sits (owner), handed back to the dedupe hook at commit. */
+static inline void bkv__block_filled(bkv__kv *kv, int32_t b, uint64_t key, uint64_t owner)
+{
+	const bkv__block *k = &kv->blk[b];
+
+	if (!kv->index)
+		return;
+	(void)bkv__cache_add(kv, b, key);
+	if (kv->txn_active && (k->flags & BKV__BLOCK_TXN))
+		kv->txn_owner[k->prev] = owner;
+}
+
+/* ---- kv/check.c ----------------------------------------------------------- */
+
+/* bkv_pool_check's answers, the first violated invariant: one numbering
+ * for both layers. kv/check.c checks 1-10, 14 and 17; pool/check.c 11-13,
+ * 15 and 16. */
+enum {
+	CHECK_OK = 0,
+	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
+	CHECK_FREE_LIST = 2,   /* free list: length != nr_free, a cycle, or a
+				  member pinned or indexed */
+	CHECK_LRU = 3,         /* LRU: length != nr_cached, broken prev links,
+				  or a member pinned or not indexed */
+	CHECK_STATES = 4,      /* per-block state counts != nr_used, nr_free,
+				  nr_cached, nr_indexed */
+	CHECK_FILL = 5,        /* fill > block_tokens, or an indexed block not
+				  full */
+	CHECK_INDEX = 6,       /* index entries != indexed blocks, or an indexed
+				  block not findable by its hash */
+	CHECK_PARENT = 7,      /* an indexed block's parent is not indexed, or
+				  a pinned indexed block's parent is not
+				  pinned */
+	CHECK_LRU_ORDER = 8,   /* a cached block's parent is neither pinned nor
+				  more recent on the LRU */
+	CHECK_KIDS = 9,        /* kids != indexed blocks naming it as parent */
+	CHECK_HASH = 10,       /* an indexed block's hash != its recomputed chain
+				  hash (token store damaged) */
+	CHECK_SEQS = 11,       /* a slot: n_blocks != ceil(len/bt), bad ids,
+				  nr_seqs/nr_swapped/slot ring mismatch */
+	CHECK_SEQ_FILL = 12,   /* a device-resident table's block has fewer
+				  tokens than the sequence reads from it */
+	CHECK_REFS = 13,       /* a ref count != table references + chain
+				  references of COPY_CHAIN blocks */
+	CHECK_TOKENS = 14,     /* tokens != sum of fill over pinned blocks */
+	CHECK_HOST = 15,       /* host tier: free list, states, used blocks !=
+				  swapped tables (each exactly once), pending !=
+				  swap-in copy sources */
+	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
+	CHECK_TXN = 17,        /* a TXN (queued) block not pinned, not full,
+				  indexed, or not at its queue slot (between
+				  transactions only the swapped-in blocks an
+				  abort carried over are queued) */
+};
+
+
+/* The block invariants (bkv_pool_check's CHECK_COUNTS..CHECK_HASH and
+ * CHECK_TXN numbers): 0 or the first violated one. scratch: nb entries. */
+int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch);
+int bkv__kv_check_txn(const bkv__kv *kv);
+
+#endif /* BKV_KV_H */

@@ -1,0 +1,314 @@
+/*
+ * pool.c - the pool handle: configuration, create and destroy, the pending
+ * copy lists, admission checks, stats, KV events and the scheduler's step
+ * transactions.
+ *
+ * The pool is the library's virtual memory: block tables over the KV
+ * layer's frames (kv/), with copy-on-write, a page cache of prompt prefixes
+ * and a host tier. This file holds what belongs to the handle as a whole;
+ * sequences are pool/seq.c, the host tier pool/swap.c, export and import
+ * pool/image.c, the checker pool/check.c.
+ *
+ * Copy lists: device (copy-on-write), swap-out and swap-in copies queue here
+ * until the host performs them and clears the list (bkv_pool_clear_copies);
+ * the clear releases copy-on-write sources (kv/frames.c) and the host blocks
+ * swap-in copies read.
+ *
+ * Transactions: the KV layer queues the blocks that fill inside a step and
+ * indexes them at commit; when one's content is indexed already, it asks
+ * the pool (pool_dedupe) to put the indexed block in its table.
+ */
+#include "pool/pool.h"
+
+#include <string.h>
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+void bkv_pool_config_init(bkv_pool_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->size = sizeof *cfg;
+	cfg->block_tokens = 16;
+	cfg->device_blocks = 0;
+	cfg->host_blocks = 0;
+	cfg->max_seqs = 1024;
+	cfg->watermark_blocks = 0;
+	cfg->prefix_cache = 1;
+	cfg->hash_seed = 0;
+}
+
+static int config_valid(const bkv_pool_config *c)
+{
+	uint32_t i;
+
+	if (c->size < sizeof *c)
+		return 0;
+	if (c->block_tokens == 0 || c->block_tokens > 65536 ||
+	    (c->block_tokens & (c->block_tokens - 1)) != 0)
+		return 0;
+	if (c->device_blocks == 0 || c->device_blocks > (1u << 30))
+		return 0;
+	/* slot_mapping holds block * block_tokens + offset as int32_t: every
+	 * device slot, up to device_blocks * block_tokens - 1, must fit. */
+	if ((uint64_t)c->device_blocks * c->block_tokens > BKV_MAX_TOKEN_SLOTS)
+		return 0;
+	if (c->host_blocks > (1u << 30))
+		return 0;
+	if (c->max_seqs == 0 || c->max_seqs > (1u << BKV__SEQ_SLOT_BITS))
+		return 0;
+	if (c->watermark_blocks > c->device_blocks)
+		return 0;
+	if (c->event_capacity > (1u << 24))
+		return 0;
+	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
+		if (c->reserved[i])
+			return 0;
+	return 1;
+}
+
+static void pool_free_all(bkv_pool *pool)
+{
+	const bkv_allocator *a = &pool->alloc;
+	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	uint32_t i, ms = pool->cfg.max_seqs;
+
+	if (pool->seqs)
+		for (i = 0; i < ms; i++)
+			bkv__free(a, pool->seqs[i].table,
+				  (size_t)pool->seqs[i].cap * sizeof(int32_t));
+	for (i = 0; i < 3; i++)
+		bkv__free(a, pool->copies[i].v, (size_t)pool->copies[i].cap * sizeof(bkv_copy));
+	bkv__free(a, pool->seqs, ms * sizeof(bkv__seq));
+	bkv__free(a, pool->slot_ring, ms * sizeof(uint32_t));
+	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));
+	bkv__free(a, pool->host_state, nh);
+	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
+	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	bkv__kv_free(&pool->kv, a);
+	bkv__free(a, pool, sizeof *pool);
+}
+
+static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t *next);
+
+/* The host tier, sequence slots and copy lists (the KV layer is set up). */
+static int pool_alloc_rest(bkv_pool *pool)
+{
+	const bkv_allocator *a = &pool->alloc;
+	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	uint32_t i, ms = pool->cfg.max_seqs;
+
+	if (nh > SIZE_MAX / bt / sizeof(int32_t))
+		return BKV_ENOMEM;
+	pool->scratch = bkv__malloc(a, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	if (!pool->scratch)
+		return BKV_ENOMEM;
+	if (nh) {
+		pool->host_next = bkv__malloc(a, nh * sizeof(int32_t));
+		pool->host_state = bkv__malloc(a, nh);
+		pool->host_tok = bkv__malloc(a, nh * bt * sizeof(int32_t));
+		if (!pool->host_next || !pool->host_state || !pool->host_tok)
+			return BKV_ENOMEM;
+	}
+	pool->seqs = bkv__calloc(a, ms, sizeof(bkv__seq));
+	pool->slot_ring = bkv__malloc(a, ms * sizeof(uint32_t));
+	if (!pool->seqs || !pool->slot_ring)
+		return BKV_ENOMEM;
+	/* Copy lists start with room for one CoW per sequence and one swap copy
+	 * per host block; they grow (off the steady state) if a caller lets
+	 * more accumulate before clearing. */
+	if (bkv__copies_reserve(pool, BKV_COPY_DEVICE, ms) ||
+	    (nh && (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, (uint32_t)nh) ||
+		    bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, (uint32_t)nh))))
+		return BKV_ENOMEM;
+	for (i = 0; i < nh; i++) {
+		pool->host_next[i] = i + 1 < nh ? (int32_t)(i + 1) : -1;
+		pool->host_state[i] = BKV__HOST_FREE;
+	}
+	pool->host_free_head = nh ? 0 : -1;
+	pool->host_free = (uint32_t)nh;
+	for (i = 0; i < ms; i++) {
+		pool->seqs[i].gen = 1;
+		pool->slot_ring[i] = i;
+	}
+	return BKV_OK;
+}
+
+int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_pool **out)
+{
+	bkv_allocator a;
+	bkv_pool *pool;
+
+	if (!cfg || !out || !config_valid(cfg))
+		return BKV_EINVAL;
+	bkv__alloc_init(&a, alloc);
+	pool = bkv__calloc(&a, 1, sizeof *pool);
+	if (!pool)
+		return BKV_ENOMEM;
+	pool->alloc = a;
+	pool->cfg = *cfg;
+	pool->cfg.size = sizeof pool->cfg;
+	pool->nh = cfg->host_blocks;
+	pool->host_free_head = -1;
+	if (bkv__kv_init(&pool->kv, &a, cfg->block_tokens, cfg->device_blocks, cfg->prefix_cache,
+			 cfg->hash_seed, cfg->event_capacity) != BKV_OK ||
+	    pool_alloc_rest(pool) != BKV_OK) {
+		pool_free_all(pool);
+		return BKV_ENOMEM;
+	}
+	pool->kv.dedupe = pool_dedupe;
+	pool->kv.dedupe_arg = pool;
+	*out = pool;
+	return BKV_OK;
+}
+
+void bkv_pool_destroy(bkv_pool *pool)
+{
+	if (pool)
+		pool_free_all(pool);
+}
+
+/* ---- copies, admission, reset, stats, events ------------------------------ */
+
+uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out)
+{
+	if (out)
+		*out = NULL;
+	if (!pool || (unsigned)kind > BKV_COPY_SWAP_IN)
+		return 0;
+	if (out)
+		*out = pool->copies[kind].v;
+	return pool->copies[kind].n;
+}
+
+void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
+{
+	bkv__copy_list *l;
+	uint32_t i;
+
+	if (!pool || (unsigned)kind > BKV_COPY_SWAP_IN)
+		return;
+	l = &pool->copies[kind];
+	for (i = 0; i < l->n; i++) {
+		if (kind == BKV_COPY_DEVICE) {
+			pool->kv.blk[l->v[i].src].flags &= ~BKV__BLOCK_PEND_DEV;
+			pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_DEV;
+			if (pool->kv.blk[l->v[i].src].flags & BKV__BLOCK_COPY_SRC)
+				bkv__block_copy_cleared(&pool->kv, l->v[i].src);
+		} else if (kind == BKV_COPY_SWAP_IN) {
+			pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
+			pool->host_pending--;
+			bkv__host_push(pool, l->v[i].src);
+		}
+	}
+	l->n = 0;
+}
+
+uint32_t bkv_pool_available(const bkv_pool *pool)
+{
+	return pool ? pool->kv.nr_free + pool->kv.nr_cached : 0;
+}
+
+int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
+{
+	uint64_t avail;
+
+	if (!pool)
+		return 0;
+	avail = (uint64_t)pool->kv.nr_free + pool->kv.nr_cached;
+	return avail >= (uint64_t)bkv__blocks_for(pool, n_tokens) + pool->cfg.watermark_blocks;
+}
+
+int bkv_pool_reset_cache(bkv_pool *pool)
+{
+	if (!pool)
+		return BKV_EINVAL;
+	bkv__kv_reset_cache(&pool->kv);
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
+{
+	bkv_pool_stats st;
+	size_t n;
+
+	if (!stats)
+		return;
+	n = stats->size ? BKV_MIN((size_t)stats->size, sizeof st) : sizeof st;
+	memset(&st, 0, sizeof st);
+	if (pool) {
+		st.block_tokens = pool->kv.bt;
+		st.device_blocks = pool->kv.nb;
+		st.host_blocks = pool->nh;
+		st.nr_free = pool->kv.nr_free;
+		st.nr_used = pool->kv.nr_used;
+		st.nr_cached = pool->kv.nr_cached;
+		st.nr_indexed = pool->kv.nr_indexed;
+		st.host_free = pool->host_free;
+		st.host_used = pool->nh - pool->host_free;
+		st.nr_seqs = pool->nr_seqs;
+		st.nr_swapped = pool->nr_swapped;
+		st.tokens = pool->kv.tokens;
+		st.waste_slots = (uint64_t)pool->kv.nr_used * pool->kv.bt - pool->kv.tokens;
+		st.hit_tokens = pool->hit_tokens;
+		st.miss_tokens = pool->miss_tokens;
+		st.evictions = pool->kv.evictions;
+		st.cow_copies = pool->cow_copies;
+		st.swap_out_blocks = pool->swap_out_blocks;
+		st.swap_in_blocks = pool->swap_in_blocks;
+		st.events = pool->kv.ev_seq;
+		st.events_dropped = pool->kv.ev_dropped;
+		st.dup_blocks = pool->kv.dedup_blocks;
+	}
+	st.size = (uint32_t)n;
+	memcpy(stats, &st, n);
+}
+
+uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
+{
+	if (!pool || !out)
+		return 0;
+	return bkv__kv_events(&pool->kv, out, max);
+}
+
+/* ---- step transactions (for the scheduler) -------------------------------- */
+
+void bkv__pool_txn_begin(bkv_pool *pool)
+{
+	bkv__kv_txn_begin(&pool->kv);
+}
+
+/* The KV layer's duplicate hook: queued block b, noted as sequence slot <<
+ * 32 | table position, has the content of indexed block d. Put d in b's
+ * place when that table still holds b there (the KV layer frees b). */
+static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t *next)
+{
+	bkv_pool *pool = arg;
+	uint32_t slot = (uint32_t)(owner >> 32), pos = (uint32_t)owner;
+	bkv__seq *s;
+
+	if (slot >= pool->cfg.max_seqs)
+		return 0;
+	s = &pool->seqs[slot];
+	if (s->state != BKV__SEQ_OPEN || pos >= s->n_blocks || s->table[pos] != b ||
+	    s->key != pool->kv.blk[d].key)
+		return 0;
+	s->table[pos] = d;
+	*next = pos + 1 < s->n_blocks ? s->table[pos + 1] : -1;
+	return 1;
+}
+
+void bkv__pool_txn_commit(bkv_pool *pool)
+{
+	bkv__kv_txn_end(&pool->kv, 1);
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+}
+
+void bkv__pool_txn_abort(bkv_pool *pool)
+{
+	bkv__kv_txn_end(&pool->kv, 0);
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+}

@@ -1,0 +1,362 @@
+/*
+ * pool.h - the pool layer: sequences (address spaces) and their block
+ * tables, copy-on-write, the host (swap) tier, pending copy lists, export
+ * and import, stats and the pool checker, over the KV layer (kv/kv.h).
+ *
+ * struct bkv_pool embeds the KV layer's state (kv, its first field) and
+ * owns the rest. Owners: pool/pool.c (create/destroy, copies, admission
+ * checks, stats, events, transactions), pool/seq.c (open, fork, close,
+ * append, truncate, prefix hits), pool/swap.c (the host tier), pool/image.c
+ * (export/import), pool/check.c (bkv_pool_check). The scheduler appends a
+ * decode row's token through the inline appender below and never writes a
+ * pool field itself.
+ */
+#ifndef BKV_POOL_H
+#define BKV_POOL_H
+
+#include "kv/kv.h"
+
+/* bkv__seq.state */
+#define BKV__SEQ_FREE 0    /* slot unused; its table buffer is kept */
+#define BKV__SEQ_OPEN 1    /* table holds device block ids */
+#define BKV__SEQ_SWAPPED 2 /* table holds host block ids */
+
+/* A sequence slot (an address space). Slots are preallocated (max_seqs). */
+typedef struct bkv__seq {
+	int32_t *table;    /* [cap] block ids, [0, n_blocks) in use; kept across
+			      slot reuse, grown geometrically, freed at destroy */
+	uint32_t cap;      /* entries allocated in table; a multiple of 4, so
+			      that bkv__fill_decode may copy whole groups of
+			      four entries */
+	uint32_t n_blocks; /* entries in use == ceil(len / block_tokens) */
+	uint32_t len;      /* tokens in the sequence, < 2^31 */
+	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
+	uint8_t state;     /* BKV__SEQ_* */
+	uint64_t key;      /* prefix-cache key for its whole life */
+} bkv__seq;
+
+/* A pending copy list of one bkv_copy_kind. */
+typedef struct bkv__copy_list {
+	bkv_copy *v;  /* [cap]; [0, n) pending, in the order to perform */
+	uint32_t n;   /* pending copies */
+	uint32_t cap; /* allocated entries; grows, never shrinks */
+} bkv__copy_list;
+
+/* bkv_pool.host_state[] */
+#define BKV__HOST_FREE 0    /* on the host free list */
+#define BKV__HOST_USED 1    /* in the table of a swapped sequence */
+#define BKV__HOST_PENDING 2 /* source of a pending swap-in copy; freed when
+			       the swap-in copies are cleared */
+
+struct bkv_pool {
+	bkv__kv kv;            /* the KV layer: frames, free list, prefix cache,
+				  event ring, transaction queue (first: the
+				  hot fields stay at the pool's start) */
+	bkv_allocator alloc;   /* copied at create; every allocation */
+	bkv_pool_config cfg;   /* copied at create, validated */
+	uint32_t nh;           /* cfg.host_blocks */
+	uint32_t *scratch;     /* [max(nb, nh)] bkv_pool_check's workspace */
+	int32_t *host_next;    /* [nh] host free list links */
+	uint8_t *host_state;   /* [nh] BKV__HOST_* */
+	int32_t *host_tok;     /* [nh * bt] token ids of swapped blocks */
+	int32_t host_free_head; /* host free list head (LIFO), -1 empty */
+	uint32_t host_free;    /* host blocks free */
+	uint32_t host_pending; /* host blocks BKV__HOST_PENDING */
+	bkv__seq *seqs;        /* [max_seqs] slots */
+	uint32_t *slot_ring;   /* [max_seqs] FIFO of free slot indices */
+	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
+	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
+	uint32_t nr_swapped;   /* open sequences on the host tier */
+	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
+	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
+	uint64_t miss_tokens;
+	uint64_t cow_copies;
+	uint64_t swap_out_blocks;
+	uint64_t swap_in_blocks;
+};
+
+/* Sequence ids: slot | gen << BKV__SEQ_SLOT_BITS with a 12-bit generation
+ * (the scheduler decodes ids too, bkv__append_fast). */
+#define BKV__SEQ_SLOT_BITS 20
+#define BKV__SEQ_SLOT_MASK ((1u << BKV__SEQ_SLOT_BITS) - 1)
+#define BKV__SEQ_GEN_MAX 0xFFFu
+
+/* ---- pool/seq.c: helpers the pool layer's files share --------------------- */
+
+static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+{
+	uint32_t slot = id & BKV__SEQ_SLOT_MASK;
+	bkv__seq *s;
+
+	if (slot >= pool->cfg.max_seqs)
+		return NULL;
+	s = &pool->seqs[slot];
+	if (s->state == BKV__SEQ_FREE || s->gen != (id >> BKV__SEQ_SLOT_BITS))
+		return NULL;
+	return s;
+}
+
+static inline uint32_t bkv__seq_id(const bkv_pool *pool, const bkv__seq *s)
+{
+	return (uint32_t)(s - pool->seqs) | ((uint32_t)s->gen << BKV__SEQ_SLOT_BITS);
+}
+
+static inline uint32_t bkv__blocks_for(const bkv_pool *pool, uint64_t tokens)
+{
+	return (uint32_t)((tokens + pool->kv.bt - 1) >> pool->kv.bt_shift);
+}
+
+/* Block s->table[pos] just became full: offer it to the prefix cache; the
+ * transaction queue notes where it sits (sequence slot << 32 | table
+ * position) for commit's duplicate swap (pool/pool.c pool_dedupe). */
+static inline void bkv__seq_block_filled(bkv_pool *pool, const bkv__seq *s, uint32_t pos)
+{
+	bkv__block_filled(&pool->kv, s->table[pos], s->key,
+			  (uint64_t)(uint32_t)(s - pool->seqs) << 32 | pos);
+}
+
+/* Tokens of logical block i of a sequence of len tokens. */
+static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32_t i)
+{
+	uint32_t start = i * pool->kv.bt;
+
+	return BKV_MIN(pool->kv.bt, len - start);
+}
+
+/* Make room for n entries in s's table. 0 or BKV_ENOMEM (table unchanged). */
+int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n);
+/* Make room for `extra` more copies of one kind. 0 or BKV_ENOMEM. */
+int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra);
+/* Append a copy (room reserved). */
+static inline void bkv__copy_push(bkv_pool *pool, int kind, int32_t src, int32_t dst)
+{
+	bkv__copy_list *l = &pool->copies[kind];
+
+	BKV_ASSERT(l->n < l->cap);
+	l->v[l->n].src = src;
+	l->v[l->n].dst = dst;
+	l->n++;
+}
+/* A sequence that must be open on the device tier: BKV_OK and *out, or
+ * BKV_ENOENT (unknown or closed id), BKV_ESTATE (swapped out). */
+static inline int bkv__seq_resident(const bkv_pool *pool, uint32_t id, bkv__seq **out)
+{
+	bkv__seq *s = bkv__seq_get(pool, id);
+
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	*out = s;
+	return BKV_OK;
+}
+
+/* The next free slot (slots are reused FIFO), or NULL when all are open. */
+static inline bkv__seq *bkv__slot_peek(bkv_pool *pool)
+{
+	if (pool->nr_seqs == pool->cfg.max_seqs)
+		return NULL;
+	return &pool->seqs[pool->slot_ring[pool->ring_head]];
+}
+
+/* Open the slot bkv__slot_peek answered, empty, under key. */
+static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
+{
+	BKV_ASSERT(s == &pool->seqs[pool->slot_ring[pool->ring_head]]);
+	pool->ring_head = pool->ring_head + 1 == pool->cfg.max_seqs ? 0 : pool->ring_head + 1;
+	pool->nr_seqs++;
+	s->state = BKV__SEQ_OPEN;
+	s->key = key;
+	s->len = 0;
+	s->n_blocks = 0;
+}
+
+/* The host tier's free list (LIFO). */
+static inline void bkv__host_push(bkv_pool *pool, int32_t h)
+{
+	pool->host_next[h] = pool->host_free_head;
+	pool->host_free_head = h;
+	pool->host_state[h] = BKV__HOST_FREE;
+	pool->host_free++;
+}
+
+static inline int32_t bkv__host_pop(bkv_pool *pool)
+{
+	int32_t h = pool->host_free_head;
+
+	BKV_ASSERT(h >= 0);
+	pool->host_free_head = pool->host_next[h];
+	pool->host_state[h] = BKV__HOST_USED;
+	pool->host_free--;
+	return h;
+}
+
+/* ---- pool/seq.c: the scheduler's appends ---------------------------------- */
+
+/* The scheduler's one-token appends (decode rows), made through a cursor
+ * over the pool. bkv__append_fast, and when it declines bkv__append_flush
+ * then bkv__seq_append1_slow, together have the same effects and answers
+ * as bkv_seq_append(pool, seq, &token, 1, hit). The common case - the
+ * token lands inside the sequence's last block, which is private,
+ * unindexed, filled exactly to the end and does not fill up with it - is
+ * handled inline (bkv__append_fast), with the pool's fields held in the
+ * cursor (stores through the batch arrays cannot make the compiler reload
+ * them), the id decoded once, no other argument checks, and the token
+ * counters (pool->kv.tokens, miss_tokens) added up in the cursor:
+ * bkv__append_flush adds them to the pool, and must run before any other
+ * pool call (the counters are part of the pool's invariants). Everything
+ * else (a block boundary, a block filling up, copy-on-write, errors) goes
+ * through bkv__seq_append1_slow (pool/seq.c). On BKV_OK *out is the sequence
+ * after the append (the batch reads its table); on an error nothing
+ * changed. */
+int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
+			  const bkv__seq **out);
+/* Grow an open sequence's table to n_blocks entries now (at most the pool's
+ * block count), so that appends up to that length never reallocate it
+ * (inside later steps). Best effort: on ENOMEM nothing changes and an append
+ * grows the table as before. */
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks);
+
+/* bkv_seq_append without prefix lookups: every token is written, into
+ * private blocks (copy-on-write first), so no slot it gives lies in a shared
+ * or indexed block. For the tokens a row samples from. */
+int bkv__seq_append_private(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n);
+/* Append only the prefix hits among the first n of tokens (no block taken,
+ * nothing written): whole blocks the cache holds, and first, when the
+ * sequence ends inside a private block, the cached block holding that
+ * block's tokens and the next ones (then the private block is freed: its
+ * KV equals the cached one's). Returns the tokens appended (0..n); nothing
+ * else changes. */
+int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n);
+
+typedef struct bkv__appender {
+	bkv_pool *pool;     /* the pool appended to */
+	bkv__seq *seqs;     /* pool->seqs */
+	bkv__block *blk;    /* pool->kv.blk */
+	int32_t *tok;       /* pool->kv.tok */
+	uint32_t bt;        /* pool->kv.bt */
+	uint32_t shift;     /* pool->kv.bt_shift */
+	uint32_t bt_m2;     /* pool->kv.bt - 2 (wraps to UINT32_MAX for 1) */
+	uint32_t max_seqs;  /* pool->cfg.max_seqs */
+	uint32_t n;         /* tokens appended inline, not yet in the pool's
+			       tokens and miss_tokens counters */
+} bkv__appender;
+
+static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
+{
+	a->pool = pool;
+	a->seqs = pool->seqs;
+	a->blk = pool->kv.blk;
+	a->tok = pool->kv.tok;
+	a->bt = pool->kv.bt;
+	a->shift = pool->kv.bt_shift;
+	a->bt_m2 = pool->kv.bt - 2;
+	a->max_seqs = pool->cfg.max_seqs;
+	a->n = 0;
+}
+
+static inline void bkv__append_flush(bkv__appender *a)
+{
+	a->pool->kv.tokens += a->n;
+	a->pool->miss_tokens += a->n;
+	a->n = 0;
+}
+
+/* What a decode row's batch entries need from its append: the sequence's
+ * table after it, and where the token went (bkv__fill_decode). */
+typedef struct bkv__appended {
+	const int32_t *table; /* the sequence's block table; NULL: the inline
+				 case did not apply, nothing changed */
+	uint32_t nb;          /* its entries */
+	uint32_t off;         /* the token's offset in block table[nb - 1] */
+	int32_t slot;         /* its token-store index, table[nb - 1] *
+				 block_tokens + off (the row's slot_mapping) */
+} bkv__appended;
+
+/* The inline case: appends and answers the sequence's
+ * table and the token's slot, or answers table NULL having changed nothing
+ * (then bkv__append_flush and bkv__seq_append1_slow decide). The values come
+ * from the checks' own loads, before the stores, so the caller reloads
+ * nothing. off in [1, block_tokens - 2] is tested as one unsigned compare
+ * (bt_m2 = block_tokens - 2, UINT32_MAX when block_tokens is 1). */
+static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int32_t token)
+{
+	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
+	bkv__seq *s = &a->seqs[slot < a->max_seqs ? slot : 0]; /* read in bounds */
+	const uint32_t off = s->len & (a->bt - 1);
+	bkv__appended res = {NULL, 0, 0, 0};
+
+	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
+	 * block_tokens implies len + 1 < INT32_MAX (INT32_MAX ends a block) */
+	if (off - 1 < a->bt_m2 && slot < a->max_seqs && s->state == BKV__SEQ_OPEN &&
+	    s->gen == (seq >> BKV__SEQ_SLOT_BITS)) {
+		const uint32_t nb = s->n_blocks;
+		const int32_t *const table = s->table;
+		const int32_t b = table[nb - 1];
+		bkv__block *k = &a->blk[b];
+
+		/* not INDEXED either: only full blocks are (bkv_pool_check's
+		 * CHECK_FILL), and fill == off < block_tokens - 1 */
+		if (k->ref == 1 && k->fill == off) {
+			const size_t at = ((size_t)b << a->shift) + off;
+
+			a->tok[at] = token;
+			k->fill = off + 1;
+			s->len++;
+			a->n++;
+			res.table = table;
+			res.nb = nb;
+			res.off = off;
+			res.slot = (int32_t)at;
+		}
+	}
+	return res;
+}
+
+/* ---- read-only views for the layers above ---------------------------------
+ * The scheduler reads the pool through these and the public calls; it
+ * writes pool state only through the pool's functions. */
+
+/* Is the prefix cache on? */
+static inline int bkv__pool_prefix_on(const bkv_pool *pool)
+{
+	return pool->kv.index != NULL;
+}
+
+/* Block b's BKV__BLOCK_* flags (b a device block id). */
+static inline unsigned bkv__pool_block_flags(const bkv_pool *pool, int32_t b)
+{
+	return pool->kv.blk[b].flags;
+}
+
+/* Block b's table references. */
+static inline uint32_t bkv__pool_block_ref(const bkv_pool *pool, int32_t b)
+{
+	return pool->kv.blk[b].ref;
+}
+
+/* Open sequences, and the most there may be. */
+static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
+{
+	return pool->nr_seqs;
+}
+
+static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
+{
+	return pool->cfg.max_seqs;
+}
+
+/* ---- pool/pool.c: step transactions (for the scheduler) -------------------
+ * Between begin and commit, blocks that become full are not entered into
+ * the prefix-cache index, so no lookup can hit KV that the current step has
+ * not computed yet; commit indexes them (parents first), abort forgets them
+ * (they stay private and are freed by the usual release rules). The
+ * scheduler brackets every bkv_step with them. */
+void bkv__pool_txn_begin(bkv_pool *pool);
+void bkv__pool_txn_commit(bkv_pool *pool);
+void bkv__pool_txn_abort(bkv_pool *pool);
+
+/* ---- pool/check.c ---------------------------------------------------------- */
+/* bkv_pool_check is public; nothing more. */
+
+#endif /* BKV_POOL_H */

@@ -1,0 +1,559 @@
+/*
+ * seq.c - sequences: opening, forking, closing, appending (with prefix
+ * hits and copy-on-write), truncating, and the scheduler's private appends.
+ *
+ * A sequence (address space) is a preallocated slot whose block table is an
+ * int32_t array the host can hand to its kernels as is. Ids are slot | gen <<
+ * 20 with a 12-bit generation (1..4095, so an id is never 0) and slots are
+ * reused FIFO, so a closed id answers BKV_ENOENT for a long time. A slot keeps
+ * its table buffer across reuse; it only grows (geometrically, through the
+ * allocator hook), so after warm-up no call allocates.
+ *
+ * Every mutating call is all-or-nothing: it validates, computes what it needs
+ * (blocks, including a copy-on-write block, minus verified prefix hits found
+ * by a non-mutating pre-pass; table and copy-list capacity), fails if any is
+ * missing, and only then changes state.
+ *
+ * Copy-on-write: writing into a block that is shared (ref > 1) or indexed
+ * (cached content is immutable; a truncate can leave a sequence ending inside
+ * one) takes a fresh block, copies the first `offset` tokens, records a
+ * (src, dst) BKV_COPY_DEVICE copy and drops its table reference to src (src
+ * itself stays pinned until the copy is cleared: kv/frames.c). A full block
+ * is never copied: appending after it takes a new block.
+ *
+ * close, truncate and swap-out release a sequence's blocks last to first
+ * (the release rules: kv/frames.c); drop (abort) releases with drop set.
+ */
+#include "pool/pool.h"
+
+#include <string.h>
+
+int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n)
+{
+	uint32_t cap;
+	int32_t *t;
+
+	if (n <= s->cap)
+		return 0;
+	cap = s->cap ? s->cap : 4;
+	while (cap < n)
+		cap = cap > UINT32_MAX / 2 ? n : cap * 2;
+	if (cap > pool->kv.nb && n <= pool->kv.nb)
+		cap = pool->kv.nb;
+	if (cap > UINT32_MAX - 3)
+		return BKV_ENOMEM;
+	cap = (cap + 3) & ~3u; /* a multiple of 4 (bkv__seq.cap) */
+	t = bkv__realloc(&pool->alloc, s->table, (size_t)s->cap * sizeof(int32_t),
+			 (size_t)cap * sizeof(int32_t));
+	if (!t)
+		return BKV_ENOMEM;
+	s->table = t;
+	s->cap = cap;
+	return 0;
+}
+
+int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra)
+{
+	bkv__copy_list *l = &pool->copies[kind];
+	uint64_t need = (uint64_t)l->n + extra, cap;
+	bkv_copy *v;
+
+	if (need <= l->cap)
+		return 0;
+	cap = l->cap ? l->cap : 16;
+	while (cap < need)
+		cap *= 2;
+	if (cap > UINT32_MAX)
+		return BKV_ENOMEM;
+	v = bkv__realloc(&pool->alloc, l->v, (size_t)l->cap * sizeof(bkv_copy),
+			 (size_t)cap * sizeof(bkv_copy));
+	if (!v)
+		return BKV_ENOMEM;
+	l->v = v;
+	l->cap = (uint32_t)cap;
+	return 0;
+}
+
+
+static void slot_close(bkv_pool *pool, bkv__seq *s)
+{
+	uint32_t tail = pool->ring_head + (pool->cfg.max_seqs - pool->nr_seqs);
+
+	if (tail >= pool->cfg.max_seqs)
+		tail -= pool->cfg.max_seqs;
+	pool->slot_ring[tail] = (uint32_t)(s - pool->seqs);
+	pool->nr_seqs--;
+	s->state = BKV__SEQ_FREE;
+	s->len = 0;
+	s->n_blocks = 0;
+	s->gen = s->gen == BKV__SEQ_GEN_MAX ? 1 : (uint16_t)(s->gen + 1);
+}
+
+int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq)
+{
+	bkv__seq *s;
+
+	if (!pool || !seq)
+		return BKV_EINVAL;
+	s = bkv__slot_peek(pool);
+	if (!s)
+		return BKV_EAGAIN;
+	bkv__slot_open(pool, s, key);
+	*seq = bkv__seq_id(pool, s);
+	return BKV_OK;
+}
+
+int bkv_seq_open(bkv_pool *pool, uint32_t *seq)
+{
+	return bkv_seq_open_keyed(pool, 0, seq);
+}
+
+int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
+{
+	bkv__seq *s, *c;
+	uint32_t i;
+
+	if (!pool || !child)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, parent);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED)
+		return BKV_ESTATE;
+	c = bkv__slot_peek(pool);
+	if (!c)
+		return BKV_EAGAIN;
+	if (bkv__table_reserve(pool, c, s->n_blocks))
+		return BKV_ENOMEM;
+	bkv__slot_open(pool, c, s->key);
+	for (i = 0; i < s->n_blocks; i++) {
+		c->table[i] = s->table[i];
+		pool->kv.blk[s->table[i]].ref++;
+	}
+	c->n_blocks = s->n_blocks;
+	c->len = s->len;
+	*child = bkv__seq_id(pool, c);
+	return BKV_OK;
+}
+
+static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
+{
+	bkv__seq *s;
+	uint32_t i;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED) {
+		for (i = s->n_blocks; i-- > 0;)
+			bkv__host_push(pool, s->table[i]);
+		pool->nr_swapped--;
+	} else {
+		for (i = s->n_blocks; i-- > 0;)
+			bkv__block_put(&pool->kv, s->table[i], drop);
+	}
+	slot_close(pool, s);
+	return BKV_OK;
+}
+
+int bkv_seq_close(bkv_pool *pool, uint32_t seq)
+{
+	return seq_end(pool, seq, 0);
+}
+
+int bkv_seq_drop(bkv_pool *pool, uint32_t seq)
+{
+	return seq_end(pool, seq, 1);
+}
+
+/* Does writing at the end of s need a copy-on-write block? */
+static int needs_cow(const bkv_pool *pool, const bkv__seq *s)
+{
+	const bkv__block *k;
+
+	if ((s->len & (pool->kv.bt - 1)) == 0)
+		return 0;
+	k = &pool->kv.blk[s->table[s->n_blocks - 1]];
+	return k->ref > 1 || BLOCK_IS_INDEXED(k);
+}
+
+int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
+{
+	bkv__seq *s = NULL;
+	int rc;
+
+	if (!pool)
+		return BKV_EINVAL;
+	if ((rc = bkv__seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
+	if (n == 0)
+		return 0;
+	/* len + n can pass 2^32 blocks (block_tokens 1 or 2): counted in 64
+	 * bits, not through blocks_for's uint32_t */
+	return (int64_t)(((uint64_t)s->len + n + pool->kv.bt - 1) >> pool->kv.bt_shift) - s->n_blocks +
+	       needs_cow(pool, s);
+}
+
+/* The one-token append of a decode step, when it is simple: the last block is
+ * private and unindexed with nothing past the end (no copy-on-write, no stale
+ * fill), or the sequence ends on a block boundary and needs one new block from
+ * a table that has room (with block_tokens >= 2 a single token is never a
+ * prefix hit). Returns 0 without touching anything when the general path must
+ * decide (errors included). Same effects as the general path. */
+static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
+{
+	const uint32_t bt = pool->kv.bt, off = s->len & (bt - 1);
+	int32_t b;
+	bkv__block *k;
+
+	if (bt < 2 || s->len >= INT32_MAX)
+		return 0;
+	if (off) {
+		b = s->table[s->n_blocks - 1];
+		k = &pool->kv.blk[b];
+		if (k->ref != 1 || k->fill != off || (k->flags & BKV__BLOCK_INDEXED))
+			return 0;
+	} else {
+		if (s->n_blocks >= s->cap || s->n_blocks >= pool->kv.nb ||
+		    pool->kv.nr_free + pool->kv.nr_cached == 0)
+			return 0;
+		b = bkv__block_take(&pool->kv, s->n_blocks ? s->table[s->n_blocks - 1] : -1);
+		s->table[s->n_blocks++] = b;
+		k = &pool->kv.blk[b];
+	}
+	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + off] = token;
+	k->fill = off + 1;
+	pool->kv.tokens++;
+	pool->miss_tokens++;
+	s->len++;
+	if (off + 1 == bt)
+		bkv__seq_block_filled(pool, s, s->n_blocks - 1);
+	return 1;
+}
+
+static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+				uint32_t *hit_tokens, int nohit);
+
+int bkv_seq_append(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+		   uint32_t *hit_tokens)
+{
+	bkv__seq *s;
+
+	if (LIKELY(pool && tokens && n == 1)) {
+		s = bkv__seq_get(pool, seq);
+		if (s && s->state == BKV__SEQ_OPEN && append_one(pool, s, tokens[0])) {
+			if (hit_tokens)
+				*hit_tokens = 0;
+			BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+			return BKV_OK;
+		}
+	}
+	return append_any(pool, seq, tokens, n, hit_tokens, 0);
+}
+
+int bkv__seq_append_private(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
+{
+	return append_any(pool, seq, tokens, n, NULL, 1);
+}
+
+void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (s && s->state == BKV__SEQ_OPEN)
+		(void)bkv__table_reserve(pool, s, BKV_MIN(n_blocks, pool->kv.nb));
+}
+
+/* bkv__append_fast's other cases (internal.h): a block boundary takes
+ * append_one's boundary path, the rest the general one. */
+int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t *hit,
+			  const bkv__seq **out)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+	int rc;
+
+	if (s && s->state == BKV__SEQ_OPEN && append_one(pool, s, token)) {
+		*hit = 0;
+		*out = s;
+		BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+		return BKV_OK;
+	}
+	/* a decode row writes its token: never a prefix hit (possible only
+	 * with block_tokens 1), so its slot is in a private block */
+	rc = append_any(pool, seq, &token, 1, hit, 1);
+	if (rc == BKV_OK)
+		*out = bkv__seq_get(pool, seq);
+	return rc;
+}
+
+/* The leading whole blocks of tokens[0, max * block_tokens) the cache holds
+ * after the sequence's last block `parent` (-1: none; its chain hash ph),
+ * written into s->table from n_blocks on (not visible until n_blocks moves;
+ * the caller pins them) and counted; *relinked gets how many of them are on
+ * the LRU. The table has room for max more entries. */
+static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uint64_t ph,
+			  const int32_t *tokens, uint32_t max, uint32_t *relinked)
+{
+	uint32_t hits = 0, nb0 = s->n_blocks;
+	uint64_t h = 0;
+
+	*relinked = 0;
+	while (hits < max) {
+		int32_t c = bkv__cache_lookup(&pool->kv, ph, parent, s->key,
+					      tokens + (size_t)hits * pool->kv.bt, &h);
+
+		if (c < 0)
+			break;
+		*relinked += BLOCK_IS_CACHED(&pool->kv.blk[c]);
+		s->table[nb0 + hits] = c;
+		ph = h;
+		parent = c;
+		hits++;
+	}
+	return hits;
+}
+
+/* Any append: validation, prefix hits (none with nohit: every token is
+ * written, into private blocks), copy-on-write, whole blocks. */
+static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+				uint32_t *hit_tokens, int nohit)
+{
+	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
+	int32_t last, b;
+	uint64_t need;
+	bkv__seq *s = NULL;
+	int cow, rc;
+
+	if (!pool || (!tokens && n))
+		return BKV_EINVAL;
+	if ((rc = bkv__seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
+	if (n == 0) {
+		if (hit_tokens)
+			*hit_tokens = 0;
+		return BKV_OK;
+	}
+	if ((uint64_t)s->len + n > INT32_MAX)
+		return BKV_E2BIG;
+	bt = pool->kv.bt;
+	new_len = s->len + n;
+	new_blocks = bkv__blocks_for(pool, new_len);
+	if (new_blocks > pool->kv.nb)
+		return BKV_E2BIG;
+	if (bkv__table_reserve(pool, s, new_blocks))
+		return BKV_ENOMEM;
+
+	off = s->len & (bt - 1);
+	nb0 = s->n_blocks;
+	last = nb0 ? s->table[nb0 - 1] : -1;
+	cow = needs_cow(pool, s);
+
+	/* Pre-pass: verified prefix hits, stashed past the table's end (not
+	 * visible until n_blocks moves). */
+	if (pool->kv.index && !nohit && off == 0 &&
+	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
+		hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
+				 tokens, n / bt, &relinked);
+	BKV_ASSERT(relinked <= pool->kv.nr_cached);
+	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
+	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
+		return BKV_ENOSPC;
+	if (cow && bkv__copies_reserve(pool, BKV_COPY_DEVICE, 1))
+		return BKV_ENOMEM;
+
+	/* Commit. */
+	for (i = 0; i < hits; i++)
+		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
+	s->n_blocks = nb0 + hits;
+	pos = hits * bt;
+	rem = n - pos;
+	if (rem && off) {
+		bkv__block *k;
+		uint32_t w;
+
+		b = last;
+		if (cow) {
+			int32_t nb = bkv__block_take(&pool->kv, nb0 >= 2 ? s->table[nb0 - 2] : -1);
+
+			memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
+			       (size_t)off * sizeof(int32_t));
+			pool->kv.blk[nb].fill = off;
+			pool->kv.tokens += off;
+			bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
+			pool->kv.blk[b].flags |= BKV__BLOCK_PEND_DEV;
+			pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
+			pool->cow_copies++;
+			s->table[nb0 - 1] = nb;
+			pool->kv.blk[b].flags |= BKV__BLOCK_COPY_SRC;
+			bkv__block_put(&pool->kv, b, 0);
+			b = nb;
+		}
+		k = &pool->kv.blk[b];
+		BKV_ASSERT(k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill >= off);
+		k->flags &= ~BKV__BLOCK_TXN; /* rewritten: queued again if it fills */
+		pool->kv.tokens -= k->fill - off;
+		w = BKV_MIN(bt - off, rem);
+		memcpy(pool->kv.tok + (size_t)b * bt + off, tokens + pos, (size_t)w * sizeof(int32_t));
+		k->fill = off + w;
+		pool->kv.tokens += w;
+		pos += w;
+		rem -= w;
+		if (off + w == bt)
+			bkv__seq_block_filled(pool, s, nb0 - 1);
+	}
+	if (rem) {
+		int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1;
+		uint32_t nbk = s->n_blocks;
+
+		pool->kv.tokens += rem;
+		while (rem) {
+			uint32_t w = BKV_MIN(bt, rem);
+			int32_t *dst;
+
+			b = bkv__block_take(&pool->kv, prev);
+			dst = pool->kv.tok + (size_t)b * bt;
+			if (w == 1)
+				dst[0] = tokens[pos];
+			else
+				memcpy(dst, tokens + pos, (size_t)w * sizeof(int32_t));
+			pool->kv.blk[b].fill = w;
+			table[nbk++] = b;
+			pos += w;
+			rem -= w;
+			if (w == bt)
+				bkv__seq_block_filled(pool, s, nbk - 1);
+			prev = b;
+		}
+		s->n_blocks = nbk;
+	}
+	BKV_ASSERT(s->n_blocks == new_blocks);
+	s->len = new_len;
+	pool->hit_tokens += (uint64_t)hits * bt;
+	pool->miss_tokens += n - (uint64_t)hits * bt;
+	if (hit_tokens)
+		*hit_tokens = hits * bt;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
+{
+	uint32_t bt = pool->kv.bt, off, nb0, hits = 0, got = 0, i, relinked;
+	uint64_t ph = BKV__HASH_ROOT, h = 0;
+	int32_t parent = -1, last;
+	bkv__seq *s = NULL;
+
+	if (!pool->kv.index || bkv__seq_resident(pool, seq, &s) != BKV_OK || n == 0)
+		return 0;
+	if ((uint64_t)s->len + n > INT32_MAX)
+		return 0;
+	off = s->len & (bt - 1);
+	nb0 = s->n_blocks;
+	last = nb0 ? s->table[nb0 - 1] : -1;
+	if (off) {
+		/* The last block is partial: its own tokens and the next bt - off
+		 * make a full block, which the cache may hold. Only a private
+		 * block nothing else reads is swapped out. */
+		bkv__block *k = &pool->kv.blk[last];
+		int32_t c, *t = pool->kv.tok + (size_t)last * bt;
+
+		if (n < bt - off || k->ref != 1 || BLOCK_IS_INDEXED(k) || k->fill != off ||
+		    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_TXN |
+				 BKV__BLOCK_COPY_SRC)) ||
+		    (k->parent >= 0 && !BLOCK_IS_INDEXED(&pool->kv.blk[k->parent])))
+			return 0;
+		/* the private block's token ids past fill are scratch */
+		memcpy(t + off, tokens, (size_t)(bt - off) * sizeof(int32_t));
+		if (k->parent >= 0)
+			ph = pool->kv.blk[k->parent].hash;
+		c = bkv__cache_lookup(&pool->kv, ph, k->parent, s->key, t, &h);
+		if (c < 0)
+			return 0;
+		bkv__block_pin(&pool->kv, c);
+		s->table[nb0 - 1] = c;
+		bkv__block_put(&pool->kv, last, 1);
+		got = bt - off;
+		ph = h;
+		parent = c;
+	} else if (last >= 0) {
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[last]))
+			return 0;
+		ph = pool->kv.blk[last].hash;
+		parent = last;
+	}
+	/* then whole blocks, as append_any's pre-pass (pinned as found: there
+	 * is nothing to undo, each is a complete hit) */
+	if (bkv__table_reserve(pool, s, BKV_MIN(bkv__blocks_for(pool, (uint64_t)s->len + n), pool->kv.nb)))
+		return (int)got;
+	hits = find_hits(pool, s, parent, ph, tokens + got,
+			 BKV_MIN((n - got) / bt, s->cap - nb0), &relinked);
+	for (i = 0; i < hits; i++)
+		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
+	s->n_blocks = nb0 + hits;
+	got += hits * bt;
+	s->len += got;
+	pool->hit_tokens += got;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return (int)got;
+}
+
+int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
+{
+	bkv__seq *s = NULL;
+	uint32_t nbk, i;
+	int rc;
+
+	if (!pool)
+		return BKV_EINVAL;
+	if ((rc = bkv__seq_resident(pool, seq, &s)) != BKV_OK)
+		return rc;
+	if (new_len > s->len)
+		return BKV_EINVAL;
+	nbk = bkv__blocks_for(pool, new_len);
+	for (i = s->n_blocks; i-- > nbk;)
+		bkv__block_put(&pool->kv, s->table[i], 0);
+	s->n_blocks = nbk;
+	if (nbk) {
+		bkv__block *k = &pool->kv.blk[s->table[nbk - 1]];
+		uint32_t off = new_len - (nbk - 1) * pool->kv.bt;
+
+		/* A private, unindexed block forgets the tokens cut off. */
+		if (k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill > off) {
+			pool->kv.tokens -= k->fill - off;
+			k->fill = off;
+			k->flags &= ~BKV__BLOCK_TXN; /* no longer full: unqueued */
+		}
+	}
+	s->len = new_len;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_blocks)
+{
+	const bkv__seq *s = pool ? bkv__seq_get(pool, seq) : NULL;
+
+	if (n_blocks)
+		*n_blocks = s ? s->n_blocks : 0;
+	if (!s)
+		return NULL;
+	return s->table;
+}
+
+int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *info)
+{
+	const bkv__seq *s;
+
+	if (!pool || !info)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	info->len = s->len;
+	info->n_blocks = s->n_blocks;
+	info->swapped = s->state == BKV__SEQ_SWAPPED;
+	info->key = s->key;
+	return BKV_OK;
+}

@@ -1,0 +1,142 @@
+/*
+ * swap.c - the host (swap) tier: moving a sequence's blocks to host blocks
+ * and back.
+ *
+ * Swap-out gives each table entry a free host block, copies the tokens to
+ * the host token store, records device->host copies and releases the device
+ * blocks by close's rule; the table then holds host ids. Swap-in first
+ * re-finds leading full blocks in the prefix cache (shared again, no copy),
+ * then takes device blocks for the rest with host->device copies. The host
+ * blocks those copies read stay "pending" (not reusable) until the host
+ * clears the swap-in copies (pool/pool.c).
+ *
+ * Copy lists are performed by the host in the order swap_out, swap_in,
+ * device. That order is correct as long as, between two clears, no block
+ * written or read by a pending copy is read by a later copy of an earlier
+ * list; the pool enforces it: swap-out refuses (BKV_ESTATE) a sequence with a
+ * block that is the source or destination of a pending device copy or the
+ * destination of a pending swap-in copy, and swap-in refuses while device
+ * copies are pending.
+ */
+#include "pool/pool.h"
+
+#include <string.h>
+
+
+
+int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
+{
+	const uint32_t pend = BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN;
+	bkv__copy_list *l;
+	bkv__seq *s;
+	uint32_t i, first;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state == BKV__SEQ_SWAPPED || pool->nh == 0)
+		return BKV_ESTATE;
+	for (i = 0; i < s->n_blocks; i++)
+		if (pool->kv.blk[s->table[i]].flags & pend)
+			return BKV_ESTATE;
+	if (s->n_blocks > pool->host_free)
+		return BKV_ENOSPC;
+	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, s->n_blocks))
+		return BKV_ENOMEM;
+
+	l = &pool->copies[BKV_COPY_SWAP_OUT];
+	first = l->n;
+	for (i = 0; i < s->n_blocks; i++) {
+		int32_t d = s->table[i], h = bkv__host_pop(pool);
+
+		memcpy(pool->host_tok + (size_t)h * pool->kv.bt, pool->kv.tok + (size_t)d * pool->kv.bt,
+		       (size_t)bkv__block_len(pool, s->len, i) * sizeof(int32_t));
+		bkv__copy_push(pool, BKV_COPY_SWAP_OUT, d, h);
+	}
+	for (i = s->n_blocks; i-- > 0;) {
+		bkv__block_put(&pool->kv, s->table[i], 0);
+		s->table[i] = l->v[first + i].dst;
+	}
+	pool->swap_out_blocks += s->n_blocks;
+	s->state = BKV__SEQ_SWAPPED;
+	pool->nr_swapped++;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
+
+int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
+{
+	uint32_t bt, i, n_full, hits = 0, relinked = 0;
+	uint64_t ph = BKV__HASH_ROOT, h = 0;
+	int32_t parent = -1;
+	bkv__seq *s;
+
+	if (!pool)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	if (s->state != BKV__SEQ_SWAPPED || pool->copies[BKV_COPY_DEVICE].n)
+		return BKV_ESTATE;
+	bt = pool->kv.bt;
+	n_full = s->len >> pool->kv.bt_shift;
+
+	/* Pre-pass: leading full blocks still in the prefix cache. */
+	if (pool->kv.index) {
+		while (hits < n_full) {
+			int32_t c = bkv__cache_lookup(&pool->kv, ph, parent, s->key,
+						      pool->host_tok + (size_t)s->table[hits] * bt,
+						      &h);
+
+			if (c < 0)
+				break;
+			relinked += BLOCK_IS_CACHED(&pool->kv.blk[c]);
+			ph = h;
+			parent = c;
+			hits++;
+		}
+	}
+	BKV_ASSERT(relinked <= pool->kv.nr_cached);
+	if ((uint64_t)s->n_blocks - hits > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
+		return BKV_ENOSPC;
+	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, s->n_blocks - hits))
+		return BKV_ENOMEM;
+
+	/* Commit: the same walk again (nothing changed), then copies. */
+	ph = BKV__HASH_ROOT;
+	parent = -1;
+	for (i = 0; i < hits; i++) {
+		int32_t c = bkv__cache_lookup(&pool->kv, ph, parent, s->key,
+					      pool->host_tok + (size_t)s->table[i] * bt, &h);
+
+		BKV_ASSERT(c >= 0);
+		bkv__block_pin(&pool->kv, c);
+		bkv__host_push(pool, s->table[i]);
+		s->table[i] = c;
+		ph = h;
+		parent = c;
+	}
+	for (i = hits; i < s->n_blocks; i++) {
+		int32_t hb = s->table[i], d = bkv__block_take(&pool->kv, i ? s->table[i - 1] : -1);
+		uint32_t w = bkv__block_len(pool, s->len, i);
+
+		memcpy(pool->kv.tok + (size_t)d * bt, pool->host_tok + (size_t)hb * bt,
+		       (size_t)w * sizeof(int32_t));
+		pool->kv.blk[d].fill = w;
+		pool->kv.blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
+		pool->kv.tokens += w;
+		bkv__copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
+		pool->host_state[hb] = BKV__HOST_PENDING;
+		pool->host_pending++;
+		s->table[i] = d;
+		if (w == bt)
+			bkv__seq_block_filled(pool, s, i);
+	}
+	pool->swap_in_blocks += s->n_blocks - hits;
+	s->state = BKV__SEQ_OPEN;
+	pool->nr_swapped--;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return BKV_OK;
+}
