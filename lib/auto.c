@@ -247,7 +247,7 @@ int bkv__auto_create(bkv_sched *s, const bkv_sched_config *user)
 	a->tpot_us = user->tpot_target_us;
 	a->chunk_cap = s->cfg.max_running + 1;
 	a->chunks = bkv__calloc(&s->alloc, a->chunk_cap, sizeof(bkv_chunk_shape));
-	a->pack_cap = s->row_cap;
+	a->pack_cap = s->plan.row_cap;
 	a->pack_rows = bkv__calloc(&s->alloc, a->pack_cap, sizeof(bkv__row));
 	a->pack_order = bkv__calloc(&s->alloc, a->pack_cap, sizeof(uint32_t));
 	a->pack_end = bkv__calloc(&s->alloc, a->pack_cap, sizeof(uint32_t));
@@ -306,16 +306,16 @@ void bkv__auto_step_begin(bkv_sched *s)
 
 	if (!a)
 		return;
-	if (a->have_used && a->used_after > s->slots_used)
-		freed = a->used_after - s->slots_used;
+	if (a->have_used && a->used_after > s->rs.slots_used)
+		freed = a->used_after - s->rs.slots_used;
 	a->freed_sum = a->freed_sum * AUTO_DECAY + freed;
 	a->step_sum = a->step_sum * AUTO_DECAY + 1.0;
-	a->used_sum = a->used_sum * AUTO_OCC_DECAY + s->slots_used;
+	a->used_sum = a->used_sum * AUTO_OCC_DECAY + s->rs.slots_used;
 	a->freed_slow = a->freed_slow * AUTO_OCC_DECAY + freed;
 	/* the lanes due to free a slot by now have (or ended earlier, or
 	 * fell behind: then they are running but off the calendar) */
-	a->ends_n -= a->ends[s->step_no % AUTO_RING];
-	a->ends[s->step_no % AUTO_RING] = 0;
+	a->ends_n -= a->ends[s->plan.step_no % AUTO_RING];
+	a->ends[s->plan.step_no % AUTO_RING] = 0;
 }
 
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
@@ -337,7 +337,7 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 
 		if (l->done || off >= AUTO_RING)
 			continue; /* beyond the calendar: running, unscheduled */
-		a->ends[(s->step_no + off) % AUTO_RING]++;
+		a->ends[(s->plan.step_no + off) % AUTO_RING]++;
 		a->ends_n++;
 	}
 	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
@@ -358,7 +358,7 @@ void bkv__auto_after_admit(bkv_sched *s)
 
 	if (!a)
 		return;
-	a->used_after = s->slots_used;
+	a->used_after = s->rs.slots_used;
 	a->have_used = 1;
 }
 
@@ -432,7 +432,7 @@ static uint32_t latency_group(bkv_sched *s, double mean, double sd, uint32_t n)
 	occ = a->used_sum / a->freed_slow;         /* steps per request */
 	slot = price_decode(s, n, mean) * occ / n; /* us per slot, decode */
 	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
-		double p = price_group(s, k, mean, sd, s->split ? 0 : s->slots_used);
+		double p = price_group(s, k, mean, sd, s->split ? 0 : s->rs.slots_used);
 		double sk = slot + p / k, rho = lambda * sk, w;
 
 		if (rho >= 1.0)
@@ -454,7 +454,7 @@ static void refresh(bkv_sched *s)
 	uint32_t n = s->cfg.max_running, k, best_k = 1;
 
 	prompt_stats(a, &mean, &sd);
-	a->k_step = s->step_no;
+	a->k_step = s->plan.step_no;
 	a->cap = batch_cap(s, mean);
 	n = a->cap;
 	/* h: the fixed part of a decode call, per slot */
@@ -470,7 +470,7 @@ static void refresh(bkv_sched *s)
 		return;
 	}
 	for (k = 1; k <= n; k = k < 4 ? k + 1 : k + (k + 3) / 4) {
-		double p = price_group(s, k, mean, sd, s->slots_used);
+		double p = price_group(s, k, mean, sd, s->rs.slots_used);
 		double j = p / k + h * k / (2.0 * r);
 
 		/* a TPOT target caps what one split prefill call may take
@@ -532,13 +532,13 @@ static double blocked_ahead(const bkv_sched *s, uint32_t q, double lambda, doubl
 		return 0.0;
 	/* lanes that ended early (a stop token, an abort, preemption) leave
 	 * their entries behind: scale the calendar to the rows running */
-	scale = a->ends_n > s->slots_used ? (double)s->slots_used / a->ends_n : 1.0;
-	R = (double)(s->slots_used + q);
+	scale = a->ends_n > s->rs.slots_used ? (double)s->rs.slots_used / a->ends_n : 1.0;
+	R = (double)(s->rs.slots_used + q);
 	keep = exp(-1.0 / (hold > 1.0 ? hold : 1.0));
 	m_max = per / (1.0 - keep); /* m_j rises towards it */
 	far = 6.0 * sqrt(2.0 * m_max) + m_max + 0.5;
 	for (j = 1; j < AUTO_RING && left > 0 && nq <= enough; j++) {
-		uint32_t e = a->ends[(s->step_no + j) % AUTO_RING];
+		uint32_t e = a->ends[(s->plan.step_no + j) % AUTO_RING];
 
 		left -= e;
 		R -= scale * e;
@@ -573,8 +573,8 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 {
 	bkv__auto *a = s->autos;
 	double mean, sd, d, pm, px, pmx, delta, x, p_call, ts, cost, need, behind, lambda;
-	uint64_t enq = s->heap[0]->enq_us;
-	uint32_t dr = s->split ? 0 : s->slots_used; /* mixed: the chunks' share */
+	uint64_t enq = s->q.heap[0]->enq_us;
+	uint32_t dr = s->split ? 0 : s->rs.slots_used; /* mixed: the chunks' share */
 
 	/* w99 > 0: a refresh saw congestion with arrival gaps (not a burst) */
 	if (a->k_step == 0 || a->w99 <= 0.0 || m == 0 || a->gap_sum <= 0.0 ||
@@ -584,20 +584,20 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 		return 0;
 	lambda = a->gap_w / a->gap_sum; /* arrivals per us */
 	prompt_stats(a, &mean, &sd);
-	d = price_decode(s, s->slots_used, mean);
+	d = price_decode(s, s->rs.slots_used, mean);
 	pm = price_group(s, m, mean, sd, dr);
 	if (saturated) {
-		uint32_t nx = a->ends[(s->step_no + 1) % AUTO_RING];
+		uint32_t nx = a->ends[(s->plan.step_no + 1) % AUTO_RING];
 
-		if (a->ends_n > s->slots_used)
-			nx = (uint32_t)((double)nx * s->slots_used / a->ends_n);
-		nx = BKV_MIN(nx, s->queue_slots - m);
+		if (a->ends_n > s->rs.slots_used)
+			nx = (uint32_t)((double)nx * s->rs.slots_used / a->ends_n);
+		nx = BKV_MIN(nx, s->q.queue_slots - m);
 		if (nx == 0)
 			return 0; /* nothing to merge with next step */
 		x = nx;
 		p_call = 1.0;
 		ts = d; /* this step, without a call */
-		behind = (double)(s->queue_slots - m - nx);
+		behind = (double)(s->q.queue_slots - m - nx);
 		px = price_group(s, nx, mean, sd, dr);
 		pmx = price_group(s, m + nx, mean, sd, dr);
 	} else {
@@ -629,13 +629,13 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
 	bkv__auto *a = s->autos;
 	uint32_t k;
 
-	if (s->slots_used >= a->cap && s->nr_run > 0)
+	if (s->rs.slots_used >= a->cap && s->rs.nr_run > 0)
 		return 0;
-	if (s->nr_run == 0)
+	if (s->rs.nr_run == 0)
 		return 1; /* nothing runs: nothing to wait for */
-	if (s->queue_slots <= free_slots) /* below saturation: everything fits */
-		return !defer_pays(s, now, s->queue_slots, 0);
-	if (a->k_step == 0 || s->step_no - a->k_step >= AUTO_REFRESH_STEPS)
+	if (s->q.queue_slots <= free_slots) /* below saturation: everything fits */
+		return !defer_pays(s, now, s->q.queue_slots, 0);
+	if (a->k_step == 0 || s->plan.step_no - a->k_step >= AUTO_REFRESH_STEPS)
 		refresh(s);
 	/* saturation: the group that minimises the predicted p99 wait when
 	 * arrivals leave headroom (latency_group), else k*; once it is there,
@@ -645,7 +645,7 @@ int bkv__auto_admit(bkv_sched *s, uint64_t now, uint32_t free_slots)
 		k = a->k_lat;
 	if (free_slots < BKV_MIN(k, a->cap))
 		return 0;
-	return !defer_pays(s, now, BKV_MIN(free_slots, s->queue_slots), 1);
+	return !defer_pays(s, now, BKV_MIN(free_slots, s->q.queue_slots), 1);
 }
 
 /* Within an admitting step, may request r join the group? Checks the batch
@@ -665,12 +665,12 @@ int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 
 	if (!a || s->cfg.policy == BKV_POLICY_STATIC)
 		return 1;
-	if (a->adm_step != s->step_no) {
-		a->adm_step = s->step_no;
+	if (a->adm_step != s->plan.step_no) {
+		a->adm_step = s->plan.step_no;
 		a->adm_n = 0;
 		a->adm_price = -1.0;
 	}
-	if (a->admit && s->nr_run > 0 && s->slots_used + r->n_live > a->cap &&
+	if (a->admit && s->rs.nr_run > 0 && s->rs.slots_used + r->n_live > a->cap &&
 	    a->k_step != 0)
 		return 0;
 	if (!s->split || s->cfg.chunked_prefill || !a->tpot_us ||
@@ -678,7 +678,7 @@ int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 		return 1;
 	a->chunks[a->adm_n].len = r->prompt_len;
 	a->chunks[a->adm_n].start = 0;
-	if (s->nr_run > 0) {
+	if (s->rs.nr_run > 0) {
 		/* price this step's prefill call without and with r (the
 		 * price without is kept from the last join) as one call: an
 		 * upper bound of the packed calls */
@@ -690,11 +690,11 @@ int bkv__auto_admit_ok(bkv_sched *s, const bkv__req *r)
 		sh.n_chunks = a->adm_n + 1;
 		p_new = price(s, &sh);
 		prompt_stats(a, &mean, &sd);
-		d_n = price_decode(s, s->slots_used + r->n_live, mean);
+		d_n = price_decode(s, s->rs.slots_used + r->n_live, mean);
 		/* the running rows wait for this call: keep their time
 		 * between tokens under the target when it can be kept */
 		if (p_new + d_n > a->tpot_us &&
-		    p_old + price_decode(s, s->slots_used, mean) <= a->tpot_us) {
+		    p_old + price_decode(s, s->rs.slots_used, mean) <= a->tpot_us) {
 			a->adm_price = p_old;
 			return 0;
 		}
@@ -862,7 +862,7 @@ uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
 	double mean, sd, best = -1.0, t0, pl;
-	uint32_t d = s->slots_used, lo, hi, b, best_b;
+	uint32_t d = s->rs.slots_used, lo, hi, b, best_b;
 
 	if (!a || !a->budget)
 		return fixed;
@@ -886,8 +886,8 @@ uint32_t bkv__auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	/* the running rows' context as the last decode call saw it (long
 	 * prompts stay longer in the running set than in the arrivals, so
 	 * the prompt mean would underprice a long-context decode call) */
-	sh.decode_context = (uint64_t)((double)d * (s->dec_ctx_row > 0.0
-						     ? s->dec_ctx_row + 1.0
+	sh.decode_context = (uint64_t)((double)d * (s->plan.dec_ctx_row > 0.0
+						     ? s->plan.dec_ctx_row + 1.0
 						     : mean + AUTO_CTX_EXTRA));
 	sh.chunks = a->chunks;
 #define PRICE_B(pb, out)                                                       \
@@ -966,29 +966,29 @@ uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c)
 {
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
-	uint32_t i, n = s->n_pre, lo, hi;
+	uint32_t i, n = s->plan.n_pre, lo, hi;
 
 	if (!a || !a->tpot_us || s->split || !s->cfg.cost.step_us || c <= 1 ||
 	    n + 1 > a->chunk_cap)
 		return c;
-	if (a->fit_step != s->step_no) {
+	if (a->fit_step != s->plan.step_no) {
 		/* the fused decode pass summed its rows' context already */
-		uint64_t ctx = s->fill_rows ? s->fill_ctx : 0;
+		uint64_t ctx = s->plan.fill_rows ? s->plan.fill_ctx : 0;
 
-		BKV_ASSERT(s->fill_rows <= s->n_dec);
-		for (i = s->fill_rows; i < s->n_dec; i++)
-			ctx += s->dec[i].end;
+		BKV_ASSERT(s->plan.fill_rows <= s->plan.n_dec);
+		for (i = s->plan.fill_rows; i < s->plan.n_dec; i++)
+			ctx += s->plan.dec[i].end;
 		a->fit_ctx = ctx;
-		a->fit_step = s->step_no;
+		a->fit_step = s->plan.step_no;
 	}
 	for (i = 0; i < n; i++) {
-		a->chunks[i].start = s->pre[i].start;
-		a->chunks[i].len = s->pre[i].end - s->pre[i].start;
+		a->chunks[i].start = s->plan.pre[i].start;
+		a->chunks[i].len = s->plan.pre[i].end - s->plan.pre[i].start;
 	}
 	memset(&sh, 0, sizeof(sh));
 	sh.kind = BKV_CALL_MIXED;
-	sh.decode_rows = s->n_dec;
-	sh.padded_rows = s->n_dec;
+	sh.decode_rows = s->plan.n_dec;
+	sh.padded_rows = s->plan.n_dec;
 	sh.decode_context = a->fit_ctx;
 	sh.chunks = a->chunks;
 	sh.n_chunks = n + 1;

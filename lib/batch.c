@@ -36,24 +36,24 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
 	/* the arrays, hoisted: the uint8_t stores would otherwise make the
 	 * compiler reload every pointer from s on each row */
-	int32_t *const tok_ids = s->bufs.token_ids, *const pos = s->bufs.positions;
-	int32_t *const slots = s->bufs.slot_mapping, *const kvi = s->bufs.kv_indices;
-	int32_t *const qo = s->qo_indptr, *const kvp = s->kv_indptr;
-	int32_t *const lpl = s->last_page_len, *const next = s->next_tokens;
-	uint8_t *const smp = s->row_sample;
-	uint64_t *const rid = s->row_req;
-	uint32_t *const rbr = s->row_branch;
-	void **const rus = s->row_user;
+	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
+	int32_t *const slots = s->call.bufs.slot_mapping, *const kvi = s->call.bufs.kv_indices;
+	int32_t *const qo = s->call.qo_indptr, *const kvp = s->call.kv_indptr;
+	int32_t *const lpl = s->call.last_page_len, *const next = s->call.next_tokens;
+	uint8_t *const smp = s->call.row_sample;
+	uint64_t *const rid = s->call.row_req;
+	uint32_t *const rbr = s->call.row_branch;
+	void **const rus = s->call.row_user;
 	const bkv_pool *pool = s->pool;
 	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 	int kind_i;
 
 	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
-		BKV_ASSERT(first <= n_decode && rows == s->dec);
+		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
 		r = t = first;
-		k = s->fill_kv;
-		ctx = s->fill_ctx;
+		k = s->plan.fill_kv;
+		ctx = s->plan.fill_ctx;
 	} else {
 		qo[0] = 0;
 		kvp[0] = 0;
@@ -68,8 +68,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
 
 		BKV_ASSERT(table && nb == need);
-		BKV_ASSERT(t + (end - start) <= s->bufs.tok_cap);
-		BKV_ASSERT(k + need <= s->bufs.kv_cap);
+		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
+		BKV_ASSERT(k + need <= s->call.bufs.kv_cap);
 		smp[r] = rows[r].sample;
 		rid[r] = q->id;
 		rbr[r] = l->branch;
@@ -106,8 +106,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 		if (r < n_decode) {
 			ctx += end;
 		} else {
-			s->chunks[n_chunks].len = end - start;
-			s->chunks[n_chunks].start = start;
+			s->call.chunks[n_chunks].len = end - start;
+			s->call.chunks[n_chunks].start = start;
 			n_chunks++;
 		}
 	}
@@ -117,23 +117,23 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	b->n_decode_rows = n_decode;
 	b->n_tokens = t;
 	b->block_tokens = bt;
-	b->token_ids = s->bufs.token_ids;
-	b->positions = s->bufs.positions;
-	b->qo_indptr = s->qo_indptr;
-	b->kv_indptr = s->kv_indptr;
-	b->kv_indices = s->bufs.kv_indices;
-	b->kv_last_page_len = s->last_page_len;
-	b->slot_mapping = s->bufs.slot_mapping;
-	b->row_sample = s->row_sample;
-	b->row_req = s->row_req;
-	b->row_branch = s->row_branch;
-	b->row_user = s->row_user;
+	b->token_ids = s->call.bufs.token_ids;
+	b->positions = s->call.bufs.positions;
+	b->qo_indptr = s->call.qo_indptr;
+	b->kv_indptr = s->call.kv_indptr;
+	b->kv_indices = s->call.bufs.kv_indices;
+	b->kv_last_page_len = s->call.last_page_len;
+	b->slot_mapping = s->call.bufs.slot_mapping;
+	b->row_sample = s->call.row_sample;
+	b->row_req = s->call.row_req;
+	b->row_branch = s->call.row_branch;
+	b->row_user = s->call.row_user;
 	for (kind_i = 0; kind_i < 3; kind_i++) {
 		const bkv_copy *v = NULL;
 		uint32_t n = bkv_pool_copies(s->pool, (bkv_copy_kind)kind_i, &v);
-		uint32_t sent = BKV_MIN(s->copies_sent[kind_i], n);
+		uint32_t sent = BKV_MIN(s->call.copies_sent[kind_i], n);
 
-		s->copies_sent[kind_i] = n;
+		s->call.copies_sent[kind_i] = n;
 		n -= sent;
 		v = n ? v + sent : NULL;
 		if (kind_i == BKV_COPY_DEVICE) {
@@ -152,9 +152,9 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	shape->decode_rows = n_decode;
 	shape->decode_context = ctx;
 	shape->n_chunks = n_chunks;
-	shape->chunks = n_chunks ? s->chunks : NULL;
+	shape->chunks = n_chunks ? s->call.chunks : NULL;
 	shape->padded_rows = n_decode;
-	if (s->cfg.policy == BKV_POLICY_STATIC && n_decode && s->group_size > n_decode)
-		shape->padded_rows = s->group_size;
+	if (s->cfg.policy == BKV_POLICY_STATIC && n_decode && s->rs.group_size > n_decode)
+		shape->padded_rows = s->rs.group_size;
 	return t;
 }

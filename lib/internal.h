@@ -119,19 +119,10 @@ typedef struct bkv__bufs {
 /* Buckets of the step-duration histogram (metrics.c), +Inf included. */
 #define BKV__STEP_BUCKETS 15
 
-struct bkv_sched {
-	bkv_sched_config cfg;  /* copied, auto fields resolved */
-	bkv_host_ops ops;      /* copied */
-	void *host;            /* handed to callbacks */
-	bkv_allocator alloc;   /* every allocation of the scheduler */
-	bkv_pool *pool;        /* not owned */
-	uint32_t bt;           /* pool block_tokens, a power of two */
-	uint32_t bt_shift;     /* log2(bt) */
-	uint32_t device_blocks; /* pool device blocks */
-	uint32_t host_blocks;  /* pool host blocks (0: no swap) */
-	int split;             /* 1: prefill + decode callbacks, 0: forward */
-
-	/* shared with bkv_submit / bkv_abort */
+/* The inbox: what bkv_submit and bkv_abort share with the stepping thread
+ * (sched/inbox.c). Fields marked "lock" under bkv_sched.in.lock, "atomic"
+ * read without it. */
+typedef struct bkv__inbox {
 	void *lock;            /* pthread_mutex_t, allocated */
 	bkv__req *inbox_head;  /* lock: FIFO of submitted requests */
 	bkv__req *inbox_tail;  /* lock */
@@ -147,8 +138,10 @@ struct bkv_sched {
 	uint64_t nr_queued;    /* atomic: inbox + waiting + swapped */
 	uint64_t nr_alive;     /* atomic: requests not ended */
 	uint64_t submitted;    /* atomic: accepted by bkv_submit */
+} bkv__inbox;
 
-	/* the queue (policy.c): waiting and swapped requests */
+/* The queue: waiting and swapped requests (sched/queue.c). */
+typedef struct bkv__queue {
 	bkv__req **heap;       /* [heap_cap] binary heap, best at 0 */
 	uint32_t heap_n;       /* entries */
 	uint32_t heap_cap;     /* max_queue + max_running */
@@ -167,9 +160,10 @@ struct bkv_sched {
 	double run_mean_us;    /* decayed mean of the time requests ran
 				  (admission to a LENGTH/STOP end), for the
 				  auto bypass bound; 0 = none ended yet */
-	uint64_t step_us;      /* clock at the start of the current step */
+} bkv__queue;
 
-	/* running requests, in admission order */
+/* The running requests, in admission order (sched/req.c ends them). */
+typedef struct bkv__running {
 	bkv__req **run;        /* [max_running] */
 	uint32_t nr_run;       /* entries */
 	uint32_t slots_used;   /* sum of n_live over run[] <= max_running */
@@ -180,8 +174,11 @@ struct bkv_sched {
 				  compaction of run[] */
 	uint64_t admit_seq;    /* last admission counter */
 	uint64_t last_admit_us; /* clock at the last admission */
+} bkv__running;
 
-	/* one step's plan (stepping thread only) */
+/* One step's plan (stepping thread only; sched/plan.c, sched/step.c). */
+typedef struct bkv__plan {
+	uint64_t step_us;      /* clock at the start of the current step */
 	uint64_t step_no;      /* steps begun, 1-based */
 	int in_step;           /* nonzero during bkv_step (nested -> ESTATE) */
 	uint32_t row_cap;      /* 2 * max_running */
@@ -191,7 +188,7 @@ struct bkv_sched {
 	uint32_t n_dec;
 	bkv__lane **touched;   /* [row_cap] lanes appended to this step, except
 				  those of plan_decode's fast rows (rollback
-				  reaches them through s->dec) */
+				  reaches them through plan.dec) */
 	uint32_t n_touched;
 	bkv__req **swap_pend;  /* [max_running] swapped, copies unsent */
 	uint32_t n_swap_pend;
@@ -208,8 +205,16 @@ struct bkv_sched {
 	uint32_t budget_left;  /* tokens this step may still compute */
 	uint32_t step_hits;    /* prompt tokens this step took from the prefix
 				  cache */
+	int admit_tried;       /* this step's admission was allowed (it may
+				  still have taken nothing) */
+	uint32_t stalls;       /* consecutive steps with nothing running, no
+				  row, and an allowed admission that took
+				  nothing (the progress rule, sched/step.c) */
+} bkv__plan;
 
-	/* the host call's arrays */
+/* The host call's arrays: the memory behind bkv_batch (sched/batch.c owns
+ * the layout). */
+typedef struct bkv__call {
 	bkv__bufs bufs;        /* token- and block-sized arrays */
 	int32_t *qo_indptr;    /* [row_cap + 1] */
 	int32_t *kv_indptr;    /* [row_cap + 1] */
@@ -222,20 +227,40 @@ struct bkv_sched {
 	bkv_chunk_shape *chunks; /* [row_cap] */
 	uint32_t copies_sent[3]; /* copies of each kind already in a call of
 				    this step */
+} bkv__call;
 
+/* What the scheduler measures of its own steps, for bkv_sched_stats_get and
+ * the metrics exposition to read. */
+typedef struct bkv__obs {
+	uint64_t step_hist[BKV__STEP_BUCKETS]; /* steps (ok or rolled back)
+				  whose duration fell in bucket i (not
+				  cumulative; last = +Inf) */
+	double step_sum_s;     /* sum of step durations, seconds */
+} bkv__obs;
+
+struct bkv_sched {
+	bkv_sched_config cfg;  /* copied, auto fields resolved */
+	bkv_host_ops ops;      /* copied */
+	void *host;            /* handed to callbacks */
+	bkv_allocator alloc;   /* every allocation of the scheduler */
+	bkv_pool *pool;        /* not owned */
+	uint32_t bt;           /* pool block_tokens, a power of two */
+	uint32_t bt_shift;     /* log2(bt) */
+	uint32_t device_blocks; /* pool device blocks */
+	uint32_t host_blocks;  /* pool host blocks (0: no swap) */
+	int split;             /* 1: prefill + decode callbacks, 0: forward */
+	bkv__inbox in;         /* shared with bkv_submit / bkv_abort */
+	bkv__queue q;          /* waiting and swapped requests */
+	bkv__running rs;       /* running requests */
+	bkv__plan plan;        /* the current step's plan */
+	bkv__call call;        /* the host call's arrays */
 	bkv_sched_stats stats; /* cumulative; waiting/running/swapped filled on
 				  read */
-	struct bkv__auto *autos; /* auto.c's state: cost-model decisions and
-				    the default model; owned */
-	uint64_t step_hist[BKV__STEP_BUCKETS]; /* metrics.c: steps (ok or
-				  rolled back) whose duration fell in bucket
-				  i (not cumulative; last = +Inf) */
-	double step_sum_s;     /* metrics.c: sum of step durations, seconds */
-	int admit_tried;       /* this step's admission was allowed (it may
-				  still have taken nothing) */
-	uint32_t stalls;       /* consecutive steps with nothing running, no
-				  row, and an allowed admission that took
-				  nothing (the progress rule, sched.c) */
+	bkv__obs obs;          /* step durations */
+	const struct bkv__policy *pol; /* the decisions chosen at create
+				  (decide/decide.h) */
+	struct bkv__auto *autos; /* the cost-model decisions' state and the
+				    default model; owned (decide/) */
 	int bad_write;         /* a call wrote into a shared or cached block
 				  (bkv_sched_check 30); sticky */
 };
@@ -259,7 +284,7 @@ int bkv__want_swap(const bkv_sched *s, const bkv__req *r);
 uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining);
 
 /* batch.c: fill batch and shape from rows; returns the call's tokens. Rows
- * [0, first) are in the arrays already (first is s->fill_rows for s->dec,
+ * [0, first) are in the arrays already (first is s->plan.fill_rows for s->plan.dec,
  * else 0; see bkv__fill below). */
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *batch, bkv_step_shape *shape);
@@ -275,20 +300,20 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 #define BKV__KV_SLACK 3
 
 typedef struct bkv__fill {
-	int32_t *tok_ids;   /* s->bufs.token_ids */
-	int32_t *pos;       /* s->bufs.positions */
-	int32_t *slots;     /* s->bufs.slot_mapping */
-	int32_t *kvi;       /* s->bufs.kv_indices */
-	int32_t *qo;        /* s->qo_indptr */
-	int32_t *kvp;       /* s->kv_indptr */
-	int32_t *lpl;       /* s->last_page_len */
-	int32_t *next;      /* s->next_tokens */
-	uint8_t *smp;       /* s->row_sample */
-	uint64_t *rid;      /* s->row_req */
-	uint32_t *rbr;      /* s->row_branch */
-	void **rus;         /* s->row_user */
+	int32_t *tok_ids;   /* s->call.bufs.token_ids */
+	int32_t *pos;       /* s->call.bufs.positions */
+	int32_t *slots;     /* s->call.bufs.slot_mapping */
+	int32_t *kvi;       /* s->call.bufs.kv_indices */
+	int32_t *qo;        /* s->call.qo_indptr */
+	int32_t *kvp;       /* s->call.kv_indptr */
+	int32_t *lpl;       /* s->call.last_page_len */
+	int32_t *next;      /* s->call.next_tokens */
+	uint8_t *smp;       /* s->call.row_sample */
+	uint64_t *rid;      /* s->call.row_req */
+	uint32_t *rbr;      /* s->call.row_branch */
+	void **rus;         /* s->call.row_user */
 	uint32_t shift;     /* log2(block_tokens) */
-	uint32_t kv_cap;    /* s->bufs.kv_cap; k <= kv_cap (asserted once per
+	uint32_t kv_cap;    /* s->call.bufs.kv_cap; k <= kv_cap (asserted once per
 			       pass: k only grows) */
 	uint32_t r;         /* rows (= tokens) written */
 	uint32_t k;         /* kv_indices entries written */
@@ -344,20 +369,20 @@ static inline uint32_t bkv__fill_slot(const bkv__fill *f, uint32_t start, const 
 /* Start writing this step's decode rows at row 0 (bkv__fill). */
 static inline void bkv__fill_begin(bkv_sched *s, bkv__fill *f)
 {
-	f->tok_ids = s->bufs.token_ids;
-	f->pos = s->bufs.positions;
-	f->slots = s->bufs.slot_mapping;
-	f->kvi = s->bufs.kv_indices;
-	f->qo = s->qo_indptr;
-	f->kvp = s->kv_indptr;
-	f->lpl = s->last_page_len;
-	f->next = s->next_tokens;
-	f->smp = s->row_sample;
-	f->rid = s->row_req;
-	f->rbr = s->row_branch;
-	f->rus = s->row_user;
+	f->tok_ids = s->call.bufs.token_ids;
+	f->pos = s->call.bufs.positions;
+	f->slots = s->call.bufs.slot_mapping;
+	f->kvi = s->call.bufs.kv_indices;
+	f->qo = s->call.qo_indptr;
+	f->kvp = s->call.kv_indptr;
+	f->lpl = s->call.last_page_len;
+	f->next = s->call.next_tokens;
+	f->smp = s->call.row_sample;
+	f->rid = s->call.row_req;
+	f->rbr = s->call.row_branch;
+	f->rus = s->call.row_user;
 	f->shift = s->bt_shift;
-	f->kv_cap = s->bufs.kv_cap;
+	f->kv_cap = s->call.bufs.kv_cap;
 	f->r = f->k = 0;
 	f->ctx = 0;
 	f->qo[0] = 0;

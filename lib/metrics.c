@@ -43,8 +43,8 @@ void bkv__step_observe(bkv_sched *s, uint64_t us)
 		us = 0;
 	while (i < BKV__STEP_BUCKETS - 1 && us > bound_us[i])
 		i++;
-	s->step_hist[i]++;
-	s->step_sum_s += (double)us / 1e6;
+	s->obs.step_hist[i]++;
+	s->obs.step_sum_s += (double)us / 1e6;
 }
 
 /* snprintf into a growing text that may outgrow the caller's buffer. */
@@ -173,7 +173,7 @@ size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 	head(&o, "bkv_step_duration_seconds", "histogram",
 	     "Wall time of one bkv_step on the scheduler's clock.");
 	for (i = 0; i < BKV__STEP_BUCKETS; i++) {
-		cum += s->step_hist[i];
+		cum += s->obs.step_hist[i];
 		if (i < BKV__STEP_BUCKETS - 1)
 			put(&o, "bkv_step_duration_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
 			    bound_txt[i], cum);
@@ -181,7 +181,7 @@ size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 			put(&o, "bkv_step_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
 			    cum);
 	}
-	put(&o, "bkv_step_duration_seconds_sum %.9g\n", s->step_sum_s);
+	put(&o, "bkv_step_duration_seconds_sum %.9g\n", s->obs.step_sum_s);
 	put(&o, "bkv_step_duration_seconds_count %" PRIu64 "\n", cum);
 	return o.len;
 }

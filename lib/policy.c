@@ -75,12 +75,12 @@ static int age_less(const bkv__req *a, const bkv__req *b)
  * IDX the request's position field, LESS the order. heap_delete removes entry
  * i: the last entry takes its place and moves up or down. */
 #define DEFINE_HEAP(NAME, ARR, N, IDX, LESS)                                       \
-	static void NAME##_set(bkv_sched *s, uint32_t i, bkv__req *r)               \
+	static void NAME##_set(bkv__queue *s, uint32_t i, bkv__req *r)               \
 	{                                                                           \
 		s->ARR[i] = r;                                                      \
 		r->IDX = i;                                                         \
 	}                                                                           \
-	static void NAME##_up(bkv_sched *s, uint32_t i)                             \
+	static void NAME##_up(bkv__queue *s, uint32_t i)                             \
 	{                                                                           \
 		bkv__req *r = s->ARR[i];                                            \
                                                                                     \
@@ -94,7 +94,7 @@ static int age_less(const bkv__req *a, const bkv__req *b)
 		}                                                                   \
 		NAME##_set(s, i, r);                                                \
 	}                                                                           \
-	static void NAME##_down(bkv_sched *s, uint32_t i)                           \
+	static void NAME##_down(bkv__queue *s, uint32_t i)                           \
 	{                                                                           \
 		bkv__req *r = s->ARR[i];                                            \
 		uint32_t n = s->N;                                                  \
@@ -113,12 +113,12 @@ static int age_less(const bkv__req *a, const bkv__req *b)
 		}                                                                   \
 		NAME##_set(s, i, r);                                                \
 	}                                                                           \
-	static void NAME##_insert(bkv_sched *s, bkv__req *r)                        \
+	static void NAME##_insert(bkv__queue *s, bkv__req *r)                        \
 	{                                                                           \
 		NAME##_set(s, s->N++, r);                                           \
 		NAME##_up(s, s->N - 1);                                             \
 	}                                                                           \
-	static void NAME##_delete(bkv_sched *s, uint32_t i)                         \
+	static void NAME##_delete(bkv__queue *s, uint32_t i)                         \
 	{                                                                           \
 		s->N--;                                                             \
 		if (i != s->N) {                                                    \
@@ -136,35 +136,35 @@ DEFINE_HEAP(aheap, age, age_n, age_idx, age_less)
 
 void bkv__queue_push(bkv_sched *s, bkv__req *r)
 {
-	BKV_ASSERT(s->heap_n < s->heap_cap);
+	BKV_ASSERT(s->q.heap_n < s->q.heap_cap);
 	BKV_ASSERT(r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED);
-	qheap_insert(s, r);
+	qheap_insert(&s->q, r);
 	if (r->order > 0) { /* new: the bypass bound may pick it (age heap) */
-		BKV_ASSERT(r->state == BKV__REQ_WAITING && s->age_n < s->heap_cap);
-		aheap_insert(s, r);
+		BKV_ASSERT(r->state == BKV__REQ_WAITING && s->q.age_n < s->q.heap_cap);
+		aheap_insert(&s->q, r);
 	}
-	s->queue_slots += r->n_live;
+	s->q.queue_slots += r->n_live;
 	if (r->state == BKV__REQ_WAITING)
-		s->nr_waiting++;
+		s->q.nr_waiting++;
 	else
-		s->nr_swapped++;
+		s->q.nr_swapped++;
 }
 
 void bkv__queue_remove(bkv_sched *s, bkv__req *r)
 {
 	uint32_t i = r->heap_idx;
 
-	BKV_ASSERT(i < s->heap_n && s->heap[i] == r);
-	s->queue_slots -= r->n_live;
+	BKV_ASSERT(i < s->q.heap_n && s->q.heap[i] == r);
+	s->q.queue_slots -= r->n_live;
 	if (r->state == BKV__REQ_WAITING)
-		s->nr_waiting--;
+		s->q.nr_waiting--;
 	else
-		s->nr_swapped--;
-	qheap_delete(s, i);
+		s->q.nr_swapped--;
+	qheap_delete(&s->q, i);
 	r->heap_idx = UINT32_MAX;
 	if (r->age_idx != UINT32_MAX) {
-		BKV_ASSERT(r->age_idx < s->age_n && s->age[r->age_idx] == r);
-		aheap_delete(s, r->age_idx);
+		BKV_ASSERT(r->age_idx < s->q.age_n && s->q.age[r->age_idx] == r);
+		aheap_delete(&s->q, r->age_idx);
 		r->age_idx = UINT32_MAX;
 	}
 }
@@ -173,9 +173,9 @@ bkv__req *bkv__queue_pop(bkv_sched *s)
 {
 	bkv__req *r;
 
-	if (s->heap_n == 0)
+	if (s->q.heap_n == 0)
 		return NULL;
-	r = s->heap[0];
+	r = s->q.heap[0];
 	bkv__queue_remove(s, r);
 	return r;
 }
@@ -187,15 +187,15 @@ bkv__req *bkv__queue_pop(bkv_sched *s)
 
 bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
 {
-	bkv__req *h = s->heap[0], *a;
+	bkv__req *h = s->q.heap[0], *a;
 	double waited, bound;
 
-	BKV_ASSERT(s->heap_n > 0);
+	BKV_ASSERT(s->q.heap_n > 0);
 	/* preempted requests (order < 0) go first; with no new request
 	 * queued, or the oldest one already in front, nothing was passed */
-	if (h->order < 0 || s->age_n == 0 || s->age[0] == h)
+	if (h->order < 0 || s->q.age_n == 0 || s->q.age[0] == h)
 		return h;
-	a = s->age[0];
+	a = s->q.age[0];
 	/* h is new, so no queued request outranks its class, and a is the
 	 * oldest new request of that class: hints put h before it */
 	BKV_ASSERT(a->priority == h->priority && a->order < h->order);
@@ -204,8 +204,8 @@ bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
 	waited = (double)(now - a->enq_us);
 	if (s->cfg.max_bypass_us)
 		bound = (double)s->cfg.max_bypass_us;
-	else if (s->run_mean_us > 0.0)
-		bound = BYPASS_FACTOR * s->run_mean_us *
+	else if (s->q.run_mean_us > 0.0)
+		bound = BYPASS_FACTOR * s->q.run_mean_us *
 			(1.0 + (double)a->queued_with / (double)s->cfg.max_running);
 	else
 		return h; /* auto, and no request has ended yet: no estimate */
@@ -216,14 +216,14 @@ void bkv__queue_ran(bkv_sched *s, const bkv__req *r)
 {
 	double ran;
 
-	if (s->step_us < r->admit_us)
+	if (s->plan.step_us < r->admit_us)
 		return;
 	/* at least 1 us, so that 0 keeps meaning "none ended yet" */
-	ran = BKV_MAX((double)(s->step_us - r->admit_us), 1.0);
-	if (s->run_mean_us <= 0.0)
-		s->run_mean_us = ran;
+	ran = BKV_MAX((double)(s->plan.step_us - r->admit_us), 1.0);
+	if (s->q.run_mean_us <= 0.0)
+		s->q.run_mean_us = ran;
 	else
-		s->run_mean_us = BYPASS_RUN_DECAY * s->run_mean_us + (1.0 - BYPASS_RUN_DECAY) * ran;
+		s->q.run_mean_us = BYPASS_RUN_DECAY * s->q.run_mean_us + (1.0 - BYPASS_RUN_DECAY) * ran;
 }
 
 /* O(queue): for bkv_sched_check only. 1-5: the queue heap; 24-29: the age
@@ -232,12 +232,12 @@ int bkv__queue_check(const bkv_sched *s)
 {
 	uint32_t i, slots = 0, waiting = 0, swapped = 0, young = 0;
 
-	for (i = 0; i < s->heap_n; i++) {
-		const bkv__req *r = s->heap[i];
+	for (i = 0; i < s->q.heap_n; i++) {
+		const bkv__req *r = s->q.heap[i];
 
 		if (r->heap_idx != i)
 			return 1;
-		if (i > 0 && bkv__queue_less(r, s->heap[(i - 1) / 2]))
+		if (i > 0 && bkv__queue_less(r, s->q.heap[(i - 1) / 2]))
 			return 2;
 		if (r->state == BKV__REQ_WAITING)
 			waiting++;
@@ -249,27 +249,27 @@ int bkv__queue_check(const bkv_sched *s)
 		/* the age heap holds exactly the new requests, each once */
 		if (r->order > 0) {
 			young++;
-			if (r->age_idx >= s->age_n || s->age[r->age_idx] != r)
+			if (r->age_idx >= s->q.age_n || s->q.age[r->age_idx] != r)
 				return 24;
 		} else if (r->age_idx != UINT32_MAX) {
 			return 25;
 		}
 	}
-	if (waiting != s->nr_waiting || swapped != s->nr_swapped)
+	if (waiting != s->q.nr_waiting || swapped != s->q.nr_swapped)
 		return 4;
-	if (slots != s->queue_slots)
+	if (slots != s->q.queue_slots)
 		return 5;
-	if (young != s->age_n)
+	if (young != s->q.age_n)
 		return 26;
 	/* ... in (class, arrival) heap order, each also in the queue */
-	for (i = 0; i < s->age_n; i++) {
-		const bkv__req *r = s->age[i];
+	for (i = 0; i < s->q.age_n; i++) {
+		const bkv__req *r = s->q.age[i];
 
-		if (r->age_idx != i || r->heap_idx >= s->heap_n || s->heap[r->heap_idx] != r)
+		if (r->age_idx != i || r->heap_idx >= s->q.heap_n || s->q.heap[r->heap_idx] != r)
 			return 27;
 		if (r->order <= 0 || r->state != BKV__REQ_WAITING)
 			return 28;
-		if (i > 0 && age_less(r, s->age[(i - 1) / 2]))
+		if (i > 0 && age_less(r, s->q.age[(i - 1) / 2]))
 			return 29;
 	}
 	return 0;
@@ -281,24 +281,24 @@ int bkv__queue_check(const bkv_sched *s)
  * further limited by free slots, the watermark and the token budget.) */
 int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
 {
-	uint32_t free_slots = s->cfg.max_running - s->slots_used;
+	uint32_t free_slots = s->cfg.max_running - s->rs.slots_used;
 	const bkv__req *head;
 	uint64_t since;
 
-	if (s->heap_n == 0 || free_slots == 0)
+	if (s->q.heap_n == 0 || free_slots == 0)
 		return 0;
 	if (s->cfg.policy == BKV_POLICY_STATIC)
-		return s->nr_run == 0;
+		return s->rs.nr_run == 0;
 	if (bkv__auto_admit_on(s)) /* the cost model decides (auto.c) */
 		return bkv__auto_admit((bkv_sched *)s, now, free_slots);
 	if (free_slots >= s->cfg.admit_group)
 		return 1;
-	if (s->queue_slots <= free_slots)
+	if (s->q.queue_slots <= free_slots)
 		return 1; /* the queue cannot supply a bigger group */
 	if (s->cfg.max_wait_us == UINT64_MAX)
 		return 0;
 	head = bkv__queue_head(s, now);
-	since = BKV_MAX(head->enq_us, s->last_admit_us);
+	since = BKV_MAX(head->enq_us, s->rs.last_admit_us);
 	return now >= since && now - since >= s->cfg.max_wait_us;
 }
 
@@ -307,7 +307,7 @@ int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
  * capacity). */
 uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining)
 {
-	return BKV_MIN(remaining, s->budget_left);
+	return BKV_MIN(remaining, s->plan.budget_left);
 }
 
 /* ---- preemption ---------------------------------------------------------- */
@@ -319,8 +319,8 @@ bkv__req *bkv__pick_victim(const bkv_sched *s)
 	bkv__req *best = NULL;
 	uint32_t i;
 
-	for (i = s->nr_run; i-- > 0;) {
-		bkv__req *r = s->run[i];
+	for (i = s->rs.nr_run; i-- > 0;) {
+		bkv__req *r = s->rs.run[i];
 
 		if (r->state != BKV__REQ_RUNNING)
 			continue;

@@ -59,8 +59,8 @@
 #define TOK_CAP_LIMIT (1u << 24)
 #define MAP_INIT_CAP 64u
 
-#define LOCK(s) pthread_mutex_lock((pthread_mutex_t *)(s)->lock)
-#define UNLOCK(s) pthread_mutex_unlock((pthread_mutex_t *)(s)->lock)
+#define LOCK(s) pthread_mutex_lock((pthread_mutex_t *)(s)->in.lock)
+#define UNLOCK(s) pthread_mutex_unlock((pthread_mutex_t *)(s)->in.lock)
 #define ATOMIC_ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 #define ATOMIC_SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_RELAXED)
 #define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
@@ -142,12 +142,12 @@ static int bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t 
 	uint64_t t, k, dev_tokens = (uint64_t)s->device_blocks * s->bt;
 
 	if (s->cfg.chunked_prefill)
-		t = BKV_MAX(s->cfg.token_budget, s->row_cap);
+		t = BKV_MAX(s->cfg.token_budget, s->plan.row_cap);
 	else
-		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->row_cap;
+		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->plan.row_cap;
 	t = BKV_MIN(t, (uint64_t)TOK_CAP_LIMIT);
-	t = BKV_MAX(t, (uint64_t)s->row_cap);
-	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->row_cap;
+	t = BKV_MAX(t, (uint64_t)s->plan.row_cap);
+	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->plan.row_cap;
 	*tok = (uint32_t)t;
 	*kv = k > KV_CAP_LIMIT ? KV_CAP_LIMIT : (uint32_t)k;
 	return k > KV_CAP_LIMIT;
@@ -165,11 +165,11 @@ static uint32_t id_hash(uint64_t id)
 
 static bkv__slot *map_find(const bkv_sched *s, uint64_t id)
 {
-	uint32_t mask = s->map_cap - 1, i = id_hash(id) & mask;
+	uint32_t mask = s->in.map_cap - 1, i = id_hash(id) & mask;
 
-	while (s->map[i].id != 0) {
-		if (s->map[i].id == id)
-			return &s->map[i];
+	while (s->in.map[i].id != 0) {
+		if (s->in.map[i].id == id)
+			return &s->in.map[i];
 		i = (i + 1) & mask;
 	}
 	return NULL;
@@ -188,21 +188,21 @@ static void map_put(bkv__slot *map, uint32_t cap, uint64_t id, bkv__req *r)
 /* Backward-shift deletion keeps probe chains intact without tombstones. */
 static void map_erase(bkv_sched *s, uint64_t id)
 {
-	uint32_t mask = s->map_cap - 1, i, j;
+	uint32_t mask = s->in.map_cap - 1, i, j;
 	bkv__slot *e = map_find(s, id);
 
 	if (!e)
 		return;
-	i = (uint32_t)(e - s->map);
-	s->map[i].id = 0;
-	s->map_count--;
-	for (j = (i + 1) & mask; s->map[j].id != 0; j = (j + 1) & mask) {
-		uint32_t home = id_hash(s->map[j].id) & mask;
+	i = (uint32_t)(e - s->in.map);
+	s->in.map[i].id = 0;
+	s->in.map_count--;
+	for (j = (i + 1) & mask; s->in.map[j].id != 0; j = (j + 1) & mask) {
+		uint32_t home = id_hash(s->in.map[j].id) & mask;
 
 		/* move j into the hole i unless its home lies in (i, j] */
 		if (((j - home) & mask) >= ((j - i) & mask)) {
-			s->map[i] = s->map[j];
-			s->map[j].id = 0;
+			s->in.map[i] = s->in.map[j];
+			s->in.map[j].id = 0;
 			i = j;
 		}
 	}
@@ -210,20 +210,20 @@ static void map_erase(bkv_sched *s, uint64_t id)
 
 static int map_reserve(bkv_sched *s)
 {
-	uint32_t cap = s->map_cap * 2, i;
+	uint32_t cap = s->in.map_cap * 2, i;
 	bkv__slot *m;
 
-	if ((s->map_count + 1) * 2 <= s->map_cap)
+	if ((s->in.map_count + 1) * 2 <= s->in.map_cap)
 		return BKV_OK;
 	m = bkv__calloc(&s->alloc, cap, sizeof(*m));
 	if (!m)
 		return BKV_ENOMEM;
-	for (i = 0; i < s->map_cap; i++)
-		if (s->map[i].id)
-			map_put(m, cap, s->map[i].id, s->map[i].req);
-	bkv__free(&s->alloc, s->map, (size_t)s->map_cap * sizeof(*m));
-	s->map = m;
-	s->map_cap = cap;
+	for (i = 0; i < s->in.map_cap; i++)
+		if (s->in.map[i].id)
+			map_put(m, cap, s->in.map[i].id, s->in.map[i].req);
+	bkv__free(&s->alloc, s->in.map, (size_t)s->in.map_cap * sizeof(*m));
+	s->in.map = m;
+	s->in.map_cap = cap;
 	return BKV_OK;
 }
 
@@ -302,41 +302,41 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->host_blocks = ps.host_blocks;
 
 	m = s->cfg.max_running;
-	s->row_cap = 2 * m;
-	s->heap_cap = s->cfg.max_queue + m;
-	s->map_cap = MAP_INIT_CAP;
-	s->lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
-	s->map = bkv__calloc(&a, s->map_cap, sizeof(bkv__slot));
-	s->heap = bkv__calloc(&a, s->heap_cap, sizeof(bkv__req *));
-	s->age = bkv__calloc(&a, s->heap_cap, sizeof(bkv__req *));
-	s->run = bkv__calloc(&a, m, sizeof(bkv__req *));
-	s->pre = bkv__calloc(&a, s->row_cap, sizeof(bkv__row));
-	s->dec = bkv__calloc(&a, 2 * s->row_cap, sizeof(bkv__row));
-	s->touched = bkv__calloc(&a, 3 * (size_t)m, sizeof(bkv__lane *));
-	s->swap_pend = bkv__calloc(&a, m, sizeof(bkv__req *));
-	s->qo_indptr = bkv__calloc(&a, s->row_cap + 1, sizeof(int32_t));
-	s->kv_indptr = bkv__calloc(&a, s->row_cap + 1, sizeof(int32_t));
-	s->last_page_len = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
-	s->row_sample = bkv__calloc(&a, s->row_cap, sizeof(uint8_t));
-	s->row_req = bkv__calloc(&a, s->row_cap, sizeof(uint64_t));
-	s->row_branch = bkv__calloc(&a, s->row_cap, sizeof(uint32_t));
-	s->row_user = bkv__calloc(&a, s->row_cap, sizeof(void *));
-	s->next_tokens = bkv__calloc(&a, s->row_cap, sizeof(int32_t));
-	s->chunks = bkv__calloc(&a, s->row_cap, sizeof(bkv_chunk_shape));
+	s->plan.row_cap = 2 * m;
+	s->q.heap_cap = s->cfg.max_queue + m;
+	s->in.map_cap = MAP_INIT_CAP;
+	s->in.lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
+	s->in.map = bkv__calloc(&a, s->in.map_cap, sizeof(bkv__slot));
+	s->q.heap = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
+	s->q.age = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
+	s->rs.run = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->plan.pre = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv__row));
+	s->plan.dec = bkv__calloc(&a, 2 * s->plan.row_cap, sizeof(bkv__row));
+	s->plan.touched = bkv__calloc(&a, 3 * (size_t)m, sizeof(bkv__lane *));
+	s->plan.swap_pend = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->call.qo_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
+	s->call.kv_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
+	s->call.last_page_len = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
+	s->call.row_sample = bkv__calloc(&a, s->plan.row_cap, sizeof(uint8_t));
+	s->call.row_req = bkv__calloc(&a, s->plan.row_cap, sizeof(uint64_t));
+	s->call.row_branch = bkv__calloc(&a, s->plan.row_cap, sizeof(uint32_t));
+	s->call.row_user = bkv__calloc(&a, s->plan.row_cap, sizeof(void *));
+	s->call.next_tokens = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
+	s->call.chunks = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv_chunk_shape));
 	(void)bufs_need(s, 256, &tok, &kv);
-	if (!s->lock || !s->map || !s->heap || !s->age || !s->run || !s->pre || !s->dec ||
-	    !s->touched || !s->swap_pend || !s->qo_indptr || !s->kv_indptr || !s->last_page_len ||
-	    !s->row_sample || !s->row_req || !s->row_branch || !s->row_user ||
-	    !s->next_tokens || !s->chunks || bufs_alloc(&a, &s->bufs, tok, kv) != BKV_OK) {
-		if (s->lock)
-			bkv__free(&a, s->lock, sizeof(pthread_mutex_t));
-		s->lock = NULL;
+	if (!s->in.lock || !s->in.map || !s->q.heap || !s->q.age || !s->rs.run || !s->plan.pre || !s->plan.dec ||
+	    !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr || !s->call.kv_indptr || !s->call.last_page_len ||
+	    !s->call.row_sample || !s->call.row_req || !s->call.row_branch || !s->call.row_user ||
+	    !s->call.next_tokens || !s->call.chunks || bufs_alloc(&a, &s->call.bufs, tok, kv) != BKV_OK) {
+		if (s->in.lock)
+			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
+		s->in.lock = NULL;
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
-	if (pthread_mutex_init((pthread_mutex_t *)s->lock, NULL) != 0) {
-		bkv__free(&a, s->lock, sizeof(pthread_mutex_t));
-		s->lock = NULL;
+	if (pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
+		bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
+		s->in.lock = NULL;
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
@@ -344,8 +344,8 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
-	s->want_tok = tok;
-	s->want_kv = kv;
+	s->in.want_tok = tok;
+	s->in.want_kv = kv;
 	s->stats.size = sizeof(s->stats);
 	*out = s;
 	return BKV_OK;
@@ -396,42 +396,42 @@ void bkv_sched_destroy(bkv_sched *s)
 	a = &s->alloc;
 	m = s->cfg.max_running;
 	/* every live request is in the map; zombies only on the abort list */
-	for (r = s->abort_head; r; r = next) {
+	for (r = s->in.abort_head; r; r = next) {
 		next = r->abort_next;
 		if (r->zombie)
 			req_free(s, r);
 	}
-	if (s->map) {
-		for (i = 0; i < s->map_cap; i++) {
-			if (!s->map[i].id)
+	if (s->in.map) {
+		for (i = 0; i < s->in.map_cap; i++) {
+			if (!s->in.map[i].id)
 				continue;
-			req_drop_seqs(s, s->map[i].req);
-			req_free(s, s->map[i].req);
+			req_drop_seqs(s, s->in.map[i].req);
+			req_free(s, s->in.map[i].req);
 		}
 	}
-	if (s->lock) {
-		pthread_mutex_destroy((pthread_mutex_t *)s->lock);
-		bkv__free(a, s->lock, sizeof(pthread_mutex_t));
+	if (s->in.lock) {
+		pthread_mutex_destroy((pthread_mutex_t *)s->in.lock);
+		bkv__free(a, s->in.lock, sizeof(pthread_mutex_t));
 	}
-	bkv__free(a, s->map, (size_t)s->map_cap * sizeof(bkv__slot));
-	bkv__free(a, s->heap, (size_t)s->heap_cap * sizeof(bkv__req *));
-	bkv__free(a, s->age, (size_t)s->heap_cap * sizeof(bkv__req *));
-	bkv__free(a, s->run, (size_t)m * sizeof(bkv__req *));
-	bkv__free(a, s->pre, (size_t)s->row_cap * sizeof(bkv__row));
-	bkv__free(a, s->dec, 2 * (size_t)s->row_cap * sizeof(bkv__row));
-	bkv__free(a, s->touched, 3 * (size_t)m * sizeof(bkv__lane *));
-	bkv__free(a, s->swap_pend, (size_t)m * sizeof(bkv__req *));
-	bkv__free(a, s->qo_indptr, ((size_t)s->row_cap + 1) * sizeof(int32_t));
-	bkv__free(a, s->kv_indptr, ((size_t)s->row_cap + 1) * sizeof(int32_t));
-	bkv__free(a, s->last_page_len, (size_t)s->row_cap * sizeof(int32_t));
-	bkv__free(a, s->row_sample, (size_t)s->row_cap * sizeof(uint8_t));
-	bkv__free(a, s->row_req, (size_t)s->row_cap * sizeof(uint64_t));
-	bkv__free(a, s->row_branch, (size_t)s->row_cap * sizeof(uint32_t));
-	bkv__free(a, s->row_user, (size_t)s->row_cap * sizeof(void *));
-	bkv__free(a, s->next_tokens, (size_t)s->row_cap * sizeof(int32_t));
-	bkv__free(a, s->chunks, (size_t)s->row_cap * sizeof(bkv_chunk_shape));
-	bufs_free(a, &s->bufs);
-	bufs_free(a, &s->spare);
+	bkv__free(a, s->in.map, (size_t)s->in.map_cap * sizeof(bkv__slot));
+	bkv__free(a, s->q.heap, (size_t)s->q.heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->q.age, (size_t)s->q.heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->rs.run, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->plan.pre, (size_t)s->plan.row_cap * sizeof(bkv__row));
+	bkv__free(a, s->plan.dec, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
+	bkv__free(a, s->plan.touched, 3 * (size_t)m * sizeof(bkv__lane *));
+	bkv__free(a, s->plan.swap_pend, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->call.qo_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->call.kv_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->call.last_page_len, (size_t)s->plan.row_cap * sizeof(int32_t));
+	bkv__free(a, s->call.row_sample, (size_t)s->plan.row_cap * sizeof(uint8_t));
+	bkv__free(a, s->call.row_req, (size_t)s->plan.row_cap * sizeof(uint64_t));
+	bkv__free(a, s->call.row_branch, (size_t)s->plan.row_cap * sizeof(uint32_t));
+	bkv__free(a, s->call.row_user, (size_t)s->plan.row_cap * sizeof(void *));
+	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
+	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
+	bufs_free(a, &s->call.bufs);
+	bufs_free(a, &s->in.spare);
 	bkv__auto_destroy(s);
 	bkv__free(a, s, sizeof(*s));
 }
@@ -505,7 +505,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}
 	LOCK(s);
-	if (ATOMIC_LOAD(&s->nr_queued) >= s->cfg.max_queue) {
+	if (ATOMIC_LOAD(&s->in.nr_queued) >= s->cfg.max_queue) {
 		rc = BKV_EAGAIN;
 		goto out;
 	}
@@ -513,34 +513,34 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 		rc = BKV_ENOMEM;
 		goto out;
 	}
-	if (tok > s->want_tok || kv > s->want_kv) {
+	if (tok > s->in.want_tok || kv > s->in.want_kv) {
 		/* Grow geometrically; the step swaps the spare in when it drains
 		 * this request, so bkv_step itself never allocates. */
 		bkv__bufs nb;
 
-		tok = BKV_MAX(tok, BKV_MIN(s->want_tok * 2u, TOK_CAP_LIMIT));
-		kv = BKV_MAX(kv, s->want_kv > UINT32_MAX / 16 ? kv : s->want_kv * 2u);
+		tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
+		kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
 		if (bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK) {
 			rc = BKV_ENOMEM;
 			goto out;
 		}
-		bufs_free(&s->alloc, &s->spare);
-		s->spare = nb;
-		s->want_tok = tok;
-		s->want_kv = kv;
+		bufs_free(&s->alloc, &s->in.spare);
+		s->in.spare = nb;
+		s->in.want_tok = tok;
+		s->in.want_kv = kv;
 	}
-	id = ++s->next_id;
+	id = ++s->in.next_id;
 	r->id = id;
-	map_put(s->map, s->map_cap, id, r);
-	s->map_count++;
-	if (s->inbox_tail)
-		s->inbox_tail->next = r;
+	map_put(s->in.map, s->in.map_cap, id, r);
+	s->in.map_count++;
+	if (s->in.inbox_tail)
+		s->in.inbox_tail->next = r;
 	else
-		s->inbox_head = r;
-	s->inbox_tail = r;
-	ATOMIC_ADD(&s->nr_queued, 1);
-	ATOMIC_ADD(&s->nr_alive, 1);
-	ATOMIC_ADD(&s->submitted, 1);
+		s->in.inbox_head = r;
+	s->in.inbox_tail = r;
+	ATOMIC_ADD(&s->in.nr_queued, 1);
+	ATOMIC_ADD(&s->in.nr_alive, 1);
+	ATOMIC_ADD(&s->in.submitted, 1);
 out:
 	UNLOCK(s);
 	if (rc != BKV_OK) {
@@ -565,8 +565,8 @@ int bkv_abort(bkv_sched *s, uint64_t req_id)
 		rc = BKV_ENOENT;
 	} else {
 		e->req->abort_state = 1;
-		e->req->abort_next = s->abort_head;
-		s->abort_head = e->req;
+		e->req->abort_next = s->in.abort_head;
+		s->in.abort_head = e->req;
 	}
 	UNLOCK(s);
 	return rc;
@@ -588,9 +588,9 @@ static void swap_pend_forget(bkv_sched *s, const bkv__req *r)
 {
 	uint32_t i;
 
-	for (i = 0; i < s->n_swap_pend; i++) {
-		if (s->swap_pend[i] == r) {
-			s->swap_pend[i] = s->swap_pend[--s->n_swap_pend];
+	for (i = 0; i < s->plan.n_swap_pend; i++) {
+		if (s->plan.swap_pend[i] == r) {
+			s->plan.swap_pend[i] = s->plan.swap_pend[--s->plan.n_swap_pend];
 			return;
 		}
 	}
@@ -615,22 +615,22 @@ static void finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_ste
 		l->done = 1;
 	}
 	if (r->state == BKV__REQ_RUNNING) {
-		s->slots_used -= r->n_live;
-		s->run_dirty = 1;
+		s->rs.slots_used -= r->n_live;
+		s->rs.run_dirty = 1;
 		if (why == BKV_FINISH_LENGTH || why == BKV_FINISH_STOP)
 			bkv__queue_ran(s, r); /* the auto bypass bound's S */
 	} else if (r->state == BKV__REQ_WAITING || r->state == BKV__REQ_SWAPPED) {
 		bkv__queue_remove(s, r);
-		ATOMIC_SUB(&s->nr_queued, 1);
+		ATOMIC_SUB(&s->in.nr_queued, 1);
 	}
 	if (r->swap_unsent)
 		swap_pend_forget(s, r);
 	r->swap_unsent = 0;
 	r->n_live = 0;
 	r->state = BKV__REQ_DONE;
-	r->next = s->done_head;
-	s->done_head = r;
-	ATOMIC_SUB(&s->nr_alive, 1);
+	r->next = s->plan.done_head;
+	s->plan.done_head = r;
+	ATOMIC_SUB(&s->in.nr_alive, 1);
 	s->stats.finished++;
 	if (why == BKV_FINISH_ABORT)
 		s->stats.aborted++;
@@ -651,7 +651,7 @@ static void lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_ste
 		bkv_seq_close(s->pool, l->seq);
 	l->seq = BKV__SEQ_NONE;
 	r->n_live--;
-	s->slots_used--;
+	s->rs.slots_used--;
 	if (r->n_live == 0)
 		finish_req(s, r, why, si);
 }
@@ -661,22 +661,22 @@ static void run_compact(bkv_sched *s)
 {
 	uint32_t i, j = 0, multi = 0;
 
-	if (!s->run_dirty)
+	if (!s->rs.run_dirty)
 		return;
-	s->run_dirty = 0;
-	for (i = 0; i < s->nr_run; i++) {
-		bkv__req *r = s->run[i];
+	s->rs.run_dirty = 0;
+	for (i = 0; i < s->rs.nr_run; i++) {
+		bkv__req *r = s->rs.run[i];
 
 		if (r->state != BKV__REQ_RUNNING)
 			continue;
 		r->run_idx = j;
-		s->run[j++] = r;
+		s->rs.run[j++] = r;
 		multi += r->n > 1;
 	}
-	s->nr_run = j;
-	s->nr_run_multi = multi;
+	s->rs.nr_run = j;
+	s->rs.nr_run_multi = multi;
 	if (j == 0)
-		s->group_size = 0;
+		s->rs.group_size = 0;
 }
 
 /* Forget requests ended in this step: out of the map (so bkv_abort answers
@@ -686,10 +686,10 @@ static void release_done(bkv_sched *s)
 {
 	bkv__req *r, *next, *free_list = NULL;
 
-	if (!s->done_head)
+	if (!s->plan.done_head)
 		return;
 	LOCK(s);
-	for (r = s->done_head; r; r = next) {
+	for (r = s->plan.done_head; r; r = next) {
 		next = r->next;
 		map_erase(s, r->id);
 		if (r->abort_state == 1) {
@@ -700,7 +700,7 @@ static void release_done(bkv_sched *s)
 		}
 	}
 	UNLOCK(s);
-	s->done_head = NULL;
+	s->plan.done_head = NULL;
 	for (r = free_list; r; r = next) {
 		next = r->next;
 		req_free(s, r);
@@ -717,16 +717,16 @@ static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 	memset(&old, 0, sizeof(old));
 	LOCK(s);
-	in = s->inbox_head;
-	s->inbox_head = s->inbox_tail = NULL;
-	ab = s->abort_head;
-	s->abort_head = NULL;
+	in = s->in.inbox_head;
+	s->in.inbox_head = s->in.inbox_tail = NULL;
+	ab = s->in.abort_head;
+	s->in.abort_head = NULL;
 	for (r = ab; r; r = r->abort_next)
 		r->abort_state = 2;
-	if (s->spare.tok_cap) {
-		old = s->bufs;
-		s->bufs = s->spare;
-		memset(&s->spare, 0, sizeof(s->spare));
+	if (s->in.spare.tok_cap) {
+		old = s->call.bufs;
+		s->call.bufs = s->in.spare;
+		memset(&s->in.spare, 0, sizeof(s->in.spare));
 	}
 	UNLOCK(s);
 	bufs_free(&s->alloc, &old);
@@ -736,12 +736,12 @@ static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	 * bound, policy.c) */
 	for (r = in; r; r = r->next)
 		batch_slots += r->n_live;
-	queued_with = s->queue_slots + batch_slots;
+	queued_with = s->q.queue_slots + batch_slots;
 	for (r = in; r; r = next) {
 		next = r->next;
 		r->next = NULL;
 		r->state = BKV__REQ_WAITING;
-		r->order = ++s->arrival;
+		r->order = ++s->q.arrival;
 		r->enq_us = now;
 		r->queued_with = queued_with;
 		bkv__queue_push(s, r);
@@ -766,17 +766,17 @@ static void drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 static void touch(bkv_sched *s, bkv__lane *l)
 {
-	if (l->touch_step == s->step_no)
+	if (l->touch_step == s->plan.step_no)
 		return;
-	l->touch_step = s->step_no;
+	l->touch_step = s->plan.step_no;
 	l->pre_len = l->kv_len;
-	s->touched[s->n_touched++] = l;
+	s->plan.touched[s->plan.n_touched++] = l;
 }
 
 /* Undo a lane's appends of this step (before preempting it). */
 static void lane_undo(bkv_sched *s, bkv__lane *l)
 {
-	if (l->seq == BKV__SEQ_NONE || l->touch_step != s->step_no || l->kv_len == l->pre_len)
+	if (l->seq == BKV__SEQ_NONE || l->touch_step != s->plan.step_no || l->kv_len == l->pre_len)
 		return;
 	bkv_seq_truncate(s->pool, l->seq, l->pre_len);
 	l->kv_len = l->pre_len;
@@ -792,7 +792,7 @@ static int device_copies_pending(const bkv_sched *s)
  * to the front of its priority class and is not readmitted in this step. */
 static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 {
-	int swap = s->n_swap_pend < s->cfg.max_running && !device_copies_pending(s) &&
+	int swap = s->plan.n_swap_pend < s->cfg.max_running && !device_copies_pending(s) &&
 		   bkv__want_swap(s, r);
 	uint32_t i;
 
@@ -811,17 +811,17 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 	}
 	if (!swap)
 		req_close_lanes(s, r);
-	s->slots_used -= r->n_live;
-	s->run_dirty = 1;
+	s->rs.slots_used -= r->n_live;
+	s->rs.run_dirty = 1;
 	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
 	r->swap_unsent = (uint8_t)swap;
 	if (swap)
-		s->swap_pend[s->n_swap_pend++] = r;
-	r->order = --s->front;
+		s->plan.swap_pend[s->plan.n_swap_pend++] = r;
+	r->order = --s->q.front;
 	r->enq_us = now;
-	r->preempt_step = s->step_no;
+	r->preempt_step = s->plan.step_no;
 	bkv__queue_push(s, r);
-	ATOMIC_ADD(&s->nr_queued, 1);
+	ATOMIC_ADD(&s->in.nr_queued, 1);
 	s->stats.preemptions++;
 	if (swap)
 		s->stats.swaps++;
@@ -924,7 +924,7 @@ static uint32_t add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l,
 	bkv__row *row;
 	uint32_t start = old + hit;
 
-	s->step_hits += hit;
+	s->plan.step_hits += hit;
 	if (sample && start >= l->kv_len) /* not reached: a sampled token is
 					      never a hit (lane_append, lane_hits);
 					      kept, as dropping it costs the
@@ -945,17 +945,17 @@ static uint32_t add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l,
 
 static void charge(bkv_sched *s, uint32_t tokens)
 {
-	s->budget_left -= BKV_MIN(s->budget_left, tokens);
+	s->plan.budget_left -= BKV_MIN(s->plan.budget_left, tokens);
 }
 
 static void plan_forks(bkv_sched *s)
 {
 	uint32_t i, j;
 
-	if (s->nr_run_multi == 0)
+	if (s->rs.nr_run_multi == 0)
 		return; /* no request in run[] has n > 1 */
-	for (i = 0; i < s->nr_run; i++) {
-		bkv__req *r = s->run[i];
+	for (i = 0; i < s->rs.nr_run; i++) {
+		bkv__req *r = s->rs.run[i];
 		bkv__lane *l0 = &r->lane[0];
 		int rc = BKV_OK;
 
@@ -992,7 +992,7 @@ static void plan_forks(bkv_sched *s)
 }
 
 /* Decode rows for every decoding lane, each written into the batch arrays as
- * it is planned (bkv__fill; s->fill_rows says how many made it), until a
+ * it is planned (bkv__fill; s->plan.fill_rows says how many made it), until a
  * preemption - which may prune rows already written - stops the writing.
  *
  * The common case, a running single-lane request in decode whose append is
@@ -1011,9 +1011,9 @@ static void plan_forks(bkv_sched *s)
 static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv_pool *const pool = s->pool;
-	bkv__row *const dec = s->dec;
-	const uint64_t step = s->step_no;
-	const uint32_t n_dec0 = s->n_dec;
+	bkv__row *const dec = s->plan.dec;
+	const uint64_t step = s->plan.step_no;
+	const uint32_t n_dec0 = s->plan.n_dec;
 	uint32_t i, j, prefilling = 0, n_dec = n_dec0, slow = 0;
 	uint32_t hits = 0;
 	int writing = !si->preempted; /* si->preempted in a local: stores
@@ -1023,8 +1023,8 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 	bkv__append_begin(pool, &ap);
 	bkv__fill_begin(s, &f);
-	for (i = 0; i < s->nr_run; i++) {
-		bkv__req *r = s->run[i];
+	for (i = 0; i < s->rs.nr_run; i++) {
+		bkv__req *r = s->rs.run[i];
 		bkv__lane *l = &r->lane[0];
 
 		/* a running single-lane request's lane is live and holds a
@@ -1072,7 +1072,7 @@ static uint32_t plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		}
 general:
 		bkv__append_flush(&ap);
-		s->n_dec = n_dec;
+		s->plan.n_dec = n_dec;
 		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
 			uint32_t old, hit = 0, nb = 0, off;
 			const int32_t *table;
@@ -1089,26 +1089,26 @@ general:
 			BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
-			charge(s, add_row(s, s->dec, &s->n_dec, l, old, hit, 1));
+			charge(s, add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
 			if (si->preempted)
 				continue; /* rows may be pruned: stop writing */
 			table = bkv_seq_blocks(pool, l->seq, &nb);
 			off = bkv__fill_slot(&f, old, table, nb, &slot);
 			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);
 		}
-		slow += s->n_dec - n_dec; /* the general path's rows */
-		n_dec = s->n_dec;
+		slow += s->plan.n_dec - n_dec; /* the general path's rows */
+		n_dec = s->plan.n_dec;
 		writing = !si->preempted;
 	}
 	bkv__append_flush(&ap);
-	s->n_dec = n_dec;
-	s->step_hits += hits;
+	s->plan.n_dec = n_dec;
+	s->plan.step_hits += hits;
 	charge(s, n_dec - n_dec0 - slow); /* the fast rows */
 	BKV_ASSERT(f.k <= f.kv_cap);
 	BKV_ASSERT(si->preempted || f.r == n_dec);
-	s->fill_rows = si->preempted ? 0 : f.r;
-	s->fill_kv = f.k;
-	s->fill_ctx = f.ctx;
+	s->plan.fill_rows = si->preempted ? 0 : f.r;
+	s->plan.fill_kv = f.k;
+	s->plan.fill_ctx = f.ctx;
 	return prefilling;
 }
 
@@ -1117,10 +1117,10 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	uint32_t i, j;
 
-	for (i = 0; i < s->nr_run && s->budget_left; i++) {
-		bkv__req *r = s->run[i];
+	for (i = 0; i < s->rs.nr_run && s->plan.budget_left; i++) {
+		bkv__req *r = s->rs.run[i];
 
-		for (j = 0; j < r->n && REQ_IS_RUNNING(r) && s->budget_left; j++) {
+		for (j = 0; j < r->n && REQ_IS_RUNNING(r) && s->plan.budget_left; j++) {
 			bkv__lane *l = &r->lane[j];
 			uint32_t old = l->kv_len, hit = 0, h0, target, c;
 			int sample;
@@ -1138,10 +1138,10 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 			if (c == 0 || append_room(s, l, c, sample, &hit, now, si) != BKV_OK) {
 				if (REQ_IS_RUNNING(r))
-					s->step_hits += h0; /* taken, nothing computed */
+					s->plan.step_hits += h0; /* taken, nothing computed */
 				continue; /* (c 0: no room under the TPOT target) */
 			}
-			charge(s, add_row(s, s->pre, &s->n_pre, l, old, h0 + hit, sample));
+			charge(s, add_row(s, s->plan.pre, &s->plan.n_pre, l, old, h0 + hit, sample));
 		}
 	}
 }
@@ -1151,7 +1151,7 @@ static void plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
  * head of the queue). */
 static int admit_waiting(bkv_sched *s, bkv__req *r)
 {
-	uint32_t j, tokens = 0, n_rows = s->n_pre, budget = s->budget_left, hits = s->step_hits;
+	uint32_t j, tokens = 0, n_rows = s->plan.n_pre, budget = s->plan.budget_left, hits = s->plan.step_hits;
 	int rc = BKV_OK;
 
 	for (j = 0; j < r->n; j++)
@@ -1159,7 +1159,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			tokens += lane_target(&r->lane[j]) + 1;
 	/* the watermark keeps room for running lanes to grow; with nothing
 	 * running it would only starve a request larger than the room above it */
-	if (s->nr_run > 0 && !bkv_pool_can_admit(s->pool, tokens))
+	if (s->rs.nr_run > 0 && !bkv_pool_can_admit(s->pool, tokens))
 		return BKV_ENOSPC;
 	for (j = 0; j < r->n && rc == BKV_OK; j++) {
 		bkv__lane *l = &r->lane[j];
@@ -1185,12 +1185,12 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			continue; /* n > 1, one-token prompt: forks next step */
 		h0 = lane_hits(s, l, target);
 		if (l->kv_len == target) { /* all hits (n > 1: forks next step) */
-			s->step_hits += h0;
+			s->plan.step_hits += h0;
 			continue;
 		}
 		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
 		if (c == 0 && j > 0) {
-			s->step_hits += h0;
+			s->plan.step_hits += h0;
 			continue; /* the budget went to earlier branches: this one
 				     goes on in a later step (plan_continue) */
 		}
@@ -1203,7 +1203,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		if (rc != BKV_OK)
 			break;
 		l->kv_len += c;
-		charge(s, add_row(s, s->pre, &s->n_pre, l, 0, h0 + hit, sample));
+		charge(s, add_row(s, s->plan.pre, &s->plan.n_pre, l, 0, h0 + hit, sample));
 	}
 	if (rc != BKV_OK) {
 		for (j = 0; j < r->n; j++) {
@@ -1216,9 +1216,9 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 				l->kv_len = 0;
 			}
 		}
-		s->n_pre = n_rows;
-		s->budget_left = budget;
-		s->step_hits = hits;
+		s->plan.n_pre = n_rows;
+		s->plan.budget_left = budget;
+		s->plan.step_hits = hits;
 		return rc;
 	}
 	return BKV_OK;
@@ -1247,7 +1247,7 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 		touch(s, l);
 		if (bkv__seq_append_private(s->pool, l->seq, l->tok + l->kv_len, 1) == BKV_OK) {
 			l->kv_len++;
-			charge(s, add_row(s, s->dec, &s->n_dec, l, old, 0, 1));
+			charge(s, add_row(s, s->plan.dec, &s->plan.n_dec, l, old, 0, 1));
 		}
 	} else {
 		uint32_t target = lane_target(l), c, h0;
@@ -1259,9 +1259,9 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
 			l->kv_len += c;
-			charge(s, add_row(s, s->pre, &s->n_pre, l, old, h0 + hit, sample));
+			charge(s, add_row(s, s->plan.pre, &s->plan.n_pre, l, old, h0 + hit, sample));
 		} else {
-			s->step_hits += h0;
+			s->plan.step_hits += h0;
 		}
 	}
 	return BKV_OK;
@@ -1274,8 +1274,8 @@ static COLD uint32_t fork_seqs_walk(const bkv_sched *s)
 {
 	uint32_t i, n = 0;
 
-	for (i = 0; i < s->nr_run; i++) {
-		const bkv__req *r = s->run[i];
+	for (i = 0; i < s->rs.nr_run; i++) {
+		const bkv__req *r = s->rs.run[i];
 
 		if (REQ_IS_RUNNING(r) && r->n > 1 && !r->forked)
 			n += r->n - 1;
@@ -1285,7 +1285,7 @@ static COLD uint32_t fork_seqs_walk(const bkv_sched *s)
 
 static inline uint32_t fork_seqs(const bkv_sched *s)
 {
-	return s->nr_run_multi ? fork_seqs_walk(s) : 0;
+	return s->rs.nr_run_multi ? fork_seqs_walk(s) : 0;
 }
 
 static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
@@ -1294,19 +1294,19 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	uint32_t forks;
 
 	run_compact(s); /* preempted requests leave run[] before it grows */
-	was_empty = s->nr_run == 0;
-	s->admit_tried = 0;
+	was_empty = s->rs.nr_run == 0;
+	s->plan.admit_tried = 0;
 	if (!bkv__admit_allowed(s, now))
 		return;
-	s->admit_tried = 1;
+	s->plan.admit_tried = 1;
 	forks = fork_seqs(s);
-	while (s->heap_n && s->budget_left) {
+	while (s->q.heap_n && s->plan.budget_left) {
 		bkv__req *r = bkv__queue_head(s, now); /* heap[0] unless the
 							   bypass bound acts */
-		uint32_t free_slots = s->cfg.max_running - s->slots_used;
+		uint32_t free_slots = s->cfg.max_running - s->rs.slots_used;
 		int rc;
 
-		if (r->preempt_step == s->step_no || r->swap_unsent)
+		if (r->preempt_step == s->plan.step_no || r->swap_unsent)
 			break; /* no thrash: not back in the step that preempted it */
 		if (r->n_live > free_slots)
 			break;
@@ -1321,23 +1321,23 @@ static void plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		if (rc != BKV_OK)
 			break;
 		bkv__queue_remove(s, r);
-		ATOMIC_SUB(&s->nr_queued, 1);
+		ATOMIC_SUB(&s->in.nr_queued, 1);
 		r->state = BKV__REQ_RUNNING;
 		r->swap_unsent = 0;
-		r->admit_seq = ++s->admit_seq;
+		r->admit_seq = ++s->rs.admit_seq;
 		r->admit_us = now;
-		r->run_idx = s->nr_run;
-		s->run[s->nr_run++] = r;
-		s->nr_run_multi += r->n > 1;
-		s->slots_used += r->n_live;
-		s->last_admit_us = now;
+		r->run_idx = s->rs.nr_run;
+		s->rs.run[s->rs.nr_run++] = r;
+		s->rs.nr_run_multi += r->n > 1;
+		s->rs.slots_used += r->n_live;
+		s->rs.last_admit_us = now;
 		si->admitted++;
 		if (r->n > 1 && !r->forked)
 			forks += r->n - 1;
 		bkv__auto_admitted(s, r);
 	}
-	if (s->cfg.policy == BKV_POLICY_STATIC && was_empty && s->nr_run)
-		s->group_size = s->slots_used;
+	if (s->cfg.policy == BKV_POLICY_STATIC && was_empty && s->rs.nr_run)
+		s->rs.group_size = s->rs.slots_used;
 }
 
 /* Drop rows whose request was preempted after they were planned. */
@@ -1396,18 +1396,18 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
-	first = rows == s->dec ? s->fill_rows : 0;
+	first = rows == s->plan.dec ? s->plan.fill_rows : 0;
 	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
 #if BKV_DEBUG_LEVEL >= 1
 	if (!s->bad_write && first < b.n_tokens)
 		s->bad_write = batch_writes_shared(s, &b, first);
 #endif
 	if (n_decode)
-		s->dec_ctx_row = (double)sh.decode_context / (double)n_decode;
+		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
 	t0 = clock_us(s);
-	rc = fn(s->host, &b, s->next_tokens);
+	rc = fn(s->host, &b, s->call.next_tokens);
 	t1 = clock_us(s);
 	us = t1 >= t0 ? (double)(t1 - t0) : 0.0;
 	si->measured_us += us;
@@ -1417,7 +1417,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
 	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
 		for (i = 0; i < n; i++)
-			rows[i].out = s->next_tokens[i];
+			rows[i].out = s->call.next_tokens[i];
 	si->decode_tokens += n_decode;
 	for (i = n_decode; i < n; i++)
 		si->prefill_tokens += rows[i].end - rows[i].start;
@@ -1436,8 +1436,8 @@ static void plan_after_prefill(bkv_sched *s)
 {
 	uint32_t i;
 
-	for (i = 0; i < s->n_pre; i++) {
-		bkv__row *row = &s->pre[i];
+	for (i = 0; i < s->plan.n_pre; i++) {
+		bkv__row *row = &s->plan.pre[i];
 		bkv__lane *l = row->lane;
 		bkv__req *r = l->req;
 		uint32_t old = l->kv_len;
@@ -1451,13 +1451,13 @@ static void plan_after_prefill(bkv_sched *s)
 		if (bkv__seq_append_private(s->pool, l->seq, &l->tok[l->kv_len], 1) != BKV_OK)
 			continue;
 		l->kv_len++;
-		add_row(s, s->dec, &s->n_dec, l, old, 0, 1);
+		add_row(s, s->plan.dec, &s->plan.n_dec, l, old, 0, 1);
 	}
 }
 
 /* Split hosts: the step's prefill rows as one prefill call, or (auto.c's
  * packing) as several, one per run of similar lengths; the sampled tokens
- * go back to s->pre's rows, in their order. Copies go out with the first. */
+ * go back to s->plan.pre's rows, in their order. Copies go out with the first. */
 static int run_prefill(bkv_sched *s, bkv_step_info *si)
 {
 	bkv__row *rows;
@@ -1465,16 +1465,16 @@ static int run_prefill(bkv_sched *s, bkv_step_info *si)
 	uint32_t g, i, b = 0, n_calls;
 	int rc;
 
-	n_calls = bkv__auto_pack(s, s->pre, s->n_pre, &rows, &order, &end);
+	n_calls = bkv__auto_pack(s, s->plan.pre, s->plan.n_pre, &rows, &order, &end);
 	if (n_calls < 2)
-		return call_host(s, BKV_CALL_PREFILL, s->pre, s->n_pre, 0, si);
+		return call_host(s, BKV_CALL_PREFILL, s->plan.pre, s->plan.n_pre, 0, si);
 	for (g = 0; g < n_calls; b = end[g++]) {
 		rc = call_host(s, BKV_CALL_PREFILL, rows + b, end[g] - b, 0, si);
 		if (rc != BKV_OK)
 			return rc;
 	}
-	for (i = 0; i < s->n_pre; i++)
-		s->pre[order[i]].out = rows[i].out;
+	for (i = 0; i < s->plan.n_pre; i++)
+		s->plan.pre[order[i]].out = rows[i].out;
 	return BKV_OK;
 }
 
@@ -1483,31 +1483,31 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	int rc;
 
 	if (si->preempted) { /* rows of requests preempted after planning */
-		rows_prune(s->dec, &s->n_dec);
-		rows_prune(s->pre, &s->n_pre);
-		s->fill_rows = 0; /* the written rows may be among them */
+		rows_prune(s->plan.dec, &s->plan.n_dec);
+		rows_prune(s->plan.pre, &s->plan.n_pre);
+		s->plan.fill_rows = 0; /* the written rows may be among them */
 	}
 	if (!s->split) {
-		if (s->n_dec + s->n_pre == 0)
+		if (s->plan.n_dec + s->plan.n_pre == 0)
 			return BKV_OK;
-		memcpy(&s->dec[s->n_dec], s->pre, (size_t)s->n_pre * sizeof(bkv__row));
+		memcpy(&s->plan.dec[s->plan.n_dec], s->plan.pre, (size_t)s->plan.n_pre * sizeof(bkv__row));
 		*called = 1;
-		rc = call_host(s, BKV_CALL_MIXED, s->dec, s->n_dec + s->n_pre, s->n_dec, si);
-		s->n_dec += s->n_pre;
-		s->n_pre = 0;
+		rc = call_host(s, BKV_CALL_MIXED, s->plan.dec, s->plan.n_dec + s->plan.n_pre, s->plan.n_dec, si);
+		s->plan.n_dec += s->plan.n_pre;
+		s->plan.n_pre = 0;
 		return rc;
 	}
-	if (s->n_pre) {
+	if (s->plan.n_pre) {
 		*called = 1;
-		s->fill_rows = 0; /* the prefill call reuses the batch arrays */
+		s->plan.fill_rows = 0; /* the prefill call reuses the batch arrays */
 		rc = run_prefill(s, si);
 		if (rc != BKV_OK)
 			return rc;
 		plan_after_prefill(s);
 	}
-	if (s->n_dec) {
+	if (s->plan.n_dec) {
 		*called = 1;
-		rc = call_host(s, BKV_CALL_DECODE, s->dec, s->n_dec, s->n_dec, si);
+		rc = call_host(s, BKV_CALL_DECODE, s->plan.dec, s->plan.n_dec, s->plan.n_dec, si);
 		if (rc != BKV_OK)
 			return rc;
 	}
@@ -1563,17 +1563,17 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
 		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
 		bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
-		for (i = 0; i < s->n_swap_pend; i++)
-			s->swap_pend[i]->swap_unsent = 0;
-		s->n_swap_pend = 0;
+		for (i = 0; i < s->plan.n_swap_pend; i++)
+			s->plan.swap_pend[i]->swap_unsent = 0;
+		s->plan.n_swap_pend = 0;
 	}
 	bkv__pool_txn_commit(s->pool);
 	if (s->split)
-		commit_rows(s, s->pre, s->n_pre, 0, NULL, s->ops.on_token, si);
+		commit_rows(s, s->plan.pre, s->plan.n_pre, 0, NULL, s->ops.on_token, si);
 	if (s->ops.on_token)
-		commit_rows(s, s->dec, s->n_dec, 1, s->next_tokens, s->ops.on_token, si);
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, s->ops.on_token, si);
 	else
-		commit_rows(s, s->dec, s->n_dec, 1, s->next_tokens, NULL, si);
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, NULL, si);
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
@@ -1603,16 +1603,16 @@ static void swaps_to_recompute(bkv_sched *s, uint64_t now)
 {
 	uint32_t i;
 
-	for (i = 0; i < s->n_swap_pend; i++)
-		swapped_to_recompute(s, s->swap_pend[i], now);
-	s->n_swap_pend = 0;
+	for (i = 0; i < s->plan.n_swap_pend; i++)
+		swapped_to_recompute(s, s->plan.swap_pend[i], now);
+	s->plan.n_swap_pend = 0;
 	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
 }
 
 /* Put a lane touched this step back to its length before the step. */
 static void lane_restore(bkv_sched *s, bkv__lane *l)
 {
-	BKV_ASSERT(l->touch_step == s->step_no);
+	BKV_ASSERT(l->touch_step == s->plan.step_no);
 	if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
 		return;
 	if (l->kv_len != l->pre_len)
@@ -1628,12 +1628,12 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	uint32_t i;
 
-	for (i = 0; i < s->n_touched; i++)
-		lane_restore(s, s->touched[i]);
+	for (i = 0; i < s->plan.n_touched; i++)
+		lane_restore(s, s->plan.touched[i]);
 	/* plan_decode's fast rows touched their lanes without the touched list
 	 * (every decode row's lane was touched; restoring twice is harmless) */
-	for (i = 0; i < s->n_dec; i++)
-		lane_restore(s, s->dec[i].lane);
+	for (i = 0; i < s->plan.n_dec; i++)
+		lane_restore(s, s->plan.dec[i].lane);
 	bkv__pool_txn_abort(s->pool);
 	swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
@@ -1656,8 +1656,8 @@ static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	bkv__req *head = bkv__queue_head(s, now);
 	uint32_t i;
 
-	s->stalls = 0;
-	if (s->n_swap_pend) {
+	s->plan.stalls = 0;
+	if (s->plan.n_swap_pend) {
 		swaps_to_recompute(s, now);
 		return;
 	}
@@ -1665,9 +1665,9 @@ static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		swapped_to_recompute(s, head, now);
 		return;
 	}
-	for (i = 0; i < s->heap_n; i++) { /* only when stuck: O(queue) */
-		if (s->heap[i]->state == BKV__REQ_SWAPPED) {
-			swapped_to_recompute(s, s->heap[i], now);
+	for (i = 0; i < s->q.heap_n; i++) { /* only when stuck: O(queue) */
+		if (s->q.heap[i]->state == BKV__REQ_SWAPPED) {
+			swapped_to_recompute(s, s->q.heap[i], now);
 			return;
 		}
 	}
@@ -1697,37 +1697,37 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 
 	if (!s)
 		return BKV_EINVAL;
-	if (s->in_step)
+	if (s->plan.in_step)
 		return BKV_ESTATE;
-	s->in_step = 1;
+	s->plan.in_step = 1;
 	memset(&si, 0, sizeof(si));
 	now = clock_us(s);
-	s->step_us = now;
+	s->plan.step_us = now;
 	drain(s, now, &si);
-	if (s->nr_run == 0)
+	if (s->rs.nr_run == 0)
 		forget_moot_copies(s);
 
-	s->step_no++;
-	s->n_pre = s->n_dec = s->n_touched = s->step_hits = s->fill_rows = 0;
-	memset(s->copies_sent, 0, sizeof(s->copies_sent));
+	s->plan.step_no++;
+	s->plan.n_pre = s->plan.n_dec = s->plan.n_touched = s->plan.step_hits = s->plan.fill_rows = 0;
+	memset(s->call.copies_sent, 0, sizeof(s->call.copies_sent));
 	bkv__auto_step_begin(s);
-	s->budget_left = s->cfg.chunked_prefill
-				 ? bkv__auto_budget(s, s->cfg.token_budget, s->bufs.tok_cap)
-				 : s->bufs.tok_cap;
+	s->plan.budget_left = s->cfg.chunked_prefill
+				 ? bkv__auto_budget(s, s->cfg.token_budget, s->call.bufs.tok_cap)
+				 : s->call.bufs.tok_cap;
 	bkv__pool_txn_begin(s->pool);
 	plan_forks(s);
 	if (plan_decode(s, now, &si))
 		plan_continue(s, now, &si);
 	plan_admit(s, now, &si);
 	bkv__auto_after_admit(s);
-	if (s->n_pre + s->n_dec == 0 && s->nr_run == 0 && s->heap_n && s->admit_tried &&
+	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
 	    !si.admitted) {
-		if (++s->stalls >= 2)
+		if (++s->plan.stalls >= 2)
 			unstick(s, now, &si);
 	} else {
-		s->stalls = 0;
+		s->plan.stalls = 0;
 	}
-	si.hit_tokens = s->step_hits;
+	si.hit_tokens = s->plan.step_hits;
 
 	rc = run_calls(s, &si, &called);
 	if (rc == BKV_OK)
@@ -1737,12 +1737,12 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	run_compact(s);
 	release_done(s);
 
-	si.running = s->nr_run;
-	si.waiting = s->heap_n;
+	si.running = s->rs.nr_run;
+	si.waiting = s->q.heap_n;
 	bkv__step_observe(s, clock_us(s) - now);
 	if (info)
 		*info = si;
-	s->in_step = 0;
+	s->plan.in_step = 0;
 	return rc;
 }
 
@@ -1750,7 +1750,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 
 uint64_t bkv_sched_pending(bkv_sched *s)
 {
-	return s ? ATOMIC_LOAD(&s->nr_alive) : 0;
+	return s ? ATOMIC_LOAD(&s->in.nr_alive) : 0;
 }
 
 void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
@@ -1763,10 +1763,10 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
 	n = stats->size ? BKV_MIN((size_t)stats->size, sizeof(st)) : sizeof(st);
 	st = s->stats;
 	st.size = (uint32_t)n;
-	st.waiting = s->nr_waiting;
-	st.running = s->nr_run;
-	st.swapped = s->nr_swapped;
-	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->submitted);
+	st.waiting = s->q.nr_waiting;
+	st.running = s->rs.nr_run;
+	st.swapped = s->q.nr_swapped;
+	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->in.submitted);
 	memcpy(stats, &st, n);
 }
 
@@ -1813,10 +1813,10 @@ int bkv_sched_check(const bkv_sched *s)
 	rc = bkv__queue_check(s);
 	if (rc)
 		return rc;
-	for (i = 0; i < s->nr_run; i++) {
+	for (i = 0; i < s->rs.nr_run; i++) {
 		uint32_t live = 0;
 
-		r = s->run[i];
+		r = s->rs.run[i];
 		if (r->state != BKV__REQ_RUNNING)
 			return 6;
 		if (r->run_idx != i)
@@ -1853,16 +1853,16 @@ int bkv_sched_check(const bkv_sched *s)
 			return 8;
 		slots += r->n_live;
 	}
-	if (slots != s->slots_used)
+	if (slots != s->rs.slots_used)
 		return 14;
-	if (s->slots_used > s->cfg.max_running)
+	if (s->rs.slots_used > s->cfg.max_running)
 		return 15;
 	if (s->bad_write)
 		return 30;
 	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + fork_seqs(s) > bkv__pool_max_seqs(s->pool))
 		return 31;
-	for (i = 0; i < s->heap_n; i++) {
-		r = s->heap[i];
+	for (i = 0; i < s->q.heap_n; i++) {
+		r = s->q.heap[i];
 		for (j = 0; j < r->n; j++) {
 			const bkv__lane *l = &r->lane[j];
 			bkv_seq_info si;
@@ -1878,23 +1878,23 @@ int bkv_sched_check(const bkv_sched *s)
 		}
 	}
 	LOCK(s);
-	for (r = s->inbox_head; r; r = r->next)
+	for (r = s->in.inbox_head; r; r = r->next)
 		n_inbox++;
-	for (i = 0; i < s->map_cap; i++) {
-		if (!s->map[i].id)
+	for (i = 0; i < s->in.map_cap; i++) {
+		if (!s->in.map[i].id)
 			continue;
 		mapped++;
-		if (s->map[i].req->state == BKV__REQ_DONE || s->map[i].req->id != s->map[i].id)
+		if (s->in.map[i].req->state == BKV__REQ_DONE || s->in.map[i].req->id != s->in.map[i].id)
 			rc = 18;
 	}
-	if (!rc && mapped != s->map_count)
+	if (!rc && mapped != s->in.map_count)
 		rc = 19;
-	if (!rc && mapped != n_inbox + s->heap_n + s->nr_run)
+	if (!rc && mapped != n_inbox + s->q.heap_n + s->rs.nr_run)
 		rc = 20;
 	/* submit changes these under the lock; the stepping thread is us */
-	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->nr_alive) != mapped)
+	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->in.nr_alive) != mapped)
 		rc = 21;
-	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->nr_queued) != n_inbox + s->heap_n)
+	if (!rc && ATOMIC_LOAD(&((bkv_sched *)s)->in.nr_queued) != n_inbox + s->q.heap_n)
 		rc = 22;
 	UNLOCK(s);
 	if (rc)

@@ -646,12 +646,12 @@ static bkv__req *find_req(bkv_sched *s, uint64_t id)
 {
 	uint32_t i;
 
-	for (i = 0; i < s->nr_run; i++)
-		if (s->run[i]->id == id)
-			return s->run[i];
-	for (i = 0; i < s->heap_n; i++)
-		if (s->heap[i]->id == id)
-			return s->heap[i];
+	for (i = 0; i < s->rs.nr_run; i++)
+		if (s->rs.run[i]->id == id)
+			return s->rs.run[i];
+	for (i = 0; i < s->q.heap_n; i++)
+		if (s->q.heap[i]->id == id)
+			return s->q.heap[i];
 	return NULL;
 }
 
@@ -733,8 +733,8 @@ static void run_pressure(bkv_preempt_mode mode, uint32_t host_blocks, int split,
 		cr_assert_eq(bkv_sched_check(tiny->s), 0, "check %d", bkv_sched_check(tiny->s));
 		cr_assert_eq(tiny->errors, 0, "%s", tiny->first_error);
 		/* no thrash: nothing preempted in this step runs again in it */
-		for (k = 0; k < tiny->s->nr_run; k++)
-			cr_assert_neq(tiny->s->run[k]->preempt_step, tiny->s->step_no);
+		for (k = 0; k < tiny->s->rs.nr_run; k++)
+			cr_assert_neq(tiny->s->rs.run[k]->preempt_step, tiny->s->plan.step_no);
 		steps++;
 	}
 	cr_assert_eq(bkv_sched_pending(tiny->s), 0);
@@ -953,7 +953,7 @@ static uint64_t submit_hinted(fake_host *f, const int32_t *prompt, uint32_t len,
 	q.max_new_tokens = max_new;
 	q.priority = prio;
 	q.predicted_output = hint;
-	q.user = &f->req[__atomic_load_n(&f->s->next_id, __ATOMIC_RELAXED) + 1];
+	q.user = &f->req[__atomic_load_n(&f->s->in.next_id, __ATOMIC_RELAXED) + 1];
 	cr_assert_eq(bkv_submit(f->s, &q, &id), BKV_OK);
 	cr_assert(id <= FH_MAX_REQ);
 	f->req[id].prompt = prompt;
@@ -996,14 +996,14 @@ static uint64_t stream_past_unhinted(uint64_t max_bypass_us, uint32_t steps, uin
 		if (t_admit == UINT64_MAX && f->n_out[u][0] > 0) {
 			t_admit = t0;
 			if (auto_bound)
-				*auto_bound = 2.0 * f->s->run_mean_us * (1.0 + 5.0 / 2.0);
+				*auto_bound = 2.0 * f->s->q.run_mean_us * (1.0 + 5.0 / 2.0);
 		} else if (t_admit == UINT64_MAX && t0 > bound_us) {
 			*passed += si.admitted;
 		}
 		/* the stream: keep two hinted requests waiting */
 		while (si.waiting + (t_admit == UINT64_MAX ? 0 : 1) < 3 &&
-		       f->s->next_id < FH_MAX_REQ - 1) {
-			submit_hinted(f, p, 8, 6, 0, 50 + (uint32_t)(f->s->next_id % 7));
+		       f->s->in.next_id < FH_MAX_REQ - 1) {
+			submit_hinted(f, p, 8, 6, 0, 50 + (uint32_t)(f->s->in.next_id % 7));
 			si.waiting++;
 		}
 	}
@@ -1100,7 +1100,7 @@ Test(sched, age_heap_stays_consistent_under_preemption_priorities_and_aborts)
 	f = fh_create(&o);
 	for (step = 0; step < 600; step++) {
 		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-		if (step < 300 && (rng >> 40) % 3 == 0 && f->s->next_id < FH_MAX_REQ - 1)
+		if (step < 300 && (rng >> 40) % 3 == 0 && f->s->in.next_id < FH_MAX_REQ - 1)
 			last = submit_hinted(f, p, 8 + (uint32_t)(rng >> 50) % 32,
 					     20 + (uint32_t)(rng >> 20) % 60, (int32_t)((rng >> 30) % 3),
 					     (uint32_t)((rng >> 12) % 4) * 10);
@@ -1131,24 +1131,24 @@ Test(sched, checker_catches_a_broken_age_heap)
 	for (uint32_t i = 0; i < 4; i++)
 		submit_hinted(f, p, 8, 3, 0, i * 10);
 	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
-	cr_assert_eq(f->s->age_n, 3);
+	cr_assert_eq(f->s->q.age_n, 3);
 	cr_assert_eq(bkv_sched_check(f->s), 0);
-	a = f->s->age[0];
-	b = f->s->age[1];
+	a = f->s->q.age[0];
+	b = f->s->q.age[1];
 	/* out of arrival order */
-	f->s->age[0] = b;
-	f->s->age[1] = a;
+	f->s->q.age[0] = b;
+	f->s->q.age[1] = a;
 	a->age_idx = 1;
 	b->age_idx = 0;
 	cr_expect_eq(bkv_sched_check(f->s), 29);
-	f->s->age[0] = a;
-	f->s->age[1] = b;
+	f->s->q.age[0] = a;
+	f->s->q.age[1] = b;
 	a->age_idx = 0;
 	b->age_idx = 1;
 	/* missing */
-	f->s->age_n--;
+	f->s->q.age_n--;
 	cr_expect_eq(bkv_sched_check(f->s), 24);
-	f->s->age_n++;
+	f->s->q.age_n++;
 	cr_assert_eq(bkv_sched_check(f->s), 0);
 	fh_run(f, 1000);
 	fh_destroy(f);

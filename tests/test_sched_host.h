@@ -409,7 +409,7 @@ static inline uint64_t fh_submit_ex(fake_host *f, const int32_t *prompt, uint32_
 	q.stop_tokens = &stop;
 	q.n_stop = 1;
 	/* ids are handed out in order, so the user pointer can be set up front */
-	q.user = &f->req[__atomic_load_n(&f->s->next_id, __ATOMIC_RELAXED) + 1];
+	q.user = &f->req[__atomic_load_n(&f->s->in.next_id, __ATOMIC_RELAXED) + 1];
 	rc = bkv_submit(f->s, &q, &id);
 	cr_assert_eq(rc, BKV_OK, "submit: %s", bkv_strerror(rc));
 	cr_assert(id <= FH_MAX_REQ);

@@ -270,18 +270,17 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	bkv__block_put_slow(kv, b, drop);
 }
 
-/* Block b of a table just became full: offer it to the prefix cache. Inside
- * a transaction it is queued, and the queue entry records the owner's note
- * of where it sits (owner), handed back to the dedupe hook at commit. */
-static inline void bkv__block_filled(bkv__kv *kv, int32_t b, uint64_t key, uint64_t owner)
+/* Is b waiting in the open transaction's queue? */
+static inline int bkv__kv_txn_queued(const bkv__kv *kv, int32_t b)
 {
-	const bkv__block *k = &kv->blk[b];
+	return kv->txn_active && (kv->blk[b].flags & BKV__BLOCK_TXN);
+}
 
-	if (!kv->index)
-		return;
-	(void)bkv__cache_add(kv, b, key);
-	if (kv->txn_active && (k->flags & BKV__BLOCK_TXN))
-		kv->txn_owner[k->prev] = owner;
+/* Record the owner's note for queued block b (handed back to the dedupe
+ * hook at commit). */
+static inline void bkv__kv_txn_note(bkv__kv *kv, int32_t b, uint64_t owner)
+{
+	kv->txn_owner[kv->blk[b].prev] = owner;
 }
 
 /* ---- kv/check.c ----------------------------------------------------------- */

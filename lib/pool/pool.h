@@ -111,8 +111,13 @@ static inline uint32_t bkv__blocks_for(const bkv_pool *pool, uint64_t tokens)
  * position) for commit's duplicate swap (pool/pool.c pool_dedupe). */
 static inline void bkv__seq_block_filled(bkv_pool *pool, const bkv__seq *s, uint32_t pos)
 {
-	bkv__block_filled(&pool->kv, s->table[pos], s->key,
-			  (uint64_t)(uint32_t)(s - pool->seqs) << 32 | pos);
+	int32_t b = s->table[pos];
+
+	if (!pool->kv.index)
+		return;
+	(void)bkv__cache_add(&pool->kv, b, s->key);
+	if (bkv__kv_txn_queued(&pool->kv, b))
+		bkv__kv_txn_note(&pool->kv, b, (uint64_t)(uint32_t)(s - pool->seqs) << 32 | pos);
 }
 
 /* Tokens of logical block i of a sequence of len tokens. */

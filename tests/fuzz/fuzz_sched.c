@@ -104,14 +104,14 @@ static void dump_req(const bkv_sched *s, uint64_t id)
 {
 	uint32_t i, j;
 
-	for (i = 0; i < s->map_cap; i++) {
-		const bkv__req *r = s->map[i].req;
+	for (i = 0; i < s->in.map_cap; i++) {
+		const bkv__req *r = s->in.map[i].req;
 
-		if (s->map[i].id != id)
+		if (s->in.map[i].id != id)
 			continue;
 		fprintf(stderr, "  state %u forked %u n_live %u preempted at step %llu (now %llu)\n",
 			r->state, r->forked, r->n_live, (unsigned long long)r->preempt_step,
-			(unsigned long long)s->step_no);
+			(unsigned long long)s->plan.step_no);
 		for (j = 0; j < r->n; j++)
 			fprintf(stderr, "  lane %u: kv_len %u n_gen %u decoding %u done %u seq %s\n", j,
 				r->lane[j].kv_len, r->lane[j].n_gen, r->lane[j].decoding,
