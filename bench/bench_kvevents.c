@@ -13,7 +13,7 @@
  *
  * Best of 7 runs each.
  */
-#include "internal.h"
+#include <batchkv.h>
 
 #include <stdio.h>
 #include <stdlib.h>

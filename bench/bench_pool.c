@@ -15,14 +15,15 @@
  *                index probe, token-by-token verification, ref count. Both
  *                with the cached blocks pinned by another sequence and with
  *                them only on the LRU (each hit unlinks, each close relinks).
- *   metadata     bytes of pool memory per block and per token slot.
+ *   metadata     bytes of pool memory per block and per token slot, as the
+ *                pool reports them (bkv_pool_memory_get).
  *
  * Each timing is the best of 7 runs. Usage: bench_pool [op iters] - with
  * arguments, runs one op for exactly `iters` iterations and prints nothing but
  * a checksum (for callgrind instruction counts: run twice with different iters
  * and divide the difference).
  */
-#include "internal.h"
+#include <batchkv.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,20 +204,31 @@ static ctx hit_ctx(int pinned)
 	return x;
 }
 
+/* Control bytes per block and per token slot, from the pool's own report
+ * (bkv_pool_memory_get): the block record, its share of the hash index, the
+ * checker's scratch and (with the prefix cache) the transaction queue, then
+ * the same with the token store. */
 static void metadata(uint32_t bt, uint32_t nb)
 {
 	bkv_pool *p = make(bt, nb, 1);
-	double per_block_ctl, tok = (double)bt * sizeof(int32_t);
-	double index = (double)(p->kv.index_mask + 1) * sizeof(int32_t) / nb;
-	double txn = p->kv.txn_pending ? sizeof(int32_t) : 0;
+	bkv_pool_memory m = {.size = sizeof(m)};
+	double per_block_ctl, tok, index, scratch, txn;
+	char txs[32] = "";
+	int r = bkv_pool_memory_get(p, &m);
 
-	/* bkv__block + hash index share + checker scratch (+ the transaction
-	 * queue, when present) */
-	per_block_ctl = sizeof(bkv__block) + index + sizeof(uint32_t) + txn;
-	printf("metadata (block_tokens %u, %u blocks): %zu B bkv__block + %.1f B index + 4 B "
-	       "checker scratch%s = %.1f B/block control, %.2f B/token slot; with the %.0f B "
-	       "token store: %.1f B/block, %.2f B/token slot\n",
-	       bt, nb, sizeof(bkv__block), index, txn ? " + 4 B txn queue" : "", per_block_ctl,
+	if (r)
+		die("memory", r);
+	tok = (double)m.device_tokens / nb;
+	index = (double)m.index / nb;
+	scratch = (double)m.check_scratch / nb;
+	txn = (double)m.txn_queue / nb;
+	if (m.txn_queue)
+		snprintf(txs, sizeof txs, " + %.0f B txn queue", txn);
+	per_block_ctl = m.block_bytes + index + scratch + txn;
+	printf("metadata (block_tokens %u, %u blocks; bkv_pool_memory_get): %u B block record + "
+	       "%.1f B index + %.0f B checker scratch%s = %.1f B/block control, %.2f B/token "
+	       "slot; with the %.0f B token store: %.1f B/block, %.2f B/token slot\n",
+	       bt, nb, m.block_bytes, index, scratch, txs, per_block_ctl,
 	       per_block_ctl / bt, tok, per_block_ctl + tok, (per_block_ctl + tok) / bt);
 	bkv_pool_destroy(p);
 }

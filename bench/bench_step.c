@@ -17,7 +17,7 @@
  *        bench_step R W X STEPS         one decode configuration (for callgrind)
  *        bench_step --churn R STEPS     one churn configuration
  */
-#include "internal.h"
+#include <batchkv.h>
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -543,6 +543,127 @@ BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
  */
 BKV_API void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats);
 
+/*
+ * Inspecting a pool: what its memory holds and what one block holds. For
+ * capacity planning and debugging; neither call is on the hot path of a step
+ * and neither changes the pool.
+ */
+
+/* The bytes a pool holds, by structure (bkv_pool_memory_get). Every byte
+ * figure is what the pool took through its allocator for that structure;
+ * total is their sum plus the handle itself. The fixed structures are taken at
+ * bkv_pool_create; block_tables and copy_lists grow (geometrically, and never
+ * shrink) while the pool runs. */
+typedef struct bkv_pool_memory {
+	uint32_t size;           /* sizeof(bkv_pool_memory) the caller expects */
+	uint32_t block_bytes;    /* control record of one device block (state,
+				    free/LRU links, parent, ref count, chain
+				    hash, key) */
+	uint32_t seq_slot_bytes; /* control record of one sequence slot plus its
+				    entry in the ring of free slots (its block
+				    table not included) */
+	uint32_t index_slots;    /* hash index capacity: a power of two >=
+				    2 x device_blocks; 0 without prefix cache */
+	uint32_t index_used;     /* index slots holding a block (nr_indexed of
+				    bkv_pool_stats); the load is index_used /
+				    index_slots */
+	uint32_t reserved;       /* zero */
+	uint64_t blocks;         /* device_blocks x block_bytes */
+	uint64_t device_tokens;  /* the device token store: the token ids of
+				    every block, 4 B per token slot (verifies
+				    prefix hits, hashes blocks that fill over
+				    several appends) */
+	uint64_t index;          /* the prefix-cache hash index, 4 B per slot */
+	uint64_t txn_queue;      /* a step transaction's queue of blocks that
+				    filled inside it, 4 B per device block; 0
+				    without prefix cache */
+	uint64_t txn_owners;     /* where each queued block sits (sequence and
+				    table position), 8 B per device block; 0
+				    without prefix cache */
+	uint64_t check_scratch;  /* bkv_pool_check's workspace, 4 B per block of
+				    the larger tier */
+	uint64_t host;           /* the host tier: per host block a free-list
+				    link (4 B), a state byte and its token ids
+				    (4 B per token slot); 0 without one */
+	uint64_t seq_slots;      /* max_seqs x seq_slot_bytes */
+	uint64_t block_tables;   /* block table entries allocated over every
+				    sequence slot, 4 B each (a closed slot keeps
+				    its table for the next sequence) */
+	uint64_t copy_lists;     /* pending-copy list entries allocated, 8 B
+				    each, all three kinds */
+	uint64_t event_ring;     /* the KV event ring: event_capacity x
+				    sizeof(bkv_kv_event); 0 without events */
+	uint64_t total;          /* every figure above plus the pool handle: the
+				    bytes live in the pool's allocator */
+} bkv_pool_memory;
+
+/* The state of a device block (bkv_block_info.state); see bkv_pool_stats. */
+typedef enum bkv_block_state {
+	BKV_BLOCK_FREE = 0,   /* on the free list, no content */
+	BKV_BLOCK_PINNED = 1, /* referenced by a sequence's table, or the source
+				 of a pending device copy (counted in nr_used) */
+	BKV_BLOCK_CACHED = 2  /* unreferenced, kept in the prefix cache (on the
+				 LRU, reclaimable) */
+} bkv_block_state;
+
+/* One device block, as bkv_block_info_get reports it. */
+typedef struct bkv_block_info {
+	uint32_t size;         /* sizeof(bkv_block_info) the caller expects */
+	bkv_block_state state; /* free, pinned or cached */
+	uint32_t ref_count;    /* references from the block tables of
+				  device-resident sequences */
+	uint32_t fill;         /* tokens written, 0..block_tokens (full at
+				  block_tokens); 0 for a free block */
+	int indexed;           /* nonzero: in the prefix-cache index (full,
+				  content immutable) */
+	int copy_pending;      /* nonzero: source or destination of a pending
+				  device copy, or destination of a pending
+				  swap-in copy (bkv_pool_copies) */
+	uint32_t kids;         /* indexed blocks whose parent is this block */
+	int32_t parent;        /* the block before it in the table of the
+				  sequence that took it; -1 when it was
+				  logical block 0, and for a free block */
+	uint64_t key;          /* the prefix-cache key it is indexed under; 0
+				  when not indexed */
+	uint64_t hash;         /* its chained content hash (bkv_block_hashes
+				  with the pool's hash_seed over its chain of
+				  parents); 0 when not indexed */
+	const int32_t *tokens; /* [fill] its token ids, owned by the pool and
+				  valid until the pool next changes; NULL when
+				  fill is 0 */
+} bkv_block_info;
+
+/**
+ * Report the bytes a pool holds, by structure (see bkv_pool_memory): the
+ * control data per device block and per sequence slot, the hash index and its
+ * load, the token stores, the host tier, the grown block tables and copy
+ * lists, the event ring. O(max_seqs).
+ * @param pool   the pool.
+ * @param mem    filled up to min(mem->size, sizeof(bkv_pool_memory)); set
+ *               mem->size first (0 is taken as sizeof(bkv_pool_memory)).
+ *               Untouched on error.
+ * @return BKV_OK; BKV_EINVAL (NULL pool or mem).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
+ */
+BKV_API int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem);
+
+/**
+ * Describe one device block (see bkv_block_info): its state, ref count,
+ * fill, whether it is indexed, its parent, key and chained hash, and its
+ * tokens. Walking the parents of an indexed block reaches logical block 0 of
+ * its chain through indexed blocks only (bkv_pool_check verifies it). O(1).
+ * @param pool   the pool.
+ * @param block  a device block id, 0..device_blocks - 1.
+ * @param info   filled up to min(info->size, sizeof(bkv_block_info)); set
+ *               info->size first (0 is taken as sizeof(bkv_block_info)).
+ *               Untouched on error.
+ * @return BKV_OK; BKV_EINVAL (NULL pool or info, block out of range).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
+ */
+BKV_API int bkv_block_info_get(const bkv_pool *pool, int32_t block, bkv_block_info *info);
+
 /**
  * Walk every structure of the pool and verify every invariant (ref counts equal
  * table references, free + used + cached = total, no pinned block on the LRU,

@@ -98,7 +98,7 @@ static void put_batch_and_truth(bkv_vllm_encoder *enc, bkv_pool *p, const bkv_vl
 		put32((uint32_t)len);
 		fwrite(msg, 1, len, stdout);
 	}
-	n = evw_pool_truth(p, vc, truth, nb);
+	n = evw_pool_truth(p, 0, vc, truth, nb); /* the pools keep hash_seed 0 */
 	fputc('T', stdout);
 	put32(n);
 	fwrite(truth, BKV_VLLM_DIGEST_BYTES, n, stdout);

@@ -29,7 +29,7 @@
  *   --speed X divides every arrival time by X (X > 1: a heavier load).
  *   --check: at the end of each run, after the last messages are delivered,
  *   every replica's view must equal its pool's index (evw_pool_truth reads
- *   it directly); exit 1 otherwise.
+ *   it through bkv_block_info_get); exit 1 otherwise.
  */
 #include "sim.h"
 #include "trace.h"
@@ -597,7 +597,7 @@ static int run(const opts *o, const trace *t, int pol, result *res)
 			free(m);
 		}
 		P->tail = NULL;
-		nt = evw_pool_truth(P->pool, &vc, truth, o->kv_blocks);
+		nt = evw_pool_truth(P->pool, 0, &vc, truth, o->kv_blocks); /* default hash_seed */
 		if (nt != P->view.n)
 			return fprintf(stderr, "router: replica %u: view %u blocks, index %u\n", r,
 				       P->view.n, nt), -1;

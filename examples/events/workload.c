@@ -10,12 +10,11 @@
  * extra keys. The fake host samples a token from the last one, so two
  * sequences with equal histories continue alike.
  *
- * evw_truth is the test oracle: it reads the pool's index directly (through
- * lib/internal.h) and hashes each indexed block from its whole token chain.
+ * evw_truth is the test oracle: it reads every indexed block of the pool
+ * through the public inspection call (bkv_block_info_get: indexed, parent,
+ * key, tokens) and hashes each from its whole token chain.
  */
 #include "workload.h"
-
-#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -150,40 +149,64 @@ int evw_step(evw *w)
 
 uint32_t evw_truth(const evw *w, const bkv_vllm_config *cfg, uint8_t *out, uint32_t cap)
 {
-	return evw_pool_truth(w->pool, cfg, out, cap);
+	return evw_pool_truth(w->pool, 0, cfg, out, cap); /* evw_create keeps hash_seed 0 */
 }
 
-uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_t *out,
-			uint32_t cap)
+/* Block b's state; 0 when b is no block of the pool (the walk then fails). */
+static int block_info(const bkv_pool *pool, int32_t b, bkv_block_info *bi)
 {
-	uint32_t b, n = 0, bt = pool->kv.bt;
-	int32_t *chain = malloc(sizeof(int32_t) * pool->kv.nb);
-	int32_t *tok = malloc(sizeof(int32_t) * (size_t)pool->kv.nb * bt);
-	uint8_t *dig = malloc((size_t)pool->kv.nb * BKV_VLLM_DIGEST_BYTES);
-	uint64_t *nat = malloc(sizeof(uint64_t) * pool->kv.nb);
-	uint8_t *seen = calloc(pool->kv.nb, 1);
+	bi->size = sizeof *bi;
+	return bkv_block_info_get(pool, b, bi) == BKV_OK;
+}
 
+uint32_t evw_pool_truth(const bkv_pool *pool, uint64_t hash_seed, const bkv_vllm_config *cfg,
+			uint8_t *out, uint32_t cap)
+{
+	bkv_pool_stats st = {.size = sizeof st};
+	bkv_block_info bi;
+	uint32_t b, n = 0, bt, nb;
+	int32_t *chain = NULL, *tok = NULL;
+	uint8_t *dig = NULL, *seen = NULL;
+	uint64_t *nat = NULL;
+
+	bkv_pool_stats_get(pool, &st);
+	bt = st.block_tokens;
+	nb = st.device_blocks;
+	chain = malloc(sizeof(int32_t) * nb);
+	tok = malloc(sizeof(int32_t) * (size_t)nb * bt);
+	dig = malloc((size_t)nb * BKV_VLLM_DIGEST_BYTES);
+	nat = malloc(sizeof(uint64_t) * nb);
+	seen = calloc(nb, 1);
 	if (!chain || !tok || !dig || !nat || !seen)
 		goto done;
 	/* Every indexed block lies on the chain of an indexed block without
 	 * indexed children (a leaf): hash each leaf's chain from the root and
 	 * take every block on it once. */
-	for (b = 0; b < pool->kv.nb; b++) {
-		const bkv__block *k = &pool->kv.blk[b];
+	for (b = 0; b < nb; b++) {
 		uint32_t d = 0, i;
 		int32_t c = (int32_t)b;
+		uint64_t key;
 
-		if (!BLOCK_IS_INDEXED(k) || k->kids)
+		if (!block_info(pool, c, &bi) || !bi.indexed || bi.kids)
 			continue;
-		while (c >= 0) {
+		key = bi.key;
+		while (c >= 0) { /* the parents of an indexed block are indexed */
+			if (d == nb || !block_info(pool, c, &bi) || !bi.indexed) {
+				n = UINT32_MAX;
+				goto done;
+			}
 			chain[d++] = c;
-			c = pool->kv.blk[c].parent;
+			c = bi.parent;
 		}
-		for (i = 0; i < d; i++) /* root first */
-			memcpy(tok + (size_t)i * bt, pool->kv.tok + (size_t)chain[d - 1 - i] * bt,
-			       bt * sizeof(int32_t));
+		for (i = 0; i < d; i++) { /* root first */
+			if (!block_info(pool, chain[d - 1 - i], &bi) || bi.fill != bt) {
+				n = UINT32_MAX;
+				goto done;
+			}
+			memcpy(tok + (size_t)i * bt, bi.tokens, bt * sizeof(int32_t));
+		}
 		if (cfg->hash == BKV_VLLM_HASH_NATIVE) {
-			bkv_block_hashes(pool->cfg.hash_seed, k->key, bt, tok, d * bt, nat);
+			bkv_block_hashes(hash_seed, key, bt, tok, d * bt, nat);
 			for (i = 0; i < d; i++) {
 				memset(dig + (size_t)i * BKV_VLLM_DIGEST_BYTES, 0, 24);
 				for (int j = 0; j < 8; j++)
@@ -191,7 +214,7 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 						(uint8_t)(nat[i] >> (56 - 8 * j));
 			}
 		} else {
-			bkv_vllm_block_hashes(cfg, evw_key_name(NULL, k->key), bt, tok, d * bt, dig);
+			bkv_vllm_block_hashes(cfg, evw_key_name(NULL, key), bt, tok, d * bt, dig);
 		}
 		for (i = 0; i < d; i++) {
 			int32_t x = chain[d - 1 - i];
@@ -205,8 +228,8 @@ uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_
 			n++;
 		}
 	}
-	for (b = 0; b < pool->kv.nb; b++) /* an indexed block off every leaf chain: miscounted */
-		if (BLOCK_IS_INDEXED(&pool->kv.blk[b]) && !seen[b])
+	for (b = 0; b < nb; b++) /* an indexed block off every leaf chain: miscounted */
+		if (block_info(pool, (int32_t)b, &bi) && bi.indexed && !seen[b])
 			n = UINT32_MAX;
 done:
 	free(chain);

@@ -38,14 +38,16 @@ int evw_step(evw *w);
 /* The lora name of a cache key (bkv_vllm_key_name_fn). */
 const char *evw_key_name(void *ud, uint64_t key);
 /* Truth: the vLLM digests (cfg's hash) of every block in the pool's index,
- * each from its whole token chain (walked through the pool's parent links
+ * each from its whole token chain (walked through the blocks' parents
  * and hashed from the root with bkv_vllm_block_hashes, not incrementally;
  * one walk per leaf of the prefix tree). Writes at most cap digests into
  * out; returns how many blocks are indexed (UINT32_MAX if an indexed block
  * lies on no leaf's chain, which the pool's invariants exclude). */
 uint32_t evw_truth(const evw *w, const bkv_vllm_config *cfg, uint8_t *out, uint32_t cap);
-/* The same for any pool whose keys evw_key_name names. */
-uint32_t evw_pool_truth(const bkv_pool *pool, const bkv_vllm_config *cfg, uint8_t *out,
-			uint32_t cap);
+/* The same for any pool whose keys evw_key_name names; hash_seed is the
+ * pool's bkv_pool_config.hash_seed (the native hash, BKV_VLLM_HASH_NATIVE,
+ * depends on it). Reads the pool through bkv_block_info_get only. */
+uint32_t evw_pool_truth(const bkv_pool *pool, uint64_t hash_seed, const bkv_vllm_config *cfg,
+			uint8_t *out, uint32_t cap);
 
 #endif

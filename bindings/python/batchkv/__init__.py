@@ -39,8 +39,9 @@ from .cost import (CalibratedCost, CallKind, PolyCost, RooflineCost, RooflinePre
 from .errors import (ERRORS, BkvError, HostError, InvalidArgumentError,  # noqa: F401
                      NoSpaceError, NotFoundError, OutOfMemoryError, StateError, TooBigError,
                      TryAgainError, strerror)
-from .pool import (CopyKind, EventKind, KvEvent, ModelShape, Pool, PoolStats, SeqImage,  # noqa: F401
-                   SeqInfo, block_hashes, blocks_for_bytes, kv_bytes_per_token)
+from .pool import (BlockInfo, BlockState, CopyKind, EventKind, KvEvent, ModelShape,  # noqa: F401
+                   Pool, PoolMemory, PoolStats, SeqImage, SeqInfo, block_hashes,
+                   blocks_for_bytes, kv_bytes_per_token)
 from .sched import (TOKEN_FAIL, Batch, FinishReason, Policy, Preempt, SchedStats,  # noqa: F401
                     Scheduler, StepInfo)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401

@@ -39,6 +39,9 @@ BKV_VERSION_STRING = "0.1.0"
 BKV_COPY_DEVICE = 0
 BKV_COPY_SWAP_OUT = 1
 BKV_COPY_SWAP_IN = 2
+BKV_BLOCK_FREE = 0
+BKV_BLOCK_PINNED = 1
+BKV_BLOCK_CACHED = 2
 BKV_CALL_MIXED = 0
 BKV_CALL_PREFILL = 1
 BKV_CALL_DECODE = 2
@@ -125,6 +128,45 @@ class bkv_pool_stats(Structure):
         ('events', c_uint64),
         ('events_dropped', c_uint64),
         ('dup_blocks', c_uint64),
+    ]
+
+
+class bkv_pool_memory(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('block_bytes', c_uint32),
+        ('seq_slot_bytes', c_uint32),
+        ('index_slots', c_uint32),
+        ('index_used', c_uint32),
+        ('reserved', c_uint32),
+        ('blocks', c_uint64),
+        ('device_tokens', c_uint64),
+        ('index', c_uint64),
+        ('txn_queue', c_uint64),
+        ('txn_owners', c_uint64),
+        ('check_scratch', c_uint64),
+        ('host', c_uint64),
+        ('seq_slots', c_uint64),
+        ('block_tables', c_uint64),
+        ('copy_lists', c_uint64),
+        ('event_ring', c_uint64),
+        ('total', c_uint64),
+    ]
+
+
+class bkv_block_info(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('state', c_int),
+        ('ref_count', c_uint32),
+        ('fill', c_uint32),
+        ('indexed', c_int),
+        ('copy_pending', c_int),
+        ('kids', c_uint32),
+        ('parent', c_int32),
+        ('key', c_uint64),
+        ('hash', c_uint64),
+        ('tokens', POINTER(c_int32)),
     ]
 
 
@@ -398,6 +440,8 @@ FUNCTIONS = {
     'bkv_pool_can_admit': (c_int, [c_void_p, c_uint32]),
     'bkv_pool_reset_cache': (c_int, [c_void_p]),
     'bkv_pool_stats_get': (None, [c_void_p, POINTER(bkv_pool_stats)]),
+    'bkv_pool_memory_get': (c_int, [c_void_p, POINTER(bkv_pool_memory)]),
+    'bkv_block_info_get': (c_int, [c_void_p, c_int32, POINTER(bkv_block_info)]),
     'bkv_pool_check': (c_int, [c_void_p]),
     'bkv_cost_poly_init': (None, [POINTER(bkv_cost_poly)]),
     'bkv_cost_poly_step_us': (c_double, [POINTER(bkv_cost_poly), POINTER(bkv_step_shape)]),

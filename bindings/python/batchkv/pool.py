@@ -21,8 +21,8 @@ from . import _ffi
 from ._native import _lib
 from .errors import StateError, check
 
-__all__ = ["Pool", "CopyKind", "EventKind", "SeqInfo", "PoolStats", "KvEvent", "SeqImage",
-           "ModelShape", "kv_bytes_per_token", "blocks_for_bytes", "block_hashes"]
+__all__ = ["Pool", "CopyKind", "EventKind", "SeqInfo", "PoolStats", "PoolMemory", "BlockState",
+           "BlockInfo", "KvEvent", "SeqImage", "ModelShape", "kv_bytes_per_token", "blocks_for_bytes", "block_hashes"]
 
 
 class CopyKind(enum.IntEnum):
@@ -30,6 +30,13 @@ class CopyKind(enum.IntEnum):
     DEVICE = _ffi.BKV_COPY_DEVICE      # device -> device (copy-on-write)
     SWAP_OUT = _ffi.BKV_COPY_SWAP_OUT  # device -> host
     SWAP_IN = _ffi.BKV_COPY_SWAP_IN    # host -> device
+
+
+class BlockState(enum.IntEnum):
+    """bkv_block_state: what a device block holds."""
+    FREE = _ffi.BKV_BLOCK_FREE      # on the free list, no content
+    PINNED = _ffi.BKV_BLOCK_PINNED  # referenced, or a pending copy's source
+    CACHED = _ffi.BKV_BLOCK_CACHED  # unreferenced, kept in the prefix cache
 
 
 class EventKind(enum.IntEnum):
@@ -50,6 +57,13 @@ SeqInfo = _record("SeqInfo", _ffi.bkv_seq_info, "bkv_seq_info: len, n_blocks, sw
 PoolStats = _record("PoolStats", _ffi.bkv_pool_stats,
                     "bkv_pool_stats: the pool's live counters (free + used + cached = "
                     "device_blocks). Field meanings as in batchkv.h.")
+PoolMemory = _record("PoolMemory", _ffi.bkv_pool_memory,
+                     "bkv_pool_memory: the bytes a pool holds, by structure (total: all of "
+                     "them, the handle included). Field meanings as in batchkv.h.")
+BlockInfo = collections.namedtuple(
+    "BlockInfo", "state ref_count fill indexed copy_pending kids parent key hash tokens")
+BlockInfo.__doc__ = ("bkv_block_info: one device block (state a BlockState; tokens a new "
+                     "int32 numpy array of its fill tokens). Field meanings as in batchkv.h.")
 KvEvent = _record("KvEvent", _ffi.bkv_kv_event,
                   "bkv_kv_event: seq, hash, parent_hash, key, kind (EventKind), token_count, "
                   "block, has_parent.")
@@ -316,6 +330,25 @@ class Pool:
         s.size = ctypes.sizeof(s)
         _lib.bkv_pool_stats_get(self._p(), ctypes.byref(s))
         return _from_struct(PoolStats, s)
+
+    def memory(self):
+        """PoolMemory, the bytes the pool holds by structure (bkv_pool_memory_get)."""
+        m = _ffi.bkv_pool_memory()
+        m.size = ctypes.sizeof(m)
+        check(_lib.bkv_pool_memory_get(self._p(), ctypes.byref(m)), "bkv_pool_memory_get")
+        return _from_struct(PoolMemory, m)
+
+    def block(self, block):
+        """BlockInfo of one device block (bkv_block_info_get); its tokens are
+        copied. InvalidArgumentError for a block id out of range."""
+        i = _ffi.bkv_block_info()
+        i.size = ctypes.sizeof(i)
+        check(_lib.bkv_block_info_get(self._p(), int(block), ctypes.byref(i)),
+              "bkv_block_info_get")
+        toks = np.ctypeslib.as_array(i.tokens, shape=(i.fill,)).copy() if i.tokens else \
+            np.zeros(0, np.int32)
+        return BlockInfo(BlockState(i.state), i.ref_count, i.fill, bool(i.indexed),
+                         bool(i.copy_pending), i.kids, i.parent, i.key, i.hash, toks)
 
     def check(self):
         """Walk every invariant (bkv_pool_check): 0 when consistent, else the

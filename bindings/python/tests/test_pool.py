@@ -82,6 +82,31 @@ def test_prefix_hits_fork_and_copy_on_write():
         assert p.available() == 16 and p.can_admit(64) and not p.can_admit(65)
 
 
+def test_memory_and_block_inspection():
+    with Pool(device_blocks=16, block_tokens=4, hash_seed=3) as p:
+        m = p.memory()
+        assert m.index_slots == 32 and m.index == 32 * 4 and m.index_used == 0
+        assert m.device_tokens == 16 * 4 * 4 and m.blocks == 16 * m.block_bytes
+        assert m.total > m.blocks + m.device_tokens + m.index
+        a = p.open(key=7)
+        p.append(a, range(10))
+        t = p.blocks(a)
+        b1 = p.block(t[1])
+        assert b1.state == batchkv.BlockState.PINNED and b1.ref_count == 1 and b1.indexed
+        assert b1.parent == t[0] and b1.fill == 4 and b1.key == 7
+        assert list(b1.tokens) == [4, 5, 6, 7]
+        assert b1.hash == batchkv.block_hashes(range(8), 4, hash_seed=3, key=7)[1]
+        b2 = p.block(t[2])
+        assert b2.fill == 2 and not b2.indexed and b2.hash == 0 and list(b2.tokens) == [8, 9]
+        assert p.memory().index_used == 2
+        p.close_seq(a)
+        assert p.block(t[0]).state == batchkv.BlockState.CACHED
+        assert p.block(t[2]).state == batchkv.BlockState.FREE and len(p.block(t[2]).tokens) == 0
+        for bad in (-1, 16):
+            with pytest.raises(batchkv.InvalidArgumentError):
+                p.block(bad)
+
+
 def test_swap_out_and_in_list_the_copies():
     with Pool(device_blocks=8, block_tokens=4, host_blocks=8, prefix_cache=False) as p:
         s = p.open()

@@ -110,6 +110,7 @@ pub use sys::bkv_copy as Copy;
 pub use sys::bkv_kv_event as KvEvent;
 pub use sys::bkv_model_shape as ModelShape;
 pub use sys::bkv_pool_config as PoolConfig;
+pub use sys::bkv_pool_memory as PoolMemory;
 pub use sys::bkv_pool_stats as PoolStats;
 pub use sys::bkv_sched_config as SchedConfig;
 pub use sys::bkv_sched_stats as SchedStats;
@@ -273,6 +274,33 @@ pub enum CopyKind {
     SwapIn = 2,
 }
 
+/// What a device block holds (`bkv_block_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// on the free list, no content
+    Free = 0,
+    /// referenced by a sequence's table, or a pending device copy's source
+    Pinned = 1,
+    /// unreferenced, kept in the prefix cache (on the LRU)
+    Cached = 2,
+}
+
+/// One device block (`bkv_block_info`); `tokens` is borrowed until the pool
+/// changes. Field meanings as in batchkv.h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo<'a> {
+    pub state: BlockState,
+    pub ref_count: u32,
+    pub fill: u32,
+    pub indexed: bool,
+    pub copy_pending: bool,
+    pub kids: u32,
+    pub parent: i32,
+    pub key: u64,
+    pub hash: u64,
+    pub tokens: &'a [i32],
+}
+
 /// An exported sequence (`bkv_seq_image`) as owned data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqImage {
@@ -427,6 +455,39 @@ impl Pool {
     /// `bkv_pool_stats_get`.
     pub fn stats(&self) -> PoolStats {
         pool_stats(self.as_ptr())
+    }
+
+    /// `bkv_pool_memory_get`: the bytes the pool holds, by structure.
+    pub fn memory(&self) -> PoolMemory {
+        let mut m = zeroed::<PoolMemory>();
+        m.size = std::mem::size_of::<PoolMemory>() as u32;
+        // cannot fail: the pool and the struct are valid
+        unsafe { sys::bkv_pool_memory_get(self.as_ptr(), &mut m) };
+        m
+    }
+
+    /// `bkv_block_info_get`: one device block (`InvalidArgument` for an id
+    /// out of range).
+    pub fn block(&self, block: i32) -> Result<BlockInfo<'_>> {
+        let mut i = zeroed::<sys::bkv_block_info>();
+        i.size = std::mem::size_of::<sys::bkv_block_info>() as u32;
+        check(unsafe { sys::bkv_block_info_get(self.as_ptr(), block, &mut i) })?;
+        Ok(BlockInfo {
+            state: match i.state {
+                sys::BKV_BLOCK_PINNED => BlockState::Pinned,
+                sys::BKV_BLOCK_CACHED => BlockState::Cached,
+                _ => BlockState::Free,
+            },
+            ref_count: i.ref_count,
+            fill: i.fill,
+            indexed: i.indexed != 0,
+            copy_pending: i.copy_pending != 0,
+            kids: i.kids,
+            parent: i.parent,
+            key: i.key,
+            hash: i.hash,
+            tokens: unsafe { raw_slice(i.tokens, i.fill as usize) },
+        })
     }
 
     /// `bkv_pool_check`: 0 when consistent, else the invariant's number.

@@ -54,6 +54,10 @@ pub type bkv_copy_kind = c_int;
 pub const BKV_COPY_DEVICE: bkv_copy_kind = 0;
 pub const BKV_COPY_SWAP_OUT: bkv_copy_kind = 1;
 pub const BKV_COPY_SWAP_IN: bkv_copy_kind = 2;
+pub type bkv_block_state = c_int;
+pub const BKV_BLOCK_FREE: bkv_block_state = 0;
+pub const BKV_BLOCK_PINNED: bkv_block_state = 1;
+pub const BKV_BLOCK_CACHED: bkv_block_state = 2;
 pub type bkv_call_kind = c_int;
 pub const BKV_CALL_MIXED: bkv_call_kind = 0;
 pub const BKV_CALL_PREFILL: bkv_call_kind = 1;
@@ -145,6 +149,43 @@ pub struct bkv_pool_stats {
     pub events: u64,
     pub events_dropped: u64,
     pub dup_blocks: u64,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_pool_memory {
+    pub size: u32,
+    pub block_bytes: u32,
+    pub seq_slot_bytes: u32,
+    pub index_slots: u32,
+    pub index_used: u32,
+    pub reserved: u32,
+    pub blocks: u64,
+    pub device_tokens: u64,
+    pub index: u64,
+    pub txn_queue: u64,
+    pub txn_owners: u64,
+    pub check_scratch: u64,
+    pub host: u64,
+    pub seq_slots: u64,
+    pub block_tables: u64,
+    pub copy_lists: u64,
+    pub event_ring: u64,
+    pub total: u64,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_block_info {
+    pub size: u32,
+    pub state: bkv_block_state,
+    pub ref_count: u32,
+    pub fill: u32,
+    pub indexed: c_int,
+    pub copy_pending: c_int,
+    pub kids: u32,
+    pub parent: i32,
+    pub key: u64,
+    pub hash: u64,
+    pub tokens: *const i32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -394,6 +435,8 @@ extern "C" {
     pub fn bkv_pool_can_admit(pool: *const bkv_pool, n_tokens: u32) -> c_int;
     pub fn bkv_pool_reset_cache(pool: *mut bkv_pool) -> c_int;
     pub fn bkv_pool_stats_get(pool: *const bkv_pool, stats: *mut bkv_pool_stats);
+    pub fn bkv_pool_memory_get(pool: *const bkv_pool, mem: *mut bkv_pool_memory) -> c_int;
+    pub fn bkv_block_info_get(pool: *const bkv_pool, block: i32, info: *mut bkv_block_info) -> c_int;
     pub fn bkv_pool_check(pool: *const bkv_pool) -> c_int;
     pub fn bkv_cost_poly_init(poly: *mut bkv_cost_poly);
     pub fn bkv_cost_poly_step_us(poly: *const bkv_cost_poly, shape: *const bkv_step_shape) -> f64;

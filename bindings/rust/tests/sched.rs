@@ -176,6 +176,31 @@ impl Host for Counter {
 }
 
 #[test]
+fn pool_memory_and_block_inspection() {
+    let cfg = PoolConfig { device_blocks: 16, block_tokens: 4, hash_seed: 3, ..Default::default() };
+    let mut p = Pool::new(&cfg).unwrap();
+    let m = p.memory();
+    assert_eq!((m.index_slots, m.index, m.index_used), (32, 32 * 4, 0));
+    assert_eq!(m.blocks, 16 * m.block_bytes as u64);
+    assert!(m.total > m.blocks + m.device_tokens + m.index);
+    let a = p.open_keyed(7).unwrap();
+    let toks: Vec<i32> = (0..10).collect();
+    p.append(a, &toks).unwrap();
+    let t = p.blocks(a).unwrap().to_vec();
+    let b1 = p.block(t[1]).unwrap();
+    assert_eq!((b1.state, b1.ref_count, b1.indexed, b1.parent, b1.key), (BlockState::Pinned, 1, true, t[0], 7));
+    assert_eq!(b1.tokens, &[4, 5, 6, 7]);
+    assert_eq!(b1.hash, block_hashes(3, 7, 4, &toks[..8])[1]);
+    let b2 = p.block(t[2]).unwrap();
+    assert_eq!((b2.fill, b2.indexed, b2.hash, b2.tokens), (2, false, 0, &[8, 9][..]));
+    p.close_seq(a).unwrap();
+    assert_eq!(p.block(t[0]).unwrap().state, BlockState::Cached);
+    assert_eq!(p.block(t[2]).unwrap().state, BlockState::Free);
+    assert_eq!(p.block(-1), Err(Error::InvalidArgument));
+    assert_eq!(p.block(16), Err(Error::InvalidArgument));
+}
+
+#[test]
 fn submit_and_abort_from_threads_while_stepping() {
     let mut pool = Pool::new(&PoolConfig { device_blocks: 512, block_tokens: 8,
                                            ..Default::default() }).unwrap();
