@@ -11,7 +11,7 @@
  * kv_heads x head_dim x dtype_bytes. With kv_heads equal to the query heads
  * this is MHA; fewer is GQA; one is MQA.
  */
-#include "internal.h"
+#include "base/base.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,12 +3,11 @@
  * exposition format (version 0.0.4), and the step-duration histogram behind
  * bkv_step_duration_seconds.
  *
- * bkv_step calls bkv__step_observe once per step (successful or rolled back)
- * with the step's duration on the scheduler's clock; it finds the bucket with
- * a fixed search over BKV__STEP_BUCKETS bounds and bumps one counter, so the
- * histogram costs no allocation and no scan. Buckets are kept per bucket
- * (not cumulative) and summed when written, as Prometheus wants `le` buckets
- * cumulative.
+ * The scheduler keeps the histogram itself (sched/step.c: each step's
+ * duration on its clock, one counter per bucket, no allocation); this file
+ * only reads it, with the other counters the scheduler and pool expose.
+ * Buckets are kept per bucket (not cumulative) and summed when written, as
+ * Prometheus wants `le` buckets cumulative.
  *
  * bkv_sched_metrics_prometheus writes like snprintf: into at most cap bytes,
  * NUL-terminated, returning the length the whole text needs. Names follow the
@@ -17,35 +16,18 @@
  * serving metrics as the model for what to expose. Each metric gets its HELP
  * and TYPE lines first.
  */
-#include "internal.h"
+#include "sched/sched.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-/* Upper bounds of the histogram's buckets, microseconds and as written; the
- * last bucket (+Inf) has no bound here. */
-static const uint64_t bound_us[BKV__STEP_BUCKETS - 1] = {
-	500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
-	250000, 500000, 1000000, 2500000, 5000000, 10000000,
-};
+/* The bucket bounds as written (sched/step.c holds them in microseconds). */
 static const char *const bound_txt[BKV__STEP_BUCKETS - 1] = {
 	"0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
 	"0.25", "0.5", "1", "2.5", "5", "10",
 };
-
-void bkv__step_observe(bkv_sched *s, uint64_t us)
-{
-	uint32_t i = 0;
-
-	if (us > INT64_MAX) /* a clock that went backwards */
-		us = 0;
-	while (i < BKV__STEP_BUCKETS - 1 && us > bound_us[i])
-		i++;
-	s->obs.step_hist[i]++;
-	s->obs.step_sum_s += (double)us / 1e6;
-}
 
 /* snprintf into a growing text that may outgrow the caller's buffer. */
 typedef struct out {

@@ -38,7 +38,7 @@
  * as msgspec writes it: the shortest form of every integer, string, array and
  * map header, floats as float64.
  */
-#include "internal.h"
+#include "pool/pool.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,6 @@
 /*
- * policy.c - the scheduler's decisions: queue order, admission, chunk sizes,
- * victims and the preempt mode.
- *
- * sched.c runs the step transaction; every "which one" and "now or later" of
- * it is asked here, so a policy can be read (and changed) in one place.
+ * queue.c - the queue of waiting and swapped requests: the order admission
+ * takes them in (priority, FCFS, output-length hints, the bypass bound).
  *
  * The queue holds waiting and swapped requests in one binary heap keyed by
  * (priority descending, order ascending). order is the arrival count for new
@@ -32,22 +29,8 @@
  * O(log n), reading the head is O(1), and nothing here scans the waiting
  * requests.
  *
- * Admission (continuous policy) with group k, free slots f, queue slots q:
- * admit when f >= k, or when q <= f (the queue cannot supply more: everything
- * waiting fits), or when the current group has been forming for max_wait_us
- * (measured from the later of the head's enqueue time and the last admission:
- * with a backlog every head has waited long since arrival, so measuring from
- * arrival would turn k into 1 as soon as a backlog forms). Static: admit only
- * when nothing runs, then fill max_running.
- *
- * Victims: lowest priority first, then the most recently admitted, scanning
- * run[] (O(running), the scheduled work). Preempt mode: RECOMPUTE always
- * recomputes; SWAP and AUTO swap when the pool has a host tier with room for
- * the request's blocks and the request has one live lane (multi-lane requests
- * are recomputed, see docs/design.md); AUTO also asks the cost model
- * (bkv__auto_want_swap) and recomputes when that is predicted cheaper.
  */
-#include "internal.h"
+#include "decide/decide.h"
 
 /* ---- the queue ----------------------------------------------------------- */
 
@@ -275,84 +258,3 @@ int bkv__queue_check(const bkv_sched *s)
 	return 0;
 }
 
-/* ---- admission ----------------------------------------------------------- */
-
-/* May this step start admitting from the queue head? (Each admission is
- * further limited by free slots, the watermark and the token budget.) */
-int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
-{
-	uint32_t free_slots = s->cfg.max_running - s->rs.slots_used;
-	const bkv__req *head;
-	uint64_t since;
-
-	if (s->q.heap_n == 0 || free_slots == 0)
-		return 0;
-	if (s->cfg.policy == BKV_POLICY_STATIC)
-		return s->rs.nr_run == 0;
-	if (bkv__auto_admit_on(s)) /* the cost model decides (auto.c) */
-		return bkv__auto_admit((bkv_sched *)s, now, free_slots);
-	if (free_slots >= s->cfg.admit_group)
-		return 1;
-	if (s->q.queue_slots <= free_slots)
-		return 1; /* the queue cannot supply a bigger group */
-	if (s->cfg.max_wait_us == UINT64_MAX)
-		return 0;
-	head = bkv__queue_head(s, now);
-	since = BKV_MAX(head->enq_us, s->rs.last_admit_us);
-	return now >= since && now - since >= s->cfg.max_wait_us;
-}
-
-/* Tokens of a prefill chunk: everything remaining, capped by what is left of
- * the step's budget (the token budget when chunking, else the batch arrays'
- * capacity). */
-uint32_t bkv__chunk_len(const bkv_sched *s, uint32_t remaining)
-{
-	return BKV_MIN(remaining, s->plan.budget_left);
-}
-
-/* ---- preemption ---------------------------------------------------------- */
-
-/* Lowest priority, then most recently admitted; skips requests preempted or
- * ended in this step. NULL when nothing can be preempted. */
-bkv__req *bkv__pick_victim(const bkv_sched *s)
-{
-	bkv__req *best = NULL;
-	uint32_t i;
-
-	for (i = s->rs.nr_run; i-- > 0;) {
-		bkv__req *r = s->rs.run[i];
-
-		if (r->state != BKV__REQ_RUNNING)
-			continue;
-		if (!best || r->priority < best->priority ||
-		    (r->priority == best->priority && r->admit_seq > best->admit_seq))
-			best = r;
-	}
-	return best;
-}
-
-/* Swap (1) or recompute (0) this victim. */
-int bkv__want_swap(const bkv_sched *s, const bkv__req *r)
-{
-	bkv_pool_stats ps;
-	const bkv__lane *l = NULL;
-	uint32_t i, n_blocks = 0;
-
-	if (s->cfg.preempt == BKV_PREEMPT_RECOMPUTE || s->host_blocks == 0)
-		return 0;
-	if (r->n_live != 1 || (r->n > 1 && !r->forked))
-		return 0;
-	for (i = 0; i < r->n; i++)
-		if (!r->lane[i].done)
-			l = &r->lane[i];
-	if (!l || l->seq == BKV__SEQ_NONE || l->kv_len == 0)
-		return 0;
-	n_blocks = (l->kv_len + s->bt - 1) / s->bt;
-	if (bkv__auto_want_swap(s, l->kv_len) == 0)
-		return 0; /* AUTO: recomputing is predicted cheaper (auto.c) */
-	ps.size = sizeof(ps);
-	bkv_pool_stats_get(s->pool, &ps);
-	/* SWAP, and AUTO when swapping is cheaper or the KV size is unknown:
-	 * swap when the host tier has room, else recompute. */
-	return ps.host_free >= n_blocks;
-}

@@ -38,7 +38,7 @@
  * solvable by Cholesky. Everything lives in fixed arrays inside the handle:
  * observe() never allocates.
  */
-#include "internal.h"
+#include "base/base.h"
 
 #include <math.h>
 #include <string.h>

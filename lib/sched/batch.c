@@ -26,7 +26,7 @@
  * split host's later calls - a second packed prefill call, the decode call -
  * see only what appeared after the calls before them).
  */
-#include "internal.h"
+#include "sched/batch.h"
 
 #include <string.h>
 
@@ -153,8 +153,6 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	shape->decode_context = ctx;
 	shape->n_chunks = n_chunks;
 	shape->chunks = n_chunks ? s->call.chunks : NULL;
-	shape->padded_rows = n_decode;
-	if (s->cfg.policy == BKV_POLICY_STATIC && n_decode && s->rs.group_size > n_decode)
-		shape->padded_rows = s->rs.group_size;
+	shape->padded_rows = s->pol.padded_rows(s, n_decode);
 	return t;
 }

@@ -1,0 +1,203 @@
+/*
+ * budget.c - the token budget: how many tokens a step may compute, and how
+ * long a prefill chunk may be.
+ *
+ * Without chunked prefill the budget is the batch arrays' capacity; with
+ * it, the configured token_budget, or with token_budget 0 the cost model's
+ * choice per step (auto_budget: the largest budget whose predicted step
+ * keeps the TPOT target, or the knee of cost per token without one;
+ * docs/cost-model.md). A chunk is what remains of the prompt, capped by the
+ * budget left (bkv__chunk_len, decide.h), and on a mixed host with a TPOT
+ * target shortened until the step's predicted time keeps it
+ * (bkv__auto_chunk_fit).
+ */
+#include "decide/decide.h"
+
+#include <math.h>
+#include <string.h>
+
+
+/* Chunked prefill, budget auto: the tokens this step may compute, decode
+ * rows included. With a TPOT target: the largest budget whose predicted
+ * mixed call (the running rows plus prefill chunks of typical prompts) keeps
+ * it; otherwise the budget whose prefill tokens are cheapest (see below).
+ * Within [running + 1, cap]. O(log cap) prices. */
+static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	double mean, sd, best = -1.0, t0, pl;
+	uint32_t d = s->rs.slots_used, lo, hi, b, best_b;
+
+	if (!a || !a->budget)
+		return fixed;
+	if (cap <= d + 1)
+		return cap;
+	bkv__prompt_stats(a, &mean, &sd);
+	/* budget tokens priced as the tails of long prompts (the top of the
+	 * observed range): attention grows with a chunk's offset, so this is
+	 * the conservative shape for a latency target */
+	pl = bkv__expected_max(mean, sd, UINT32_MAX - 1);
+	/* a step prefills at most max_running prompts' worth: larger budgets
+	 * are never used, and the priced shape has room for that many chunks */
+	if ((double)cap > (double)d + (double)a->chunk_cap * (pl < 1.0 ? 1.0 : pl))
+		cap = d + (uint32_t)((double)a->chunk_cap * (pl < 1.0 ? 1.0 : pl));
+	if (cap <= d + 1)
+		return cap;
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_MIXED;
+	sh.decode_rows = d;
+	sh.padded_rows = d;
+	/* the running rows' context as the last decode call saw it (long
+	 * prompts stay longer in the running set than in the arrivals, so
+	 * the prompt mean would underprice a long-context decode call) */
+	sh.decode_context = (uint64_t)((double)d * (s->plan.dec_ctx_row > 0.0
+						     ? s->plan.dec_ctx_row + 1.0
+						     : mean + AUTO_CTX_EXTRA));
+	sh.chunks = a->chunks;
+#define PRICE_B(pb, out)                                                       \
+	do {                                                                   \
+		uint32_t left_ = (pb), i_ = 0;                                 \
+		uint32_t m_ = (uint32_t)(pl < 1.0 ? 1.0 : pl);                 \
+		while (left_ && i_ < a->chunk_cap) {                           \
+			uint32_t l_ = BKV_MIN(left_, m_);                      \
+			a->chunks[i_].len = l_;                                \
+			a->chunks[i_].start = m_ - l_; /* a prompt's tail */   \
+			left_ -= l_;                                           \
+			i_++;                                                  \
+		}                                                              \
+		sh.n_chunks = i_;                                              \
+		(out) = bkv__price(s, &sh);                                         \
+	} while (0)
+	if (a->tpot_us) {
+		double t1;
+
+		PRICE_B(1, t1);
+		if (t1 <= a->tpot_us) {
+			lo = 1;
+			hi = cap - d;
+			while (lo < hi) {
+				uint32_t mid = hi - (hi - lo) / 2;
+				double t;
+
+				PRICE_B(mid, t);
+				if (t <= a->tpot_us)
+					lo = mid;
+				else
+					hi = mid - 1;
+			}
+			return d + lo;
+		}
+	}
+	/* the cheapest prefill tokens: least (added time + 1% of the decode
+	 * call) per prefill token, the largest budget on ties. A decode call
+	 * with slack (memory-bound) takes prefill tokens for free up to where
+	 * it turns compute-bound: that knee is the choice. */
+	PRICE_B(0, t0);
+	best_b = cap - d;
+	for (b = 16; ; b *= 2) {
+		double t, per;
+
+		if (b > cap - d)
+			b = cap - d;
+		PRICE_B(b, t);
+		per = (t - t0 + 0.01 * t0) / (double)b;
+		if (best < 0.0 || per <= best * 1.001) {
+			if (best < 0.0 || per < best)
+				best = per;
+			best_b = b;
+		}
+		if (b == cap - d)
+			break;
+	}
+#undef PRICE_B
+	return d + best_b;
+}
+
+/* Chunked prefill with a TPOT target on a mixed host: the longest chunk, at
+ * most c, that a lane at offset start may add to this step's forward while
+ * the step's predicted time keeps the target. The budget priced its tokens
+ * as the tails of typical long prompts; a chunk deep inside a longer prompt
+ * attends to more context than that, which only its offset tells (Mooncake's
+ * 100k-token prompts broke the target by 2x without this). The shape priced
+ * is the step's as planned so far: its decode rows with their real context,
+ * the chunks already planned, and this one. Returns c when no target applies
+ * or when not even one token fits beside the decode rows alone (the target
+ * is out of reach in this step; the prompt still progresses), 0 when the
+ * chunks already planned leave no room (the lane waits a step). O(log c)
+ * prices, each O(chunks planned); the decode context is summed once a step
+ * (O(decode rows), the scheduled work). */
+uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c)
+{
+	bkv__auto *a = s->autos;
+	bkv_step_shape sh;
+	uint32_t i, n = s->plan.n_pre, lo, hi;
+
+	if (!a || !a->tpot_us || s->split || !s->cfg.cost.step_us || c <= 1 ||
+	    n + 1 > a->chunk_cap)
+		return c;
+	if (a->fit_step != s->plan.step_no) {
+		/* the fused decode pass summed its rows' context already */
+		uint64_t ctx = s->plan.fill_rows ? s->plan.fill_ctx : 0;
+
+		BKV_ASSERT(s->plan.fill_rows <= s->plan.n_dec);
+		for (i = s->plan.fill_rows; i < s->plan.n_dec; i++)
+			ctx += s->plan.dec[i].end;
+		a->fit_ctx = ctx;
+		a->fit_step = s->plan.step_no;
+	}
+	for (i = 0; i < n; i++) {
+		a->chunks[i].start = s->plan.pre[i].start;
+		a->chunks[i].len = s->plan.pre[i].end - s->plan.pre[i].start;
+	}
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_MIXED;
+	sh.decode_rows = s->plan.n_dec;
+	sh.padded_rows = s->plan.n_dec;
+	sh.decode_context = a->fit_ctx;
+	sh.chunks = a->chunks;
+	sh.n_chunks = n + 1;
+	a->chunks[n].start = start;
+#define FITS(ln_) (a->chunks[n].len = (ln_), bkv__price(s, &sh) <= (double)a->tpot_us)
+	if (FITS(c))
+		return c;
+	if (!FITS(1))
+		return n == 0 ? c : 0;
+	lo = 1;
+	hi = c - 1;
+	while (lo < hi) {
+		uint32_t mid = hi - (hi - lo) / 2;
+
+		if (FITS(mid))
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+#undef FITS
+	return lo;
+}
+
+/* Without chunked prefill: the batch arrays' capacity (a prompt runs whole
+ * unless it does not fit). */
+static uint32_t budget_whole(bkv_sched *s)
+{
+	return s->call.bufs.tok_cap;
+}
+
+static uint32_t budget_fixed(bkv_sched *s)
+{
+	return s->cfg.token_budget;
+}
+
+static uint32_t budget_auto(bkv_sched *s)
+{
+	return auto_budget(s, s->cfg.token_budget, s->call.bufs.tok_cap);
+}
+
+void bkv__budget_choose(bkv__policy *p, const bkv_sched_config *user)
+{
+	if (!user->chunked_prefill)
+		p->budget = budget_whole;
+	else
+		p->budget = user->token_budget == 0 ? budget_auto : budget_fixed;
+}

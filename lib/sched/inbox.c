@@ -1,0 +1,259 @@
+/*
+ * inbox.c - requests in: bkv_submit and bkv_abort (any thread), the batch
+ * buffers sized for the largest request, and the stepping thread's drain.
+ *
+ * Requests arrive from any thread through bkv_submit, which validates and
+ * copies them (one allocation: the request, its lanes, its stop tokens and a
+ * token history per lane, sized prompt + max_new so a step never grows it),
+ * gives them an id from a counter and links them onto the inbox under a short
+ * mutex. A request larger than any before also prepares, under the lock, a
+ * larger set of batch buffers that the step swaps in at drain time, so the
+ * step never allocates. bkv_abort looks the id up in the id map (under the
+ * same mutex) and links the request onto the abort list. Nothing else takes
+ * the lock: the stepping thread splices both lists out at the start of a step
+ * (drain): new requests into the queue, aborts ended at once (ABORT).
+ */
+#include "sched/batch.h"
+#include "decide/decide.h"
+
+#include <string.h>
+
+/* ---- buffers ------------------------------------------------------------- */
+
+void bkv__bufs_free(const bkv_allocator *a, bkv__bufs *b)
+{
+	bkv__free(a, b->token_ids, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->positions, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->slot_mapping, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->kv_indices,
+		  ((size_t)b->kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
+	memset(b, 0, sizeof(*b));
+}
+
+int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap)
+{
+	memset(b, 0, sizeof(*b));
+	b->tok_cap = tok_cap;
+	b->kv_cap = kv_cap;
+	b->token_ids = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->positions = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->slot_mapping = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
+	b->kv_indices = bkv__malloc(a, ((size_t)kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
+	if (!b->token_ids || !b->positions || !b->slot_mapping || !b->kv_indices) {
+		bkv__bufs_free(a, b);
+		return BKV_ENOMEM;
+	}
+	return BKV_OK;
+}
+
+/* Token and block entries one call may need for requests whose history (prompt
+ * + max_new) is hist: every row is at most one lane's whole history. Returns
+ * nonzero when the kv_indices entries would pass KV_CAP_LIMIT (then *kv is
+ * capped there and such a request must be refused: a step could need more). */
+#define KV_CAP_LIMIT (UINT32_MAX / 8)
+int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv)
+{
+	uint64_t t, k, dev_tokens = (uint64_t)s->device_blocks * s->bt;
+
+	if (s->cfg.chunked_prefill)
+		t = BKV_MAX(s->cfg.token_budget, s->plan.row_cap);
+	else
+		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->plan.row_cap;
+	t = BKV_MIN(t, (uint64_t)TOK_CAP_LIMIT);
+	t = BKV_MAX(t, (uint64_t)s->plan.row_cap);
+	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->plan.row_cap;
+	*tok = (uint32_t)t;
+	*kv = k > KV_CAP_LIMIT ? KV_CAP_LIMIT : (uint32_t)k;
+	return k > KV_CAP_LIMIT;
+}
+
+/* ---- submit / abort (any thread) ----------------------------------------- */
+
+static int request_valid(const bkv_request *q)
+{
+	if (q->size < sizeof(bkv_request))
+		return 0;
+	if (!q->prompt || q->prompt_len == 0 || q->max_new_tokens == 0 || q->n == 0)
+		return 0;
+	if (q->n_stop && !q->stop_tokens)
+		return 0;
+	return 1;
+}
+
+int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
+{
+	uint64_t hist, blocks, bytes, id;
+	size_t size;
+	uint32_t i, tok, kv;
+	bkv__req *r;
+	int rc = BKV_OK;
+
+	if (!s || !q || !request_valid(q))
+		return BKV_EINVAL;
+	/* Each of the n lanes may have to be recomputed on its own, so all n
+	 * whole histories must fit at once for the request to finish alone. */
+	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
+	blocks = (hist + s->bt - 1) / s->bt * q->n;
+	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
+	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))
+		return BKV_E2BIG; /* could never run all n branches at once, or a
+				     step's block-table array could not hold
+				     max_running such histories */
+	/* request, lanes, stop tokens, then n histories of hist tokens */
+	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
+		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
+	if (bytes > SIZE_MAX / 2)
+		return BKV_ENOMEM;
+	size = (size_t)bytes;
+	r = bkv__malloc(&s->alloc, size);
+	if (!r)
+		return BKV_ENOMEM;
+	memset(r, 0, sizeof(*r));
+	r->alloc_size = size;
+	r->priority = q->priority;
+	r->prompt_len = q->prompt_len;
+	r->max_new = q->max_new_tokens;
+	r->n = q->n;
+	r->n_live = q->n;
+	r->n_stop = q->n_stop;
+	r->cache_key = q->cache_key;
+	r->user = q->user;
+	r->predicted_output = q->predicted_output;
+	r->state = BKV__REQ_INBOX;
+	r->heap_idx = UINT32_MAX;
+	r->age_idx = UINT32_MAX;
+	r->stop = (int32_t *)(void *)&r->lane[q->n];
+	if (q->n_stop)
+		memcpy(r->stop, q->stop_tokens, (size_t)q->n_stop * sizeof(int32_t));
+	for (i = 0; i < q->n; i++) {
+		bkv__lane *l = &r->lane[i];
+
+		memset(l, 0, sizeof(*l));
+		l->req = r;
+		l->branch = i;
+		l->seq = BKV__SEQ_NONE;
+		l->tok = r->stop + q->n_stop + (size_t)i * hist;
+		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
+	}
+	LOCK(s);
+	if (ATOMIC_LOAD(&s->in.nr_queued) >= s->cfg.max_queue) {
+		rc = BKV_EAGAIN;
+		goto out;
+	}
+	if (bkv__map_reserve(s) != BKV_OK) {
+		rc = BKV_ENOMEM;
+		goto out;
+	}
+	if (tok > s->in.want_tok || kv > s->in.want_kv) {
+		/* Grow geometrically; the step swaps the spare in when it drains
+		 * this request, so bkv_step itself never allocates. */
+		bkv__bufs nb;
+
+		tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
+		kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
+		if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK) {
+			rc = BKV_ENOMEM;
+			goto out;
+		}
+		bkv__bufs_free(&s->alloc, &s->in.spare);
+		s->in.spare = nb;
+		s->in.want_tok = tok;
+		s->in.want_kv = kv;
+	}
+	id = ++s->in.next_id;
+	r->id = id;
+	bkv__map_put(s->in.map, s->in.map_cap, id, r);
+	s->in.map_count++;
+	if (s->in.inbox_tail)
+		s->in.inbox_tail->next = r;
+	else
+		s->in.inbox_head = r;
+	s->in.inbox_tail = r;
+	ATOMIC_ADD(&s->in.nr_queued, 1);
+	ATOMIC_ADD(&s->in.nr_alive, 1);
+	ATOMIC_ADD(&s->in.submitted, 1);
+out:
+	UNLOCK(s);
+	if (rc != BKV_OK) {
+		bkv__req_free(s, r);
+		return rc;
+	}
+	if (req_id)
+		*req_id = id;
+	return BKV_OK;
+}
+
+int bkv_abort(bkv_sched *s, uint64_t req_id)
+{
+	bkv__slot *e;
+	int rc = BKV_OK;
+
+	if (!s || req_id == 0)
+		return BKV_EINVAL;
+	LOCK(s);
+	e = bkv__map_find(s, req_id);
+	if (!e || e->req->abort_state != 0) {
+		rc = BKV_ENOENT;
+	} else {
+		e->req->abort_state = 1;
+		e->req->abort_next = s->in.abort_head;
+		s->in.abort_head = e->req;
+	}
+	UNLOCK(s);
+	return rc;
+}
+
+/* ---- drain --------------------------------------------------------------- */
+
+void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	bkv__req *in, *ab, *r, *next, *rev = NULL;
+	bkv__bufs old;
+	uint32_t batch_slots = 0, queued_with;
+
+	memset(&old, 0, sizeof(old));
+	LOCK(s);
+	in = s->in.inbox_head;
+	s->in.inbox_head = s->in.inbox_tail = NULL;
+	ab = s->in.abort_head;
+	s->in.abort_head = NULL;
+	for (r = ab; r; r = r->abort_next)
+		r->abort_state = 2;
+	if (s->in.spare.tok_cap) {
+		old = s->call.bufs;
+		s->call.bufs = s->in.spare;
+		memset(&s->in.spare, 0, sizeof(s->in.spare));
+	}
+	UNLOCK(s);
+	bkv__bufs_free(&s->alloc, &old);
+
+	/* the slots queued once this batch is in: its requests arrived
+	 * together, so each may wait behind all of them (the auto bypass
+	 * bound, policy.c) */
+	for (r = in; r; r = r->next)
+		batch_slots += r->n_live;
+	queued_with = s->q.queue_slots + batch_slots;
+	for (r = in; r; r = next) {
+		next = r->next;
+		r->next = NULL;
+		r->state = BKV__REQ_WAITING;
+		r->order = ++s->q.arrival;
+		r->enq_us = now;
+		r->queued_with = queued_with;
+		bkv__queue_push(s, r);
+	}
+	/* the abort list is LIFO; end them in the order they were asked */
+	for (r = ab; r; r = next) {
+		next = r->abort_next;
+		r->abort_next = rev;
+		rev = r;
+	}
+	for (r = rev; r; r = next) {
+		next = r->abort_next;
+		if (r->zombie)
+			bkv__req_free(s, r); /* ended before the abort was drained */
+		else
+			bkv__finish_req(s, r, BKV_FINISH_ABORT, si);
+	}
+	bkv__run_compact(s);
+}

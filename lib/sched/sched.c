@@ -1,0 +1,253 @@
+/*
+ * sched.c - the scheduler handle: configuration, create and destroy, and
+ * the queries (pending requests, stats).
+ *
+ * The scheduler is built from owned parts (sched/sched.h): the inbox that
+ * bkv_submit and bkv_abort share with the stepping thread (sched/inbox.c),
+ * the queue and the decisions (decide/), the running set and the ending of
+ * requests (sched/req.c), one step's plan (sched/plan.c), the step itself
+ * (sched/step.c), the host call's arrays (sched/batch.c). Create allocates
+ * every array a step will use, so bkv_step never allocates.
+ */
+#include "sched/sched.h"
+#include "decide/decide.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- configs ------------------------------------------------------------- */
+
+void bkv_sched_config_init(bkv_sched_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+	cfg->policy = BKV_POLICY_CONTINUOUS;
+	cfg->max_running = 32;
+	cfg->max_queue = 65536;
+	cfg->preempt = BKV_PREEMPT_AUTO;
+}
+
+void bkv_request_init(bkv_request *req)
+{
+	if (!req)
+		return;
+	memset(req, 0, sizeof(*req));
+	req->size = sizeof(*req);
+	req->n = 1;
+}
+
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static int config_valid(const bkv_sched_config *c)
+{
+	uint32_t i;
+
+	if (c->size < sizeof(bkv_sched_config))
+		return 0;
+	if (c->policy != BKV_POLICY_CONTINUOUS && c->policy != BKV_POLICY_STATIC)
+		return 0;
+	if (c->max_running < 1 || c->max_running > MAX_RUNNING_LIMIT)
+		return 0;
+	if (c->admit_group > c->max_running)
+		return 0;
+	if (c->token_budget > MAX_BUDGET_LIMIT)
+		return 0;
+	if (c->max_queue < 1 || c->max_queue > MAX_QUEUE_LIMIT)
+		return 0;
+	if (c->preempt != BKV_PREEMPT_AUTO && c->preempt != BKV_PREEMPT_RECOMPUTE &&
+	    c->preempt != BKV_PREEMPT_SWAP)
+		return 0;
+	if (!(c->host_link_bytes_per_us >= 0.0) || isinf(c->host_link_bytes_per_us))
+		return 0;
+	if (c->max_bypass_us > MAX_BYPASS_LIMIT && c->max_bypass_us != UINT64_MAX)
+		return 0;
+	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
+		if (c->reserved[i])
+			return 0;
+	return 1;
+}
+
+int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
+		     void *host, const bkv_allocator *alloc, bkv_sched **out)
+{
+	bkv_allocator a;
+	bkv_pool_stats ps;
+	bkv_sched *s;
+	uint32_t m, tok, kv;
+
+	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
+		return BKV_EINVAL;
+	if (!ops->forward && !(ops->prefill && ops->decode))
+		return BKV_EINVAL;
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(pool, &ps);
+	if (!ps.block_tokens || !ps.device_blocks)
+		return BKV_EINVAL;
+	if (cfg->preempt == BKV_PREEMPT_SWAP && ps.host_blocks == 0)
+		return BKV_EINVAL;
+
+	bkv__alloc_init(&a, alloc);
+	s = bkv__calloc(&a, 1, sizeof(*s));
+	if (!s)
+		return BKV_ENOMEM;
+	s->alloc = a;
+	s->cfg = *cfg;
+	s->cfg.size = sizeof(s->cfg);
+	if (!s->cfg.admit_group)
+		s->cfg.admit_group = AUTO_ADMIT_GROUP;
+	if (!s->cfg.max_wait_us)
+		s->cfg.max_wait_us = AUTO_MAX_WAIT_US;
+	if (!s->cfg.token_budget)
+		s->cfg.token_budget = AUTO_TOKEN_BUDGET;
+	s->ops = *ops;
+	s->split = ops->forward == NULL;
+	s->host = host;
+	s->pool = pool;
+	s->bt = ps.block_tokens;
+	while ((1u << s->bt_shift) < s->bt)
+		s->bt_shift++;
+	s->device_blocks = ps.device_blocks;
+	s->host_blocks = ps.host_blocks;
+
+	m = s->cfg.max_running;
+	s->plan.row_cap = 2 * m;
+	s->q.heap_cap = s->cfg.max_queue + m;
+	s->in.map_cap = MAP_INIT_CAP;
+	s->in.lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
+	s->in.map = bkv__calloc(&a, s->in.map_cap, sizeof(bkv__slot));
+	s->q.heap = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
+	s->q.age = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
+	s->rs.run = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->plan.pre = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv__row));
+	s->plan.dec = bkv__calloc(&a, 2 * s->plan.row_cap, sizeof(bkv__row));
+	s->plan.touched = bkv__calloc(&a, 3 * (size_t)m, sizeof(bkv__lane *));
+	s->plan.swap_pend = bkv__calloc(&a, m, sizeof(bkv__req *));
+	s->call.qo_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
+	s->call.kv_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
+	s->call.last_page_len = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
+	s->call.row_sample = bkv__calloc(&a, s->plan.row_cap, sizeof(uint8_t));
+	s->call.row_req = bkv__calloc(&a, s->plan.row_cap, sizeof(uint64_t));
+	s->call.row_branch = bkv__calloc(&a, s->plan.row_cap, sizeof(uint32_t));
+	s->call.row_user = bkv__calloc(&a, s->plan.row_cap, sizeof(void *));
+	s->call.next_tokens = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
+	s->call.chunks = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv_chunk_shape));
+	(void)bkv__bufs_need(s, 256, &tok, &kv);
+	if (!s->in.lock || !s->in.map || !s->q.heap || !s->q.age || !s->rs.run || !s->plan.pre || !s->plan.dec ||
+	    !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr || !s->call.kv_indptr || !s->call.last_page_len ||
+	    !s->call.row_sample || !s->call.row_req || !s->call.row_branch || !s->call.row_user ||
+	    !s->call.next_tokens || !s->call.chunks || bkv__bufs_alloc(&a, &s->call.bufs, tok, kv) != BKV_OK) {
+		if (s->in.lock)
+			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
+		s->in.lock = NULL;
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
+	if (pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
+		bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
+		s->in.lock = NULL;
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
+	if (bkv__decide_create(s, cfg) != BKV_OK) { /* the decisions and the default cost model */
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
+	s->in.want_tok = tok;
+	s->in.want_kv = kv;
+	s->stats.size = sizeof(s->stats);
+	*out = s;
+	return BKV_OK;
+}
+
+void bkv_sched_destroy(bkv_sched *s)
+{
+	const bkv_allocator *a;
+	bkv__req *r, *next;
+	uint32_t i, m;
+
+	if (!s)
+		return;
+	a = &s->alloc;
+	m = s->cfg.max_running;
+	/* every live request is in the map; zombies only on the abort list */
+	for (r = s->in.abort_head; r; r = next) {
+		next = r->abort_next;
+		if (r->zombie)
+			bkv__req_free(s, r);
+	}
+	if (s->in.map) {
+		for (i = 0; i < s->in.map_cap; i++) {
+			if (!s->in.map[i].id)
+				continue;
+			bkv__req_drop_seqs(s, s->in.map[i].req);
+			bkv__req_free(s, s->in.map[i].req);
+		}
+	}
+	if (s->in.lock) {
+		pthread_mutex_destroy((pthread_mutex_t *)s->in.lock);
+		bkv__free(a, s->in.lock, sizeof(pthread_mutex_t));
+	}
+	bkv__free(a, s->in.map, (size_t)s->in.map_cap * sizeof(bkv__slot));
+	bkv__free(a, s->q.heap, (size_t)s->q.heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->q.age, (size_t)s->q.heap_cap * sizeof(bkv__req *));
+	bkv__free(a, s->rs.run, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->plan.pre, (size_t)s->plan.row_cap * sizeof(bkv__row));
+	bkv__free(a, s->plan.dec, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
+	bkv__free(a, s->plan.touched, 3 * (size_t)m * sizeof(bkv__lane *));
+	bkv__free(a, s->plan.swap_pend, (size_t)m * sizeof(bkv__req *));
+	bkv__free(a, s->call.qo_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->call.kv_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
+	bkv__free(a, s->call.last_page_len, (size_t)s->plan.row_cap * sizeof(int32_t));
+	bkv__free(a, s->call.row_sample, (size_t)s->plan.row_cap * sizeof(uint8_t));
+	bkv__free(a, s->call.row_req, (size_t)s->plan.row_cap * sizeof(uint64_t));
+	bkv__free(a, s->call.row_branch, (size_t)s->plan.row_cap * sizeof(uint32_t));
+	bkv__free(a, s->call.row_user, (size_t)s->plan.row_cap * sizeof(void *));
+	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
+	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
+	bkv__bufs_free(a, &s->call.bufs);
+	bkv__bufs_free(a, &s->in.spare);
+	bkv__decide_destroy(s);
+	bkv__free(a, s, sizeof(*s));
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+uint64_t bkv_sched_pending(bkv_sched *s)
+{
+	return s ? ATOMIC_LOAD(&s->in.nr_alive) : 0;
+}
+
+void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
+{
+	bkv_sched_stats st;
+	size_t n;
+
+	if (!s || !stats)
+		return;
+	n = stats->size ? BKV_MIN((size_t)stats->size, sizeof(st)) : sizeof(st);
+	st = s->stats;
+	st.size = (uint32_t)n;
+	st.waiting = s->q.nr_waiting;
+	st.running = s->rs.nr_run;
+	st.swapped = s->q.nr_swapped;
+	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->in.submitted);
+	memcpy(stats, &st, n);
+}
+
+/* Invariant numbers (0 = consistent; 1000 + n: the pool's invariant n):
+ *  1-5  the queue heap (policy.c)     6-15 run[], lanes and slots
+ * 16-17 queued requests' sequences    18-22 map, inbox and counters
+ * 23    open pool sequences == lanes holding one
+ * 24-29 the age heap (policy.c): exactly the queued requests with order > 0,
+ *       each once, WAITING, in (priority, arrival) heap order
+ * 30    a call's slot_mapping named a slot in a shared or cached block
+ *       (sticky; checked at the call under BKV_DEBUG_LEVEL >= 1)
+ * 31    the running requests' unforked branches cannot all get a sequence
+ * 32    a running lane's full block (KV committed) is not in the prefix
+ *       cache: every full block a step computes is indexed at its commit
+ *       (a duplicate of an indexed block is swapped for it, txn_dedupe in
+ *       pool.c), or still waits for the swap-in copy that brings its KV */

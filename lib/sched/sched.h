@@ -1,0 +1,387 @@
+/*
+ * sched.h - the scheduling layer: requests and their lanes, the inbox, the
+ * running set, one step's plan, the host call's arrays, and the handle that
+ * holds them as owned parts.
+ *
+ * Owners: sched/sched.c (configs, create/destroy, queries), sched/inbox.c
+ * (batch buffers, bkv_submit/bkv_abort, draining the inbox), sched/req.c
+ * (the id map, ending requests), sched/plan.c (planning: decode rows, forks,
+ * prefill continuations, admissions, making room), sched/step.c (bkv_step:
+ * the host calls, commit, rollback, the progress rule), sched/batch.c (the
+ * bkv_batch layout, sched/batch.h), sched/check.c (bkv_sched_check). The
+ * decisions (which request, how many tokens, which victim, swap or
+ * recompute, how to pack) are asked of the decision layer (decide/decide.h)
+ * through the policy table chosen at create.
+ */
+#ifndef BKV_SCHED_H
+#define BKV_SCHED_H
+
+#include "pool/pool.h"
+
+#include <pthread.h>
+
+/* Fixed values of the "auto" fields until the cost model decides them. */
+#define AUTO_ADMIT_GROUP 1u
+#define AUTO_MAX_WAIT_US 100000u
+#define AUTO_TOKEN_BUDGET 512u
+#define MAX_RUNNING_LIMIT (1u << 20)
+#define MAX_QUEUE_LIMIT (1u << 24)
+#define MAX_BUDGET_LIMIT (1u << 24)
+#define MAX_BYPASS_LIMIT (1ull << 42) /* us, about 51 days; past it a value is
+					 a unit mistake, not a bound */
+#define TOK_CAP_LIMIT (1u << 24)
+#define MAP_INIT_CAP 64u
+
+#define LOCK(s) pthread_mutex_lock((pthread_mutex_t *)(s)->in.lock)
+#define UNLOCK(s) pthread_mutex_unlock((pthread_mutex_t *)(s)->in.lock)
+#define ATOMIC_ADD(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
+#define ATOMIC_SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_RELAXED)
+#define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define COLD __attribute__((noinline, cold)) /* rare paths kept out of
+						 bkv_step's hot loop */
+#else
+#define ALWAYS_INLINE inline
+#define COLD
+#endif
+#define LANE_KNOWN(l) ((l)->req->prompt_len + (l)->n_gen)
+#define REQ_IS_RUNNING(r) ((r)->state == BKV__REQ_RUNNING)
+
+/* ---- the scheduler's data ---------------------------------------------------
+ * Everything below is touched by the stepping thread only, except the fields
+ * marked "lock" (struct bkv_sched.in.lock) and "atomic". */
+
+#define BKV__SEQ_NONE UINT32_MAX /* lane has no pool sequence */
+
+/* bkv__req.state: each request is in exactly one. */
+#define BKV__REQ_INBOX 0   /* submitted, not drained yet */
+#define BKV__REQ_WAITING 1 /* in the queue, holds no blocks */
+#define BKV__REQ_RUNNING 2 /* holds slots and device blocks */
+#define BKV__REQ_SWAPPED 3 /* in the queue, its blocks on the host tier */
+#define BKV__REQ_DONE 4    /* ended; on_finish has run */
+
+/* One branch of a request (n > 1 forks n of them): a pool sequence and the
+ * token history it stands for. KV of tok[0, kv_len) is in seq; the tokens
+ * known are tok[0, prompt_len + n_gen). */
+typedef struct bkv__lane {
+	struct bkv__req *req; /* owning request */
+	int32_t *tok;         /* [prompt_len + max_new] prompt, then generated
+				 tokens; inside the request's allocation */
+	uint32_t seq;         /* pool sequence, BKV__SEQ_NONE when none */
+	uint32_t n_gen;       /* generated tokens committed, <= max_new */
+	uint32_t kv_len;      /* tokens in seq (its pool length) */
+	uint32_t pre_len;     /* kv_len before this step's appends (rollback) */
+	uint64_t touch_step;  /* step that last appended (pre_len is valid) */
+	uint32_t branch;      /* index 0..n-1, row_branch */
+	uint8_t done;         /* finished: no more rows, seq closed */
+	uint8_t decoding;     /* prefill done: next row is a 1-token decode row */
+	uint8_t reason;       /* bkv_finish_reason once done */
+} bkv__lane;
+
+typedef struct bkv__req {
+	uint64_t id;           /* nonzero, from next_id */
+	int64_t order;         /* queue key after priority: arrival order
+				  (increasing), or a decreasing front counter
+				  for requeued (preempted) requests */
+	int32_t priority;      /* higher first */
+	uint32_t prompt_len;   /* >= 1 */
+	uint32_t max_new;      /* >= 1 */
+	uint32_t n;            /* lanes, >= 1 */
+	uint32_t n_live;       /* lanes not done; slots it holds while running */
+	uint32_t n_stop;       /* entries in stop */
+	int32_t *stop;         /* [n_stop], inside the allocation */
+	uint64_t cache_key;    /* prefix-cache key for every lane's sequence */
+	void *user;            /* request user pointer */
+	uint8_t state;         /* BKV__REQ_* */
+	uint8_t forked;        /* n > 1: lanes 1..n-1 exist (after prefill) */
+	uint8_t swap_unsent;   /* swapped out, copies not yet sent to a host */
+	uint8_t abort_state;   /* lock: 0 none, 1 on the abort list, 2 taken */
+	uint8_t zombie;        /* lock: DONE while on the abort list; freed
+				  when the list is drained */
+	uint32_t heap_idx;     /* position in the queue heap while queued */
+	uint32_t age_idx;      /* position in the age heap while queued with
+				  order > 0 (a new request), else UINT32_MAX */
+	uint32_t queued_with;  /* slots queued when it entered the queue as a
+				  new request, itself and the requests
+				  drained with it included (the auto bypass
+				  bound) */
+	uint64_t admit_us;     /* clock at its last admission */
+	uint32_t run_idx;      /* position in run[] while running */
+	uint64_t admit_seq;    /* admission counter; larger = more recent */
+	uint64_t enq_us;       /* clock when it entered the queue */
+	uint64_t preempt_step; /* step of its last preemption (0 = never) */
+	uint32_t predicted_output; /* bkv_request hint: expected output
+				      tokens, 0 = unknown (auto.c, queue order) */
+	struct bkv__req *next; /* lock: inbox link; then the done list link */
+	struct bkv__req *abort_next; /* lock: abort list link */
+	size_t alloc_size;     /* bytes of this allocation */
+	bkv__lane lane[];      /* [n] */
+} bkv__req;
+
+/* One planned row: lane computes tokens [start, end) (its KV length after
+ * the append is end) and samples a token when sample is set. */
+typedef struct bkv__row {
+	bkv__lane *lane;
+	uint32_t start;  /* first computed position */
+	uint32_t end;    /* sequence length after the row */
+	uint8_t sample;  /* the host writes a token for this row */
+	int32_t out;     /* the sampled token, copied after a prefill call
+			    (a split host's prefill rows; the last call's
+			    rows are committed from next_tokens) */
+} bkv__row;
+
+/* The id -> request map (open addressing, linear probing, lock). */
+typedef struct bkv__slot {
+	uint64_t id;   /* 0 = empty */
+	bkv__req *req;
+} bkv__slot;
+
+/* Token-sized and block-sized batch arrays; replaced as one set when a larger
+ * request is submitted (bkv_submit prepares a spare set under the lock, the
+ * step swaps it in at drain time, so bkv_step never allocates). */
+typedef struct bkv__bufs {
+	uint32_t tok_cap;      /* entries in each token array */
+	uint32_t kv_cap;       /* entries in kv_indices */
+	int32_t *token_ids;    /* [tok_cap] */
+	int32_t *positions;    /* [tok_cap] */
+	int32_t *slot_mapping; /* [tok_cap] */
+	int32_t *kv_indices;   /* [kv_cap] */
+} bkv__bufs;
+
+/* Buckets of the step-duration histogram (sched/step.c), +Inf included. */
+#define BKV__STEP_BUCKETS 15
+
+/* The inbox: what bkv_submit and bkv_abort share with the stepping thread
+ * (sched/inbox.c). Fields marked "lock" under bkv_sched.in.lock, "atomic"
+ * read without it. */
+typedef struct bkv__inbox {
+	void *lock;            /* pthread_mutex_t, allocated */
+	bkv__req *inbox_head;  /* lock: FIFO of submitted requests */
+	bkv__req *inbox_tail;  /* lock */
+	bkv__req *abort_head;  /* lock: LIFO of requests to abort */
+	bkv__slot *map;        /* lock: [map_cap] id -> request */
+	uint32_t map_cap;      /* lock: power of two */
+	uint32_t map_count;    /* lock: live entries, <= map_cap / 2 */
+	bkv__bufs spare;       /* lock: prepared larger buffers (tok_cap 0:
+				  none) */
+	uint32_t want_tok;     /* lock: tok_cap of spare, else of bufs */
+	uint32_t want_kv;      /* lock: kv_cap of spare, else of bufs */
+	uint64_t next_id;      /* lock: last id handed out */
+	uint64_t nr_queued;    /* atomic: inbox + waiting + swapped */
+	uint64_t nr_alive;     /* atomic: requests not ended */
+	uint64_t submitted;    /* atomic: accepted by bkv_submit */
+} bkv__inbox;
+
+/* The queue: waiting and swapped requests (sched/queue.c). */
+typedef struct bkv__queue {
+	bkv__req **heap;       /* [heap_cap] binary heap, best at 0 */
+	uint32_t heap_n;       /* entries */
+	uint32_t heap_cap;     /* max_queue + max_running */
+	uint32_t queue_slots;  /* sum of n_live over the heap */
+	uint32_t nr_waiting;   /* heap entries in WAITING */
+	uint32_t nr_swapped;   /* heap entries in SWAPPED */
+	int64_t arrival;       /* last arrival order handed out */
+	int64_t front;         /* last front order handed out (decreasing) */
+	bkv__req **age;        /* [heap_cap] the age heap: the queued requests
+				  with order > 0 (new, never preempted), a
+				  binary heap keyed by (priority descending,
+				  order ascending); age[0] is the oldest new
+				  request of the highest class holding one.
+				  age_n <= heap_n */
+	uint32_t age_n;        /* entries */
+	double run_mean_us;    /* decayed mean of the time requests ran
+				  (admission to a LENGTH/STOP end), for the
+				  auto bypass bound; 0 = none ended yet */
+} bkv__queue;
+
+/* The running requests, in admission order (sched/req.c ends them). */
+typedef struct bkv__running {
+	bkv__req **run;        /* [max_running] */
+	uint32_t nr_run;       /* entries */
+	uint32_t slots_used;   /* sum of n_live over run[] <= max_running */
+	uint32_t nr_run_multi; /* entries of run[] with n > 1 (plan_forks
+				  skips its pass when 0) */
+	uint32_t group_size;   /* static: rows of the current group, else 0 */
+	int run_dirty;         /* a request left RUNNING since the last
+				  compaction of run[] */
+	uint64_t admit_seq;    /* last admission counter */
+	uint64_t last_admit_us; /* clock at the last admission */
+} bkv__running;
+
+/* One step's plan (stepping thread only; sched/plan.c, sched/step.c). */
+typedef struct bkv__plan {
+	uint64_t step_us;      /* clock at the start of the current step */
+	uint64_t step_no;      /* steps begun, 1-based */
+	int in_step;           /* nonzero during bkv_step (nested -> ESTATE) */
+	uint32_t row_cap;      /* 2 * max_running */
+	bkv__row *pre;         /* [row_cap] prefill rows of this step */
+	uint32_t n_pre;
+	bkv__row *dec;         /* [row_cap] decode rows of this step */
+	uint32_t n_dec;
+	bkv__lane **touched;   /* [row_cap] lanes appended to this step, except
+				  those of plan_decode's fast rows (rollback
+				  reaches them through plan.dec) */
+	uint32_t n_touched;
+	bkv__req **swap_pend;  /* [max_running] swapped, copies unsent */
+	uint32_t n_swap_pend;
+	uint32_t fill_rows;    /* dec[0, fill_rows) are in the batch arrays
+				  already (written while planning, bkv__fill);
+				  0 once a preemption pruned rows or a
+				  prefill call reused the arrays */
+	uint32_t fill_kv;      /* kv_indices entries of those rows */
+	uint64_t fill_ctx;     /* their summed context lengths */
+	double dec_ctx_row;    /* context per decode row in the last call
+				  that had decode rows (0: none yet); the
+				  auto budget prices decode rows with it */
+	bkv__req *done_head;   /* requests ended this step (to free) */
+	uint32_t budget_left;  /* tokens this step may still compute */
+	uint32_t step_hits;    /* prompt tokens this step took from the prefix
+				  cache */
+	int admit_tried;       /* this step's admission was allowed (it may
+				  still have taken nothing) */
+	uint32_t stalls;       /* consecutive steps with nothing running, no
+				  row, and an allowed admission that took
+				  nothing (the progress rule, sched/step.c) */
+} bkv__plan;
+
+/* The host call's arrays: the memory behind bkv_batch (sched/batch.c owns
+ * the layout). */
+typedef struct bkv__call {
+	bkv__bufs bufs;        /* token- and block-sized arrays */
+	int32_t *qo_indptr;    /* [row_cap + 1] */
+	int32_t *kv_indptr;    /* [row_cap + 1] */
+	int32_t *last_page_len; /* [row_cap] */
+	uint8_t *row_sample;   /* [row_cap] */
+	uint64_t *row_req;     /* [row_cap] */
+	uint32_t *row_branch;  /* [row_cap] */
+	void **row_user;       /* [row_cap] */
+	int32_t *next_tokens;  /* [row_cap] */
+	bkv_chunk_shape *chunks; /* [row_cap] */
+	uint32_t copies_sent[3]; /* copies of each kind already in a call of
+				    this step */
+} bkv__call;
+
+/* What the scheduler measures of its own steps, for bkv_sched_stats_get and
+ * the metrics exposition to read. */
+typedef struct bkv__obs {
+	uint64_t step_hist[BKV__STEP_BUCKETS]; /* steps (ok or rolled back)
+				  whose duration fell in bucket i (not
+				  cumulative; last = +Inf) */
+	double step_sum_s;     /* sum of step durations, seconds */
+} bkv__obs;
+
+/* The decisions, one function per question, chosen at create by the
+ * decision layer (decide/decide.c and each concern's *_choose). The
+ * scheduler asks through these and never tests cfg.policy or cfg.preempt
+ * itself. */
+typedef struct bkv__policy {
+	/* decide/admit.c: may this step admit, given free_slots > 0 and a
+	 * nonempty queue (static, fixed group, cost model) */
+	int (*admit)(bkv_sched *s, uint64_t now, uint32_t free_slots);
+	/* decide/admit.c: within an admitting step, may r join the group */
+	int (*admit_ok)(bkv_sched *s, const bkv__req *r);
+	/* decide/admit.c: after a step's admissions (was_empty: nothing ran
+	 * before them; static batching fixes its group here) */
+	void (*admit_end)(bkv_sched *s, int was_empty);
+	/* decide/admit.c: decode rows the host's call is padded to (static
+	 * batching pads to its group) */
+	uint32_t (*padded_rows)(const bkv_sched *s, uint32_t n_decode);
+	/* decide/budget.c: the tokens this step may compute */
+	uint32_t (*budget)(bkv_sched *s);
+	/* decide/preempt.c: the request to preempt, or NULL */
+	bkv__req *(*victim)(const bkv_sched *s);
+	/* decide/preempt.c: swap (1) or recompute (0) this victim */
+	int (*want_swap)(const bkv_sched *s, const bkv__req *r);
+	/* decide/pack.c: partition a split host's n prefill rows into calls;
+	 * returns the number of calls (1: one call over rows as given) */
+	uint32_t (*pack)(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
+			 const uint32_t **order, const uint32_t **ends);
+} bkv__policy;
+
+struct bkv_sched {
+	bkv_sched_config cfg;  /* copied, auto fields resolved */
+	bkv_host_ops ops;      /* copied */
+	void *host;            /* handed to callbacks */
+	bkv_allocator alloc;   /* every allocation of the scheduler */
+	bkv_pool *pool;        /* not owned */
+	uint32_t bt;           /* pool block_tokens, a power of two */
+	uint32_t bt_shift;     /* log2(bt) */
+	uint32_t device_blocks; /* pool device blocks */
+	uint32_t host_blocks;  /* pool host blocks (0: no swap) */
+	int split;             /* 1: prefill + decode callbacks, 0: forward */
+	bkv__inbox in;         /* shared with bkv_submit / bkv_abort */
+	bkv__queue q;          /* waiting and swapped requests */
+	bkv__running rs;       /* running requests */
+	bkv__plan plan;        /* the current step's plan */
+	bkv__call call;        /* the host call's arrays */
+	bkv_sched_stats stats; /* cumulative; waiting/running/swapped filled on
+				  read */
+	bkv__obs obs;          /* step durations */
+	bkv__policy pol;       /* the decisions chosen at create
+				  (decide/decide.h) */
+	struct bkv__auto *autos; /* the cost-model decisions' state and the
+				    default model; owned (decide/) */
+	int bad_write;         /* a call wrote into a shared or cached block
+				  (bkv_sched_check 30); sticky */
+};
+
+/* ---- shared helpers --------------------------------------------------------- */
+
+static inline int bkv__is_stop(const bkv__req *r, int32_t t)
+{
+	uint32_t i;
+
+	for (i = 0; i < r->n_stop; i++)
+		if (r->stop[i] == t)
+			return 1;
+	return 0;
+}
+
+static inline uint64_t bkv__clock_us(const bkv_sched *s)
+{
+	return s->ops.now_us ? s->ops.now_us(s->host) : bkv__monotonic_us();
+}
+
+/* The step-duration histogram's bucket bounds in us (sched/step.c); the last
+ * bucket, +Inf, has none. */
+extern const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1];
+
+/* ---- sched/inbox.c ---------------------------------------------------------- */
+
+/* The token- and block-sized batch arrays (one set; bkv__bufs). */
+int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap);
+void bkv__bufs_free(const bkv_allocator *a, bkv__bufs *b);
+int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv);
+void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si);
+
+/* ---- sched/req.c ------------------------------------------------------------ */
+
+/* The id map (lock held). */
+void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_info *si);
+void bkv__release_done(bkv_sched *s);
+void bkv__req_close_lanes(bkv_sched *s, bkv__req *r);
+void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r);
+void bkv__req_free(bkv_sched *s, bkv__req *r);
+void bkv__run_compact(bkv_sched *s);
+void bkv__lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_step_info *si);
+bkv__slot *bkv__map_find(const bkv_sched *s, uint64_t id);
+void bkv__map_put(bkv__slot *map, uint32_t cap, uint64_t id, bkv__req *r);
+void bkv__map_erase(bkv_sched *s, uint64_t id);
+int bkv__map_reserve(bkv_sched *s);
+
+/* ---- sched/plan.c ----------------------------------------------------------- */
+
+uint32_t bkv__add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l, uint32_t old,
+		      uint32_t hit, int sample);
+void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si);
+void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si);
+uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si);
+void bkv__plan_forks(bkv_sched *s);
+void bkv__rows_prune(bkv__row *rows, uint32_t *n);
+/* Sequences the running requests' unforked branches will open (invariant
+ * 31). */
+uint32_t bkv__fork_seqs_count(const bkv_sched *s);
+
+#endif /* BKV_SCHED_H */

@@ -1,0 +1,447 @@
+/*
+ * step.c - bkv_step as one transaction: plan, call the host, commit or roll
+ * back; and the progress rule.
+ *
+ * One bkv_step:
+ *
+ *   drain    inbox -> queue (decide/queue.c); aborts end at once (ABORT)
+ *   plan     forks for n > 1, decode rows, prefill continuations, admissions;
+ *            every row's tokens are appended to its sequence now (demand
+ *            paging), so "make room" happens here: on ENOSPC the pool has
+ *            already reclaimed cached blocks, and the scheduler preempts a
+ *            victim (recompute or swap) and retries. Decode rows are one
+ *            pass (plan_decode): rollback record, one-token append, row and
+ *            the row's batch entries together
+ *   call     mixed host: one forward (decode rows, then chunks); split host:
+ *            prefill call (with admission auto maybe several, packed by
+ *            length: decide/pack.c), then a decode call over every decoding row
+ *            plus rows whose prompt finished in a prefill call
+ *   commit   record tokens, on_token, finish (length, stop, error), close
+ *            finished sequences into the prefix cache, clear copy lists
+ *   or
+ *   rollback truncate every touched sequence to its length before the step;
+ *            nothing reaches a request; BKV_EHOST
+ *
+ * The pool's transaction hooks keep blocks filled during the step out of the
+ * prefix-cache index until commit, so no request can hit KV that has not been
+ * computed, and a rolled-back step leaves no uncomputed block in the cache.
+ *
+ */
+#include "sched/batch.h"
+#include "decide/decide.h"
+
+#include <string.h>
+
+/* ---- calls --------------------------------------------------------------- */
+
+#if BKV_DEBUG_LEVEL >= 1
+/* Every slot a call writes (slot_mapping) must lie in a block only the
+ * writing row's sequence holds: one table reference and not in the prefix
+ * cache. Checked under BKV_DEBUG_LEVEL >= 1 from token `first` on (one load
+ * per row and block); a violation sticks and bkv_sched_check reports it
+ * (invariant 30). The tokens before `first` are the decode rows the fused
+ * pass wrote (plan_decode): each is its lane's append into its last block
+ * through bkv__append_fast, whose test is this one (one reference, filled
+ * to the token's offset, so not indexed), or through the private append of
+ * bkv__seq_append1_slow (copy-on-write first, no prefix lookup). */
+static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint32_t first)
+{
+	const bkv_pool *p = s->pool;
+	uint32_t t, last = UINT32_MAX;
+
+	for (t = first; t < b->n_tokens; t++) {
+		uint32_t id = (uint32_t)b->slot_mapping[t] >> s->bt_shift;
+
+		if (id == last)
+			continue;
+		last = id;
+		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
+		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
+			return 1;
+	}
+	return 0;
+}
+#endif
+
+static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n,
+		     uint32_t n_decode, bkv_step_info *si)
+{
+	int (*fn)(void *, const bkv_batch *, int32_t *);
+	bkv_batch b;
+	bkv_step_shape sh;
+	uint64_t t0, t1;
+	double us;
+	uint32_t i, first;
+	int rc;
+
+	fn = kind == BKV_CALL_MIXED ? s->ops.forward
+	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
+	memset(&b, 0, sizeof(b));
+	first = rows == s->plan.dec ? s->plan.fill_rows : 0;
+	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
+#if BKV_DEBUG_LEVEL >= 1
+	if (!s->bad_write && first < b.n_tokens)
+		s->bad_write = batch_writes_shared(s, &b, first);
+#endif
+	if (n_decode)
+		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
+	if (s->cfg.cost.step_us)
+		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+	t0 = bkv__clock_us(s);
+	rc = fn(s->host, &b, s->call.next_tokens);
+	t1 = bkv__clock_us(s);
+	us = t1 >= t0 ? (double)(t1 - t0) : 0.0;
+	si->measured_us += us;
+	if (rc < 0)
+		return BKV_EHOST;
+	if (s->cfg.cost.observe)
+		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
+	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
+		for (i = 0; i < n; i++)
+			rows[i].out = s->call.next_tokens[i];
+	si->decode_tokens += n_decode;
+	for (i = n_decode; i < n; i++)
+		si->prefill_tokens += rows[i].end - rows[i].start;
+	si->rows += n;
+	if (kind == BKV_CALL_DECODE)
+		si->decode_calls++;
+	else if (n > n_decode)
+		si->prefill_calls++;
+	return BKV_OK;
+}
+
+/* Split hosts: lanes whose prompt the prefill call finished join the decode
+ * call with the token it sampled, unless that token ends them. No preemption
+ * here: a lane the pool has no room for decodes in the next step. */
+static void plan_after_prefill(bkv_sched *s)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->plan.n_pre; i++) {
+		bkv__row *row = &s->plan.pre[i];
+		bkv__lane *l = row->lane;
+		bkv__req *r = l->req;
+		uint32_t old = l->kv_len;
+		int32_t t = row->out;
+
+		if (!row->sample || t == BKV_TOKEN_FAIL || bkv__is_stop(r, t) ||
+		    l->n_gen + 1 >= r->max_new)
+			continue;
+		l->tok[LANE_KNOWN(l)] = t; /* committed (n_gen++) only at commit */
+		BKV_ASSERT(l->kv_len == LANE_KNOWN(l));
+		if (bkv__seq_append_private(s->pool, l->seq, &l->tok[l->kv_len], 1) != BKV_OK)
+			continue;
+		l->kv_len++;
+		bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, 0, 1);
+	}
+}
+
+/* Split hosts: the step's prefill rows as one prefill call, or (auto.c's
+ * packing) as several, one per run of similar lengths; the sampled tokens
+ * go back to s->plan.pre's rows, in their order. Copies go out with the first. */
+static int run_prefill(bkv_sched *s, bkv_step_info *si)
+{
+	bkv__row *rows;
+	const uint32_t *order, *end;
+	uint32_t g, i, b = 0, n_calls;
+	int rc;
+
+	n_calls = s->pol.pack(s, s->plan.pre, s->plan.n_pre, &rows, &order, &end);
+	if (n_calls < 2)
+		return call_host(s, BKV_CALL_PREFILL, s->plan.pre, s->plan.n_pre, 0, si);
+	for (g = 0; g < n_calls; b = end[g++]) {
+		rc = call_host(s, BKV_CALL_PREFILL, rows + b, end[g] - b, 0, si);
+		if (rc != BKV_OK)
+			return rc;
+	}
+	for (i = 0; i < s->plan.n_pre; i++)
+		s->plan.pre[order[i]].out = rows[i].out;
+	return BKV_OK;
+}
+
+static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
+{
+	int rc;
+
+	if (si->preempted) { /* rows of requests preempted after planning */
+		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
+		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
+		s->plan.fill_rows = 0; /* the written rows may be among them */
+	}
+	if (!s->split) {
+		if (s->plan.n_dec + s->plan.n_pre == 0)
+			return BKV_OK;
+		memcpy(&s->plan.dec[s->plan.n_dec], s->plan.pre, (size_t)s->plan.n_pre * sizeof(bkv__row));
+		*called = 1;
+		rc = call_host(s, BKV_CALL_MIXED, s->plan.dec, s->plan.n_dec + s->plan.n_pre, s->plan.n_dec, si);
+		s->plan.n_dec += s->plan.n_pre;
+		s->plan.n_pre = 0;
+		return rc;
+	}
+	if (s->plan.n_pre) {
+		*called = 1;
+		s->plan.fill_rows = 0; /* the prefill call reuses the batch arrays */
+		rc = run_prefill(s, si);
+		if (rc != BKV_OK)
+			return rc;
+		plan_after_prefill(s);
+	}
+	if (s->plan.n_dec) {
+		*called = 1;
+		rc = call_host(s, BKV_CALL_DECODE, s->plan.dec, s->plan.n_dec, s->plan.n_dec, si);
+		if (rc != BKV_OK)
+			return rc;
+	}
+	return BKV_OK;
+}
+
+/* ---- commit / rollback --------------------------------------------------- */
+
+typedef void (*on_token_fn)(void *, uint64_t, uint32_t, int32_t, void *);
+
+/* Record each sampling row's token: outs[i] (the last call's next_tokens)
+ * or, with from_outs 0, rows[i].out (a split host's prefill rows), and tell
+ * on_token (s->ops.on_token). from_outs and on_token are passed in so that
+ * commit's calls, with constants, compile to loops without those tests. */
+static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n,
+				      int from_outs, const int32_t *outs, on_token_fn on_token,
+				      bkv_step_info *si)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		bkv__lane *l = rows[i].lane;
+		bkv__req *r = l->req;
+		int32_t t = from_outs ? outs[i] : rows[i].out;
+
+		if (!rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		if (t == BKV_TOKEN_FAIL) {
+			bkv__finish_req(s, r, BKV_FINISH_ERROR, si);
+			continue;
+		}
+		l->tok[LANE_KNOWN(l)] = t;
+		l->n_gen++;
+		l->decoding = 1;
+		if (on_token) {
+			on_token(s->host, r->id, l->branch, t, r->user);
+			if (!REQ_IS_RUNNING(r) || l->done)
+				continue;
+		}
+		if (r->n_stop && bkv__is_stop(r, t))
+			bkv__lane_done(s, l, BKV_FINISH_STOP, si);
+		else if (l->n_gen >= r->max_new)
+			bkv__lane_done(s, l, BKV_FINISH_LENGTH, si);
+	}
+}
+
+static void commit(bkv_sched *s, int called, bkv_step_info *si)
+{
+	uint32_t i;
+
+	if (called) {
+		/* every pending copy went out in this step's first call */
+		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+		bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
+		for (i = 0; i < s->plan.n_swap_pend; i++)
+			s->plan.swap_pend[i]->swap_unsent = 0;
+		s->plan.n_swap_pend = 0;
+	}
+	bkv__pool_txn_commit(s->pool);
+	if (s->split)
+		commit_rows(s, s->plan.pre, s->plan.n_pre, 0, NULL, s->ops.on_token, si);
+	if (s->ops.on_token)
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, s->ops.on_token, si);
+	else
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, NULL, si);
+	s->stats.steps++;
+	s->stats.prefill_tokens += si->prefill_tokens;
+	s->stats.decode_tokens += si->decode_tokens;
+	s->stats.hit_tokens += si->hit_tokens;
+	s->stats.prefill_calls += si->prefill_calls;
+	s->stats.decode_calls += si->decode_calls;
+	s->stats.busy_us += si->measured_us;
+}
+
+/* A swapped request recomputes instead: its sequences (and host blocks) go,
+ * it waits where it was in the queue. */
+static void swapped_to_recompute(bkv_sched *s, bkv__req *r, uint64_t now)
+{
+	BKV_ASSERT(r->state == BKV__REQ_SWAPPED);
+	bkv__queue_remove(s, r);
+	bkv__req_close_lanes(s, r);
+	r->swap_unsent = 0;
+	r->state = BKV__REQ_WAITING;
+	r->enq_us = now;
+	bkv__queue_push(s, r);
+}
+
+/* Swap-outs whose copies no host call carried yet become recompute
+ * preemptions (their freed device blocks may hold other KV by the time a
+ * call would carry them). */
+static void swaps_to_recompute(bkv_sched *s, uint64_t now)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->plan.n_swap_pend; i++)
+		swapped_to_recompute(s, s->plan.swap_pend[i], now);
+	s->plan.n_swap_pend = 0;
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+}
+
+/* Put a lane touched this step back to its length before the step. */
+static void lane_restore(bkv_sched *s, bkv__lane *l)
+{
+	BKV_ASSERT(l->touch_step == s->plan.step_no);
+	if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
+		return;
+	if (l->kv_len != l->pre_len)
+		bkv_seq_truncate(s->pool, l->seq, l->pre_len);
+	l->kv_len = l->pre_len;
+}
+
+/* A host call failed: truncate every sequence the step appended to, forget
+ * uncommitted blocks, and turn swap-outs whose copies a host may not have made
+ * (their freed device blocks may since hold other KV) into recompute
+ * preemptions. Device and swap-in copies stay pending for the next call. */
+static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->plan.n_touched; i++)
+		lane_restore(s, s->plan.touched[i]);
+	/* plan_decode's fast rows touched their lanes without the touched list
+	 * (every decode row's lane was touched; restoring twice is harmless) */
+	for (i = 0; i < s->plan.n_dec; i++)
+		lane_restore(s, s->plan.dec[i].lane);
+	bkv__pool_txn_abort(s->pool);
+	swaps_to_recompute(s, now);
+	s->stats.failed_steps++;
+	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
+	si->prefill_calls = si->decode_calls = 0;
+}
+
+/* Upper bounds of the histogram's buckets, in microseconds; the
+ * last bucket (+Inf) has no bound here. */
+const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1] = {
+	500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
+	250000, 500000, 1000000, 2500000, 5000000, 10000000,
+};
+
+/* The step-duration histogram (bkv_sched_metrics_prometheus writes it): a
+ * fixed search over the bucket bounds and one counter, no allocation. */
+static void step_observe(bkv_sched *s, uint64_t us)
+{
+	uint32_t i = 0;
+
+	if (us > INT64_MAX) /* a clock that went backwards */
+		us = 0;
+	while (i < BKV__STEP_BUCKETS - 1 && us > bkv__step_bound_us[i])
+		i++;
+	s->obs.step_hist[i]++;
+	s->obs.step_sum_s += (double)us / 1e6;
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+/* The progress rule. A step in which nothing runs, no row is planned and
+ * admission was allowed but took nothing, twice in a row, would repeat
+ * forever: nothing it depends on changes by itself. Break it: swap-outs no
+ * call carried become recomputes (their copies need a call that never
+ * comes), then a swapped request that holds a sequence a waiting one
+ * needs; and a head that cannot be admitted into an otherwise empty pool
+ * ends with BKV_FINISH_ERROR rather than wait forever (bkv_step returns
+ * BKV_OK with the request ended: it is no longer pending). */
+static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	bkv__req *head = bkv__queue_head(s, now);
+	uint32_t i;
+
+	s->plan.stalls = 0;
+	if (s->plan.n_swap_pend) {
+		swaps_to_recompute(s, now);
+		return;
+	}
+	if (head->state == BKV__REQ_SWAPPED) {
+		swapped_to_recompute(s, head, now);
+		return;
+	}
+	for (i = 0; i < s->q.heap_n; i++) { /* only when stuck: O(queue) */
+		if (s->q.heap[i]->state == BKV__REQ_SWAPPED) {
+			swapped_to_recompute(s, s->q.heap[i], now);
+			return;
+		}
+	}
+	s->stats.unadmittable++;
+	bkv__finish_req(s, head, BKV_FINISH_ERROR, si);
+}
+
+
+/* With nothing running, no table references a block that a pending device
+ * (copy-on-write) or swap-in copy would write: their sequences were
+ * preempted or ended before any host call carried the copies. The copies are
+ * moot; forget them, which releases the copy-on-write sources they pin and
+ * the host blocks they read. Without this, a pool with no slack left could
+ * never admit again: no host call comes to clear them. Swap-out copies are
+ * kept: the swapped requests still need them. */
+static void forget_moot_copies(bkv_sched *s)
+{
+	bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+}
+
+int bkv_step(bkv_sched *s, bkv_step_info *info)
+{
+	bkv_step_info si;
+	uint64_t now;
+	int rc, called = 0;
+
+	if (!s)
+		return BKV_EINVAL;
+	if (s->plan.in_step)
+		return BKV_ESTATE;
+	s->plan.in_step = 1;
+	memset(&si, 0, sizeof(si));
+	now = bkv__clock_us(s);
+	s->plan.step_us = now;
+	bkv__drain(s, now, &si);
+	if (s->rs.nr_run == 0)
+		forget_moot_copies(s);
+
+	s->plan.step_no++;
+	s->plan.n_pre = s->plan.n_dec = s->plan.n_touched = s->plan.step_hits = s->plan.fill_rows = 0;
+	memset(s->call.copies_sent, 0, sizeof(s->call.copies_sent));
+	bkv__auto_step_begin(s);
+	s->plan.budget_left = s->pol.budget(s);
+	bkv__pool_txn_begin(s->pool);
+	bkv__plan_forks(s);
+	if (bkv__plan_decode(s, now, &si))
+		bkv__plan_continue(s, now, &si);
+	bkv__plan_admit(s, now, &si);
+	bkv__auto_after_admit(s);
+	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
+	    !si.admitted) {
+		if (++s->plan.stalls >= 2)
+			unstick(s, now, &si);
+	} else {
+		s->plan.stalls = 0;
+	}
+	si.hit_tokens = s->plan.step_hits;
+
+	rc = run_calls(s, &si, &called);
+	if (rc == BKV_OK)
+		commit(s, called, &si);
+	else
+		rollback(s, now, &si);
+	bkv__run_compact(s);
+	bkv__release_done(s);
+
+	si.running = s->rs.nr_run;
+	si.waiting = s->q.heap_n;
+	step_observe(s, bkv__clock_us(s) - now);
+	if (info)
+		*info = si;
+	s->plan.in_step = 0;
+	return rc;
+}
