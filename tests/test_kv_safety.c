@@ -9,7 +9,6 @@
  * and with it invariant 30 (no call wrote into a shared or cached block).
  */
 #include "fakehost_sched.h"
-#include "internal.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
