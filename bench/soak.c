@@ -4,7 +4,7 @@
  * flat after warm-up, the library's live heap stays flat, and every
  * invariant holds at intervals.
  *
- * The host is tests/fuzz/kvhost.h (batch shape and input tokens checked on
+ * The host is tests/support/fakehost.h (batch shape and input tokens checked on
  * every call; the KV cell model is off to keep a million requests fast).
  * Requests are drawn with bkv-sim's generator (examples/sim/trace.h,
  * splitmix64): a prompt of one of 8 shared 32-token system prompts (prefix
@@ -30,7 +30,7 @@
  */
 #include "batchkv.h"
 #include "fuzz.h"
-#include "kvhost.h"
+#include "fakehost.h"
 #include "trace.h"
 
 #include <stdio.h>

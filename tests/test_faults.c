@@ -18,7 +18,7 @@
  *   or a copy list of the pool) only delays work. bkv_sched_check is clean
  *   after every step, every accepted request ends exactly once, and every
  *   request that ran to its end delivered exactly the tokens of the closed-
- *   form reference (kvhost.h's sampler), the same as the failure-free run.
+ *   form reference (fakehost.h's sampler), the same as the failure-free run.
  * faults/trace_*: bkv-sim's loaders (trace.c compiled in with malloc,
  *   realloc and free counted): each format, trace_load, and the synthetic
  *   workloads return TRACE_ENOMEM for every refused allocation, leave the
@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "fuzz/fuzz.h"
-#include "fuzz/kvhost.h"
+#include "fakehost.h"
 #include "internal.h"
 
 /* ---- the pool ------------------------------------------------------------ */

@@ -4,7 +4,7 @@
  *
  * A workload (18 requests: shared prefixes, two-sample requests, stop
  * tokens, one abort, a pool small enough to preempt) runs once without
- * failures through kvhost.h's self-checking host to learn its number of host
+ * failures through fakehost.h's self-checking host to learn its number of host
  * calls C. Then, for every N in 1..C, it runs again with call N failing; the
  * failing call first does harm - it performs the copy lists and writes wrong
  * KV into every slot it was given - then returns -1. Each run must show:
@@ -13,7 +13,7 @@
  *     bkv_sched_check clean (the step rolled back);
  *   - the next bkv_step returns BKV_OK (the retry succeeds);
  *   - stats: exactly one failed step;
- *   - the host never reads a wrong KV cell afterwards (kvhost's KV model);
+ *   - the host never reads a wrong KV cell afterwards (fakehost's KV model);
  *   - every request ends exactly once, with the reason of the failure-free
  *     run, and every branch's tokens equal the failure-free run's token for
  *     token (which equal the sampler's closed form).
@@ -25,7 +25,7 @@
 
 #include <string.h>
 
-#include "fuzz/kvhost.h"
+#include "fakehost.h"
 #include "internal.h"
 
 #define HF_REQS 18u

@@ -8,7 +8,12 @@
  * caught on the next read; bkv_sched_check runs after every step (fh_run),
  * and with it invariant 30 (no call wrote into a shared or cached block).
  */
-#include "test_sched_host.h"
+#include "fakehost_sched.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static void all_ended_once(fake_host *f, uint64_t first, uint64_t last)
 {
@@ -43,21 +48,21 @@ static void shared_block_case(int split, int chunked)
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* A's prompt: cached at commit */
 	cr_assert_eq(bkv_sched_check(f->s), 0);
 	fh_submit(f, p, 1, 12);                    /* B: a whole-prompt hit */
-	f->garbage_on_fail = 1;
-	f->fail_next = 1;
+	f->host.garbage = 1;
+	f->host.fail_next = 1;
 	cr_assert_eq(bkv_step(f->s, &si), BKV_EHOST);
 	cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
-	f->garbage_on_fail = 0;
+	f->host.garbage = 0;
 	for (i = 0; i < 4; i++) { /* every other step fails too */
-		f->garbage_on_fail = 1;
-		f->fail_next = i & 1;
+		f->host.garbage = 1;
+		f->host.fail_next = i & 1;
 		(void)bkv_step(f->s, NULL);
 		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
-		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	}
-	f->fail_next = 0;
+	f->host.fail_next = 0;
 	fh_run(f, 1000);
-	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	all_ended_once(f, 1, 2);
 	cr_assert_eq(f->n_out[1][0], 12);
 	cr_assert_eq(f->n_out[2][0], 12);
@@ -95,13 +100,13 @@ Test(kv_safety, whole_prompt_hits_with_failing_calls_keep_every_kv_cell)
 		o.device_blocks = 256 / bt;
 		o.cfg.max_running = 6;
 		f = fh_create(&o);
-		f->garbage_on_fail = 1;
-		f->fail_permille = 200;
+		f->host.garbage = 1;
+		f->host.fail_permille = 200;
 		for (i = 0; i < 24; i++)
 			fh_submit(f, p, 1 + i % 6, 3 + i % 5);
 		fh_run(f, 5000);
 		cr_assert_eq(bkv_sched_pending(f->s), 0);
-		cr_assert_eq(f->errors, 0, "bt %u: %s", bt, f->first_error);
+		cr_assert_eq(f->host.violations, 0, "bt %u: %s", bt, f->host.first);
 		for (i = 1; i <= 24; i++)
 			cr_assert_eq(f->finish_count[i], 1);
 		fh_destroy(f);
@@ -196,7 +201,7 @@ Test(kv_safety, a_swapped_request_holding_a_needed_sequence_is_recomputed)
 	while (bkv_sched_pending(f->s) && steps < 400) {
 		cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
 		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
-		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 		steps++;
 		bkv_sched_stats_get(f->s, &st);
 		if (!b && st.swaps)

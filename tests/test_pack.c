@@ -10,9 +10,14 @@
  * The partition itself is checked against a brute force over every set
  * partition of small row sets.
  */
-#include "test_sched_host.h"
+#include "fakehost_sched.h"
+#include "internal.h"
 
+#include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static bkv_cost_poly g_poly; /* the model of every fake host here */
 
@@ -129,7 +134,7 @@ Test(pack, split_auto_puts_short_and_long_prompts_in_two_prefill_calls)
 
 	submit_mix(f, 1);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
-	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	cr_assert_eq(bkv_sched_check(f->s), 0);
 	cr_assert_eq(si.admitted, 4);
 	cr_assert_eq(si.prefill_calls, 2);
@@ -222,8 +227,8 @@ Test(pack, a_failure_in_the_second_prefill_call_rolls_back_the_whole_step)
 	bkv_step_info si;
 	uint32_t i;
 
-	f->fail_at_call = 2;
-	f->garbage_on_fail = 1; /* the failing call writes wrong KV first */
+	f->host.fail_at = 2;
+	f->host.garbage = 1; /* the failing call writes wrong KV first */
 	submit_mix(f, 1);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_EHOST);
 	cr_assert_eq(f->n_calls, 2, "no decode call after a failed prefill call");
@@ -243,7 +248,7 @@ Test(pack, a_failure_in_the_second_prefill_call_rolls_back_the_whole_step)
 	cr_assert_eq(st.prefill_tokens, 0);
 	/* the next step retries: the same two calls, then the decode call */
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
-	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	cr_assert_eq(si.prefill_calls, 2);
 	cr_assert_eq(f->n_calls, 5);
 	expect_mix_calls(f, 2, 1);
@@ -268,7 +273,7 @@ Test(pack, copies_go_out_with_the_first_prefill_call_of_the_step)
 	cr_assert_eq(f->n_calls, 1);
 	submit_mix(f, 2);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
-	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	cr_assert_eq(si.prefill_calls, 2);
 	cr_assert_eq(f->n_calls, 4);
 	cr_assert_eq(f->calls[1].kind, BKV_CALL_PREFILL);

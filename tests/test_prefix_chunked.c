@@ -8,118 +8,43 @@
  * the cached block once another request has computed it, and a duplicate
  * block is swapped for the cached copy at commit.
  *
- * The host here keeps one KV cell per device slot (enc(token, position)) and
- * checks every context position of every row before writing the new ones, so
- * a hit on a block whose KV is not written yet, or on other content, fails.
- * bkv_sched_check runs after every step (invariant 32: a running lane's full
- * blocks are in the prefix cache).
+ * The host is the shared fake host (tests/support/fakehost_sched.h): it
+ * keeps a KV cell per device slot and checks every context position of every
+ * row before writing the new ones, so a hit on a block whose KV is not
+ * written yet, or on other content, fails. bkv_sched_check runs after every
+ * step (invariant 32: a running lane's full blocks are in the prefix cache).
  */
-#include "internal.h"
+#include "fakehost_sched.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PC_MAX_REQ 64
-#define PC_TOKEN 5 /* every sampled token */
 
-typedef struct pc_host {
-	bkv_sched *s;
-	bkv_pool *pool;
-	uint32_t bt;
-	uint64_t *kv;                 /* [device_blocks * bt] */
-	const int32_t *prompt[PC_MAX_REQ + 1];
-	uint32_t prompt_len[PC_MAX_REQ + 1];
-	uint32_t finished[PC_MAX_REQ + 1];
-	uint32_t errors;
-	uint64_t now;
-} pc_host;
-
-static uint64_t pc_enc(int32_t t, uint32_t pos)
+/* A pool of `blocks` blocks of bt tokens (256 sequences), a scheduler with
+ * the given chunking, budget and max_running and no cost model, and a clock
+ * that moves 1 ms per host call. */
+static fake_host *pc_create(uint32_t bt, uint32_t blocks, int chunked, uint32_t budget,
+			    uint32_t max_running)
 {
-	return ((uint64_t)(uint32_t)t << 32) | (pos + 1);
-}
+	fh_opts o;
+	fake_host *h;
 
-static int32_t pc_tok(const pc_host *h, uint64_t id, uint32_t pos)
-{
-	return pos < h->prompt_len[id] ? h->prompt[id][pos] : PC_TOKEN;
-}
-
-static int pc_forward(void *hp, const bkv_batch *b, int32_t *next)
-{
-	pc_host *h = hp;
-	uint32_t r, q, i, bt = b->block_tokens;
-
-	for (r = 0; r < b->n_rows; r++) {
-		uint64_t id = b->row_req[r];
-		const int32_t *tab = b->kv_indices + b->kv_indptr[r];
-		uint32_t t0 = (uint32_t)b->qo_indptr[r], t1 = (uint32_t)b->qo_indptr[r + 1];
-		uint32_t start = (uint32_t)b->positions[t0];
-
-		for (q = 0; q < start; q++)
-			if (h->kv[(size_t)tab[q / bt] * bt + q % bt] != pc_enc(pc_tok(h, id, q), q)) {
-				h->errors++;
-				break;
-			}
-		for (i = t0; i < t1; i++)
-			h->kv[b->slot_mapping[i]] = pc_enc(b->token_ids[i], (uint32_t)b->positions[i]);
-		if (b->row_sample[r])
-			next[r] = PC_TOKEN;
-	}
-	h->now += 1000;
-	return 0;
-}
-
-static void pc_finish(void *hp, uint64_t id, bkv_finish_reason why, void *user)
-{
-	pc_host *h = hp;
-
-	if (id <= PC_MAX_REQ)
-		h->finished[id]++;
-}
-
-static uint64_t pc_now(void *hp)
-{
-	return ((pc_host *)hp)->now;
-}
-
-static pc_host *pc_create(uint32_t bt, uint32_t blocks, int chunked, uint32_t budget,
-			  uint32_t max_running)
-{
-	pc_host *h = calloc(1, sizeof(*h));
-	bkv_pool_config pc;
-	bkv_sched_config c;
-	bkv_host_ops o;
-
-	cr_assert(h);
-	h->bt = bt;
-	h->kv = calloc((size_t)blocks * bt, sizeof(uint64_t));
-	bkv_pool_config_init(&pc);
-	pc.block_tokens = bt;
-	pc.device_blocks = blocks;
-	pc.max_seqs = 256;
-	cr_assert_eq(bkv_pool_create(&pc, NULL, &h->pool), BKV_OK);
-	bkv_sched_config_init(&c);
-	c.chunked_prefill = chunked;
-	c.token_budget = budget;
-	c.max_running = max_running;
-	memset(&o, 0, sizeof(o));
-	o.forward = pc_forward;
-	o.on_finish = pc_finish;
-	o.now_us = pc_now;
-	cr_assert_eq(bkv_sched_create(&c, h->pool, &o, h, NULL, &h->s), BKV_OK);
+	fh_opts_init(&o);
+	o.block_tokens = bt;
+	o.device_blocks = blocks;
+	o.max_seqs = 256;
+	o.no_fake_cost = 1;
+	o.cfg.chunked_prefill = chunked;
+	o.cfg.token_budget = budget;
+	o.cfg.max_running = max_running;
+	h = fh_create(&o);
+	h->host.tick = 1000;
 	return h;
 }
 
-static void pc_destroy(pc_host *h)
-{
-	bkv_sched_destroy(h->s);
-	bkv_pool_destroy(h->pool);
-	free(h->kv);
-	free(h);
-}
-
-static uint64_t pc_submit(pc_host *h, const int32_t *prompt, uint32_t len, uint32_t max_new)
+static uint64_t pc_submit(fake_host *h, const int32_t *prompt, uint32_t len, uint32_t max_new)
 {
 	bkv_request q;
 	uint64_t id;
@@ -128,21 +53,20 @@ static uint64_t pc_submit(pc_host *h, const int32_t *prompt, uint32_t len, uint3
 	q.prompt = prompt;
 	q.prompt_len = len;
 	q.max_new_tokens = max_new;
+	q.user = fh_next_req(h, &q);
 	cr_assert_eq(bkv_submit(h->s, &q, &id), BKV_OK);
 	cr_assert(id <= PC_MAX_REQ);
-	h->prompt[id] = prompt;
-	h->prompt_len[id] = len;
 	return id;
 }
 
 /* One step; returns its hit tokens. */
-static uint32_t pc_step(pc_host *h)
+static uint32_t pc_step(fake_host *h)
 {
 	bkv_step_info si;
 
 	cr_assert_eq(bkv_step(h->s, &si), BKV_OK);
 	cr_assert_eq(bkv_sched_check(h->s), 0, "check %d", bkv_sched_check(h->s));
-	cr_assert_eq(h->errors, 0, "a row read KV that was not its own");
+	cr_assert_eq(h->host.violations, 0, "a row read KV that was not its own (%s)", h->host.first);
 	return si.hit_tokens;
 }
 
@@ -157,7 +81,7 @@ typedef struct pc_case {
 static uint32_t run_case(const pc_case *k)
 {
 	static int32_t prompt[2064];
-	pc_host *h = pc_create(k->bt, 4096 * 16 / k->bt, k->chunked, k->budget, 64);
+	fake_host *h = pc_create(k->bt, 4096 * 16 / k->bt, k->chunked, k->budget, 64);
 	uint32_t i, hits = 0, steps = 0;
 	int b_in = 0;
 
@@ -176,9 +100,9 @@ static uint32_t run_case(const pc_case *k)
 		if (b_in)
 			hits += got;
 	}
-	cr_assert_eq(h->finished[1], 1);
-	cr_assert_eq(h->finished[2], 1);
-	pc_destroy(h);
+	cr_assert_eq(h->finish_count[1], 1);
+	cr_assert_eq(h->finish_count[2], 1);
+	fh_destroy(h);
 	return hits;
 }
 
@@ -217,7 +141,7 @@ Test(prefix_chunked, concurrent_sharers_of_one_system_prompt_compute_it_once)
 	uint32_t bt, i, j;
 
 	for (bt = 8; bt <= 32; bt *= 2) {
-		pc_host *h = pc_create(bt, 8192 / bt * 16, 1, 256, 16);
+		fake_host *h = pc_create(bt, 8192 / bt * 16, 1, 256, 16);
 		uint32_t steps = 0;
 
 		for (i = 0; i < 16; i++) {
@@ -237,8 +161,8 @@ Test(prefix_chunked, concurrent_sharers_of_one_system_prompt_compute_it_once)
 			  (unsigned long long)st.hit_tokens);
 		cr_expect_eq(st.prefill_tokens + st.hit_tokens, 16 * 1072);
 		for (i = 1; i <= 16; i++)
-			cr_assert_eq(h->finished[i], 1);
-		pc_destroy(h);
+			cr_assert_eq(h->finish_count[i], 1);
+		fh_destroy(h);
 	}
 }
 
@@ -248,7 +172,7 @@ Test(prefix_chunked, concurrent_sharers_of_one_system_prompt_compute_it_once)
 Test(prefix_chunked, a_chunk_ending_inside_a_block_takes_the_cached_block_later)
 {
 	static int32_t prompt[640];
-	pc_host *h = pc_create(16, 1024, 1, 200, 8);
+	fake_host *h = pc_create(16, 1024, 1, 200, 8);
 	uint32_t i, hits = 0, steps = 0;
 
 	for (i = 0; i < 640; i++)
@@ -263,5 +187,5 @@ Test(prefix_chunked, a_chunk_ending_inside_a_block_takes_the_cached_block_later)
 	/* A computes 0..640 in chunks of 200; B starts at A's committed 192
 	 * (12 blocks) and then keeps taking what A committed the step before */
 	cr_expect(hits >= 576, "%u hit tokens", hits);
-	pc_destroy(h);
+	fh_destroy(h);
 }

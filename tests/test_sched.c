@@ -6,7 +6,13 @@
  * batch against its model of the KV memory, and bkv_sched_check runs after
  * every step (fh_run).
  */
-#include "test_sched_host.h"
+#include "fakehost_sched.h"
+#include "internal.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Seed 000's generation lengths: 64 with probability 0.4, else 1..39. */
 static uint32_t seed000_gen(uint64_t *rng)
@@ -119,7 +125,7 @@ static void check_group_rule(uint32_t k, uint32_t max_running, uint32_t n_req)
 
 		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
 		cr_assert_eq(bkv_sched_check(f->s), 0);
-		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 		if (expect)
 			cr_assert_eq(si.admitted, BKV_MIN(free_slots, waiting),
 				     "step %u: %u free, %u waiting, admitted %u", steps,
@@ -161,7 +167,7 @@ Test(sched, max_wait_admits_a_partial_group)
 	o.cfg.admit_group = 8;
 	o.cfg.max_wait_us = 5000;
 	f = fh_create(&o);
-	f->tick = 1000;
+	f->host.tick = 1000;
 	for (i = 0; i < 4; i++)
 		fh_submit(f, p, 8, 100);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* t = 0: 8 free >= k */
@@ -172,9 +178,9 @@ Test(sched, max_wait_admits_a_partial_group)
 	for (step = 2; step <= 6; step++) {
 		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
 		cr_assert_eq(si.admitted, 0, "step %u at t=%llu", step,
-			     (unsigned long long)f->now);
+			     (unsigned long long)f->host.now);
 	}
-	cr_assert_eq(f->now, 6000);
+	cr_assert_eq(f->host.now, 6000);
 	cr_assert_eq(bkv_step(f->s, &si), BKV_OK); /* t = 6000: waited 5000 */
 	cr_assert_eq(si.admitted, 4);
 	fh_run(f, 10000);
@@ -569,7 +575,7 @@ static void run_clean_and_failing(int split)
 	o.cfg.max_running = 4;
 	a = fh_create(&o);
 	b = fh_create(&o);
-	b->garbage_on_fail = 1;
+	b->host.garbage = 1;
 	for (i = 0; i < 8; i++) {
 		p[i] = fh_prompt(5 + 9 * i, i);
 		fh_submit(a, p[i], 5 + 9 * i, 3 + i);
@@ -582,7 +588,7 @@ static void run_clean_and_failing(int split)
 
 		for (k = 1; k <= 8; k++)
 			tokens_before += b->n_out[k][0];
-		b->fail_next = steps % 3 == 1;
+		b->host.fail_next = steps % 3 == 1;
 		rc = bkv_step(b->s, NULL);
 		for (k = 1; k <= 8; k++)
 			tokens_after += b->n_out[k][0];
@@ -595,7 +601,7 @@ static void run_clean_and_failing(int split)
 			cr_assert_eq(rc, BKV_OK);
 		}
 		cr_assert_eq(bkv_sched_check(b->s), 0);
-		cr_assert_eq(b->errors, 0, "%s", b->first_error);
+		cr_assert_eq(b->host.violations, 0, "%s", b->host.first);
 		steps++;
 	}
 	cr_assert(fails > 3);
@@ -630,11 +636,11 @@ Test(sched, step_from_inside_a_callback_is_refused)
 	fh_opts_init(&o);
 	f = fh_create(&o);
 	fh_submit(f, p, 4, 2);
-	f->try_nested = 1;
-	f->nested_rc = 12345;
+	f->host.try_nested = 1;
+	f->host.nested_rc = 12345;
 	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
-	cr_expect_eq(f->nested_rc, BKV_ESTATE);
-	f->try_nested = 0;
+	cr_expect_eq(f->host.nested_rc, BKV_ESTATE);
+	f->host.try_nested = 0;
 	fh_run(f, 10);
 	fh_destroy(f);
 	free(p);
@@ -731,7 +737,7 @@ static void run_pressure(bkv_preempt_mode mode, uint32_t host_blocks, int split,
 
 		cr_assert_eq(bkv_step(tiny->s, NULL), BKV_OK);
 		cr_assert_eq(bkv_sched_check(tiny->s), 0, "check %d", bkv_sched_check(tiny->s));
-		cr_assert_eq(tiny->errors, 0, "%s", tiny->first_error);
+		cr_assert_eq(tiny->host.violations, 0, "%s", tiny->host.first);
 		/* no thrash: nothing preempted in this step runs again in it */
 		for (k = 0; k < tiny->s->rs.nr_run; k++)
 			cr_assert_neq(tiny->s->rs.run[k]->preempt_step, tiny->s->plan.step_no);
@@ -953,7 +959,7 @@ static uint64_t submit_hinted(fake_host *f, const int32_t *prompt, uint32_t len,
 	q.max_new_tokens = max_new;
 	q.priority = prio;
 	q.predicted_output = hint;
-	q.user = &f->req[__atomic_load_n(&f->s->in.next_id, __ATOMIC_RELAXED) + 1];
+	q.user = fh_next_req(f, &q);
 	cr_assert_eq(bkv_submit(f->s, &q, &id), BKV_OK);
 	cr_assert(id <= FH_MAX_REQ);
 	f->req[id].prompt = prompt;
@@ -987,12 +993,12 @@ static uint64_t stream_past_unhinted(uint64_t max_bypass_us, uint32_t steps, uin
 	for (i = 0; i < 4; i++)
 		submit_hinted(f, p, 8, 6, 0, 50);
 	for (i = 0; i < steps && bkv_sched_pending(f->s); i++) {
-		uint64_t t0 = f->now;
+		uint64_t t0 = f->host.now;
 		bkv_step_info si;
 
 		cr_assert_eq(bkv_step(f->s, &si), BKV_OK);
 		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
-		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 		if (t_admit == UINT64_MAX && f->n_out[u][0] > 0) {
 			t_admit = t0;
 			if (auto_bound)
@@ -1109,7 +1115,7 @@ Test(sched, age_heap_stays_consistent_under_preemption_priorities_and_aborts)
 		cr_assert(bkv_step(f->s, NULL) == BKV_OK);
 		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d at step %u",
 			     bkv_sched_check(f->s), step);
-		cr_assert_eq(f->errors, 0, "%s", f->first_error);
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	}
 	fh_run(f, 100000);
 	cr_assert(f->s->stats.preemptions > 0, "the workload must preempt");

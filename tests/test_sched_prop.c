@@ -15,7 +15,13 @@
  * allocator); every allocation failure in create and submit is a clean
  * BKV_ENOMEM.
  */
-#include "test_sched_host.h"
+#include "fakehost_sched.h"
+#include "internal.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static uint32_t rnd(uint64_t *s, uint32_t n)
 {
@@ -53,9 +59,9 @@ static void conservation(uint64_t seed)
 	o.cfg.token_budget = 4 + rnd(&rng, 40);
 	o.cfg.preempt = (bkv_preempt_mode)(o.host_blocks ? rnd(&rng, 3) : rnd(&rng, 2));
 	f = fh_create(&o);
-	f->garbage_on_fail = 1;
-	f->fail_permille = rnd(&rng, 3) ? rnd(&rng, 150) : 0;
-	f->rng = seed + 1;
+	f->host.garbage = 1;
+	f->host.fail_permille = rnd(&rng, 3) ? rnd(&rng, 150) : 0;
+	f->host.rng = seed + 1;
 
 	while ((to_submit || bkv_sched_pending(f->s)) && steps < 20000) {
 		uint32_t k, n_sub = to_submit ? rnd(&rng, 3) : 0;
@@ -101,8 +107,8 @@ static void conservation(uint64_t seed)
 			  (unsigned long long)seed, bkv_strerror(rc));
 		rc = bkv_sched_check(f->s);
 		cr_assert_eq(rc, 0, "seed %llu step %u: check %d", (unsigned long long)seed, steps, rc);
-		cr_assert_eq(f->errors, 0, "seed %llu step %u: %s", (unsigned long long)seed, steps,
-			     f->first_error);
+		cr_assert_eq(f->host.violations, 0, "seed %llu step %u: %s", (unsigned long long)seed, steps,
+			     f->host.first);
 		steps++;
 	}
 	cr_assert_eq(bkv_sched_pending(f->s), 0, "seed %llu: %llu pending after %u steps",
@@ -233,7 +239,7 @@ Test(sched_prop, steady_state_steps_allocate_nothing)
 			step_allocs_p += cp.allocs - p0;
 		}
 	}
-	cr_assert_eq(f->errors, 0, "%s", f->first_error);
+	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
 	cr_assert_eq(bkv_sched_check(f->s), 0);
 	cr_expect_eq(step_allocs_s, 0, "bkv_step allocated %llu times (scheduler)",
 		     (unsigned long long)step_allocs_s);

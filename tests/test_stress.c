@@ -4,7 +4,7 @@
  * thread while another runs bkv_step). Run it under -Db_sanitize=thread to
  * catch data races (CI does); it also runs in the normal and ASan builds.
  *
- * Each submitter owns 150 requests (its records are kvhost.h kh_req, handed
+ * Each submitter owns 150 requests (its records are fakehost.h kh_req, handed
  * to bkv_submit as user pointers): it submits them one by one (retrying on
  * BKV_EAGAIN: the queue is kept short so that happens), aborts about one in
  * six of its own recent requests (queued, running or already ended), aborts ids that
@@ -55,7 +55,7 @@ static void st_check(int ok, const char *what, const char *file, int line)
 #include <sched.h>
 #include <string.h>
 
-#include "fuzz/kvhost.h"
+#include "fakehost.h"
 #include "internal.h"
 
 #define ST_THREADS 8u
@@ -134,7 +134,7 @@ static void *submit_main(void *arg)
 	return NULL;
 }
 
-/* The closed-form stream of a request branch (see kvhost.h's sampler). */
+/* The closed-form stream of a request branch (see fakehost.h's sampler). */
 static uint32_t expected_stream(const kh_req *r, uint32_t b, int32_t *out)
 {
 	int32_t in = r->prompt[r->prompt_len - 1];

@@ -15,7 +15,7 @@
  * stop tokens - as the bytes say), and a step that calls bkv_step from inside
  * a callback.
  *
- * The host is kvhost.h with abort_on_violation: every batch is checked
+ * The host is tests/support/fakehost.h with abort_on_violation: every batch is checked
  * against a model of the KV memory and every callback against the request
  * contract. After every operation the harness checks bkv_sched_check() == 0,
  * that each call returned a documented code (BKV_ENOMEM only when the
@@ -26,7 +26,7 @@
  */
 #include "fuzz.h"
 #include "internal.h"
-#include "kvhost.h"
+#include "fakehost.h"
 
 #include <math.h>
 
