@@ -19,8 +19,8 @@
  *   after every step, every accepted request ends exactly once, and every
  *   request that ran to its end delivered exactly the tokens of the closed-
  *   form reference (fakehost.h's sampler), the same as the failure-free run.
- * faults/trace_*: bkv-sim's loaders (trace.c compiled in with malloc,
- *   realloc and free counted): each format, trace_load, and the synthetic
+ * faults/trace_*: bkv-sim's loaders (their malloc, realloc and free
+ *   counted through trace_alloc.h): each format, trace_load, and the synthetic
  *   workloads return TRACE_ENOMEM for every refused allocation, leave the
  *   trace empty and leak nothing.
  * Under -Db_sanitize=address LeakSanitizer checks every run as well.
@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../examples/sim/trace.h"
+#include "../examples/sim/trace_alloc.h"
 #include "fuzz/fuzz.h"
 #include "fakehost.h"
 #include "internal.h"
@@ -517,13 +519,8 @@ static void tr_free(void *p)
 	free(p);
 }
 
-#define malloc tr_malloc
-#define realloc tr_realloc
-#define free tr_free
-#include "../examples/sim/trace.c"
-#undef malloc
-#undef realloc
-#undef free
+/* The trace functions allocate through these while loader_sweep runs. */
+static const trace_allocator tr_allocator = {tr_malloc, tr_realloc, tr_free};
 
 /* A file of n lines in each format (made-up values). */
 static char *make_file(trace_format fmt, uint32_t n, size_t *len)
@@ -570,6 +567,7 @@ static void loader_sweep(const char *what, int (*load)(trace *, void *), void *a
 	uint64_t total, k;
 	int rc;
 
+	trace_set_allocator(&tr_allocator);
 	memset(&t, 0, sizeof(t));
 	tr_calls = tr_refused = 0;
 	tr_fail_at = 0;
@@ -600,6 +598,7 @@ static void loader_sweep(const char *what, int (*load)(trace *, void *), void *a
 			     (unsigned long long)k, (long long)tr_live);
 	}
 	tr_fail_at = 0;
+	trace_set_allocator(NULL);
 }
 
 typedef struct pbuf {

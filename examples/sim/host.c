@@ -21,6 +21,10 @@
  * Static batching on a padded kernel keeps finished rows as padding: the
  * host prices a decode call at the rows of the group its last prefill
  * started (the same rule the scheduler uses for bkv_step_shape.padded_rows).
+ *
+ * sim_run goes in named steps: run_alloc (timelines), open_pool,
+ * open_sched, drive (submit_arrivals, step_checked, account_step per step)
+ * and collect (the results), then run_close.
  */
 #include "sim.h"
 
@@ -378,97 +382,117 @@ void sim_config_init(sim_config *c)
 	bkv_cost_poly_init(&c->poly);
 }
 
-int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen)
-{
-	struct timespec w0, w1;
-	clock_gettime(CLOCK_MONOTONIC, &w0);
-	char label[sizeof(res->label)];
-	memcpy(label, res->label, sizeof(label));
-	memset(res, 0, sizeof(*res));
-	memcpy(res->label, label, sizeof(label));
-	res->n_req = t->n;
+/* ---- one run ------------------------------------------------------------- */
 
-	vhost h;
-	memset(&h, 0, sizeof(h));
-	h.cfg = cfg;
-	h.t = t;
-	h.res = res;
-	h.req = malloc((size_t)(t->n ? t->n : 1) * sizeof(vreq));
+/* What one sim_run holds besides the virtual host's timelines: the pool
+ * and scheduler it drives and the per-step sums that become its means. */
+typedef struct run {
+	vhost h;               /* the virtual host (h.sched is the scheduler) */
+	bkv_pool_config pc;    /* the pool's settings */
+	bkv_pool *pool;        /* the pool; NULL before it exists */
+	bkv_cost_calib *calib; /* the calibrated model (cfg->calibrate), or NULL */
+	int32_t *prompt;       /* [longest prompt] tokens of the request submitted */
+	uint32_t next;         /* first trace request not yet submitted */
+	double waste_sum;      /* sum over steps of waste slots / used slots */
+	uint64_t waste_n;      /* steps in waste_sum (those with used blocks) */
+	double err_sum;        /* sum of the calibrated model's relative errors */
+	uint64_t err_n;        /* steps in err_sum */
+} run;
+
+/* The timelines and the prompt scratch; the clock at the first arrival. */
+static int run_alloc(run *r, const sim_config *cfg, const trace *t, sim_result *res, char *err,
+		     size_t errlen)
+{
+	memset(r, 0, sizeof(*r));
+	r->h.cfg = cfg;
+	r->h.t = t;
+	r->h.res = res;
+	r->h.req = malloc((size_t)(t->n ? t->n : 1) * sizeof(vreq));
 	uint32_t max_prompt = 1;
 	for (uint32_t i = 0; i < t->n; i++)
 		if (t->reqs[i].prompt_len > max_prompt)
 			max_prompt = t->reqs[i].prompt_len;
-	int32_t *prompt = malloc((size_t)max_prompt * sizeof(int32_t));
-	if (!h.req || !prompt) {
-		free(h.req);
-		free(prompt);
+	r->prompt = malloc((size_t)max_prompt * sizeof(int32_t));
+	if (!r->h.req || !r->prompt) {
 		snprintf(err, errlen, "out of memory");
 		return BKV_ENOMEM;
 	}
 	for (uint32_t i = 0; i < t->n; i++)
-		h.req[i] = (vreq){-1.0, 0.0, -1.0, 0, 0};
+		r->h.req[i] = (vreq){-1.0, 0.0, -1.0, 0, 0};
 	if (t->n)
-		h.now = t->reqs[0].arrival_us;
+		r->h.now = t->reqs[0].arrival_us;
+	return 0;
+}
 
-	bkv_pool_config pc;
-	bkv_pool_config_init(&pc);
-	pc.block_tokens = cfg->block_tokens;
-	pc.device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
-	if (!cfg->kv_blocks && pc.device_blocks > SIM_MAX_DERIVED_BLOCKS) {
+/* The pool: cfg's blocks, or enough for every slot to hold the trace's
+ * longest request (at most SIM_MAX_DERIVED_BLOCKS). */
+static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, size_t errlen)
+{
+	bkv_pool_config *pc = &r->pc;
+	bkv_pool_config_init(pc);
+	pc->block_tokens = cfg->block_tokens;
+	pc->device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
+	if (!cfg->kv_blocks && pc->device_blocks > SIM_MAX_DERIVED_BLOCKS) {
 		snprintf(err, errlen,
 			 "every slot holding the longest request needs %u blocks (more than %u): "
 			 "give --kv-blocks or fewer --slots",
-			 pc.device_blocks, SIM_MAX_DERIVED_BLOCKS);
-		free(h.req);
-		free(prompt);
+			 pc->device_blocks, SIM_MAX_DERIVED_BLOCKS);
 		return BKV_E2BIG;
 	}
-	pc.host_blocks = cfg->host_blocks;
-	pc.max_seqs = cfg->slots * 2 + 64;
-	pc.prefix_cache = cfg->prefix_cache;
-	bkv_pool *pool = NULL;
-	int rc = bkv_pool_create(&pc, NULL, &pool);
-	if (rc) {
+	pc->host_blocks = cfg->host_blocks;
+	pc->max_seqs = cfg->slots * 2 + 64;
+	pc->prefix_cache = cfg->prefix_cache;
+	int rc = bkv_pool_create(pc, NULL, &r->pool);
+	if (rc)
 		snprintf(err, errlen, "bkv_pool_create: %s", bkv_strerror(rc));
-		free(h.req);
-		free(prompt);
-		return rc;
-	}
+	return rc;
+}
 
-	bkv_sched_config sc;
-	bkv_sched_config_init(&sc);
-	sc.policy = cfg->policy;
-	sc.max_running = cfg->slots;
-	sc.admit_group = cfg->k;
-	sc.max_wait_us = cfg->max_wait_us;
-	sc.chunked_prefill = cfg->chunked;
-	sc.token_budget = cfg->budget;
-	sc.max_queue = t->n > 65536 ? t->n : 65536;
-	sc.tpot_target_us = cfg->tpot_us;
-	sc.max_bypass_us = cfg->max_bypass_us;
-	sc.preempt = cfg->preempt ? cfg->preempt
-		   : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
+/* The scheduler's settings from cfg; the cost model it is given (a
+ * calibrated one learning from scratch, or the host's own, or none). */
+static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched_config *sc,
+			char *err, size_t errlen)
+{
+	bkv_sched_config_init(sc);
+	sc->policy = cfg->policy;
+	sc->max_running = cfg->slots;
+	sc->admit_group = cfg->k;
+	sc->max_wait_us = cfg->max_wait_us;
+	sc->chunked_prefill = cfg->chunked;
+	sc->token_budget = cfg->budget;
+	sc->max_queue = t->n > 65536 ? t->n : 65536;
+	sc->tpot_target_us = cfg->tpot_us;
+	sc->max_bypass_us = cfg->max_bypass_us;
+	sc->preempt = cfg->preempt ? cfg->preempt
+		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
-		sc.kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
-	bkv_cost_calib *calib = NULL;
+		sc->kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
 	if (cfg->calibrate) {
-		rc = bkv_cost_calib_create(NULL, NULL, &calib);
+		int rc = bkv_cost_calib_create(NULL, NULL, &r->calib);
 		if (rc) {
 			snprintf(err, errlen, "bkv_cost_calib_create: %s", bkv_strerror(rc));
-			bkv_pool_destroy(pool);
-			free(h.req);
-			free(prompt);
 			return rc;
 		}
-		sc.cost = bkv_cost_calib_model(calib);
+		sc->cost = bkv_cost_calib_model(r->calib);
 	} else if (cfg->give_model) {
 		if (cfg->cost_kind == SIM_COST_POLY)
-			sc.cost = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
+			sc->cost = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
 		else if (cfg->cost_kind == SIM_COST_ROOFLINE)
-			sc.cost = bkv_cost_roofline_model((bkv_cost_roofline *)&cfg->roofline);
+			sc->cost = bkv_cost_roofline_model((bkv_cost_roofline *)&cfg->roofline);
 		else
-			sc.cost = sim_distserve_model();
+			sc->cost = sim_distserve_model();
 	}
+	return 0;
+}
+
+/* The scheduler over the pool, calling the virtual host: one forward() on
+ * a mixed host, prefill() and decode() on a split one. */
+static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, size_t errlen)
+{
+	bkv_sched_config sc;
+	int rc = sched_config(r, cfg, t, &sc, err, errlen);
+	if (rc)
+		return rc;
 	bkv_host_ops ops;
 	memset(&ops, 0, sizeof(ops));
 	if (cfg->mixed_host) {
@@ -480,391 +504,198 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	ops.on_token = cb_token;
 	ops.on_finish = cb_finish;
 	ops.now_us = cb_now;
-	rc = bkv_sched_create(&sc, pool, &ops, &h, NULL, &h.sched);
-	if (rc) {
+	rc = bkv_sched_create(&sc, r->pool, &ops, &r->h, NULL, &r->h.sched);
+	if (rc)
 		snprintf(err, errlen, "bkv_sched_create: %s", bkv_strerror(rc));
-		bkv_cost_calib_destroy(calib);
-		bkv_pool_destroy(pool);
-		free(h.req);
-		free(prompt);
-		return rc;
-	}
+	return rc;
+}
 
-	uint32_t next = 0;
-	int idle = 0;
-	double waste_sum = 0.0, err_sum = 0.0;
-	uint64_t err_n = 0;
-	uint64_t waste_n = 0;
-	rc = 0;
-	while (h.n_done < t->n) {
-		while (next < t->n && t->reqs[next].arrival_us <= h.now) {
-			const trace_req *q = &t->reqs[next];
-			bkv_request r;
-			bkv_request_init(&r);
-			trace_prompt_tokens(t, next, prompt);
-			r.prompt = prompt;
-			r.prompt_len = q->prompt_len;
-			r.max_new_tokens = max_new_tokens(cfg, q);
-			if (cfg->hints)
-				r.predicted_output = r.max_new_tokens;
-			r.user = (void *)(uintptr_t)(next + 1);
-			int s = bkv_submit(h.sched, &r, NULL);
-			if (s) { /* e.g. E2BIG: never fits; counts as failed */
-				h.req[next].failed = 1;
-				h.req[next].finish_us = h.now;
-				h.n_done++;
-			}
-			next++;
+static void run_close(run *r)
+{
+	bkv_sched_destroy(r->h.sched);
+	bkv_cost_calib_destroy(r->calib);
+	bkv_pool_destroy(r->pool);
+	free(r->h.req);
+	free(r->h.chunks);
+	free(r->h.gaps);
+	free(r->prompt);
+}
+
+/* Submit every request whose arrival the clock has reached. A request the
+ * scheduler refuses (e.g. E2BIG: it never fits) ends there, failed. */
+static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
+{
+	vhost *h = &r->h;
+	while (r->next < t->n && t->reqs[r->next].arrival_us <= h->now) {
+		const trace_req *q = &t->reqs[r->next];
+		bkv_request rq;
+		bkv_request_init(&rq);
+		trace_prompt_tokens(t, r->next, r->prompt);
+		rq.prompt = r->prompt;
+		rq.prompt_len = q->prompt_len;
+		rq.max_new_tokens = max_new_tokens(cfg, q);
+		if (cfg->hints)
+			rq.predicted_output = rq.max_new_tokens;
+		rq.user = (void *)(uintptr_t)(r->next + 1);
+		if (bkv_submit(h->sched, &rq, NULL)) {
+			h->req[r->next].failed = 1;
+			h->req[r->next].finish_us = h->now;
+			h->n_done++;
 		}
-		if (bkv_sched_pending(h.sched) == 0) {
-			if (next < t->n) {
-				h.now = t->reqs[next].arrival_us;
+		r->next++;
+	}
+}
+
+/* One bkv_step, then the invariant check when cfg->check asks for it. */
+static int step_checked(run *r, const sim_config *cfg, bkv_step_info *info, char *err,
+			size_t errlen)
+{
+	r->h.call_us = 0.0;
+	int s = bkv_step(r->h.sched, info);
+	if (s) {
+		snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
+		return s;
+	}
+	if (cfg->check && (s = bkv_sched_check(r->h.sched)) != 0) {
+		snprintf(err, errlen, "bkv_sched_check: invariant %d broken", s);
+		return -101;
+	}
+	return 0;
+}
+
+/* After a step that did work: count it, show progress, and add its
+ * prediction error and the pool's waste to the sums. */
+static void account_step(run *r, const sim_config *cfg, const trace *t, sim_result *res,
+			 const bkv_step_info *info)
+{
+	res->steps++;
+	if (cfg->progress && (res->steps & 0xffff) == 0) {
+		fprintf(stderr, "\r  %-12s %u/%u requests done, virtual time %.0f s   ",
+			res->label, r->h.n_done, t->n, r->h.now / 1e6);
+		fflush(stderr);
+	}
+	if ((r->calib ? res->steps > SIM_CALIB_WARMUP : cfg->give_model) &&
+	    info->measured_us > 0.0) {
+		double e = fabs(info->predicted_us - info->measured_us) / info->measured_us;
+		if (r->calib) {
+			r->err_sum += e;
+			r->err_n++;
+		} else if (e > res->pred_err) {
+			res->pred_err = e;
+		}
+	}
+	bkv_pool_stats ps;
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(r->pool, &ps);
+	if (ps.nr_used) {
+		r->waste_sum += (double)ps.waste_slots / ((double)ps.nr_used * r->pc.block_tokens);
+		r->waste_n++;
+	}
+}
+
+/* Submit and step until every request has ended. When nothing is pending
+ * or a step finds nothing to do, the clock jumps to the next arrival; with
+ * no arrivals left it creeps by 1 ms so a max_wait timer can expire, and
+ * 1,000 such idle steps in a row are a stall (-100). */
+static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res, char *err,
+		 size_t errlen)
+{
+	vhost *h = &r->h;
+	int idle = 0;
+	while (h->n_done < t->n) {
+		submit_arrivals(r, cfg, t);
+		if (bkv_sched_pending(h->sched) == 0) {
+			if (r->next < t->n) {
+				h->now = t->reqs[r->next].arrival_us;
 				continue;
 			}
 			break;
 		}
 		bkv_step_info info;
-		h.call_us = 0.0;
-		int s = bkv_step(h.sched, &info);
-		if (s) {
-			snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
-			rc = s;
-			break;
-		}
-		if (cfg->check && (s = bkv_sched_check(h.sched)) != 0) {
-			snprintf(err, errlen, "bkv_sched_check: invariant %d broken", s);
-			rc = -101;
-			break;
-		}
+		int rc = step_checked(r, cfg, &info, err, errlen);
+		if (rc)
+			return rc;
 		if (info.rows == 0 && info.finished == 0 && info.admitted == 0) {
 			/* Nothing could run: wait for the next arrival. */
-			if (next < t->n) {
-				h.now = t->reqs[next].arrival_us;
+			if (r->next < t->n) {
+				h->now = t->reqs[r->next].arrival_us;
 				idle = 0;
 				continue;
 			}
 			if (++idle > 1000) {
 				snprintf(err, errlen,
 					 "the scheduler stalled: %llu requests pending, no arrivals left",
-					 (unsigned long long)bkv_sched_pending(h.sched));
-				rc = -100;
-				break;
+					 (unsigned long long)bkv_sched_pending(h->sched));
+				return -100;
 			}
-			h.now += 1000.0; /* let a max_wait timer expire */
+			h->now += 1000.0; /* let a max_wait timer expire */
 			continue;
 		}
 		idle = 0;
-		res->steps++;
-		if (cfg->progress && (res->steps & 0xffff) == 0) {
-			fprintf(stderr, "\r  %-12s %u/%u requests done, virtual time %.0f s   ",
-				res->label, h.n_done, t->n, h.now / 1e6);
-			fflush(stderr);
-		}
-		if ((calib ? res->steps > SIM_CALIB_WARMUP : cfg->give_model) &&
-		    info.measured_us > 0.0) {
-			double e = fabs(info.predicted_us - info.measured_us) / info.measured_us;
-			if (calib) {
-				err_sum += e;
-				err_n++;
-			} else if (e > res->pred_err) {
-				res->pred_err = e;
-			}
-		}
-		bkv_pool_stats ps;
-		ps.size = sizeof(ps);
-		bkv_pool_stats_get(pool, &ps);
-		if (ps.nr_used) {
-			waste_sum += (double)ps.waste_slots / ((double)ps.nr_used * pc.block_tokens);
-			waste_n++;
-		}
+		account_step(r, cfg, t, res, &info);
 	}
+	return 0;
+}
 
+/* The run's results from the scheduler's and the pool's counters, the
+ * timelines and the step sums. */
+static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *res)
+{
 	bkv_sched_stats ss;
 	ss.size = sizeof(ss);
-	bkv_sched_stats_get(h.sched, &ss);
+	bkv_sched_stats_get(r->h.sched, &ss);
 	res->prefill_tokens = ss.prefill_tokens;
 	res->decode_tokens = ss.decode_tokens;
 	res->hit_tokens = ss.hit_tokens;
 	res->preemptions = ss.preemptions;
-	{
-		bkv_pool_stats ps;
-
-		ps.size = sizeof(ps);
-		bkv_pool_stats_get(pool, &ps);
-		res->dup_tokens = ps.dup_blocks * pc.block_tokens;
-	}
+	bkv_pool_stats ps;
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(r->pool, &ps);
+	res->dup_tokens = ps.dup_blocks * r->pc.block_tokens;
 	for (uint32_t i = 0; i < t->n; i++) {
 		res->prompt_tokens += t->reqs[i].prompt_len;
-		if (h.req[i].finish_us >= 0.0)
+		if (r->h.req[i].finish_us >= 0.0)
 			res->finished++;
-		if (h.req[i].failed)
+		if (r->h.req[i].failed)
 			res->errors++;
-		res->out_tokens += h.req[i].n_tok;
+		res->out_tokens += r->h.req[i].n_tok;
 	}
-	res->kv_waste = waste_n ? waste_sum / waste_n : 0.0;
-	if (calib)
-		res->pred_err = err_n ? err_sum / err_n : 0.0;
-	finish_latencies(&h, t, res);
+	res->kv_waste = r->waste_n ? r->waste_sum / r->waste_n : 0.0;
+	if (r->calib)
+		res->pred_err = r->err_n ? r->err_sum / r->err_n : 0.0;
+	finish_latencies(&r->h, t, res);
 	double busy = res->prefill_us + res->decode_us;
 	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE && busy > 0.0) {
 		res->mfu = res->flops / (busy / 1e6 * cfg->roofline.peak_flops);
 		res->mbu = res->bytes / (busy / 1e6 * cfg->roofline.mem_bw);
 	}
-	bkv_sched_destroy(h.sched);
-	bkv_cost_calib_destroy(calib);
-	bkv_pool_destroy(pool);
-	free(h.req);
-	free(h.chunks);
-	free(h.gaps);
-	free(prompt);
+}
+
+int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen)
+{
+	struct timespec w0, w1;
+	clock_gettime(CLOCK_MONOTONIC, &w0);
+	char label[sizeof(res->label)];
+	memcpy(label, res->label, sizeof(label));
+	memset(res, 0, sizeof(*res));
+	memcpy(res->label, label, sizeof(label));
+	res->n_req = t->n;
+
+	run r;
+	int rc = run_alloc(&r, cfg, t, res, err, errlen);
+	if (!rc)
+		rc = open_pool(&r, cfg, t, err, errlen);
+	if (!rc)
+		rc = open_sched(&r, cfg, t, err, errlen);
+	if (rc) {
+		run_close(&r);
+		return rc;
+	}
+	rc = drive(&r, cfg, t, res, err, errlen);
+	collect(&r, cfg, t, res);
+	run_close(&r);
 	clock_gettime(CLOCK_MONOTONIC, &w1);
 	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;
-	return rc;
-}
-
-/* ---- peer presets ------------------------------------------------------ */
-
-/* The peer presets (docs/benchmarks.md, "Peer presets"): each peer's
- * documented defaults expressed in the scheduler's knobs, on the machine of
- * c0 (its cost model, its pool: pool_slots keeps the memory when a peer runs
- * more rows). */
-const char *const sim_peer_names[SIM_N_PEERS] = {"vllm-v1", "vllm-v0", "sglang", "sarathi",
-						 "tgi", "llamacpp", "orca"};
-
-void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gpu,
-		     double tpot_target_ms, sim_config *c)
-{
-	*c = *c0;
-	c->policy = BKV_POLICY_CONTINUOUS;
-	c->hints = 0;
-	c->k = 1;
-	c->max_wait_us = UINT64_MAX;
-	c->tpot_us = 0;
-	c->chunked = 0;
-	c->mixed_host = 0;
-	c->preempt = BKV_PREEMPT_RECOMPUTE;
-	c->pool_slots = c0->slots;
-	switch (which) {
-	case 0: /* vLLM v1: always chunked, FCFS, recompute; 8192 / 1024 on
-		   an H100-class GPU, else 2048 / 256 (arg_utils.py) */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		c->budget = big_gpu ? 8192 : 2048;
-		c->slots = big_gpu ? 1024 : 256;
-		break;
-	case 1: /* vLLM v0: prefill-first iterations, no mixing, 256 seqs */
-		c->slots = 256;
-		break;
-	case 2: /* SGLang: prefill batches before decode, not mixed by
-		   default; chunked_prefill_size 8192 is beyond our split host */
-		break;
-	case 3: /* Sarathi-Serve: stall-free mixed batches, budget from the
-		   TBT target */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		if (tpot_target_ms > 0.0)
-			c->tpot_us = (uint32_t)lround(tpot_target_ms * 1000.0);
-		else if (c0->tpot_us)
-			c->tpot_us = c0->tpot_us;
-		c->budget = c->tpot_us ? 0 : 512;
-		break;
-	case 4: { /* TGI: a new prefill batch waits for floor(1.2 x running)
-		     queued requests or 20 decode steps (max_waiting_tokens) */
-		c->k = c0->slots;
-		double ctx = 0.0;
-		for (uint32_t i = 0; i < t->n; i++)
-			ctx += t->reqs[i].prompt_len + t->reqs[i].output_len / 2.0;
-		ctx = t->n ? ctx / t->n : 1.0;
-		bkv_step_shape d;
-		memset(&d, 0, sizeof(d));
-		d.kind = BKV_CALL_DECODE;
-		d.decode_rows = c0->slots;
-		d.padded_rows = c0->slots;
-		d.decode_context = (uint64_t)llround(ctx * c0->slots);
-		c->max_wait_us = (uint64_t)llround(20.0 * sim_price_us(c0, &d));
-		break;
-	}
-	case 5: /* llama.cpp server: n_parallel 1 slot, n_batch 2048 chunks
-		   in one mixed batch, KV per slot (no preemption needed) */
-		c->chunked = 1;
-		c->mixed_host = 1;
-		c->budget = 2048;
-		c->slots = 1;
-		break;
-	case 6: { /* Orca: iteration-level, selective batching (mixed, whole
-		     prompts), KV reserved for the maximum length */
-		c->mixed_host = 1;
-		if (c0->kv_blocks) {
-			uint64_t longest = 1;
-			for (uint32_t i = 0; i < t->n; i++) {
-				uint64_t need = (uint64_t)t->reqs[i].prompt_len + t->reqs[i].output_len + 1;
-				if (need > longest)
-					longest = need;
-			}
-			uint64_t per = (longest + c0->block_tokens - 1) / c0->block_tokens + 1;
-			uint64_t fit = c0->kv_blocks / per;
-			c->slots = fit < 1 ? 1 : fit < c0->slots ? (uint32_t)fit : c0->slots;
-		}
-		break;
-	}
-	}
-	/* --slots is the machine's row limit: a peer's own maximum applies
-	 * below it */
-	if (c->slots > c0->slots)
-		c->slots = c0->slots;
-}
-
-/* ---- goodput ------------------------------------------------------------- */
-
-double sim_trace_rate(const trace *t)
-{
-	if (!t->n)
-		return 0.0;
-	double span = t->reqs[t->n - 1].arrival_us - t->reqs[0].arrival_us;
-	return span > 0.0 ? (t->n - 1) / (span / 1e6) : 0.0;
-}
-
-int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
-		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
-		       char *err, size_t errlen)
-{
-	sim_config c = *cfg;
-	c.slo_ttft_ms = ttft_ms;
-	c.slo_tpot_ms = tpot_ms;
-	c.progress = 0;
-	uint64_t met = 0, all = 0;
-	double *p1 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-	double *p2 = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-	if (!p1 || !p2) {
-		free(p1);
-		free(p2);
-		snprintf(err, errlen, "out of memory");
-		return BKV_ENOMEM;
-	}
-	for (int i = 0; i < n; i++) {
-		sim_result r;
-		memset(&r, 0, sizeof(r));
-		int rc = sim_run(&c, &t[i], &r, err, errlen);
-		if (rc) {
-			free(p1);
-			free(p2);
-			return rc;
-		}
-		met += r.slo_met;
-		all += t[i].n;
-		p1[i] = r.ttft_p99;
-		p2[i] = r.tpot_p99;
-	}
-	*attain = all ? (double)met / (double)all : 0.0;
-	if (ttft_p99)
-		*ttft_p99 = sim_median(p1, n);
-	if (tpot_p99)
-		*tpot_p99 = sim_median(p2, n);
-	free(p1);
-	free(p2);
-	return 0;
-}
-
-int sim_attainment(const sim_config *cfg, const trace *t, int n, double ttft_ms,
-		   double tpot_ms, double *attain, char *err, size_t errlen)
-{
-	return sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, attain, NULL, NULL, err, errlen);
-}
-
-/* One rate of the search: simulate, record the point. */
-static int goodput_eval(const sim_config *cfg, trace *t, int n, double r, double ttft_ms,
-			double tpot_ms, sim_goodput *out, double *a, char *err, size_t errlen)
-{
-	double f1 = 0.0, f2 = 0.0;
-	int rc = sim_attainment_p99(cfg, t, n, ttft_ms, tpot_ms, a, &f1, &f2, err, errlen);
-	if (rc)
-		return rc;
-	if (out->evals < SIM_GOODPUT_POINTS)
-		out->pt[out->evals] = (sim_goodput_point){r, f1, f2, *a};
-	out->evals++;
-	return 0;
-}
-
-/* Arrivals of every trace at rate r, from the saved originals. */
-static void scale_arrivals(trace *t, int n, double *const *orig, double f)
-{
-	for (int i = 0; i < n; i++) {
-		double a0 = t[i].n ? orig[i][0] : 0.0;
-		for (uint32_t j = 0; j < t[i].n; j++)
-			t[i].reqs[j].arrival_us = a0 + (orig[i][j] - a0) * f;
-	}
-}
-
-int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, double ttft_ms,
-		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen)
-{
-	memset(out, 0, sizeof(*out));
-	if (!(rate0 > 0.0) || !(ttft_ms > 0.0) || !(tpot_ms > 0.0) || !(pct > 0.0) || pct > 100.0) {
-		snprintf(err, errlen, "goodput needs a positive rate, targets and 0 < pct <= 100");
-		return BKV_EINVAL;
-	}
-	double **orig = calloc((size_t)n, sizeof(*orig));
-	int rc = orig ? 0 : BKV_ENOMEM;
-	for (int i = 0; !rc && i < n; i++) {
-		orig[i] = malloc((size_t)(t[i].n ? t[i].n : 1) * sizeof(double));
-		if (!orig[i]) {
-			rc = BKV_ENOMEM;
-			break;
-		}
-		for (uint32_t j = 0; j < t[i].n; j++)
-			orig[i][j] = t[i].reqs[j].arrival_us;
-	}
-	if (rc) {
-		snprintf(err, errlen, "out of memory");
-		goto out;
-	}
-	double need = pct / 100.0 - 1e-12, lo = 0.0, hi = 0.0, lo_att = 0.0, a;
-	double r = rate0;
-	/* bracket: from rate0 up while met, or down while not */
-	for (int i = 0; i <= 20; i++) {
-		scale_arrivals(t, n, orig, rate0 / r);
-		if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
-			goto out;
-		if (a >= need) {
-			lo = r, lo_att = a;
-			if (hi > 0.0)
-				break;
-			r *= 2.0;
-		} else {
-			hi = r;
-			if (lo > 0.0)
-				break;
-			r /= 2.0;
-		}
-	}
-	if (lo == 0.0 || hi == 0.0) {
-		out->capped = lo == 0.0 ? -1 : 1;
-	} else {
-		while (hi > 1.01 * lo) {
-			r = sqrt(lo * hi);
-			scale_arrivals(t, n, orig, rate0 / r);
-			if ((rc = goodput_eval(cfg, t, n, r, ttft_ms, tpot_ms, out, &a, err, errlen)))
-				goto out;
-			if (a >= need)
-				lo = r, lo_att = a;
-			else
-				hi = r;
-		}
-	}
-	out->rps = lo;
-	out->hi_rps = hi;
-	out->attain = lo_att;
-out:
-	if (orig) {
-		int have = 1;
-		for (int i = 0; i < n; i++)
-			have &= orig[i] != NULL;
-		if (have)
-			scale_arrivals(t, n, orig, 1.0);
-		for (int i = 0; i < n; i++)
-			free(orig[i]);
-		free(orig);
-	}
 	return rc;
 }

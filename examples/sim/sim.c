@@ -1,7 +1,8 @@
 /*
- * sim.c - bkv-sim's command line: pick a workload or a trace, a policy, a
- * host shape and a cost model, run the real scheduler on a virtual clock
- * (host.c) over one or more seeds and sweep values, and report (report.c).
+ * sim.c - bkv-sim's main: pick a workload or a trace, a policy, a host shape
+ * and a cost model (the command line: cli.c), run the real scheduler on a
+ * virtual clock (host.c) over one or more seeds and sweep values, and report
+ * (report.c, svg.c).
  *
  *   bkv-sim --workload seed000 --sweep k=1,2,4,8,16,32
  *   bkv-sim --trace azure:FILE --cost roofline:a100-llama2-13b --slots 64
@@ -9,10 +10,15 @@
  *   bkv-sim --workload seed000 --compare      static, k=1, fixed-k sweep, auto,
  *                                             chunked, with ratios
  *
- * Every run of a row uses the same traces as the static baseline of the same
- * seed, so speed-ups are paired. Output is deterministic for given options
- * (the wall-clock column of --json aside). See docs/benchmarks.md.
+ * main runs one of three modes: --fidelity (every DistServe run against its
+ * measurement), --compare (every policy on the same traces, then the
+ * ratios), or the plain rows (a static baseline, then the policy or each
+ * swept value). Every run of a row uses the same traces as the static
+ * baseline of the same seed, so speed-ups are paired. Output is
+ * deterministic for given options (the wall-clock column of --json aside).
+ * See docs/benchmarks.md.
  */
+#include "cli.h"
 #include "sim.h"
 
 #include <errno.h>
@@ -20,140 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define MAX_SWEEP 64
-/* Bounds on sizes, so a typo is a clear error instead of gigabytes. */
-#define MAX_REQS 1000000u        /* --n, requests of one synthetic trace */
-#define MAX_REQS_TOTAL 10000000u /* requests over all seeds */
-#define MAX_LEN (1u << 20)       /* --prompt, --output tokens */
-#define MAX_BLOCKS (1u << 22)    /* --kv-blocks, --host-blocks (about 110 bytes each) */
-#define MAX_SLOTS 65536u         /* --slots */
-#define MAX_BLOCK_TOKENS 4096u   /* --block-tokens */
-
-static void usage(FILE *f)
-{
-	fputs("usage: bkv-sim [options]\n"
-	      "workload (one of):\n"
-	      "  --workload seed000         seed 000's 256 requests (default)\n"
-	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R\n"
-	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
-	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"
-	      "  --limit N                  first N requests of a trace\n"
-	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
-	      "                             rate: (n - 1) / span)\n"
-	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"
-	      "policy:\n"
-	      "  --policy static|continuous|chunked|auto   (default continuous; auto =\n"
-	      "                             continuous with the cost model choosing k)\n"
-	      "  --k N|auto                 admission group (default 1)\n"
-	      "  --budget N|auto            token budget of chunked prefill (default 512)\n"
-	      "  --tpot US                  the scheduler's time-between-tokens target\n"
-	      "  --hints                    requests carry their output length as a hint\n"
-	      "                             (not the static baseline: it stays FCFS)\n"
-	      "  --max-bypass MS|never      bound on the delay hints may add (default\n"
-	      "                             auto: max_bypass_us = 0)\n"
-	      "  --compare [K,K,..]         static, k=1, fixed k (default 1,2,3,4,6,8,12,16,\n"
-	      "                             24,32 up to --slots; the best is reported), auto,\n"
-	      "                             chunked b=512 and chunked auto on a mixed host,\n"
-	      "                             same traces, with ratios\n"
-	      "  --peers                    with --compare: rows vllm-v1, vllm-v0, sglang,\n"
-	      "                             sarathi, tgi, llamacpp, orca (each peer's\n"
-	      "                             defaults in our knobs; docs/benchmarks.md)\n"
-	      "  --max-wait US|never        partial-group timeout (default never)\n"
-	      "  --slots N                  running slots (default 32)\n"
-	      "  --host split|mixed         split prefill/decode kernels or one forward\n"
-	      "  --no-baseline              no static row; speed-ups are not reported\n"
-	      "  --sweep k=1,2,4|budget=..|slots=..\n"
-	      "cost model:\n"
-	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
-	      "     presets: a100-llama2-13b, h100-llama3-8b, a100-opt-13b\n"
-	      "  --no-model                 do not give the model to the scheduler\n"
-	      "  --calibrate                give the scheduler a calibrated model that\n"
-	      "                             learns from scratch (observe) instead\n"
-	      "  --gen steps|tokens         output length = decode steps after prefill\n"
-	      "                             (seed000 default) or tokens (trace default)\n"
-	      "pool:\n"
-	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"
-	      "output:\n"
-	      "  --json | --csv             instead of the table\n"
-	      "  --svg FILE                 prefill/decode time bars per row; with --goodput,\n"
-	      "                             p99 TTFT and TPOT against rate per row\n"
-	      "  --fidelity                 (distserve) every run vs its measurement\n"
-	      "  --check                    bkv_sched_check after every step\n"
-	      "  --goodput TTFT_MS,TPOT_MS[,PCT]  per policy, the highest arrival rate\n"
-	      "                             (req/s) at which PCT% (default 90) of requests\n"
-	      "                             meet both targets; needs arrivals spread in\n"
-	      "                             time (a trace, or --arrival poisson:R|uniform:R)\n"
-	      "  --allow-errors             exit 0 even when requests fail (default: a\n"
-	      "                             warning and exit status 3)\n"
-	      "  --quiet                    no progress line\n"
-	      "sizes are bounded: --n <= 1000000 (and 10^7 over all seeds), --prompt and\n"
-	      "--output <= 1048576 tokens, pools <= 4194304 blocks, --slots <= 65536\n",
-	      f);
-}
-
-/* The command line, parsed. */
-typedef struct opts {
-	const char *workload;    /* "seed000" or "synthetic" */
-	trace_format fmt;        /* format of trace_path */
-	const char *trace_path;  /* a trace file; NULL: synthetic workload */
-	const char *run;         /* DistServe run filter; NULL: all rows */
-	uint32_t limit;          /* first requests of a trace; 0 = all */
-	uint32_t n;              /* synthetic: requests */
-	trace_arrival arrival;   /* synthetic: arrival process */
-	double rate;             /* synthetic: requests per second */
-	trace_dist prompt;       /* synthetic: prompt tokens */
-	trace_dist output;       /* synthetic: output tokens */
-	uint64_t seed_lo;        /* first seed */
-	uint64_t seed_hi;        /* last seed, inclusive (>= seed_lo) */
-	int seeds_set;           /* --seeds given (else the workload's default) */
-	int baseline;            /* add the static row and speed-ups */
-	char sweep_key[16];      /* "k", "budget" or "slots"; "" = no sweep */
-	uint32_t sweep_vals[MAX_SWEEP]; /* [n_sweep] values swept */
-	int n_sweep;             /* values in sweep_vals */
-	sim_format fmt_out;      /* table, JSON or CSV */
-	const char *svg;         /* chart path, or NULL */
-	int fidelity;            /* --fidelity: every DistServe run */
-	int quiet;               /* no progress line */
-	int gen_set;             /* --gen given (else the workload's default) */
-	int policy_chunked;      /* --policy chunked */
-	int compare;             /* --compare */
-	uint32_t cmp_k[MAX_SWEEP]; /* [n_cmp_k] fixed k of --compare */
-	int n_cmp_k;             /* 0: the default list */
-	int allow_errors;        /* --allow-errors */
-	int peers;               /* --peers: the peer presets join --compare */
-	double trace_rate;       /* --rate: a trace's arrivals scaled to this
-				    mean rate, req/s; 0 = as recorded */
-	int big_gpu;             /* the cost model is an H100's (vLLM's larger
-				    defaults) */
-	int goodput;             /* --goodput given */
-	double gp_ttft_ms, gp_tpot_ms, gp_pct; /* its targets */
-	char title[256];         /* the table's title */
-} opts;
-
-static int parse_u32(const char *s, uint32_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v > UINT32_MAX || *s == '-')
-		return -1;
-	*out = (uint32_t)v;
-	return 0;
-}
-
-static int parse_preset(const char *s, bkv_roofline_preset *p)
-{
-	if (!strcmp(s, "a100-llama2-13b"))
-		*p = BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16;
-	else if (!strcmp(s, "h100-llama3-8b"))
-		*p = BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16;
-	else if (!strcmp(s, "a100-opt-13b"))
-		*p = BKV_ROOFLINE_A100_80GB_OPT_13B_FP16;
-	else
-		return -1;
-	return 0;
-}
 
 /* Build the trace of one seed. */
 static int make_trace(const opts *o, uint64_t seed, trace *t, char *err, size_t errlen)
@@ -413,12 +285,20 @@ static double paired_ratio(const sim_result *a, const sim_result *b, int n)
 	return m;
 }
 
-/* --compare: every policy on the same traces, then the ratios the cost-model
- * targets are stated in (docs/benchmarks.md, "Cost-model decisions"). */
-static int compare(const opts *o, const sim_config *c0, trace *traces, int n_seeds)
+/* Clear the progress line (when there is one). */
+static void progress_done(const opts *o)
+{
+	if (!o->quiet && isatty(2))
+		fprintf(stderr, "\r%-72s\r", "");
+}
+
+/* ---- --compare ----------------------------------------------------------- */
+
+/* The fixed k of --compare into ks ([MAX_SWEEP]): the given list or the
+ * default one, each at most --slots, k = 1 always first. Returns how many. */
+static int compare_ks(const opts *o, const sim_config *c0, uint32_t *ks)
 {
 	static const uint32_t def_k[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
-	uint32_t ks[MAX_SWEEP];
 	int nk = 0;
 	if (o->n_cmp_k) {
 		for (int i = 0; i < o->n_cmp_k; i++)
@@ -434,14 +314,14 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 		ks[0] = 1;
 		nk++;
 	}
-	/* rows: static, k..., auto, chunked b=512, chunked auto[, peers] */
-	int n_rows = 1 + nk + 3 + (o->peers ? SIM_N_PEERS : 0);
-	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
-	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
-	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
-	char (*labels)[48] = calloc((size_t)n_rows, sizeof(*labels));
-	if (!cf || !rows || !runs || !labels)
-		return 1;
+	return nk;
+}
+
+/* The rows of --compare into cf[n_rows]: static, k..., auto, chunked
+ * b=512, chunked auto[, peers]. */
+static void compare_configs(const opts *o, const sim_config *c0, const trace *traces,
+			    const uint32_t *ks, int nk, sim_config *cf, int n_rows)
+{
 	for (int i = 0; i < n_rows; i++) {
 		cf[i] = *c0;
 		cf[i].policy = BKV_POLICY_CONTINUOUS;
@@ -464,34 +344,16 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	for (int p = 0; o->peers && p < SIM_N_PEERS; p++)
 		sim_peer_config(p, c0, &traces[0], o->big_gpu,
 				o->goodput ? o->gp_tpot_ms : 0.0, &cf[4 + nk + p]);
-	int done = 0, total = n_rows * n_seeds;
-	for (int i = 0; i < n_rows; i++) {
-		policy_label(&cf[i], labels[i], sizeof(labels[i]));
-		if (i >= 4 + nk)
-			snprintf(labels[i], sizeof(labels[i]), "%s", sim_peer_names[i - 4 - nk]);
-		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
-			      &done, total))
-			return 1;
-		sim_rows_from_runs(&rows[i], &runs[(size_t)i * n_seeds], runs, n_seeds);
-	}
-	if (!o->quiet && isatty(2))
-		fprintf(stderr, "\r%-72s\r", "");
-	if (o->goodput && goodput_rows(o, cf, rows, n_rows, traces, n_seeds))
-		return 1;
-	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE,
-		   o->title);
-	print_goodput(o, rows, n_rows, traces);
-	if (o->svg && !o->goodput) {
-		char title[160];
-		snprintf(title, sizeof(title), "bkv-sim --compare: %s, time split into prefill and decode",
-			 o->trace_path ? o->trace_path : o->workload);
-		if (sim_svg(o->svg, rows, n_rows, title)) {
-			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
-			return 1;
-		}
-	}
-	/* the best fixed k: highest median speed-up; on a tie (to 0.05%) the
-	 * lower p99 TTFT */
+}
+
+/* The ratios after --compare's table: the best fixed k (highest median
+ * speed-up; on a tie to 0.05% the lower p99 TTFT), auto against it and
+ * against static, and the time between tokens against a TPOT target.
+ * rows[1 + nk] is auto; runs holds n_seeds runs per row. */
+static void compare_summary(const opts *o, const sim_config *c0, const sim_row *rows,
+			    const sim_result *runs, char (*labels)[48], int nk, int n_rows,
+			    int n_seeds)
+{
 	int best = 1;
 	for (int i = 2; i <= nk; i++) {
 		double d = rows[i].speedup - rows[best].speedup;
@@ -522,7 +384,59 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 			fprintf(out, " %s %.2f%s", labels[i], rows[i].med.tbt_p99,
 				i + 1 < n_rows ? "," : "\n");
 	}
-	int st = after_report(o, rows, n_rows);
+}
+
+/* Run every row of --compare (labels[i] names row i) and report them; the
+ * exit status. */
+static int compare_run(const opts *o, const sim_config *c0, trace *traces, int n_seeds,
+		       int nk, sim_config *cf, sim_row *rows, sim_result *runs,
+		       char (*labels)[48], int n_rows)
+{
+	int done = 0, total = n_rows * n_seeds;
+	for (int i = 0; i < n_rows; i++) {
+		policy_label(&cf[i], labels[i], sizeof(labels[i]));
+		if (i >= 4 + nk)
+			snprintf(labels[i], sizeof(labels[i]), "%s", sim_peer_names[i - 4 - nk]);
+		if (run_seeds(o, &cf[i], labels[i], traces, n_seeds, &runs[(size_t)i * n_seeds],
+			      &done, total))
+			return 1;
+		sim_rows_from_runs(&rows[i], &runs[(size_t)i * n_seeds], runs, n_seeds);
+	}
+	progress_done(o);
+	if (o->goodput && goodput_rows(o, cf, rows, n_rows, traces, n_seeds))
+		return 1;
+	sim_report(stdout, o->fmt_out, rows, n_rows, c0->cost_kind == SIM_COST_ROOFLINE,
+		   o->title);
+	print_goodput(o, rows, n_rows, traces);
+	if (o->svg && !o->goodput) {
+		char title[160];
+		snprintf(title, sizeof(title), "bkv-sim --compare: %s, time split into prefill and decode",
+			 o->trace_path ? o->trace_path : o->workload);
+		if (sim_svg(o->svg, rows, n_rows, title)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			return 1;
+		}
+	}
+	compare_summary(o, c0, rows, runs, labels, nk, n_rows, n_seeds);
+	return after_report(o, rows, n_rows);
+}
+
+/* --compare: every policy on the same traces, then the ratios the cost-model
+ * targets are stated in (docs/benchmarks.md, "Cost-model decisions"). */
+static int compare(const opts *o, const sim_config *c0, trace *traces, int n_seeds)
+{
+	uint32_t ks[MAX_SWEEP];
+	int nk = compare_ks(o, c0, ks);
+	int n_rows = 1 + nk + 3 + (o->peers ? SIM_N_PEERS : 0);
+	sim_config *cf = calloc((size_t)n_rows, sizeof(*cf));
+	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
+	sim_result *runs = calloc((size_t)n_rows * (size_t)n_seeds, sizeof(*runs));
+	char (*labels)[48] = calloc((size_t)n_rows, sizeof(*labels));
+	int st = 1;
+	if (cf && rows && runs && labels) {
+		compare_configs(o, c0, traces, ks, nk, cf, n_rows);
+		st = compare_run(o, c0, traces, n_seeds, nk, cf, rows, runs, labels, n_rows);
+	}
 	free(cf);
 	free(rows);
 	free(runs);
@@ -530,391 +444,172 @@ static int compare(const opts *o, const sim_config *c0, trace *traces, int n_see
 	return st;
 }
 
-int main(int argc, char **argv)
+/* ---- the plain rows ------------------------------------------------------ */
+
+/* The static baseline of a configuration: seed 000's split, padded kernels
+ * and FCFS (hints do not reach the baseline). */
+static sim_config static_baseline(const sim_config *c)
 {
-	opts o;
-	memset(&o, 0, sizeof(o));
-	o.workload = "seed000";
-	o.n = 256;
-	o.baseline = 1;
-	o.prompt = (trace_dist){DIST_UNIFORM, 8, 64};
-	o.output = (trace_dist){DIST_SEED000_GEN, 1, 64};
-	sim_config c;
-	sim_config_init(&c);
-	int host_set = 0;
-	const char *cost_name = "poly";
+	sim_config sc = *c;
+	sc.policy = BKV_POLICY_STATIC;
+	sc.chunked = 0;
+	sc.mixed_host = 0;
+	sc.hints = 0;
+	return sc;
+}
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_ARG()                                                             \
-	do {                                                                   \
-		if (!v) {                                                      \
-			fprintf(stderr, "bkv-sim: %s needs a value\n", a);    \
-			return 2;                                              \
-		}                                                              \
-		i++;                                                           \
-	} while (0)
-#define BAD_ARG()                                                              \
-	do {                                                                   \
-		fprintf(stderr, "bkv-sim: bad value for %s: '%s'\n", a, v);   \
-		return 2;                                                      \
-	} while (0)
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			return 0;
-		} else if (!strcmp(a, "--workload")) {
-			NEED_ARG();
-			if (strcmp(v, "seed000") && strcmp(v, "synthetic"))
-				BAD_ARG();
-			o.workload = v;
-		} else if (!strcmp(a, "--trace")) {
-			NEED_ARG();
-			const char *colon = strchr(v, ':');
-			if (!colon)
-				BAD_ARG();
-			size_t k = (size_t)(colon - v);
-			if (k == 5 && !strncmp(v, "azure", 5))
-				o.fmt = TRACE_AZURE;
-			else if (k == 8 && !strncmp(v, "mooncake", 8))
-				o.fmt = TRACE_MOONCAKE;
-			else if (k == 9 && !strncmp(v, "distserve", 9))
-				o.fmt = TRACE_DISTSERVE;
-			else
-				BAD_ARG();
-			o.trace_path = colon + 1;
-		} else if (!strcmp(a, "--run")) {
-			NEED_ARG();
-			o.run = v;
-		} else if (!strcmp(a, "--limit")) {
-			NEED_ARG();
-			if (parse_u32(v, &o.limit))
-				BAD_ARG();
-		} else if (!strcmp(a, "--n")) {
-			NEED_ARG();
-			if (parse_u32(v, &o.n) || o.n == 0)
-				BAD_ARG();
-			if (o.n > MAX_REQS) {
-				fprintf(stderr, "bkv-sim: --n %u is more than %u requests\n", o.n,
-					MAX_REQS);
-				return 2;
-			}
-		} else if (!strcmp(a, "--arrival")) {
-			NEED_ARG();
-			if (!strcmp(v, "burst")) {
-				o.arrival = ARRIVAL_BURST;
-			} else if (!strncmp(v, "uniform:", 8) || !strncmp(v, "poisson:", 8)) {
-				o.arrival = v[0] == 'u' ? ARRIVAL_UNIFORM : ARRIVAL_POISSON;
-				char *end;
-				o.rate = strtod(v + 8, &end);
-				if (*end || !(o.rate > 0))
-					BAD_ARG();
-			} else {
-				BAD_ARG();
-			}
-		} else if (!strcmp(a, "--prompt")) {
-			NEED_ARG();
-			if (trace_dist_parse(v, &o.prompt) || o.prompt.kind == DIST_SEED000_GEN) {
-				fprintf(stderr, "bkv-sim: bad value for --prompt: '%s' (N or LO..HI, "
-						"1 to %u tokens)\n", v, MAX_LEN);
-				return 2;
-			}
-			if (o.prompt.hi > MAX_LEN || o.prompt.lo > MAX_LEN) {
-				fprintf(stderr, "bkv-sim: --prompt %s: at most %u tokens\n", v,
-					MAX_LEN);
-				return 2;
-			}
-		} else if (!strcmp(a, "--output")) {
-			NEED_ARG();
-			if (trace_dist_parse(v, &o.output)) {
-				fprintf(stderr, "bkv-sim: bad value for --output: '%s' (N, LO..HI or "
-						"seed000; 1 to %u tokens)\n", v, MAX_LEN);
-				return 2;
-			}
-			if (o.output.hi > MAX_LEN || o.output.lo > MAX_LEN) {
-				fprintf(stderr, "bkv-sim: --output %s: at most %u tokens\n", v,
-					MAX_LEN);
-				return 2;
-			}
-		} else if (!strcmp(a, "--seeds")) {
-			NEED_ARG();
-			uint32_t lo, hi;
-			const char *dots = strstr(v, "..");
-			if (dots) {
-				char tmp[32];
-				snprintf(tmp, sizeof(tmp), "%.*s", (int)(dots - v), v);
-				if (parse_u32(tmp, &lo) || parse_u32(dots + 2, &hi) || hi < lo)
-					BAD_ARG();
-			} else {
-				if (parse_u32(v, &hi) || hi == 0)
-					BAD_ARG();
-				lo = 0;
-				hi -= 1;
-			}
-			o.seed_lo = lo;
-			o.seed_hi = hi;
-			o.seeds_set = 1;
-		} else if (!strcmp(a, "--policy")) {
-			NEED_ARG();
-			if (!strcmp(v, "static"))
-				c.policy = BKV_POLICY_STATIC;
-			else if (!strcmp(v, "continuous"))
-				c.policy = BKV_POLICY_CONTINUOUS;
-			else if (!strcmp(v, "chunked"))
-				c.policy = BKV_POLICY_CONTINUOUS, o.policy_chunked = 1;
-			else if (!strcmp(v, "auto"))
-				c.policy = BKV_POLICY_CONTINUOUS, c.k = 0;
-			else
-				BAD_ARG();
-		} else if (!strcmp(a, "--k")) {
-			NEED_ARG();
-			if (!strcmp(v, "auto"))
-				c.k = 0;
-			else if (parse_u32(v, &c.k) || c.k == 0)
-				BAD_ARG();
-		} else if (!strcmp(a, "--budget")) {
-			NEED_ARG();
-			if (!strcmp(v, "auto"))
-				c.budget = 0;
-			else if (parse_u32(v, &c.budget) || c.budget == 0)
-				BAD_ARG();
-		} else if (!strcmp(a, "--tpot")) {
-			NEED_ARG();
-			if (parse_u32(v, &c.tpot_us))
-				BAD_ARG();
-		} else if (!strcmp(a, "--max-bypass")) {
-			uint32_t ms;
+/* The rows one report holds and the configurations that made them. */
+typedef struct row_set {
+	sim_row *rows;    /* [cap] */
+	sim_config *cfgs; /* [cap] row i's configuration */
+	sim_result *base; /* [n_seeds] the static baseline's runs */
+	sim_result *runs; /* [n_seeds] the current row's runs */
+	int n;            /* rows filled (<= cap) */
+	int cap;          /* rows allocated */
+} row_set;
 
-			NEED_ARG();
-			if (!strcmp(v, "never"))
-				c.max_bypass_us = UINT64_MAX;
-			else if (parse_u32(v, &ms))
-				BAD_ARG();
-			else
-				c.max_bypass_us = (uint64_t)ms * 1000u;
-		} else if (!strcmp(a, "--hints")) {
-			c.hints = 1;
-		} else if (!strcmp(a, "--compare")) {
-			o.compare = 1;
-			if (v && v[0] >= '0' && v[0] <= '9') {
-				char list[512];
-				i++;
-				snprintf(list, sizeof(list), "%s", v);
-				for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-					if (o.n_cmp_k == MAX_SWEEP ||
-					    parse_u32(tok, &o.cmp_k[o.n_cmp_k]) ||
-					    o.cmp_k[o.n_cmp_k] == 0)
-						BAD_ARG();
-					o.n_cmp_k++;
-				}
-			}
-		} else if (!strcmp(a, "--max-wait")) {
-			NEED_ARG();
-			uint32_t w;
-			if (!strcmp(v, "never"))
-				c.max_wait_us = UINT64_MAX;
-			else if (!parse_u32(v, &w))
-				c.max_wait_us = w;
-			else
-				BAD_ARG();
-		} else if (!strcmp(a, "--slots")) {
-			NEED_ARG();
-			if (parse_u32(v, &c.slots) || c.slots == 0)
-				BAD_ARG();
-			if (c.slots > MAX_SLOTS) {
-				fprintf(stderr, "bkv-sim: --slots %u: at most %u\n", c.slots, MAX_SLOTS);
-				return 2;
-			}
-		} else if (!strcmp(a, "--host")) {
-			NEED_ARG();
-			if (!strcmp(v, "split"))
-				c.mixed_host = 0;
-			else if (!strcmp(v, "mixed"))
-				c.mixed_host = 1;
-			else
-				BAD_ARG();
-			host_set = 1;
-		} else if (!strcmp(a, "--no-baseline")) {
-			o.baseline = 0;
-		} else if (!strcmp(a, "--sweep")) {
-			NEED_ARG();
-			const char *eq = strchr(v, '=');
-			if (!eq || eq - v >= (long)sizeof(o.sweep_key))
-				BAD_ARG();
-			snprintf(o.sweep_key, sizeof(o.sweep_key), "%.*s", (int)(eq - v), v);
-			if (strcmp(o.sweep_key, "k") && strcmp(o.sweep_key, "budget") &&
-			    strcmp(o.sweep_key, "slots"))
-				BAD_ARG();
-			char list[512];
-			snprintf(list, sizeof(list), "%s", eq + 1);
-			o.n_sweep = 0;
-			for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-				if (o.n_sweep == MAX_SWEEP ||
-				    parse_u32(tok, &o.sweep_vals[o.n_sweep]) ||
-				    o.sweep_vals[o.n_sweep] == 0)
-					BAD_ARG();
-				o.n_sweep++;
-			}
-			if (!o.n_sweep)
-				BAD_ARG();
-		} else if (!strcmp(a, "--cost")) {
-			NEED_ARG();
-			cost_name = v;
-			o.big_gpu = strstr(v, "h100") != NULL;
-			bkv_roofline_preset p;
-			if (!strcmp(v, "poly")) {
-				c.cost_kind = SIM_COST_POLY;
-			} else if (!strcmp(v, "poly-packed")) {
-				c.cost_kind = SIM_COST_POLY;
-				c.poly.packed = 1;
-			} else if (!strcmp(v, "distserve")) {
-				c.cost_kind = SIM_COST_DISTSERVE;
-			} else if (!strncmp(v, "roofline:", 9) && !parse_preset(v + 9, &p)) {
-				c.cost_kind = SIM_COST_ROOFLINE;
-				bkv_cost_roofline_init(&c.roofline, p);
-			} else {
-				BAD_ARG();
-			}
-		} else if (!strcmp(a, "--no-model")) {
-			c.give_model = 0;
-		} else if (!strcmp(a, "--calibrate")) {
-			c.calibrate = 1;
-		} else if (!strcmp(a, "--gen")) {
-			NEED_ARG();
-			if (!strcmp(v, "steps"))
-				c.gen = SIM_GEN_STEPS;
-			else if (!strcmp(v, "tokens"))
-				c.gen = SIM_GEN_TOKENS;
-			else
-				BAD_ARG();
-			o.gen_set = 1;
-		} else if (!strcmp(a, "--kv-blocks")) {
-			NEED_ARG();
-			if (parse_u32(v, &c.kv_blocks))
-				BAD_ARG();
-			if (c.kv_blocks > MAX_BLOCKS) {
-				fprintf(stderr, "bkv-sim: --kv-blocks %u: at most %u\n", c.kv_blocks,
-					MAX_BLOCKS);
-				return 2;
-			}
-		} else if (!strcmp(a, "--block-tokens")) {
-			NEED_ARG();
-			if (parse_u32(v, &c.block_tokens) || c.block_tokens == 0)
-				BAD_ARG();
-			if (c.block_tokens > MAX_BLOCK_TOKENS) {
-				fprintf(stderr, "bkv-sim: --block-tokens %u: at most %u\n",
-					c.block_tokens, MAX_BLOCK_TOKENS);
-				return 2;
-			}
-		} else if (!strcmp(a, "--host-blocks")) {
-			NEED_ARG();
-			if (parse_u32(v, &c.host_blocks))
-				BAD_ARG();
-			if (c.host_blocks > MAX_BLOCKS) {
-				fprintf(stderr, "bkv-sim: --host-blocks %u: at most %u\n",
-					c.host_blocks, MAX_BLOCKS);
-				return 2;
-			}
-		} else if (!strcmp(a, "--no-prefix-cache")) {
-			c.prefix_cache = 0;
-		} else if (!strcmp(a, "--json")) {
-			o.fmt_out = SIM_JSON;
-		} else if (!strcmp(a, "--csv")) {
-			o.fmt_out = SIM_CSV;
-		} else if (!strcmp(a, "--svg")) {
-			NEED_ARG();
-			o.svg = v;
-		} else if (!strcmp(a, "--fidelity")) {
-			o.fidelity = 1;
-		} else if (!strcmp(a, "--check")) {
-			c.check = 1;
-		} else if (!strcmp(a, "--quiet")) {
-			o.quiet = 1;
-		} else if (!strcmp(a, "--rate")) {
-			NEED_ARG();
-			char *end;
-			o.trace_rate = strtod(v, &end);
-			if (*end || !(o.trace_rate > 0) || o.trace_rate > 1e9)
-				BAD_ARG();
-		} else if (!strcmp(a, "--peers")) {
-			o.peers = 1;
-		} else if (!strcmp(a, "--allow-errors")) {
-			o.allow_errors = 1;
-		} else if (!strcmp(a, "--goodput")) {
-			NEED_ARG();
-			char *end;
-			o.gp_pct = 90.0;
-			o.gp_ttft_ms = strtod(v, &end);
-			if (*end != ',')
-				BAD_ARG();
-			o.gp_tpot_ms = strtod(end + 1, &end);
-			if (*end == ',')
-				o.gp_pct = strtod(end + 1, &end);
-			if (*end || !(o.gp_ttft_ms > 0) || !(o.gp_tpot_ms > 0) || !(o.gp_pct > 0) ||
-			    o.gp_pct > 100 || o.gp_ttft_ms > 1e9 || o.gp_tpot_ms > 1e9)
-				BAD_ARG();
-			o.goodput = 1;
-		} else {
-			fprintf(stderr, "bkv-sim: unknown option '%s' (see --help)\n", a);
-			return 2;
+/* The configured policy, or each swept value of it, as rows after the
+ * baseline. 0, or 1 when a run failed. */
+static int run_variants(const opts *o, const sim_config *c, trace *traces, int n_seeds,
+			row_set *rs, int *done)
+{
+	int n_var = o->n_sweep ? o->n_sweep : 1, total = rs->cap * n_seeds;
+	for (int v = 0; v < n_var; v++) {
+		sim_config vc = *c;
+		char label[48];
+		policy_label(&vc, label, sizeof(label));
+		if (o->n_sweep)
+			apply_sweep(&vc, o->sweep_key, o->sweep_vals[v], label, sizeof(label));
+		if (vc.chunked && o->n_sweep && strcmp(o->sweep_key, "budget") == 0)
+			snprintf(label, sizeof(label), "chunked b=%u", vc.budget);
+		if (run_seeds(o, &vc, label, traces, n_seeds, rs->runs, done, total))
+			return 1;
+		rs->cfgs[rs->n] = vc;
+		sim_rows_from_runs(&rs->rows[rs->n++], rs->runs, o->baseline ? rs->base : NULL,
+				   n_seeds);
+	}
+	return 0;
+}
+
+/* The report of the plain rows: table, goodput lines, the bars chart, then
+ * the warnings. The exit status. */
+static int report_rows(const opts *o, const sim_config *c, const row_set *rs,
+		       const trace *traces)
+{
+	sim_report(stdout, o->fmt_out, rs->rows, rs->n, c->cost_kind == SIM_COST_ROOFLINE,
+		   o->title);
+	print_goodput(o, rs->rows, rs->n, traces);
+	if (o->svg && !o->goodput) {
+		char title[128];
+		snprintf(title, sizeof(title), "bkv-sim: %s, time split into prefill and decode",
+			 o->trace_path ? o->trace_path : o->workload);
+		if (sim_svg(o->svg, rs->rows, rs->n, title)) {
+			fprintf(stderr, "bkv-sim: cannot write %s\n", o->svg);
+			return 1;
 		}
-#undef NEED_ARG
-#undef BAD_ARG
 	}
-	if (o.policy_chunked) {
-		c.chunked = 1;
-		if (!host_set)
-			c.mixed_host = 1;
+	return after_report(o, rs->rows, rs->n);
+}
+
+/* Without --compare: the static baseline (unless --no-baseline), then the
+ * configured policy or one row per swept value; the exit status. */
+static int run_rows(const opts *o, const sim_config *c, trace *traces, int n_seeds)
+{
+	row_set rs = {0};
+	rs.cap = (o->n_sweep ? o->n_sweep : 1) + (o->baseline ? 1 : 0);
+	rs.rows = calloc((size_t)rs.cap, sizeof(*rs.rows));
+	rs.cfgs = calloc((size_t)rs.cap, sizeof(*rs.cfgs));
+	rs.base = calloc((size_t)n_seeds, sizeof(*rs.base));
+	rs.runs = calloc((size_t)n_seeds, sizeof(*rs.runs));
+	int done = 0, status = 1;
+	if (!rs.rows || !rs.cfgs || !rs.base || !rs.runs)
+		goto out;
+	if (o->baseline) {
+		sim_config sc = static_baseline(c);
+		if (run_seeds(o, &sc, "static", traces, n_seeds, rs.base, &done,
+			      rs.cap * n_seeds))
+			goto out;
+		rs.cfgs[rs.n] = sc;
+		sim_rows_from_runs(&rs.rows[rs.n++], rs.base, rs.base, n_seeds);
 	}
-	c.progress = !o.quiet && isatty(2);
-	if (!o.gen_set)
-		c.gen = (!o.trace_path && !strcmp(o.workload, "seed000")) ? SIM_GEN_STEPS
-									   : SIM_GEN_TOKENS;
-	if (o.fidelity) {
-		if (!o.trace_path || o.fmt != TRACE_DISTSERVE) {
-			fprintf(stderr, "bkv-sim: --fidelity needs --trace distserve:FILE\n");
-			return 2;
-		}
-		return fidelity(&o, &c);
+	status = run_variants(o, c, traces, n_seeds, &rs, &done);
+	progress_done(o);
+	if (!status && o->goodput && goodput_rows(o, rs.cfgs, rs.rows, rs.n, traces, n_seeds))
+		status = 1;
+	if (!status)
+		status = report_rows(o, c, &rs, traces);
+out:
+	free(rs.rows);
+	free(rs.cfgs);
+	free(rs.base);
+	free(rs.runs);
+	return status;
+}
+
+/* ---- main's steps -------------------------------------------------------- */
+
+/* The seeds to run (a file is one trace) and the bounds on them, checked
+ * before any trace is built: 0, or exit status 2 after a message. */
+static int plan_seeds(opts *o, int *n_seeds)
+{
+	int synthetic = !o->trace_path && !strcmp(o->workload, "synthetic");
+	if (!o->seeds_set) {
+		o->seed_lo = 0;
+		o->seed_hi = (!o->trace_path && !strcmp(o->workload, "seed000")) ? 20 : 0;
 	}
-	if (!o.seeds_set) {
-		o.seed_lo = 0;
-		o.seed_hi = (!o.trace_path && !strcmp(o.workload, "seed000")) ? 20 : 0;
-	}
-	if (o.trace_path)
-		o.seed_hi = o.seed_lo; /* a file is one trace */
-	int n_seeds = (int)(o.seed_hi - o.seed_lo + 1);
-	if (n_seeds > 100000) {
+	if (o->trace_path)
+		o->seed_hi = o->seed_lo; /* a file is one trace */
+	int n = (int)(o->seed_hi - o->seed_lo + 1);
+	if (n > 100000) {
 		fprintf(stderr, "bkv-sim: too many seeds\n");
 		return 2;
 	}
-	if (!o.trace_path && !strcmp(o.workload, "synthetic") &&
-	    (uint64_t)o.n * (uint64_t)n_seeds > MAX_REQS_TOTAL) {
-		fprintf(stderr, "bkv-sim: --n %u x %d seeds is more than %u requests\n", o.n,
-			n_seeds, MAX_REQS_TOTAL);
+	if (synthetic && (uint64_t)o->n * (uint64_t)n > MAX_REQS_TOTAL) {
+		fprintf(stderr, "bkv-sim: --n %u x %d seeds is more than %u requests\n", o->n, n,
+			MAX_REQS_TOTAL);
 		return 2;
 	}
-	if (o.goodput && !o.trace_path &&
-	    (strcmp(o.workload, "synthetic") || o.arrival == ARRIVAL_BURST)) {
+	if (o->goodput && !o->trace_path && (!synthetic || o->arrival == ARRIVAL_BURST)) {
 		fprintf(stderr, "bkv-sim: --goodput needs arrivals spread in time: a --trace, or "
 				"--workload synthetic --arrival poisson:R|uniform:R (seed 000's "
 				"shape: --prompt 8..64 --output seed000 --gen steps)\n");
 		return 2;
 	}
+	*n_seeds = n;
+	return 0;
+}
 
+static void free_traces(trace *traces, int n)
+{
+	for (int s = 0; s < n; s++)
+		trace_free(&traces[s]);
+	free(traces);
+}
+
+/* One trace per seed into *out; 0, or exit status 1 after a message. */
+static int make_traces(const opts *o, int n_seeds, trace **out)
+{
 	trace *traces = calloc((size_t)n_seeds, sizeof(*traces));
 	if (!traces)
 		return 1;
 	for (int s = 0; s < n_seeds; s++) {
 		char err[256] = "";
-		if (make_trace(&o, o.seed_lo + (uint64_t)s, &traces[s], err, sizeof(err))) {
+		if (make_trace(o, o->seed_lo + (uint64_t)s, &traces[s], err, sizeof(err))) {
 			fprintf(stderr, "bkv-sim: %s\n", err);
+			free_traces(traces, s + 1);
 			return 1;
 		}
 	}
+	*out = traces;
+	return 0;
+}
 
-	if (o.trace_rate > 0.0) {
-		double r0 = o.trace_path ? sim_trace_rate(&traces[0]) : 0.0;
+/* --rate scales a trace file's arrivals to that mean rate; --goodput needs a
+ * file whose arrivals are spread in time. 0, or exit status 2. */
+static int scale_trace_rate(const opts *o, trace *traces)
+{
+	if (o->trace_rate > 0.0) {
+		double r0 = o->trace_path ? sim_trace_rate(&traces[0]) : 0.0;
 		if (!(r0 > 0.0)) {
 			fprintf(stderr, "bkv-sim: --rate needs a trace whose arrivals are spread in "
 					"time (synthetic workloads: --arrival poisson:R)\n");
@@ -923,101 +618,66 @@ int main(int argc, char **argv)
 		double a0 = traces[0].reqs[0].arrival_us;
 		for (uint32_t j = 0; j < traces[0].n; j++)
 			traces[0].reqs[j].arrival_us =
-				a0 + (traces[0].reqs[j].arrival_us - a0) * r0 / o.trace_rate;
+				a0 + (traces[0].reqs[j].arrival_us - a0) * r0 / o->trace_rate;
 	}
-	if (o.goodput && o.trace_path && sim_trace_rate(&traces[0]) <= 0.0) {
+	if (o->goodput && o->trace_path && sim_trace_rate(&traces[0]) <= 0.0) {
 		fprintf(stderr, "bkv-sim: --goodput: %s's arrivals all share one time\n",
-			o.trace_path);
+			o->trace_path);
 		return 2;
 	}
-	{
-		char src[160];
-		if (o.trace_path)
-			snprintf(src, sizeof(src), "%s", o.trace_path);
-		else if (!strcmp(o.workload, "synthetic"))
-			snprintf(src, sizeof(src), "synthetic %s%.6g", o.arrival == ARRIVAL_BURST ? "burst"
-					: o.arrival == ARRIVAL_POISSON ? "poisson:" : "uniform:",
-				 o.arrival == ARRIVAL_BURST ? 0.0 : o.rate);
-		else
-			snprintf(src, sizeof(src), "seed000");
-		if (!o.trace_path && !strcmp(o.workload, "synthetic") && o.arrival == ARRIVAL_BURST)
-			src[strlen("synthetic burst")] = 0;
-		snprintf(o.title, sizeof(o.title),
-			 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
-			 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s",
-			 c.mixed_host ? "mixed" : "split", c.slots, cost_name);
-	}
-	if (o.peers && !o.compare) {
-		fprintf(stderr, "bkv-sim: --peers adds rows to --compare\n");
-		return 2;
-	}
-	if (o.compare) {
-		int st = compare(&o, &c, traces, n_seeds);
-		for (int s = 0; s < n_seeds; s++)
-			trace_free(&traces[s]);
-		free(traces);
+	return 0;
+}
+
+/* The table's title: the workload, its size and the machine. */
+static void make_title(opts *o, const sim_config *c, const trace *traces, int n_seeds)
+{
+	char src[160];
+	if (o->trace_path)
+		snprintf(src, sizeof(src), "%s", o->trace_path);
+	else if (!strcmp(o->workload, "synthetic"))
+		snprintf(src, sizeof(src), "synthetic %s%.6g", o->arrival == ARRIVAL_BURST ? "burst"
+				: o->arrival == ARRIVAL_POISSON ? "poisson:" : "uniform:",
+			 o->arrival == ARRIVAL_BURST ? 0.0 : o->rate);
+	else
+		snprintf(src, sizeof(src), "seed000");
+	if (!o->trace_path && !strcmp(o->workload, "synthetic") && o->arrival == ARRIVAL_BURST)
+		src[strlen("synthetic burst")] = 0;
+	snprintf(o->title, sizeof(o->title),
+		 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
+		 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s", c->mixed_host ? "mixed" : "split",
+		 c->slots, o->cost_name);
+}
+
+int main(int argc, char **argv)
+{
+	cli_args a;
+	int st = cli_parse(argc, argv, &a);
+	if (st >= 0)
 		return st;
-	}
-	int n_var = o.n_sweep ? o.n_sweep : 1;
-	int n_rows = n_var + (o.baseline ? 1 : 0);
-	sim_row *rows = calloc((size_t)n_rows, sizeof(*rows));
-	sim_config *cfgs = calloc((size_t)n_rows, sizeof(*cfgs));
-	sim_result *base = calloc((size_t)n_seeds, sizeof(*base));
-	sim_result *runs = calloc((size_t)n_seeds, sizeof(*runs));
-	if (!rows || !base || !runs || !cfgs)
-		return 1;
-	int done = 0, total = n_rows * n_seeds, row = 0, status = 0;
-	if (o.baseline) {
-		sim_config sc = c;
-		sc.policy = BKV_POLICY_STATIC;
-		sc.chunked = 0;
-		sc.mixed_host = 0; /* seed 000's static: split, padded kernels */
-		sc.hints = 0;      /* and FCFS: hints do not reach the baseline */
-		if (run_seeds(&o, &sc, "static", traces, n_seeds, base, &done, total))
-			return 1;
-		cfgs[row] = sc;
-		sim_rows_from_runs(&rows[row++], base, base, n_seeds);
-	}
-	for (int v = 0; v < n_var; v++) {
-		sim_config vc = c;
-		char label[48];
-		policy_label(&vc, label, sizeof(label));
-		if (o.n_sweep)
-			apply_sweep(&vc, o.sweep_key, o.sweep_vals[v], label, sizeof(label));
-		if (vc.chunked && o.n_sweep && strcmp(o.sweep_key, "budget") == 0)
-			snprintf(label, sizeof(label), "chunked b=%u", vc.budget);
-		if (run_seeds(&o, &vc, label, traces, n_seeds, runs, &done, total)) {
-			status = 1;
-			break;
+	opts *o = &a.o;
+	if (o->fidelity) {
+		if (!o->trace_path || o->fmt != TRACE_DISTSERVE) {
+			fprintf(stderr, "bkv-sim: --fidelity needs --trace distserve:FILE\n");
+			return 2;
 		}
-		cfgs[row] = vc;
-		sim_rows_from_runs(&rows[row++], runs, o.baseline ? base : NULL, n_seeds);
+		return fidelity(o, &a.c);
 	}
-	if (!o.quiet && isatty(2))
-		fprintf(stderr, "\r%-72s\r", "");
-	if (!status && o.goodput && goodput_rows(&o, cfgs, rows, row, traces, n_seeds))
-		status = 1;
-	if (!status) {
-		sim_report(stdout, o.fmt_out, rows, row, c.cost_kind == SIM_COST_ROOFLINE, o.title);
-		print_goodput(&o, rows, row, traces);
-		if (o.svg && !o.goodput) {
-			char title[128];
-			snprintf(title, sizeof(title), "bkv-sim: %s, time split into prefill and decode",
-				 o.trace_path ? o.trace_path : o.workload);
-			if (sim_svg(o.svg, rows, row, title)) {
-				fprintf(stderr, "bkv-sim: cannot write %s\n", o.svg);
-				status = 1;
-			}
+	int n_seeds = 0;
+	trace *traces = NULL;
+	if ((st = plan_seeds(o, &n_seeds)) || (st = make_traces(o, n_seeds, &traces)))
+		return st;
+	st = scale_trace_rate(o, traces);
+	if (!st) {
+		make_title(o, &a.c, traces, n_seeds);
+		if (o->peers && !o->compare) {
+			fprintf(stderr, "bkv-sim: --peers adds rows to --compare\n");
+			st = 2;
+		} else if (o->compare) {
+			st = compare(o, &a.c, traces, n_seeds);
+		} else {
+			st = run_rows(o, &a.c, traces, n_seeds);
 		}
-		if (!status)
-			status = after_report(&o, rows, row);
 	}
-	for (int s = 0; s < n_seeds; s++)
-		trace_free(&traces[s]);
-	free(traces);
-	free(rows);
-	free(cfgs);
-	free(base);
-	free(runs);
-	return status;
+	free_traces(traces, n_seeds);
+	return st;
 }

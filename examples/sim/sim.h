@@ -1,6 +1,13 @@
 /*
- * sim.h - what bkv-sim's files share: one simulated run's settings and
- * results, the virtual host that produces them, and the reports.
+ * sim.h - the simulator library (examples/sim/meson.build: bkvsim_dep): one
+ * simulated run's settings and results, the virtual host that produces
+ * them, and the reports. bkv-sim and the simulator's tests use it through
+ * this header; the library reaches batchkv through its public header only.
+ *
+ * Defined in host.c (sim_run, the virtual host, pricing, quantiles),
+ * goodput.c (the goodput search), peers.c (the peer presets), report.c
+ * (rows, table, JSON, CSV, warnings) and svg.c (the charts). The traces
+ * they run are trace.h's.
  */
 #ifndef BKV_SIM_H
 #define BKV_SIM_H

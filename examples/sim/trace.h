@@ -7,6 +7,11 @@
  * ids. The parsers take a byte buffer, never a path, so a fuzz harness can feed
  * them anything: malformed input gives TRACE_EPARSE and a message naming the
  * line, never a crash. This unit needs only libc (and libm for the workloads).
+ *
+ * Part of the simulator library (examples/sim/meson.build): trace.c holds
+ * the request array, trace_parse.c the parsers, trace_gen.c the made-up
+ * prompt tokens and workloads; trace_alloc.h is the allocation seam the
+ * fault tests and the fuzzer use.
  */
 #ifndef BKV_SIM_TRACE_H
 #define BKV_SIM_TRACE_H

@@ -4,9 +4,10 @@
  * The first byte picks the format (Azure CSV, Mooncake JSONL, DistServe CSV),
  * whether a DistServe run filter follows (a short NUL-ended string) and
  * which of the parser's heap allocations to refuse; the rest is the file.
- * trace.c is compiled into this harness with malloc, realloc and free renamed
- * to a counting wrapper, so out-of-memory paths are fuzzed too and a leak
- * shows as a live allocation after trace_free (LeakSanitizer sees it too).
+ * The parsers allocate through a counting allocator set with
+ * trace_set_allocator (examples/sim/trace_alloc.h), so out-of-memory paths
+ * are fuzzed too and a leak shows as a live allocation after trace_free
+ * (LeakSanitizer sees it too).
  *
  * After each parse the harness checks the parser's contract (trace.h):
  *   - the return is TRACE_OK, TRACE_EPARSE (with a "line N: ..." message that
@@ -21,10 +22,10 @@
  *   - trace_distserve_runs and trace_dist_parse on the same bytes behave.
  */
 #include "fuzz.h"
+#include "trace.h"
+#include "trace_alloc.h"
 
-#include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 
 /* ---- the parser, with its allocations counted ---------------------------- */
 
@@ -68,13 +69,7 @@ static void ft_free(void *p)
 	free(p);
 }
 
-#define malloc ft_malloc
-#define realloc ft_realloc
-#define free ft_free
-#include "trace.c"
-#undef malloc
-#undef realloc
-#undef free
+static const trace_allocator ft_allocator = {ft_malloc, ft_realloc, ft_free};
 
 /* ---- checks -------------------------------------------------------------- */
 
@@ -161,6 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			k++;
 	}
 	filter[k] = '\0';
+	trace_set_allocator(&ft_allocator);
 	ft_calls = ft_refused = 0;
 	ft_live = 0;
 	ft_fail_at = (head & 0x20) ? fz_u8(&f) % 8 + 1 : 0;

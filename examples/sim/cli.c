@@ -1,0 +1,574 @@
+/*
+ * cli.c - bkv-sim's command line: one table of options, the parser that
+ * walks it, and the usage text kept in it.
+ *
+ * Each row of `options` names an option, whether it takes a value, the
+ * setter that parses the value, and where the setter stores it (an offset
+ * into cli_args, so one setter serves every option of its shape: a flag, a
+ * bounded count, a path). The row's help field is its part of the usage
+ * text, in the order --help prints it; a row whose help is NULL is covered
+ * by a neighbour's lines (--n by --workload synthetic, --csv by --json), and
+ * rows without a name are the usage text's headings. The parser reads the
+ * arguments left to right and stops at the first error with exit status 2:
+ *
+ *   argv ──find the row──▶ take its value ──row.set(args, row, value)──▶ cli_args
+ *            │ none: "unknown option"   │ none: "needs a value"   │ refused: "bad value"
+ *
+ * Options that depend on one another (a chunked policy picks a mixed host
+ * unless --host was given; seed 000 counts decode steps, traces tokens) are
+ * settled once after the walk, in cli_parse.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* What a setter tells the parser. */
+enum {
+	SET_OK = 0,   /* stored; go on */
+	SET_BAD = 1,  /* refused: the parser prints "bad value for NAME: 'V'" */
+	SET_STOP = 2, /* refused with its own message printed: exit status 2 */
+	SET_HELP = 3  /* the usage was printed: exit status 0 */
+};
+
+typedef enum arg_kind {
+	ARG_NONE,    /* a flag: takes no value */
+	ARG_VALUE,   /* takes the next argument; "needs a value" when none */
+	ARG_DIGITS   /* takes the next argument only when it starts with a digit
+			(--compare [K,K,..]); the setter sees NULL otherwise */
+} arg_kind;
+
+typedef struct cli_option cli_option;
+typedef int cli_setter(cli_args *a, const cli_option *opt, const char *v);
+
+struct cli_option {
+	const char *name;  /* "--slots"; NULL: a heading of the usage text */
+	arg_kind arg;      /* whether it takes a value */
+	cli_setter *set;   /* parses v and stores it */
+	size_t off;        /* where set stores: an offset into cli_args */
+	uint32_t lo, hi;   /* set_u32: the bounds, inclusive; set_flag: lo is
+			      the value stored; set_us_or_never: lo is the
+			      unit in us */
+	const char *help;  /* its lines of the usage text; NULL: none */
+};
+
+#define OPT(f) offsetof(cli_args, o.f)
+#define CFG(f) offsetof(cli_args, c.f)
+#define FIELD(a, opt, type) ((type *)(void *)((char *)(a) + (opt)->off))
+
+static void usage(FILE *f);
+
+/* ---- value parsers ------------------------------------------------------- */
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v > UINT32_MAX || *s == '-')
+		return -1;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* A comma-separated list of at most MAX_SWEEP counts >= 1 into vals. */
+static int parse_list(const char *s, uint32_t *vals, int *n)
+{
+	char list[512];
+	snprintf(list, sizeof(list), "%s", s);
+	for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+		if (*n == MAX_SWEEP || parse_u32(tok, &vals[*n]) || vals[*n] == 0)
+			return -1;
+		(*n)++;
+	}
+	return 0;
+}
+
+static int parse_preset(const char *s, bkv_roofline_preset *p)
+{
+	if (!strcmp(s, "a100-llama2-13b"))
+		*p = BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16;
+	else if (!strcmp(s, "h100-llama3-8b"))
+		*p = BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16;
+	else if (!strcmp(s, "a100-opt-13b"))
+		*p = BKV_ROOFLINE_A100_80GB_OPT_13B_FP16;
+	else
+		return -1;
+	return 0;
+}
+
+/* ---- setters of one shape, placed by the row's offset -------------------- */
+
+/* A flag: the int at off becomes lo. */
+static int set_flag(cli_args *a, const cli_option *opt, const char *v)
+{
+	*FIELD(a, opt, int) = (int)opt->lo;
+	return SET_OK;
+}
+
+/* A string kept as given (argv outlives the run). */
+static int set_str(cli_args *a, const cli_option *opt, const char *v)
+{
+	*FIELD(a, opt, const char *) = v;
+	return SET_OK;
+}
+
+/* A count in [lo, hi]: below lo or not a number is a bad value, above hi
+ * says the bound. */
+static int set_u32(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t *p = FIELD(a, opt, uint32_t);
+	if (parse_u32(v, p) || *p < opt->lo)
+		return SET_BAD;
+	if (*p > opt->hi) {
+		fprintf(stderr, "bkv-sim: %s %u: at most %u\n", opt->name, *p, opt->hi);
+		return SET_STOP;
+	}
+	return SET_OK;
+}
+
+/* A count >= 1, or "auto" (0: the cost model decides). */
+static int set_u32_or_auto(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t *p = FIELD(a, opt, uint32_t);
+	if (!strcmp(v, "auto"))
+		*p = 0;
+	else if (parse_u32(v, p) || *p == 0)
+		return SET_BAD;
+	return SET_OK;
+}
+
+/* A time in units of lo microseconds into a uint64_t, or "never"
+ * (UINT64_MAX). */
+static int set_us_or_never(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint64_t *p = FIELD(a, opt, uint64_t);
+	uint32_t t;
+	if (!strcmp(v, "never"))
+		*p = UINT64_MAX;
+	else if (parse_u32(v, &t))
+		return SET_BAD;
+	else
+		*p = (uint64_t)t * opt->lo;
+	return SET_OK;
+}
+
+/* A length distribution (trace_dist_parse) of at most MAX_LEN tokens; lo:
+ * seed 000's generation mix is allowed. */
+static int set_dist(cli_args *a, const cli_option *opt, const char *v)
+{
+	trace_dist *d = FIELD(a, opt, trace_dist);
+	if (trace_dist_parse(v, d) || (!opt->lo && d->kind == DIST_SEED000_GEN)) {
+		fprintf(stderr, "bkv-sim: bad value for %s: '%s' (%s1 to %u tokens)\n", opt->name,
+			v, opt->lo ? "N, LO..HI or seed000; " : "N or LO..HI, ", MAX_LEN);
+		return SET_STOP;
+	}
+	if (d->hi > MAX_LEN || d->lo > MAX_LEN) {
+		fprintf(stderr, "bkv-sim: %s %s: at most %u tokens\n", opt->name, v, MAX_LEN);
+		return SET_STOP;
+	}
+	return SET_OK;
+}
+
+/* ---- setters of one option each ------------------------------------------ */
+
+static int set_help(cli_args *a, const cli_option *opt, const char *v)
+{
+	usage(stdout);
+	return SET_HELP;
+}
+
+static int set_workload(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (strcmp(v, "seed000") && strcmp(v, "synthetic"))
+		return SET_BAD;
+	a->o.workload = v;
+	return SET_OK;
+}
+
+/* FORMAT:PATH */
+static int set_trace(cli_args *a, const cli_option *opt, const char *v)
+{
+	const char *colon = strchr(v, ':');
+	if (!colon)
+		return SET_BAD;
+	size_t k = (size_t)(colon - v);
+	if (k == 5 && !strncmp(v, "azure", 5))
+		a->o.fmt = TRACE_AZURE;
+	else if (k == 8 && !strncmp(v, "mooncake", 8))
+		a->o.fmt = TRACE_MOONCAKE;
+	else if (k == 9 && !strncmp(v, "distserve", 9))
+		a->o.fmt = TRACE_DISTSERVE;
+	else
+		return SET_BAD;
+	a->o.trace_path = colon + 1;
+	return SET_OK;
+}
+
+static int set_requests(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (parse_u32(v, &a->o.n) || a->o.n == 0)
+		return SET_BAD;
+	if (a->o.n > MAX_REQS) {
+		fprintf(stderr, "bkv-sim: --n %u is more than %u requests\n", a->o.n, MAX_REQS);
+		return SET_STOP;
+	}
+	return SET_OK;
+}
+
+/* burst | uniform:R | poisson:R */
+static int set_arrival(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (!strcmp(v, "burst")) {
+		a->o.arrival = ARRIVAL_BURST;
+	} else if (!strncmp(v, "uniform:", 8) || !strncmp(v, "poisson:", 8)) {
+		a->o.arrival = v[0] == 'u' ? ARRIVAL_UNIFORM : ARRIVAL_POISSON;
+		char *end;
+		a->o.rate = strtod(v + 8, &end);
+		if (*end || !(a->o.rate > 0))
+			return SET_BAD;
+	} else {
+		return SET_BAD;
+	}
+	return SET_OK;
+}
+
+/* N (seeds 0..N-1) or A..B */
+static int set_seeds(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t lo, hi;
+	const char *dots = strstr(v, "..");
+	if (dots) {
+		char tmp[32];
+		snprintf(tmp, sizeof(tmp), "%.*s", (int)(dots - v), v);
+		if (parse_u32(tmp, &lo) || parse_u32(dots + 2, &hi) || hi < lo)
+			return SET_BAD;
+	} else {
+		if (parse_u32(v, &hi) || hi == 0)
+			return SET_BAD;
+		lo = 0;
+		hi -= 1;
+	}
+	a->o.seed_lo = lo;
+	a->o.seed_hi = hi;
+	a->o.seeds_set = 1;
+	return SET_OK;
+}
+
+static int set_policy(cli_args *a, const cli_option *opt, const char *v)
+{
+	sim_config *c = &a->c;
+	if (!strcmp(v, "static"))
+		c->policy = BKV_POLICY_STATIC;
+	else if (!strcmp(v, "continuous"))
+		c->policy = BKV_POLICY_CONTINUOUS;
+	else if (!strcmp(v, "chunked"))
+		c->policy = BKV_POLICY_CONTINUOUS, a->o.policy_chunked = 1;
+	else if (!strcmp(v, "auto"))
+		c->policy = BKV_POLICY_CONTINUOUS, c->k = 0;
+	else
+		return SET_BAD;
+	return SET_OK;
+}
+
+/* --compare [K,K,..]: v is the list, or NULL when none follows. */
+static int set_compare(cli_args *a, const cli_option *opt, const char *v)
+{
+	a->o.compare = 1;
+	if (v && parse_list(v, a->o.cmp_k, &a->o.n_cmp_k))
+		return SET_BAD;
+	return SET_OK;
+}
+
+static int set_host(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (!strcmp(v, "split"))
+		a->c.mixed_host = 0;
+	else if (!strcmp(v, "mixed"))
+		a->c.mixed_host = 1;
+	else
+		return SET_BAD;
+	a->o.host_set = 1;
+	return SET_OK;
+}
+
+/* KEY=V,V,.. with KEY one of k, budget, slots */
+static int set_sweep(cli_args *a, const cli_option *opt, const char *v)
+{
+	opts *o = &a->o;
+	const char *eq = strchr(v, '=');
+	if (!eq || eq - v >= (long)sizeof(o->sweep_key))
+		return SET_BAD;
+	snprintf(o->sweep_key, sizeof(o->sweep_key), "%.*s", (int)(eq - v), v);
+	if (strcmp(o->sweep_key, "k") && strcmp(o->sweep_key, "budget") &&
+	    strcmp(o->sweep_key, "slots"))
+		return SET_BAD;
+	o->n_sweep = 0;
+	if (parse_list(eq + 1, o->sweep_vals, &o->n_sweep) || !o->n_sweep)
+		return SET_BAD;
+	return SET_OK;
+}
+
+static int set_cost(cli_args *a, const cli_option *opt, const char *v)
+{
+	sim_config *c = &a->c;
+	bkv_roofline_preset p;
+	a->o.cost_name = v;
+	a->o.big_gpu = strstr(v, "h100") != NULL;
+	if (!strcmp(v, "poly")) {
+		c->cost_kind = SIM_COST_POLY;
+	} else if (!strcmp(v, "poly-packed")) {
+		c->cost_kind = SIM_COST_POLY;
+		c->poly.packed = 1;
+	} else if (!strcmp(v, "distserve")) {
+		c->cost_kind = SIM_COST_DISTSERVE;
+	} else if (!strncmp(v, "roofline:", 9) && !parse_preset(v + 9, &p)) {
+		c->cost_kind = SIM_COST_ROOFLINE;
+		bkv_cost_roofline_init(&c->roofline, p);
+	} else {
+		return SET_BAD;
+	}
+	return SET_OK;
+}
+
+static int set_gen(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (!strcmp(v, "steps"))
+		a->c.gen = SIM_GEN_STEPS;
+	else if (!strcmp(v, "tokens"))
+		a->c.gen = SIM_GEN_TOKENS;
+	else
+		return SET_BAD;
+	a->o.gen_set = 1;
+	return SET_OK;
+}
+
+/* --json, --csv: lo is the sim_format. */
+static int set_format(cli_args *a, const cli_option *opt, const char *v)
+{
+	a->o.fmt_out = (sim_format)opt->lo;
+	return SET_OK;
+}
+
+static int set_rate(cli_args *a, const cli_option *opt, const char *v)
+{
+	char *end;
+	a->o.trace_rate = strtod(v, &end);
+	if (*end || !(a->o.trace_rate > 0) || a->o.trace_rate > 1e9)
+		return SET_BAD;
+	return SET_OK;
+}
+
+/* TTFT_MS,TPOT_MS[,PCT] */
+static int set_goodput(cli_args *a, const cli_option *opt, const char *v)
+{
+	opts *o = &a->o;
+	char *end;
+	o->gp_pct = 90.0;
+	o->gp_ttft_ms = strtod(v, &end);
+	if (*end != ',')
+		return SET_BAD;
+	o->gp_tpot_ms = strtod(end + 1, &end);
+	if (*end == ',')
+		o->gp_pct = strtod(end + 1, &end);
+	if (*end || !(o->gp_ttft_ms > 0) || !(o->gp_tpot_ms > 0) || !(o->gp_pct > 0) ||
+	    o->gp_pct > 100 || o->gp_ttft_ms > 1e9 || o->gp_tpot_ms > 1e9)
+		return SET_BAD;
+	o->goodput = 1;
+	return SET_OK;
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+#define HEADING(text) {NULL, ARG_NONE, NULL, 0, 0, 0, text}
+#define FLAG(name, field, value, help) {name, ARG_NONE, set_flag, field, value, 0, help}
+#define COUNT(name, field, lo, hi, help) {name, ARG_VALUE, set_u32, field, lo, hi, help}
+#define VALUE(name, setter, help) {name, ARG_VALUE, setter, 0, 0, 0, help}
+
+static const cli_option options[] = {
+	{"--help", ARG_NONE, set_help, 0, 0, 0, NULL},
+	{"-h", ARG_NONE, set_help, 0, 0, 0, NULL},
+	HEADING("workload (one of):\n"),
+	VALUE("--workload", set_workload,
+	      "  --workload seed000         seed 000's 256 requests (default)\n"
+	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R\n"
+	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"),
+	VALUE("--n", set_requests, NULL),
+	VALUE("--arrival", set_arrival, NULL),
+	{"--prompt", ARG_VALUE, set_dist, OPT(prompt), 0, 0, NULL},
+	{"--output", ARG_VALUE, set_dist, OPT(output), 1, 0, NULL},
+	VALUE("--trace", set_trace,
+	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"),
+	{"--run", ARG_VALUE, set_str, OPT(run), 0, 0, NULL},
+	COUNT("--limit", OPT(limit), 0, UINT32_MAX,
+	      "  --limit N                  first N requests of a trace\n"),
+	VALUE("--rate", set_rate,
+	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
+	      "                             rate: (n - 1) / span)\n"),
+	VALUE("--seeds", set_seeds,
+	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"),
+	HEADING("policy:\n"),
+	VALUE("--policy", set_policy,
+	      "  --policy static|continuous|chunked|auto   (default continuous; auto =\n"
+	      "                             continuous with the cost model choosing k)\n"),
+	{"--k", ARG_VALUE, set_u32_or_auto, CFG(k), 0, 0,
+	 "  --k N|auto                 admission group (default 1)\n"},
+	{"--budget", ARG_VALUE, set_u32_or_auto, CFG(budget), 0, 0,
+	 "  --budget N|auto            token budget of chunked prefill (default 512)\n"},
+	COUNT("--tpot", CFG(tpot_us), 0, UINT32_MAX,
+	      "  --tpot US                  the scheduler's time-between-tokens target\n"),
+	FLAG("--hints", CFG(hints), 1,
+	     "  --hints                    requests carry their output length as a hint\n"
+	     "                             (not the static baseline: it stays FCFS)\n"),
+	{"--max-bypass", ARG_VALUE, set_us_or_never, CFG(max_bypass_us), 1000, 0,
+	 "  --max-bypass MS|never      bound on the delay hints may add (default\n"
+	 "                             auto: max_bypass_us = 0)\n"},
+	{"--compare", ARG_DIGITS, set_compare, 0, 0, 0,
+	 "  --compare [K,K,..]         static, k=1, fixed k (default 1,2,3,4,6,8,12,16,\n"
+	 "                             24,32 up to --slots; the best is reported), auto,\n"
+	 "                             chunked b=512 and chunked auto on a mixed host,\n"
+	 "                             same traces, with ratios\n"},
+	FLAG("--peers", OPT(peers), 1,
+	     "  --peers                    with --compare: rows vllm-v1, vllm-v0, sglang,\n"
+	     "                             sarathi, tgi, llamacpp, orca (each peer's\n"
+	     "                             defaults in our knobs; docs/benchmarks.md)\n"),
+	{"--max-wait", ARG_VALUE, set_us_or_never, CFG(max_wait_us), 1, 0,
+	 "  --max-wait US|never        partial-group timeout (default never)\n"},
+	COUNT("--slots", CFG(slots), 1, MAX_SLOTS,
+	      "  --slots N                  running slots (default 32)\n"),
+	VALUE("--host", set_host,
+	      "  --host split|mixed         split prefill/decode kernels or one forward\n"),
+	FLAG("--no-baseline", OPT(baseline), 0,
+	     "  --no-baseline              no static row; speed-ups are not reported\n"),
+	VALUE("--sweep", set_sweep, "  --sweep k=1,2,4|budget=..|slots=..\n"),
+	HEADING("cost model:\n"),
+	VALUE("--cost", set_cost,
+	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
+	      "     presets: a100-llama2-13b, h100-llama3-8b, a100-opt-13b\n"),
+	FLAG("--no-model", CFG(give_model), 0,
+	     "  --no-model                 do not give the model to the scheduler\n"),
+	FLAG("--calibrate", CFG(calibrate), 1,
+	     "  --calibrate                give the scheduler a calibrated model that\n"
+	     "                             learns from scratch (observe) instead\n"),
+	VALUE("--gen", set_gen,
+	      "  --gen steps|tokens         output length = decode steps after prefill\n"
+	      "                             (seed000 default) or tokens (trace default)\n"),
+	HEADING("pool:\n"),
+	COUNT("--kv-blocks", CFG(kv_blocks), 0, MAX_BLOCKS,
+	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"),
+	COUNT("--block-tokens", CFG(block_tokens), 1, MAX_BLOCK_TOKENS, NULL),
+	COUNT("--host-blocks", CFG(host_blocks), 0, MAX_BLOCKS, NULL),
+	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
+	HEADING("output:\n"),
+	{"--json", ARG_NONE, set_format, 0, SIM_JSON, 0,
+	 "  --json | --csv             instead of the table\n"},
+	{"--csv", ARG_NONE, set_format, 0, SIM_CSV, 0, NULL},
+	{"--svg", ARG_VALUE, set_str, OPT(svg), 0, 0,
+	 "  --svg FILE                 prefill/decode time bars per row; with --goodput,\n"
+	 "                             p99 TTFT and TPOT against rate per row\n"},
+	FLAG("--fidelity", OPT(fidelity), 1,
+	     "  --fidelity                 (distserve) every run vs its measurement\n"),
+	FLAG("--check", CFG(check), 1,
+	     "  --check                    bkv_sched_check after every step\n"),
+	VALUE("--goodput", set_goodput,
+	      "  --goodput TTFT_MS,TPOT_MS[,PCT]  per policy, the highest arrival rate\n"
+	      "                             (req/s) at which PCT% (default 90) of requests\n"
+	      "                             meet both targets; needs arrivals spread in\n"
+	      "                             time (a trace, or --arrival poisson:R|uniform:R)\n"),
+	FLAG("--allow-errors", OPT(allow_errors), 1,
+	     "  --allow-errors             exit 0 even when requests fail (default: a\n"
+	     "                             warning and exit status 3)\n"),
+	FLAG("--quiet", OPT(quiet), 1, "  --quiet                    no progress line\n"),
+};
+
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static void usage(FILE *f)
+{
+	fputs("usage: bkv-sim [options]\n", f);
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].help)
+			fputs(options[i].help, f);
+	fputs("sizes are bounded: --n <= 1000000 (and 10^7 over all seeds), --prompt and\n"
+	      "--output <= 1048576 tokens, pools <= 4194304 blocks, --slots <= 65536\n",
+	      f);
+}
+
+static const cli_option *find_option(const char *name)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].name && !strcmp(options[i].name, name))
+			return &options[i];
+	return NULL;
+}
+
+/* ---- parsing ------------------------------------------------------------- */
+
+static void defaults(cli_args *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->o.workload = "seed000";
+	a->o.n = 256;
+	a->o.baseline = 1;
+	a->o.prompt = (trace_dist){DIST_UNIFORM, 8, 64};
+	a->o.output = (trace_dist){DIST_SEED000_GEN, 1, 64};
+	a->o.cost_name = "poly";
+	sim_config_init(&a->c);
+}
+
+/* What depends on several options, once they are all read. */
+static void settle(cli_args *a)
+{
+	opts *o = &a->o;
+	sim_config *c = &a->c;
+	if (o->policy_chunked) {
+		c->chunked = 1;
+		if (!o->host_set)
+			c->mixed_host = 1;
+	}
+	c->progress = !o->quiet && isatty(2);
+	if (!o->gen_set)
+		c->gen = (!o->trace_path && !strcmp(o->workload, "seed000")) ? SIM_GEN_STEPS
+									     : SIM_GEN_TOKENS;
+}
+
+int cli_parse(int argc, char **argv, cli_args *a)
+{
+	defaults(a);
+	for (int i = 1; i < argc; i++) {
+		const char *name = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		const cli_option *opt = find_option(name);
+		if (!opt) {
+			fprintf(stderr, "bkv-sim: unknown option '%s' (see --help)\n", name);
+			return 2;
+		}
+		if (opt->arg == ARG_VALUE) {
+			if (!v) {
+				fprintf(stderr, "bkv-sim: %s needs a value\n", name);
+				return 2;
+			}
+			i++;
+		} else if (opt->arg == ARG_DIGITS && v && v[0] >= '0' && v[0] <= '9') {
+			i++;
+		} else {
+			v = NULL;
+		}
+		switch (opt->set(a, opt, v)) {
+		case SET_BAD:
+			fprintf(stderr, "bkv-sim: bad value for %s: '%s'\n", name, v);
+			return 2;
+		case SET_STOP:
+			return 2;
+		case SET_HELP:
+			return 0;
+		default:
+			break;
+		}
+	}
+	settle(a);
+	return -1;
+}
