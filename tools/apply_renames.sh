@@ -38,14 +38,18 @@ git grep -l -I -z -w -E "$pattern" -- . ':(exclude)tools/apply_renames.sh' |
 while IFS= read -r f; do
 	[ -f "$f" ] || continue
 	if [ "$f" = docs/design.md ]; then
-		sed -i "${table}!{${script}}" "$f"
+		sed "${table}!{${script}}" "$f" > .apply_renames.tmp
 	else
-		sed -i "$script" "$f"
+		sed "$script" "$f" > .apply_renames.tmp
 	fi
+	if cmp -s "$f" .apply_renames.tmp; then
+		continue
+	fi
+	cat .apply_renames.tmp > "$f"  # keeps the file's mode
 	n=$((n + 1))
 	echo "renamed in: $f"
 done < .apply_renames.list
-rm -f .apply_renames.list
+rm -f .apply_renames.list .apply_renames.tmp
 
 if [ -f tools/gen-api-doc.sh ] && [ -f include/batchkv.h ]; then
 	sh tools/gen-api-doc.sh . > docs/api.md.new && mv docs/api.md.new docs/api.md
