@@ -44,6 +44,10 @@
  * out of blocks (BKV_ENOSPC), which is a normal event that triggers reclaim or
  * preemption.
  *
+ * Comments here say what each thing is and what a caller must know. Why the
+ * defaults are what they are, derivations and measurements: docs/api-notes.md
+ * (which points on to docs/design.md and docs/cost-model.md).
+ *
  * This header compiles as C11 and as C++.
  */
 #ifndef BATCHKV_H
@@ -131,7 +135,7 @@ typedef struct bkv_allocator {
 } bkv_allocator;
 
 /* ------------------------------------------------------------------------ */
-/* KV sizing (seed 001)                                                      */
+/* KV sizing                                                                 */
 /* ------------------------------------------------------------------------ */
 
 /* The shape of a model's KV cache. kv_heads == query heads is MHA, 1 is MQA,
@@ -198,8 +202,8 @@ typedef struct bkv_pool_config {
 				      reuse them. Default 1. */
 	uint64_t hash_seed;        /* seeds the chained block hash. Default 0. */
 	uint32_t event_capacity;   /* KV events the ring holds between drains
-				      (bkv_pool_events), 0..2^24; 0 = no
-				      events. Default 0. */
+				      (bkv_pool_events), 0..2^24; taken at
+				      create. 0 = no events. Default 0. */
 	uint32_t reserved[3];      /* zero; room for later fields */
 } bkv_pool_config;
 
@@ -238,11 +242,10 @@ typedef struct bkv_pool_stats {
 				     dropped) */
 	uint64_t events_dropped;  /* of which dropped because the ring was
 				     full */
-	uint64_t dup_blocks;      /* full blocks a scheduler step computed
-				     whose content was in the prefix cache by
-				     its commit (two requests computed it in
-				     one step): swapped for the cached copy at
-				     the commit, the private one freed */
+	uint64_t dup_blocks;      /* full blocks computed twice in one
+				     scheduler step (two requests, same
+				     content): the commit keeps the cached
+				     copy and frees the other */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the
@@ -274,10 +277,9 @@ typedef struct bkv_seq_info {
 BKV_API void bkv_pool_config_init(bkv_pool_config *cfg);
 
 /**
- * Create a pool. Its memory is taken here; block alloc/free never allocate.
- * Only a sequence's block table (grown geometrically, kept when the slot is
- * reused) and a copy list that outgrows its initial room (one CoW copy per
- * sequence, one swap copy per host block) can allocate later, so a warm pool
+ * Create a pool. Its memory is taken here: taking and releasing blocks never
+ * allocates. Later only a sequence's block table and a copy list can grow
+ * (hence BKV_ENOMEM from append, fork, swap and import); a warm pool
  * allocates nothing.
  * @param cfg    validated and copied.
  * @param alloc  allocator for every pool structure; NULL = libc. Copied.
@@ -335,7 +337,8 @@ BKV_API int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq);
  *
  * All-or-nothing: on any error the sequence and the pool are unchanged.
  *
- * @param pool, seq  the sequence.
+ * @param pool       the pool.
+ * @param seq        the sequence id.
  * @param tokens     n token ids; copied. May be NULL only when n == 0.
  * @param n          token count; 0 is a no-op.
  * @param hit_tokens receives how many leading tokens were prefix-cache hits
@@ -379,9 +382,9 @@ BKV_API int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len);
  * Fork: a new sequence sharing every block of parent (ref counts up). The first
  * write by either into a shared, partially filled block copies it; full shared
  * blocks are never copied.
- * @param child  receives the new id.
  * @param pool   the pool.
  * @param parent the sequence to fork (device-resident).
+ * @param child  receives the new id.
  * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (parent swapped out);
  *         BKV_EAGAIN (max_seqs open); BKV_ENOMEM.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
@@ -417,9 +420,9 @@ BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
 /**
  * A sequence's block table: physical block id of each logical block, in order.
  * Device ids normally; host ids while swapped out.
+ * @param pool      the pool.
+ * @param seq       the sequence id.
  * @param n_blocks  receives the entry count; may be NULL.
- * @param pool   the pool.
- * @param seq    the sequence id.
  * @return the table (owned by the pool, valid until the sequence next changes),
  *         or NULL for an unknown sequence (then *n_blocks = 0).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
@@ -477,10 +480,12 @@ BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
  * bkv_batch lists them). The pool keeps that order valid: swap-out and swap-in
  * refuse (BKV_ESTATE) the cases where it would read a block before a pending
  * copy writes it.
- * @param out  receives the array (owned by the pool; valid until cleared or the
- *             pool next changes); may be NULL.
+ * This call only reads: bkv_pool_clear_copies removes the copies once the host
+ * has performed them.
  * @param pool   the pool.
  * @param kind   a bkv_copy_kind.
+ * @param out    receives the array (owned by the pool; valid until cleared or
+ *               the pool next changes); may be NULL.
  * @return the number of pending copies (0 for a NULL pool or bad kind).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
@@ -534,10 +539,10 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
 BKV_API int bkv_pool_reset_cache(bkv_pool *pool);
 
 /**
- * Read the pool's counters.
+ * Read the pool's counters into the caller's struct.
+ * @param pool   the pool.
  * @param stats  filled up to min(stats->size, sizeof(bkv_pool_stats)); set
  *               stats->size first (0 is taken as sizeof(bkv_pool_stats)).
- * @param pool   the pool.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */
@@ -671,7 +676,7 @@ BKV_API int bkv_block_info_get(const bkv_pool *pool, int32_t block, bkv_block_in
  * fuzzers and debugging, not the hot path.
  * @param pool   the pool.
  * @return 0 when consistent; otherwise a positive number naming the violated
- *         invariant (see lib/pool.c); BKV_EINVAL for NULL.
+ *         invariant (1..17, listed in docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */
@@ -724,9 +729,13 @@ typedef struct bkv_cost_model {
  * bkv_cost_model whose ctx points at that struct: the struct must outlive every
  * scheduler using the model, and changing its fields changes the model.
  *
- *   polynomial  seed 000's measured fit: a fixed part per prefill call plus a
- *               quadratic in prompt length, decode linear in rows and context.
- *   roofline    seed 004: max(compute, memory) of a GPU/model pair.
+ *   polynomial  a measured fit for a host with split prefill and decode
+ *               kernels: a fixed part per prefill call plus a quadratic in
+ *               chunk length and offset; decode linear in rows and context.
+ *               Its defaults are reference costs measured at batch 32
+ *               (docs/cost-model.md).
+ *   roofline    max(compute, memory) of a GPU/model pair from spec-sheet
+ *               peaks; presets for common pairs.
  *   calibrated  starts from any model and fits its coefficients online, by
  *               least squares over every observe() the scheduler makes.
  *
@@ -735,7 +744,7 @@ typedef struct bkv_cost_model {
  * writes its state and belongs to the stepping thread.
  */
 
-/* Seed 000's polynomial model, in microseconds. With v(L, s) =
+/* The polynomial model, in microseconds. With v(L, s) =
  * kappa * (b*L + c*(2*L*s + L*L)) the work of one prompt chunk of L tokens
  * starting at offset s:
  *   prefill call, n rows:  a + (n / rows_ref) * v(Lmax, Smax)       (padded)
@@ -746,26 +755,28 @@ typedef struct bkv_cost_model {
  * Lmax and Smax are the longest chunk and the latest start (a padded kernel
  * pads both). n is max(chunks, padded_rows) for a prefill call and
  * max(decode_rows, padded_rows) for a decode call (static batching pays for
- * its padding). */
+ * its padding). Default coefficients and how they were fitted:
+ * docs/cost-model.md. */
 typedef struct bkv_cost_poly {
 	uint32_t size;   /* sizeof(bkv_cost_poly); set by init (ABI) */
-	double a;        /* us: fixed part of every prefill call. 1677 */
-	double b;        /* us per prompt token at rows_ref rows. 101.0 */
-	double c;        /* us per token^2 (attention) at rows_ref rows. 1.3607 */
-	double kappa;    /* multiplier of b and c (seed 000 fit). 1.45 */
-	double rows_ref; /* rows at which b and c were measured (> 0). 32 */
+	double a;        /* us: fixed part of every prefill call. Default 1677 */
+	double b;        /* us per prompt token at rows_ref rows. Default 101.0 */
+	double c;        /* us per token^2 (attention) at rows_ref rows.
+			    Default 1.3607 */
+	double kappa;    /* multiplier of b and c. Default 1.45 */
+	double rows_ref; /* rows at which b and c hold (> 0). Default 32 */
 	int packed;      /* 0: a prefill call pads its rows to the longest chunk
-			    (split kernels, seed 000); nonzero: ragged rows, each
-			    pays its own length. Default 0. */
-	double d0;       /* us: fixed part of a decode step. 1064 */
-	double d1;       /* us per decode row. 24.1 (d(32) = 1835) */
-	double d2;       /* us per token of decode context. 0 */
+			    (split kernels); nonzero: ragged rows, each pays its
+			    own length. Default 0. */
+	double d0;       /* us: fixed part of a decode step. Default 1064 */
+	double d1;       /* us per decode row. Default 24.1 (d(32) = 1835) */
+	double d2;       /* us per token of decode context. Default 0 */
 	uint32_t reserved[4]; /* zero; room for later fields */
 } bkv_cost_poly;
 
 /**
- * Fill a polynomial model with seed 000's coefficients (see each field), the
- * defaults that reproduce ../shared/design/SEED000-MODEL.md.
+ * Fill a polynomial model with the default coefficients (see each field): the
+ * reference costs the scheduler's default model starts from.
  * @param poly  the model to fill; NULL is ignored.
  * Thread rules: any thread.
  */
@@ -792,13 +803,13 @@ BKV_API double bkv_cost_poly_step_us(const bkv_cost_poly *poly, const bkv_step_s
  */
 BKV_API bkv_cost_model bkv_cost_poly_model(bkv_cost_poly *poly);
 
-/* Seed 004's roofline: t = overhead + max(compute, memory) per call, with
+/* The roofline model: t = overhead + max(compute, memory) per call, with
  *   compute = (2 * active_params * tokens + attn_flops) / (peak_flops * flops_eff)
  *   memory  = (model_bytes + kv_bytes_per_token * kv_tokens) / (mem_bw * mem_eff)
  * where tokens = decode rows + prefill tokens, kv_tokens = tokens whose KV is
  * read or written (decode context + each chunk's start + len), and attn_flops =
- * attn_flops_per_pair * (query, key) pairs (0 ignores attention, as seed 004
- * does). Times in microseconds, rates per second. */
+ * attn_flops_per_pair * (query, key) pairs (0 ignores attention). Times in
+ * microseconds, rates per second. Derivation: docs/cost-model.md. */
 typedef struct bkv_cost_roofline {
 	uint32_t size;              /* sizeof(bkv_cost_roofline); set by init */
 	const char *name;           /* preset name, or NULL; never freed */
@@ -822,7 +833,7 @@ typedef struct bkv_cost_roofline {
 typedef enum bkv_roofline_preset {
 	BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16 = 0, /* 312 TFLOP/s, 2.039 TB/s */
 	BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16 = 1,   /* 989 TFLOP/s, 3.35 TB/s */
-	BKV_ROOFLINE_A100_80GB_OPT_13B_FP16 = 2,    /* DistServe's setup */
+	BKV_ROOFLINE_A100_80GB_OPT_13B_FP16 = 2,    /* 312 TFLOP/s, 2.039 TB/s */
 	BKV_ROOFLINE_PRESET_COUNT = 3
 } bkv_roofline_preset;
 
@@ -838,9 +849,10 @@ BKV_API int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset pr
 
 /**
  * The work a roofline model counts for one call: the FLOPs and the device
- * bytes moved. The simulator divides them by time and peaks to report MFU and
- * MBU (seed 001).
- * @param rl, shape  the model and the call; NULL gives zeros.
+ * bytes moved, e.g. to report model FLOPs and bandwidth utilisation (MFU, MBU)
+ * from measured times.
+ * @param rl     the model; NULL gives zeros.
+ * @param shape  the call; NULL gives zeros.
  * @param flops      receives FLOPs; may be NULL.
  * @param bytes      receives bytes read or written; may be NULL.
  * Thread rules: any thread; reads rl and shape only.
@@ -875,9 +887,10 @@ BKV_API bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl);
  * (rows as the polynomial counts them, padding included; no_decode is 1 for
  * a mixed call without decode rows; sums and maxima over the prefill chunks)
  * starting from w = (1, 0, ...): it predicts exactly the base model until
- * observations arrive, and can express seed 000's padded and packed
- * polynomials exactly. Observations are weighed by a forgetting factor, so it
- * follows a host whose costs drift. observe() does no allocation. */
+ * observations arrive, and can express the polynomial model (padded or
+ * packed) exactly. Observations are weighed by a forgetting factor, so it
+ * follows a host whose costs drift. observe() does no allocation.
+ * docs/cost-model.md ("Calibration") explains the features. */
 typedef struct bkv_cost_calib bkv_cost_calib;
 
 /* Features of the calibrated fit, and how many observations of a kind it needs
@@ -900,8 +913,9 @@ BKV_API int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocato
 				  bkv_cost_calib **out);
 
 /**
- * Destroy a calibrated model. NULL is ignored. Thread rules: owner thread.
+ * Destroy a calibrated model. NULL is ignored.
  * @param calib  the calibrated model.
+ * Thread rules: owner thread, with no scheduler still using it.
  */
 BKV_API void bkv_cost_calib_destroy(bkv_cost_calib *calib);
 
@@ -930,8 +944,9 @@ BKV_API double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shap
  * Learn from one measured call: add it to the least-squares sums of its kind
  * and refit (a 9x9 solve). No allocation. Negative, NaN or infinite
  * measurements are ignored.
- * @param calib, shape  NULL is ignored.
- * @param measured_us   what the call took.
+ * @param calib        the calibrated model; NULL is ignored.
+ * @param shape        the call that was measured; NULL is ignored.
+ * @param measured_us  what the call took, in microseconds.
  * Thread rules: owner thread.
  */
 BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
@@ -948,10 +963,11 @@ BKV_API void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape 
 BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_call_kind kind);
 
 /**
- * The fitted coefficients of one call kind, in the order of the formula above.
- * @param w  receives BKV_COST_CALIB_FEATURES values.
+ * Copy the fitted coefficients of one call kind, in the order of the formula
+ * above, into the caller's array.
  * @param calib  the calibrated model.
  * @param kind   a bkv_call_kind.
+ * @param w      receives BKV_COST_CALIB_FEATURES values.
  * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
  * Thread rules: owner thread.
  */
@@ -1013,18 +1029,17 @@ typedef struct bkv_batch {
 	const bkv_copy *swap_in;
 } bkv_batch;
 
-/* Why a request ended. */
+/* Why a request ended. For a request with n > 1 samples: the reason of the
+ * branch that ended last (ERROR and ABORT end every branch at once). */
 typedef enum bkv_finish_reason {
 	BKV_FINISH_LENGTH = 0, /* max_new_tokens generated */
 	BKV_FINISH_STOP = 1,   /* a stop token was generated */
 	BKV_FINISH_ABORT = 2,  /* bkv_abort() */
 	BKV_FINISH_ERROR = 3   /* the host wrote BKV_TOKEN_FAIL for it, or it
-				  could never be admitted (a step with
-				  nothing running and its admission refused
-				  twice in a row: bkv_sched_stats
-				  .unadmittable) */
-} bkv_finish_reason; /* n > 1 samples: the reason of the branch that ended
-			last (ERROR and ABORT end every branch at once) */
+				  can never be admitted, even into an
+				  otherwise empty pool (counted in
+				  bkv_sched_stats.unadmittable) */
+} bkv_finish_reason;
 
 /*
  * The host's kernels and notifications. Set either forward (mixed batches) or
@@ -1059,85 +1074,59 @@ typedef struct bkv_sched_config {
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
 	uint32_t max_running;      /* most running rows (slots; a request with
 				      n samples takes n). 1..2^20. Default 32. */
-	uint32_t admit_group;      /* k: admit when >= k slots are free or the
-				      queue cannot supply more (everything
-				      waiting fits). 0..max_running; 0 = auto:
-				      the cost model picks k (an economic order
-				      quantity over the observed slot-free rate;
-				      docs/cost-model.md), admits at once when
-				      everything waiting fits, caps the
-				      running rows at the cost-per-token knee,
-				      and on a split host packs each step's
-				      prompts into the cheapest prefill calls
-				      by length (bkv_step). max_wait_us is
-				      then not used. */
+	uint32_t admit_group;      /* k: admit when >= k slots are free or
+				      everything waiting fits. 0..max_running.
+				      0 = auto (the default): the cost model
+				      picks k, caps the running rows and packs
+				      a split host's prefill calls; max_wait_us
+				      is then unused (docs/api-notes.md). */
 	uint64_t max_wait_us;      /* admit a partial group anyway once it has
-				      been forming this long: measured from the
-				      later of the queue head's enqueue time and
-				      the last admission. 0 = auto, currently
+				      been forming this long (from the later of
+				      the queue head's arrival and the last
+				      admission). 0 = auto (the default):
 				      100000 (100 ms); UINT64_MAX = never. */
 	int chunked_prefill;       /* nonzero: split prompts into chunks under
 				      token_budget. Default 0. */
 	uint32_t token_budget;     /* tokens per step when chunking: decode rows
 				      (always run, one token each) first, then
-				      prefill chunks in what is left. 0..2^24;
-				      0 = auto: chosen every step from the cost
-				      model (the largest keeping tpot_target_us,
-				      else the cheapest prefill tokens), at most
-				      max(512, 2 * max_running) or the larger
-				      token arrays later submissions grew. */
+				      prefill chunks in what is left. 0..2^24.
+				      0 = auto (the default): chosen each step
+				      by the cost model, keeping tpot_target_us
+				      when set (docs/api-notes.md). */
 	uint32_t max_queue;        /* most requests submitted and not running
 				      (inbox + waiting + swapped); bkv_submit
-				      answers BKV_EAGAIN at it. 1..2^24 (8 bytes
-				      each are reserved at create). Default
-				      65536. */
-	bkv_preempt_mode preempt;  /* default BKV_PREEMPT_AUTO: with
-				      kv_bytes_per_token set, swap when moving
-				      the victim's KV out and back costs less
-				      than the model's price of recomputing it;
-				      then (or with the KV size unknown) swap
-				      when the host tier has room, else
-				      recompute. SWAP needs a host tier
-				      (else EINVAL) and also falls back to
-				      recompute when the tier is full. */
-	double host_link_bytes_per_us; /* swap bandwidth, for preempt AUTO;
-					  0 = auto (25000: PCIe 4.0 x16);
-					  >= 0 */
-	uint64_t kv_bytes_per_token;   /* for swap costing; 0 = unknown */
-	uint32_t tpot_target_us;   /* optional time-between-tokens target;
-				      0 = none. Continuous policy: a split
-				      host's admissions stop where the
-				      predicted prefill + decode calls would
-				      exceed it (when the decode call alone
-				      keeps it); auto budget and auto batch cap
-				      keep it too. */
-	bkv_cost_model cost;       /* both callbacks NULL = the built-in
-				      default: a calibrated model
-				      (bkv_cost_calib) over seed 000's
-				      polynomial, created and owned by the
-				      scheduler; it predicts seed 000's costs
-				      until 16 calls of a kind were measured,
-				      then fits the host's */
-	uint64_t max_bypass_us;    /* bound on the delay output-length hints
-				      may add (bkv_request.predicted_output):
-				      once the oldest waiting request of the
-				      class being admitted (by arrival; not a
-				      preempted one, those go first anyway)
-				      has waited this long, it is admitted
-				      before the hinted requests that would
-				      pass it. Without hints the queue is FCFS
-				      and this never acts. 0 = auto: 2 * S *
-				      (1 + Q / max_running), S the observed
-				      time a request runs (admission to a
-				      LENGTH/STOP end, a decayed mean over
-				      about the last 100; no bound before the
-				      first end), Q the slots queued when the
-				      request arrived (itself and those
-				      arriving with it included): twice the
-				      FCFS wait it could expect
-				      (docs/design.md). 1..2^42 (about 51
-				      days) or UINT64_MAX = no bound (pure
-				      longest first). Took reserved[0..1]. */
+				      answers BKV_EAGAIN at it. 1..2^24; costs
+				      8 bytes each at create. Default 65536. */
+	bkv_preempt_mode preempt;  /* how a victim gives up its blocks.
+				      Default AUTO: swap when the host tier has
+				      room and (with kv_bytes_per_token set)
+				      moving the KV out and back is cheaper
+				      than recomputing it, else recompute. SWAP
+				      needs a host tier (else BKV_EINVAL) and
+				      recomputes when the tier is full. */
+	double host_link_bytes_per_us; /* device<->host bandwidth, bytes per
+					  us, for preempt AUTO; >= 0.
+					  0 = auto: 25000 (PCIe 4.0 x16) */
+	uint64_t kv_bytes_per_token;   /* for swap costing
+					  (bkv_kv_bytes_per_token);
+					  0 = unknown (the default) */
+	uint32_t tpot_target_us;   /* target time between tokens, us; 0 = none
+				      (the default). Continuous policy: the
+				      cost model holds admissions, the auto
+				      token budget and the auto batch cap to
+				      it where it can (docs/api-notes.md). */
+	bkv_cost_model cost;       /* the cost model; copied, its ctx must
+				      outlive the scheduler. Both callbacks
+				      NULL (the default): a calibrated model
+				      over the default polynomial
+				      (bkv_cost_poly_init), owned by the
+				      scheduler. */
+	uint64_t max_bypass_us;    /* us: once the oldest waiting request of a
+				      priority class has waited this long,
+				      hinted requests (predicted_output) no
+				      longer pass it. 1..2^42, UINT64_MAX = no
+				      bound; 0 = auto (the default): about
+				      twice its FCFS wait (docs/api-notes.md) */
 	uint32_t reserved[6];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
@@ -1148,21 +1137,22 @@ typedef struct bkv_request {
 	const int32_t *prompt;      /* [prompt_len] token ids */
 	uint32_t prompt_len;        /* >= 1 */
 	uint32_t max_new_tokens;    /* >= 1 */
-	const int32_t *stop_tokens; /* [n_stop] ids that end generation */
-	uint32_t n_stop;
+	const int32_t *stop_tokens; /* [n_stop] ids that end generation; may be
+				       NULL when n_stop is 0 */
+	uint32_t n_stop;            /* entries in stop_tokens */
 	int32_t priority;           /* higher runs first; FCFS within a class.
 				       Default 0. */
 	uint64_t cache_key;         /* prefix-cache key (LoRA id, tenant salt);
 				       0 = none */
-	uint32_t n;                 /* samples (forked branches); default 1 */
-	uint32_t predicted_output;  /* hint: expected output tokens; 0 = unknown.
-				       Hinted requests are admitted longest
-				       first within a priority class (before
-				       unhinted ones), up to
-				       bkv_sched_config.max_bypass_us: no
-				       request waits longer than that bound
-				       while later ones pass it */
-	void *user;                 /* handed back in callbacks and batches */
+	uint32_t n;                 /* samples (forked branches), >= 1.
+				       Default 1. */
+	uint32_t predicted_output;  /* hint: expected output tokens; 0 =
+				       unknown (the default). Hinted requests
+				       are admitted longest first within their
+				       priority class, ahead of unhinted ones,
+				       within bkv_sched_config.max_bypass_us */
+	void *user;                 /* handed back in callbacks and batches;
+				       never read */
 } bkv_request;
 
 /* What one bkv_step did. */
@@ -1180,8 +1170,10 @@ typedef struct bkv_step_info {
 	uint32_t running;         /* running requests after the step */
 	uint32_t waiting;         /* queued requests after the step (waiting
 				     and swapped) */
-	double predicted_us;      /* the cost model's prediction */
-	double measured_us;       /* the clock's measurement of host calls */
+	double predicted_us;      /* the cost model's price of the step's host
+				     calls, us */
+	double measured_us;       /* what they took on the scheduler's clock
+				     (now_us, else monotonic), us */
 } bkv_step_info;
 
 /* Cumulative counters of a scheduler. */
@@ -1200,24 +1192,23 @@ typedef struct bkv_sched_stats {
 	uint64_t hit_tokens;       /* prompt tokens from the prefix cache */
 	uint64_t preemptions;      /* preemptions, both modes */
 	uint64_t swaps;            /* of which by swap */
-	uint64_t prefill_calls;
-	uint64_t decode_calls;
-	double busy_us;            /* measured time in host calls */
-	uint64_t unadmittable;     /* of finished: ended with
-				      BKV_FINISH_ERROR by the progress rule,
-				      as they could never be admitted (nothing
-				      running, the pool otherwise empty) */
+	uint64_t prefill_calls;    /* host calls carrying prefill */
+	uint64_t decode_calls;     /* host decode calls (split hosts) */
+	double busy_us;            /* measured time in host calls, us */
+	uint64_t unadmittable;     /* of finished: ended with BKV_FINISH_ERROR
+				      because they could never be admitted,
+				      even into an otherwise empty pool */
 } bkv_sched_stats;
 
 /**
- * Fill a scheduler config with defaults. NULL is ignored.
+ * Fill a scheduler config with defaults (see each field).
  * @param cfg    the config to fill; NULL is ignored.
  * Thread rules: any thread.
  */
 BKV_API void bkv_sched_config_init(bkv_sched_config *cfg);
 
 /**
- * Fill a request with defaults (n = 1). NULL is ignored.
+ * Fill a request with defaults (n = 1, everything else 0).
  * @param req    the request to fill; NULL is ignored.
  * Thread rules: any thread.
  */
@@ -1243,7 +1234,9 @@ BKV_API int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool,
 			     bkv_sched **out);
 
 /**
- * Destroy a scheduler. Requests still open end with no callback. NULL ok.
+ * Destroy a scheduler. Requests still open end with no callback. NULL is
+ * ignored. The pool stays; those requests' sequences are dropped from it
+ * (bkv_seq_drop).
  * @param sched  the scheduler.
  * Thread rules: the stepping thread, with no bkv_step, bkv_submit or bkv_abort in flight.
  */
@@ -1251,16 +1244,16 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
 
 /**
  * Submit a request. It enters the waiting queue at the next bkv_step.
- * Thread rules: any thread, concurrently with bkv_step.
- * @param req     copied.
+ * @param sched   the scheduler.
+ * @param req     the request; it and its arrays are copied.
  * @param req_id  receives its id (never 0); may be NULL.
- * @param sched  the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
  *         prompt + max_new_tokens > INT32_MAX, n > max_running, n > the
  *         pool's max_seqs, or max_running such histories would need more
  *         than 2^29 block-table entries in one step);
  *         BKV_EAGAIN (queue full); BKV_ENOMEM.
+ * Thread rules: any thread, concurrently with bkv_step.
  */
 BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_id);
 
@@ -1269,31 +1262,32 @@ BKV_API int bkv_submit(bkv_sched *sched, const bkv_request *req, uint64_t *req_i
  * A request ending in the bkv_step that runs concurrently with the abort (or
  * whose on_finish calls it) may still answer BKV_OK; it then keeps the reason
  * it ended with and on_finish does not run again.
- * Thread rules: any thread, concurrently with bkv_step, and from callbacks.
  * @param sched  the scheduler.
  * @param req_id the id bkv_submit returned.
  * @return BKV_OK; BKV_EINVAL (NULL, id 0); BKV_ENOENT (unknown, already ended
  *         or already aborted).
+ * Thread rules: any thread, concurrently with bkv_step, and from callbacks.
  */
 BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
 
 /**
- * Run one iteration: drain submissions and aborts, plan, make room, build the
- * batch, call the host, commit. A mixed host gets one forward (decode rows,
- * then prefill chunks); a split host gets a prefill call (when there are
- * chunks), then a decode call over every decoding row plus the rows whose
- * prompt finished in that prefill call (which samples their first token).
- * With admit_group 0 (auto) a split host's chunks may come as several
- * prefill calls, each with its own batch of rows grouped by length, when
- * the cost model prices them below one call (a kernel that pads rows to the
- * longest); copy lists come with the step's first call.
- * On BKV_EHOST no token reached any request, every sequence is back at its
- * length before the step, pending device and swap-in copies are sent again
- * by the next step, and victims swapped out in the failed step become
- * recompute preemptions (their freed blocks may hold the failed call's KV).
- * Preemptions and admissions of the failed step stand.
- * @param info  receives what the step did; may be NULL.
+ * Run one iteration: take in submissions and aborts, plan, make room, build
+ * the batch, call the host, commit.
+ *
+ * Calls: a mixed host gets one forward (decode rows, then prefill chunks). A
+ * split host gets a prefill call when there are chunks, then a decode call
+ * over every decoding row plus the rows whose prompt finished in that prefill
+ * call (it samples their first token). With admit_group 0 (auto) the chunks
+ * may come as several prefill calls, rows grouped by length, when the cost
+ * model prices that below one call. Copy lists come with the step's first
+ * call.
+ *
+ * On BKV_EHOST: no token reached any request, every sequence is back at its
+ * length before the step, pending device and swap-in copies are sent again by
+ * the next step, and victims swapped out in the failed step become recompute
+ * preemptions. Preemptions and admissions of the failed step stand.
  * @param sched  the scheduler.
+ * @param info   receives what the step did; may be NULL.
  * @return BKV_OK (including a step with nothing to do); BKV_EHOST (a compute
  *         callback failed; the step was rolled back, retry); BKV_ESTATE (called
  *         from a callback); BKV_EINVAL.
@@ -1310,7 +1304,8 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
 BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 
 /**
- * Read cumulative counters (size convention as bkv_pool_stats_get).
+ * Read the scheduler's cumulative counters into the caller's struct (size
+ * convention as bkv_pool_stats_get).
  * @param sched  the scheduler.
  * @param stats  filled up to min(stats->size, sizeof(bkv_sched_stats)); set
  *               stats->size first (0: the whole struct). NULL is ignored.
@@ -1319,25 +1314,22 @@ BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats);
 
 /**
- * Verify the scheduler's invariants together with its pool's: counts of the
- * queue, running and swapped requests against their lists, each running
- * lane's sequence length, slots <= max_running, every request in exactly one
- * state, every new waiting request once in the age order the bypass bound
- * reads (bkv_sched_config.max_bypass_us), no call having written into a
- * shared or cached block (checked at each call in builds with
- * BKV_DEBUG_LEVEL >= 1), sequences kept for every unforked branch, and every
- * full block of a running lane in the prefix cache. O(requests + blocks): for
- * tests and debugging.
+ * Verify the scheduler's invariants together with its pool's: the queue and
+ * the running and swapped requests against their counts, every request in
+ * exactly one state, slots <= max_running, each running request's sequences,
+ * and no host call having written into a shared or cached block (that one is
+ * checked at each call in builds with BKV_DEBUG_LEVEL >= 1).
+ * O(requests + blocks): for tests, fuzzers and debugging, not the hot path.
  * @param sched  the scheduler.
  * @return 0 when consistent; a positive invariant number otherwise (1..32:
- *         the scheduler's, listed in lib/sched.c; 1000 + n: the pool's
- *         invariant n); BKV_EINVAL for NULL.
+ *         the scheduler's; 1000 + n: the pool's invariant n; both listed in
+ *         docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).
  */
 BKV_API int bkv_sched_check(const bkv_sched *sched);
 
 /* ------------------------------------------------------------------------ */
-/* Integration: KV events, export/import, metrics                            */
+/* Integration (KV events, export and import, metrics)                       */
 /* ------------------------------------------------------------------------ */
 
 /* What a KV event reports (docs/scaling.md shows a router replaying them). */
@@ -1378,7 +1370,7 @@ typedef struct bkv_kv_event {
  * @return the number of events written (0 when none are pending, events are
  *         off, or an argument is NULL).
  * Thread rules: the pool's thread (events come from the calls that change
- *         the pool, so drain between them, e.g. after each bkv_step).
+ * the pool, so drain between them, e.g. after each bkv_step).
  */
 BKV_API uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max);
 
@@ -1496,7 +1488,7 @@ BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *s
 BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, size_t cap);
 
 /* ------------------------------------------------------------------------ */
-/* KV events in vLLM's wire format (lib/kvevents.c)                          */
+/* KV events in the vLLM wire format                                         */
 /* ------------------------------------------------------------------------ */
 
 /*
@@ -1510,30 +1502,27 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
  * a router can follow a libbatchkv engine unchanged. docs/scaling.md cites
  * the vLLM sources followed and lists which router versions decode it.
  *
- * The encoder belongs to the pool's thread and reads the pool (token store,
- * index) while it drains, so call bkv_vllm_encode between pool calls. When the
+ * An encoder drains the pool's event ring, so a pool's events go either to
+ * bkv_pool_events or to one encoder, not both. The encoder belongs to the
+ * pool's thread and reads the pool (tokens, prefix-cache index) while it
+ * drains, so call bkv_vllm_encode between pool calls. When the
  * pool's event ring dropped events (a gap in seq), the batch it writes is a
  * resynchronisation: AllBlocksCleared followed by a BlockStored for every
  * block in the index, parents first, so a subscriber's view is exact again.
  */
 
-/* How KVEventBatch and its events are laid out. */
+/* How KVEventBatch and its events are laid out; the vLLM versions each
+ * follows and the exact field lists: docs/scaling.md. */
 typedef enum bkv_vllm_wire {
 	BKV_VLLM_WIRE_MAP = 0,     /* current vLLM: each struct a map keyed by
 				      field name, events tagged by a first
 				      "type" entry, defaults omitted */
-	BKV_VLLM_WIRE_ARRAY = 1,   /* array_like vLLM (what llm-d's KV-cache
-				      decoder reads): each struct an array
-				      of its fields in order, an event's tag
-				      first; BlockStored ends with lora_id,
-				      medium, lora_name, BlockRemoved with
-				      medium; data_parallel_rank last in the
-				      batch when set; no group fields */
-	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: BlockStored
-				      is tag, block_hashes,
-				      parent_block_hash, token_ids,
-				      block_size, lora_id; BlockRemoved tag,
-				      block_hashes; the batch ts, events;
+	BKV_VLLM_WIRE_ARRAY = 1,   /* array_like vLLM, what llm-d's and
+				      Dynamo's routers decode: each struct an
+				      array of its fields, an event's tag
+				      first; no group fields */
+	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: no medium or
+				      lora_name, no data_parallel_rank;
 				      hashes always ints */
 } bkv_vllm_wire;
 
@@ -1605,10 +1594,11 @@ BKV_API void bkv_vllm_config_init(bkv_vllm_config *cfg);
 
 /**
  * Create an encoder for one pool. It keeps each indexed block's published
- * hash (32 bytes + 8 per device block) and grows a message buffer as needed.
+ * hash and walk scratch (49 bytes per device block, taken here) and grows a
+ * message buffer as needed.
  * @param cfg    validated and copied (strings too).
  * @param pool   the pool whose events it will drain; must have events on
- *               (cfg.event_capacity > 0) and outlive the encoder.
+ *               (bkv_pool_config.event_capacity > 0) and outlive the encoder.
  * @param alloc  allocator; NULL = libc. Copied.
  * @param out    receives the encoder; untouched on failure.
  * @return BKV_OK; BKV_EINVAL (NULL cfg/pool/out, cfg->size too small, a field
@@ -1627,8 +1617,9 @@ BKV_API int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *
 BKV_API void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc);
 
 /**
- * Drain every pending event of the pool and encode them as one vLLM
- * KVEventBatch (msgpack), the payload of one ZeroMQ message. Consecutive
+ * Drain every pending KV event of the pool (as bkv_pool_events would) and
+ * encode them as one vLLM KVEventBatch (msgpack), the payload of one ZeroMQ
+ * message. Consecutive
  * stored blocks that chain (each the parent of the next, same key) share one
  * BlockStored, as vLLM's per-request stores do; each removed block is its
  * own BlockRemoved. A block stored and removed again between two calls is
