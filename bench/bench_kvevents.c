@@ -5,7 +5,7 @@
  *              (bkv_block_hashes) against vLLM's sha256_cbor and sha256
  *              (pickle) digests (bkv_vllm_block_hashes), at block_tokens 16
  *              (vLLM's default) and 128.
- *   encode     per stored block, the whole bkv_vllm_encode of a step's
+ *   encode     per stored block, the whole bkv_vllm_encoder_drain of a step's
  *              events (drain, hash, msgpack), with the pool's own hashes and
  *              with sha256_cbor: a 2,048-token prompt is appended (128
  *              blocks stored, as many evicted from the previous round) and
@@ -92,7 +92,7 @@ static double encode_ns(uint32_t hash, int rounds)
 			    bkv_seq_close(p, s))
 				exit(1);
 			t0 = now_ns();
-			n = bkv_vllm_encode(e, p, 0.0, &msg, &len);
+			n = bkv_vllm_encoder_drain(e, p, 0.0, &msg, &len);
 			t += now_ns() - t0;
 			if (n < 0)
 				exit(1);

@@ -202,7 +202,7 @@ typedef struct bkv_pool_config {
 				      reuse them. Default 1. */
 	uint64_t hash_seed;        /* seeds the chained block hash. Default 0. */
 	uint32_t event_capacity;   /* KV events the ring holds between drains
-				      (bkv_pool_events), 0..2^24; taken at
+				      (bkv_pool_drain_events), 0..2^24; taken at
 				      create. 0 = no events. Default 0. */
 	uint32_t reserved[3];      /* zero; room for later fields */
 } bkv_pool_config;
@@ -490,7 +490,8 @@ BKV_API int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq);
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */
-BKV_API uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out);
+BKV_API uint32_t bkv_pool_pending_copies(const bkv_pool *pool, bkv_copy_kind kind,
+					 const bkv_copy **out);
 
 /**
  * Forget pending copies of one kind, once the host has performed them.
@@ -623,7 +624,7 @@ typedef struct bkv_block_info {
 				  content immutable) */
 	int copy_pending;      /* nonzero: source or destination of a pending
 				  device copy, or destination of a pending
-				  swap-in copy (bkv_pool_copies) */
+				  swap-in copy (bkv_pool_pending_copies) */
 	uint32_t kids;         /* indexed blocks whose parent is this block */
 	int32_t parent;        /* the block before it in the table of the
 				  sequence that took it; -1 when it was
@@ -971,8 +972,8 @@ BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_ca
  * @return BKV_OK; BKV_EINVAL (NULL argument or unknown kind).
  * Thread rules: owner thread.
  */
-BKV_API int bkv_cost_calib_coefficients(const bkv_cost_calib *calib, bkv_call_kind kind,
-					double *w);
+BKV_API int bkv_cost_calib_coefficients_get(const bkv_cost_calib *calib, bkv_call_kind kind,
+					    double *w);
 
 /**
  * Wrap a calibrated model as a cost model: both step_us and observe set, ctx =
@@ -1372,7 +1373,7 @@ typedef struct bkv_kv_event {
  * Thread rules: the pool's thread (events come from the calls that change
  * the pool, so drain between them, e.g. after each bkv_step).
  */
-BKV_API uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max);
+BKV_API uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max);
 
 /**
  * Chained hashes of the full blocks of a token sequence, exactly the hashes a
@@ -1496,16 +1497,16 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
  * the SGLang router) follow a replica through its KV events: a msgpack
  * KVEventBatch {ts, events, data_parallel_rank} of tagged BlockStored /
  * BlockRemoved / AllBlocksCleared structs, sent over ZeroMQ. A bkv_vllm_encoder
- * drains a pool's events (bkv_pool_events) and writes exactly the bytes a vLLM
+ * drains a pool's events (bkv_pool_drain_events) and writes exactly the bytes a vLLM
  * replica's msgspec encoder writes for the same blocks, with block hashes
  * computed the way vLLM computes them (hash_block_tokens) when asked, so such
  * a router can follow a libbatchkv engine unchanged. docs/scaling.md cites
  * the vLLM sources followed and lists which router versions decode it.
  *
  * An encoder drains the pool's event ring, so a pool's events go either to
- * bkv_pool_events or to one encoder, not both. The encoder belongs to the
+ * bkv_pool_drain_events or to one encoder, not both. The encoder belongs to the
  * pool's thread and reads the pool (tokens, prefix-cache index) while it
- * drains, so call bkv_vllm_encode between pool calls. When the
+ * drains, so call bkv_vllm_encoder_drain between pool calls. When the
  * pool's event ring dropped events (a gap in seq), the batch it writes is a
  * resynchronisation: AllBlocksCleared followed by a BlockStored for every
  * block in the index, parents first, so a subscriber's view is exact again.
@@ -1543,7 +1544,7 @@ typedef enum bkv_vllm_hash {
 /* Names a pool's prefix-cache key for vLLM: the LoRA adapter name that vLLM
  * puts in a block's extra keys (and in BlockStored.lora_name). Return NULL for
  * a key without a name. Called on the pool's thread while encoding; the
- * string must stay valid until bkv_vllm_encode returns. */
+ * string must stay valid until bkv_vllm_encoder_drain returns. */
 typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);
 
 typedef struct bkv_vllm_config {
@@ -1617,7 +1618,7 @@ BKV_API int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *
 BKV_API void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc);
 
 /**
- * Drain every pending KV event of the pool (as bkv_pool_events would) and
+ * Drain every pending KV event of the pool (as bkv_pool_drain_events would) and
  * encode them as one vLLM KVEventBatch (msgpack), the payload of one ZeroMQ
  * message. Consecutive
  * stored blocks that chain (each the parent of the next, same key) share one
@@ -1635,8 +1636,8 @@ BKV_API void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc);
  *         drained events are lost and the next call resynchronises).
  * Thread rules: the pool's thread, between calls that change the pool.
  */
-BKV_API int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts,
-			    const uint8_t **msg, size_t *len);
+BKV_API int bkv_vllm_encoder_drain(bkv_vllm_encoder *enc, bkv_pool *pool, double ts,
+				   const uint8_t **msg, size_t *len);
 
 /**
  * Resynchronisations written so far (ring overflows and buffer failures).
@@ -1649,7 +1650,7 @@ BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
 /**
  * vLLM's block digests of the full blocks of a token sequence: what a vLLM
  * replica with this hash function, PYTHONHASHSEED and block size computes
- * (and what bkv_vllm_encode publishes for a pool holding these tokens). A
+ * (and what bkv_vllm_encoder_drain publishes for a pool holding these tokens). A
  * router hashes an incoming prompt with it.
  * @param cfg           hash (SHA256_CBOR or SHA256) and hash_seed are read.
  * @param lora_name     the extra key of every block (vLLM's LoRA name);

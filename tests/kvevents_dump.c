@@ -87,7 +87,7 @@ static void put_batch_and_truth(bkv_vllm_encoder *enc, bkv_pool *p, const bkv_vl
 	const uint8_t *msg;
 	size_t len;
 	uint32_t n;
-	int rc = bkv_vllm_encode(enc, p, ts, &msg, &len);
+	int rc = bkv_vllm_encoder_drain(enc, p, ts, &msg, &len);
 
 	if (rc < 0) {
 		fprintf(stderr, "encode: %s\n", bkv_strerror(rc));
@@ -222,7 +222,7 @@ int main(int argc, char **argv)
 			size_t len;
 			uint32_t n;
 
-			rc = bkv_vllm_encode(enc, w.pool, ts + w.step * 0.25, &msg, &len);
+			rc = bkv_vllm_encoder_drain(enc, w.pool, ts + w.step * 0.25, &msg, &len);
 			if (rc < 0)
 				return fprintf(stderr, "encode: %s\n", bkv_strerror(rc)), 1;
 			if (len) {

@@ -478,9 +478,9 @@ Test(cost, calib_rejects_bad_arguments_and_ignores_bad_measurements)
 	cr_expect_eq(bkv_cost_calib_observations(cal, BKV_CALL_DECODE), 0);
 	cr_expect_eq(bkv_cost_calib_observations(cal, (bkv_call_kind)7), 0);
 	double w[BKV_COST_CALIB_FEATURES];
-	cr_expect_eq(bkv_cost_calib_coefficients(cal, (bkv_call_kind)7, w), BKV_EINVAL);
-	cr_expect_eq(bkv_cost_calib_coefficients(cal, BKV_CALL_MIXED, NULL), BKV_EINVAL);
-	cr_assert_eq(bkv_cost_calib_coefficients(cal, BKV_CALL_MIXED, w), BKV_OK);
+	cr_expect_eq(bkv_cost_calib_coefficients_get(cal, (bkv_call_kind)7, w), BKV_EINVAL);
+	cr_expect_eq(bkv_cost_calib_coefficients_get(cal, BKV_CALL_MIXED, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_cost_calib_coefficients_get(cal, BKV_CALL_MIXED, w), BKV_OK);
 	cr_expect_float_eq(w[0], 1.0, 1e-12);
 	bkv_cost_model m = bkv_cost_calib_model(cal);
 	cr_expect_eq(m.ctx, cal);

@@ -1,5 +1,5 @@
 /*
- * test_events.c - KV events (bkv_pool_events), bkv_block_hashes, and
+ * test_events.c - KV events (bkv_pool_drain_events), bkv_block_hashes, and
  * sequence export/import between two pools (bkv_seq_export/bkv_seq_import).
  *
  * Exact event sequences for hand-built cases, overflow counting, and a
@@ -68,17 +68,17 @@ Test(events, stored_for_each_full_block_with_chained_hashes)
 	cr_assert_eq(bkv_block_hashes(99, 7, 4, t, 10, h), 2);
 	cr_assert_eq(bkv_seq_open_keyed(p, 7, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 10, NULL), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 2);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 2);
 	expect_stored(&ev[0], 1, 0, h[0], 0, 0, 7);
 	expect_stored(&ev[1], 2, 1, h[1], 1, h[0], 7);
 	/* the partial block fills: its event comes now */
 	cr_assert_eq(bkv_seq_append(p, s, t, 2, NULL), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 1);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 1);
 	cr_assert_eq(ev[0].seq, 3);
 	cr_assert_eq(ev[0].block, 2);
 	cr_assert_eq(ev[0].parent_hash, h[1]);
 	/* nothing pending: drain gives 0 */
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 0);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 0);
 	bkv_pool_destroy(p);
 }
 
@@ -101,11 +101,11 @@ Test(events, hits_and_close_emit_nothing_eviction_and_drop_emit_removed)
 	cr_assert_eq(bkv_seq_append(p, s2, a, 8, &hit), BKV_OK); /* hits */
 	cr_assert_eq(hit, 8);
 	cr_assert_eq(bkv_seq_close(p, s2), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 16), 2); /* only the first stores */
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 16), 2); /* only the first stores */
 	/* four new blocks: two free, then the LRU (deepest first: 1, then 0) */
 	cr_assert_eq(bkv_seq_open(p, &s3), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s3, b, 16, NULL), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 16), 6);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 16), 6);
 	expect_stored(&ev[0], 3, 2, hb[0], 0, 0, 0);
 	expect_stored(&ev[1], 4, 3, hb[1], 1, hb[0], 0);
 	expect_removed(&ev[2], 5, 1, ha[1]);
@@ -114,7 +114,7 @@ Test(events, hits_and_close_emit_nothing_eviction_and_drop_emit_removed)
 	expect_stored(&ev[5], 8, 0, hb[3], 1, hb[2], 0);
 	/* drop: the leaf leaves the index, then its parent (leaf now), ... */
 	cr_assert_eq(bkv_seq_drop(p, s3), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 16), 4);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 16), 4);
 	expect_removed(&ev[0], 9, 0, hb[3]);
 	expect_removed(&ev[1], 10, 1, hb[2]);
 	expect_removed(&ev[2], 11, 3, hb[1]);
@@ -133,9 +133,9 @@ Test(events, reset_cache_emits_one_cleared)
 	fill_tokens(t, 12, 1);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 12, NULL), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 3);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 3);
 	cr_assert_eq(bkv_pool_reset_cache(p), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 1);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 1);
 	cr_assert_eq(ev[0].kind, BKV_EVENT_CLEARED);
 	cr_assert_eq(ev[0].seq, 4);
 	cr_assert_eq(ev[0].block, -1);
@@ -143,7 +143,7 @@ Test(events, reset_cache_emits_one_cleared)
 	/* blocks still used leave the index silently with the reset: closing
 	 * them later says nothing more */
 	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 0);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 0);
 	bkv_pool_destroy(p);
 }
 
@@ -162,11 +162,11 @@ Test(events, overflow_is_counted_and_shows_as_a_gap)
 	cr_assert_eq(st.events, 5);
 	cr_assert_eq(st.events_dropped, 2);
 	/* a partial drain, then the rest: the ring kept the oldest three */
-	cr_assert_eq(bkv_pool_events(p, ev, 2), 2);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 2), 2);
 	cr_assert_eq(ev[0].seq, 1);
 	cr_assert_eq(ev[1].seq, 2);
 	cr_assert_eq(bkv_seq_append(p, s, t + 20, 12, NULL), BKV_OK); /* 3 more */
-	cr_assert_eq(bkv_pool_events(p, ev, 8), 3);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 8), 3);
 	cr_assert_eq(ev[0].seq, 3);
 	cr_assert_eq(ev[1].seq, 6, "the gap shows where events were dropped");
 	cr_assert_eq(ev[2].seq, 7);
@@ -195,9 +195,9 @@ Test(events, off_by_default_and_capacity_validated)
 	fill_tokens(t, 8, 1);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 8, NULL), BKV_OK);
-	cr_assert_eq(bkv_pool_events(p, ev, 4), 0);
+	cr_assert_eq(bkv_pool_drain_events(p, ev, 4), 0);
 	cr_assert_eq(pool_stats(p).events, 0);
-	cr_assert_eq(bkv_pool_events(NULL, ev, 4), 0);
+	cr_assert_eq(bkv_pool_drain_events(NULL, ev, 4), 0);
 	cr_assert_eq(bkv_block_hashes(0, 0, 0, t, 8, NULL), 0);
 	cr_assert_eq(bkv_block_hashes(0, 0, 4, t, 3, NULL), 0);
 	bkv_pool_destroy(p);
@@ -281,7 +281,7 @@ Test(events, router_replay_equals_index_after_random_workloads)
 
 			if (pool_random_op(p, seqs, &txn, ev_keys, 2))
 				continue;
-			while ((n = bkv_pool_events(p, ev, 64)) > 0)
+			while ((n = bkv_pool_drain_events(p, ev, 64)) > 0)
 				for (i = 0; i < n; i++)
 					router_apply(&r, &ev[i]);
 			expect_router_knows_index(p, &r);
@@ -358,7 +358,7 @@ Test(export, a_prefill_moves_to_another_pool_with_transfers_and_events)
 		cr_assert_eq(x[i].dst, dtab[i]);
 	}
 	expect_len(dst, d, 10);
-	cr_assert_eq(bkv_pool_events(dst, ev, 8), 3); /* filler's block, then two */
+	cr_assert_eq(bkv_pool_drain_events(dst, ev, 8), 3); /* filler's block, then two */
 	cr_assert_eq(ev[1].hash, h[0]);
 	cr_assert_eq(ev[2].hash, h[1]);
 	cr_assert_eq(ev[2].block, dtab[1]);
@@ -428,7 +428,7 @@ Test(export, import_is_all_or_nothing)
 	cr_assert_eq(d, 77);
 	cr_assert_eq(nx, 77);
 	expect_same_stats(&before, dst);
-	cr_assert_eq(bkv_pool_events(dst, ev, 4), 0);
+	cr_assert_eq(bkv_pool_drain_events(dst, ev, 4), 0);
 	cr_assert_eq(bkv_seq_close(dst, a), BKV_OK);
 	/* the failures took no sequence id: dst and an untouched twin agree */
 	cr_assert_eq(bkv_seq_open(twin, &b), BKV_OK);
@@ -545,7 +545,7 @@ static void expect_refused(bkv_pool *dst, const image_buf *ib, int rc)
 	cr_assert_eq(d, 77);
 	cr_assert_eq(nx, 77);
 	expect_same_stats(&before, dst);
-	cr_assert_eq(bkv_pool_events(dst, ev, 4), 0);
+	cr_assert_eq(bkv_pool_drain_events(dst, ev, 4), 0);
 }
 
 Test(export, import_refuses_an_image_whose_len_exceeds_its_arrays)

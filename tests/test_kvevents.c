@@ -83,7 +83,7 @@ Test(kvevents, two_chained_blocks_are_one_block_stored_map_layout)
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, t, 4, h), 2);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 1);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1);
 	/* {"ts": 0.5, "events": [{"type": "BlockStored", "block_hashes": [h0, h1],
 	 *  "parent_block_hash": nil, "token_ids": [1,2,3,4], "block_size": 2,
 	 *  "lora_id": nil, "medium": "GPU", "lora_name": nil}]} */
@@ -94,13 +94,13 @@ Test(kvevents, two_chained_blocks_are_one_block_stored_map_layout)
 	X(&w, "\xb1parent_block_hash\xc0\xa9token_ids\x94\x01\x02\x03\x04");
 	X(&w, "\xaa" "block_size\x02\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0");
 	expect_bytes(msg, len, &w);
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 0, "nothing new: no batch");
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0, "nothing new: no batch");
 	cr_assert_eq(len, 0);
 	cr_assert_null(msg);
 
 	/* reset: {"ts": 1.0, "events": [{"type": "AllBlocksCleared"}]} */
 	cr_assert_eq(bkv_pool_reset_cache(p), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, p, 1.0, &msg, &len), 1);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 1.0, &msg, &len), 1);
 	w.n = 0;
 	X(&w, "\x82\xa2ts\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\xa6" "events\x91\x81");
 	X(&w, "\xa4type\xb0" "AllBlocksCleared");
@@ -132,7 +132,7 @@ Test(kvevents, array_layouts_are_the_array_like_structs)
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, t, 2, h), 1);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 2, &hit), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e0, p, 2.0, &msg, &len), 1);
+	cr_assert_eq(bkv_vllm_encoder_drain(e0, p, 2.0, &msg, &len), 1);
 	/* V0: [2.0, [["BlockStored", [h0], nil, [200, 300], 2, nil]]] */
 	X(&w, "\x92\xcb\x40\x00\x00\x00\x00\x00\x00\x00\x91\x96\xab" "BlockStored\x91");
 	x_u64(&w, h[0]);
@@ -143,7 +143,7 @@ Test(kvevents, array_layouts_are_the_array_like_structs)
 	 * snapshot. [2.0, [["AllBlocksCleared"], ["BlockStored", [h0], nil,
 	 * [200, 300], 2, nil, "GPU", nil]], 2] */
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, &e1), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e1, p, 2.0, &msg, &len), 2);
+	cr_assert_eq(bkv_vllm_encoder_drain(e1, p, 2.0, &msg, &len), 2);
 	w.n = 0;
 	X(&w, "\x93\xcb\x40\x00\x00\x00\x00\x00\x00\x00\x92\x91\xb0" "AllBlocksCleared");
 	X(&w, "\x98\xab" "BlockStored\x91");
@@ -174,7 +174,7 @@ Test(kvevents, block_stored_and_evicted_between_drains_is_left_out)
 	cr_assert_eq(bkv_seq_append(p, s2, b, 4, &hit), BKV_OK); /* evicts both */
 	/* pool events: STORED a0, a1, REMOVED x2, STORED b0, b1; a's blocks now
 	 * hold b's tokens, so only b's store goes out */
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 1);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1);
 	X(&w, "\x82\xa2ts\xcb\x3f\xe0\x00\x00\x00\x00\x00\x00\xa6" "events\x91\x88");
 	X(&w, "\xa4type\xab" "BlockStored\xac" "block_hashes\x92");
 	x_u64(&w, hb[0]);
@@ -187,7 +187,7 @@ Test(kvevents, block_stored_and_evicted_between_drains_is_left_out)
 	cr_assert_eq(bkv_seq_close(p, s2), BKV_OK);
 	cr_assert_eq(bkv_seq_open(p, &s1), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s1, a, 2, &hit), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 2);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 2);
 	bkv_vllm_encoder_destroy(e);
 	bkv_pool_destroy(p);
 }
@@ -206,7 +206,7 @@ Test(kvevents, ring_overflow_becomes_a_snapshot)
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, t, 4, h), 2);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 4, &hit), BKV_OK); /* the 2nd event drops */
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 2);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 2);
 	X(&w, "\x82\xa2ts\xcb\x3f\xe0\x00\x00\x00\x00\x00\x00\xa6" "events\x92");
 	X(&w, "\x81\xa4type\xb0" "AllBlocksCleared\x88");
 	X(&w, "\xa4type\xab" "BlockStored\xac" "block_hashes\x92");
@@ -244,7 +244,7 @@ Test(kvevents, optional_fields_follow_the_config)
 	cr_assert_eq(bkv_vllm_block_hashes(&vc, NULL, 1, t, 1, d), 1);
 	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, s, t, 1, &hit), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, p, 0.5, &msg, &len), 1);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1);
 	X(&w, "\x83\xa2ts\xcb\x3f\xe0\x00\x00\x00\x00\x00\x00\xa6" "events\x91\x8c");
 	X(&w, "\xa4type\xab" "BlockStored\xac" "block_hashes\x91\xc4\x20");
 	x(&w, (const char *)d, 32);
@@ -292,9 +292,9 @@ Test(kvevents, bad_arguments_are_refused)
 	cr_assert_eq(bkv_vllm_block_hashes(&vc, NULL, 0, t, 2, d), 0);
 	cr_assert_eq(bkv_vllm_block_hashes(&vc, NULL, 2, t, 1, NULL), 0, "no full block");
 	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, &e), BKV_OK);
-	cr_assert_eq(bkv_vllm_encode(e, quiet, 0, &msg, &len), BKV_EINVAL, "another pool");
-	cr_assert_eq(bkv_vllm_encode(e, p, 0, NULL, &len), BKV_EINVAL);
-	cr_assert_eq(bkv_vllm_encode(NULL, p, 0, &msg, &len), BKV_EINVAL);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, quiet, 0, &msg, &len), BKV_EINVAL, "another pool");
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0, NULL, &len), BKV_EINVAL);
+	cr_assert_eq(bkv_vllm_encoder_drain(NULL, p, 0, &msg, &len), BKV_EINVAL);
 	bkv_vllm_encoder_destroy(e);
 	bkv_vllm_encoder_destroy(NULL);
 	cr_assert_eq(bkv_vllm_encoder_resyncs(NULL), 0);
@@ -385,10 +385,10 @@ Test(kvevents, every_failed_allocation_is_enomem_and_the_next_encode_resyncs)
 		}
 		cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
 		cr_assert_eq(bkv_seq_append(p, s, t, 64, &hit), BKV_OK); /* 32 blocks */
-		rc = bkv_vllm_encode(e, p, 1.0, &msg, &len);
+		rc = bkv_vllm_encoder_drain(e, p, 1.0, &msg, &len);
 		if (rc == BKV_ENOMEM) {
 			/* the events are lost; the next call resynchronises */
-			rc = bkv_vllm_encode(e, p, 1.0, &msg, &len);
+			rc = bkv_vllm_encoder_drain(e, p, 1.0, &msg, &len);
 			cr_assert_eq(rc, 2, "allocation %ld: %d, want AllBlocksCleared + one BlockStored", k, rc);
 			cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1);
 		} else if (f.n >= f.fail_at) {

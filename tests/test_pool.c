@@ -420,12 +420,12 @@ Test(pool_cow, fork_then_write_into_the_shared_partial_block_copies_it)
 	cr_assert_eq(bkv_seq_fork(p, a, &b), BKV_OK);
 	expect_table(p, b, (int32_t[]){0, 1}, 2);
 	expect_refs(p, (uint32_t[]){2, 2, 0}, 3);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, &cp), 0);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, &cp), 0);
 	cr_assert_eq(bkv_seq_append(p, b, t + 6, 1, NULL), BKV_OK);
 	expect_table(p, b, (int32_t[]){0, 2}, 2);
 	expect_table(p, a, (int32_t[]){0, 1}, 2);
 	expect_refs(p, (uint32_t[]){2, 1, 1}, 3);
-	n = bkv_pool_copies(p, BKV_COPY_DEVICE, &cp);
+	n = bkv_pool_pending_copies(p, BKV_COPY_DEVICE, &cp);
 	cr_assert_eq(n, 1);
 	cr_assert_eq(cp[0].src, 1);
 	cr_assert_eq(cp[0].dst, 2);
@@ -433,10 +433,10 @@ Test(pool_cow, fork_then_write_into_the_shared_partial_block_copies_it)
 	/* a now owns 1 alone: writes in place */
 	cr_assert_eq(bkv_seq_append(p, a, t + 6, 1, NULL), BKV_OK);
 	expect_table(p, a, (int32_t[]){0, 1}, 2);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, NULL), 1);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, NULL), 1);
 	cr_assert_eq(bkv_pool_check(p), 0);
 	bkv_pool_clear_copies(p, BKV_COPY_DEVICE);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, NULL), 0);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, NULL), 0);
 	cr_assert_eq(bkv_pool_check(p), 0);
 	bkv_pool_destroy(p);
 }
@@ -456,7 +456,7 @@ Test(pool_cow, full_shared_blocks_are_never_copied)
 	cr_assert_eq(bkv_seq_append(p, a, t, 1, NULL), BKV_OK);
 	expect_table(p, b, (int32_t[]){0, 1, 2}, 3);
 	expect_table(p, a, (int32_t[]){0, 1, 3}, 3);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, NULL), 0);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, NULL), 0);
 	cr_assert_eq(pool_stats(p).cow_copies, 0);
 	bkv_pool_destroy(p);
 }
@@ -496,7 +496,7 @@ Test(pool_cow, truncate_inside_a_cached_block_copies_on_the_next_write)
 	expect_table(p, a, (int32_t[]){0, 1}, 2);
 	cr_assert_eq(bkv_seq_append(p, a, (int32_t[]){-1}, 1, NULL), BKV_OK);
 	expect_table(p, a, (int32_t[]){0, 2}, 2);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_DEVICE, &cp), 1);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, &cp), 1);
 	cr_assert_eq(cp[0].src, 1);
 	cr_assert_eq(cp[0].dst, 2);
 	/* 1 kept its content and, as the source of a pending copy, stays
@@ -629,7 +629,7 @@ Test(pool_swap, swap_out_then_in_with_cached_blocks_shared_again)
 	cr_assert_eq(bkv_seq_append(p, a, t, 10, NULL), BKV_OK); /* [0,1,2] */
 	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_OK);
 	expect_table(p, a, (int32_t[]){0, 1, 2}, 3); /* host ids */
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_SWAP_OUT, &cp), 3);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_SWAP_OUT, &cp), 3);
 	cr_assert_eq(cp[0].src, 0);
 	cr_assert_eq(cp[0].dst, 0);
 	cr_assert_eq(cp[2].src, 2);
@@ -647,7 +647,7 @@ Test(pool_swap, swap_out_then_in_with_cached_blocks_shared_again)
 
 	cr_assert_eq(bkv_seq_swap_in(p, a), BKV_OK);
 	expect_table(p, a, (int32_t[]){0, 1, 2}, 3); /* 0, 1 hits; 2 new */
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_SWAP_IN, &cp), 1);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_SWAP_IN, &cp), 1);
 	cr_assert_eq(cp[0].src, 2);
 	cr_assert_eq(cp[0].dst, 2);
 	cr_assert_eq(pool_stats(p).swap_out_blocks, 3);
@@ -679,7 +679,7 @@ Test(pool_swap, swap_in_after_eviction_copies_every_block)
 	/* free list now: 0 1 2 3 ...: reset pushed 1 then 0 on top of 2 */
 	cr_assert_eq(bkv_seq_swap_in(p, a), BKV_OK);
 	expect_table(p, a, (int32_t[]){0, 1, 2}, 3);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_SWAP_IN, &cp), 3);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_SWAP_IN, &cp), 3);
 	cr_assert_eq(cp[1].src, 1);
 	cr_assert_eq(cp[1].dst, 1);
 	/* re-entered into the index from the host's tokens */
@@ -704,7 +704,7 @@ Test(pool_swap, swap_out_needs_a_host_block_per_entry)
 	before = pool_stats(p);
 	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_ENOSPC);
 	expect_same_stats(&before, p);
-	cr_assert_eq(bkv_pool_copies(p, BKV_COPY_SWAP_OUT, NULL), 0);
+	cr_assert_eq(bkv_pool_pending_copies(p, BKV_COPY_SWAP_OUT, NULL), 0);
 	cr_assert_eq(bkv_seq_truncate(p, a, 8), BKV_OK);
 	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_OK);
 	cr_assert_eq(bkv_pool_check(p), 0);

@@ -328,7 +328,7 @@ Test(pool_input, null_pool_is_einval_everywhere)
 	cr_assert_eq(bkv_seq_info_get(NULL, s, &info), BKV_EINVAL);
 	cr_assert_eq(bkv_seq_swap_out(NULL, s), BKV_EINVAL);
 	cr_assert_eq(bkv_seq_swap_in(NULL, s), BKV_EINVAL);
-	cr_assert_eq(bkv_pool_copies(NULL, BKV_COPY_DEVICE, &cp), 0);
+	cr_assert_eq(bkv_pool_pending_copies(NULL, BKV_COPY_DEVICE, &cp), 0);
 	cr_assert_null(cp);
 	bkv_pool_clear_copies(NULL, BKV_COPY_DEVICE);
 	cr_assert_eq(bkv_pool_available(NULL), 0);
@@ -374,7 +374,7 @@ Test(pool_input, bad_arguments_change_nothing)
 	cr_assert_eq(bkv_seq_append(p, a, t, 27, NULL), BKV_E2BIG);
 	cr_assert_eq(bkv_seq_append(p, a, t, 0x80000000u, NULL), BKV_E2BIG);
 	cr_assert_eq(bkv_seq_append(p, a, t, UINT32_MAX, NULL), BKV_E2BIG);
-	cr_assert_eq(bkv_pool_copies(p, (bkv_copy_kind)3, &cp), 0);
+	cr_assert_eq(bkv_pool_pending_copies(p, (bkv_copy_kind)3, &cp), 0);
 	cr_assert_null(cp);
 	bkv_pool_clear_copies(p, (bkv_copy_kind)7);
 	for (i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {

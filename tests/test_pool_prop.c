@@ -53,15 +53,15 @@ static void host_step(model *m)
 	const bkv_copy *c;
 	uint32_t n, i, bt = m->bt;
 
-	n = bkv_pool_copies(m->p, BKV_COPY_SWAP_OUT, &c);
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_SWAP_OUT, &c);
 	for (i = 0; i < n; i++)
 		memcpy(m->kv_host + (size_t)c[i].dst * bt, m->kv_dev + (size_t)c[i].src * bt,
 		       bt * sizeof(int32_t));
-	n = bkv_pool_copies(m->p, BKV_COPY_SWAP_IN, &c);
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_SWAP_IN, &c);
 	for (i = 0; i < n; i++)
 		memcpy(m->kv_dev + (size_t)c[i].dst * bt, m->kv_host + (size_t)c[i].src * bt,
 		       bt * sizeof(int32_t));
-	n = bkv_pool_copies(m->p, BKV_COPY_DEVICE, &c);
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_DEVICE, &c);
 	for (i = 0; i < n; i++)
 		memcpy(m->kv_dev + (size_t)c[i].dst * bt, m->kv_dev + (size_t)c[i].src * bt,
 		       bt * sizeof(int32_t));

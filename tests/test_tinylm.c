@@ -312,9 +312,9 @@ static int run_pool_rows(tlm_host *h, bkv_pool *pool, const prow *rows, uint32_t
 			       rows[r].branch, rows[r].user};
 	}
 	mcopies mc;
-	mc.n_copies = bkv_pool_copies(pool, BKV_COPY_DEVICE, &mc.copies);
-	mc.n_swap_out = bkv_pool_copies(pool, BKV_COPY_SWAP_OUT, &mc.swap_out);
-	mc.n_swap_in = bkv_pool_copies(pool, BKV_COPY_SWAP_IN, &mc.swap_in);
+	mc.n_copies = bkv_pool_pending_copies(pool, BKV_COPY_DEVICE, &mc.copies);
+	mc.n_swap_out = bkv_pool_pending_copies(pool, BKV_COPY_SWAP_OUT, &mc.swap_out);
+	mc.n_swap_in = bkv_pool_pending_copies(pool, BKV_COPY_SWAP_IN, &mc.swap_in);
 	uint32_t n_decode = 0;
 	while (n_decode < n_rows && rows[n_decode].n_new == 1)
 		n_decode++;

@@ -291,7 +291,7 @@ int main(int argc, char **argv)
 		serve_replay(&P);
 		if (gap && w.step >= 30 && w.step < 40 && more)
 			continue;
-		rc = bkv_vllm_encode(enc, w.pool, now_s(), &msg, &len);
+		rc = bkv_vllm_encoder_drain(enc, w.pool, now_s(), &msg, &len);
 		if (rc < 0)
 			return fprintf(stderr, "encode: %s\n", bkv_strerror(rc)), 1;
 		if (len)

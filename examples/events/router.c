@@ -559,7 +559,7 @@ static int run(const opts *o, const trace *t, int pol, result *res)
 					return fprintf(stderr, "router: replica %d stalled\n", busy), -1;
 				P->now = t_arr;
 			}
-			rc = bkv_vllm_encode(P->enc, P->pool, P->now * 1e-6, &m, &len);
+			rc = bkv_vllm_encoder_drain(P->enc, P->pool, P->now * 1e-6, &m, &len);
 			if (rc < 0)
 				return fprintf(stderr, "router: encode: %s\n", bkv_strerror(rc)), -1;
 			if (len) {

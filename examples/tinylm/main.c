@@ -236,7 +236,7 @@ int main(int argc, char **argv)
 	double w8[BKV_COST_CALIB_FEATURES];
 	const char *kinds[] = {"mixed", "prefill", "decode"};
 	for (int k = 0; k < 3; k++) {
-		if (bkv_cost_calib_coefficients(calib, (bkv_call_kind)k, w8) != BKV_OK)
+		if (bkv_cost_calib_coefficients_get(calib, (bkv_call_kind)k, w8) != BKV_OK)
 			continue;
 		printf("calibrated %-7s after %5llu calls: w0 %.3g (x roofline) w1 %.3g us "
 		       "w2 %.3g us/row w5 %.3g us/prefill token\n",

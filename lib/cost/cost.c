@@ -477,7 +477,7 @@ uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_call_kind 
 	return calib->fit[kind].n_obs;
 }
 
-int bkv_cost_calib_coefficients(const bkv_cost_calib *calib, bkv_call_kind kind, double *w)
+int bkv_cost_calib_coefficients_get(const bkv_cost_calib *calib, bkv_call_kind kind, double *w)
 {
 	if (!calib || !w || !kind_ok(kind))
 		return BKV_EINVAL;

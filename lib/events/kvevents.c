@@ -6,7 +6,7 @@
  * msgpack KVEventBatch messages and finds a prompt's blocks by hashing its
  * tokens the way vLLM does. This file makes a pool look like such a replica.
  * It reads the pool (lib/internal.h) and changes nothing in it: the pool's
- * own events (prefix.c writes them, bkv_pool_events drains them) say which
+ * own events (prefix.c writes them, bkv_pool_drain_events drains them) say which
  * block entered or left the index, and the token store says what the block
  * holds.
  *
@@ -597,7 +597,7 @@ uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name
 
 /* ---- the encoder ----------------------------------------------------------- */
 
-#define EV_CHUNK 256 /* pool events drained per bkv_pool_events call */
+#define EV_CHUNK 256 /* pool events drained per bkv_pool_drain_events call */
 
 struct bkv_vllm_encoder {
 	bkv_allocator alloc;  /* copied at create; all memory below */
@@ -1012,7 +1012,7 @@ static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
 	}
 }
 
-int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint8_t **msg,
+int bkv_vllm_encoder_drain(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint8_t **msg,
 		    size_t *len)
 {
 	bkv_vllm_encoder *e = enc;
@@ -1028,7 +1028,7 @@ int bkv_vllm_encode(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint
 	e->body.oom = 0;
 	e->n_events = 0;
 	e->n_group = 0;
-	while ((n = bkv_pool_events(pool, e->ev, EV_CHUNK)) > 0) {
+	while ((n = bkv_pool_drain_events(pool, e->ev, EV_CHUNK)) > 0) {
 		for (i = 0; i < n; i++) {
 			if (e->ev[i].seq != e->last_seq + 1)
 				e->need_resync = 1;

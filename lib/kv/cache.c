@@ -43,7 +43,7 @@
  *
  * KV events (for cluster routers): a STORED or REMOVED event goes into a
  * preallocated ring wherever a block enters or leaves the index, a reset
- * writes one CLEARED; bkv_pool_events drains it (bkv__kv_events).
+ * writes one CLEARED; bkv_pool_drain_events drains it (bkv__kv_events).
  */
 #include "kv/kv.h"
 

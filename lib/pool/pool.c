@@ -171,7 +171,7 @@ void bkv_pool_destroy(bkv_pool *pool)
 
 /* ---- copies, admission, reset, stats, events ------------------------------ */
 
-uint32_t bkv_pool_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out)
+uint32_t bkv_pool_pending_copies(const bkv_pool *pool, bkv_copy_kind kind, const bkv_copy **out)
 {
 	if (out)
 		*out = NULL;
@@ -267,7 +267,7 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 	memcpy(stats, &st, n);
 }
 
-uint32_t bkv_pool_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
+uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 {
 	if (!pool || !out)
 		return 0;

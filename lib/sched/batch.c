@@ -130,7 +130,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	b->row_user = s->call.row_user;
 	for (kind_i = 0; kind_i < 3; kind_i++) {
 		const bkv_copy *v = NULL;
-		uint32_t n = bkv_pool_copies(s->pool, (bkv_copy_kind)kind_i, &v);
+		uint32_t n = bkv_pool_pending_copies(s->pool, (bkv_copy_kind)kind_i, &v);
 		uint32_t sent = BKV_MIN(s->call.copies_sent[kind_i], n);
 
 		s->call.copies_sent[kind_i] = n;

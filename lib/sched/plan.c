@@ -45,7 +45,7 @@ static void lane_undo(bkv_sched *s, bkv__lane *l)
 
 static int device_copies_pending(const bkv_sched *s)
 {
-	return bkv_pool_copies(s->pool, BKV_COPY_DEVICE, NULL) != 0;
+	return bkv_pool_pending_copies(s->pool, BKV_COPY_DEVICE, NULL) != 0;
 }
 
 /* Preempt a running request: swap its one live lane to the host tier, or free

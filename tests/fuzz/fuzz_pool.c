@@ -621,7 +621,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			const bkv_copy *c = NULL;
 			bkv_copy_kind kind = (bkv_copy_kind)(fz_u8(&f) % 3);
 
-			n = bkv_pool_copies(m->pool, kind, &c);
+			n = bkv_pool_pending_copies(m->pool, kind, &c);
 			for (i = 0; i < n; i++) {
 				uint32_t slim = kind == BKV_COPY_SWAP_IN ? cfg.host_blocks
 									 : cfg.device_blocks;
@@ -633,7 +633,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 					 "copy %u of kind %d: %d -> %d", i, kind, c[i].src, c[i].dst);
 			}
 			bkv_pool_clear_copies(m->pool, kind);
-			FZ_CHECK(bkv_pool_copies(m->pool, kind, NULL) == 0, "clear left copies");
+			FZ_CHECK(bkv_pool_pending_copies(m->pool, kind, NULL) == 0, "clear left copies");
 			break;
 		}
 		case 12:

@@ -392,7 +392,7 @@ class bkv_seq_image(Structure):
 # typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key): the
 # restype is c_void_p, not c_char_p, because ctypes cannot hand a string back
 # from a Python callback without leaking it; batchkv.vllm returns the address
-# of a buffer it keeps until bkv_vllm_encode returns.
+# of a buffer it keeps until bkv_vllm_encoder_drain returns.
 bkv_vllm_key_name_fn = CFUNCTYPE(c_void_p, c_void_p, c_uint64)
 
 
@@ -434,7 +434,7 @@ FUNCTIONS = {
     'bkv_seq_info_get': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_info)]),
     'bkv_seq_swap_out': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_swap_in': (c_int, [c_void_p, c_uint32]),
-    'bkv_pool_copies': (c_uint32, [c_void_p, c_int, POINTER(POINTER(bkv_copy))]),
+    'bkv_pool_pending_copies': (c_uint32, [c_void_p, c_int, POINTER(POINTER(bkv_copy))]),
     'bkv_pool_clear_copies': (None, [c_void_p, c_int]),
     'bkv_pool_available': (c_uint32, [c_void_p]),
     'bkv_pool_can_admit': (c_int, [c_void_p, c_uint32]),
@@ -456,7 +456,7 @@ FUNCTIONS = {
     'bkv_cost_calib_step_us': (c_double, [c_void_p, POINTER(bkv_step_shape)]),
     'bkv_cost_calib_observe': (None, [c_void_p, POINTER(bkv_step_shape), c_double]),
     'bkv_cost_calib_observations': (c_uint64, [c_void_p, c_int]),
-    'bkv_cost_calib_coefficients': (c_int, [c_void_p, c_int, POINTER(c_double)]),
+    'bkv_cost_calib_coefficients_get': (c_int, [c_void_p, c_int, POINTER(c_double)]),
     'bkv_cost_calib_model': (bkv_cost_model, [c_void_p]),
     'bkv_sched_config_init': (None, [POINTER(bkv_sched_config)]),
     'bkv_request_init': (None, [POINTER(bkv_request)]),
@@ -468,7 +468,7 @@ FUNCTIONS = {
     'bkv_sched_pending': (c_uint64, [c_void_p]),
     'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
     'bkv_sched_check': (c_int, [c_void_p]),
-    'bkv_pool_events': (c_uint32, [c_void_p, POINTER(bkv_kv_event), c_uint32]),
+    'bkv_pool_drain_events': (c_uint32, [c_void_p, POINTER(bkv_kv_event), c_uint32]),
     'bkv_block_hashes': (c_uint32, [c_uint64, c_uint64, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),
     'bkv_seq_export': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_image)]),
     'bkv_seq_import': (c_int, [c_void_p, POINTER(bkv_seq_image), POINTER(c_uint32), POINTER(bkv_copy), POINTER(c_uint32)]),
@@ -476,7 +476,7 @@ FUNCTIONS = {
     'bkv_vllm_config_init': (None, [POINTER(bkv_vllm_config)]),
     'bkv_vllm_encoder_create': (c_int, [POINTER(bkv_vllm_config), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
     'bkv_vllm_encoder_destroy': (None, [c_void_p]),
-    'bkv_vllm_encode': (c_int, [c_void_p, c_void_p, c_double, POINTER(POINTER(c_uint8)), POINTER(c_size_t)]),
+    'bkv_vllm_encoder_drain': (c_int, [c_void_p, c_void_p, c_double, POINTER(POINTER(c_uint8)), POINTER(c_size_t)]),
     'bkv_vllm_encoder_resyncs': (c_uint64, [c_void_p]),
     'bkv_vllm_block_hashes': (c_uint32, [POINTER(bkv_vllm_config), c_char_p, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint8)]),
     'bkv_vllm_hash_int': (c_uint64, [POINTER(c_uint8)]),

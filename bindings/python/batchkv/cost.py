@@ -177,11 +177,11 @@ class CalibratedCost:
 
     def coefficients(self, kind):
         """The fitted coefficients of a CallKind, a float64 array of
-        BKV_COST_CALIB_FEATURES (bkv_cost_calib_coefficients)."""
+        BKV_COST_CALIB_FEATURES (bkv_cost_calib_coefficients_get)."""
         w = np.zeros(_ffi.BKV_COST_CALIB_FEATURES, np.float64)
-        check(_lib.bkv_cost_calib_coefficients(self._h, int(kind),
+        check(_lib.bkv_cost_calib_coefficients_get(self._h, int(kind),
                                                w.ctypes.data_as(ctypes.POINTER(ctypes.c_double))),
-              "bkv_cost_calib_coefficients")
+              "bkv_cost_calib_coefficients_get")
         return w
 
     def _model(self):

@@ -299,10 +299,10 @@ class Pool:
 
     # -- copies, cache, counters -------------------------------------------
     def copies(self, kind):
-        """Pending copies of one CopyKind (bkv_pool_copies) as a new (n, 2)
+        """Pending copies of one CopyKind (bkv_pool_pending_copies) as a new (n, 2)
         int32 array of (src, dst) rows, in the order to perform them."""
         out = ctypes.POINTER(_ffi.bkv_copy)()
-        n = _lib.bkv_pool_copies(self._p(), int(kind), ctypes.byref(out))
+        n = _lib.bkv_pool_pending_copies(self._p(), int(kind), ctypes.byref(out))
         if n == 0:
             return np.zeros((0, 2), np.int32)
         return _copies_view(out, n).copy()
@@ -356,10 +356,10 @@ class Pool:
         return _lib.bkv_pool_check(self._p())
 
     def events(self, max_events=1024):
-        """Drain up to max_events KV events (bkv_pool_events), oldest first,
+        """Drain up to max_events KV events (bkv_pool_drain_events), oldest first,
         as a list of KvEvent. Empty when event_capacity is 0."""
         buf = (_ffi.bkv_kv_event * max_events)()
-        n = _lib.bkv_pool_events(self._p(), buf, max_events)
+        n = _lib.bkv_pool_drain_events(self._p(), buf, max_events)
         return [KvEvent(e.seq, e.hash, e.parent_hash, e.key, EventKind(e.kind), e.token_count,
                         e.block, e.has_parent) for e in buf[:n]]
 

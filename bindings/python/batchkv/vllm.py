@@ -135,7 +135,7 @@ class VllmEncoder:
         self.last_event_count = 0
 
     def _name_of(self, ud, key):
-        # Called by the library inside bkv_vllm_encode. No exception may
+        # Called by the library inside bkv_vllm_encoder_drain. No exception may
         # cross into C: keep the first one and raise it after the call.
         if self._error is not None:
             return None
@@ -180,7 +180,7 @@ class VllmEncoder:
     # -- encoding ---------------------------------------------------------
     def encode(self, pool, ts=None):
         """Drain every pending event of pool and encode them as one vLLM
-        KVEventBatch (bkv_vllm_encode): the msgpack payload of one ZeroMQ
+        KVEventBatch (bkv_vllm_encoder_drain): the msgpack payload of one ZeroMQ
         message, as bytes (a copy), or b"" when there was nothing to send.
         ts is KVEventBatch.ts in seconds (default time.time(), as vLLM).
         last_event_count is set to the number of vLLM events in the batch.
@@ -200,14 +200,14 @@ class VllmEncoder:
         self._names.clear()
         self._error = None
         try:
-            rc = _lib.bkv_vllm_encode(e, pool._p(), time.time() if ts is None else float(ts),
+            rc = _lib.bkv_vllm_encoder_drain(e, pool._p(), time.time() if ts is None else float(ts),
                                       ctypes.byref(msg), ctypes.byref(n))
         finally:
             self._names.clear()
         if self._error is not None:
             err, self._error = self._error, None
             raise err
-        self.last_event_count = check(rc, "bkv_vllm_encode")
+        self.last_event_count = check(rc, "bkv_vllm_encoder_drain")
         if not n.value:
             return b""
         return ctypes.string_at(msg, n.value)

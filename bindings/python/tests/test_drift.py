@@ -72,12 +72,12 @@ def test_a_retyped_rust_parameter_is_caught(tree):
 
 def test_a_const_pointer_declared_mut_is_caught(tree):
     edit(tree, "bindings/rust/src/sys.rs",
-         "pub fn bkv_pool_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *const "
+         "pub fn bkv_pool_pending_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *const "
          "bkv_copy)",
-         "pub fn bkv_pool_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *mut "
+         "pub fn bkv_pool_pending_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *mut "
          "bkv_copy)")
     rc, out = check(tree)
-    assert rc == 1 and "rust: bkv_pool_copies declared" in out, out
+    assert rc == 1 and "rust: bkv_pool_pending_copies declared" in out, out
 
 
 def test_a_retyped_ctypes_argument_is_caught(tree):

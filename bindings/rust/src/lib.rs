@@ -424,11 +424,11 @@ impl Pool {
         check(unsafe { sys::bkv_seq_swap_in(self.as_ptr(), seq) }).map(|_| ())
     }
 
-    /// `bkv_pool_copies`: pending copies of one kind, borrowed until the pool
+    /// `bkv_pool_pending_copies`: pending copies of one kind, borrowed until the pool
     /// changes.
     pub fn copies(&self, kind: CopyKind) -> &[Copy] {
         let mut out = ptr::null();
-        let n = unsafe { sys::bkv_pool_copies(self.as_ptr(), kind as c_int, &mut out) };
+        let n = unsafe { sys::bkv_pool_pending_copies(self.as_ptr(), kind as c_int, &mut out) };
         unsafe { raw_slice(out, n as usize) }
     }
 
@@ -495,7 +495,7 @@ impl Pool {
         unsafe { sys::bkv_pool_check(self.as_ptr()) }
     }
 
-    /// `bkv_pool_events`: drain up to `max` KV events, oldest first.
+    /// `bkv_pool_drain_events`: drain up to `max` KV events, oldest first.
     pub fn events(&mut self, max: u32) -> Vec<KvEvent> {
         pool_events(self.as_ptr(), max)
     }
@@ -563,7 +563,7 @@ fn pool_stats(p: *const sys::bkv_pool) -> PoolStats {
 
 fn pool_events(p: *mut sys::bkv_pool, max: u32) -> Vec<KvEvent> {
     let mut v = vec![zeroed::<KvEvent>(); max as usize];
-    let n = unsafe { sys::bkv_pool_events(p, v.as_mut_ptr(), max) };
+    let n = unsafe { sys::bkv_pool_drain_events(p, v.as_mut_ptr(), max) };
     v.truncate(n as usize);
     v
 }
@@ -804,7 +804,7 @@ impl VllmEncoder {
     /// of the block hash's extra keys; `None`: no name). It is called from
     /// inside `encode`, on that thread, only for nonzero keys. A name with a
     /// NUL byte makes that `encode` return `Err(InvalidArgument)`; a panic is
-    /// caught at the C boundary and resumed when `bkv_vllm_encode` returns.
+    /// caught at the C boundary and resumed when `bkv_vllm_encoder_drain` returns.
     /// Either way that batch is lost.
     pub fn with_key_name<F>(pool: &Pool, cfg: &VllmConfig, key_name: F) -> Result<VllmEncoder>
     where
@@ -827,7 +827,7 @@ impl VllmEncoder {
                          names, last_events: 0 })
     }
 
-    /// `bkv_vllm_encode`: drain every pending event of `pool` and encode
+    /// `bkv_vllm_encoder_drain`: drain every pending event of `pool` and encode
     /// them as one KVEventBatch at time `ts` (seconds; vLLM sends
     /// time.time()). The payload of one ZeroMQ message, borrowed until the
     /// next call; empty when there was nothing to send.
@@ -847,7 +847,7 @@ impl VllmEncoder {
         }
         let mut msg = ptr::null();
         let mut len = 0usize;
-        let rc = unsafe { sys::bkv_vllm_encode(self.raw.as_ptr(), pool, ts, &mut msg, &mut len) };
+        let rc = unsafe { sys::bkv_vllm_encoder_drain(self.raw.as_ptr(), pool, ts, &mut msg, &mut len) };
         if let Some(k) = self.names.as_mut() {
             k.names.clear();
             match k.failed.take() {
@@ -1067,10 +1067,10 @@ impl<'b> CalibratedCost<'b> {
     pub fn observations(&self, kind: CallKind) -> u64 {
         unsafe { sys::bkv_cost_calib_observations(self.raw.as_ptr(), kind as c_int) }
     }
-    /// `bkv_cost_calib_coefficients`.
+    /// `bkv_cost_calib_coefficients_get`.
     pub fn coefficients(&self, kind: CallKind) -> [f64; sys::BKV_COST_CALIB_FEATURES] {
         let mut w = [0.0; sys::BKV_COST_CALIB_FEATURES];
-        unsafe { sys::bkv_cost_calib_coefficients(self.raw.as_ptr(), kind as c_int, w.as_mut_ptr()) };
+        unsafe { sys::bkv_cost_calib_coefficients_get(self.raw.as_ptr(), kind as c_int, w.as_mut_ptr()) };
         w
     }
 }

@@ -429,7 +429,7 @@ extern "C" {
     pub fn bkv_seq_info_get(pool: *const bkv_pool, seq: u32, info: *mut bkv_seq_info) -> c_int;
     pub fn bkv_seq_swap_out(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_swap_in(pool: *mut bkv_pool, seq: u32) -> c_int;
-    pub fn bkv_pool_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *const bkv_copy) -> u32;
+    pub fn bkv_pool_pending_copies(pool: *const bkv_pool, kind: bkv_copy_kind, out: *mut *const bkv_copy) -> u32;
     pub fn bkv_pool_clear_copies(pool: *mut bkv_pool, kind: bkv_copy_kind);
     pub fn bkv_pool_available(pool: *const bkv_pool) -> u32;
     pub fn bkv_pool_can_admit(pool: *const bkv_pool, n_tokens: u32) -> c_int;
@@ -451,7 +451,7 @@ extern "C" {
     pub fn bkv_cost_calib_step_us(calib: *mut bkv_cost_calib, shape: *const bkv_step_shape) -> f64;
     pub fn bkv_cost_calib_observe(calib: *mut bkv_cost_calib, shape: *const bkv_step_shape, measured_us: f64);
     pub fn bkv_cost_calib_observations(calib: *const bkv_cost_calib, kind: bkv_call_kind) -> u64;
-    pub fn bkv_cost_calib_coefficients(calib: *const bkv_cost_calib, kind: bkv_call_kind, w: *mut f64) -> c_int;
+    pub fn bkv_cost_calib_coefficients_get(calib: *const bkv_cost_calib, kind: bkv_call_kind, w: *mut f64) -> c_int;
     pub fn bkv_cost_calib_model(calib: *mut bkv_cost_calib) -> bkv_cost_model;
     pub fn bkv_sched_config_init(cfg: *mut bkv_sched_config);
     pub fn bkv_request_init(req: *mut bkv_request);
@@ -463,7 +463,7 @@ extern "C" {
     pub fn bkv_sched_pending(sched: *mut bkv_sched) -> u64;
     pub fn bkv_sched_stats_get(sched: *const bkv_sched, stats: *mut bkv_sched_stats);
     pub fn bkv_sched_check(sched: *const bkv_sched) -> c_int;
-    pub fn bkv_pool_events(pool: *mut bkv_pool, out: *mut bkv_kv_event, max: u32) -> u32;
+    pub fn bkv_pool_drain_events(pool: *mut bkv_pool, out: *mut bkv_kv_event, max: u32) -> u32;
     pub fn bkv_block_hashes(hash_seed: u64, key: u64, block_tokens: u32, tokens: *const i32, n: u32, hashes: *mut u64) -> u32;
     pub fn bkv_seq_export(pool: *const bkv_pool, seq: u32, exp: *mut bkv_seq_image) -> c_int;
     pub fn bkv_seq_import(pool: *mut bkv_pool, exp: *const bkv_seq_image, seq: *mut u32, transfers: *mut bkv_copy, n_transfers: *mut u32) -> c_int;
@@ -471,7 +471,7 @@ extern "C" {
     pub fn bkv_vllm_config_init(cfg: *mut bkv_vllm_config);
     pub fn bkv_vllm_encoder_create(cfg: *const bkv_vllm_config, pool: *const bkv_pool, alloc: *const bkv_allocator, out: *mut *mut bkv_vllm_encoder) -> c_int;
     pub fn bkv_vllm_encoder_destroy(enc: *mut bkv_vllm_encoder);
-    pub fn bkv_vllm_encode(enc: *mut bkv_vllm_encoder, pool: *mut bkv_pool, ts: f64, msg: *mut *const u8, len: *mut usize) -> c_int;
+    pub fn bkv_vllm_encoder_drain(enc: *mut bkv_vllm_encoder, pool: *mut bkv_pool, ts: f64, msg: *mut *const u8, len: *mut usize) -> c_int;
     pub fn bkv_vllm_encoder_resyncs(enc: *const bkv_vllm_encoder) -> u64;
     pub fn bkv_vllm_block_hashes(cfg: *const bkv_vllm_config, lora_name: *const c_char, block_tokens: u32, tokens: *const i32, n: u32, digests: *mut u8) -> u32;
     pub fn bkv_vllm_hash_int(digest: *const u8) -> u64;
