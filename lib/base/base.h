@@ -58,7 +58,12 @@ uint64_t bkv__monotonic_us(void);
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define NOINLINE __attribute__((noinline))
 #define PREFETCH(p) __builtin_prefetch(p)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define COLD __attribute__((noinline, cold)) /* rare paths kept out of hot
+						 loops */
 #else
+#define ALWAYS_INLINE inline
+#define COLD
 #define LIKELY(x) (x)
 #define NOINLINE
 #define PREFETCH(p) ((void)(p))

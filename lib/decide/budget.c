@@ -22,12 +22,79 @@
  * mixed call (the running rows plus prefill chunks of typical prompts) keeps
  * it; otherwise the budget whose prefill tokens are cheapest (see below).
  * Within [running + 1, cap]. O(log cap) prices. */
+/* The price of a step that decodes sh's rows and prefills pb budget tokens,
+ * laid out as the tails of prompts of pl tokens (a->chunks). */
+static double price_budget(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t pb)
+{
+	bkv__auto *a = s->autos;
+	uint32_t left = pb, i = 0;
+	uint32_t m = (uint32_t)(pl < 1.0 ? 1.0 : pl);
+
+	while (left && i < a->chunk_cap) {
+		uint32_t l = BKV_MIN(left, m);
+
+		a->chunks[i].len = l;
+		a->chunks[i].start = m - l; /* a prompt's tail */
+		left -= l;
+		i++;
+	}
+	sh->n_chunks = i;
+	return bkv__price(s, sh);
+}
+
+/* With a TPOT target: the largest budget (1..room) whose step keeps it, by
+ * bisection; 0 when even one token does not. */
+static uint32_t budget_for_tpot(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t room)
+{
+	const double target = s->autos->tpot_us;
+	uint32_t lo = 1, hi = room;
+
+	if (price_budget(s, sh, pl, 1) > target)
+		return 0;
+	while (lo < hi) {
+		uint32_t mid = hi - (hi - lo) / 2;
+
+		if (price_budget(s, sh, pl, mid) <= target)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+/* The cheapest prefill tokens: least (added time + 1% of the decode call)
+ * per prefill token over budgets 16, 32, ... room, the largest budget on
+ * ties. A decode call with slack (memory-bound) takes prefill tokens for
+ * free up to where it turns compute-bound: that knee is the choice. */
+static uint32_t budget_knee(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t room)
+{
+	double best = -1.0, t0 = price_budget(s, sh, pl, 0);
+	uint32_t b, best_b = room;
+
+	for (b = 16;; b *= 2) {
+		double t, per;
+
+		if (b > room)
+			b = room;
+		t = price_budget(s, sh, pl, b);
+		per = (t - t0 + 0.01 * t0) / (double)b;
+		if (best < 0.0 || per <= best * 1.001) {
+			if (best < 0.0 || per < best)
+				best = per;
+			best_b = b;
+		}
+		if (b == room)
+			break;
+	}
+	return best_b;
+}
+
 static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 {
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
-	double mean, sd, best = -1.0, t0, pl;
-	uint32_t d = s->rs.slots_used, lo, hi, b, best_b;
+	double mean, sd, pl;
+	uint32_t d = s->rs.slots_used, b;
 
 	if (!a || !a->budget)
 		return fixed;
@@ -55,63 +122,9 @@ static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 						     ? s->plan.dec_ctx_row + 1.0
 						     : mean + AUTO_CTX_EXTRA));
 	sh.chunks = a->chunks;
-#define PRICE_B(pb, out)                                                       \
-	do {                                                                   \
-		uint32_t left_ = (pb), i_ = 0;                                 \
-		uint32_t m_ = (uint32_t)(pl < 1.0 ? 1.0 : pl);                 \
-		while (left_ && i_ < a->chunk_cap) {                           \
-			uint32_t l_ = BKV_MIN(left_, m_);                      \
-			a->chunks[i_].len = l_;                                \
-			a->chunks[i_].start = m_ - l_; /* a prompt's tail */   \
-			left_ -= l_;                                           \
-			i_++;                                                  \
-		}                                                              \
-		sh.n_chunks = i_;                                              \
-		(out) = bkv__price(s, &sh);                                         \
-	} while (0)
-	if (a->tpot_us) {
-		double t1;
-
-		PRICE_B(1, t1);
-		if (t1 <= a->tpot_us) {
-			lo = 1;
-			hi = cap - d;
-			while (lo < hi) {
-				uint32_t mid = hi - (hi - lo) / 2;
-				double t;
-
-				PRICE_B(mid, t);
-				if (t <= a->tpot_us)
-					lo = mid;
-				else
-					hi = mid - 1;
-			}
-			return d + lo;
-		}
-	}
-	/* the cheapest prefill tokens: least (added time + 1% of the decode
-	 * call) per prefill token, the largest budget on ties. A decode call
-	 * with slack (memory-bound) takes prefill tokens for free up to where
-	 * it turns compute-bound: that knee is the choice. */
-	PRICE_B(0, t0);
-	best_b = cap - d;
-	for (b = 16; ; b *= 2) {
-		double t, per;
-
-		if (b > cap - d)
-			b = cap - d;
-		PRICE_B(b, t);
-		per = (t - t0 + 0.01 * t0) / (double)b;
-		if (best < 0.0 || per <= best * 1.001) {
-			if (best < 0.0 || per < best)
-				best = per;
-			best_b = b;
-		}
-		if (b == cap - d)
-			break;
-	}
-#undef PRICE_B
-	return d + best_b;
+	if (a->tpot_us && (b = budget_for_tpot(s, &sh, pl, cap - d)) > 0)
+		return d + b;
+	return d + budget_knee(s, &sh, pl, cap - d);
 }
 
 /* Chunked prefill with a TPOT target on a mixed host: the longest chunk, at

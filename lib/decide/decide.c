@@ -119,6 +119,11 @@ void bkv__decide_destroy(bkv_sched *s)
 }
 
 
+int bkv__decide_config_valid(const bkv_sched_config *cfg, uint32_t host_blocks)
+{
+	return cfg->preempt != BKV_PREEMPT_SWAP || host_blocks > 0; /* SWAP needs a host tier */
+}
+
 int bkv__decide_create(bkv_sched *s, const bkv_sched_config *user)
 {
 	int rc = auto_create(s, user);

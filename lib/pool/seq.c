@@ -315,13 +315,90 @@ static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uin
 	return hits;
 }
 
+/* Copy-on-write of s's last block (shared or indexed; off tokens of it are
+ * s's): a fresh block with those tokens, a device copy recorded, the old
+ * block's table reference dropped (it stays pinned as the copy's source).
+ * Room for the block and the copy is reserved. Returns the new block. */
+static int32_t cow_last(bkv_pool *pool, bkv__seq *s, uint32_t nb0, uint32_t off)
+{
+	const uint32_t bt = pool->kv.bt;
+	const int32_t b = s->table[nb0 - 1];
+	int32_t nb = bkv__block_take(&pool->kv, nb0 >= 2 ? s->table[nb0 - 2] : -1);
+
+	memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
+	       (size_t)off * sizeof(int32_t));
+	pool->kv.blk[nb].fill = off;
+	pool->kv.tokens += off;
+	bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
+	pool->kv.blk[b].flags |= BKV__BLOCK_PEND_DEV;
+	pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
+	pool->cow_copies++;
+	s->table[nb0 - 1] = nb;
+	pool->kv.blk[b].flags |= BKV__BLOCK_COPY_SRC;
+	bkv__block_put(&pool->kv, b, 0);
+	return nb;
+}
+
+/* Write up to rem tokens into s's private last block b from offset off (a
+ * truncate may have left stale tokens past it); offers the block to the
+ * cache when it fills. Returns the tokens written. */
+static ALWAYS_INLINE uint32_t fill_last(bkv_pool *pool, bkv__seq *s, int32_t b, uint32_t off,
+					const int32_t *tokens, uint32_t rem)
+{
+	const uint32_t bt = pool->kv.bt;
+	bkv__block *k = &pool->kv.blk[b];
+	uint32_t w;
+
+	BKV_ASSERT(k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill >= off);
+	k->flags &= ~BKV__BLOCK_TXN; /* rewritten: queued again if it fills */
+	pool->kv.tokens -= k->fill - off;
+	w = BKV_MIN(bt - off, rem);
+	memcpy(pool->kv.tok + (size_t)b * bt + off, tokens, (size_t)w * sizeof(int32_t));
+	k->fill = off + w;
+	pool->kv.tokens += w;
+	if (off + w == bt)
+		bkv__seq_block_filled(pool, s, s->n_blocks - 1);
+	return w;
+}
+
+/* Append rem tokens to s in fresh blocks (room reserved), each full one
+ * offered to the cache. */
+static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
+					uint32_t rem)
+{
+	const uint32_t bt = pool->kv.bt;
+	int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1, b;
+	uint32_t nbk = s->n_blocks, pos = 0;
+
+	pool->kv.tokens += rem;
+	while (rem) {
+		uint32_t w = BKV_MIN(bt, rem);
+		int32_t *dst;
+
+		b = bkv__block_take(&pool->kv, prev);
+		dst = pool->kv.tok + (size_t)b * bt;
+		if (w == 1)
+			dst[0] = tokens[pos];
+		else
+			memcpy(dst, tokens + pos, (size_t)w * sizeof(int32_t));
+		pool->kv.blk[b].fill = w;
+		table[nbk++] = b;
+		pos += w;
+		rem -= w;
+		if (w == bt)
+			bkv__seq_block_filled(pool, s, nbk - 1);
+		prev = b;
+	}
+	s->n_blocks = nbk;
+}
+
 /* Any append: validation, prefix hits (none with nohit: every token is
  * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 				uint32_t *hit_tokens, int nohit)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
-	int32_t last, b;
+	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
 	int cow, rc;
@@ -370,64 +447,14 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	pos = hits * bt;
 	rem = n - pos;
 	if (rem && off) {
-		bkv__block *k;
-		uint32_t w;
+		uint32_t w = fill_last(pool, s, cow ? cow_last(pool, s, nb0, off) : last, off,
+				       tokens + pos, rem);
 
-		b = last;
-		if (cow) {
-			int32_t nb = bkv__block_take(&pool->kv, nb0 >= 2 ? s->table[nb0 - 2] : -1);
-
-			memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
-			       (size_t)off * sizeof(int32_t));
-			pool->kv.blk[nb].fill = off;
-			pool->kv.tokens += off;
-			bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
-			pool->kv.blk[b].flags |= BKV__BLOCK_PEND_DEV;
-			pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
-			pool->cow_copies++;
-			s->table[nb0 - 1] = nb;
-			pool->kv.blk[b].flags |= BKV__BLOCK_COPY_SRC;
-			bkv__block_put(&pool->kv, b, 0);
-			b = nb;
-		}
-		k = &pool->kv.blk[b];
-		BKV_ASSERT(k->ref == 1 && !BLOCK_IS_INDEXED(k) && k->fill >= off);
-		k->flags &= ~BKV__BLOCK_TXN; /* rewritten: queued again if it fills */
-		pool->kv.tokens -= k->fill - off;
-		w = BKV_MIN(bt - off, rem);
-		memcpy(pool->kv.tok + (size_t)b * bt + off, tokens + pos, (size_t)w * sizeof(int32_t));
-		k->fill = off + w;
-		pool->kv.tokens += w;
 		pos += w;
 		rem -= w;
-		if (off + w == bt)
-			bkv__seq_block_filled(pool, s, nb0 - 1);
 	}
-	if (rem) {
-		int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1;
-		uint32_t nbk = s->n_blocks;
-
-		pool->kv.tokens += rem;
-		while (rem) {
-			uint32_t w = BKV_MIN(bt, rem);
-			int32_t *dst;
-
-			b = bkv__block_take(&pool->kv, prev);
-			dst = pool->kv.tok + (size_t)b * bt;
-			if (w == 1)
-				dst[0] = tokens[pos];
-			else
-				memcpy(dst, tokens + pos, (size_t)w * sizeof(int32_t));
-			pool->kv.blk[b].fill = w;
-			table[nbk++] = b;
-			pos += w;
-			rem -= w;
-			if (w == bt)
-				bkv__seq_block_filled(pool, s, nbk - 1);
-			prev = b;
-		}
-		s->n_blocks = nbk;
-	}
+	if (rem)
+		append_blocks(pool, s, tokens + pos, rem);
 	BKV_ASSERT(s->n_blocks == new_blocks);
 	s->len = new_len;
 	pool->hit_tokens += (uint64_t)hits * bt;

@@ -15,8 +15,8 @@
  * Every array was sized when the scheduler was created or when a larger
  * request was submitted (see struct bkv__bufs), so filling allocates nothing.
  *
- * Decode rows are usually written while the step plans them (sched.c's
- * plan_decode, through bkv__fill in internal.h: the planning pass has the
+ * Decode rows are usually written while the step plans them (sched/plan.c's
+ * plan_decode, through bkv__fill in sched/batch.h: the planning pass has the
  * request, lane and block table in hand, so a second pass here would only
  * load them again); bkv__batch_fill then starts after those rows (`first`)
  * and writes the rest: prefill chunks, rows planned later, or everything
@@ -30,93 +30,45 @@
 
 #include <string.h>
 
-uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
-			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
+/* A row's new tokens [start, end), block by block: slot = block * bt +
+ * offset (a decode row's one token on its own, without the loops). Returns
+ * the next token index. */
+static ALWAYS_INLINE uint32_t row_tokens(int32_t *tok_ids, int32_t *pos, int32_t *slots, uint32_t t,
+					 const int32_t *tok, const int32_t *table, uint32_t start,
+					 uint32_t end, uint32_t shift)
 {
-	const uint32_t bt = s->bt, mask = bt - 1, shift = s->bt_shift;
-	/* the arrays, hoisted: the uint8_t stores would otherwise make the
-	 * compiler reload every pointer from s on each row */
-	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
-	int32_t *const slots = s->call.bufs.slot_mapping, *const kvi = s->call.bufs.kv_indices;
-	int32_t *const qo = s->call.qo_indptr, *const kvp = s->call.kv_indptr;
-	int32_t *const lpl = s->call.last_page_len, *const next = s->call.next_tokens;
-	uint8_t *const smp = s->call.row_sample;
-	uint64_t *const rid = s->call.row_req;
-	uint32_t *const rbr = s->call.row_branch;
-	void **const rus = s->call.row_user;
-	const bkv_pool *pool = s->pool;
-	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
-	uint64_t ctx = 0;
-	int kind_i;
+	const uint32_t mask = (1u << shift) - 1;
+	uint32_t p, i;
 
-	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
-		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
-		r = t = first;
-		k = s->plan.fill_kv;
-		ctx = s->plan.fill_ctx;
-	} else {
-		qo[0] = 0;
-		kvp[0] = 0;
+	if (end - start == 1) {
+		tok_ids[t] = tok[start];
+		pos[t] = (int32_t)start;
+		slots[t++] = (table[start >> shift] << shift) + (int32_t)(start & mask);
+		return t;
 	}
-	for (; r < n_rows; r++) {
-		/* the row in locals: int32_t stores may alias its fields */
-		const bkv__lane *l = rows[r].lane;
-		const uint32_t start = rows[r].start, end = rows[r].end;
-		const bkv__req *q = l->req;
-		const int32_t *tok = l->tok;
-		uint32_t nb = 0, i, p, need = (end + mask) >> shift;
-		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
+	for (p = start; p < end;) {
+		uint32_t blk_end = BKV_MIN((p | mask) + 1, end);
+		int32_t base = table[p >> shift] << shift;
 
-		BKV_ASSERT(table && nb == need);
-		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
-		BKV_ASSERT(k + need <= s->call.bufs.kv_cap);
-		smp[r] = rows[r].sample;
-		rid[r] = q->id;
-		rbr[r] = l->branch;
-		rus[r] = q->user;
-		next[r] = BKV_TOKEN_FAIL;
-		lpl[r] = (int32_t)(end - ((need - 1) << shift));
-		/* the block table, four ids per fixed-size copy (no call) */
-		for (i = 0; i + 4 <= need; i += 4)
-			memcpy(&kvi[k + i], &table[i], 4 * sizeof(int32_t));
-		for (; i < need; i++)
-			kvi[k + i] = table[i];
-		k += need;
-		/* new tokens, block by block: slot = block * bt + offset (a
-		 * decode row's one token on its own, without the loops) */
-		if (end - start == 1) {
-			tok_ids[t] = tok[start];
-			pos[t] = (int32_t)start;
-			slots[t++] = (table[start >> shift] << shift) + (int32_t)(start & mask);
-		} else {
-			for (p = start; p < end;) {
-				uint32_t blk_end = BKV_MIN((p | mask) + 1, end);
-				int32_t base = table[p >> shift] << shift;
-
-				for (i = p; i < blk_end; i++, t++) {
-					tok_ids[t] = tok[i];
-					pos[t] = (int32_t)i;
-					slots[t] = base + (int32_t)(i & mask);
-				}
-				p = blk_end;
-			}
+		for (i = p; i < blk_end; i++, t++) {
+			tok_ids[t] = tok[i];
+			pos[t] = (int32_t)i;
+			slots[t] = base + (int32_t)(i & mask);
 		}
-		qo[r + 1] = (int32_t)t;
-		kvp[r + 1] = (int32_t)k;
-		if (r < n_decode) {
-			ctx += end;
-		} else {
-			s->call.chunks[n_chunks].len = end - start;
-			s->call.chunks[n_chunks].start = start;
-			n_chunks++;
-		}
+		p = blk_end;
 	}
+	return t;
+}
 
+/* The batch's array pointers and counts. */
+static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, uint32_t n_rows,
+			uint32_t n_decode, uint32_t n_tokens)
+{
 	b->kind = kind;
 	b->n_rows = n_rows;
 	b->n_decode_rows = n_decode;
-	b->n_tokens = t;
-	b->block_tokens = bt;
+	b->n_tokens = n_tokens;
+	b->block_tokens = s->bt;
 	b->token_ids = s->call.bufs.token_ids;
 	b->positions = s->call.bufs.positions;
 	b->qo_indptr = s->call.qo_indptr;
@@ -128,6 +80,13 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	b->row_req = s->call.row_req;
 	b->row_branch = s->call.row_branch;
 	b->row_user = s->call.row_user;
+}
+
+/* The pool's pending copies not yet sent in this step's earlier calls. */
+static void batch_copies(bkv_sched *s, bkv_batch *b)
+{
+	int kind_i;
+
 	for (kind_i = 0; kind_i < 3; kind_i++) {
 		const bkv_copy *v = NULL;
 		uint32_t n = bkv_pool_pending_copies(s->pool, (bkv_copy_kind)kind_i, &v);
@@ -147,7 +106,71 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 			b->swap_in = v;
 		}
 	}
+}
 
+uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
+			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
+{
+	const uint32_t mask = s->bt - 1, shift = s->bt_shift;
+	/* the arrays, hoisted: the uint8_t stores would otherwise make the
+	 * compiler reload every pointer from s on each row */
+	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
+	int32_t *const slots = s->call.bufs.slot_mapping, *const kvi = s->call.bufs.kv_indices;
+	int32_t *const qo = s->call.qo_indptr, *const kvp = s->call.kv_indptr;
+	int32_t *const lpl = s->call.last_page_len, *const next = s->call.next_tokens;
+	uint8_t *const smp = s->call.row_sample;
+	uint64_t *const rid = s->call.row_req;
+	uint32_t *const rbr = s->call.row_branch;
+	void **const rus = s->call.row_user;
+	const bkv_pool *pool = s->pool;
+	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
+	uint64_t ctx = 0;
+
+	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
+		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
+		r = t = first;
+		k = s->plan.fill_kv;
+		ctx = s->plan.fill_ctx;
+	} else {
+		qo[0] = 0;
+		kvp[0] = 0;
+	}
+	for (; r < n_rows; r++) {
+		/* the row in locals: int32_t stores may alias its fields */
+		const bkv__lane *l = rows[r].lane;
+		const uint32_t start = rows[r].start, end = rows[r].end;
+		const bkv__req *q = l->req;
+		uint32_t nb = 0, i, need = (end + mask) >> shift;
+		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
+
+		BKV_ASSERT(table && nb == need);
+		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
+		BKV_ASSERT(k + need <= s->call.bufs.kv_cap);
+		smp[r] = rows[r].sample;
+		rid[r] = q->id;
+		rbr[r] = l->branch;
+		rus[r] = q->user;
+		next[r] = BKV_TOKEN_FAIL;
+		lpl[r] = (int32_t)(end - ((need - 1) << shift));
+		/* the block table, four ids per fixed-size copy (no call) */
+		for (i = 0; i + 4 <= need; i += 4)
+			memcpy(&kvi[k + i], &table[i], 4 * sizeof(int32_t));
+		for (; i < need; i++)
+			kvi[k + i] = table[i];
+		k += need;
+		t = row_tokens(tok_ids, pos, slots, t, l->tok, table, start, end, shift);
+		qo[r + 1] = (int32_t)t;
+		kvp[r + 1] = (int32_t)k;
+		if (r < n_decode) {
+			ctx += end;
+		} else {
+			s->call.chunks[n_chunks].len = end - start;
+			s->call.chunks[n_chunks].start = start;
+			n_chunks++;
+		}
+	}
+	batch_point(s, b, kind, n_rows, n_decode, t);
+	batch_copies(s, b);
 	shape->kind = kind;
 	shape->decode_rows = n_decode;
 	shape->decode_context = ctx;

@@ -80,34 +80,24 @@ static int request_valid(const bkv_request *q)
 	return 1;
 }
 
-int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
+/* Copy q into one allocation: the request, its lanes, its stop tokens,
+ * then n token histories of hist tokens each holding the prompt. NULL on
+ * ENOMEM. */
+static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 {
-	uint64_t hist, blocks, bytes, id;
+	uint64_t bytes;
 	size_t size;
-	uint32_t i, tok, kv;
+	uint32_t i;
 	bkv__req *r;
-	int rc = BKV_OK;
 
-	if (!s || !q || !request_valid(q))
-		return BKV_EINVAL;
-	/* Each of the n lanes may have to be recomputed on its own, so all n
-	 * whole histories must fit at once for the request to finish alone. */
-	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
-	blocks = (hist + s->bt - 1) / s->bt * q->n;
-	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
-	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))
-		return BKV_E2BIG; /* could never run all n branches at once, or a
-				     step's block-table array could not hold
-				     max_running such histories */
-	/* request, lanes, stop tokens, then n histories of hist tokens */
 	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
 		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
 	if (bytes > SIZE_MAX / 2)
-		return BKV_ENOMEM;
+		return NULL;
 	size = (size_t)bytes;
 	r = bkv__malloc(&s->alloc, size);
 	if (!r)
-		return BKV_ENOMEM;
+		return NULL;
 	memset(r, 0, sizeof(*r));
 	r->alloc_size = size;
 	r->priority = q->priority;
@@ -135,32 +125,35 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 		l->tok = r->stop + q->n_stop + (size_t)i * hist;
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}
-	LOCK(s);
-	if (ATOMIC_LOAD(&s->in.nr_queued) >= s->cfg.max_queue) {
-		rc = BKV_EAGAIN;
-		goto out;
-	}
-	if (bkv__map_reserve(s) != BKV_OK) {
-		rc = BKV_ENOMEM;
-		goto out;
-	}
-	if (tok > s->in.want_tok || kv > s->in.want_kv) {
-		/* Grow geometrically; the step swaps the spare in when it drains
-		 * this request, so bkv_step itself never allocates. */
-		bkv__bufs nb;
+	return r;
+}
 
-		tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
-		kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
-		if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK) {
-			rc = BKV_ENOMEM;
-			goto out;
-		}
-		bkv__bufs_free(&s->alloc, &s->in.spare);
-		s->in.spare = nb;
-		s->in.want_tok = tok;
-		s->in.want_kv = kv;
-	}
-	id = ++s->in.next_id;
+/* Lock held: when a request needs larger batch arrays than any before
+ * (tok, kv entries), prepare them as the spare set, grown geometrically;
+ * the step swaps the spare in when it drains this request, so bkv_step
+ * itself never allocates. BKV_OK or BKV_ENOMEM (nothing changed). */
+static int spare_grow(bkv_sched *s, uint32_t tok, uint32_t kv)
+{
+	bkv__bufs nb;
+
+	if (tok <= s->in.want_tok && kv <= s->in.want_kv)
+		return BKV_OK;
+	tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
+	kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
+	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK)
+		return BKV_ENOMEM;
+	bkv__bufs_free(&s->alloc, &s->in.spare);
+	s->in.spare = nb;
+	s->in.want_tok = tok;
+	s->in.want_kv = kv;
+	return BKV_OK;
+}
+
+/* Lock held: give r the next id, map it and link it onto the inbox. */
+static uint64_t inbox_push(bkv_sched *s, bkv__req *r)
+{
+	uint64_t id = ++s->in.next_id;
+
 	r->id = id;
 	bkv__map_put(s->in.map, s->in.map_cap, id, r);
 	s->in.map_count++;
@@ -172,7 +165,37 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	ATOMIC_ADD(&s->in.nr_queued, 1);
 	ATOMIC_ADD(&s->in.nr_alive, 1);
 	ATOMIC_ADD(&s->in.submitted, 1);
-out:
+	return id;
+}
+
+int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
+{
+	uint64_t hist, blocks, id = 0;
+	uint32_t tok, kv;
+	bkv__req *r;
+	int rc = BKV_OK;
+
+	if (!s || !q || !request_valid(q))
+		return BKV_EINVAL;
+	/* Each of the n lanes may have to be recomputed on its own, so all n
+	 * whole histories must fit at once for the request to finish alone. */
+	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
+	blocks = (hist + s->bt - 1) / s->bt * q->n;
+	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
+	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))
+		return BKV_E2BIG; /* could never run all n branches at once, or a
+				     step's block-table array could not hold
+				     max_running such histories */
+	r = req_copy(s, q, hist);
+	if (!r)
+		return BKV_ENOMEM;
+	LOCK(s);
+	if (ATOMIC_LOAD(&s->in.nr_queued) >= s->cfg.max_queue)
+		rc = BKV_EAGAIN;
+	else if (bkv__map_reserve(s) != BKV_OK || spare_grow(s, tok, kv) != BKV_OK)
+		rc = BKV_ENOMEM;
+	else
+		id = inbox_push(s, r);
 	UNLOCK(s);
 	if (rc != BKV_OK) {
 		bkv__req_free(s, r);

@@ -70,31 +70,30 @@ static int config_valid(const bkv_sched_config *c)
 	return 1;
 }
 
-int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
-		     void *host, const bkv_allocator *alloc, bkv_sched **out)
+/* The arguments of bkv_sched_create, and the pool they name: BKV_OK with
+ * *ps filled, or BKV_EINVAL. */
+static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
+			     bkv_sched **out, bkv_pool_stats *ps)
 {
-	bkv_allocator a;
-	bkv_pool_stats ps;
-	bkv_sched *s;
-	uint32_t m, tok, kv;
-
 	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
 		return BKV_EINVAL;
 	if (!ops->forward && !(ops->prefill && ops->decode))
 		return BKV_EINVAL;
-	memset(&ps, 0, sizeof(ps));
-	ps.size = sizeof(ps);
-	bkv_pool_stats_get(pool, &ps);
-	if (!ps.block_tokens || !ps.device_blocks)
+	memset(ps, 0, sizeof(*ps));
+	ps->size = sizeof(*ps);
+	bkv_pool_stats_get(pool, ps);
+	if (!ps->block_tokens || !ps->device_blocks)
 		return BKV_EINVAL;
-	if (cfg->preempt == BKV_PREEMPT_SWAP && ps.host_blocks == 0)
+	if (!bkv__decide_config_valid(cfg, ps->host_blocks))
 		return BKV_EINVAL;
+	return BKV_OK;
+}
 
-	bkv__alloc_init(&a, alloc);
-	s = bkv__calloc(&a, 1, sizeof(*s));
-	if (!s)
-		return BKV_ENOMEM;
-	s->alloc = a;
+/* Copy the configuration, resolve its "auto" fields to their fixed values
+ * until the cost model decides them, and take the pool's geometry. */
+static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_host_ops *ops,
+			   void *host, bkv_pool *pool, const bkv_pool_stats *ps)
+{
 	s->cfg = *cfg;
 	s->cfg.size = sizeof(s->cfg);
 	if (!s->cfg.admit_group)
@@ -107,47 +106,75 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->split = ops->forward == NULL;
 	s->host = host;
 	s->pool = pool;
-	s->bt = ps.block_tokens;
+	s->bt = ps->block_tokens;
 	while ((1u << s->bt_shift) < s->bt)
 		s->bt_shift++;
-	s->device_blocks = ps.device_blocks;
-	s->host_blocks = ps.host_blocks;
+	s->device_blocks = ps->device_blocks;
+	s->host_blocks = ps->host_blocks;
+}
 
-	m = s->cfg.max_running;
+/* Every array a step uses, sized from max_running and max_queue, and the
+ * first set of batch buffers (tok and kv entries). BKV_OK or BKV_ENOMEM
+ * (then bkv_sched_destroy frees what was taken; the lock is not yet a
+ * mutex). */
+static int arrays_alloc(bkv_sched *s, uint32_t *tok, uint32_t *kv)
+{
+	const bkv_allocator *a = &s->alloc;
+	uint32_t m = s->cfg.max_running, rc;
+
 	s->plan.row_cap = 2 * m;
+	rc = s->plan.row_cap;
 	s->q.heap_cap = s->cfg.max_queue + m;
 	s->in.map_cap = MAP_INIT_CAP;
-	s->in.lock = bkv__malloc(&a, sizeof(pthread_mutex_t));
-	s->in.map = bkv__calloc(&a, s->in.map_cap, sizeof(bkv__slot));
-	s->q.heap = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
-	s->q.age = bkv__calloc(&a, s->q.heap_cap, sizeof(bkv__req *));
-	s->rs.run = bkv__calloc(&a, m, sizeof(bkv__req *));
-	s->plan.pre = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv__row));
-	s->plan.dec = bkv__calloc(&a, 2 * s->plan.row_cap, sizeof(bkv__row));
-	s->plan.touched = bkv__calloc(&a, 3 * (size_t)m, sizeof(bkv__lane *));
-	s->plan.swap_pend = bkv__calloc(&a, m, sizeof(bkv__req *));
-	s->call.qo_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
-	s->call.kv_indptr = bkv__calloc(&a, s->plan.row_cap + 1, sizeof(int32_t));
-	s->call.last_page_len = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
-	s->call.row_sample = bkv__calloc(&a, s->plan.row_cap, sizeof(uint8_t));
-	s->call.row_req = bkv__calloc(&a, s->plan.row_cap, sizeof(uint64_t));
-	s->call.row_branch = bkv__calloc(&a, s->plan.row_cap, sizeof(uint32_t));
-	s->call.row_user = bkv__calloc(&a, s->plan.row_cap, sizeof(void *));
-	s->call.next_tokens = bkv__calloc(&a, s->plan.row_cap, sizeof(int32_t));
-	s->call.chunks = bkv__calloc(&a, s->plan.row_cap, sizeof(bkv_chunk_shape));
-	(void)bkv__bufs_need(s, 256, &tok, &kv);
-	if (!s->in.lock || !s->in.map || !s->q.heap || !s->q.age || !s->rs.run || !s->plan.pre || !s->plan.dec ||
-	    !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr || !s->call.kv_indptr || !s->call.last_page_len ||
-	    !s->call.row_sample || !s->call.row_req || !s->call.row_branch || !s->call.row_user ||
-	    !s->call.next_tokens || !s->call.chunks || bkv__bufs_alloc(&a, &s->call.bufs, tok, kv) != BKV_OK) {
+	s->in.lock = bkv__malloc(a, sizeof(pthread_mutex_t));
+	s->in.map = bkv__calloc(a, s->in.map_cap, sizeof(bkv__slot));
+	s->q.heap = bkv__calloc(a, s->q.heap_cap, sizeof(bkv__req *));
+	s->q.age = bkv__calloc(a, s->q.heap_cap, sizeof(bkv__req *));
+	s->rs.run = bkv__calloc(a, m, sizeof(bkv__req *));
+	s->plan.pre = bkv__calloc(a, rc, sizeof(bkv__row));
+	s->plan.dec = bkv__calloc(a, 2 * rc, sizeof(bkv__row));
+	s->plan.touched = bkv__calloc(a, 3 * (size_t)m, sizeof(bkv__lane *));
+	s->plan.swap_pend = bkv__calloc(a, m, sizeof(bkv__req *));
+	s->call.qo_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	s->call.kv_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	s->call.last_page_len = bkv__calloc(a, rc, sizeof(int32_t));
+	s->call.row_sample = bkv__calloc(a, rc, sizeof(uint8_t));
+	s->call.row_req = bkv__calloc(a, rc, sizeof(uint64_t));
+	s->call.row_branch = bkv__calloc(a, rc, sizeof(uint32_t));
+	s->call.row_user = bkv__calloc(a, rc, sizeof(void *));
+	s->call.next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
+	s->call.chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
+	(void)bkv__bufs_need(s, 256, tok, kv);
+	if (!s->in.lock || !s->in.map || !s->q.heap || !s->q.age || !s->rs.run || !s->plan.pre ||
+	    !s->plan.dec || !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr ||
+	    !s->call.kv_indptr || !s->call.last_page_len || !s->call.row_sample ||
+	    !s->call.row_req || !s->call.row_branch || !s->call.row_user || !s->call.next_tokens ||
+	    !s->call.chunks || bkv__bufs_alloc(a, &s->call.bufs, *tok, *kv) != BKV_OK)
+		return BKV_ENOMEM;
+	return BKV_OK;
+}
+
+int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
+		     void *host, const bkv_allocator *alloc, bkv_sched **out)
+{
+	bkv_allocator a;
+	bkv_pool_stats ps;
+	bkv_sched *s;
+	uint32_t tok, kv;
+	int rc;
+
+	if ((rc = create_args_valid(cfg, pool, ops, out, &ps)) != BKV_OK)
+		return rc;
+	bkv__alloc_init(&a, alloc);
+	s = bkv__calloc(&a, 1, sizeof(*s));
+	if (!s)
+		return BKV_ENOMEM;
+	s->alloc = a;
+	config_resolve(s, cfg, ops, host, pool, &ps);
+	if (arrays_alloc(s, &tok, &kv) != BKV_OK ||
+	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
 			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
-		s->in.lock = NULL;
-		bkv_sched_destroy(s);
-		return BKV_ENOMEM;
-	}
-	if (pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
-		bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
 		s->in.lock = NULL;
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;

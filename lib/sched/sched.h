@@ -38,14 +38,6 @@
 #define ATOMIC_SUB(p, v) __atomic_sub_fetch((p), (v), __ATOMIC_RELAXED)
 #define ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 
-#if defined(__GNUC__) || defined(__clang__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#define COLD __attribute__((noinline, cold)) /* rare paths kept out of
-						 bkv_step's hot loop */
-#else
-#define ALWAYS_INLINE inline
-#define COLD
-#endif
 #define LANE_KNOWN(l) ((l)->req->prompt_len + (l)->n_gen)
 #define REQ_IS_RUNNING(r) ((r)->state == BKV__REQ_RUNNING)
 
