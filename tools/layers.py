@@ -53,6 +53,9 @@ def objects_from_build(build, src, lib):
         out.append((obj, os.path.relpath(source, src)))
     if not out:
         die(f'no objects of lib{lib}.so in {cc}')
+    if any(s.startswith('..') or not s.startswith('lib' + os.sep) for _, s in out):
+        print(f'layers: objects not from lib/ sources (a unity build?): skipped')
+        sys.exit(77)
     return sorted(out, key=lambda p: p[1])
 
 
