@@ -252,41 +252,6 @@ void bkv__plan_forks(bkv_sched *s)
 	}
 }
 
-/* plan_decode's general path for request r (several lanes, a lane still
- * prefilling, or an append the fast path declined): each decoding lane's
- * row through append_room (preemption on ENOSPC) and add_row, its batch
- * entries while no preemption has pruned rows. The step's counters are in
- * s. Returns the lanes seen still prefilling. */
-static uint32_t decode_general(bkv_sched *s, bkv__req *r, bkv__fill *f, uint64_t now,
-			       bkv_step_info *si)
-{
-	uint32_t j, prefilling = 0;
-
-	for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
-		bkv__lane *l = &r->lane[j];
-		uint32_t old = l->kv_len, hit = 0, nb = 0, off;
-		const int32_t *table;
-		int32_t slot;
-
-		if (l->done || l->seq == BKV__SEQ_NONE)
-			continue;
-		if (!l->decoding) {
-			prefilling++;
-			continue;
-		}
-		BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
-		if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
-			continue;
-		charge(s, bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
-		if (si->preempted)
-			continue; /* rows may be pruned: stop writing */
-		table = bkv_seq_blocks(s->pool, l->seq, &nb);
-		off = bkv__fill_slot(f, old, table, nb, &slot);
-		bkv__fill_decode(f, r, l, l->tok[old], old, table, nb, off, slot);
-	}
-	return prefilling;
-}
-
 /* Decode rows for every decoding lane, each written into the batch arrays as
  * it is planned (bkv__fill; s->plan.fill_rows says how many made it), until a
  * preemption - which may prune rows already written - stops the writing.
@@ -303,14 +268,17 @@ static uint32_t decode_general(bkv_sched *s, bkv__req *r, bkv__fill *f, uint64_t
  * prefix lookup, into a private block, and computed (with block_tokens 1 the
  * cache may hold it; it is still written, never shared).
  * Returns the lanes it saw that are still prefilling (zero lets the step
- * skip plan_continue's pass). */
+ * skip plan_continue's pass).
+ * Kept whole: it is the step's hot loop, and every split of it measured
+ * slower, 3 to 6 instructions a row at 1,024 rows (bench_step under
+ * callgrind; docs/design.md, "The layers"). */
 uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv_pool *const pool = s->pool;
 	bkv__row *const dec = s->plan.dec;
 	const uint64_t step = s->plan.step_no;
 	const uint32_t n_dec0 = s->plan.n_dec;
-	uint32_t i, prefilling = 0, n_dec = n_dec0, slow = 0;
+	uint32_t i, j, prefilling = 0, n_dec = n_dec0, slow = 0;
 	uint32_t hits = 0;
 	int writing = !si->preempted; /* si->preempted in a local: stores
 					 through the arrays would reload it */
@@ -339,17 +307,20 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 				uint32_t hit;
 
 				bkv__append_flush(&ap);
-				if (bkv__seq_append1_slow(pool, l->seq, token, &hit, &sq))
-					goto general; /* ENOSPC or another answer, the pool
-							 unchanged: retried with preemption */
+				if (bkv__seq_append1_slow(pool, l->seq, token, &hit, &sq) !=
+				    BKV_OK)
+					goto general; /* ENOSPC or another answer: the
+							 pool is unchanged; the general
+							 path retries with preemption */
 				hits += hit;
 				ad.table = sq->table;
 				ad.nb = sq->n_blocks;
 				ad.off = bkv__fill_slot(&f, old, ad.table, ad.nb, &ad.slot);
 			}
 			row = &dec[n_dec++];
-			/* touch() without the touched list (this pass sees each
-			 * lane first; rollback finds it through this row) */
+			/* touch() without the touched list: nothing appended to
+			 * a lane before this pass, which sees each lane once;
+			 * rollback finds the lane through this row */
 			BKV_ASSERT(l->touch_step != step);
 			l->touch_step = step;
 			l->pre_len = old;
@@ -366,7 +337,29 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 general:
 		bkv__append_flush(&ap);
 		s->plan.n_dec = n_dec;
-		prefilling += decode_general(s, r, &f, now, si);
+		for (j = 0; j < r->n && REQ_IS_RUNNING(r); j++) {
+			uint32_t old, hit = 0, nb = 0, off;
+			const int32_t *table;
+			int32_t slot;
+
+			l = &r->lane[j];
+			old = l->kv_len;
+			if (l->done || l->seq == BKV__SEQ_NONE)
+				continue;
+			if (!l->decoding) {
+				prefilling++;
+				continue;
+			}
+			BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
+			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
+				continue;
+			charge(s, bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
+			if (si->preempted)
+				continue; /* rows may be pruned: stop writing */
+			table = bkv_seq_blocks(pool, l->seq, &nb);
+			off = bkv__fill_slot(&f, old, table, nb, &slot);
+			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);
+		}
 		slow += s->plan.n_dec - n_dec; /* the general path's rows */
 		n_dec = s->plan.n_dec;
 		writing = !si->preempted;
