@@ -334,94 +334,127 @@ static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size
 	mp_str(&e->body, name);
 }
 
-/* Write the open BlockStored (the chain in group) into body. */
-static void flush_group(bkv_vllm_encoder *e)
+/* In the map layout, a field's name before its value; the array layouts
+ * go by position and write none. */
+static void field(bkv__wbuf *w, int map, const char *name)
 {
-	const bkv_pool *pool = e->pool;
-	bkv__wbuf *w = &e->body;
-	uint32_t i, j, n = e->n_group;
-	int32_t first, parent;
-	const char *name;
-	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+	if (map)
+		mp_str(w, name);
+}
 
-	if (n == 0)
-		return;
-	first = e->group[0];
-	parent = pool->kv.blk[first].parent;
-	name = key_name(e, e->group_key);
-	event_head(e, "BlockStored",
-		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
-			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
-		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
-	if (map)
-		mp_str(w, "block_hashes");
-	mp_array(w, n);
-	for (i = 0; i < n; i++)
+static void str_or_nil(bkv__wbuf *w, const char *s)
+{
+	if (s)
+		mp_str(w, s);
+	else
+		mp_nil(w);
+}
+
+/* BlockStored's block_hashes (the chain's digests) and parent_block_hash
+ * (the first block's parent's digest, nil for a root). */
+static void stored_hashes(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
+{
+	int32_t parent = e->pool->kv.blk[e->group[0]].parent;
+	uint32_t i;
+
+	field(w, map, "block_hashes");
+	mp_array(w, e->n_group);
+	for (i = 0; i < e->n_group; i++)
 		put_hash(e, w, e->dig[e->group[i]]);
-	if (map)
-		mp_str(w, "parent_block_hash");
+	field(w, map, "parent_block_hash");
 	if (parent >= 0)
 		put_hash(e, w, e->dig[parent]);
 	else
 		mp_nil(w);
-	if (map)
-		mp_str(w, "token_ids");
-	mp_array(w, (size_t)n * e->bt);
-	for (i = 0; i < n; i++) {
-		const int32_t *t = pool->kv.tok + (size_t)e->group[i] * e->bt;
+}
+
+/* BlockStored's token_ids (every block's tokens, in chain order) and
+ * block_size. */
+static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
+{
+	uint32_t i, j;
+
+	field(w, map, "token_ids");
+	mp_array(w, (size_t)e->n_group * e->bt);
+	for (i = 0; i < e->n_group; i++) {
+		const int32_t *t = e->pool->kv.tok + (size_t)e->group[i] * e->bt;
 
 		for (j = 0; j < e->bt; j++)
 			mp_int(w, t[j]);
 	}
-	if (map)
-		mp_str(w, "block_size");
+	field(w, map, "block_size");
 	mp_uint(w, e->bt);
-	if (map)
-		mp_str(w, "lora_id");
+}
+
+/* BlockStored's lora_id, then (not in ARRAY_V0) medium and lora_name. */
+static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *name)
+{
+	field(w, map, "lora_id");
 	if (e->group_key)
 		mp_uint(w, e->group_key);
 	else
 		mp_nil(w);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
-		if (map)
-			mp_str(w, "medium");
-		if (e->cfg.medium)
-			mp_str(w, e->cfg.medium);
-		else
-			mp_nil(w);
-		if (map)
-			mp_str(w, "lora_name");
-		if (name)
-			mp_str(w, name);
-		else
-			mp_nil(w);
+		field(w, map, "medium");
+		str_or_nil(w, e->cfg.medium);
+		field(w, map, "lora_name");
+		str_or_nil(w, name);
 	}
-	if (map) {
-		if (e->cfg.extra_keys) {
-			mp_str(w, "extra_keys");
-			mp_array(w, n);
-			for (i = 0; i < n; i++) {
-				if (name) {
-					mp_array(w, 1);
-					mp_str(w, name);
-				} else {
-					mp_nil(w);
-				}
+}
+
+/* BlockStored's optional fields, map layout only: each one present when
+ * the config asks for it (the count is in flush_group's event_head). */
+static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name)
+{
+	uint32_t i;
+
+	if (e->cfg.extra_keys) {
+		mp_str(w, "extra_keys");
+		mp_array(w, e->n_group);
+		for (i = 0; i < e->n_group; i++) {
+			if (name) {
+				mp_array(w, 1);
+				mp_str(w, name);
+			} else {
+				mp_nil(w);
 			}
 		}
-		if (e->cfg.group_idx >= 0) {
-			mp_str(w, "group_idx");
-			mp_uint(w, (uint64_t)e->cfg.group_idx);
-		}
-		if (e->cfg.spec_kind) {
-			mp_str(w, "kv_cache_spec_kind");
-			mp_str(w, e->cfg.spec_kind);
-		}
-		if (e->cfg.sliding_window) {
-			mp_str(w, "kv_cache_spec_sliding_window");
-			mp_uint(w, e->cfg.sliding_window);
-		}
 	}
+	if (e->cfg.group_idx >= 0) {
+		mp_str(w, "group_idx");
+		mp_uint(w, (uint64_t)e->cfg.group_idx);
+	}
+	if (e->cfg.spec_kind) {
+		mp_str(w, "kv_cache_spec_kind");
+		mp_str(w, e->cfg.spec_kind);
+	}
+	if (e->cfg.sliding_window) {
+		mp_str(w, "kv_cache_spec_sliding_window");
+		mp_uint(w, e->cfg.sliding_window);
+	}
+}
+
+/* Write the open BlockStored (the chain in group) into body: in the map
+ * layout 8 fields and the optional ones, in ARRAY the tag and 7 fields, in
+ * ARRAY_V0 the tag and 5 (no medium, no lora_name). */
+static void flush_group(bkv_vllm_encoder *e)
+{
+	bkv__wbuf *w = &e->body;
+	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+	const char *name;
+
+	if (e->n_group == 0)
+		return;
+	name = key_name(e, e->group_key);
+	event_head(e, "BlockStored",
+		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
+			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
+	stored_hashes(e, w, map);
+	stored_tokens(e, w, map);
+	stored_lora(e, w, map, name);
+	if (map)
+		stored_options(e, w, name);
 	e->n_events++;
 	e->n_group = 0;
 }
@@ -448,23 +481,16 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
 	flush_group(e);
 	event_head(e, "BlockRemoved", 3 + (e->cfg.group_idx >= 0),
 		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
-	if (map)
-		mp_str(w, "block_hashes");
+	field(w, map, "block_hashes");
 	mp_array(w, 1);
 	put_hash(e, w, d);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
-		if (map)
-			mp_str(w, "medium");
-		if (e->cfg.medium)
-			mp_str(w, e->cfg.medium);
-		else
-			mp_nil(w);
+		field(w, map, "medium");
+		str_or_nil(w, e->cfg.medium);
 	}
-	if (map) {
-		if (e->cfg.group_idx >= 0) {
-			mp_str(w, "group_idx");
-			mp_uint(w, (uint64_t)e->cfg.group_idx);
-		}
+	if (map && e->cfg.group_idx >= 0) {
+		mp_str(w, "group_idx");
+		mp_uint(w, (uint64_t)e->cfg.group_idx);
 	}
 	e->n_events++;
 }
