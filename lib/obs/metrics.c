@@ -83,13 +83,104 @@ static void gauge_f(out *o, const char *name, const char *help, double v)
 	put(o, "%s %.9g\n", name, v);
 }
 
+/* Requests by state, and their lifetime counts. */
+static void put_requests(out *o, const bkv_sched_stats *st)
+{
+	gauge(o, "bkv_requests_waiting", "Requests queued, not started.", st->waiting);
+	gauge(o, "bkv_requests_running", "Requests holding batch slots.", st->running);
+	gauge(o, "bkv_requests_swapped", "Requests preempted to the host KV tier.",
+	      st->swapped);
+	counter(o, "bkv_requests_submitted_total", "Requests accepted by bkv_submit.",
+		st->submitted);
+	counter(o, "bkv_requests_finished_total", "Requests ended, any reason.", st->finished);
+	counter(o, "bkv_requests_aborted_total", "Requests ended by bkv_abort.", st->aborted);
+}
+
+/* Tokens computed, and the prefix cache's share of the prompt tokens. */
+static void put_tokens(out *o, const bkv_sched_stats *st)
+{
+	uint64_t prompt_queries = st->prefill_tokens + st->hit_tokens;
+
+	counter(o, "bkv_prompt_tokens_total",
+		"Prompt tokens computed by prefill (prefix-cache hits excluded).",
+		st->prefill_tokens);
+	counter(o, "bkv_generation_tokens_total", "Tokens computed by decode rows (a request's first token comes from its prefill).",
+		st->decode_tokens);
+	counter(o, "bkv_prefix_cache_hit_tokens_total",
+		"Prompt tokens served from the prefix cache.", st->hit_tokens);
+	counter(o, "bkv_prefix_cache_query_tokens_total",
+		"Prompt tokens looked up in the prefix cache (computed plus hits).",
+		prompt_queries);
+	gauge_f(o, "bkv_prefix_cache_hit_ratio",
+		"Prefix-cache hit tokens over query tokens since start.",
+		prompt_queries ? (double)st->hit_tokens / (double)prompt_queries : 0.0);
+}
+
+/* Preemptions by mode, steps, and the host calls they made. */
+static void put_steps(out *o, const bkv_sched_stats *st)
+{
+	head(o, "bkv_preemptions_total", "counter", "Requests preempted, by mode.");
+	put(o, "bkv_preemptions_total{mode=\"recompute\"} %" PRIu64 "\n",
+	    st->preemptions - st->swaps);
+	put(o, "bkv_preemptions_total{mode=\"swap\"} %" PRIu64 "\n", st->swaps);
+	counter(o, "bkv_steps_total", "Successful bkv_step iterations.", st->steps);
+	counter(o, "bkv_failed_steps_total", "Steps rolled back on a host failure.",
+		st->failed_steps);
+	counter(o, "bkv_prefill_calls_total", "Host calls carrying prefill.",
+		st->prefill_calls);
+	counter(o, "bkv_decode_calls_total", "Host decode calls (split hosts).",
+		st->decode_calls);
+	head(o, "bkv_host_busy_seconds_total", "counter", "Measured time in host calls.");
+	put(o, "bkv_host_busy_seconds_total %.9g\n", st->busy_us / 1e6);
+}
+
+/* The pool's blocks by state, evictions and KV events. */
+static void put_pool(out *o, const bkv_pool_stats *ps)
+{
+	gauge_f(o, "bkv_kv_cache_usage_ratio",
+		"Device KV blocks in use (not free, not reclaimable cache) over all.",
+		ps->device_blocks ? (double)ps->nr_used / (double)ps->device_blocks : 0.0);
+	head(o, "bkv_kv_blocks", "gauge", "Device KV blocks by state.");
+	put(o, "bkv_kv_blocks{state=\"free\"} %" PRIu32 "\n", ps->nr_free);
+	put(o, "bkv_kv_blocks{state=\"used\"} %" PRIu32 "\n", ps->nr_used);
+	put(o, "bkv_kv_blocks{state=\"cached\"} %" PRIu32 "\n", ps->nr_cached);
+	head(o, "bkv_kv_host_blocks", "gauge", "Host-tier (swap) KV blocks by state.");
+	put(o, "bkv_kv_host_blocks{state=\"free\"} %" PRIu32 "\n", ps->host_free);
+	put(o, "bkv_kv_host_blocks{state=\"used\"} %" PRIu32 "\n", ps->host_used);
+	counter(o, "bkv_prefix_cache_evictions_total", "Cached KV blocks reclaimed.",
+		ps->evictions);
+	counter(o, "bkv_kv_events_total", "KV events emitted for routers.", ps->events);
+	counter(o, "bkv_kv_events_dropped_total", "KV events dropped on a full ring.",
+		ps->events_dropped);
+}
+
+/* The scheduler's step-duration histogram, its buckets summed into
+ * Prometheus's cumulative le buckets. */
+static void put_step_histogram(out *o, const bkv_sched *s)
+{
+	uint64_t cum = 0;
+	uint32_t i;
+
+	head(o, "bkv_step_duration_seconds", "histogram",
+	     "Wall time of one bkv_step on the scheduler's clock.");
+	for (i = 0; i < BKV__STEP_BUCKETS; i++) {
+		cum += s->obs.step_hist[i];
+		if (i < BKV__STEP_BUCKETS - 1)
+			put(o, "bkv_step_duration_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
+			    bound_txt[i], cum);
+		else
+			put(o, "bkv_step_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
+			    cum);
+	}
+	put(o, "bkv_step_duration_seconds_sum %.9g\n", s->obs.step_sum_s);
+	put(o, "bkv_step_duration_seconds_count %" PRIu64 "\n", cum);
+}
+
 size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 {
 	bkv_sched_stats st;
 	bkv_pool_stats ps;
 	out o = {buf, buf ? cap : 0, 0};
-	uint64_t prompt_queries, cum = 0;
-	uint32_t i;
 
 	if (o.cap)
 		buf[0] = '\0';
@@ -99,71 +190,10 @@ size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 	bkv_sched_stats_get(s, &st);
 	ps.size = sizeof ps;
 	bkv_pool_stats_get(s->pool, &ps);
-	prompt_queries = st.prefill_tokens + st.hit_tokens;
-
-	gauge(&o, "bkv_requests_waiting", "Requests queued, not started.", st.waiting);
-	gauge(&o, "bkv_requests_running", "Requests holding batch slots.", st.running);
-	gauge(&o, "bkv_requests_swapped", "Requests preempted to the host KV tier.",
-	      st.swapped);
-	counter(&o, "bkv_requests_submitted_total", "Requests accepted by bkv_submit.",
-		st.submitted);
-	counter(&o, "bkv_requests_finished_total", "Requests ended, any reason.", st.finished);
-	counter(&o, "bkv_requests_aborted_total", "Requests ended by bkv_abort.", st.aborted);
-	counter(&o, "bkv_prompt_tokens_total",
-		"Prompt tokens computed by prefill (prefix-cache hits excluded).",
-		st.prefill_tokens);
-	counter(&o, "bkv_generation_tokens_total", "Tokens computed by decode rows (a request's first token comes from its prefill).",
-		st.decode_tokens);
-	counter(&o, "bkv_prefix_cache_hit_tokens_total",
-		"Prompt tokens served from the prefix cache.", st.hit_tokens);
-	counter(&o, "bkv_prefix_cache_query_tokens_total",
-		"Prompt tokens looked up in the prefix cache (computed plus hits).",
-		prompt_queries);
-	gauge_f(&o, "bkv_prefix_cache_hit_ratio",
-		"Prefix-cache hit tokens over query tokens since start.",
-		prompt_queries ? (double)st.hit_tokens / (double)prompt_queries : 0.0);
-	head(&o, "bkv_preemptions_total", "counter", "Requests preempted, by mode.");
-	put(&o, "bkv_preemptions_total{mode=\"recompute\"} %" PRIu64 "\n",
-	    st.preemptions - st.swaps);
-	put(&o, "bkv_preemptions_total{mode=\"swap\"} %" PRIu64 "\n", st.swaps);
-	counter(&o, "bkv_steps_total", "Successful bkv_step iterations.", st.steps);
-	counter(&o, "bkv_failed_steps_total", "Steps rolled back on a host failure.",
-		st.failed_steps);
-	counter(&o, "bkv_prefill_calls_total", "Host calls carrying prefill.",
-		st.prefill_calls);
-	counter(&o, "bkv_decode_calls_total", "Host decode calls (split hosts).",
-		st.decode_calls);
-	head(&o, "bkv_host_busy_seconds_total", "counter", "Measured time in host calls.");
-	put(&o, "bkv_host_busy_seconds_total %.9g\n", st.busy_us / 1e6);
-
-	gauge_f(&o, "bkv_kv_cache_usage_ratio",
-		"Device KV blocks in use (not free, not reclaimable cache) over all.",
-		ps.device_blocks ? (double)ps.nr_used / (double)ps.device_blocks : 0.0);
-	head(&o, "bkv_kv_blocks", "gauge", "Device KV blocks by state.");
-	put(&o, "bkv_kv_blocks{state=\"free\"} %" PRIu32 "\n", ps.nr_free);
-	put(&o, "bkv_kv_blocks{state=\"used\"} %" PRIu32 "\n", ps.nr_used);
-	put(&o, "bkv_kv_blocks{state=\"cached\"} %" PRIu32 "\n", ps.nr_cached);
-	head(&o, "bkv_kv_host_blocks", "gauge", "Host-tier (swap) KV blocks by state.");
-	put(&o, "bkv_kv_host_blocks{state=\"free\"} %" PRIu32 "\n", ps.host_free);
-	put(&o, "bkv_kv_host_blocks{state=\"used\"} %" PRIu32 "\n", ps.host_used);
-	counter(&o, "bkv_prefix_cache_evictions_total", "Cached KV blocks reclaimed.",
-		ps.evictions);
-	counter(&o, "bkv_kv_events_total", "KV events emitted for routers.", ps.events);
-	counter(&o, "bkv_kv_events_dropped_total", "KV events dropped on a full ring.",
-		ps.events_dropped);
-
-	head(&o, "bkv_step_duration_seconds", "histogram",
-	     "Wall time of one bkv_step on the scheduler's clock.");
-	for (i = 0; i < BKV__STEP_BUCKETS; i++) {
-		cum += s->obs.step_hist[i];
-		if (i < BKV__STEP_BUCKETS - 1)
-			put(&o, "bkv_step_duration_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
-			    bound_txt[i], cum);
-		else
-			put(&o, "bkv_step_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
-			    cum);
-	}
-	put(&o, "bkv_step_duration_seconds_sum %.9g\n", s->obs.step_sum_s);
-	put(&o, "bkv_step_duration_seconds_count %" PRIu64 "\n", cum);
+	put_requests(&o, &st);
+	put_tokens(&o, &st);
+	put_steps(&o, &st);
+	put_pool(&o, &ps);
+	put_step_histogram(&o, s);
 	return o.len;
 }

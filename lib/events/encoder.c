@@ -1,0 +1,645 @@
+/*
+ * encoder.c - a pool's KV events in vLLM's wire format.
+ *
+ * A router built for vLLM learns what each replica caches from a stream of
+ * msgpack KVEventBatch messages and finds a prompt's blocks by hashing its
+ * tokens the way vLLM does (events/hash.c). This file makes a pool look like
+ * such a replica. It reads the pool (pool/pool.h) and changes nothing in it:
+ * the pool's own events (kv/cache.c writes them, bkv_pool_drain_events
+ * drains them) say which block entered or left the index, and the token
+ * store says what the block holds.
+ *
+ *   pool event ring --drain--> translate --> vLLM events --> msgpack batch
+ *                                 |  ^
+ *              pool->kv.blk, pool->kv.tok  |  per-block published hash (dig, nat)
+ *
+ * Translation keeps, per device block, the hash it was published under and
+ * the pool hash it had then (nat), so a REMOVED event names the same hash its
+ * STORED event did, and a child's parent digest is at hand. A STORED event is
+ * translated only if its block is still indexed under the same pool hash when
+ * the ring is drained: otherwise the block left the index (and may hold other
+ * tokens) before anyone read the event, so both its store and its removal are
+ * left out, which replays to the same set. A block is indexed only while its
+ * parent is, and a parent's last STORED event comes before its children's, so
+ * every parent digest a translation needs was computed earlier in the stream.
+ *
+ * A gap in the pool's seq (its ring overflowed) cannot be repaired from the
+ * events, so the batch becomes a snapshot: AllBlocksCleared, then every
+ * indexed block, parents first, chains grouped as BlockStored events.
+ *
+ * msgpack is written as msgspec writes it: the shortest form of every
+ * integer, string, array and map header, floats as float64.
+ */
+#include "pool/pool.h"
+#include "events/vllm.h"
+
+#include <string.h>
+
+/* ---- msgpack, as msgspec writes it ---------------------------------------- */
+
+static void mp_uint(bkv__wbuf *w, uint64_t v)
+{
+	if (v < 128)
+		bkv__wb_byte(w, (uint8_t)v);
+	else if (v < 256)
+		bkv__wb_byte(w, 0xcc), bkv__wb_be(w, v, 1);
+	else if (v < 65536)
+		bkv__wb_byte(w, 0xcd), bkv__wb_be(w, v, 2);
+	else if (v <= 0xffffffffu)
+		bkv__wb_byte(w, 0xce), bkv__wb_be(w, v, 4);
+	else
+		bkv__wb_byte(w, 0xcf), bkv__wb_be(w, v, 8);
+}
+
+static void mp_int(bkv__wbuf *w, int64_t v)
+{
+	if (v >= 0)
+		mp_uint(w, (uint64_t)v);
+	else if (v >= -32)
+		bkv__wb_byte(w, (uint8_t)(0xe0 | (v + 32)));
+	else if (v >= -128)
+		bkv__wb_byte(w, 0xd0), bkv__wb_be(w, (uint64_t)v, 1);
+	else if (v >= -32768)
+		bkv__wb_byte(w, 0xd1), bkv__wb_be(w, (uint64_t)v, 2);
+	else if (v >= INT32_MIN)
+		bkv__wb_byte(w, 0xd2), bkv__wb_be(w, (uint64_t)v, 4);
+	else
+		bkv__wb_byte(w, 0xd3), bkv__wb_be(w, (uint64_t)v, 8);
+}
+
+static void mp_nil(bkv__wbuf *w)
+{
+	bkv__wb_byte(w, 0xc0);
+}
+
+static void mp_f64(bkv__wbuf *w, double d)
+{
+	uint64_t u;
+
+	memcpy(&u, &d, sizeof u);
+	bkv__wb_byte(w, 0xcb);
+	bkv__wb_be(w, u, 8);
+}
+
+static void mp_str(bkv__wbuf *w, const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n < 32)
+		bkv__wb_byte(w, (uint8_t)(0xa0 | n));
+	else if (n < 256)
+		bkv__wb_byte(w, 0xd9), bkv__wb_be(w, n, 1);
+	else if (n < 65536)
+		bkv__wb_byte(w, 0xda), bkv__wb_be(w, n, 2);
+	else
+		bkv__wb_byte(w, 0xdb), bkv__wb_be(w, n, 4);
+	bkv__wb_put(w, s, n);
+}
+
+static void mp_bin(bkv__wbuf *w, const uint8_t *p, size_t n)
+{
+	if (n < 256)
+		bkv__wb_byte(w, 0xc4), bkv__wb_be(w, n, 1);
+	else if (n < 65536)
+		bkv__wb_byte(w, 0xc5), bkv__wb_be(w, n, 2);
+	else
+		bkv__wb_byte(w, 0xc6), bkv__wb_be(w, n, 4);
+	bkv__wb_put(w, p, n);
+}
+
+/* An array or map header of n entries: the fix form (fix | n) below 16, else
+ * the 16-bit form (tag16) or the 32-bit one (tag16 + 1). */
+static void mp_container(bkv__wbuf *w, size_t n, uint8_t fix, uint8_t tag16)
+{
+	if (n < 16)
+		bkv__wb_byte(w, (uint8_t)(fix | n));
+	else if (n < 65536)
+		bkv__wb_byte(w, tag16), bkv__wb_be(w, n, 2);
+	else
+		bkv__wb_byte(w, (uint8_t)(tag16 + 1)), bkv__wb_be(w, n, 4);
+}
+
+static void mp_array(bkv__wbuf *w, size_t n)
+{
+	mp_container(w, n, 0x90, 0xdc);
+}
+
+static void mp_map(bkv__wbuf *w, size_t n)
+{
+	mp_container(w, n, 0x80, 0xde);
+}
+
+/* ---- the encoder ----------------------------------------------------------- */
+
+#define EV_CHUNK 256 /* pool events drained per bkv_pool_drain_events call */
+
+struct bkv_vllm_encoder {
+	bkv_allocator alloc;  /* copied at create; all memory below */
+	bkv_vllm_config cfg;  /* copied; strings point into the copies below */
+	char seed[256];       /* cfg.hash_seed copied */
+	char *medium;         /* cfg.medium copied, or NULL */
+	char *spec_kind;      /* cfg.spec_kind copied, or NULL */
+	const bkv_pool *pool; /* the pool it drains; not owned */
+	uint32_t nb;          /* pool device blocks */
+	uint32_t bt;          /* pool block_tokens */
+	uint8_t none[32];     /* NONE_HASH: the first block's parent digest */
+	uint8_t (*dig)[32];   /* [nb] each block's published digest (NATIVE: its
+				 pool hash, big-endian in the last 8 bytes);
+				 meaningful while valid[b] */
+	uint64_t *nat;        /* [nb] the pool hash the block had when dig was
+				 computed: dig[b] stands for nat[b] */
+	uint8_t *valid;       /* [nb] dig[b]/nat[b] describe a block that is
+				 published as stored (1) or not (0) */
+	int32_t *path;        /* [nb] snapshot scratch: a chain walked up */
+	int32_t *group;       /* [nb] the open BlockStored's blocks, a chain */
+	uint32_t n_group;     /* blocks in group */
+	uint64_t group_key;   /* their key */
+	uint64_t last_seq;    /* the last pool event seq taken */
+	uint64_t resyncs;     /* snapshots written */
+	int need_resync;      /* the next encode must write a snapshot */
+	uint32_t n_events;    /* vLLM events in body */
+	bkv__wbuf body;       /* the events of the batch being written */
+	bkv__wbuf msg;        /* the whole batch (what encode returns) */
+	bkv__wbuf scratch;    /* one block's hash input */
+	bkv_kv_event ev[EV_CHUNK]; /* drain buffer */
+};
+
+void bkv_vllm_config_init(bkv_vllm_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->size = sizeof *cfg;
+	cfg->wire = BKV_VLLM_WIRE_MAP;
+	cfg->hash = BKV_VLLM_HASH_SHA256_CBOR;
+	cfg->int_hashes = 1;
+	cfg->hash_seed = "0";
+	cfg->medium = "GPU";
+	cfg->data_parallel_rank = -1;
+	cfg->group_idx = -1;
+}
+
+static char *dup_str(const bkv_allocator *a, const char *s)
+{
+	size_t n;
+	char *d;
+
+	if (!s)
+		return NULL;
+	n = strlen(s) + 1;
+	d = bkv__malloc(a, n);
+	if (d)
+		memcpy(d, s, n);
+	return d;
+}
+
+static void free_str(const bkv_allocator *a, char *s)
+{
+	if (s)
+		bkv__free(a, s, strlen(s) + 1);
+}
+
+void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
+{
+	bkv_allocator a;
+	size_t nb;
+
+	if (!enc)
+		return;
+	a = enc->alloc;
+	nb = enc->nb;
+	free_str(&a, enc->medium);
+	free_str(&a, enc->spec_kind);
+	bkv__free(&a, enc->dig, nb * 32);
+	bkv__free(&a, enc->nat, nb * sizeof(uint64_t));
+	bkv__free(&a, enc->valid, nb);
+	bkv__free(&a, enc->path, nb * sizeof(int32_t));
+	bkv__free(&a, enc->group, nb * sizeof(int32_t));
+	bkv__free(&a, enc->body.p, enc->body.cap);
+	bkv__free(&a, enc->msg.p, enc->msg.cap);
+	bkv__free(&a, enc->scratch.p, enc->scratch.cap);
+	bkv__free(&a, enc, sizeof *enc);
+}
+
+int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
+			    const bkv_allocator *alloc, bkv_vllm_encoder **out)
+{
+	bkv_allocator a;
+	bkv_vllm_encoder *e;
+	size_t nb;
+
+	if (!cfg || !pool || !out || cfg->size < sizeof *cfg)
+		return BKV_EINVAL;
+	if (cfg->wire > BKV_VLLM_WIRE_ARRAY_V0 || cfg->hash > BKV_VLLM_HASH_SHA256 ||
+	    !bkv__vllm_seed_ok(cfg->hash_seed) || !pool->kv.ev || cfg->data_parallel_rank < -1 ||
+	    cfg->group_idx < -1)
+		return BKV_EINVAL;
+	bkv__alloc_init(&a, alloc);
+	e = bkv__calloc(&a, 1, sizeof *e);
+	if (!e)
+		return BKV_ENOMEM;
+	e->alloc = a;
+	e->cfg = *cfg;
+	e->pool = pool;
+	e->nb = pool->kv.nb;
+	e->bt = pool->kv.bt;
+	nb = e->nb;
+	strcpy(e->seed, cfg->hash_seed);
+	e->cfg.hash_seed = e->seed;
+	e->body.a = e->msg.a = e->scratch.a = &e->alloc;
+	e->medium = dup_str(&e->alloc, cfg->medium);
+	e->spec_kind = dup_str(&e->alloc, cfg->spec_kind);
+	e->cfg.medium = e->medium;
+	e->cfg.spec_kind = e->spec_kind;
+	e->dig = bkv__calloc(&e->alloc, nb, 32);
+	e->nat = bkv__calloc(&e->alloc, nb, sizeof(uint64_t));
+	e->valid = bkv__calloc(&e->alloc, nb, 1);
+	e->path = bkv__calloc(&e->alloc, nb, sizeof(int32_t));
+	e->group = bkv__calloc(&e->alloc, nb, sizeof(int32_t));
+	if ((cfg->medium && !e->medium) || (cfg->spec_kind && !e->spec_kind) || !e->dig ||
+	    !e->nat || !e->valid || !e->path || !e->group ||
+	    (cfg->hash != BKV_VLLM_HASH_NATIVE &&
+	     bkv__vllm_none_hash(cfg->hash, e->seed, &e->alloc, e->none))) {
+		bkv_vllm_encoder_destroy(e);
+		return BKV_ENOMEM;
+	}
+	/* Events the pool emitted before the encoder existed were never seen:
+	 * unless there were none, the first batch is a snapshot. */
+	e->last_seq = 0;
+	e->need_resync = pool->kv.ev_seq != 0;
+	*out = e;
+	return BKV_OK;
+}
+
+uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc)
+{
+	return enc ? enc->resyncs : 0;
+}
+
+/* A published hash: an int (NATIVE, ARRAY_V0, int_hashes) or 32 bytes. */
+static void put_hash(bkv_vllm_encoder *e, bkv__wbuf *w, const uint8_t *d)
+{
+	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE || e->cfg.wire == BKV_VLLM_WIRE_ARRAY_V0 ||
+	    e->cfg.int_hashes)
+		mp_uint(w, bkv_vllm_hash_int(d));
+	else
+		mp_bin(w, d, BKV_VLLM_DIGEST_BYTES);
+}
+
+static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
+{
+	return key && e->cfg.key_name ? e->cfg.key_name(e->cfg.key_name_ud, key) : NULL;
+}
+
+/* Compute and record block b's digest from its parent's. -1: the parent has
+ * none (only after lost events) or no memory. */
+static int publish_digest(bkv_vllm_encoder *e, int32_t b)
+{
+	const bkv__block *k = &e->pool->kv.blk[b];
+	const uint8_t *parent = e->none;
+
+	if (k->parent >= 0) {
+		int32_t p = k->parent;
+
+		if (!e->valid[p] || e->nat[p] != e->pool->kv.blk[p].hash)
+			return -1;
+		parent = e->dig[p];
+	}
+	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE) {
+		memset(e->dig[b], 0, 24);
+		for (int i = 0; i < 8; i++)
+			e->dig[b][24 + i] = (uint8_t)(k->hash >> (56 - 8 * i));
+	} else {
+		if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
+				 e->pool->kv.tok + (size_t)b * e->bt, e->bt, key_name(e, k->key),
+				 e->dig[b]))
+			return -1;
+	}
+	e->nat[b] = k->hash;
+	e->valid[b] = 1;
+	return 0;
+}
+
+/* An event's head: in the map layout a map of n_map fields whose first is
+ * the "type" tag, in the array layouts an array of n_array (the tag is its
+ * first element); then the event's name. */
+static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size_t n_array)
+{
+	if (e->cfg.wire == BKV_VLLM_WIRE_MAP) {
+		mp_map(&e->body, n_map);
+		mp_str(&e->body, "type");
+	} else {
+		mp_array(&e->body, n_array);
+	}
+	mp_str(&e->body, name);
+}
+
+/* In the map layout, a field's name before its value; the array layouts
+ * go by position and write none. */
+static void field(bkv__wbuf *w, int map, const char *name)
+{
+	if (map)
+		mp_str(w, name);
+}
+
+static void str_or_nil(bkv__wbuf *w, const char *s)
+{
+	if (s)
+		mp_str(w, s);
+	else
+		mp_nil(w);
+}
+
+/* BlockStored's block_hashes (the chain's digests) and parent_block_hash
+ * (the first block's parent's digest, nil for a root). */
+static void stored_hashes(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
+{
+	int32_t parent = e->pool->kv.blk[e->group[0]].parent;
+	uint32_t i;
+
+	field(w, map, "block_hashes");
+	mp_array(w, e->n_group);
+	for (i = 0; i < e->n_group; i++)
+		put_hash(e, w, e->dig[e->group[i]]);
+	field(w, map, "parent_block_hash");
+	if (parent >= 0)
+		put_hash(e, w, e->dig[parent]);
+	else
+		mp_nil(w);
+}
+
+/* BlockStored's token_ids (every block's tokens, in chain order) and
+ * block_size. */
+static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
+{
+	uint32_t i, j;
+
+	field(w, map, "token_ids");
+	mp_array(w, (size_t)e->n_group * e->bt);
+	for (i = 0; i < e->n_group; i++) {
+		const int32_t *t = e->pool->kv.tok + (size_t)e->group[i] * e->bt;
+
+		for (j = 0; j < e->bt; j++)
+			mp_int(w, t[j]);
+	}
+	field(w, map, "block_size");
+	mp_uint(w, e->bt);
+}
+
+/* BlockStored's lora_id, then (not in ARRAY_V0) medium and lora_name. */
+static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *name)
+{
+	field(w, map, "lora_id");
+	if (e->group_key)
+		mp_uint(w, e->group_key);
+	else
+		mp_nil(w);
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
+		field(w, map, "medium");
+		str_or_nil(w, e->cfg.medium);
+		field(w, map, "lora_name");
+		str_or_nil(w, name);
+	}
+}
+
+/* BlockStored's optional fields, map layout only: each one present when
+ * the config asks for it (the count is in flush_group's event_head). */
+static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name)
+{
+	uint32_t i;
+
+	if (e->cfg.extra_keys) {
+		mp_str(w, "extra_keys");
+		mp_array(w, e->n_group);
+		for (i = 0; i < e->n_group; i++) {
+			if (name) {
+				mp_array(w, 1);
+				mp_str(w, name);
+			} else {
+				mp_nil(w);
+			}
+		}
+	}
+	if (e->cfg.group_idx >= 0) {
+		mp_str(w, "group_idx");
+		mp_uint(w, (uint64_t)e->cfg.group_idx);
+	}
+	if (e->cfg.spec_kind) {
+		mp_str(w, "kv_cache_spec_kind");
+		mp_str(w, e->cfg.spec_kind);
+	}
+	if (e->cfg.sliding_window) {
+		mp_str(w, "kv_cache_spec_sliding_window");
+		mp_uint(w, e->cfg.sliding_window);
+	}
+}
+
+/* Write the open BlockStored (the chain in group) into body: in the map
+ * layout 8 fields and the optional ones, in ARRAY the tag and 7 fields, in
+ * ARRAY_V0 the tag and 5 (no medium, no lora_name). */
+static void flush_group(bkv_vllm_encoder *e)
+{
+	bkv__wbuf *w = &e->body;
+	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+	const char *name;
+
+	if (e->n_group == 0)
+		return;
+	name = key_name(e, e->group_key);
+	event_head(e, "BlockStored",
+		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
+			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
+	stored_hashes(e, w, map);
+	stored_tokens(e, w, map);
+	stored_lora(e, w, map, name);
+	if (map)
+		stored_options(e, w, name);
+	e->n_events++;
+	e->n_group = 0;
+}
+
+/* Add stored block b (digest already published) to the open BlockStored, or
+ * start a new one when it does not continue the chain. */
+static void add_stored(bkv_vllm_encoder *e, int32_t b)
+{
+	const bkv__block *k = &e->pool->kv.blk[b];
+
+	if (e->n_group &&
+	    (k->parent != e->group[e->n_group - 1] || k->key != e->group_key))
+		flush_group(e);
+	if (e->n_group == 0)
+		e->group_key = k->key;
+	e->group[e->n_group++] = b;
+}
+
+static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
+{
+	bkv__wbuf *w = &e->body;
+	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+
+	flush_group(e);
+	event_head(e, "BlockRemoved", 3 + (e->cfg.group_idx >= 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
+	field(w, map, "block_hashes");
+	mp_array(w, 1);
+	put_hash(e, w, d);
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
+		field(w, map, "medium");
+		str_or_nil(w, e->cfg.medium);
+	}
+	if (map && e->cfg.group_idx >= 0) {
+		mp_str(w, "group_idx");
+		mp_uint(w, (uint64_t)e->cfg.group_idx);
+	}
+	e->n_events++;
+}
+
+static void put_cleared(bkv_vllm_encoder *e)
+{
+	flush_group(e);
+	event_head(e, "AllBlocksCleared", 1, 1);
+	e->n_events++;
+}
+
+/* Body := AllBlocksCleared + every indexed block, parents first. */
+static int snapshot(bkv_vllm_encoder *e)
+{
+	const bkv_pool *pool = e->pool;
+	uint32_t b;
+
+	e->body.n = 0;
+	e->body.oom = 0;
+	e->n_events = 0;
+	e->n_group = 0;
+	memset(e->valid, 0, e->nb);
+	put_cleared(e);
+	for (b = 0; b < e->nb; b++) {
+		uint32_t depth = 0;
+		int32_t c = (int32_t)b;
+
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[b]) || e->valid[b])
+			continue;
+		while (c >= 0 && !e->valid[c]) {
+			BKV_ASSERT(BLOCK_IS_INDEXED(&pool->kv.blk[c]) && depth < e->nb);
+			e->path[depth++] = c;
+			c = pool->kv.blk[c].parent;
+		}
+		while (depth-- > 0) {
+			if (publish_digest(e, e->path[depth]))
+				return -1;
+			add_stored(e, e->path[depth]);
+		}
+	}
+	flush_group(e);
+	e->resyncs++;
+	return e->body.oom ? -1 : 0;
+}
+
+/* Translate one drained pool event into body. -1: a snapshot is needed. */
+static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
+{
+	const bkv_pool *pool = e->pool;
+	int32_t b = ev->block;
+
+	switch (ev->kind) {
+	case BKV_EVENT_STORED:
+		if (b < 0 || (uint32_t)b >= e->nb)
+			return -1;
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[b]) || pool->kv.blk[b].hash != ev->hash)
+			return 0; /* gone before it was read: left out */
+		if ((pool->kv.blk[b].parent >= 0) != (ev->has_parent != 0) ||
+		    (ev->has_parent && pool->kv.blk[pool->kv.blk[b].parent].hash != ev->parent_hash))
+			return -1; /* not the chain the event names */
+		if (publish_digest(e, b))
+			return -1;
+		add_stored(e, b);
+		return 0;
+	case BKV_EVENT_REMOVED:
+		if (b < 0 || (uint32_t)b >= e->nb)
+			return -1;
+		if (!e->valid[b] || e->nat[b] != ev->hash)
+			return 0; /* its store was left out */
+		e->valid[b] = 0;
+		put_removed(e, e->dig[b]);
+		return 0;
+	case BKV_EVENT_CLEARED:
+		memset(e->valid, 0, e->nb);
+		put_cleared(e);
+		return 0;
+	default:
+		return -1;
+	}
+}
+
+int bkv_vllm_encoder_drain(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, const uint8_t **msg,
+		    size_t *len)
+{
+	bkv_vllm_encoder *e = enc;
+	bkv__wbuf *m;
+	uint32_t n, i;
+	int map;
+
+	if (!e || !pool || !msg || !len || pool != e->pool)
+		return BKV_EINVAL;
+	*msg = NULL;
+	*len = 0;
+	e->body.n = 0;
+	e->body.oom = 0;
+	e->n_events = 0;
+	e->n_group = 0;
+	while ((n = bkv_pool_drain_events(pool, e->ev, EV_CHUNK)) > 0) {
+		for (i = 0; i < n; i++) {
+			if (e->ev[i].seq != e->last_seq + 1)
+				e->need_resync = 1;
+			e->last_seq = e->ev[i].seq;
+			if (!e->need_resync && translate(e, &e->ev[i]))
+				e->need_resync = 1;
+		}
+	}
+	if (pool->kv.ev_seq != e->last_seq) { /* dropped after the last one kept */
+		e->need_resync = 1;
+		e->last_seq = pool->kv.ev_seq;
+	}
+	flush_group(e);
+	if (e->body.oom)
+		e->need_resync = 1;
+	if (e->need_resync) {
+		if (snapshot(e)) {
+			e->need_resync = 1;
+			return BKV_ENOMEM;
+		}
+		e->need_resync = 0;
+	}
+	if (e->n_events == 0)
+		return 0;
+
+	m = &e->msg;
+	m->n = 0;
+	m->oom = 0;
+	map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+	if (map) {
+		mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
+		mp_str(m, "ts");
+	} else {
+		mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
+				 e->cfg.data_parallel_rank >= 0));
+	}
+	mp_f64(m, ts);
+	if (map)
+		mp_str(m, "events");
+	mp_array(m, e->n_events);
+	bkv__wb_put(m, e->body.p, e->body.n);
+	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0 && e->cfg.data_parallel_rank >= 0) {
+		if (map)
+			mp_str(m, "data_parallel_rank");
+		mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
+	}
+	if (m->oom) {
+		e->need_resync = 1;
+		return BKV_ENOMEM;
+	}
+	*msg = m->p;
+	*len = m->n;
+	return (int)e->n_events;
+}
