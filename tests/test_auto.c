@@ -1,5 +1,5 @@
 /*
- * test_auto.c - the cost model decides (lib/auto.c): the default model, the
+ * test_auto.c - the cost model decides (lib/decide/): the default model, the
  * swap-or-recompute choice, output-length hints, and one reduced run of each
  * benchmark target of docs/benchmarks.md ("Cost-model decisions") through
  * bkv-sim's virtual host, so a regression fails CI. Fewer seeds than the
@@ -408,7 +408,7 @@ Test(auto, long_generations_auto_within_1pct_of_the_best_fixed_k, .timeout = 120
 /* 70% of seed 000's best burst throughput (323.6 requests/s at k = 8): the
  * issue's target, a lower p99 TTFT than the best fixed k, on 6 seeds of 4,000
  * requests (benchmarks.md: auto 18.47 vs k = 4's 19.93 ms here; the W99
- * group alone, before the congestion pricing of lib/auto.c, gave 20.56 and
+ * group alone, before the congestion pricing of lib/decide/admit.c, gave 20.56 and
  * failed this test). */
 Test(auto, poisson_at_70pct_auto_matches_throughput_and_beats_best_k_p99_ttft, .timeout = 120)
 {

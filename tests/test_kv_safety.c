@@ -3,7 +3,7 @@
  * write into a shared cached block, and forked requests that could never
  * fork. Each test fails on the code before the fix.
  *
- * The fake host (test_sched_host.h) verifies every context position of every
+ * The fake host (tests/support/fakehost_sched.h) verifies every context position of every
  * row against the request's tokens, so KV that another request overwrote is
  * caught on the next read; bkv_sched_check runs after every step (fh_run),
  * and with it invariant 30 (no call wrote into a shared or cached block).

@@ -1,5 +1,5 @@
 /*
- * test_kvevents.c - the vLLM event encoder (lib/kvevents.c) on hand-built
+ * test_kvevents.c - the vLLM event encoder (lib/events/encoder.c) on hand-built
  * cases: exact bytes of small batches in both layouts, written out by hand
  * from vLLM's structs; chains sharing one BlockStored; a block stored and
  * evicted between two drains left out; a ring overflow turned into a

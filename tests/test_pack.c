@@ -1,10 +1,10 @@
 /*
  * test_pack.c - length-aware packing of a split host's prefill rows: with
  * admission auto, the step's prefill rows go out as the cheapest set of
- * prefill calls the cost model finds (lib/auto.c, bkv__auto_pack), each call
- * its own batch, then the decode call (lib/sched.c, run_prefill).
+ * prefill calls the cost model finds (lib/decide/pack.c, bkv__auto_pack), each call
+ * its own batch, then the decode call (lib/sched/step.c, run_prefill).
  *
- * The scheduler runs through the fake host of test_sched_host.h (it checks
+ * The scheduler runs through the fake host of tests/support (fakehost_sched.h) (it checks
  * every batch against its model of the KV memory) with seed 000's padded
  * polynomial as the cost model, so every decision here is exact arithmetic.
  * The partition itself is checked against a brute force over every set

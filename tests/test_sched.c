@@ -2,7 +2,7 @@
  * test_sched.c - the scheduler: exact schedules of each policy, host kinds,
  * chunked prefill, preemption, finish reasons, failure rollback, bad input.
  *
- * Every run goes through the fake host of test_sched_host.h, which checks each
+ * Every run goes through the fake host of tests/support (fakehost_sched.h), which checks each
  * batch against its model of the KV memory, and bkv_sched_check runs after
  * every step (fh_run).
  */

@@ -712,7 +712,7 @@ Test(tinylm_serve, measured_host_calls_calibrate_the_cost_model, .init = serve_s
 /*
  * KNOWN FAILURE, disabled until the scheduler is fixed (reported to the
  * lead): a request with n > 1 that was preempted by recompute after forking
- * is re-admitted through admit_waiting (lib/sched.c), which appends a first
+ * is re-admitted through admit_waiting (lib/sched/plan.c), which appends a first
  * chunk for every lane in one step. Once lane 0's chunk has used the step's
  * token budget, bkv__chunk_len gives lane 1 zero tokens, admission answers
  * BKV_ENOSPC and is rolled back, and the same happens at every later step:

@@ -19,7 +19,7 @@
  *                 blocks of the requests it already runs or queues (the
  *                 router counts what it sent and what has finished).
  *
- * It replays the Mooncake conversation trace (examples/sim/trace.c expands
+ * It replays the Mooncake conversation trace (examples/sim/trace_gen.c expands
  * each 512-token hash id into the same tokens wherever it appears, so
  * conversations share real prefixes) and reports, per policy, the prompt
  * tokens served from the replicas' prefix caches and the time to first token.

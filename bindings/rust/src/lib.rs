@@ -764,7 +764,7 @@ unsafe extern "C" fn key_name_cb(ud: *mut c_void, key: u64) -> *const c_char {
 /// process-unique id, not by address, so a new pool at a freed one's address
 /// is refused too), so a dropped pool is never read through it; and its
 /// `Drop` (`bkv_vllm_encoder_destroy`) frees only the encoder's own memory
-/// (lib/kvevents.c), so dropping it after its pool is harmless. Drop it
+/// (lib/events/encoder.c), so dropping it after its pool is harmless. Drop it
 /// first all the same, as the header asks.
 ///
 /// ```
