@@ -138,6 +138,12 @@ int main(void)
 	F(bkv_cost_roofline, mem_eff);
 	F(bkv_cost_roofline, overhead_us);
 	F(bkv_cost_roofline, reserved);
+	S(bkv_table_delta);
+	F(bkv_table_delta, slot);
+	F(bkv_table_delta, start);
+	F(bkv_table_delta, n);
+	F(bkv_table_delta, len);
+	F(bkv_table_delta, flags);
 	S(bkv_batch);
 	F(bkv_batch, kind);
 	F(bkv_batch, n_rows);
@@ -161,6 +167,14 @@ int main(void)
 	F(bkv_batch, swap_out);
 	F(bkv_batch, n_swap_in);
 	F(bkv_batch, swap_in);
+	F(bkv_batch, layout);
+	F(bkv_batch, n_row_slots);
+	F(bkv_batch, row_slot);
+	F(bkv_batch, row_tables);
+	F(bkv_batch, row_table_len);
+	F(bkv_batch, n_table_deltas);
+	F(bkv_batch, table_deltas);
+	F(bkv_batch, delta_blocks);
 	S(bkv_host_ops);
 	F(bkv_host_ops, forward);
 	F(bkv_host_ops, prefill);
@@ -183,6 +197,7 @@ int main(void)
 	F(bkv_sched_config, tpot_target_us);
 	F(bkv_sched_config, cost);
 	F(bkv_sched_config, max_bypass_us);
+	F(bkv_sched_config, batch_layout);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);

@@ -994,12 +994,47 @@ typedef struct bkv_sched bkv_sched;
  * BKV_FINISH_ERROR. */
 #define BKV_TOKEN_FAIL (-1)
 
+/* How a batch describes the rows' block tables (bkv_sched_config.batch_layout). */
+typedef enum bkv_batch_layout {
+	BKV_BATCH_FLAT = 0,       /* every call carries each row's whole table in
+				     kv_indptr/kv_indices (FlashInfer's paged
+				     layout); the default */
+	BKV_BATCH_PERSISTENT = 1  /* rows keep a row slot from step to step and
+				     each call carries only the change to their
+				     tables (table_deltas); kv_indptr and
+				     kv_indices are not filled */
+} bkv_batch_layout;
+
+/* bkv_table_delta.flags */
+#define BKV_TABLE_OPENED 0x1u /* the slot was (re)assigned: forget what the
+				 mirror held for it before this delta */
+#define BKV_TABLE_CLOSED 0x2u /* the slot was released: its row ended or was
+				 preempted (len is 0) */
+
+/* One change to a row slot's block table, in the persistent layout. The
+ * host's copy of the slot's table becomes: entries [start, start + n) set to
+ * the next n entries of bkv_batch.delta_blocks (the deltas' entries follow
+ * each other in order), then its length set to len (entries from len on are
+ * gone). Deltas are absolute writes, so applying a delta twice, or the
+ * delta of a call whose step was rolled back and then the next call's, gives
+ * the same table: after applying a call's deltas in order, a host's copy
+ * holds, for every row of the call, exactly the table the pool holds. */
+typedef struct bkv_table_delta {
+	uint32_t slot;  /* row slot, < bkv_batch.n_row_slots */
+	uint32_t start; /* first entry written */
+	uint32_t n;     /* entries written (in delta_blocks) */
+	uint32_t len;   /* the table's length after the delta */
+	uint32_t flags; /* BKV_TABLE_* */
+} bkv_table_delta;
+
 /* What the host must do in one call. Plain data, owned by the scheduler, valid
  * during the callback. Rows [0, n_decode_rows) are decode rows (one token
  * each); rows [n_decode_rows, n_rows) are prefill chunks. The KV arrays follow
  * FlashInfer's paged layout; slot_mapping follows vLLM's (block * block_tokens
  * + offset). Before computing, the host performs the copy lists in this order:
- * swap_out, swap_in, copies. */
+ * swap_out, swap_in, copies. In the persistent layout the host first applies
+ * table_deltas to its copy of the row slots' tables (docs/integration.md,
+ * "The persistent layout"). */
 typedef struct bkv_batch {
 	bkv_call_kind kind;               /* which callback this is */
 	uint32_t n_rows;                  /* sequences in the call */
@@ -1028,6 +1063,22 @@ typedef struct bkv_batch {
 	const bkv_copy *swap_out;
 	uint32_t n_swap_in;               /* host->device copies */
 	const bkv_copy *swap_in;
+	bkv_batch_layout layout;          /* the scheduler's batch_layout */
+	uint32_t n_row_slots;             /* persistent: row slots 0..n-1 exist
+					     (max_running); 0 when flat */
+	const uint32_t *row_slot;         /* [n_rows] persistent: each row's row
+					     slot; NULL when flat */
+	const int32_t *const *row_tables; /* [n_row_slots] persistent: the
+					     library's table of each slot, valid
+					     for the slots of this call's rows
+					     (others may be stale); NULL when
+					     flat */
+	const uint32_t *row_table_len;    /* [n_row_slots] entries of each
+					     row_tables[slot], as row_tables */
+	uint32_t n_table_deltas;          /* persistent: changes to apply */
+	const bkv_table_delta *table_deltas; /* [n_table_deltas] in order */
+	const int32_t *delta_blocks;      /* the entries the deltas write, in
+					     delta order */
 } bkv_batch;
 
 /* Why a request ended. For a request with n > 1 samples: the reason of the
@@ -1128,7 +1179,9 @@ typedef struct bkv_sched_config {
 				      longer pass it. 1..2^42, UINT64_MAX = no
 				      bound; 0 = auto (the default): about
 				      twice its FCFS wait (docs/api-notes.md) */
-	uint32_t reserved[6];      /* zero (else EINVAL); room for later
+	bkv_batch_layout batch_layout; /* BKV_BATCH_FLAT (the default) or
+					  BKV_BATCH_PERSISTENT */
+	uint32_t reserved[5];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

@@ -297,6 +297,7 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 	    s->key != pool->kv.blk[d].key)
 		return 0;
 	s->table[pos] = d;
+	bkv__seq_dirty(s, pos);
 	*next = pos + 1 < s->n_blocks ? s->table[pos + 1] : -1;
 	return 1;
 }

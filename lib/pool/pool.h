@@ -30,6 +30,11 @@ typedef struct bkv__seq {
 			      four entries */
 	uint32_t n_blocks; /* entries in use == ceil(len / block_tokens) */
 	uint32_t len;      /* tokens in the sequence, < 2^31 */
+	uint32_t clean;    /* table entries [0, clean) are as the scheduler last
+			      sent them to a persistent-layout host (0 for a
+			      new sequence); a write below n_blocks lowers it
+			      (copy-on-write, a cached block swapped in, a
+			      truncate, swap, commit's duplicate swap) */
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
 	uint8_t state;     /* BKV__SEQ_* */
 	uint64_t key;      /* prefix-cache key for its whole life */
@@ -174,6 +179,14 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
+	s->clean = 0;
+}
+
+/* Table entry pos of s changed (pos < n_blocks before the change). */
+static inline void bkv__seq_dirty(bkv__seq *s, uint32_t pos)
+{
+	if (pos < s->clean)
+		s->clean = pos;
 }
 
 /* The host tier's free list (LIFO). */
@@ -349,6 +362,50 @@ static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 {
 	return pool->cfg.max_seqs;
+}
+
+/* A device-resident sequence's table for the persistent batch layout: its
+ * entries and length, and the first entry that changed since the last
+ * bkv__seq_sent (entries before it are as sent). NULL for an unknown or
+ * swapped id. */
+static inline const int32_t *bkv__seq_table_view(const bkv_pool *pool, uint32_t seq,
+						 uint32_t *n_blocks, uint32_t *clean)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (!s || s->state != BKV__SEQ_OPEN)
+		return NULL;
+	*n_blocks = s->n_blocks;
+	*clean = s->clean;
+	return s->table;
+}
+
+/* seq's clean mark (0 for an unknown id). */
+static inline uint32_t bkv__seq_clean(const bkv_pool *pool, uint32_t seq)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	return s ? s->clean : 0;
+}
+
+/* The scheduler sent seq's whole table (its persistent-layout delta): mark
+ * it clean. */
+static inline void bkv__seq_sent(bkv_pool *pool, uint32_t seq)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (s)
+		s->clean = s->n_blocks;
+}
+
+/* What the scheduler sent of seq since entry from is void (its step was
+ * rolled back): lower clean to it. */
+static inline void bkv__seq_unsent(bkv_pool *pool, uint32_t seq, uint32_t from)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (s)
+		bkv__seq_dirty(s, from);
 }
 
 /* ---- pool/pool.c: step transactions (for the scheduler) -------------------

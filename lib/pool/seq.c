@@ -334,6 +334,7 @@ static int32_t cow_last(bkv_pool *pool, bkv__seq *s, uint32_t nb0, uint32_t off)
 	pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
 	pool->cow_copies++;
 	s->table[nb0 - 1] = nb;
+	bkv__seq_dirty(s, nb0 - 1);
 	pool->kv.blk[b].flags |= BKV__BLOCK_COPY_SRC;
 	bkv__block_put(&pool->kv, b, 0);
 	return nb;
@@ -500,6 +501,7 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 			return 0;
 		bkv__block_pin(&pool->kv, c);
 		s->table[nb0 - 1] = c;
+		bkv__seq_dirty(s, nb0 - 1);
 		bkv__block_put(&pool->kv, last, 1);
 		got = bt - off;
 		ph = h;
@@ -542,6 +544,8 @@ int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 	for (i = s->n_blocks; i-- > nbk;)
 		bkv__block_put(&pool->kv, s->table[i], 0);
 	s->n_blocks = nbk;
+	if (nbk < s->clean)
+		s->clean = nbk;
 	if (nbk) {
 		bkv__block *k = &pool->kv.blk[s->table[nbk - 1]];
 		uint32_t off = new_len - (nbk - 1) * pool->kv.bt;

@@ -61,6 +61,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	}
 	pool->swap_out_blocks += s->n_blocks;
 	s->state = BKV__SEQ_SWAPPED;
+	s->clean = 0; /* host ids now, new device ids at swap-in */
 	pool->nr_swapped++;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;
@@ -136,6 +137,7 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 	}
 	pool->swap_in_blocks += s->n_blocks - hits;
 	s->state = BKV__SEQ_OPEN;
+	s->clean = 0;
 	pool->nr_swapped--;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;

@@ -80,6 +80,20 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, ui
 	b->row_req = s->call.row_req;
 	b->row_branch = s->call.row_branch;
 	b->row_user = s->call.row_user;
+	if (s->call.persistent) {
+		b->layout = BKV_BATCH_PERSISTENT;
+		b->kv_indptr = NULL;
+		b->kv_indices = NULL;
+		b->n_row_slots = s->cfg.max_running;
+		b->row_slot = s->call.row_slot;
+		b->row_tables = s->call.row_tables;
+		b->row_table_len = s->call.row_table_len;
+		b->n_table_deltas = s->call.n_deltas;
+		b->table_deltas = s->call.deltas;
+		b->delta_blocks = s->call.bufs.kv_indices;
+	} else {
+		b->layout = BKV_BATCH_FLAT;
+	}
 }
 
 /* The pool's pending copies not yet sent in this step's earlier calls. */
@@ -108,6 +122,52 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
+/* bkv__batch_fill in the persistent layout: every row written here (the
+ * fused decode pass writes none), each row's table as a slot and a delta
+ * (sched/rows.c) instead of a copy into kv_indices. */
+static uint32_t fill_persistent(bkv_sched *s, bkv__row *rows, uint32_t n_rows, uint32_t n_decode,
+				uint64_t *ctx_out, uint32_t *chunks_out)
+{
+	const uint32_t mask = s->bt - 1, shift = s->bt_shift;
+	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
+	int32_t *const slots = s->call.bufs.slot_mapping, *const qo = s->call.qo_indptr;
+	int32_t *const lpl = s->call.last_page_len;
+	const bkv_pool *pool = s->pool;
+	uint32_t r, t = 0, n_chunks = 0;
+	uint64_t ctx = 0;
+
+	qo[0] = 0;
+	for (r = 0; r < n_rows; r++) {
+		bkv__lane *l = rows[r].lane;
+		const uint32_t start = rows[r].start, end = rows[r].end;
+		const bkv__req *q = l->req;
+		uint32_t nb = 0, need = (end + mask) >> shift;
+		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
+
+		BKV_ASSERT(table && nb == need);
+		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
+		s->call.row_sample[r] = rows[r].sample;
+		s->call.row_req[r] = q->id;
+		s->call.row_branch[r] = l->branch;
+		s->call.row_user[r] = q->user;
+		s->call.next_tokens[r] = BKV_TOKEN_FAIL;
+		lpl[r] = (int32_t)(end - ((need - 1) << shift));
+		bkv__row_persist(s, r, l, table, nb);
+		t = row_tokens(tok_ids, pos, slots, t, l->tok, table, start, end, shift);
+		qo[r + 1] = (int32_t)t;
+		if (r < n_decode) {
+			ctx += end;
+		} else {
+			s->call.chunks[n_chunks].len = end - start;
+			s->call.chunks[n_chunks].start = start;
+			n_chunks++;
+		}
+	}
+	*ctx_out = ctx;
+	*chunks_out = n_chunks;
+	return t;
+}
+
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
@@ -126,7 +186,11 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 
-	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
+	if (s->call.persistent) {
+		BKV_ASSERT(first == 0);
+		t = fill_persistent(s, rows, n_rows, n_decode, &ctx, &n_chunks);
+		r = n_rows;
+	} else if (first) { /* decode rows the planning pass wrote (bkv__fill) */
 		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
 		r = t = first;
 		k = s->plan.fill_kv;

@@ -122,6 +122,7 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 		l->req = r;
 		l->branch = i;
 		l->seq = BKV__SEQ_NONE;
+		l->row_slot = BKV__SLOT_NONE;
 		l->tok = r->stop + q->n_stop + (size_t)i * hist;
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}

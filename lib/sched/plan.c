@@ -68,6 +68,8 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 				continue;
 			if (bkv_seq_swap_out(s->pool, l->seq) != BKV_OK)
 				swap = 0;
+			else
+				bkv__slot_release(s, l); /* its table is host ids now */
 		}
 	}
 	if (!swap)
@@ -240,6 +242,7 @@ void bkv__plan_forks(bkv_sched *s)
 			for (j = 1; j < r->n; j++) {
 				if (r->lane[j].seq != BKV__SEQ_NONE)
 					bkv_seq_close(s->pool, r->lane[j].seq);
+				bkv__slot_release(s, &r->lane[j]);
 				r->lane[j].seq = BKV__SEQ_NONE;
 			}
 			continue;
@@ -280,8 +283,11 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	const uint32_t n_dec0 = s->plan.n_dec;
 	uint32_t i, j, prefilling = 0, n_dec = n_dec0, slow = 0;
 	uint32_t hits = 0;
-	int writing = !si->preempted; /* si->preempted in a local: stores
-					 through the arrays would reload it */
+	const int flat = !s->call.persistent; /* persistent: batch_fill
+						 writes every row */
+	int writing = flat && !si->preempted; /* si->preempted in a local:
+						 stores through the arrays
+						 would reload it */
 	bkv__appender ap;
 	bkv__fill f;
 
@@ -362,14 +368,14 @@ general:
 		}
 		slow += s->plan.n_dec - n_dec; /* the general path's rows */
 		n_dec = s->plan.n_dec;
-		writing = !si->preempted;
+		writing = flat && !si->preempted;
 	}
 	bkv__append_flush(&ap);
 	s->plan.n_dec = n_dec;
 	s->plan.step_hits += hits;
 	charge(s, n_dec - n_dec0 - slow); /* the fast rows */
 	BKV_ASSERT(f.k <= f.kv_cap);
-	BKV_ASSERT(si->preempted || f.r == n_dec);
+	BKV_ASSERT(si->preempted || !flat || f.r == n_dec);
 	s->plan.fill_rows = si->preempted ? 0 : f.r;
 	s->plan.fill_kv = f.k;
 	s->plan.fill_ctx = f.ctx;
@@ -434,6 +440,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			continue;
 		rc = bkv_seq_open_keyed(s->pool, r->cache_key, &l->seq);
 		if (rc != BKV_OK) {
+			bkv__slot_release(s, l);
 			l->seq = BKV__SEQ_NONE;
 			break;
 		}
@@ -476,6 +483,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			if (l->seq != BKV__SEQ_NONE && !l->done)
 				bkv_seq_close(s->pool, l->seq);
 			if (!l->done) {
+				bkv__slot_release(s, l);
 				l->seq = BKV__SEQ_NONE;
 				l->kv_len = 0;
 			}

@@ -97,6 +97,7 @@ void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r)
 	for (i = 0; i < r->n; i++) {
 		if (r->lane[i].seq != BKV__SEQ_NONE)
 			bkv_seq_drop(s->pool, r->lane[i].seq);
+		bkv__slot_release(s, &r->lane[i]);
 		r->lane[i].seq = BKV__SEQ_NONE;
 	}
 }
@@ -112,6 +113,7 @@ void bkv__req_close_lanes(bkv_sched *s, bkv__req *r)
 
 		if (l->seq != BKV__SEQ_NONE)
 			bkv_seq_close(s->pool, l->seq);
+		bkv__slot_release(s, l);
 		l->seq = BKV__SEQ_NONE;
 		l->kv_len = 0;
 		l->decoding = 0;
@@ -148,6 +150,7 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 				bkv_seq_drop(s->pool, l->seq);
 			else
 				bkv_seq_close(s->pool, l->seq);
+			bkv__slot_release(s, l);
 			l->seq = BKV__SEQ_NONE;
 		}
 		l->done = 1;
@@ -187,6 +190,7 @@ void bkv__lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_step_
 	l->reason = (uint8_t)why;
 	if (l->seq != BKV__SEQ_NONE)
 		bkv_seq_close(s->pool, l->seq);
+	bkv__slot_release(s, l);
 	l->seq = BKV__SEQ_NONE;
 	r->n_live--;
 	s->rs.slots_used--;

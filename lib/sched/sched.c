@@ -64,6 +64,8 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->max_bypass_us > MAX_BYPASS_LIMIT && c->max_bypass_us != UINT64_MAX)
 		return 0;
+	if (c->batch_layout != BKV_BATCH_FLAT && c->batch_layout != BKV_BATCH_PERSISTENT)
+		return 0;
 	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
 			return 0;
@@ -171,7 +173,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
-	if (arrays_alloc(s, &tok, &kv) != BKV_OK ||
+	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
 			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
@@ -235,6 +237,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->call.row_user, (size_t)s->plan.row_cap * sizeof(void *));
 	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
 	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
+	bkv__rows_free(s);
 	bkv__bufs_free(a, &s->call.bufs);
 	bkv__bufs_free(a, &s->in.spare);
 	bkv__decide_destroy(s);

@@ -70,7 +70,19 @@ typedef struct bkv__lane {
 	uint8_t done;         /* finished: no more rows, seq closed */
 	uint8_t decoding;     /* prefill done: next row is a 1-token decode row */
 	uint8_t reason;       /* bkv_finish_reason once done */
+	uint8_t fresh;        /* persistent layout: its row slot is new to the
+				 host (the next delta is OPENED, from 0) */
+	uint8_t pre_fresh;    /* fresh before this step's first delta */
+	uint32_t row_slot;    /* persistent layout: its row slot, or
+				 BKV__SLOT_NONE (sched/rows.c) */
+	uint32_t sent_len;    /* the table length the host was last sent;
+				 UINT32_MAX after a rolled-back step */
+	uint32_t pre_clean;   /* the sequence's clean mark before this step's
+				 first delta (rollback) */
+	uint64_t delta_step;  /* step of its last delta (pre_* are valid) */
 } bkv__lane;
+
+#define BKV__SLOT_NONE UINT32_MAX /* lane holds no row slot */
 
 typedef struct bkv__req {
 	uint64_t id;           /* nonzero, from next_id */
@@ -253,6 +265,22 @@ typedef struct bkv__call {
 	bkv_chunk_shape *chunks; /* [row_cap] */
 	uint32_t copies_sent[3]; /* copies of each kind already in a call of
 				    this step */
+	/* the persistent layout (sched/rows.c); NULL arrays when flat */
+	int persistent;        /* cfg.batch_layout == BKV_BATCH_PERSISTENT */
+	uint32_t *row_slot;    /* [row_cap] each row's slot in this call */
+	const int32_t **row_tables; /* [max_running] each slot's table */
+	uint32_t *row_table_len; /* [max_running] its entries */
+	bkv__lane **slot_lane; /* [max_running] the lane holding each slot */
+	uint32_t *slot_free;   /* [max_running] stack of free slots */
+	uint32_t n_slot_free;
+	uint32_t *closed;      /* [max_running] slots released since the last
+				  call (sent as CLOSED deltas) */
+	uint32_t n_closed;
+	bkv_table_delta *deltas; /* [row_cap + max_running] this call's */
+	uint32_t n_deltas;
+	uint32_t n_delta_blocks; /* entries of bufs.kv_indices the deltas use */
+	bkv__lane **sent;      /* [row_cap] lanes sent a delta this step */
+	uint32_t n_sent;
 } bkv__call;
 
 /* What the scheduler measures of its own steps, for bkv_sched_stats_get and
@@ -362,6 +390,29 @@ bkv__slot *bkv__map_find(const bkv_sched *s, uint64_t id);
 void bkv__map_put(bkv__slot *map, uint32_t cap, uint64_t id, bkv__req *r);
 void bkv__map_erase(bkv_sched *s, uint64_t id);
 int bkv__map_reserve(bkv_sched *s);
+
+/* ---- sched/rows.c: row slots of the persistent layout ---------------------- */
+
+/* Allocate the persistent layout's arrays (cfg.batch_layout PERSISTENT; a
+ * no-op when flat). BKV_OK or BKV_ENOMEM. */
+int bkv__rows_alloc(bkv_sched *s);
+void bkv__rows_free(bkv_sched *s);
+/* Lane l's sequence ends or leaves the device (close, drop, swap-out): its
+ * row slot, if any, is released and announced as CLOSED in the next call. */
+void bkv__slot_release_slow(bkv_sched *s, bkv__lane *l);
+static inline void bkv__slot_release(bkv_sched *s, bkv__lane *l)
+{
+	if (l->row_slot != BKV__SLOT_NONE)
+		bkv__slot_release_slow(s, l);
+}
+/* A call begins: its deltas start with the slots released since the last. */
+void bkv__rows_call_begin(bkv_sched *s);
+/* Row r of the call: lane l, whose sequence's table is table[0, nb): its
+ * slot (taken now if it has none), its table for the host, and the delta
+ * the host needs. */
+void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *table, uint32_t nb);
+/* The step is rolled back: every delta it sent is void. */
+void bkv__rows_rollback(bkv_sched *s);
 
 /* ---- sched/plan.c ----------------------------------------------------------- */
 

@@ -77,6 +77,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
+	if (s->call.persistent)
+		bkv__rows_call_begin(s);
 	first = rows == s->plan.dec ? s->plan.fill_rows : 0;
 	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
 #if BKV_DEBUG_LEVEL >= 1
@@ -316,6 +318,8 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (i = 0; i < s->plan.n_dec; i++)
 		lane_restore(s, s->plan.dec[i].lane);
 	bkv__pool_txn_abort(s->pool);
+	if (s->call.persistent)
+		bkv__rows_rollback(s);
 	swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
@@ -412,6 +416,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	s->plan.step_no++;
 	s->plan.n_pre = s->plan.n_dec = s->plan.n_touched = s->plan.step_hits = s->plan.fill_rows = 0;
 	memset(s->call.copies_sent, 0, sizeof(s->call.copies_sent));
+	s->call.n_sent = 0;
 	bkv__auto_step_begin(s);
 	s->plan.budget_left = s->pol.budget(s);
 	bkv__pool_txn_begin(s->pool);

@@ -58,6 +58,10 @@ BKV_POLICY_STATIC = 1
 BKV_PREEMPT_AUTO = 0
 BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
+BKV_BATCH_FLAT = 0
+BKV_BATCH_PERSISTENT = 1
+BKV_TABLE_OPENED = 0x1
+BKV_TABLE_CLOSED = 0x2
 BKV_EVENT_STORED = 0
 BKV_EVENT_REMOVED = 1
 BKV_EVENT_CLEARED = 2
@@ -245,6 +249,16 @@ class bkv_cost_roofline(Structure):
     ]
 
 
+class bkv_table_delta(Structure):
+    _fields_ = [
+        ('slot', c_uint32),
+        ('start', c_uint32),
+        ('n', c_uint32),
+        ('len', c_uint32),
+        ('flags', c_uint32),
+    ]
+
+
 class bkv_batch(Structure):
     _fields_ = [
         ('kind', c_int),
@@ -269,6 +283,14 @@ class bkv_batch(Structure):
         ('swap_out', POINTER(bkv_copy)),
         ('n_swap_in', c_uint32),
         ('swap_in', POINTER(bkv_copy)),
+        ('layout', c_int),
+        ('n_row_slots', c_uint32),
+        ('row_slot', POINTER(c_uint32)),
+        ('row_tables', POINTER(POINTER(c_int32))),
+        ('row_table_len', POINTER(c_uint32)),
+        ('n_table_deltas', c_uint32),
+        ('table_deltas', POINTER(bkv_table_delta)),
+        ('delta_blocks', POINTER(c_int32)),
     ]
 
 
@@ -299,7 +321,8 @@ class bkv_sched_config(Structure):
         ('tpot_target_us', c_uint32),
         ('cost', bkv_cost_model),
         ('max_bypass_us', c_uint64),
-        ('reserved', c_uint32 * 6),
+        ('batch_layout', c_int),
+        ('reserved', c_uint32 * 5),
     ]
 
 

@@ -79,6 +79,20 @@ pub type bkv_preempt_mode = c_int;
 pub const BKV_PREEMPT_AUTO: bkv_preempt_mode = 0;
 pub const BKV_PREEMPT_RECOMPUTE: bkv_preempt_mode = 1;
 pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
+pub type bkv_batch_layout = c_int;
+pub const BKV_BATCH_FLAT: bkv_batch_layout = 0;
+pub const BKV_BATCH_PERSISTENT: bkv_batch_layout = 1;
+pub const BKV_TABLE_OPENED: u32 = 0x1;
+pub const BKV_TABLE_CLOSED: u32 = 0x2;
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_table_delta {
+    pub slot: u32,
+    pub start: u32,
+    pub n: u32,
+    pub len: u32,
+    pub flags: u32,
+}
 pub type bkv_kv_event_kind = c_int;
 pub const BKV_EVENT_STORED: bkv_kv_event_kind = 0;
 pub const BKV_EVENT_REMOVED: bkv_kv_event_kind = 1;
@@ -280,6 +294,14 @@ pub struct bkv_batch {
     pub swap_out: *const bkv_copy,
     pub n_swap_in: u32,
     pub swap_in: *const bkv_copy,
+    pub layout: bkv_batch_layout,
+    pub n_row_slots: u32,
+    pub row_slot: *const u32,
+    pub row_tables: *const *const i32,
+    pub row_table_len: *const u32,
+    pub n_table_deltas: u32,
+    pub table_deltas: *const bkv_table_delta,
+    pub delta_blocks: *const i32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -308,7 +330,8 @@ pub struct bkv_sched_config {
     pub tpot_target_us: u32,
     pub cost: bkv_cost_model,
     pub max_bypass_us: u64,
-    pub reserved: [u32; 6],
+    pub batch_layout: bkv_batch_layout,
+    pub reserved: [u32; 5],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -1,0 +1,187 @@
+/*
+ * rows.c - row slots and block-table deltas: the persistent batch layout.
+ *
+ * In the flat layout every call copies each row's whole block table into
+ * kv_indices, so a step costs O(total context). In the persistent layout
+ * (bkv_sched_config.batch_layout) a lane keeps one row slot from the call
+ * that first schedules it until its sequence ends or leaves the device, and
+ * each call carries only what changed in the tables of its rows:
+ *
+ *   slot  0  [b7 b9 b3 .. b40]      host mirror, row slots x logical blocks
+ *   slot  1  [b2 b5]  <- delta {slot 1, start 2, n 1, len 3}: append b8
+ *   slot  2  (closed) <- delta {slot 2, CLOSED}
+ *
+ * What changed is the pool's business: each sequence carries a clean mark,
+ * the first table entry that may differ from what the scheduler last sent
+ * (bkv__seq.clean, lowered by every write below the table's end). A row's
+ * delta is entries [clean, n_blocks) and the length, and sending it raises
+ * the mark to n_blocks; a new slot (OPENED) sends its table from 0. Deltas
+ * are absolute writes, so a call whose step is rolled back needs no undo on
+ * the host: the rollback lowers every mark it raised back to where it was
+ * (and forgets the lengths sent), and the next call's deltas cover it all
+ * again. A host therefore applies every call's deltas, whatever the call
+ * returns. Slots are released when a lane's sequence ends, is closed for
+ * recompute, or swaps out, and announced as CLOSED in the next call; the
+ * free slots are a stack, so a new row takes the most recently freed slot.
+ *
+ * Cost: O(rows + changed entries) per call. A decode row changes its table
+ * once every block_tokens tokens (one entry), a prefill chunk once per block
+ * it fills; copy-on-write, a cached block replacing a private one, commit's
+ * duplicate swap, a truncate and a swap-in rewrite from the entry they touch.
+ * Nothing here depends on the context length.
+ */
+#include "sched/batch.h"
+
+#include <string.h>
+
+int bkv__rows_alloc(bkv_sched *s)
+{
+	const bkv_allocator *a = &s->alloc;
+	uint32_t m = s->cfg.max_running, i;
+	bkv__call *c = &s->call;
+
+	if (s->cfg.batch_layout != BKV_BATCH_PERSISTENT)
+		return BKV_OK;
+	c->persistent = 1;
+	c->row_slot = bkv__calloc(a, s->plan.row_cap, sizeof(uint32_t));
+	c->row_tables = bkv__calloc(a, m, sizeof(int32_t *));
+	c->row_table_len = bkv__calloc(a, m, sizeof(uint32_t));
+	c->slot_lane = bkv__calloc(a, m, sizeof(bkv__lane *));
+	c->slot_free = bkv__calloc(a, m, sizeof(uint32_t));
+	c->closed = bkv__calloc(a, m, sizeof(uint32_t));
+	c->deltas = bkv__calloc(a, (size_t)s->plan.row_cap + m, sizeof(bkv_table_delta));
+	c->sent = bkv__calloc(a, s->plan.row_cap, sizeof(bkv__lane *));
+	if (!c->row_slot || !c->row_tables || !c->row_table_len || !c->slot_lane ||
+	    !c->slot_free || !c->closed || !c->deltas || !c->sent)
+		return BKV_ENOMEM;
+	/* slot 0 on top: the first rows take 0, 1, 2, ... */
+	for (i = 0; i < m; i++)
+		c->slot_free[i] = m - 1 - i;
+	c->n_slot_free = m;
+	return BKV_OK;
+}
+
+void bkv__rows_free(bkv_sched *s)
+{
+	const bkv_allocator *a = &s->alloc;
+	size_t m = s->cfg.max_running, rc = s->plan.row_cap;
+	bkv__call *c = &s->call;
+
+	bkv__free(a, c->row_slot, c->row_slot ? rc * sizeof(uint32_t) : 0);
+	bkv__free(a, (void *)c->row_tables, c->row_tables ? m * sizeof(int32_t *) : 0);
+	bkv__free(a, c->row_table_len, c->row_table_len ? m * sizeof(uint32_t) : 0);
+	bkv__free(a, c->slot_lane, c->slot_lane ? m * sizeof(bkv__lane *) : 0);
+	bkv__free(a, c->slot_free, c->slot_free ? m * sizeof(uint32_t) : 0);
+	bkv__free(a, c->closed, c->closed ? m * sizeof(uint32_t) : 0);
+	bkv__free(a, c->deltas, c->deltas ? (rc + m) * sizeof(bkv_table_delta) : 0);
+	bkv__free(a, c->sent, c->sent ? rc * sizeof(bkv__lane *) : 0);
+}
+
+void bkv__slot_release_slow(bkv_sched *s, bkv__lane *l)
+{
+	bkv__call *c = &s->call;
+	uint32_t slot = l->row_slot;
+
+	BKV_ASSERT(c->persistent && slot < s->cfg.max_running && c->slot_lane[slot] == l);
+	BKV_ASSERT(c->n_slot_free < s->cfg.max_running && c->n_closed < s->cfg.max_running);
+	c->slot_lane[slot] = NULL;
+	c->row_tables[slot] = NULL;
+	c->row_table_len[slot] = 0;
+	c->slot_free[c->n_slot_free++] = slot;
+	c->closed[c->n_closed++] = slot;
+	l->row_slot = BKV__SLOT_NONE;
+}
+
+void bkv__rows_call_begin(bkv_sched *s)
+{
+	bkv__call *c = &s->call;
+	uint32_t i;
+
+	c->n_deltas = 0;
+	c->n_delta_blocks = 0;
+	for (i = 0; i < c->n_closed; i++) {
+		bkv_table_delta *d = &c->deltas[c->n_deltas++];
+
+		d->slot = c->closed[i];
+		d->start = d->n = d->len = 0;
+		d->flags = BKV_TABLE_CLOSED;
+	}
+	c->n_closed = 0;
+}
+
+/* Take a free slot for l (one exists: slots are held by the running
+ * requests' live lanes only, at most max_running). */
+static uint32_t slot_take(bkv_sched *s, bkv__lane *l)
+{
+	bkv__call *c = &s->call;
+	uint32_t slot;
+
+	BKV_ASSERT(c->n_slot_free > 0);
+	slot = c->slot_free[--c->n_slot_free];
+	c->slot_lane[slot] = l;
+	l->row_slot = slot;
+	l->fresh = 1;
+	l->sent_len = 0;
+	return slot;
+}
+
+/* Send l's change: entries [clean, nb) (from 0 for a fresh slot) and the
+ * length; remembers what the rollback of this step must undo. */
+static void row_delta(bkv_sched *s, bkv__lane *l, const int32_t *table, uint32_t nb,
+		      uint32_t clean)
+{
+	bkv__call *c = &s->call;
+	bkv_table_delta *d = &c->deltas[c->n_deltas++];
+	uint32_t start = l->fresh ? 0 : BKV_MIN(clean, nb);
+
+	if (l->delta_step != s->plan.step_no) {
+		BKV_ASSERT(c->n_sent < s->plan.row_cap);
+		l->delta_step = s->plan.step_no;
+		l->pre_clean = clean;
+		l->pre_fresh = l->fresh;
+		c->sent[c->n_sent++] = l;
+	}
+	BKV_ASSERT(c->n_delta_blocks + (nb - start) <= c->bufs.kv_cap);
+	d->slot = l->row_slot;
+	d->start = start;
+	d->n = nb - start;
+	d->len = nb;
+	d->flags = l->fresh ? BKV_TABLE_OPENED : 0;
+	memcpy(c->bufs.kv_indices + c->n_delta_blocks, table + start,
+	       (size_t)(nb - start) * sizeof(int32_t));
+	c->n_delta_blocks += nb - start;
+	bkv__seq_sent(s->pool, l->seq);
+	l->sent_len = nb;
+	l->fresh = 0;
+}
+
+void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *table, uint32_t nb)
+{
+	bkv__call *c = &s->call;
+	uint32_t slot = l->row_slot, clean = bkv__seq_clean(s->pool, l->seq);
+
+	if (slot == BKV__SLOT_NONE)
+		slot = slot_take(s, l);
+	c->row_slot[r] = slot;
+	c->row_tables[slot] = table;
+	c->row_table_len[slot] = nb;
+	if (l->fresh || clean < nb || l->sent_len != nb)
+		row_delta(s, l, table, nb, clean);
+}
+
+void bkv__rows_rollback(bkv_sched *s)
+{
+	bkv__call *c = &s->call;
+	uint32_t i;
+
+	for (i = 0; i < c->n_sent; i++) {
+		bkv__lane *l = c->sent[i];
+
+		if (l->row_slot == BKV__SLOT_NONE || l->seq == BKV__SEQ_NONE)
+			continue; /* released since: its slot was announced CLOSED */
+		bkv__seq_unsent(s->pool, l->seq, l->pre_clean);
+		l->sent_len = UINT32_MAX;
+		l->fresh = l->pre_fresh;
+	}
+	c->n_sent = 0;
+}
