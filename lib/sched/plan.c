@@ -360,8 +360,9 @@ general:
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
-			if (si->preempted)
-				continue; /* rows may be pruned: stop writing */
+			if (si->preempted || !flat)
+				continue; /* rows may be pruned: stop writing (or
+					     batch_fill writes them all) */
 			table = bkv_seq_blocks(pool, l->seq, &nb);
 			off = bkv__fill_slot(&f, old, table, nb, &slot);
 			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);

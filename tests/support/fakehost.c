@@ -137,7 +137,149 @@ void kh_fini(kh_host *h)
 {
 	free(h->dev);
 	free(h->hostc);
+	free(h->mlen);
+	free(h->mirror);
+	free(h->g_indptr);
+	free(h->g_indices);
+	free(h->undo);
+	h->undo = NULL;
 	h->dev = h->hostc = NULL;
+	h->mlen = NULL;
+	h->mirror = h->g_indptr = h->g_indices = NULL;
+}
+
+const int32_t *kh_mirror(const kh_host *h, uint32_t slot, uint32_t *len)
+{
+	if (!h->mirror || slot >= h->n_slots)
+		return NULL;
+	*len = h->mlen[slot];
+	return h->mirror + (size_t)slot * h->nb;
+}
+
+/* Apply the call's table deltas to the mirror (every call's, whatever it
+ * returns: they are absolute writes). 0, or -1 without memory. */
+static int apply_deltas(kh_host *h, const bkv_batch *b)
+{
+	const int32_t *blk = b->delta_blocks;
+	uint32_t i;
+
+	if (!h->mirror) {
+		h->n_slots = b->n_row_slots;
+		h->mlen = calloc(h->n_slots ? h->n_slots : 1, sizeof(uint32_t));
+		h->mirror = malloc((size_t)(h->n_slots ? h->n_slots : 1) * h->nb * sizeof(int32_t));
+		if (!h->mlen || !h->mirror)
+			return -1;
+	}
+	if (b->n_row_slots != h->n_slots)
+		kh_violation(h, "n_row_slots %u, was %u", b->n_row_slots, h->n_slots);
+	h->undo_n = 0;
+	for (i = 0; i < b->n_table_deltas; i++) {
+		const bkv_table_delta *d = &b->table_deltas[i];
+		int32_t *t;
+
+		if (d->slot >= h->n_slots || d->start + d->n > h->nb || d->len > h->nb ||
+		    d->start + d->n > d->len ||
+		    ((d->flags & BKV_TABLE_CLOSED) && (d->n || d->len)) ||
+		    ((d->flags & BKV_TABLE_OPENED) && d->start != 0)) {
+			kh_violation(h, "bad delta %u: slot %u start %u n %u len %u flags %u", i,
+				     d->slot, d->start, d->n, d->len, d->flags);
+			return 0;
+		}
+		t = h->mirror + (size_t)d->slot * h->nb;
+		if (h->undo_n + d->n + 4 > h->undo_cap) {
+			int32_t *u = realloc(h->undo, 2 * (h->undo_n + d->n + 4) * sizeof(int32_t));
+
+			if (!u)
+				return -1;
+			h->undo = u;
+			h->undo_cap = 2 * (h->undo_n + d->n + 4);
+		}
+		/* the undo record: the old entries, then start, n, slot and
+		 * the old length */
+		memcpy(h->undo + h->undo_n, t + d->start, (size_t)d->n * sizeof(int32_t));
+		h->undo_n += d->n;
+		h->undo[h->undo_n++] = (int32_t)d->start;
+		h->undo[h->undo_n++] = (int32_t)d->n;
+		h->undo[h->undo_n++] = (int32_t)d->slot;
+		h->undo[h->undo_n++] = (int32_t)h->mlen[d->slot];
+		if (!(d->flags & BKV_TABLE_OPENED) && d->start > h->mlen[d->slot])
+			kh_violation(h, "delta %u of slot %u starts at %u past its %u entries", i,
+				     d->slot, d->start, h->mlen[d->slot]);
+		memcpy(t + d->start, blk, (size_t)d->n * sizeof(int32_t));
+		blk += d->n;
+		h->mlen[d->slot] = d->len;
+		h->deltas_applied++;
+		h->delta_entries += d->n;
+	}
+	return 0;
+}
+
+/* A failing call with an odd number: undo its deltas, newest first, as a
+ * host that treats a failed call as not run would (the next call's deltas
+ * are relative to the last successful one). */
+static void undo_deltas(kh_host *h, const bkv_batch *b)
+{
+	if (b->layout != BKV_BATCH_PERSISTENT || !(h->calls & 1) || !h->mirror)
+		return;
+	while (h->undo_n) {
+		uint32_t len = (uint32_t)h->undo[--h->undo_n];
+		uint32_t slot = (uint32_t)h->undo[--h->undo_n];
+		uint32_t n = (uint32_t)h->undo[--h->undo_n];
+		uint32_t start = (uint32_t)h->undo[--h->undo_n];
+
+		h->undo_n -= n;
+		memcpy(h->mirror + (size_t)slot * h->nb + start, h->undo + h->undo_n,
+		       (size_t)n * sizeof(int32_t));
+		h->mlen[slot] = len;
+	}
+	h->undone_calls++;
+}
+
+/* Build kv_indptr / kv_indices for the call's rows from the mirror (what a
+ * FlashInfer host does on the device), checking the library's row tables
+ * against it; *out becomes the call with those arrays. -1 without memory. */
+static int gather_rows(kh_host *h, const bkv_batch *b, bkv_batch *out)
+{
+	uint32_t r, k = 0, need = 0;
+
+	for (r = 0; r < b->n_rows; r++)
+		if (b->row_slot[r] < h->n_slots)
+			need += h->mlen[b->row_slot[r]];
+	if (b->n_rows + 1 > h->g_rows) {
+		free(h->g_indptr);
+		h->g_rows = 2 * (b->n_rows + 1);
+		if (!(h->g_indptr = malloc(h->g_rows * sizeof(int32_t))))
+			return -1;
+	}
+	if (need > h->g_cap) {
+		free(h->g_indices);
+		h->g_cap = 2 * need;
+		if (!(h->g_indices = malloc((size_t)h->g_cap * sizeof(int32_t))))
+			return -1;
+	}
+	h->g_indptr[0] = 0;
+	for (r = 0; r < b->n_rows; r++) {
+		uint32_t slot = b->row_slot[r], n;
+		const int32_t *t;
+
+		if (slot >= h->n_slots) {
+			kh_violation(h, "row %u: slot %u of %u", r, slot, h->n_slots);
+			return 0;
+		}
+		t = h->mirror + (size_t)slot * h->nb;
+		n = h->mlen[slot];
+		if (b->row_table_len[slot] != n ||
+		    memcmp(b->row_tables[slot], t, (size_t)n * sizeof(int32_t)) != 0)
+			kh_violation(h, "row %u slot %u: the mirror (%u entries) differs from the "
+				     "library's table (%u)", r, slot, n, b->row_table_len[slot]);
+		memcpy(h->g_indices + k, t, (size_t)n * sizeof(int32_t));
+		k += n;
+		h->g_indptr[r + 1] = (int32_t)k;
+	}
+	*out = *b;
+	out->kv_indptr = h->g_indptr;
+	out->kv_indices = h->g_indices;
+	return 0;
 }
 
 int kh_req_init(kh_req *r, uint64_t tag, const int32_t *prompt, uint32_t prompt_len,
@@ -387,12 +529,22 @@ int kh_compute(kh_host *h, const bkv_batch *b, int32_t *next, bkv_call_kind want
 	int fail;
 
 	h->calls++;
+	if (b->layout == BKV_BATCH_PERSISTENT) {
+		if (b->kv_indptr || b->kv_indices)
+			kh_violation(h, "a persistent batch carries kv_indptr/kv_indices");
+		if (apply_deltas(h, b) || gather_rows(h, b, &h->gathered)) {
+			kh_violation(h, "out of memory mirroring the tables");
+			return -1;
+		}
+		b = &h->gathered;
+	}
 	check_heads(h, b, want);
 	fail = decide_fault(h, b);
 	if (h->try_nested && h->sched)
 		h->nested_rc = bkv_step(h->sched, NULL);
 	if (fail && !h->garbage) {
 		h->failed_calls++;
+		undo_deltas(h, b);
 		h->last_fail_kind = (int)b->kind;
 		return -1;
 	}
@@ -406,6 +558,7 @@ int kh_compute(kh_host *h, const bkv_batch *b, int32_t *next, bkv_call_kind want
 		compute_row(h, b, r, fail, next);
 	if (fail) {
 		h->failed_calls++;
+		undo_deltas(h, b);
 		h->last_fail_kind = (int)b->kind;
 		return -1;
 	}

@@ -147,6 +147,27 @@ struct kh_host {
 	int abort_on_violation;    /* fuzzers: abort() at once */
 	int aborts_unrecorded;     /* the driver calls bkv_abort itself, so an
 				      ABORT finish needs no kh_abort first */
+	/* the persistent layout: the host's own copy of every row slot's block
+	 * table, kept by applying each call's deltas (as a GPU host would on
+	 * the device), and the flat arrays it builds from it for its checks
+	 * (a FlashInfer host's gather kernel) */
+	uint32_t n_slots;          /* row slots of the batches seen */
+	uint32_t *mlen;            /* [n_slots] entries of each mirrored table */
+	int32_t *mirror;           /* [n_slots * nb] mirrored tables, row-major */
+	int32_t *g_indptr;         /* [rows + 1] gathered kv_indptr */
+	int32_t *g_indices;        /* gathered kv_indices */
+	uint32_t g_rows, g_cap;    /* capacities of the two */
+	bkv_batch gathered;        /* the call with the gathered arrays */
+	int32_t *undo;             /* the entries the call's deltas overwrote, and
+				      each touched slot's old length: a failing
+				      call with an odd number undoes its deltas
+				      (the host treats it as not run), one with
+				      an even number keeps them: either must
+				      leave the right tables after the next call */
+	uint32_t undo_n, undo_cap; /* entries used / allocated */
+	uint64_t undone_calls;     /* failing calls whose deltas were undone */
+	uint64_t deltas_applied;   /* bkv_table_delta entries applied */
+	uint64_t delta_entries;    /* block ids they carried */
 	bkv_sched *sched;          /* for the nested-step check (optional) */
 	int try_nested;            /* call bkv_step(sched) from each compute call */
 	int nested_rc;             /* what it returned */
@@ -188,6 +209,9 @@ bkv_host_ops kh_ops(int split);
 /* One compute call of kind `want`: checks, copies, KV, faults, sampling.
  * Returns 0, or -1 when the call fails. */
 int kh_compute(kh_host *h, const bkv_batch *b, int32_t *next, bkv_call_kind want);
+/* The persistent layout: slot's mirrored table and its length (NULL when
+ * the host has seen no persistent batch or slot is out of range). */
+const int32_t *kh_mirror(const kh_host *h, uint32_t slot, uint32_t *len);
 void kh_on_token(void *host, uint64_t req, uint32_t branch, int32_t token, void *user);
 void kh_on_finish(void *host, uint64_t req, bkv_finish_reason why, void *user);
 

@@ -136,6 +136,10 @@ fake_host *fh_create(const fh_opts *o)
 	int rc;
 
 	cr_assert(f);
+	/* BKV_TEST_LAYOUT=persistent runs a suite in the persistent batch layout
+	 * (the host mirrors the deltas and checks everything through them) */
+	if (getenv("BKV_TEST_LAYOUT") && strcmp(getenv("BKV_TEST_LAYOUT"), "persistent") == 0)
+		cfg.batch_layout = BKV_BATCH_PERSISTENT;
 	cr_assert_eq(kh_init(&f->host, o->block_tokens, o->device_blocks, o->host_blocks, 1), 0);
 	f->host.garbage = 0;
 	f->host.aborts_unrecorded = 1;
