@@ -14,7 +14,12 @@
  * prices steps that also admit, prefill and finish requests.
  *
  * Usage: bench_step [--quick]          the tables (--quick: 32 timed steps)
- *        bench_step R W X STEPS         one decode configuration (for callgrind)
+ *        bench_step R W X STEPS [CONTEXT flat|persistent]
+ *                                       one decode configuration (for callgrind):
+ *                                       prompts of CONTEXT tokens (default 64) in
+ *                                       that batch layout (default flat)
+ *        bench_step --context           flat against persistent, 64 .. 131,072
+ *                                       tokens of context
  *        bench_step --churn R STEPS     one churn configuration
  */
 #include <batchkv.h>
@@ -25,7 +30,8 @@
 #include <time.h>
 
 typedef struct noop_host {
-	uint64_t kv_entries; /* kv_indices entries seen */
+	uint64_t kv_entries; /* kv_indices entries seen (flat), or block ids the
+				table deltas carried (persistent) */
 	uint64_t calls;
 } noop_host;
 
@@ -35,7 +41,11 @@ static int noop_forward(void *h, const bkv_batch *b, int32_t *next)
 	uint32_t r;
 
 	n->calls++;
-	n->kv_entries += (uint64_t)b->kv_indptr[b->n_rows];
+	if (b->layout == BKV_BATCH_PERSISTENT)
+		for (r = 0; r < b->n_table_deltas; r++)
+			n->kv_entries += b->table_deltas[r].n;
+	else
+		n->kv_entries += (uint64_t)b->kv_indptr[b->n_rows];
 	for (r = 0; r < b->n_rows; r++)
 		if (b->row_sample[r])
 			next[r] = 7 + (int32_t)r; /* never a stop token */
@@ -57,12 +67,15 @@ typedef struct result {
 	double finished_per_step; /* requests ended (and replaced) */
 } result;
 
-/* Steady decode: `running` long requests, `waiting` more queued. */
+/* Steady decode: `running` long requests of prompt_len tokens, `waiting` more
+ * queued, in one batch layout. */
 static result run_decode(uint32_t running, uint32_t waiting, uint32_t block_scale,
-			 uint32_t steps)
+			 uint32_t steps, uint32_t prompt_len, bkv_batch_layout layout)
 {
-	const uint32_t prompt_len = 64, bt = 16, warm = 16;
-	uint32_t max_new = warm + steps + 8, i, blocks_per_req;
+	const uint32_t bt = 16, warm = 16;
+	/* room for the steps a long prompt's prefill takes (the batch arrays
+	 * hold at most 2^24 tokens a step) */
+	uint32_t max_new = warm + steps + 8 + 64, i, blocks_per_req;
 	int32_t *prompt = malloc(prompt_len * sizeof(int32_t));
 	bkv_pool_config pc;
 	bkv_sched_config sc;
@@ -89,6 +102,7 @@ static result run_decode(uint32_t running, uint32_t waiting, uint32_t block_scal
 	sc.admit_group = 1; /* fixed policy: measure the mechanics, not a model */
 	sc.max_wait_us = UINT64_MAX;
 	sc.max_queue = running + waiting + 16;
+	sc.batch_layout = layout;
 	memset(&ops, 0, sizeof(ops));
 	ops.forward = noop_forward;
 	if (bkv_sched_create(&sc, pool, &ops, &host, NULL, &s) != BKV_OK)
@@ -104,6 +118,15 @@ static result run_decode(uint32_t running, uint32_t waiting, uint32_t block_scal
 	}
 	for (i = 0; i < warm; i++) /* admission and prefill happen here */
 		bkv_step(s, NULL);
+	/* long prompts take several steps to prefill: run until every running
+	 * row decodes (the step's computed tokens equal its rows) */
+	for (;;) {
+		bkv_step_info si;
+
+		bkv_step(s, &si);
+		if (si.prefill_tokens == 0 && si.decode_tokens == running)
+			break;
+	}
 	host.kv_entries = 0;
 	res.us_per_step = 1e30;
 	/* the best of 8 batches: the machine is shared, interference only adds */
@@ -214,11 +237,41 @@ int main(int argc, char **argv)
 		       r.finished_per_step, r.tokens_per_step);
 		return 0;
 	}
-	if (argc == 5) {
+	if (argc == 5 || argc == 7) {
+		uint32_t ctx = argc == 7 ? (uint32_t)atoi(argv[5]) : 64;
+		bkv_batch_layout lay = argc == 7 && strcmp(argv[6], "persistent") == 0
+					       ? BKV_BATCH_PERSISTENT
+					       : BKV_BATCH_FLAT;
 		result r = run_decode((uint32_t)atoi(argv[1]), (uint32_t)atoi(argv[2]),
-				      (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]));
+				      (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]), ctx, lay);
 
-		printf("%.2f us/step, %.0f kv entries/step\n", r.us_per_step, r.kv_per_step);
+		printf("%.2f us/step, %.0f %s entries/step\n", r.us_per_step, r.kv_per_step,
+		       lay == BKV_BATCH_PERSISTENT ? "delta" : "kv");
+		return 0;
+	}
+	if (argc == 2 && strcmp(argv[1], "--context") == 0) {
+		static const uint32_t ctxs[] = {64, 1024, 8192, 32768, 131072};
+		static const uint32_t rows[] = {256, 1024};
+
+		printf("bkv_step CPU cost against context length, no-op host, 64 timed steps "
+		       "(us per step; entries: kv_indices (flat) or table-delta block ids "
+		       "(persistent) per step)\n\n");
+		printf("| running | context | flat: entries / step | flat: us / step | "
+		       "persistent: entries / step | persistent: us / step |\n");
+		printf("|---:|---:|---:|---:|---:|---:|\n");
+		for (i = 0; i < 2; i++) {
+			for (j = 0; j < sizeof ctxs / sizeof ctxs[0]; j++) {
+				result f, p;
+
+				if ((uint64_t)rows[i] * ctxs[j] > (1ull << 27))
+					continue; /* 128 M context tokens at most */
+				f = run_decode(rows[i], 0, 1, 64, ctxs[j], BKV_BATCH_FLAT);
+				p = run_decode(rows[i], 0, 1, 64, ctxs[j], BKV_BATCH_PERSISTENT);
+				printf("| %u | %u | %.0f | %.2f | %.1f | %.2f |\n", rows[i], ctxs[j],
+				       f.kv_per_step, f.us_per_step, p.kv_per_step, p.us_per_step);
+				fflush(stdout);
+			}
+		}
 		return 0;
 	}
 	if (quick)
@@ -229,7 +282,8 @@ int main(int argc, char **argv)
 	for (i = 0; i < 3; i++) {
 		for (j = 0; j < 2; j++) {
 			for (k = 1; k <= 8; k *= 8) {
-				result r = run_decode(runs[i], waits[j], k, steps);
+				result r = run_decode(runs[i], waits[j], k, steps, 64,
+						      BKV_BATCH_FLAT);
 
 				printf("| %u | %u | %u | %.0f | %.2f | %.1f |\n", runs[i], waits[j], k,
 				       r.kv_per_step, r.us_per_step,

@@ -289,6 +289,7 @@ typedef struct bkv__appended {
 	uint32_t off;         /* the token's offset in block table[nb - 1] */
 	int32_t slot;         /* its token-store index, table[nb - 1] *
 				 block_tokens + off (the row's slot_mapping) */
+	uint32_t clean;       /* the sequence's clean mark (bkv__seq.clean) */
 } bkv__appended;
 
 /* The inline case: appends and answers the sequence's
@@ -302,7 +303,7 @@ static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int
 	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
 	bkv__seq *s = &a->seqs[slot < a->max_seqs ? slot : 0]; /* read in bounds */
 	const uint32_t off = s->len & (a->bt - 1);
-	bkv__appended res = {NULL, 0, 0, 0};
+	bkv__appended res = {NULL, 0, 0, 0, 0};
 
 	/* off != 0 implies block_tokens >= 2 and a nonempty table; off + 1 <
 	 * block_tokens implies len + 1 < INT32_MAX (INT32_MAX ends a block) */
@@ -326,6 +327,7 @@ static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int
 			res.nb = nb;
 			res.off = off;
 			res.slot = (int32_t)at;
+			res.clean = s->clean;
 		}
 	}
 	return res;

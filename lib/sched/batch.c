@@ -122,22 +122,23 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
-/* bkv__batch_fill in the persistent layout: every row written here (the
- * fused decode pass writes none), each row's table as a slot and a delta
+/* bkv__batch_fill in the persistent layout: rows [first, n_rows) (the fused
+ * decode pass wrote the ones before), each row's table as a slot and a delta
  * (sched/rows.c) instead of a copy into kv_indices. */
 static uint32_t fill_persistent(bkv_sched *s, bkv__row *rows, uint32_t n_rows, uint32_t n_decode,
-				uint64_t *ctx_out, uint32_t *chunks_out)
+				uint32_t first, uint64_t *ctx_out, uint32_t *chunks_out)
 {
 	const uint32_t mask = s->bt - 1, shift = s->bt_shift;
 	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
 	int32_t *const slots = s->call.bufs.slot_mapping, *const qo = s->call.qo_indptr;
 	int32_t *const lpl = s->call.last_page_len;
 	const bkv_pool *pool = s->pool;
-	uint32_t r, t = 0, n_chunks = 0;
-	uint64_t ctx = 0;
+	uint32_t r = first, t = first, n_chunks = 0;
+	uint64_t ctx = first ? s->plan.fill_ctx : 0;
 
-	qo[0] = 0;
-	for (r = 0; r < n_rows; r++) {
+	if (!first)
+		qo[0] = 0;
+	for (; r < n_rows; r++) {
 		bkv__lane *l = rows[r].lane;
 		const uint32_t start = rows[r].start, end = rows[r].end;
 		const bkv__req *q = l->req;
@@ -187,8 +188,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	uint64_t ctx = 0;
 
 	if (s->call.persistent) {
-		BKV_ASSERT(first == 0);
-		t = fill_persistent(s, rows, n_rows, n_decode, &ctx, &n_chunks);
+		BKV_ASSERT(first <= n_decode && (!first || rows == s->plan.dec));
+		t = fill_persistent(s, rows, n_rows, n_decode, first, &ctx, &n_chunks);
 		r = n_rows;
 	} else if (first) { /* decode rows the planning pass wrote (bkv__fill) */
 		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);

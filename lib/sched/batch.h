@@ -43,6 +43,13 @@ typedef struct bkv__fill {
 	uint32_t r;         /* rows (= tokens) written */
 	uint32_t k;         /* kv_indices entries written */
 	uint64_t ctx;       /* sum of the rows' context lengths (end) */
+	/* the persistent layout (bkv__fill_persist) */
+	uint32_t *rslot;    /* s->call.row_slot */
+	const int32_t **rtab; /* s->call.row_tables */
+	uint32_t *rtlen;    /* s->call.row_table_len */
+	uint32_t *dirty;    /* s->call.dirty: rows whose table the host must be
+			       sent (or whose lane has no slot yet) */
+	uint32_t n_dirty;   /* entries in dirty */
 } bkv__fill;
 
 /* Write decode row f->r: lane l of request q computes position start (its
@@ -112,6 +119,42 @@ static inline void bkv__fill_begin(bkv_sched *s, bkv__fill *f)
 	f->ctx = 0;
 	f->qo[0] = 0;
 	f->kvp[0] = 0;
+	f->rslot = s->call.row_slot;
+	f->rtab = s->call.row_tables;
+	f->rtlen = s->call.row_table_len;
+	f->dirty = s->call.dirty;
+	f->n_dirty = 0;
+}
+
+/* bkv__fill_decode in the persistent layout: the row's tokens and its slot,
+ * no table copy. A row whose lane has no slot yet, or whose table changed
+ * since it was last sent (clean: the sequence's clean mark), goes on the
+ * dirty list: the call sends its delta (sched/rows.c, bkv__rows_dirty). */
+static inline void bkv__fill_persist(bkv__fill *f, const bkv__req *q, const bkv__lane *l,
+				     int32_t token, uint32_t start, const int32_t *table,
+				     uint32_t nb, uint32_t off, int32_t slot, uint32_t clean)
+{
+	const uint32_t r = f->r, rs = l->row_slot;
+
+	f->smp[r] = 1;
+	f->rid[r] = q->id;
+	f->rbr[r] = l->branch;
+	f->rus[r] = q->user;
+	f->next[r] = BKV_TOKEN_FAIL;
+	f->lpl[r] = (int32_t)off + 1;
+	f->tok_ids[r] = token;
+	f->pos[r] = (int32_t)start;
+	f->slots[r] = slot;
+	f->qo[r + 1] = (int32_t)(r + 1);
+	f->ctx += start + 1;
+	f->rslot[r] = rs;
+	if (rs != BKV__SLOT_NONE && !l->fresh && clean >= nb && l->sent_len == nb) {
+		f->rtab[rs] = table;
+		f->rtlen[rs] = nb;
+	} else {
+		f->dirty[f->n_dirty++] = r;
+	}
+	f->r = r + 1;
 }
 
 #endif /* BKV_BATCH_H */

@@ -283,11 +283,12 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	const uint32_t n_dec0 = s->plan.n_dec;
 	uint32_t i, j, prefilling = 0, n_dec = n_dec0, slow = 0;
 	uint32_t hits = 0;
-	const int flat = !s->call.persistent; /* persistent: batch_fill
-						 writes every row */
+	const int flat = !s->call.persistent; /* else the rows' slots, not
+						 their tables (fill_persist) */
 	int writing = flat && !si->preempted; /* si->preempted in a local:
 						 stores through the arrays
 						 would reload it */
+	int persist = !flat && !si->preempted;
 	bkv__appender ap;
 	bkv__fill f;
 
@@ -321,6 +322,7 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 				hits += hit;
 				ad.table = sq->table;
 				ad.nb = sq->n_blocks;
+				ad.clean = sq->clean;
 				ad.off = bkv__fill_slot(&f, old, ad.table, ad.nb, &ad.slot);
 			}
 			row = &dec[n_dec++];
@@ -338,6 +340,9 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			if (writing)
 				bkv__fill_decode(&f, r, l, token, old, ad.table, ad.nb, ad.off,
 						 ad.slot);
+			else if (persist)
+				bkv__fill_persist(&f, r, l, token, old, ad.table, ad.nb, ad.off,
+						  ad.slot, ad.clean);
 			continue;
 		}
 general:
@@ -360,24 +365,29 @@ general:
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
-			if (si->preempted || !flat)
-				continue; /* rows may be pruned: stop writing (or
-					     batch_fill writes them all) */
+			if (si->preempted)
+				continue; /* rows may be pruned: stop writing */
 			table = bkv_seq_blocks(pool, l->seq, &nb);
 			off = bkv__fill_slot(&f, old, table, nb, &slot);
-			bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);
+			if (flat)
+				bkv__fill_decode(&f, r, l, l->tok[old], old, table, nb, off, slot);
+			else
+				bkv__fill_persist(&f, r, l, l->tok[old], old, table, nb, off, slot,
+						  bkv__seq_clean(pool, l->seq));
 		}
 		slow += s->plan.n_dec - n_dec; /* the general path's rows */
 		n_dec = s->plan.n_dec;
 		writing = flat && !si->preempted;
+		persist = !flat && !si->preempted;
 	}
 	bkv__append_flush(&ap);
 	s->plan.n_dec = n_dec;
 	s->plan.step_hits += hits;
 	charge(s, n_dec - n_dec0 - slow); /* the fast rows */
 	BKV_ASSERT(f.k <= f.kv_cap);
-	BKV_ASSERT(si->preempted || !flat || f.r == n_dec);
+	BKV_ASSERT(si->preempted || f.r == n_dec);
 	s->plan.fill_rows = si->preempted ? 0 : f.r;
+	s->call.n_dirty = si->preempted ? 0 : f.n_dirty;
 	s->plan.fill_kv = f.k;
 	s->plan.fill_ctx = f.ctx;
 	return prefilling;

@@ -51,8 +51,9 @@ int bkv__rows_alloc(bkv_sched *s)
 	c->closed = bkv__calloc(a, m, sizeof(uint32_t));
 	c->deltas = bkv__calloc(a, (size_t)s->plan.row_cap + m, sizeof(bkv_table_delta));
 	c->sent = bkv__calloc(a, s->plan.row_cap, sizeof(bkv__lane *));
+	c->dirty = bkv__calloc(a, s->plan.row_cap, sizeof(uint32_t));
 	if (!c->row_slot || !c->row_tables || !c->row_table_len || !c->slot_lane ||
-	    !c->slot_free || !c->closed || !c->deltas || !c->sent)
+	    !c->slot_free || !c->closed || !c->deltas || !c->sent || !c->dirty)
 		return BKV_ENOMEM;
 	/* slot 0 on top: the first rows take 0, 1, 2, ... */
 	for (i = 0; i < m; i++)
@@ -75,6 +76,7 @@ void bkv__rows_free(bkv_sched *s)
 	bkv__free(a, c->closed, c->closed ? m * sizeof(uint32_t) : 0);
 	bkv__free(a, c->deltas, c->deltas ? (rc + m) * sizeof(bkv_table_delta) : 0);
 	bkv__free(a, c->sent, c->sent ? rc * sizeof(bkv__lane *) : 0);
+	bkv__free(a, c->dirty, c->dirty ? rc * sizeof(uint32_t) : 0);
 }
 
 void bkv__slot_release_slow(bkv_sched *s, bkv__lane *l)
@@ -167,6 +169,21 @@ void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *tab
 	c->row_table_len[slot] = nb;
 	if (l->fresh || clean < nb || l->sent_len != nb)
 		row_delta(s, l, table, nb, clean);
+}
+
+void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows)
+{
+	bkv__call *c = &s->call;
+	uint32_t i;
+
+	for (i = 0; i < c->n_dirty; i++) {
+		uint32_t r = c->dirty[i], nb = 0;
+		bkv__lane *l = rows[r].lane;
+		const int32_t *table = bkv_seq_blocks(s->pool, l->seq, &nb);
+
+		bkv__row_persist(s, r, l, table, nb);
+	}
+	c->n_dirty = 0;
 }
 
 void bkv__rows_rollback(bkv_sched *s)

@@ -281,6 +281,9 @@ typedef struct bkv__call {
 	uint32_t n_delta_blocks; /* entries of bufs.kv_indices the deltas use */
 	bkv__lane **sent;      /* [row_cap] lanes sent a delta this step */
 	uint32_t n_sent;
+	uint32_t *dirty;       /* [row_cap] fused-pass rows that need their
+				  delta (or a slot) at the call */
+	uint32_t n_dirty;      /* entries in dirty (of plan.dec[0, fill_rows)) */
 } bkv__call;
 
 /* What the scheduler measures of its own steps, for bkv_sched_stats_get and
@@ -411,6 +414,8 @@ void bkv__rows_call_begin(bkv_sched *s);
  * slot (taken now if it has none), its table for the host, and the delta
  * the host needs. */
 void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *table, uint32_t nb);
+/* The fused decode pass's dirty rows of rows[] (plan.dec): their deltas. */
+void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows);
 /* The step is rolled back: every delta it sent is void. */
 void bkv__rows_rollback(bkv_sched *s);
 

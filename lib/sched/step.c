@@ -77,9 +77,12 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	fn = kind == BKV_CALL_MIXED ? s->ops.forward
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
-	if (s->call.persistent)
-		bkv__rows_call_begin(s);
 	first = rows == s->plan.dec ? s->plan.fill_rows : 0;
+	if (s->call.persistent) {
+		bkv__rows_call_begin(s); /* the slots released since the last call */
+		if (first)
+			bkv__rows_dirty(s, rows); /* the fused pass's rows */
+	}
 	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
 #if BKV_DEBUG_LEVEL >= 1
 	if (!s->bad_write && first < b.n_tokens)
@@ -169,6 +172,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
 		s->plan.fill_rows = 0; /* the written rows may be among them */
+		s->call.n_dirty = 0;
 	}
 	if (!s->split) {
 		if (s->plan.n_dec + s->plan.n_pre == 0)
@@ -183,6 +187,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 	if (s->plan.n_pre) {
 		*called = 1;
 		s->plan.fill_rows = 0; /* the prefill call reuses the batch arrays */
+		s->call.n_dirty = 0;
 		rc = run_prefill(s, si);
 		if (rc != BKV_OK)
 			return rc;
