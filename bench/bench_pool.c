@@ -17,6 +17,19 @@
  *                them only on the LRU (each hit unlinks, each close relinks).
  *   metadata     bytes of pool memory per block and per token slot, as the
  *                pool reports them (bkv_pool_memory_get).
+ *   scale        (bench_pool scale [blocks...]) the pool size as a dimension:
+ *                at 1e4, 1e5, 1e6 and 1e7 device blocks (or those given),
+ *                the pool is filled with cached 2,048-token prompts (blocks
+ *                of 16), appended one block at a time over 1,024 sequences
+ *                in a random order so that a prompt's blocks lie scattered
+ *                over the block array. Then, per block: a full hit on a
+ *                random one of them (open, append, close: cold when the
+ *                pool is large), and a miss with eviction (a prompt never
+ *                seen, every block evicted from the LRU head, filled and
+ *                indexed). Prompts differ in their first token only: the
+ *                chained hash still sends every block to its own random
+ *                index slot, while the caller's tokens stay in the cache
+ *                as a request's would.
  *
  * Each timing is the best of 7 runs. Usage: bench_pool [op iters] - with
  * arguments, runs one op for exactly `iters` iterations and prints nothing but
@@ -204,6 +217,122 @@ static ctx hit_ctx(int pinned)
 	return x;
 }
 
+/* ---- pool size as a dimension -------------------------------------------- */
+
+#define SCALE_GROUP 1024u /* sequences filled together, one block at a time */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd(void) /* splitmix64 */
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+typedef struct scale {
+	bkv_pool *p;
+	uint32_t prompts; /* prompts 0 .. prompts-1 are cached */
+	uint32_t next;    /* the next never-seen prompt */
+} scale;
+
+/* Prompt q: the common tokens with the first one replaced by q. */
+static void prompt(uint32_t q)
+{
+	toks[0] = (int32_t)q;
+}
+
+/* A pool of nb blocks full of cached prompts, their blocks scattered. */
+static scale scale_ctx(uint32_t nb)
+{
+	static uint32_t seqs[SCALE_GROUP], order[SCALE_GROUP];
+	scale x;
+	uint32_t base, g, r, j;
+	int rc;
+
+	x.p = make(16, nb, 1);
+	x.prompts = nb / (PROMPT / 16);
+	for (base = 0; base < x.prompts; base += g) {
+		g = x.prompts - base < SCALE_GROUP ? x.prompts - base : SCALE_GROUP;
+		for (j = 0; j < g; j++) {
+			order[j] = j;
+			if ((rc = bkv_seq_open(x.p, &seqs[j])))
+				die("scale open", rc);
+		}
+		for (r = 0; r < PROMPT / 16; r++) {
+			for (j = g; j > 1; j--) { /* Fisher-Yates */
+				uint32_t i = (uint32_t)(rnd() % j), t = order[j - 1];
+
+				order[j - 1] = order[i];
+				order[i] = t;
+			}
+			for (j = 0; j < g; j++) {
+				prompt(base + order[j]);
+				rc = bkv_seq_append(x.p, seqs[order[j]], toks + r * 16, 16, NULL);
+				if (rc)
+					die("scale fill", rc);
+			}
+		}
+		for (j = 0; j < g; j++)
+			if ((rc = bkv_seq_close(x.p, seqs[j])))
+				die("scale close", rc);
+	}
+	x.next = x.prompts;
+	return x;
+}
+
+/* Open, append prompt q, close; the hit tokens. */
+static uint32_t scale_once(bkv_pool *p, uint32_t q)
+{
+	uint32_t seq, hit;
+	int r;
+
+	prompt(q);
+	r = bkv_seq_open(p, &seq);
+	if (!r)
+		r = bkv_seq_append(p, seq, toks, PROMPT, &hit);
+	if (!r)
+		r = bkv_seq_close(p, seq);
+	if (r)
+		die("scale append", r);
+	return hit;
+}
+
+static void run_scale_hit(void *c, uint64_t n)
+{
+	scale *x = c;
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		if (scale_once(x->p, (uint32_t)(rnd() % x->prompts)) != PROMPT)
+			die("scale hit", BKV_EINVAL);
+}
+
+static void run_scale_miss(void *c, uint64_t n)
+{
+	scale *x = c;
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		if (scale_once(x->p, x->next++) != 0)
+			die("scale miss", BKV_EINVAL);
+}
+
+static void scale_row(uint32_t nb)
+{
+	scale x = scale_ctx(nb);
+	double hit, miss;
+
+	/* hits first: misses evict cached prompts */
+	hit = best_ns(run_scale_hit, &x, 2000, PROMPT / 16);
+	miss = best_ns(run_scale_miss, &x, 2000, PROMPT / 16);
+	printf("| %u | %.1f | %.1f |\n", nb, hit, miss);
+	fflush(stdout);
+	bkv_pool_destroy(x.p);
+}
+
 /* Control bytes per block and per token slot, from the pool's own report
  * (bkv_pool_memory_get): the block record, its share of the hash index, the
  * checker's scratch and (with the prefix cache) the transaction queue, then
@@ -240,6 +369,19 @@ int main(int argc, char **argv)
 	for (i = 0; i < PROMPT; i++)
 		toks[i] = (int32_t)(i * 2654435761u >> 8);
 
+	if (argc >= 2 && !strcmp(argv[1], "scale")) {
+		static const uint32_t sizes[] = {10000, 100000, 1000000, 10000000};
+		int k;
+
+		printf("| device blocks | full hit, ns/block | miss with eviction, ns/block |\n"
+		       "|---:|---:|---:|\n");
+		if (argc == 2)
+			for (k = 0; k < 4; k++)
+				scale_row(sizes[k]);
+		for (k = 2; k < argc; k++)
+			scale_row((uint32_t)strtoul(argv[k], NULL, 10));
+		return 0;
+	}
 	if (argc == 3) {
 		uint64_t n = strtoull(argv[2], NULL, 10);
 		ctx x;

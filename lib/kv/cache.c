@@ -15,8 +15,10 @@
  *
  *   hash index (open addressing, linear probing, capacity >= 2 x blocks)
  *   +----+----+----+----+----+----+----+----+
- *   | -1 | 17 | 4  | -1 | -1 | 9  | -1 | 2  |   slot = hash & mask; entries
- *   +----+----+----+----+----+----+----+----+   are block ids, -1 empty
+ *   | -1 | 17 | 4  | -1 | -1 | 9  | -1 | 2  |   block ids, -1 empty, each
+ *   |    | t17| t4 |    |    | t9 |    | t2 |   with its tag (the hash
+ *   +----+----+----+----+----+----+----+----+   folded to 32 bits);
+ *                                               home slot = tag & mask
  *
  *   LRU of cached blocks (ref 0, indexed), linked through bkv__block.next/prev
  *   head (oldest, evicted first)  B3 <-> B2 <-> A4 <-> ... <-> tail (newest)
@@ -132,18 +134,18 @@ uint64_t bkv__block_hash(uint64_t seed, uint64_t parent_hash, uint64_t key,
 
 static inline uint32_t home(const bkv__kv *kv, uint64_t hash)
 {
-	return (uint32_t)(hash ^ (hash >> 32)) & kv->index_mask;
+	return bkv__index_tag(hash) & kv->index_mask;
 }
 
 static inline int32_t index_find(const bkv__kv *kv, uint64_t hash)
 {
-	uint32_t mask = kv->index_mask, i = home(kv, hash);
+	uint32_t mask = kv->index_mask, tag = bkv__index_tag(hash), i = tag & mask;
 
 	for (;;) {
-		int32_t b = kv->index[i];
+		const bkv__islot *e = &kv->index[i];
 
-		if (b < 0 || kv->blk[b].hash == hash)
-			return b;
+		if (e->b < 0 || (e->tag == tag && kv->blk[e->b].hash == hash))
+			return e->b;
 		i = (i + 1) & mask;
 	}
 }
@@ -155,11 +157,12 @@ int32_t bkv__index_find(const bkv__kv *kv, uint64_t hash)
 
 void bkv__index_insert(bkv__kv *kv, int32_t b)
 {
-	uint32_t mask = kv->index_mask, i = home(kv, kv->blk[b].hash);
+	uint32_t mask = kv->index_mask, tag = bkv__index_tag(kv->blk[b].hash), i = tag & mask;
 
-	while (kv->index[i] >= 0)
+	while (kv->index[i].b >= 0)
 		i = (i + 1) & mask;
-	kv->index[i] = b;
+	kv->index[i].b = b;
+	kv->index[i].tag = tag;
 }
 
 /* Remove b; backward-shift the entries after it so that no tombstones are
@@ -168,27 +171,27 @@ void bkv__index_remove(bkv__kv *kv, int32_t b)
 {
 	uint32_t mask = kv->index_mask, i = home(kv, kv->blk[b].hash), j;
 
-	while (kv->index[i] != b) {
-		BKV_ASSERT(kv->index[i] >= 0);
+	while (kv->index[i].b != b) {
+		BKV_ASSERT(kv->index[i].b >= 0);
 		i = (i + 1) & mask;
 	}
 	j = i;
 	for (;;) {
-		int32_t e;
+		bkv__islot e;
 		uint32_t k;
 
 		j = (j + 1) & mask;
 		e = kv->index[j];
-		if (e < 0)
+		if (e.b < 0)
 			break;
-		k = home(kv, kv->blk[e].hash);
+		k = e.tag & mask;
 		/* e may move back to i unless its home lies in (i, j]. */
 		if (((j - k) & mask) >= ((j - i) & mask)) {
 			kv->index[i] = e;
 			i = j;
 		}
 	}
-	kv->index[i] = -1;
+	kv->index[i].b = -1;
 }
 
 /* ---- the LRU ------------------------------------------------------------- */
@@ -359,6 +362,25 @@ void bkv__cache_forget(bkv__kv *kv, int32_t b)
 	}
 }
 
+/* Evictions come in runs (a prompt's worth of blocks off the LRU head) and
+ * in a large pool every LRU member is on a cold line. Each eviction reads
+ * the next head's record anyway (the unlink writes its prev), so it starts
+ * the loads the next eviction will wait for: the record after that one,
+ * the next head's index slot (its removal) and its token ids (the caller
+ * rewrites them). The list itself still costs one dependent load per
+ * eviction; these overlap it. */
+static inline void evict_prefetch(const bkv__kv *kv, int32_t n)
+{
+	const bkv__block *k = &kv->blk[n];
+	const int32_t *t = kv->tok + (size_t)n * kv->bt;
+
+	if (k->next >= 0)
+		PREFETCH(&kv->blk[k->next]);
+	PREFETCH(&kv->index[home(kv, k->hash)]);
+	PREFETCH(t);
+	PREFETCH(t + kv->bt - 1);
+}
+
 int32_t bkv__cache_evict(bkv__kv *kv)
 {
 	int32_t b = kv->lru_head;
@@ -366,6 +388,8 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 	if (b < 0)
 		return -1;
 	bkv__lru_unlink(kv, b);
+	if (kv->lru_head >= 0)
+		evict_prefetch(kv, kv->lru_head);
 	bkv__cache_forget(kv, b);
 	kv->evictions++;
 	return b;
@@ -387,6 +411,76 @@ int32_t bkv__cache_lookup(const bkv__kv *kv, uint64_t parent_hash, int32_t paren
 		return -1;
 	*hash = h;
 	return c;
+}
+
+/* Blocks hashed ahead per pass of a cold lookup run (the first pass hashes
+ * fewer: a prompt that misses early wastes little). */
+#define RUN_FIRST 4u
+#define RUN_MAX 32u
+
+/* One verified hit of a run: c (or -1) holds tokens under parent and key. */
+static inline int run_hit(const bkv__kv *kv, int32_t c, int32_t parent, uint64_t key,
+			  const int32_t *tokens)
+{
+	const bkv__block *k = &kv->blk[c];
+
+	return c >= 0 && k->parent == parent && k->key == key &&
+	       memcmp(kv->tok + (size_t)c * kv->bt, tokens, (size_t)kv->bt * sizeof(int32_t)) == 0;
+}
+
+uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t ph, int32_t parent, uint64_t key,
+			       const int32_t *tokens, uint32_t max, int32_t *out,
+			       uint32_t *relinked)
+{
+	const uint32_t bt = kv->bt;
+	uint64_t hs[RUN_MAX], h = ph;
+	uint32_t hits = 0, run = RUN_FIRST, n, i;
+	int32_t c;
+
+	*relinked = 0;
+	if (!kv->index_cold) {
+		/* everything in the cache: one block at a time */
+		for (; hits < max; hits++) {
+			const int32_t *t = tokens + (size_t)hits * bt;
+
+			h = block_hash(kv->hash_seed, h, key, t, bt);
+			c = index_find(kv, h);
+			if (!run_hit(kv, c, parent, key, t))
+				break;
+			*relinked += BLOCK_IS_CACHED(&kv->blk[c]);
+			out[hits] = parent = c;
+		}
+		return hits;
+	}
+	while (hits < max) {
+		const int32_t *t = tokens + (size_t)hits * bt;
+
+		n = BKV_MIN(run, max - hits);
+		for (i = 0; i < n; i++) { /* hash ahead, each slot's line on its way */
+			h = block_hash(kv->hash_seed, h, key, t + (size_t)i * bt, bt);
+			hs[i] = h;
+			PREFETCH(&kv->index[home(kv, h)]);
+		}
+		for (i = 0; i < n; i++) { /* then the blocks the slots name */
+			const bkv__islot *e = &kv->index[home(kv, hs[i])];
+
+			if (e->b >= 0 && e->tag == bkv__index_tag(hs[i])) {
+				PREFETCH(&kv->blk[e->b]);
+				PREFETCH(kv->tok + (size_t)e->b * bt);
+				PREFETCH(kv->tok + (size_t)e->b * bt + bt - 1);
+			}
+		}
+		for (i = 0; i < n; i++) { /* verified in order, as bkv__cache_lookup */
+			c = index_find(kv, hs[i]);
+			if (!run_hit(kv, c, parent, key, t + (size_t)i * bt))
+				return hits + i;
+			*relinked += BLOCK_IS_CACHED(&kv->blk[c]);
+			out[hits + i] = parent = c;
+		}
+		hits += n;
+		run = BKV_MIN(2 * run, RUN_MAX);
+	}
+	return hits;
 }
 
 /* ---- step transactions ------------------------------------------------------ */
@@ -438,7 +532,8 @@ static int txn_ready(const bkv__kv *kv, const bkv__block *k, uint32_t i)
 
 /* Before commit indexes its queue: hash every block whose parent is indexed
  * already and prefetch its index slot, then prefetch the block each of
- * those slots names (the probe compares its hash). The index is large and
+ * those slots names when the tag matches (the probe then compares its
+ * hash). The index is large and
  * each insert touches a random line of it, usually not in any cache: done
  * one by one, every insert waits for main memory, twice. */
 static void txn_prefetch(bkv__kv *kv)
@@ -456,13 +551,13 @@ static void txn_prefetch(bkv__kv *kv)
 	}
 	for (i = 0; i < kv->txn_n; i++) {
 		const bkv__block *k = &kv->blk[kv->txn_pending[i]];
-		int32_t e;
+		const bkv__islot *e;
 
 		if (!(k->flags & BKV__BLOCK_HASHED))
 			continue;
-		e = kv->index[bkv__index_home(kv, k->hash)];
-		if (e >= 0)
-			PREFETCH(&kv->blk[e]);
+		e = &kv->index[bkv__index_home(kv, k->hash)];
+		if (e->b >= 0 && e->tag == bkv__index_tag(k->hash))
+			PREFETCH(&kv->blk[e->b]);
 	}
 }
 

@@ -57,10 +57,11 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 		size_t cap = bkv__index_cap(kv), j;
 
 		for (n = 0, j = 0; j < cap; j++) {
-			b = kv->index[j];
+			b = kv->index[j].b;
 			if (b < 0)
 				continue;
-			if ((uint32_t)b >= nb || !BLOCK_IS_INDEXED(&kv->blk[b]))
+			if ((uint32_t)b >= nb || !BLOCK_IS_INDEXED(&kv->blk[b]) ||
+			    kv->index[j].tag != bkv__index_tag(kv->blk[b].hash))
 				return CHECK_INDEX;
 			n++;
 		}

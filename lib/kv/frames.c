@@ -45,9 +45,15 @@
  * cached ancestors up the LRU behind it (bkv__lru_lift), so the LRU keeps
  * every cached parent more recent than its children.
  */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* madvise's MADV_HUGEPAGE */
+#endif
 #include "kv/kv.h"
 
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* The metadata size docs/benchmarks.md reports. */
 _Static_assert(sizeof(bkv__block) == 40, "bkv__block grew");
@@ -59,6 +65,27 @@ static uint32_t log2u(uint32_t v)
 	while ((1u << s) < v)
 		s++;
 	return s;
+}
+
+/* Ask for transparent huge pages under a large array (Linux, where the
+ * system's setting is "madvise"): a lookup in a pool of millions of blocks
+ * lands on a random 4 KiB page of the index, the block records and the
+ * token store, and with small pages each of those loads first misses the
+ * TLB and walks the page table. Only the 2 MiB-aligned interior is advised
+ * (the allocation is the caller's); a refusal changes nothing. Called
+ * before the array is first written. */
+static void advise_huge(void *p, size_t bytes)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+	const uintptr_t huge = (uintptr_t)2 << 20;
+	uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+
+	if (p && hi > lo)
+		(void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+	(void)p;
+	(void)bytes;
+#endif
 }
 
 int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uint32_t nblocks,
@@ -86,12 +113,16 @@ int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uin
 	kv->tok = bkv__malloc(a, nb * bt * sizeof(int32_t));
 	if (!kv->blk || !kv->tok)
 		return BKV_ENOMEM;
+	advise_huge(kv->blk, nb * sizeof(bkv__block));
+	advise_huge(kv->tok, nb * bt * sizeof(int32_t));
 	if (icap) {
-		kv->index = bkv__malloc(a, icap * sizeof(int32_t));
+		kv->index = bkv__malloc(a, icap * sizeof(bkv__islot));
 		if (!kv->index)
 			return BKV_ENOMEM;
 		kv->index_mask = (uint32_t)(icap - 1);
-		memset(kv->index, 0xff, icap * sizeof(int32_t));
+		advise_huge(kv->index, icap * sizeof(bkv__islot));
+		memset(kv->index, 0xff, icap * sizeof(bkv__islot));
+		kv->index_cold = icap * sizeof(bkv__islot) + nb * sizeof(bkv__block) > BKV__KV_COLD_BYTES;
 		kv->txn_pending = bkv__malloc(a, nb * sizeof(int32_t));
 		kv->txn_owner = bkv__malloc(a, nb * sizeof(uint64_t));
 		if (!kv->txn_pending || !kv->txn_owner)
@@ -124,7 +155,7 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 {
 	size_t nb = kv->nb, bt = kv->bt;
 
-	bkv__free(a, kv->index, bkv__index_cap(kv) * sizeof(int32_t));
+	bkv__free(a, kv->index, bkv__index_cap(kv) * sizeof(bkv__islot));
 	bkv__free(a, kv->txn_pending, kv->index ? nb * sizeof(int32_t) : 0);
 	bkv__free(a, kv->txn_owner, kv->index ? nb * sizeof(uint64_t) : 0);
 	bkv__free(a, kv->ev, kv->ev ? kv->ev_cap * sizeof(bkv_kv_event) : 0);
@@ -232,7 +263,7 @@ void bkv__kv_reset_cache(bkv__kv *kv)
 		kv->blk[i].kids = 0;
 	}
 	if (kv->index)
-		memset(kv->index, 0xff, bkv__index_cap(kv) * sizeof(int32_t));
+		memset(kv->index, 0xff, bkv__index_cap(kv) * sizeof(bkv__islot));
 	kv->nr_indexed = 0;
 	bkv__event(kv, BKV_EVENT_CLEARED, -1);
 }

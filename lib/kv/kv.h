@@ -64,6 +64,16 @@ typedef struct bkv__block {
 #define BLOCK_IS_CACHED(b) (!BLOCK_IS_PINNED(b) && BLOCK_IS_INDEXED(b))
 #define BLOCK_IS_FREE(b) (!BLOCK_IS_PINNED(b) && !BLOCK_IS_INDEXED(b))
 
+/* One hash-index slot (8 bytes): the block and its hash folded to 32 bits,
+ * whose low bits are the slot a probe for it starts at. A probe compares
+ * the tag before it reads the block record, and removal finds each entry's
+ * home from the tag, so neither touches the block array for an entry that
+ * is not the one sought. */
+typedef struct bkv__islot {
+	int32_t b;    /* block id, -1 empty */
+	uint32_t tag; /* bkv__index_tag(hash of block b); while b >= 0 */
+} bkv__islot;
+
 /* The commit found a queued block b's content indexed already as block d
  * (the step computed KV the cache holds). The owner answers 1 when it put d
  * in b's place in the table that filled it, with *next the block after it
@@ -85,9 +95,13 @@ typedef struct bkv__kv {
 	uint32_t nr_cached;    /* blocks on the LRU */
 	uint32_t nr_used;      /* pinned blocks; free + used + cached == nb */
 	uint32_t nr_indexed;   /* blocks in the hash index */
-	int32_t *index;        /* [index_mask + 1] open addressing, linear
-				  probing, -1 empty; NULL without prefix cache */
+	bkv__islot *index;      /* [index_mask + 1] open addressing, linear
+				  probing from tag & index_mask; NULL without
+				  prefix cache */
 	uint32_t index_mask;   /* capacity - 1; capacity >= 2 * nb, pow2 */
+	int index_cold;        /* the index and block records exceed what a
+				  core's caches hold (BKV__KV_COLD_BYTES):
+				  lookups prefetch ahead */
 	uint64_t hash_seed;    /* the pool's hash_seed */
 	uint64_t tokens;       /* sum of fill over pinned blocks */
 	uint64_t evictions;    /* cached blocks evicted for reuse */
@@ -113,6 +127,18 @@ typedef struct bkv__kv {
 	uint64_t ev_seq;       /* events emitted (the last event's seq) */
 	uint64_t ev_dropped;   /* events dropped on a full ring */
 } bkv__kv;
+
+/* Index plus block-record bytes from which bkv__cache_lookup_run prefetches
+ * ahead: below it, they stay in a core's caches and prefetching is only
+ * instructions. */
+#define BKV__KV_COLD_BYTES (4u << 20)
+
+/* A hash's tag in the index: its halves xor-folded; tag & index_mask is
+ * its home slot. */
+static inline uint32_t bkv__index_tag(uint64_t hash)
+{
+	return (uint32_t)(hash ^ (hash >> 32));
+}
 
 /* Entries of the hash index (0 without the prefix cache). */
 static inline size_t bkv__index_cap(const bkv__kv *kv)
@@ -214,6 +240,15 @@ int32_t bkv__cache_evict(bkv__kv *kv);
  * `parent` (-1: root) and key is `key`, or -1. *hash gets the chain hash. */
 int32_t bkv__cache_lookup(const bkv__kv *kv, uint64_t parent_hash, int32_t parent,
 			  uint64_t key, const int32_t *tokens, uint64_t *hash);
+/* A run of verified lookups: the leading whole blocks of tokens[0, max *
+ * block_tokens) the cache holds after block `parent` (-1: root; its chain
+ * hash parent_hash), each found as bkv__cache_lookup finds it. Their ids go
+ * to out[0, hits); returns hits; *relinked gets how many of them are on the
+ * LRU. In a cold index (index_cold) it hashes blocks ahead and prefetches
+ * their slots, blocks and tokens before verifying any. */
+uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t parent_hash, int32_t parent,
+			       uint64_t key, const int32_t *tokens, uint32_t max, int32_t *out,
+			       uint32_t *relinked);
 
 /* Step transactions. Between begin and end, blocks that become full are not
  * entered into the prefix-cache index but queued, so no lookup can hit KV
@@ -299,8 +334,9 @@ enum {
 				  nr_cached, nr_indexed */
 	CHECK_FILL = 5,        /* fill > block_tokens, or an indexed block not
 				  full */
-	CHECK_INDEX = 6,       /* index entries != indexed blocks, or an indexed
-				  block not findable by its hash */
+	CHECK_INDEX = 6,       /* index entries != indexed blocks, a slot's tag
+				  not its block's, or an indexed block not
+				  findable by its hash */
 	CHECK_PARENT = 7,      /* an indexed block's parent is not indexed, or
 				  a pinned indexed block's parent is not
 				  pinned */

@@ -180,7 +180,7 @@ fn pool_memory_and_block_inspection() {
     let cfg = PoolConfig { device_blocks: 16, block_tokens: 4, hash_seed: 3, ..Default::default() };
     let mut p = Pool::new(&cfg).unwrap();
     let m = p.memory();
-    assert_eq!((m.index_slots, m.index, m.index_used), (32, 32 * 4, 0));
+    assert_eq!((m.index_slots, m.index, m.index_used), (32, 32 * 8, 0));
     assert_eq!(m.blocks, 16 * m.block_bytes as u64);
     assert!(m.total > m.blocks + m.device_tokens + m.index);
     let a = p.open_keyed(7).unwrap();
