@@ -296,23 +296,8 @@ int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t 
 static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uint64_t ph,
 			  const int32_t *tokens, uint32_t max, uint32_t *relinked)
 {
-	uint32_t hits = 0, nb0 = s->n_blocks;
-	uint64_t h = 0;
-
-	*relinked = 0;
-	while (hits < max) {
-		int32_t c = bkv__cache_lookup(&pool->kv, ph, parent, s->key,
-					      tokens + (size_t)hits * pool->kv.bt, &h);
-
-		if (c < 0)
-			break;
-		*relinked += BLOCK_IS_CACHED(&pool->kv.blk[c]);
-		s->table[nb0 + hits] = c;
-		ph = h;
-		parent = c;
-		hits++;
-	}
-	return hits;
+	return bkv__cache_lookup_run(&pool->kv, ph, parent, s->key, tokens, max,
+				     s->table + s->n_blocks, relinked);
 }
 
 /* Copy-on-write of s's last block (shared or indexed; off tokens of it are
