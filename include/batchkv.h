@@ -579,7 +579,7 @@ typedef struct bkv_pool_memory {
 				    every block, 4 B per token slot (verifies
 				    prefix hits, hashes blocks that fill over
 				    several appends) */
-	uint64_t index;          /* the prefix-cache hash index, 4 B per slot */
+	uint64_t index;          /* the prefix-cache hash index, 8 B per slot */
 	uint64_t txn_queue;      /* a step transaction's queue of blocks that
 				    filled inside it, 4 B per device block; 0
 				    without prefix cache */
