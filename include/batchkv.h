@@ -1375,7 +1375,7 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * checked at each call in builds with BKV_DEBUG_LEVEL >= 1).
  * O(requests + blocks): for tests, fuzzers and debugging, not the hot path.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..32:
+ * @return 0 when consistent; a positive invariant number otherwise (1..33:
  *         the scheduler's; 1000 + n: the pool's invariant n; both listed in
  *         docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

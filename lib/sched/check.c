@@ -38,6 +38,8 @@ int bkv_sched_check(const bkv_sched *s)
 	rc = bkv__queue_check(s);
 	if (rc)
 		return rc;
+	if (bkv__rows_check(s))
+		return 33;
 	for (i = 0; i < s->rs.nr_run; i++) {
 		uint32_t live = 0;
 

@@ -202,3 +202,29 @@ void bkv__rows_rollback(bkv_sched *s)
 	}
 	c->n_sent = 0;
 }
+
+int bkv__rows_check(const bkv_sched *s)
+{
+	const bkv__call *c = &s->call;
+	uint32_t m = s->cfg.max_running, i, held = 0;
+
+	if (!c->persistent)
+		return 0;
+	if (c->n_slot_free > m || c->n_closed > m)
+		return 1;
+	for (i = 0; i < m; i++) {
+		const bkv__lane *l = c->slot_lane[i];
+
+		if (!l)
+			continue;
+		held++;
+		/* a slot's lane holds it, runs, and has a device sequence */
+		if (l->row_slot != i || l->seq == BKV__SEQ_NONE || l->done ||
+		    l->req->state != BKV__REQ_RUNNING)
+			return 1;
+	}
+	for (i = 0; i < c->n_slot_free; i++)
+		if (c->slot_free[i] >= m || c->slot_lane[c->slot_free[i]])
+			return 1;
+	return held + c->n_slot_free == m ? 0 : 1;
+}

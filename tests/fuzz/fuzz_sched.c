@@ -3,7 +3,7 @@
  *
  * The input is read as a program. Its head chooses a pool (block size, device
  * and host tiers, sequence slots, watermark, prefix cache), a scheduler config
- * with its extremes (policy, max_running, admission group, max wait, chunked
+ * with its extremes (policy, batch layout, max_running, admission group, max wait, chunked
  * prefill and a token budget down to 1, queue length, preemption mode, swap
  * bandwidth including NaN, infinity and negative, a cost model that may
  * answer NaN, negative or huge times), a mixed or split host, and which
@@ -189,7 +189,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sc.max_wait_us = b == 0 ? 0 : b == 1 ? 1 : b == 2 ? UINT64_MAX : (uint64_t)b * 1000;
 	b = fz_u8(&f);
 	sc.token_budget = b < 8 ? b : b < 250 ? b % 96 : (1u << 24) + (b == 255); /* 0 = auto */
-	sc.max_queue = 1 + fz_u8(&f) % 48;
+	b = fz_u8(&f);
+	sc.max_queue = 1 + b % 48;
+	/* the batch layout from the same byte's top bit: half the inputs run
+	 * persistent, the host mirroring every delta (tests/support) */
+	sc.batch_layout = (bkv_batch_layout)((b >> 7) & 1);
 	b = fz_u8(&f);
 	sc.host_link_bytes_per_us = b == 1 ? NAN : b == 2 ? INFINITY : b == 3 ? -1.0 : (double)b;
 	sc.kv_bytes_per_token = fz_u8(&f) % 4 == 0 ? 0 : 1u << (fz_u8(&f) % 20);
