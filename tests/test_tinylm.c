@@ -9,6 +9,11 @@
  * tokens, aborts) served by bkv_step under every policy and with pools small
  * enough to preempt by recompute and by swap, checked token for token.
  *
+ * The persistent batch layout gets both layers too: hand-built calls whose
+ * tables reach the host only as deltas, and the same workloads served with
+ * batch_layout = BKV_BATCH_PERSISTENT, where the host's mirrored tables must
+ * equal the library's row_tables on every row of every call.
+ *
  * The scheduler runs use tlm_config_small (same architecture, ~125 k
  * parameters) so the suite stays fast; TINYLM_TEST_JOBS overrides the request
  * count; sanitizer builds default to 100 requests.
@@ -47,8 +52,20 @@ typedef struct mcopies {
 	uint32_t n_copies, n_swap_out, n_swap_in;
 } mcopies;
 
-static int run_rows(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t n_rows,
-		    uint32_t n_decode, const mcopies *mc, int32_t *next)
+/* The persistent layout's part of a hand-built call: the rows' slots, the
+ * deltas, and the tables the "library" holds (what the host must mirror). */
+typedef struct mpersist {
+	uint32_t n_slots;
+	const uint32_t *row_slot;          /* [n_rows] */
+	uint32_t n_deltas;
+	const bkv_table_delta *deltas;
+	const int32_t *delta_blocks;
+	const int32_t *const *tables;      /* [n_slots] */
+	const uint32_t *table_len;         /* [n_slots] */
+} mpersist;
+
+static int run_rows_ex(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t n_rows,
+		       uint32_t n_decode, const mcopies *mc, const mpersist *mp, int32_t *next)
 {
 	static int32_t tok[MAXT], pos[MAXT], slot[MAXT], qo[MAXR + 1], kvp[MAXR + 1], kvi[MAXT],
 		last[MAXR];
@@ -88,6 +105,17 @@ static int run_rows(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t 
 		b.swap_out = mc->swap_out, b.n_swap_out = mc->n_swap_out;
 		b.swap_in = mc->swap_in, b.n_swap_in = mc->n_swap_in;
 	}
+	if (mp) {
+		b.layout = BKV_BATCH_PERSISTENT;
+		b.kv_indptr = b.kv_indices = NULL;
+		b.n_row_slots = mp->n_slots;
+		b.row_slot = mp->row_slot;
+		b.row_tables = mp->tables;
+		b.row_table_len = mp->table_len;
+		b.n_table_deltas = mp->n_deltas;
+		b.table_deltas = mp->deltas;
+		b.delta_blocks = mp->delta_blocks;
+	}
 	switch (kind) {
 	case BKV_CALL_PREFILL:
 		return tlm_host_prefill(h, &b, next);
@@ -96,6 +124,12 @@ static int run_rows(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t 
 	default:
 		return tlm_host_forward(h, &b, next);
 	}
+}
+
+static int run_rows(tlm_host *h, bkv_call_kind kind, const mrow *rows, uint32_t n_rows,
+		    uint32_t n_decode, const mcopies *mc, int32_t *next)
+{
+	return run_rows_ex(h, kind, rows, n_rows, n_decode, mc, NULL, next);
 }
 
 static tlm_model *small_model(void)
@@ -276,6 +310,182 @@ Test(tinylm, host_rejects_batch_whose_positions_disagree_with_block_table)
 	tlm_host_stats_get(h, &st);
 	cr_assert_eq(st.violations, 2);
 	cr_assert_eq(st.tokens, 0);
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hand-built persistent calls                                               */
+/* ------------------------------------------------------------------------ */
+
+#define PSLOTS 4
+
+/* A minimal "library" side of the persistent layout: the tables of PSLOTS
+ * slots, what the host was last sent of each, and the call's deltas. */
+typedef struct pstate {
+	const int32_t *tables[PSLOTS];
+	uint32_t len[PSLOTS];
+	uint32_t sent[PSLOTS];       /* entries the host has; UINT32_MAX: open it */
+	uint32_t slots[MAXR];
+	bkv_table_delta d[2 * PSLOTS];
+	int32_t blk[MAXT];
+	mpersist mp;
+} pstate;
+
+static void pstate_init(pstate *ps)
+{
+	memset(ps, 0, sizeof(*ps));
+	for (uint32_t i = 0; i < PSLOTS; i++)
+		ps->sent[i] = UINT32_MAX;
+	ps->mp.n_slots = PSLOTS;
+	ps->mp.row_slot = ps->slots;
+	ps->mp.deltas = ps->d;
+	ps->mp.delta_blocks = ps->blk;
+	ps->mp.tables = ps->tables;
+	ps->mp.table_len = ps->len;
+}
+
+/* Put rows[i] in slots[i] and build the deltas that bring the host's tables
+ * to the rows' (OPENED the first time, then the appended entries). */
+static const mpersist *pstate_call(pstate *ps, const mrow *rows, const uint32_t *slots,
+				   uint32_t n_rows)
+{
+	uint32_t nd = 0, nb = 0;
+	for (uint32_t r = 0; r < n_rows; r++) {
+		const uint32_t s = slots[r], len = (rows[r].ctx + BT - 1) / BT;
+		ps->slots[r] = s;
+		ps->tables[s] = rows[r].blocks;
+		ps->len[s] = len;
+		if (ps->sent[s] == len)
+			continue;
+		const int open = ps->sent[s] == UINT32_MAX;
+		const uint32_t start = open ? 0 : ps->sent[s];
+		ps->d[nd++] = (bkv_table_delta){.slot = s, .start = start, .n = len - start,
+						.len = len, .flags = open ? BKV_TABLE_OPENED : 0};
+		memcpy(ps->blk + nb, rows[r].blocks + start, (len - start) * sizeof(int32_t));
+		nb += len - start;
+		ps->sent[s] = len;
+	}
+	ps->mp.n_deltas = nd;
+	return &ps->mp;
+}
+
+Test(tinylm, persistent_calls_attend_through_the_mirrored_tables)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 32, 0);
+	cr_assert_not_null(h);
+	const int32_t blocks_a[] = {11, 3, 17, 0, 29, 6, 21};
+	const int32_t blocks_b[] = {5, 30, 2, 14, 9, 25, 1};
+	enum { LA = 37, LB = 13, NEW = 12 };
+	int32_t seq_a[LA + NEW], seq_b[LB + NEW];
+	fill_prompt(seq_a, LA, 1, m->cfg.vocab);
+	fill_prompt(seq_b, LB, 2, m->cfg.vocab);
+	int32_t ref_a[NEW], ref_b[NEW];
+	uint32_t len_a, len_b;
+	cr_assert_eq(tlm_ref_generate(m, seq_a, LA, NEW, NULL, 0, 1, 0, ref_a, &len_a), 0);
+	cr_assert_eq(tlm_ref_generate(m, seq_b, LB, NEW, NULL, 0, 1, 0, ref_b, &len_b), 0);
+	pstate ps;
+	pstate_init(&ps);
+	int32_t next[MAXR];
+	/* A's first chunk in slot 2 (opened with 3 entries). */
+	mrow r1 = {blocks_a, seq_a, 20, 20, 0, NULL};
+	const uint32_t s1[] = {2};
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_PREFILL, &r1, 1, 0, NULL, pstate_call(&ps, &r1, s1, 1),
+				 next), 0, "%s", tlm_host_last_error(h));
+	/* A's rest (2 entries appended) and B opened in slot 0, one call. */
+	mrow r2[2] = {{blocks_a, seq_a, LA, LA - 20, 0, NULL}, {blocks_b, seq_b, LB, LB, 0, NULL}};
+	const uint32_t s2[] = {2, 0};
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, r2, 2, 0, NULL, pstate_call(&ps, r2, s2, 2),
+				 next), 0, "%s", tlm_host_last_error(h));
+	cr_assert_eq(ps.mp.n_deltas, 2);
+	seq_a[LA] = next[0];
+	seq_b[LB] = next[1];
+	/* Decode in swapped row order: the slot, not the row, names a table;
+	 * a delta only when a row crosses into a new block. */
+	uint32_t with_delta = 0;
+	for (uint32_t i = 1; i < NEW; i++) {
+		mrow d[2] = {{blocks_b, seq_b, LB + i, 1, 0, NULL},
+			     {blocks_a, seq_a, LA + i, 1, 0, NULL}};
+		const uint32_t sd[] = {0, 2};
+		const mpersist *mp = pstate_call(&ps, d, sd, 2);
+		with_delta += mp->n_deltas > 0;
+		cr_assert_eq(run_rows_ex(h, BKV_CALL_DECODE, d, 2, 2, NULL, mp, next), 0, "%s",
+			     tlm_host_last_error(h));
+		seq_b[LB + i] = next[0];
+		seq_a[LA + i] = next[1];
+	}
+	/* A enters its sixth block at context 41 and B its third at 17: both
+	 * at i = 4, one entry each. */
+	cr_assert_eq(with_delta, 1);
+	for (uint32_t i = 0; i < NEW; i++) {
+		cr_assert_eq(seq_a[LA + i], ref_a[i], "A token %u", i);
+		cr_assert_eq(seq_b[LB + i], ref_b[i], "B token %u", i);
+	}
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.violations, 0);
+	cr_assert_eq(st.deltas, 5);
+	cr_assert_eq(st.delta_entries, 3 + 2 + 2 + 1 + 1);
+	cr_assert_eq(st.mirror_rows, 1 + 2 + 2 * (NEW - 1));
+	cr_assert_eq(st.mirror_mismatches, 0);
+	tlm_host_destroy(h);
+	tlm_model_destroy(m);
+}
+
+Test(tinylm, persistent_host_rejects_bad_deltas_and_counts_a_stale_library_table)
+{
+	tlm_model *m = small_model();
+	tlm_host *h = tlm_host_create(m, BT, 32, 0);
+	int32_t s[12];
+	fill_prompt(s, 12, 7, m->cfg.vocab);
+	int32_t blocks[] = {4, 9};
+	int32_t next[MAXR];
+	pstate ps;
+	pstate_init(&ps);
+	mrow p = {blocks, s, 12, 12, 0, NULL};
+	const uint32_t s0[] = {1};
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, pstate_call(&ps, &p, s0, 1), next),
+		     0, "%s", tlm_host_last_error(h));
+	/* A delta that starts past the mirrored table's end leaves a hole. */
+	const bkv_table_delta hole = {.slot = 1, .start = 3, .n = 1, .len = 4};
+	const int32_t hole_blk[] = {7};
+	mpersist mp = ps.mp;
+	mp.n_deltas = 1, mp.deltas = &hole, mp.delta_blocks = hole_blk;
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, &mp, next), -1);
+	/* A slot past n_row_slots, and a CLOSED delta that writes. */
+	const bkv_table_delta far = {.slot = PSLOTS, .start = 0, .n = 0, .len = 0,
+				     .flags = BKV_TABLE_CLOSED};
+	mp.deltas = &far;
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, &mp, next), -1);
+	const bkv_table_delta wclose = {.slot = 1, .start = 0, .n = 1, .len = 1,
+					.flags = BKV_TABLE_CLOSED};
+	mp.deltas = &wclose;
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, &mp, next), -1);
+	/* Two rows of one call in one slot. */
+	mrow two[2] = {p, p};
+	const uint32_t same[] = {1, 1};
+	mp = *pstate_call(&ps, two, same, 2);
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, two, 2, 0, NULL, &mp, next), -1);
+	tlm_host_stats st;
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.violations, 4);
+	cr_assert_eq(st.mirror_mismatches, 0);
+	/* The library's table disagreeing with a correct mirror is counted
+	 * (the host still computes from its mirror, the row's true table). */
+	const int32_t other[] = {4, 10};
+	mp = *pstate_call(&ps, &p, s0, 1);
+	ps.tables[1] = other;
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, &mp, next), 0, "%s",
+		     tlm_host_last_error(h));
+	tlm_host_stats_get(h, &st);
+	cr_assert_eq(st.mirror_mismatches, 1);
+	/* CLOSED empties the slot: a row on it has no table. */
+	const bkv_table_delta close1 = {.slot = 1, .flags = BKV_TABLE_CLOSED};
+	mp.n_deltas = 1, mp.deltas = &close1;
+	ps.len[1] = 0;
+	cr_assert_eq(run_rows_ex(h, BKV_CALL_MIXED, &p, 1, 0, NULL, &mp, next), -1);
+	cr_assert(strstr(tlm_host_last_error(h), "empty"), "%s", tlm_host_last_error(h));
 	tlm_host_destroy(h);
 	tlm_model_destroy(m);
 }
@@ -748,4 +958,222 @@ Test(tinylm_serve, resumed_forked_request_under_a_small_token_budget_finishes)
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.sched.preemptions, 0);
 	serve_teardown();
+}
+
+/* ------------------------------------------------------------------------ */
+/* The same workloads in the persistent layout                               */
+/* ------------------------------------------------------------------------ */
+
+/* Serve g_w under rc in the persistent layout: token-exact as in the flat
+ * one, and on every row of every call the host's mirrored table equals the
+ * library's row_tables. */
+static void serve_persistent(tlm_run_config *rc, tlm_run_result *res)
+{
+	rc->sched.batch_layout = BKV_BATCH_PERSISTENT;
+	serve_and_verify(rc, res);
+	cr_assert_gt(res->host.mirror_rows, 0);
+	cr_assert_geq(res->host.mirror_rows, res->host.rows);
+	cr_assert_eq(res->host.mirror_mismatches, 0, "%llu of %llu rows' mirrored tables differ",
+		     (unsigned long long)res->host.mirror_mismatches,
+		     (unsigned long long)res->host.mirror_rows);
+	cr_assert_gt(res->host.deltas, 0);
+	/* forks copy-on-write their shared partial last block (a replaced
+	 * entry in the delta); one-token blocks are never partial */
+	if (rc->block_tokens > 1)
+		cr_assert_gt(res->host.copies, 0);
+	cr_assert_gt(res->sched.aborted, 0);
+}
+
+Test(tinylm_persistent, continuous_mixed_host_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.submit_per_step = 5;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	/* Rows keep their slots: far fewer deltas than rows computed. */
+	cr_assert_lt(res.host.deltas, res.host.rows / 2);
+}
+
+Test(tinylm_persistent, chunked_mixed_steps_under_a_token_budget_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 40;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+}
+
+Test(tinylm_persistent, split_prefill_and_decode_calls_match_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.host.calls[BKV_CALL_PREFILL], 0);
+	cr_assert_gt(res.host.calls[BKV_CALL_DECODE], 0);
+	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
+}
+
+Test(tinylm_persistent, split_host_packing_prefill_calls_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	bkv_cost_poly poly;
+	bkv_cost_poly_init(&poly);
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	rc.sched.admit_group = 0;
+	rc.sched.cost = bkv_cost_poly_model(&poly);
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.multi_prefill_steps, 0);
+}
+
+Test(tinylm_persistent, preemption_by_recompute_in_a_tight_pool_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0);
+	cr_assert_eq(res.sched.swaps, 0);
+}
+
+Test(tinylm_persistent, preemption_by_swap_in_a_tight_pool_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.sched.swaps, 0);
+	cr_assert_gt(res.host.swap_out, 0);
+	cr_assert_gt(res.host.swap_in, 0);
+}
+
+Test(tinylm_persistent, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 32);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.sched.admit_group = 4;
+	rc.submit_per_step = 3;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
+/* Host failures, early (before anything but the deltas) and late (after
+ * writing K/V): the host has applied the failed call's deltas, the step is
+ * rolled back, and the retry's deltas bring the mirror back in line. */
+Test(tinylm_persistent, host_failures_roll_back_and_the_mirror_follows, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 48);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.failed_steps, 1);
+	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
+}
+
+Test(tinylm_persistent, failures_of_split_calls_with_swapping_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 32);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.fail_every = 5;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.failed_steps, 1);
+	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
+Test(tinylm_persistent, failures_with_recompute_and_one_token_blocks_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	/* one-token blocks: every token changes a table, every preemption
+	 * closes a slot and every resume opens one */
+	tlm_run_config rc;
+	run_config(&rc, 400);
+	rc.block_tokens = 1;
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 48;
+	rc.fail_every = 6;
+	tlm_run_result res;
+	serve_persistent(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0);
+	cr_assert_gt(res.failed_steps, 1);
+}
+
+Test(tinylm_persistent, threaded_clients_and_one_engine_thread_match_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 64);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 96;
+	rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	tlm_run_result res;
+	int st = tlm_threaded_serve(&g_w, g_model, &rc, 4, 6, &res);
+	cr_assert_eq(st, 0, "threaded serve failed: %s (%d); host: %s", bkv_strerror(st), st,
+		     res.host_error);
+	char msg[512];
+	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u requests differ; first: %s", bad, msg);
+	cr_assert_eq(res.check, 0);
+	cr_assert_eq(res.sched.finished, g_w.n_jobs);
+	cr_assert_gt(res.host.mirror_rows, 0);
+	cr_assert_eq(res.host.mirror_mismatches, 0);
+	cr_assert_eq(res.host.violations, 0);
+}
+
+/* The layout changes how tables travel, not what is scheduled: the same
+ * configuration takes the same steps, preemptions, swaps, hits and copies
+ * in both layouts. */
+Test(tinylm_persistent, same_schedule_as_the_flat_layout, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 32);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	tlm_run_result flat, pers;
+	serve_and_verify(&rc, &flat);
+	serve_persistent(&rc, &pers);
+	cr_assert_eq(pers.steps, flat.steps);
+	cr_assert_eq(pers.sched.preemptions, flat.sched.preemptions);
+	cr_assert_eq(pers.sched.swaps, flat.sched.swaps);
+	cr_assert_eq(pers.sched.hit_tokens, flat.sched.hit_tokens);
+	cr_assert_eq(pers.host.copies, flat.host.copies);
+	cr_assert_eq(pers.host.rows, flat.host.rows);
+	cr_assert_eq(pers.host.tokens, flat.host.tokens);
+	cr_assert_eq(flat.host.mirror_rows, 0);
 }

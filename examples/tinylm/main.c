@@ -10,7 +10,9 @@
  * steps under a token budget, split prefill/decode kernels, the cost model's
  * own choices (k = 0, budget 0: it picks the group size, the budget and a
  * batch cap from what it learned of this CPU), and a pool too small for the
- * load, preempting by recompute and by swap. For each it
+ * load, preempting by recompute and by swap; then a few of these again in the
+ * persistent batch layout (rows keep a row slot; the host keeps its own block
+ * tables from the calls' deltas; "persistent ..." rows). For each it
  * prints
  *
  *   - whether every generated sequence equals the reference token for token
@@ -158,7 +160,7 @@ int main(int argc, char **argv)
 
 	/* Enough blocks for everything at once, and a pool that is not. */
 	const uint32_t big = 4096, tight = 32;
-	demo_run runs[10];
+	demo_run runs[16];
 	uint32_t nr = 0;
 	runs[nr].name = "static";
 	base_run(&runs[nr].rc, big);
@@ -188,6 +190,31 @@ int main(int argc, char **argv)
 	base_run(&runs[nr].rc, tight);
 	runs[nr].rc.host_blocks = 512;
 	runs[nr++].rc.sched.preempt = BKV_PREEMPT_SWAP;
+	/* The persistent layout, after every flat run (so the flat rows and
+	 * the cost model they see are as without these). */
+	const uint32_t n_flat = nr;
+	runs[nr].name = "persistent continuous k=1";
+	base_run(&runs[nr].rc, big);
+	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	runs[nr].name = "persistent chunked 256";
+	base_run(&runs[nr].rc, big);
+	runs[nr].rc.sched.chunked_prefill = 1;
+	runs[nr].rc.sched.token_budget = 256;
+	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	runs[nr].name = "persistent split p/d";
+	base_run(&runs[nr].rc, big);
+	runs[nr].rc.split = 1;
+	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	runs[nr].name = "persistent tight recompute";
+	base_run(&runs[nr].rc, tight);
+	runs[nr].rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	runs[nr].name = "persistent tight swap";
+	base_run(&runs[nr].rc, tight);
+	runs[nr].rc.host_blocks = 512;
+	runs[nr].rc.sched.preempt = BKV_PREEMPT_SWAP;
+	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	uint64_t p_deltas = 0, p_entries = 0, p_rows = 0, p_differ = 0;
 
 	printf("%-26s %4s %6s %8s %7s %8s %8s %5s %7s %5s %4s %8s %8s %5s\n", "run", "ok",
 	       "steps", "tokens/s", "speedup", "ttft ms", "lat ms", "hit%", "preempt", "swaps",
@@ -196,6 +223,8 @@ int main(int argc, char **argv)
 	double static_tps = 0.0;
 	for (uint32_t i = 0; i < nr; i++) {
 		tlm_run_config *rc = &runs[i].rc;
+		if (i == n_flat)
+			printf("\n");
 		rc->sched.cost = bkv_cost_calib_model(calib);
 		rc->sched.kv_bytes_per_token = (uint64_t)rl.kv_bytes_per_token;
 		tlm_run_result res;
@@ -225,6 +254,19 @@ int main(int argc, char **argv)
 			       res.check, msg);
 			failed = 1;
 		}
+		if (rc->sched.batch_layout == BKV_BATCH_PERSISTENT) {
+			p_deltas += res.host.deltas;
+			p_entries += res.host.delta_entries;
+			p_rows += res.host.mirror_rows;
+			p_differ += res.host.mirror_mismatches;
+			if (res.host.mirror_mismatches || !res.host.mirror_rows) {
+				printf("    the host's mirrored tables differ from the library's on "
+				       "%llu of %llu rows\n",
+				       (unsigned long long)res.host.mirror_mismatches,
+				       (unsigned long long)res.host.mirror_rows);
+				failed = 1;
+			}
+		}
 	}
 	printf("\ntokens/s: generated tokens over the run's wall time (all branches); speedup: "
 	       "against static.\nttft, lat: mean time from submission to the first token and "
@@ -232,7 +274,13 @@ int main(int argc, char **argv)
 	       "hit%%: prompt tokens served from the prefix cache.  cow: copy-on-write block "
 	       "copies the host performed.\npred/meas: the calibrated cost model's predicted "
 	       "step time summed over the run, against the measured host time;\nerr%%: sum of "
-	       "|predicted - measured| per step over the measured total.\n");
+	       "|predicted - measured| per step over the measured total.\n"
+	       "persistent: the batch layout where rows keep a slot and the host keeps its "
+	       "own block tables from\nthe calls' deltas (no kv_indices): %llu deltas, %llu "
+	       "block ids; the mirrored tables of %llu rows\ncompared with the library's, "
+	       "%llu differ.\n",
+	       (unsigned long long)p_deltas, (unsigned long long)p_entries,
+	       (unsigned long long)p_rows, (unsigned long long)p_differ);
 	double w8[BKV_COST_CALIB_FEATURES];
 	const char *kinds[] = {"mixed", "prefill", "decode"};
 	for (int k = 0; k < 3; k++) {

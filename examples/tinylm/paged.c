@@ -20,6 +20,20 @@
  * sees positions 0 .. ctx - qo_len + i). Rows marked in row_sample then
  * sample a token from their last token's logits.
  *
+ * In the persistent layout (bkv_batch.layout) kv_indptr/kv_indices are NULL.
+ * The host keeps its own table per row slot, as a GPU host keeps a 2-D block
+ * table on the device, and brings it up to date with each call's
+ * table_deltas before anything else, whatever the call then returns (deltas
+ * are absolute writes: after a failed call and its rolled-back step, the next
+ * call's deltas give the right tables again):
+ *
+ *   mirror[slot][0 .. mlen[slot])     slot < n_row_slots, width device_blocks
+ *   row r's blocks = mirror[row_slot[r]], mlen[row_slot[r]] entries
+ *
+ * Attention then reads row r's blocks from the mirror. As a self-check the
+ * host compares each row's mirrored table with the library's
+ * (row_tables[slot]) and counts the rows that differ (mirror_mismatches).
+ *
  * The host trusts nothing: before touching memory it checks every index and
  * that positions, slot_mapping and the block tables tell one story. A batch
  * that does not is counted, described, and failed with -1, so a scheduler bug
@@ -51,6 +65,21 @@ struct tlm_host {
 	const float **vrows;      /* [cap_ctx] */
 	float *logits;            /* [vocab] */
 	float *ltmp;              /* [dim] */
+	/* the current call's rows' block tables: into kv_indices (flat) or
+	 * into mirror (persistent); cap_rows entries each */
+	uint32_t cap_rows;
+	const int32_t **row_blk;  /* [cap_rows] row r's table */
+	uint32_t *row_nb;         /* [cap_rows] its entries */
+	/* the persistent layout's mirror (allocated at the first persistent
+	 * call, for its n_row_slots) */
+	uint32_t n_slots;         /* row slots mirrored; 0: none yet */
+	uint32_t *mlen;           /* [n_slots] entries of each mirrored table,
+				     <= device_blocks */
+	int32_t *mirror;          /* [n_slots][device_blocks] mirrored tables */
+	uint64_t *slot_call;      /* [n_slots] call stamp of the row that last
+				     used the slot: two rows of a call may not
+				     share one */
+	uint64_t n_calls;         /* compute callbacks entered */
 	int fail_next;            /* tlm_host_fail_next armed: 1 fail before
 				     anything, 2 after copies and compute */
 	tlm_host_stats stats;
@@ -99,6 +128,7 @@ void tlm_host_destroy(tlm_host *h)
 	free(h->kv), free(h->kv_host), free(h->x), free(h->q), free(h->k), free(h->v);
 	free(h->attn), free(h->tmp), free(h->hid), free(h->scores);
 	free(h->krows), free(h->vrows), free(h->logits), free(h->ltmp);
+	free(h->row_blk), free(h->row_nb), free(h->mlen), free(h->mirror), free(h->slot_call);
 	free(h);
 }
 
@@ -144,6 +174,17 @@ static int grow(void **p, size_t bytes)
 	return 0;
 }
 
+static int reserve_rows(tlm_host *h, uint32_t rows)
+{
+	if (rows <= h->cap_rows)
+		return 0;
+	if (grow((void **)&h->row_blk, rows * sizeof(*h->row_blk)) ||
+	    grow((void **)&h->row_nb, rows * sizeof(*h->row_nb)))
+		return -1;
+	h->cap_rows = rows;
+	return 0;
+}
+
 static int reserve(tlm_host *h, uint32_t tokens, uint32_t ctx)
 {
 	const tlm_config *c = &h->m->cfg;
@@ -183,11 +224,105 @@ static int violation(tlm_host *h, const char *fmt, ...)
 	return -1;
 }
 
-/* Row r's context length from its block table. */
-static uint32_t row_ctx(const bkv_batch *b, uint32_t r)
+/* Row r's context length from its block table (row_tables() ran). */
+static uint32_t row_ctx(const tlm_host *h, const bkv_batch *b, uint32_t r)
 {
-	const uint32_t nb = (uint32_t)(b->kv_indptr[r + 1] - b->kv_indptr[r]);
+	const uint32_t nb = h->row_nb[r];
 	return nb ? (nb - 1) * b->block_tokens + (uint32_t)b->kv_last_page_len[r] : 0;
+}
+
+/* The persistent layout: bring the mirror up to date with the call's
+ * deltas, in order. Each sets entries [start, start + n) of its slot's table
+ * from delta_blocks and then the length to len; OPENED starts the slot
+ * afresh (start is 0), CLOSED empties it. A delta that breaks these rules is
+ * a violation (-1); so is running out of memory for the mirror. */
+static int apply_deltas(tlm_host *h, const bkv_batch *b)
+{
+	if (b->layout != BKV_BATCH_PERSISTENT)
+		return 0;
+	if (!h->mirror) {
+		const size_t n = b->n_row_slots ? b->n_row_slots : 1;
+		h->mlen = calloc(n, sizeof(uint32_t));
+		h->slot_call = calloc(n, sizeof(uint64_t));
+		h->mirror = malloc(n * h->device_blocks * sizeof(int32_t));
+		if (!h->mlen || !h->slot_call || !h->mirror) {
+			free(h->mlen), free(h->slot_call), free(h->mirror);
+			h->mlen = NULL, h->slot_call = NULL, h->mirror = NULL;
+			return violation(h, "out of memory for %u mirrored row slots",
+					 b->n_row_slots);
+		}
+		h->n_slots = b->n_row_slots;
+	}
+	if (b->n_row_slots != h->n_slots)
+		return violation(h, "n_row_slots %u, was %u", b->n_row_slots, h->n_slots);
+	if (b->n_table_deltas && (!b->table_deltas || !b->delta_blocks))
+		return violation(h, "%u deltas without their arrays", b->n_table_deltas);
+	const int32_t *blk = b->delta_blocks;
+	for (uint32_t i = 0; i < b->n_table_deltas; i++) {
+		const bkv_table_delta *d = &b->table_deltas[i];
+		const int opened = (d->flags & BKV_TABLE_OPENED) != 0;
+		const int closed = (d->flags & BKV_TABLE_CLOSED) != 0;
+		if (d->slot >= h->n_slots || d->len > h->device_blocks || d->n > d->len ||
+		    d->start > d->len - d->n || (closed && (opened || d->len)) ||
+		    (opened && d->start) || (!opened && d->start > h->mlen[d->slot]))
+			return violation(h, "delta %u: slot %u start %u n %u len %u flags %#x"
+					 " (mirror has %u entries)", i, d->slot, d->start, d->n,
+					 d->len, d->flags,
+					 d->slot < h->n_slots ? h->mlen[d->slot] : 0);
+		for (uint32_t k = 0; k < d->n; k++)
+			if (blk[k] < 0 || (uint32_t)blk[k] >= h->device_blocks)
+				return violation(h, "delta %u: block %d out of range", i, blk[k]);
+		memcpy(h->mirror + (size_t)d->slot * h->device_blocks + d->start, blk,
+		       d->n * sizeof(int32_t));
+		blk += d->n;
+		h->mlen[d->slot] = d->len;
+		h->stats.deltas++;
+		h->stats.delta_entries += d->n;
+	}
+	return 0;
+}
+
+/* Point row_blk/row_nb at each row's block table: kv_indices in the flat
+ * layout, the row's slot in the mirror in the persistent one (where each row
+ * is also compared with the library's row_tables). */
+static int row_tables(tlm_host *h, const bkv_batch *b)
+{
+	if (reserve_rows(h, b->n_rows))
+		return violation(h, "out of memory for %u rows", b->n_rows);
+	if (b->layout != BKV_BATCH_PERSISTENT) {
+		if (!b->kv_indptr || !b->kv_indices)
+			return violation(h, "flat batch without kv_indptr/kv_indices");
+		if (b->kv_indptr[0] != 0)
+			return violation(h, "kv_indptr does not start at 0");
+		for (uint32_t r = 0; r < b->n_rows; r++) {
+			const int32_t k0 = b->kv_indptr[r], k1 = b->kv_indptr[r + 1];
+			if (k1 < k0)
+				return violation(h, "row %u kv %d..%d", r, k0, k1);
+			h->row_blk[r] = b->kv_indices + k0;
+			h->row_nb[r] = (uint32_t)(k1 - k0);
+		}
+		return 0;
+	}
+	if (b->kv_indptr || b->kv_indices)
+		return violation(h, "persistent batch carries kv_indptr/kv_indices");
+	if (!b->row_slot || !b->row_tables || !b->row_table_len)
+		return violation(h, "persistent batch without row_slot/row_tables");
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const uint32_t slot = b->row_slot[r];
+		if (slot >= h->n_slots)
+			return violation(h, "row %u slot %u of %u", r, slot, h->n_slots);
+		if (h->slot_call[slot] == h->n_calls)
+			return violation(h, "row %u shares slot %u with an earlier row", r, slot);
+		h->slot_call[slot] = h->n_calls;
+		h->row_blk[r] = h->mirror + (size_t)slot * h->device_blocks;
+		h->row_nb[r] = h->mlen[slot];
+		h->stats.mirror_rows++;
+		if (b->row_table_len[slot] != h->row_nb[r] ||
+		    (h->row_nb[r] && memcmp(b->row_tables[slot], h->row_blk[r],
+					   h->row_nb[r] * sizeof(int32_t))))
+			h->stats.mirror_mismatches++;
+	}
+	return 0;
 }
 
 /* Check everything the computation will rely on; returns the largest context
@@ -222,30 +357,33 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 			return violation(h, "copy %d->%d invalid", b->copies[i].src, b->copies[i].dst);
 	if (b->n_rows == 0)
 		return 0;
-	if (b->qo_indptr[0] != 0 || b->kv_indptr[0] != 0)
-		return violation(h, "indptr does not start at 0");
+	if (b->qo_indptr[0] != 0)
+		return violation(h, "qo_indptr does not start at 0");
+	if (row_tables(h, b))
+		return -1;
 	if ((uint32_t)b->qo_indptr[b->n_rows] != b->n_tokens)
 		return violation(h, "qo_indptr ends at %d, n_tokens %u", b->qo_indptr[b->n_rows],
 				 b->n_tokens);
 	*max_ctx = 0;
 	for (uint32_t r = 0; r < b->n_rows; r++) {
 		const int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
-		const int32_t k0 = b->kv_indptr[r], k1 = b->kv_indptr[r + 1];
-		if (q1 <= q0 || k1 <= k0)
-			return violation(h, "row %u empty (qo %d..%d, kv %d..%d)", r, q0, q1, k0, k1);
+		const int32_t *blocks = h->row_blk[r];
+		const uint32_t nb = h->row_nb[r];
+		if (q1 <= q0 || nb == 0)
+			return violation(h, "row %u empty (qo %d..%d, %u blocks)", r, q0, q1, nb);
 		if (r < b->n_decode_rows && q1 - q0 != 1)
 			return violation(h, "decode row %u has %d tokens", r, q1 - q0);
 		const int32_t last = b->kv_last_page_len[r];
 		if (last < 1 || (uint32_t)last > h->block_tokens)
 			return violation(h, "row %u kv_last_page_len %d", r, last);
-		const uint32_t ctx = row_ctx(b, r), qo = (uint32_t)(q1 - q0);
+		const uint32_t ctx = row_ctx(h, b, r), qo = (uint32_t)(q1 - q0);
 		if (ctx < qo || ctx > c->max_pos)
 			return violation(h, "row %u context %u, %u new tokens", r, ctx, qo);
 		if (ctx > *max_ctx)
 			*max_ctx = ctx;
-		for (int32_t i = k0; i < k1; i++)
-			if (b->kv_indices[i] < 0 || (uint32_t)b->kv_indices[i] >= h->device_blocks)
-				return violation(h, "row %u block %d out of range", r, b->kv_indices[i]);
+		for (uint32_t i = 0; i < nb; i++)
+			if (blocks[i] < 0 || (uint32_t)blocks[i] >= h->device_blocks)
+				return violation(h, "row %u block %d out of range", r, blocks[i]);
 		for (int32_t t = q0; t < q1; t++) {
 			const uint32_t pos = ctx - qo + (uint32_t)(t - q0);
 			if (b->positions[t] != (int32_t)pos)
@@ -254,8 +392,8 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 			if (b->token_ids[t] < 0 || (uint32_t)b->token_ids[t] >= c->vocab)
 				return violation(h, "token id %d out of range", b->token_ids[t]);
 			const int64_t want_slot =
-				(int64_t)b->kv_indices[k0 + (int32_t)(pos / h->block_tokens)] *
-					h->block_tokens + pos % h->block_tokens;
+				(int64_t)blocks[pos / h->block_tokens] * h->block_tokens +
+				pos % h->block_tokens;
 			if (b->slot_mapping[t] != want_slot)
 				return violation(h, "row %u token %d slot %d, block table says %lld", r,
 						 t, b->slot_mapping[t], (long long)want_slot);
@@ -293,6 +431,11 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	const uint64_t t0 = tlm_now_us();
 	const int fail = h->fail_next;
 	h->fail_next = 0;
+	h->n_calls++;
+	/* The deltas first, even for a call about to fail: the mirror must
+	 * follow every call the library made. */
+	if (apply_deltas(h, b))
+		return -1;
 	if (fail == 1)
 		return -1;
 	uint32_t max_ctx = 0;
@@ -323,8 +466,8 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 		}
 		/* Paged attention: context only through the block table. */
 		for (uint32_t r = 0; r < b->n_rows; r++) {
-			const int32_t *blocks = b->kv_indices + b->kv_indptr[r];
-			const uint32_t ctx = row_ctx(b, r);
+			const int32_t *blocks = h->row_blk[r];
+			const uint32_t ctx = row_ctx(h, b, r);
 			for (uint32_t j = 0; j < ctx; j++) {
 				const float *base =
 					block_ptr(h, h->kv, h->device_blocks, l, blocks[j / bt]);

@@ -47,6 +47,12 @@ typedef struct tlm_host_stats {
 	uint64_t swap_out;      /* device->host block copies performed */
 	uint64_t swap_in;       /* host->device block copies performed */
 	uint64_t violations;    /* batches that broke the batch contract */
+	uint64_t deltas;        /* persistent layout: table deltas applied */
+	uint64_t delta_entries; /* ... block ids they wrote */
+	uint64_t mirror_rows;   /* ... rows whose mirrored table was compared
+				   with the library's row_tables */
+	uint64_t mirror_mismatches; /* ... of those, rows whose tables differ
+				   (0 unless the host or library is wrong) */
 	double compute_us;      /* time in compute callbacks (host clock) */
 } tlm_host_stats;
 
@@ -61,7 +67,10 @@ tlm_host *tlm_host_create(const tlm_model *m, uint32_t block_tokens, uint32_t de
 void tlm_host_destroy(tlm_host *h);
 
 /* The compute callbacks (host = a tlm_host *), for bkv_host_ops. forward
- * takes any batch; prefill and decode insist on their kind. Each performs the
+ * takes any batch; prefill and decode insist on their kind. Both batch
+ * layouts are served: in the persistent one each callback first applies the
+ * batch's table_deltas to the host's own per-slot tables (whatever the call
+ * then returns) and reads the rows' tables from them. Each performs the
  * batch's swap_out, swap_in and copies, in that order, then computes every row
  * and samples the rows marked in row_sample. A batch that breaks the contract
  * (ranges, positions inconsistent with the block tables, a decode row with
@@ -75,7 +84,8 @@ void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out);
 const char *tlm_host_last_error(const tlm_host *h);
 
 /* Make the next compute callback fail, for tests of the scheduler's
- * rollback: late == 0 returns -1 before touching anything; late != 0 performs
+ * rollback: late == 0 returns -1 before touching anything but the persistent
+ * layout's mirror (the deltas are applied first); late != 0 performs
  * the copies and computes (writing K/V into the batch's slots) and then
  * returns -1 without sampling. */
 void tlm_host_fail_next(tlm_host *h, int late);
