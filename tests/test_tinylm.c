@@ -705,6 +705,85 @@ static void serve_and_verify(const tlm_run_config *rc, tlm_run_result *res)
 	cr_assert_eq(res->pool.nr_used, 0, "blocks still referenced after the run");
 }
 
+/* Serve g_w under rc in the persistent layout: token-exact as in the flat
+ * one, and on every row of every call the host's mirrored table equals the
+ * library's row_tables. */
+static void serve_persistent(tlm_run_config *rc, tlm_run_result *res)
+{
+	rc->sched.batch_layout = BKV_BATCH_PERSISTENT;
+	serve_and_verify(rc, res);
+	cr_assert_gt(res->host.mirror_rows, 0);
+	cr_assert_geq(res->host.mirror_rows, res->host.rows);
+	cr_assert_eq(res->host.mirror_mismatches, 0, "%llu of %llu rows' mirrored tables differ",
+		     (unsigned long long)res->host.mirror_mismatches,
+		     (unsigned long long)res->host.mirror_rows);
+	cr_assert_gt(res->host.deltas, 0);
+	/* forks copy-on-write their shared partial last block (a replaced
+	 * entry in the delta); one-token blocks are never partial */
+	if (rc->block_tokens > 1)
+		cr_assert_gt(res->host.copies, 0);
+	cr_assert_gt(res->sched.aborted, 0);
+}
+
+/* The scenarios both layouts run (the flat suite's tests and their
+ * persistent twins): serve is serve_flat or serve_persistent. */
+typedef void (*serve_fn)(tlm_run_config *rc, tlm_run_result *res);
+
+static void serve_flat(tlm_run_config *rc, tlm_run_result *res)
+{
+	serve_and_verify(rc, res);
+}
+
+static void split_calls(serve_fn serve, tlm_run_result *res)
+{
+	tlm_run_config rc;
+	run_config(&rc, 2048);
+	rc.split = 1;
+	serve(&rc, res);
+	cr_assert_gt(res->host.calls[BKV_CALL_PREFILL], 0);
+	cr_assert_gt(res->host.calls[BKV_CALL_DECODE], 0);
+	cr_assert_eq(res->host.calls[BKV_CALL_MIXED], 0);
+}
+
+static void split_failures_with_swap(serve_fn serve, tlm_run_result *res)
+{
+	tlm_run_config rc;
+	run_config(&rc, 32);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.fail_every = 5;
+	serve(&rc, res);
+	cr_assert_gt(res->failed_steps, 1);
+	cr_assert_eq(res->sched.failed_steps, res->failed_steps);
+	cr_assert_gt(res->sched.preemptions, 0);
+}
+
+static void tight_pool_swap(serve_fn serve, tlm_run_result *res)
+{
+	tlm_run_config rc;
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	serve(&rc, res);
+	cr_assert_gt(res->sched.swaps, 0, "the pool was meant to force swapping");
+	cr_assert_gt(res->host.swap_out, 0);
+	cr_assert_gt(res->host.swap_in, 0);
+}
+
+static void failures_roll_back(serve_fn serve, tlm_run_result *res)
+{
+	tlm_run_config rc;
+	run_config(&rc, 48);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	serve(&rc, res);
+	cr_assert_gt(res->failed_steps, 0);
+	cr_assert_eq(res->sched.failed_steps, res->failed_steps);
+}
+
 /* What every workload must contain for the tests to mean something. */
 Test(tinylm_serve, workload_has_forks_aborts_stops_and_shared_prefixes, .init = serve_setup,
      .fini = serve_teardown)
@@ -767,14 +846,8 @@ Test(tinylm_serve, chunked_mixed_steps_under_a_token_budget_match_reference,
 Test(tinylm_serve, split_prefill_and_decode_calls_match_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 2048);
-	rc.split = 1;
 	tlm_run_result res;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.host.calls[BKV_CALL_PREFILL], 0);
-	cr_assert_gt(res.host.calls[BKV_CALL_DECODE], 0);
-	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
+	split_calls(serve_flat, &res);
 }
 
 Test(tinylm_serve, split_host_packing_prefill_calls_by_length_matches_reference,
@@ -813,15 +886,8 @@ Test(tinylm_serve, preemption_by_recompute_in_a_tight_pool_matches_reference,
 Test(tinylm_serve, preemption_by_swap_in_a_tight_pool_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 40);
-	rc.host_blocks = 256;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
 	tlm_run_result res;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
-	cr_assert_gt(res.host.swap_out, 0);
-	cr_assert_gt(res.host.swap_in, 0);
+	tight_pool_swap(serve_flat, &res);
 }
 
 Test(tinylm_serve, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
@@ -846,32 +912,15 @@ Test(tinylm_serve, chunked_split_swap_tight_pool_matches_reference, .init = serv
 Test(tinylm_serve, host_failures_roll_back_and_retries_match_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 48);
-	rc.host_blocks = 128;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.fail_every = 7;
 	tlm_run_result res;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.failed_steps, 0);
-	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
+	failures_roll_back(serve_flat, &res);
 }
 
 Test(tinylm_serve, failures_of_split_calls_with_swapping_roll_back_and_match_reference,
      .init = serve_setup, .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 32);
-	rc.host_blocks = 256;
-	rc.split = 1;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
-	rc.fail_every = 5;
 	tlm_run_result res;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.failed_steps, 1);
-	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
-	cr_assert_gt(res.sched.preemptions, 0);
+	split_failures_with_swap(serve_flat, &res);
 }
 
 Test(tinylm_serve, threaded_clients_and_one_engine_thread_match_reference, .init = serve_setup,
@@ -964,25 +1013,6 @@ Test(tinylm_serve, resumed_forked_request_under_a_small_token_budget_finishes)
 /* The same workloads in the persistent layout                               */
 /* ------------------------------------------------------------------------ */
 
-/* Serve g_w under rc in the persistent layout: token-exact as in the flat
- * one, and on every row of every call the host's mirrored table equals the
- * library's row_tables. */
-static void serve_persistent(tlm_run_config *rc, tlm_run_result *res)
-{
-	rc->sched.batch_layout = BKV_BATCH_PERSISTENT;
-	serve_and_verify(rc, res);
-	cr_assert_gt(res->host.mirror_rows, 0);
-	cr_assert_geq(res->host.mirror_rows, res->host.rows);
-	cr_assert_eq(res->host.mirror_mismatches, 0, "%llu of %llu rows' mirrored tables differ",
-		     (unsigned long long)res->host.mirror_mismatches,
-		     (unsigned long long)res->host.mirror_rows);
-	cr_assert_gt(res->host.deltas, 0);
-	/* forks copy-on-write their shared partial last block (a replaced
-	 * entry in the delta); one-token blocks are never partial */
-	if (rc->block_tokens > 1)
-		cr_assert_gt(res->host.copies, 0);
-	cr_assert_gt(res->sched.aborted, 0);
-}
 
 Test(tinylm_persistent, continuous_mixed_host_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
@@ -1010,14 +1040,8 @@ Test(tinylm_persistent, chunked_mixed_steps_under_a_token_budget_match_reference
 Test(tinylm_persistent, split_prefill_and_decode_calls_match_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 2048);
-	rc.split = 1;
 	tlm_run_result res;
-	serve_persistent(&rc, &res);
-	cr_assert_gt(res.host.calls[BKV_CALL_PREFILL], 0);
-	cr_assert_gt(res.host.calls[BKV_CALL_DECODE], 0);
-	cr_assert_eq(res.host.calls[BKV_CALL_MIXED], 0);
+	split_calls(serve_persistent, &res);
 }
 
 Test(tinylm_persistent, split_host_packing_prefill_calls_matches_reference, .init = serve_setup,
@@ -1050,15 +1074,8 @@ Test(tinylm_persistent, preemption_by_recompute_in_a_tight_pool_matches_referenc
 Test(tinylm_persistent, preemption_by_swap_in_a_tight_pool_matches_reference,
      .init = serve_setup, .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 40);
-	rc.host_blocks = 256;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
 	tlm_run_result res;
-	serve_persistent(&rc, &res);
-	cr_assert_gt(res.sched.swaps, 0);
-	cr_assert_gt(res.host.swap_out, 0);
-	cr_assert_gt(res.host.swap_in, 0);
+	tight_pool_swap(serve_persistent, &res);
 }
 
 Test(tinylm_persistent, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
@@ -1083,32 +1100,16 @@ Test(tinylm_persistent, chunked_split_swap_tight_pool_matches_reference, .init =
 Test(tinylm_persistent, host_failures_roll_back_and_the_mirror_follows, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 48);
-	rc.host_blocks = 128;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.fail_every = 7;
 	tlm_run_result res;
-	serve_persistent(&rc, &res);
+	failures_roll_back(serve_persistent, &res);
 	cr_assert_gt(res.failed_steps, 1);
-	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
 }
 
 Test(tinylm_persistent, failures_of_split_calls_with_swapping_match_reference,
      .init = serve_setup, .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 32);
-	rc.host_blocks = 256;
-	rc.split = 1;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
-	rc.fail_every = 5;
 	tlm_run_result res;
-	serve_persistent(&rc, &res);
-	cr_assert_gt(res.failed_steps, 1);
-	cr_assert_eq(res.sched.failed_steps, res.failed_steps);
-	cr_assert_gt(res.sched.preemptions, 0);
+	split_failures_with_swap(serve_persistent, &res);
 }
 
 Test(tinylm_persistent, failures_with_recompute_and_one_token_blocks_match_reference,
