@@ -181,11 +181,12 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
 #define BKV__HASH_AHEAD 16u
 
 /* Ask for the lines that evicting LRU member v will touch: its LRU
- * successor's record (the unlink writes it, and it is the next hop of this
- * walk), v's index slots (the removal), its parent's record (kids) and its
- * token ids (rewritten by the taker); the successor's next link (the
- * walk's next hop) lies on one of its two lines. Returns v's successor (-1: none). A
- * hint only: any v in [0, nb) is safe, whatever list it is on. */
+ * successor's record, both lines (the unlink writes it, and its next link
+ * is this walk's next hop), v's index lines (the removal), its parent's
+ * kids and its token ids (rewritten by the taker). v's home slot is also
+ * loaded, not only prefetched: a prefetch may be dropped, a load is not,
+ * and the removal's first read is that slot. Returns v's successor (-1:
+ * none). A hint only: any v in [0, nb) is safe, whatever list it is on. */
 static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 {
 	const bkv__block *k = &kv->blk[v];
@@ -196,6 +197,7 @@ static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 	if (k->parent >= 0)
 		BKV__PREFETCH_W(&kv->blk[k->parent].kids);
 	bkv__slot_prefetch(kv, k->hash);
+	(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(k->hash) & kv->index_mask].b;
 	BKV__PREFETCH_W(t);
 	BKV__PREFETCH_W(t + kv->bt - 1);
 	return k->next;
