@@ -366,8 +366,8 @@ void bkv__cache_forget(bkv__kv *kv, int32_t b)
  * in a large pool every LRU member is on a cold line. Each eviction reads
  * the next head's record anyway (the unlink writes its prev), so it starts
  * the loads the next eviction will wait for: the record after that one,
- * the next head's index slot (its removal) and its token ids (the caller
- * rewrites them). The list itself still costs one dependent load per
+ * the next head's index slot (its removal), its parent's record (kids) and
+ * its token ids (the caller rewrites them). The list itself still costs one dependent load per
  * eviction; these overlap it. */
 static inline void evict_prefetch(const bkv__kv *kv, int32_t n)
 {
@@ -375,8 +375,10 @@ static inline void evict_prefetch(const bkv__kv *kv, int32_t n)
 	const int32_t *t = kv->tok + (size_t)n * kv->bt;
 
 	if (k->next >= 0)
-		PREFETCH(&kv->blk[k->next]);
-	PREFETCH(&kv->index[home(kv, k->hash)]);
+		bkv__block_prefetch(kv, k->next);
+	if (k->parent >= 0)
+		PREFETCH(&kv->blk[k->parent].kids);
+	bkv__slot_prefetch(kv, k->hash);
 	PREFETCH(t);
 	PREFETCH(t + kv->bt - 1);
 }
@@ -466,6 +468,7 @@ uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t ph, int32_t parent, u
 
 			if (e->b >= 0 && e->tag == bkv__index_tag(hs[i])) {
 				PREFETCH(&kv->blk[e->b]);
+				PREFETCH((const char *)&kv->blk[e->b] + sizeof(bkv__block) - 1);
 				PREFETCH(kv->tok + (size_t)e->b * bt);
 				PREFETCH(kv->tok + (size_t)e->b * bt + bt - 1);
 			}

@@ -146,6 +146,63 @@ static inline size_t bkv__index_cap(const bkv__kv *kv)
 	return kv->index ? (size_t)kv->index_mask + 1 : 0;
 }
 
+/* A prefetch for writing (the line is about to be stored to). */
+#if defined(__GNUC__) || defined(__clang__)
+#define BKV__PREFETCH_W(p) __builtin_prefetch((p), 1)
+#else
+#define BKV__PREFETCH_W(p) ((void)(p))
+#endif
+
+/* Ask for both lines a 40-byte record can straddle (half of them do). */
+static inline void bkv__block_prefetch(const bkv__kv *kv, int32_t b)
+{
+	const char *r = (const char *)&kv->blk[b];
+
+	BKV__PREFETCH_W(r);
+	BKV__PREFETCH_W(r + sizeof(bkv__block) - 1);
+}
+
+/* Ask for the index line where a probe for hash starts and, when the
+ * probe may run past its end, the next one (a removal's backward shift
+ * reads on to the next empty slot, an insert stops at it). */
+static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
+{
+	uint32_t i = bkv__index_tag(hash) & kv->index_mask;
+
+	BKV__PREFETCH_W(&kv->index[i]);
+	BKV__PREFETCH_W(&kv->index[(i + 4) & kv->index_mask]);
+}
+
+/* A run of takes in a cold pool (index_cold) looks ahead along the LRU:
+ * an eviction this many evictions away has its lines asked for
+ * (bkv__evict_ahead), and the blocks it fills this many blocks ahead are
+ * hashed and their index slots asked for (pool/seq.c). */
+#define BKV__EVICT_AHEAD 4u
+#define BKV__HASH_AHEAD 16u
+
+/* Ask for the lines that evicting LRU member v will touch: its LRU
+ * successor's record, both lines (the unlink writes it, and its next link
+ * is this walk's next hop), v's index lines (the removal), its parent's
+ * kids and its token ids (rewritten by the taker). v's home slot is also
+ * loaded, not only prefetched: a prefetch may be dropped, a load is not,
+ * and the removal's first read is that slot. Returns v's successor (-1:
+ * none). A hint only: any v in [0, nb) is safe, whatever list it is on. */
+static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
+{
+	const bkv__block *k = &kv->blk[v];
+	const int32_t *t = kv->tok + ((size_t)v << kv->bt_shift);
+
+	if (k->next >= 0)
+		bkv__block_prefetch(kv, k->next);
+	if (k->parent >= 0)
+		BKV__PREFETCH_W(&kv->blk[k->parent].kids);
+	bkv__slot_prefetch(kv, k->hash);
+	(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(k->hash) & kv->index_mask].b;
+	BKV__PREFETCH_W(t);
+	BKV__PREFETCH_W(t + kv->bt - 1);
+	return k->next;
+}
+
 /* ---- kv/frames.c ---------------------------------------------------------- */
 
 /* Allocate and initialise the frames (all free, popped 0, 1, ..., nb - 1),

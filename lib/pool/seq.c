@@ -347,6 +347,69 @@ static ALWAYS_INLINE uint32_t fill_last(bkv_pool *pool, bkv__seq *s, int32_t b, 
 	return w;
 }
 
+/* Hash the full block at tokens after a block whose chain hash is h, and
+ * ask for its index slots (append_blocks_cold). */
+static inline uint64_t hash_ahead(const bkv__kv *kv, uint64_t h, uint64_t key,
+				  const int32_t *tokens)
+{
+	h = bkv__block_hash(kv->hash_seed, h, key, tokens, kv->bt);
+	bkv__slot_prefetch(kv, h);
+	return h;
+}
+
+/* append_blocks in a cold pool: the same takes, fills and cache adds in
+ * the same order, with the memory they touch asked for ahead. Evictions
+ * look BKV__EVICT_AHEAD victims ahead along the LRU (which only loses its
+ * head during the run); outside a transaction, the full blocks are hashed
+ * BKV__HASH_AHEAD ahead from the last block's chain hash (each block's
+ * parent is the one before it, so while each is indexed the next one's
+ * hash is the one computed here) and added with it. */
+static NOINLINE void append_blocks_cold(bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
+					uint32_t rem)
+{
+	bkv__kv *kv = &pool->kv;
+	const uint32_t bt = kv->bt, full = rem >> kv->bt_shift;
+	int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1, b, v = -1;
+	uint32_t nbk = s->n_blocks, i, nh = 0, d, takes = full + ((rem & (bt - 1)) != 0);
+	uint64_t hs[BKV__HASH_AHEAD], h = BKV__HASH_ROOT;
+	int hashed = !kv->txn_active && (prev < 0 || BLOCK_IS_INDEXED(&kv->blk[prev]));
+
+	if (hashed && prev >= 0)
+		h = kv->blk[prev].hash;
+	if (takes > kv->nr_free)
+		for (v = kv->lru_head, d = 0; v >= 0 && d < BKV__EVICT_AHEAD; d++)
+			v = bkv__evict_ahead(kv, v);
+	kv->tokens += rem;
+	for (i = 0; i < takes; i++) {
+		const int32_t *t = tokens + (size_t)i * bt;
+		uint32_t w = BKV_MIN(bt, rem);
+
+		for (; hashed && nh < full && nh < i + BKV__HASH_AHEAD; nh++)
+			hs[nh % BKV__HASH_AHEAD] = h =
+				hash_ahead(kv, h, s->key, tokens + (size_t)nh * bt);
+		if (v >= 0 && kv->free_head < 0)
+			v = bkv__evict_ahead(kv, v);
+		b = bkv__block_take(kv, prev);
+		memcpy(kv->tok + (size_t)b * bt, t, (size_t)w * sizeof(int32_t));
+		kv->blk[b].fill = w;
+		table[nbk++] = b;
+		rem -= w;
+		prev = b;
+		if (w < bt)
+			break;
+		if (!hashed) {
+			bkv__seq_block_filled(pool, s, nbk - 1);
+			continue;
+		}
+		/* bkv__cache_add's checks hold: no transaction, the parent
+		 * indexed; a duplicate leaves b unindexed, and the blocks
+		 * after it are then not added (their parent is not indexed) */
+		if (bkv__cache_add_hashed(kv, b, s->key, hs[i % BKV__HASH_AHEAD]) >= 0)
+			hashed = 0;
+	}
+	s->n_blocks = nbk;
+}
+
 /* Append rem tokens to s in fresh blocks (room reserved), each full one
  * offered to the cache. */
 static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
@@ -356,6 +419,10 @@ static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32
 	int32_t *table = s->table, prev = s->n_blocks ? table[s->n_blocks - 1] : -1, b;
 	uint32_t nbk = s->n_blocks, pos = 0;
 
+	if (pool->kv.index_cold && rem >= 2 * bt) {
+		append_blocks_cold(pool, s, tokens, rem);
+		return;
+	}
 	pool->kv.tokens += rem;
 	while (rem) {
 		uint32_t w = BKV_MIN(bt, rem);
