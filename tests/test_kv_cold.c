@@ -69,7 +69,8 @@ static void same_state(const twin *t)
 	cr_assert_eq(a->ev_seq, b->ev_seq);
 	cr_assert_eq(memcmp(a->blk, b->blk, a->nb * sizeof(bkv__block)), 0);
 	cr_assert_eq(memcmp(a->tok, b->tok, (size_t)a->nb * a->bt * sizeof(int32_t)), 0);
-	cr_assert_eq(memcmp(a->index, b->index, bkv__index_cap(a) * sizeof(bkv__islot)), 0);
+	if (bkv__index_cap(a))
+		cr_assert_eq(memcmp(a->index, b->index, bkv__index_cap(a) * sizeof(bkv__islot)), 0);
 	for (i = 0; i < SEQS; i++) {
 		uint32_t na, nb;
 		const int32_t *ta, *tb;
@@ -79,7 +80,8 @@ static void same_state(const twin *t)
 		ta = bkv_seq_blocks(t->p[0], t->id[i], &na);
 		tb = bkv_seq_blocks(t->p[1], t->id[i], &nb);
 		cr_assert_eq(na, nb);
-		cr_assert_eq(memcmp(ta, tb, na * sizeof(int32_t)), 0);
+		if (na) /* an empty table may be NULL: no memcmp of NULL */
+			cr_assert_eq(memcmp(ta, tb, na * sizeof(int32_t)), 0);
 	}
 }
 
