@@ -784,6 +784,23 @@ static void failures_roll_back(serve_fn serve, tlm_run_result *res)
 	cr_assert_eq(res->sched.failed_steps, res->failed_steps);
 }
 
+static void case_chunked_split_swap_tight_pool_matches_re(serve_fn serve, tlm_run_result *res)
+{
+	tlm_run_config rc;
+	/* 32 blocks: a shared prompt's blocks are held once (duplicates are
+	 * swapped for the cached copy at commit), so 40 no longer forced
+	 * preemption with the sanitizer build's 100 jobs */
+	run_config(&rc, 32);
+	rc.host_blocks = 256;
+	rc.split = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.sched.admit_group = 4;
+	rc.submit_per_step = 3;
+	serve(&rc, res);
+	cr_assert_gt(res->sched.preemptions, 0);
+}
+
 /* What every workload must contain for the tests to mean something. */
 Test(tinylm_serve, workload_has_forks_aborts_stops_and_shared_prefixes, .init = serve_setup,
      .fini = serve_teardown)
@@ -893,20 +910,8 @@ Test(tinylm_serve, preemption_by_swap_in_a_tight_pool_matches_reference, .init =
 Test(tinylm_serve, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	/* 32 blocks: a shared prompt's blocks are held once (duplicates are
-	 * swapped for the cached copy at commit), so 40 no longer forced
-	 * preemption with the sanitizer build's 100 jobs */
-	run_config(&rc, 32);
-	rc.host_blocks = 256;
-	rc.split = 1;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.sched.admit_group = 4;
-	rc.submit_per_step = 3;
 	tlm_run_result res;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.sched.preemptions, 0);
+	case_chunked_split_swap_tight_pool_matches_re(serve_flat, &res);
 }
 
 Test(tinylm_serve, host_failures_roll_back_and_retries_match_reference, .init = serve_setup,
@@ -1081,17 +1086,8 @@ Test(tinylm_persistent, preemption_by_swap_in_a_tight_pool_matches_reference,
 Test(tinylm_persistent, chunked_split_swap_tight_pool_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
 {
-	tlm_run_config rc;
-	run_config(&rc, 32);
-	rc.host_blocks = 256;
-	rc.split = 1;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.sched.admit_group = 4;
-	rc.submit_per_step = 3;
 	tlm_run_result res;
-	serve_persistent(&rc, &res);
-	cr_assert_gt(res.sched.preemptions, 0);
+	case_chunked_split_swap_tight_pool_matches_re(serve_persistent, &res);
 }
 
 /* Host failures, early (before anything but the deltas) and late (after

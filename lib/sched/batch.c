@@ -122,53 +122,6 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
-/* bkv__batch_fill in the persistent layout: rows [first, n_rows) (the fused
- * decode pass wrote the ones before), each row's table as a slot and a delta
- * (sched/rows.c) instead of a copy into kv_indices. */
-static uint32_t fill_persistent(bkv_sched *s, bkv__row *rows, uint32_t n_rows, uint32_t n_decode,
-				uint32_t first, uint64_t *ctx_out, uint32_t *chunks_out)
-{
-	const uint32_t mask = s->bt - 1, shift = s->bt_shift;
-	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
-	int32_t *const slots = s->call.bufs.slot_mapping, *const qo = s->call.qo_indptr;
-	int32_t *const lpl = s->call.last_page_len;
-	const bkv_pool *pool = s->pool;
-	uint32_t r = first, t = first, n_chunks = 0;
-	uint64_t ctx = first ? s->plan.fill_ctx : 0;
-
-	if (!first)
-		qo[0] = 0;
-	for (; r < n_rows; r++) {
-		bkv__lane *l = rows[r].lane;
-		const uint32_t start = rows[r].start, end = rows[r].end;
-		const bkv__req *q = l->req;
-		uint32_t nb = 0, need = (end + mask) >> shift;
-		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
-
-		BKV_ASSERT(table && nb == need);
-		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
-		s->call.row_sample[r] = rows[r].sample;
-		s->call.row_req[r] = q->id;
-		s->call.row_branch[r] = l->branch;
-		s->call.row_user[r] = q->user;
-		s->call.next_tokens[r] = BKV_TOKEN_FAIL;
-		lpl[r] = (int32_t)(end - ((need - 1) << shift));
-		bkv__row_persist(s, r, l, table, nb);
-		t = row_tokens(tok_ids, pos, slots, t, l->tok, table, start, end, shift);
-		qo[r + 1] = (int32_t)t;
-		if (r < n_decode) {
-			ctx += end;
-		} else {
-			s->call.chunks[n_chunks].len = end - start;
-			s->call.chunks[n_chunks].start = start;
-			n_chunks++;
-		}
-	}
-	*ctx_out = ctx;
-	*chunks_out = n_chunks;
-	return t;
-}
-
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
@@ -184,14 +137,11 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	uint32_t *const rbr = s->call.row_branch;
 	void **const rus = s->call.row_user;
 	const bkv_pool *pool = s->pool;
+	const int persistent = s->call.persistent;
 	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
 	uint64_t ctx = 0;
 
-	if (s->call.persistent) {
-		BKV_ASSERT(first <= n_decode && (!first || rows == s->plan.dec));
-		t = fill_persistent(s, rows, n_rows, n_decode, first, &ctx, &n_chunks);
-		r = n_rows;
-	} else if (first) { /* decode rows the planning pass wrote (bkv__fill) */
+	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
 		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
 		r = t = first;
 		k = s->plan.fill_kv;
@@ -202,7 +152,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	}
 	for (; r < n_rows; r++) {
 		/* the row in locals: int32_t stores may alias its fields */
-		const bkv__lane *l = rows[r].lane;
+		bkv__lane *l = rows[r].lane;
 		const uint32_t start = rows[r].start, end = rows[r].end;
 		const bkv__req *q = l->req;
 		uint32_t nb = 0, i, need = (end + mask) >> shift;
@@ -217,15 +167,20 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 		rus[r] = q->user;
 		next[r] = BKV_TOKEN_FAIL;
 		lpl[r] = (int32_t)(end - ((need - 1) << shift));
-		/* the block table, four ids per fixed-size copy (no call) */
-		for (i = 0; i + 4 <= need; i += 4)
-			memcpy(&kvi[k + i], &table[i], 4 * sizeof(int32_t));
-		for (; i < need; i++)
-			kvi[k + i] = table[i];
-		k += need;
+		if (persistent) {
+			/* the row's slot and the change to its table (sched/rows.c) */
+			bkv__row_persist(s, r, l, table, nb);
+		} else {
+			/* the block table, four ids per fixed-size copy (no call) */
+			for (i = 0; i + 4 <= need; i += 4)
+				memcpy(&kvi[k + i], &table[i], 4 * sizeof(int32_t));
+			for (; i < need; i++)
+				kvi[k + i] = table[i];
+			k += need;
+			kvp[r + 1] = (int32_t)k;
+		}
 		t = row_tokens(tok_ids, pos, slots, t, l->tok, table, start, end, shift);
 		qo[r + 1] = (int32_t)t;
-		kvp[r + 1] = (int32_t)k;
 		if (r < n_decode) {
 			ctx += end;
 		} else {
