@@ -366,22 +366,6 @@ static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 	return pool->cfg.max_seqs;
 }
 
-/* A device-resident sequence's table for the persistent batch layout: its
- * entries and length, and the first entry that changed since the last
- * bkv__seq_sent (entries before it are as sent). NULL for an unknown or
- * swapped id. */
-static inline const int32_t *bkv__seq_table_view(const bkv_pool *pool, uint32_t seq,
-						 uint32_t *n_blocks, uint32_t *clean)
-{
-	const bkv__seq *s = bkv__seq_get(pool, seq);
-
-	if (!s || s->state != BKV__SEQ_OPEN)
-		return NULL;
-	*n_blocks = s->n_blocks;
-	*clean = s->clean;
-	return s->table;
-}
-
 /* seq's clean mark (0 for an unknown id). */
 static inline uint32_t bkv__seq_clean(const bkv_pool *pool, uint32_t seq)
 {
