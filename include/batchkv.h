@@ -168,6 +168,111 @@ BKV_API uint64_t bkv_kv_bytes_per_token(const bkv_model_shape *shape);
 BKV_API uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *shape,
 				      uint32_t block_tokens);
 
+/* ---- KV groups (hybrid models) ---------------------------------------------
+ * A hybrid model's layers fall into groups of one kind each. A pool is
+ * configured with its groups (bkv_pool_config.groups); every attention group
+ * uses the pool's block_tokens, so a prefix hit aligns at a block for every
+ * group. One device block (a frame) holds block_tokens tokens of every layer
+ * of one attention group: its size is the largest group page, block_tokens x
+ * layers x bytes, and a group with a smaller page leaves the rest of the frame
+ * unused (docs/design.md, "KV groups", gives the arithmetic). A recurrent
+ * state group keeps one state unit per sequence branch (plus cached
+ * checkpoints); a unit is bkv_kv_state_frames() consecutive frames of a state
+ * arena carved from the same device memory at create. */
+typedef enum bkv_group_kind {
+	BKV_GROUP_FULL = 0,    /* full attention: every token's KV is read */
+	BKV_GROUP_WINDOW = 1,  /* sliding window: position p reads positions
+				  p - span + 1 .. p */
+	BKV_GROUP_CHUNKED = 2, /* chunked local attention: position p reads its
+				  own chunk, positions floor(p / span) x span
+				  .. p */
+	BKV_GROUP_STATE = 3    /* recurrent state (Mamba, linear attention): a
+				  fixed number of bytes per sequence */
+} bkv_group_kind;
+
+/* Most groups a pool may have. */
+#define BKV_MAX_GROUPS 8
+
+/* One group of layers. */
+typedef struct bkv_kv_group {
+	uint32_t kind;     /* a bkv_group_kind */
+	uint32_t layers;   /* layers in the group, >= 1 */
+	uint32_t span;     /* WINDOW: the window W in tokens; CHUNKED: the chunk
+			      C in tokens (both >= 1); STATE: tokens between
+			      state checkpoints, a multiple of block_tokens (0:
+			      no checkpoints, so no prefix hits for a pool with
+			      this group); FULL: 0 */
+	uint32_t reserved; /* zero */
+	uint64_t bytes;    /* FULL, WINDOW, CHUNKED: KV bytes per token per
+			      layer (2 x kv_heads x head_dim x dtype_bytes);
+			      STATE: state bytes per sequence per layer */
+} bkv_kv_group;
+
+/**
+ * Bytes of one group's page: for an attention group, block_tokens x layers x
+ * bytes (one block of it); for a STATE group, layers x bytes (one unit).
+ * @return the bytes, or 0 on bad input (NULL, a zero field, block_tokens not
+ *         a power of two, overflow of uint64_t).
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_kv_group_page_bytes(const bkv_kv_group *g, uint32_t block_tokens);
+
+/**
+ * Bytes of one device block (frame) of a pool with these groups: the largest
+ * attention page (a STATE-only model: the STATE page divided by nothing, i.e.
+ * the unit itself). groups NULL with n 0 is the one full group of shape-less
+ * pools and gives 0.
+ * @return the bytes, 0 on bad input (as bkv_kv_group_page_bytes; n >
+ *         BKV_MAX_GROUPS; more than one STATE group).
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_kv_frame_bytes(const bkv_kv_group *groups, uint32_t n,
+				    uint32_t block_tokens);
+
+/**
+ * Frames one state unit takes: ceil(STATE page / frame bytes); 0 when there
+ * is no STATE group or on bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_kv_state_frames(const bkv_kv_group *groups, uint32_t n,
+				     uint32_t block_tokens);
+
+/**
+ * Blocks a sequence of `tokens` tokens holds in group g while the next token
+ * (position `tokens`) is computed, the block that token goes into included:
+ * FULL ceil((tokens + 1) / block_tokens); WINDOW the blocks covering
+ * positions max(0, tokens + 1 - span) .. tokens; CHUNKED those covering
+ * floor(tokens / span) x span .. tokens; STATE 0 (see
+ * bkv_kv_state_frames). The pool holds exactly this many (tests and
+ * docs/benchmarks.md check it).
+ * @return the count, 0 on bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_kv_group_blocks_held(const bkv_kv_group *g, uint32_t block_tokens,
+					  uint64_t tokens);
+
+/**
+ * Bytes a sequence of `tokens` tokens needs at the least, token-exact (no
+ * block rounding): FULL tokens x layers x bytes, WINDOW min(tokens, span) x
+ * layers x bytes, CHUNKED (the tokens of the current chunk) x layers x bytes,
+ * STATE layers x bytes; summed over the groups. With block_tokens > 0, the
+ * same at block granularity instead: bkv_kv_group_blocks_held x frame bytes
+ * per attention group, plus one state unit.
+ * @return the bytes, 0 on bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_kv_seq_bytes(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens,
+				  uint64_t tokens);
+
+/**
+ * How many frames of a pool with these groups fit in a byte budget (as
+ * bkv_blocks_for_bytes for a plain model).
+ * @return the count, clamped to INT32_MAX; 0 on bad input.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_frames_for_bytes(uint64_t budget, const bkv_kv_group *groups, uint32_t n,
+				      uint32_t block_tokens);
+
 /* ------------------------------------------------------------------------ */
 /* The block pool                                                            */
 /* ------------------------------------------------------------------------ */
@@ -205,6 +310,16 @@ typedef struct bkv_pool_config {
 				      (bkv_pool_drain_events), 0..2^24; taken at
 				      create. 0 = no events. Default 0. */
 	uint32_t reserved[3];      /* zero; room for later fields */
+	uint32_t n_groups;         /* entries in groups, 0..BKV_MAX_GROUPS; 0 =
+				      one full-attention group (the pool of
+				      a plain transformer). Default 0. */
+	uint32_t state_units;      /* with a STATE group: state units in the
+				      state arena (live states of open
+				      sequences plus cached checkpoints);
+				      0 = 2 x max_seqs. Ignored without one.
+				      Default 0. */
+	const bkv_kv_group *groups; /* [n_groups], copied at create; NULL when
+				      n_groups is 0. At most one STATE group. */
 } bkv_pool_config;
 
 /* Live counters of a pool. free + used + cached = device_blocks always. */

@@ -65,6 +65,11 @@ static int config_valid(const bkv_pool_config *c)
 	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
 		if (c->reserved[i])
 			return 0;
+	if (c->n_groups > BKV_MAX_GROUPS || (c->n_groups && !c->groups))
+		return 0;
+	/* KV groups beyond one full-attention group: not yet (issue 16) */
+	if (c->n_groups > 1 || (c->n_groups == 1 && c->groups[0].kind != BKV_GROUP_FULL))
+		return 0;
 	return 1;
 }
 
