@@ -825,6 +825,15 @@ typedef struct bkv_step_shape {
 	uint32_t padded_rows;           /* rows a padded kernel runs (static
 					   batching keeps finished rows as
 					   padding); >= decode_rows */
+	uint32_t n_groups;              /* KV groups of the scheduler's pool
+					   (0: one full-attention group, every
+					   layer reads decode_context) */
+	const uint64_t *group_decode_context; /* [n_groups] per group, the sum
+					   over decode rows of the context
+					   tokens its layers read: FULL the
+					   context, WINDOW min(context, span),
+					   CHUNKED the current chunk's tokens,
+					   STATE 0; NULL when n_groups is 0 */
 } bkv_step_shape;
 
 /* A cost model: both callbacks may be NULL (then the scheduler uses its
