@@ -546,6 +546,24 @@ BKV_API int bkv_seq_drop(bkv_pool *pool, uint32_t seq);
 BKV_API const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_blocks);
 
 /**
+ * The block table of one KV group of a sequence (group 0's is
+ * bkv_seq_blocks). It has the same length as group 0's; entries a
+ * sliding-window or chunked group released (blocks no later token reads)
+ * are -1.
+ * @param pool      the pool.
+ * @param seq       the sequence id.
+ * @param group     the group's index in bkv_pool_config.groups (0 for a
+ *                  pool without groups).
+ * @param n_blocks  receives the entry count; may be NULL.
+ * @return the table (owned by the pool, valid until the sequence next
+ *         changes), or NULL for an unknown sequence or group (then
+ *         *n_blocks = 0).
+ * Thread rules: as bkv_seq_blocks.
+ */
+BKV_API const int32_t *bkv_seq_group_blocks(const bkv_pool *pool, uint32_t seq, uint32_t group,
+					    uint32_t *n_blocks);
+
+/**
  * Describe a sequence.
  * @param pool   the pool.
  * @param seq    the sequence id.

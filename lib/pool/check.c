@@ -48,6 +48,12 @@ static int check_seqs(const bkv_pool *pool)
 	}
 	if (open != pool->nr_seqs || swapped != pool->nr_swapped)
 		return CHECK_SEQS;
+	if (pool->n_lanes) {
+		int r = bkv__lanes_check(pool, sc, &host_refs, 0);
+
+		if (r != CHECK_OK)
+			return r;
+	}
 	for (i = 0; i < ms - open; i++) {
 		uint32_t r = pool->ring_head + i;
 
@@ -89,6 +95,8 @@ static int check_seqs(const bkv_pool *pool)
 				for (j = 0; j < s->n_blocks; j++)
 					sc[s->table[j]]++;
 		}
+		if (pool->n_lanes)
+			(void)bkv__lanes_check(pool, sc, &host_refs, 1);
 		for (n = 0, h = pool->host_free_head; h >= 0; h = pool->host_next[h], n++)
 			if ((uint32_t)h >= nh || n >= nh || pool->host_state[h] != BKV__HOST_FREE)
 				return CHECK_HOST;

@@ -65,12 +65,7 @@ static int config_valid(const bkv_pool_config *c)
 	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
 		if (c->reserved[i])
 			return 0;
-	if (c->n_groups > BKV_MAX_GROUPS || (c->n_groups && !c->groups))
-		return 0;
-	/* KV groups beyond one full-attention group: not yet (issue 16) */
-	if (c->n_groups > 1 || (c->n_groups == 1 && c->groups[0].kind != BKV_GROUP_FULL))
-		return 0;
-	return 1;
+	return bkv__lanes_valid(c);
 }
 
 static void pool_free_all(bkv_pool *pool)
@@ -91,6 +86,7 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
 	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	bkv__lanes_free(pool);
 	bkv__kv_free(&pool->kv, a);
 	bkv__free(a, pool, sizeof *pool);
 }
@@ -137,7 +133,7 @@ static int pool_alloc_rest(bkv_pool *pool)
 		pool->seqs[i].gen = 1;
 		pool->slot_ring[i] = i;
 	}
-	return BKV_OK;
+	return bkv__lanes_init(pool);
 }
 
 int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_pool **out)
@@ -223,7 +219,9 @@ int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
 	if (!pool)
 		return 0;
 	avail = (uint64_t)pool->kv.nr_free + pool->kv.nr_cached;
-	return avail >= (uint64_t)bkv__blocks_for(pool, n_tokens) + pool->cfg.watermark_blocks;
+	/* a prompt's first append writes all its blocks in every lane */
+	return avail >= (uint64_t)bkv__blocks_for(pool, n_tokens) * (1 + pool->n_lanes) +
+				pool->cfg.watermark_blocks;
 }
 
 int bkv_pool_reset_cache(bkv_pool *pool)
@@ -295,6 +293,10 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 	uint32_t slot = (uint32_t)(owner >> 32), pos = (uint32_t)owner;
 	bkv__seq *s;
 
+	if (owner >> 52) { /* a lane's block (pool/lanes.c) */
+		*next = -1;
+		return bkv__lanes_dedupe(pool, owner, b, d);
+	}
 	if (slot >= pool->cfg.max_seqs)
 		return 0;
 	s = &pool->seqs[slot];
@@ -304,6 +306,8 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 	s->table[pos] = d;
 	bkv__seq_dirty(s, pos);
 	*next = pos + 1 < s->n_blocks ? s->table[pos + 1] : -1;
+	if (pool->n_lanes)
+		bkv__lanes_reparent(pool, slot, pos, b, d);
 	return 1;
 }
 

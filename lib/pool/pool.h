@@ -40,6 +40,39 @@ typedef struct bkv__seq {
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
+/* One sequence slot's table in a lane (a KV group after the first; see
+ * bkv__glane). Its logical length is the slot's n_blocks (lane 0's). A
+ * window or chunked lane holds every entry from the first block its next
+ * token reads (bkv__lane_first); below that, entries [0, lo) are -1
+ * (released) and entries in [lo, first) may be -1 too: a prefix hit does
+ * not take blocks the sequence will not read, and the blocks it held before
+ * the hit stay until its next append's trim (a rolled-back step truncates
+ * back to them). */
+typedef struct bkv__lseq {
+	int32_t *table; /* [cap] block ids (host ids while swapped), -1 below lo;
+			   kept across slot reuse, freed at destroy */
+	uint32_t cap;   /* entries allocated; a multiple of 4 */
+	uint32_t lo;    /* entries [0, lo) are -1; lo <= the first block the
+			   next token reads, <= the slot's n_blocks */
+	uint32_t clean; /* as bkv__seq.clean, for this lane's table */
+	uint32_t pad;   /* zero */
+} bkv__lseq;
+
+/* A lane: the tables of one KV group after the first (group 0 is full
+ * attention and lives in bkv_pool.seqs, the plain pool's tables). Its
+ * blocks come from the same frames; a block of logical position i is the
+ * child of lane 0's block i - 1 in the prefix cache (so it is hashed from
+ * the same chain and dies before it), under the sequence's key xor the
+ * lane's salt. docs/design.md, "KV groups". */
+typedef struct bkv__glane {
+	uint32_t kind;   /* BKV_GROUP_FULL, _WINDOW or _CHUNKED */
+	uint32_t span;   /* the group's span (window W, chunk C), 0 for FULL */
+	uint32_t group;  /* its index in cfg.groups */
+	uint32_t pad;    /* zero */
+	uint64_t salt;   /* xor-ed into the sequence key for its blocks */
+	bkv__lseq *seqs; /* [max_seqs], parallel to bkv_pool.seqs */
+} bkv__glane;
+
 /* A pending copy list of one bkv_copy_kind. */
 typedef struct bkv__copy_list {
 	bkv_copy *v;  /* [cap]; [0, n) pending, in the order to perform */
@@ -78,6 +111,10 @@ struct bkv_pool {
 	uint64_t cow_copies;
 	uint64_t swap_out_blocks;
 	uint64_t swap_in_blocks;
+	uint32_t n_lanes;      /* KV groups after the first (0: one group) */
+	bkv_kv_group groups[BKV_MAX_GROUPS]; /* cfg.groups copied (cfg.groups
+				  points here); groups[0] is full attention */
+	bkv__glane lanes[BKV_MAX_GROUPS - 1]; /* [n_lanes] groups 1.. */
 };
 
 /* Sequence ids: slot | gen << BKV__SEQ_SLOT_BITS with a 12-bit generation
@@ -188,6 +225,51 @@ static inline void bkv__seq_dirty(bkv__seq *s, uint32_t pos)
 	if (pos < s->clean)
 		s->clean = pos;
 }
+
+/* Lane table entry pos changed. */
+static inline void bkv__seq_dirty_lane(bkv__lseq *ls, uint32_t pos)
+{
+	if (pos < ls->clean)
+		ls->clean = pos;
+}
+
+/* ---- pool/lanes.c: KV groups after the first -------------------------------- */
+
+/* The first logical block a sequence of len tokens reads at its next token
+ * in lane ln (0 for FULL). */
+uint32_t bkv__lane_first(const bkv_pool *pool, const bkv__glane *ln, uint64_t len);
+/* Are the config's groups valid (n_groups 0 included)? */
+int bkv__lanes_valid(const bkv_pool_config *c);
+/* Copy the groups, set up the lanes' slots. BKV_OK or BKV_ENOMEM. */
+int bkv__lanes_init(bkv_pool *pool);
+void bkv__lanes_free(bkv_pool *pool);
+/* Room for n entries in every lane table of slot. */
+int bkv__lanes_reserve(bkv_pool *pool, uint32_t slot, uint32_t n);
+void bkv__lanes_open(bkv_pool *pool, uint32_t slot);
+void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks);
+void bkv__lanes_release(bkv_pool *pool, uint32_t slot, uint32_t n_blocks, int swapped, int drop);
+void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s);
+/* An append's lane work: begin (tables reserved, trimmed), the blocks it
+ * needs (copy-on-write ones counted into *cows too), commit (hits pinned,
+ * the tokens after the hits written; s->len not moved yet). */
+int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks);
+uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
+			 uint32_t new_blocks, uint32_t *cows);
+void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t hits,
+		       const int32_t *tokens, uint32_t n);
+uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
+uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
+			     uint32_t hits, const int32_t *tokens, uint32_t *relinked);
+void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e);
+int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
+void bkv__lanes_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t nbk, uint32_t new_len);
+int bkv__lanes_dedupe(bkv_pool *pool, uint64_t owner, int32_t b, int32_t d);
+void bkv__lanes_reparent(bkv_pool *pool, uint32_t slot, uint32_t pos, int32_t b, int32_t d);
+int bkv__lanes_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
+void bkv__lanes_swap_out(bkv_pool *pool, const bkv__seq *s);
+uint64_t bkv__lanes_swap_in_need(const bkv_pool *pool, const bkv__seq *s);
+void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s);
+int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, int host);
 
 /* The host tier's free list (LIFO). */
 static inline void bkv__host_push(bkv_pool *pool, int32_t h)

@@ -99,6 +99,8 @@ int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq)
 	if (!s)
 		return BKV_EAGAIN;
 	bkv__slot_open(pool, s, key);
+	if (pool->n_lanes)
+		bkv__lanes_open(pool, (uint32_t)(s - pool->seqs));
 	*seq = bkv__seq_id(pool, s);
 	return BKV_OK;
 }
@@ -123,7 +125,8 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	c = bkv__slot_peek(pool);
 	if (!c)
 		return BKV_EAGAIN;
-	if (bkv__table_reserve(pool, c, s->n_blocks))
+	if (bkv__table_reserve(pool, c, s->n_blocks) ||
+	    (pool->n_lanes && bkv__lanes_reserve(pool, (uint32_t)(c - pool->seqs), s->n_blocks)))
 		return BKV_ENOMEM;
 	bkv__slot_open(pool, c, s->key);
 	for (i = 0; i < s->n_blocks; i++) {
@@ -132,6 +135,9 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	}
 	c->n_blocks = s->n_blocks;
 	c->len = s->len;
+	if (pool->n_lanes)
+		bkv__lanes_fork(pool, (uint32_t)(s - pool->seqs), (uint32_t)(c - pool->seqs),
+				s->n_blocks);
 	*child = bkv__seq_id(pool, c);
 	return BKV_OK;
 }
@@ -146,6 +152,9 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
+	if (pool->n_lanes)
+		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
+				   s->state == BKV__SEQ_SWAPPED, drop);
 	if (s->state == BKV__SEQ_SWAPPED) {
 		for (i = s->n_blocks; i-- > 0;)
 			bkv__host_push(pool, s->table[i]);
@@ -182,6 +191,7 @@ static int needs_cow(const bkv_pool *pool, const bkv__seq *s)
 int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 {
 	bkv__seq *s = NULL;
+	int64_t need;
 	int rc;
 
 	if (!pool)
@@ -192,8 +202,10 @@ int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32_t n)
 		return 0;
 	/* len + n can pass 2^32 blocks (block_tokens 1 or 2): counted in 64
 	 * bits, not through blocks_for's uint32_t */
-	return (int64_t)(((uint64_t)s->len + n + pool->kv.bt - 1) >> pool->kv.bt_shift) - s->n_blocks +
-	       needs_cow(pool, s);
+	need = (int64_t)(((uint64_t)s->len + n + pool->kv.bt - 1) >> pool->kv.bt_shift) - s->n_blocks;
+	/* every lane takes as many (its trim may give some back) */
+	return need * (1 + (int64_t)pool->n_lanes) + needs_cow(pool, s) +
+	       (pool->n_lanes ? bkv__lanes_cows(pool, s) : 0);
 }
 
 /* The one-token append of a decode step, when it is simple: the last block is
@@ -208,7 +220,7 @@ static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
 	int32_t b;
 	bkv__block *k;
 
-	if (bt < 2 || s->len >= INT32_MAX)
+	if (bt < 2 || s->len >= INT32_MAX || pool->n_lanes)
 		return 0;
 	if (off) {
 		b = s->table[s->n_blocks - 1];
@@ -262,8 +274,10 @@ void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
 {
 	bkv__seq *s = bkv__seq_get(pool, seq);
 
-	if (s && s->state == BKV__SEQ_OPEN)
-		(void)bkv__table_reserve(pool, s, BKV_MIN(n_blocks, pool->kv.nb));
+	if (s && s->state == BKV__SEQ_OPEN &&
+	    bkv__table_reserve(pool, s, BKV_MIN(n_blocks, pool->kv.nb)) == 0 && pool->n_lanes)
+		(void)bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs),
+					 BKV_MIN(n_blocks, pool->kv.nb));
 }
 
 /* bkv__append_fast's other cases (internal.h): a block boundary takes
@@ -450,7 +464,7 @@ static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 				uint32_t *hit_tokens, int nohit)
 {
-	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i;
+	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0;
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
@@ -474,6 +488,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		return BKV_E2BIG;
 	if (bkv__table_reserve(pool, s, new_blocks))
 		return BKV_ENOMEM;
+	if (pool->n_lanes && bkv__lanes_begin(pool, s, new_blocks))
+		return BKV_ENOMEM;
 
 	off = s->len & (bt - 1);
 	nb0 = s->n_blocks;
@@ -486,11 +502,15 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
 		hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
 				 tokens, n / bt, &relinked);
+	if (pool->n_lanes && hits)
+		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
+	if (pool->n_lanes)
+		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow);
 	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
 		return BKV_ENOSPC;
-	if (cow && bkv__copies_reserve(pool, BKV_COPY_DEVICE, 1))
+	if ((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow))
 		return BKV_ENOMEM;
 
 	/* Commit. */
@@ -509,6 +529,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	if (rem)
 		append_blocks(pool, s, tokens + pos, rem);
 	BKV_ASSERT(s->n_blocks == new_blocks);
+	if (pool->n_lanes)
+		bkv__lanes_commit(pool, s, nb0, hits, tokens, n);
 	s->len = new_len;
 	pool->hit_tokens += (uint64_t)hits * bt;
 	pool->miss_tokens += n - (uint64_t)hits * bt;
@@ -516,6 +538,38 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		*hit_tokens = hits * bt;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;
+}
+
+/* bkv__seq_take_hits in a pool with lanes: whole blocks after a sequence
+ * that ends on a block boundary (a partial last block is not swapped for a
+ * cached one: each lane would have to swap its own). */
+static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, uint32_t n)
+{
+	const uint32_t nb0 = s->n_blocks, bt = pool->kv.bt;
+	uint32_t hits, i, relinked = 0, nbmax;
+	int32_t last = nb0 ? s->table[nb0 - 1] : -1;
+
+	if ((s->len & (bt - 1)) || (last >= 0 && !BLOCK_IS_INDEXED(&pool->kv.blk[last])))
+		return 0;
+	nbmax = BKV_MIN(bkv__blocks_for(pool, (uint64_t)s->len + n), pool->kv.nb);
+	if (bkv__table_reserve(pool, s, nbmax) ||
+	    bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), nbmax))
+		return 0;
+	bkv__lanes_trim(pool, s);
+	hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
+			 tokens, BKV_MIN(n / bt, s->cap - nb0), &relinked);
+	if (hits)
+		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked);
+	if (!hits)
+		return 0;
+	for (i = 0; i < hits; i++)
+		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
+	s->n_blocks = nb0 + hits;
+	bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	s->len += hits * bt;
+	pool->hit_tokens += (uint64_t)hits * bt;
+	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
+	return (int)(hits * bt);
 }
 
 int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
@@ -530,6 +584,8 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 	if ((uint64_t)s->len + n > INT32_MAX)
 		return 0;
 	off = s->len & (bt - 1);
+	if (pool->n_lanes) /* whole blocks only (docs/design.md, "KV groups") */
+		return take_hits_lanes(pool, s, tokens, n);
 	nb0 = s->n_blocks;
 	last = nb0 ? s->table[nb0 - 1] : -1;
 	if (off) {
@@ -592,7 +648,11 @@ int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 		return rc;
 	if (new_len > s->len)
 		return BKV_EINVAL;
+	if (pool->n_lanes && !bkv__lanes_can_truncate(pool, s, new_len))
+		return BKV_ESTATE; /* a window would need KV it released */
 	nbk = bkv__blocks_for(pool, new_len);
+	if (pool->n_lanes)
+		bkv__lanes_truncate(pool, s, nbk, new_len);
 	for (i = s->n_blocks; i-- > nbk;)
 		bkv__block_put(&pool->kv, s->table[i], 0);
 	s->n_blocks = nbk;
@@ -623,6 +683,23 @@ const int32_t *bkv_seq_blocks(const bkv_pool *pool, uint32_t seq, uint32_t *n_bl
 	if (!s)
 		return NULL;
 	return s->table;
+}
+
+const int32_t *bkv_seq_group_blocks(const bkv_pool *pool, uint32_t seq, uint32_t group,
+				    uint32_t *n_blocks)
+{
+	const bkv__seq *s = pool ? bkv__seq_get(pool, seq) : NULL;
+
+	if (n_blocks)
+		*n_blocks = 0;
+	if (!s || group > pool->n_lanes)
+		return NULL;
+	if (n_blocks)
+		*n_blocks = s->n_blocks;
+	if (group == 0)
+		return s->table;
+	/* a lane's table may be unallocated while it has no entries */
+	return s->n_blocks ? pool->lanes[group - 1].seqs[s - pool->seqs].table : s->table;
 }
 
 int bkv_seq_info_get(const bkv_pool *pool, uint32_t seq, bkv_seq_info *info)

@@ -29,7 +29,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	const uint32_t pend = BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN;
 	bkv__copy_list *l;
 	bkv__seq *s;
-	uint32_t i, first;
+	uint32_t i, first, host_need;
 
 	if (!pool)
 		return BKV_EINVAL;
@@ -41,10 +41,18 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	for (i = 0; i < s->n_blocks; i++)
 		if (pool->kv.blk[s->table[i]].flags & pend)
 			return BKV_ESTATE;
-	if (s->n_blocks > pool->host_free)
+	host_need = s->n_blocks;
+	if (pool->n_lanes) {
+		bkv__lanes_trim(pool, s); /* what no token reads again stays */
+		if (bkv__lanes_swap_check(pool, s, &host_need))
+			return BKV_ESTATE;
+	}
+	if (host_need > pool->host_free)
 		return BKV_ENOSPC;
-	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, s->n_blocks))
+	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, host_need))
 		return BKV_ENOMEM;
+	if (pool->n_lanes)
+		bkv__lanes_swap_out(pool, s);
 
 	l = &pool->copies[BKV_COPY_SWAP_OUT];
 	first = l->n;
@@ -70,7 +78,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 {
 	uint32_t bt, i, n_full, hits = 0, relinked = 0;
-	uint64_t ph = BKV__HASH_ROOT, h = 0;
+	uint64_t ph = BKV__HASH_ROOT, h = 0, lanes;
 	int32_t parent = -1;
 	bkv__seq *s;
 
@@ -100,9 +108,11 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		}
 	}
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
-	if ((uint64_t)s->n_blocks - hits > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
+	lanes = pool->n_lanes ? bkv__lanes_swap_in_need(pool, s) : 0;
+	if ((uint64_t)s->n_blocks - hits + lanes >
+	    (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
 		return BKV_ENOSPC;
-	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, s->n_blocks - hits))
+	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, (uint32_t)(s->n_blocks - hits + lanes)))
 		return BKV_ENOMEM;
 
 	/* Commit: the same walk again (nothing changed), then copies. */
@@ -136,6 +146,8 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 			bkv__seq_block_filled(pool, s, i);
 	}
 	pool->swap_in_blocks += s->n_blocks - hits;
+	if (pool->n_lanes)
+		bkv__lanes_swap_in(pool, s);
 	s->state = BKV__SEQ_OPEN;
 	s->clean = 0;
 	pool->nr_swapped--;

@@ -1,0 +1,456 @@
+/*
+ * test_pool_groups.c - pools with KV groups: a sliding window or a chunked
+ * group holds exactly the blocks its next token reads, hits need every
+ * group, and seeded random operations (appends with shared prefixes, forks,
+ * truncates, swaps, closes, step transactions that commit or abort) keep
+ * every group's KV right.
+ *
+ * The random test plays the host as test_pool_prop.c does: the device and
+ * host KV are one int per token slot; computing token t of group g writes t
+ * * 8 + g into the slot the group's table gives; copies are performed in the
+ * documented order before each compute. After every operation every open
+ * sequence is read back through every group's table: each held block must
+ * hold this sequence's own tokens of that group, and each block the group
+ * must hold must be there.
+ */
+#include <criterion/criterion.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAXS 10
+#define MAXLEN 300
+#define NG 4
+
+static const bkv_kv_group groups4[NG] = {
+	{BKV_GROUP_FULL, 2, 0, 0, 256},
+	{BKV_GROUP_WINDOW, 2, 20, 0, 256},
+	{BKV_GROUP_CHUNKED, 1, 32, 0, 256},
+	{BKV_GROUP_WINDOW, 1, 1, 0, 256},
+};
+
+static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bkv_kv_group *g,
+				 uint32_t ng)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = bt;
+	c.device_blocks = nb;
+	c.host_blocks = nh;
+	c.max_seqs = 128;
+	c.n_groups = ng;
+	c.groups = g;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	return p;
+}
+
+/* Blocks group g must hold for a sequence of len tokens (the first one). */
+static uint32_t first_needed(const bkv_kv_group *g, uint32_t bt, uint32_t len)
+{
+	if (g->kind == BKV_GROUP_WINDOW)
+		return len + 1 > g->span ? (len + 1 - g->span) / bt : 0;
+	if (g->kind == BKV_GROUP_CHUNKED)
+		return len / g->span * g->span / bt;
+	return 0;
+}
+
+Test(pool_groups, config_refuses_bad_groups)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	bkv_kv_group g[2] = {{BKV_GROUP_WINDOW, 1, 8, 0, 64}, {BKV_GROUP_FULL, 1, 0, 0, 64}};
+
+	bkv_pool_config_init(&c);
+	c.device_blocks = 16;
+	c.n_groups = 2;
+	c.groups = NULL;
+	cr_expect_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL);
+	c.groups = g; /* group 0 must be full attention */
+	cr_expect_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL);
+	g[0] = (bkv_kv_group){BKV_GROUP_FULL, 1, 0, 0, 64};
+	g[1] = (bkv_kv_group){BKV_GROUP_WINDOW, 1, 0, 0, 64}; /* window 0 */
+	cr_expect_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL);
+	c.n_groups = BKV_MAX_GROUPS + 1;
+	cr_expect_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL);
+	c.n_groups = 1; /* one full group: the plain pool */
+	cr_expect_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cr_expect_null(bkv_seq_group_blocks(p, 1, 1, NULL));
+	bkv_pool_destroy(p);
+}
+
+Test(pool_groups, window_holds_only_the_blocks_its_next_token_reads)
+{
+	const bkv_kv_group g[2] = {{BKV_GROUP_FULL, 12, 0, 0, 2048},
+				   {BKV_GROUP_WINDOW, 12, 128, 0, 2048}};
+	bkv_pool *p = make_group_pool(16, 4096, 0, g, 2);
+	int32_t tok[512];
+	uint32_t s, n, i, k, len = 0, held;
+	const int32_t *t;
+
+	for (i = 0; i < 512; i++)
+		tok[i] = (int32_t)i;
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	/* a prompt in chunks of 512, then decode: after each append, before
+	 * the next, the window group holds what the next token reads plus
+	 * the last append's blocks; at the next append only the former */
+	for (i = 0; i < 8; i++, len += 512)
+		cr_assert_eq(bkv_seq_append(p, s, tok, 512, NULL), BKV_OK);
+	for (i = 0; i < 40; i++, len++) {
+		cr_assert_eq(bkv_seq_append(p, s, tok, 1, NULL), BKV_OK);
+		t = bkv_seq_group_blocks(p, s, 1, &n);
+		cr_assert_eq(n, (len + 1 + 15) / 16);
+		for (held = 0; held < n; held++)
+			if (t[held] >= 0)
+				break;
+		for (k = held; k < n; k++)
+			cr_expect_geq(t[k], 0, "held entries are contiguous");
+		/* held from the block of position len + 1 - 128 (the token just
+		 * appended, at len, read from len - 127) */
+		cr_expect_eq(held, (len - 127) / 16, "len %u: first held %u", len, held);
+		cr_expect_eq(bkv_pool_check(p), 0);
+	}
+	/* the group-0 table is whole */
+	t = bkv_seq_group_blocks(p, s, 0, &n);
+	for (i = 0; i < n; i++)
+		cr_expect_geq(t[i], 0);
+	cr_expect_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
+/* Open 32,768-token sequences (chunks of 512, then one decode token) until
+ * one does not fit; returns how many did. */
+static uint32_t fill_with_32k(bkv_pool *p)
+{
+	int32_t tok[512];
+	uint32_t n, s, i;
+
+	for (n = 0;; n++) {
+		int rc = BKV_OK;
+
+		for (i = 0; i < 512; i++) /* every sequence its own tokens */
+			tok[i] = (int32_t)(i * 7 + n * 100003);
+		if (bkv_seq_open(p, &s) != BKV_OK)
+			break;
+		for (i = 0; i < 64 && rc == BKV_OK; i++)
+			rc = bkv_seq_append(p, s, tok, 512, NULL);
+		if (rc == BKV_OK)
+			rc = bkv_seq_append(p, s, tok, 1, NULL);
+		if (rc != BKV_OK)
+			break;
+	}
+	return n;
+}
+
+Test(pool_groups, hybrid_fits_twice_the_sequences_of_all_full)
+{
+	/* gpt-oss-20b's shape: 12 full + 12 windowed (128) layers. A frame of
+	 * the all-full model holds 24 layers, of the hybrid 12: the same
+	 * memory is twice the frames. */
+	const bkv_kv_group hyb[2] = {{BKV_GROUP_FULL, 12, 0, 0, 2048},
+				     {BKV_GROUP_WINDOW, 12, 128, 0, 2048}};
+	const bkv_kv_group full24[1] = {{BKV_GROUP_FULL, 24, 0, 0, 2048}};
+	const uint32_t frames_full = 40 * 2049;
+	bkv_pool *pf = make_group_pool(16, frames_full, 0, full24, 1);
+	bkv_pool *ph = make_group_pool(16, 2 * frames_full, 0, hyb, 2);
+	uint32_t nf = fill_with_32k(pf), nh = fill_with_32k(ph);
+
+	cr_expect_eq(nf, 40);
+	/* each hybrid sequence holds 2,049 + 9 blocks: 79 fit (1.975x) */
+	cr_expect_geq(nh, 78, "hybrid fits %u sequences of 32k tokens, all-full %u", nh, nf);
+	cr_expect_eq(bkv_pool_check(pf), 0);
+	cr_expect_eq(bkv_pool_check(ph), 0);
+	bkv_pool_destroy(pf);
+	bkv_pool_destroy(ph);
+}
+
+Test(pool_groups, hit_needs_every_group)
+{
+	const bkv_kv_group g[2] = {{BKV_GROUP_FULL, 1, 0, 0, 64},
+				   {BKV_GROUP_WINDOW, 1, 8, 0, 64}};
+	bkv_pool *p = make_group_pool(4, 256, 0, g, 2);
+	int32_t tok[64];
+	uint32_t a, b, c, hit, i;
+
+	for (i = 0; i < 64; i++)
+		tok[i] = (int32_t)(100 + i);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, tok, 64, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK); /* everything cached */
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, tok, 64, &hit), BKV_OK);
+	cr_expect_eq(hit, 64, "every block of both groups cached: a full hit");
+	cr_expect_eq(bkv_pool_check(p), 0);
+	cr_assert_eq(bkv_seq_close(p, b), BKV_OK);
+	/* a full reset loses every group's blocks: no hit */
+	cr_assert_eq(bkv_pool_reset_cache(p), BKV_OK);
+	cr_assert_eq(bkv_seq_open(p, &c), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, c, tok, 40, &hit), BKV_OK);
+	cr_expect_eq(hit, 0);
+	cr_assert_eq(bkv_seq_close(p, c), BKV_OK);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
+/* ---- the random test -------------------------------------------------------- */
+
+typedef struct model {
+	bkv_pool *p;
+	const bkv_kv_group *g;
+	uint32_t ng, bt, nb, nh;
+	int32_t *kv_dev, *kv_host;
+	uint32_t id[MAXS];
+	int open[MAXS];
+	uint32_t len[MAXS];
+	int32_t tok[MAXS][MAXLEN];
+	uint64_t rng;
+	uint64_t hits, ops[12];
+} model;
+
+static uint32_t rnd(model *m, uint32_t n)
+{
+	m->rng ^= m->rng << 13;
+	m->rng ^= m->rng >> 7;
+	m->rng ^= m->rng << 17;
+	return (uint32_t)((m->rng >> 11) % n);
+}
+
+static void host_copies(model *m)
+{
+	const bkv_copy *c;
+	uint32_t n, i, bt = m->bt;
+
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_SWAP_OUT, &c);
+	for (i = 0; i < n; i++)
+		memcpy(m->kv_host + (size_t)c[i].dst * bt, m->kv_dev + (size_t)c[i].src * bt,
+		       bt * sizeof(int32_t));
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_SWAP_IN, &c);
+	for (i = 0; i < n; i++)
+		memcpy(m->kv_dev + (size_t)c[i].dst * bt, m->kv_host + (size_t)c[i].src * bt,
+		       bt * sizeof(int32_t));
+	n = bkv_pool_pending_copies(m->p, BKV_COPY_DEVICE, &c);
+	for (i = 0; i < n; i++)
+		memcpy(m->kv_dev + (size_t)c[i].dst * bt, m->kv_dev + (size_t)c[i].src * bt,
+		       bt * sizeof(int32_t));
+	for (i = 0; i < 3; i++)
+		bkv_pool_clear_copies(m->p, (bkv_copy_kind)i);
+}
+
+/* The host computes positions [from, to) of sequence i in every group. */
+static void compute(model *m, int i, uint32_t from, uint32_t to)
+{
+	uint32_t g, pos, n;
+
+	host_copies(m);
+	for (g = 0; g < m->ng; g++) {
+		const int32_t *t = bkv_seq_group_blocks(m->p, m->id[i], g, &n);
+
+		for (pos = from; pos < to; pos++) {
+			int32_t b = t[pos / m->bt];
+
+			cr_assert_geq(b, 0, "group %u: the block of a written position is held", g);
+			m->kv_dev[(size_t)b * m->bt + pos % m->bt] = m->tok[i][pos] * 8 + (int32_t)g;
+		}
+	}
+}
+
+static void verify(model *m)
+{
+	uint32_t i, g, pos, n;
+	int rc = bkv_pool_check(m->p);
+
+	cr_assert_eq(rc, 0, "bkv_pool_check: %d", rc);
+	host_copies(m);
+	for (i = 0; i < MAXS; i++) {
+		bkv_seq_info info = {0};
+
+		if (!m->open[i])
+			continue;
+		cr_assert_eq(bkv_seq_info_get(m->p, m->id[i], &info), BKV_OK);
+		cr_assert_eq(info.len, m->len[i]);
+		for (g = 0; g < m->ng; g++) {
+			const int32_t *t = bkv_seq_group_blocks(m->p, m->id[i], g, &n);
+			uint32_t first = first_needed(&m->g[g], m->bt, m->len[i]);
+			const int32_t *kv = info.swapped ? m->kv_host : m->kv_dev;
+
+			for (pos = 0; pos < m->len[i]; pos++) {
+				int32_t b = t[pos / m->bt];
+
+				if (pos / m->bt >= first)
+					cr_assert_geq(b, 0, "seq %u group %u block %u needed", i, g,
+						      pos / m->bt);
+				if (b < 0)
+					continue;
+				cr_assert_eq(kv[(size_t)b * m->bt + pos % m->bt],
+					     m->tok[i][pos] * 8 + (int32_t)g,
+					     "seq %u group %u pos %u: wrong KV", i, g, pos);
+			}
+		}
+	}
+}
+
+/* Tokens from a few shared prefixes, so that appends hit. */
+static void gen_tokens(model *m, int32_t *out, uint32_t start, uint32_t n, uint32_t family)
+{
+	uint32_t k;
+
+	for (k = 0; k < n; k++)
+		out[k] = (int32_t)(family * 1000 + (start + k) % 997);
+}
+
+static void op_append(model *m, int i, int txn)
+{
+	uint32_t n = 1 + (rnd(m, 4) ? rnd(m, 3) : rnd(m, 70)), hit = 0, fam = (uint32_t)i % 3;
+	int32_t buf[MAXLEN];
+	int rc;
+
+	if (m->len[i] + n > MAXLEN)
+		return;
+	gen_tokens(m, buf, m->len[i], n, fam);
+	if (rnd(m, 8) == 0)
+		buf[0] += 1; /* diverge */
+	if (txn)
+		bkv__pool_txn_begin(m->p);
+	rc = bkv_seq_append(m->p, m->id[i], buf, n, &hit);
+	if (rc == BKV_OK) {
+		memcpy(&m->tok[i][m->len[i]], buf, n * sizeof(int32_t));
+		compute(m, i, m->len[i] + hit, m->len[i] + n);
+		m->hits += hit;
+		m->len[i] += n;
+		m->ops[0]++;
+	} else {
+		cr_assert(rc == BKV_ENOSPC || rc == BKV_ESTATE, "append: %d", rc);
+	}
+	if (txn) {
+		if (rc == BKV_OK && rnd(m, 4) == 0) {
+			/* the step failed: roll back as the scheduler does */
+			bkv__pool_txn_abort(m->p);
+			cr_assert_eq(bkv_seq_truncate(m->p, m->id[i], m->len[i] - n), BKV_OK);
+			m->len[i] -= n;
+			m->ops[1]++;
+		} else {
+			bkv__pool_txn_commit(m->p);
+		}
+	}
+}
+
+static void op_other(model *m, int i, uint32_t k)
+{
+	uint32_t c;
+	int j, rc;
+
+	switch (k) {
+	case 0: /* fork into a closed slot */
+		for (j = 0; j < MAXS && m->open[j]; j++)
+			;
+		if (j == MAXS)
+			return;
+		rc = bkv_seq_fork(m->p, m->id[i], &c);
+		if (rc == BKV_OK) {
+			m->id[j] = c;
+			m->open[j] = 1;
+			m->len[j] = m->len[i];
+			memcpy(m->tok[j], m->tok[i], sizeof m->tok[i]);
+			m->ops[2]++;
+		}
+		return;
+	case 1:
+		cr_assert_eq(rnd(m, 2) ? bkv_seq_close(m->p, m->id[i]) : bkv_seq_drop(m->p, m->id[i]),
+			     BKV_OK);
+		m->open[i] = 0;
+		m->ops[3]++;
+		return;
+	case 2: {
+		uint32_t nl = m->len[i] ? rnd(m, m->len[i] + 1) : 0;
+
+		rc = bkv_seq_truncate(m->p, m->id[i], nl);
+		if (rc == BKV_OK) {
+			m->len[i] = nl;
+			m->ops[4]++;
+		} else {
+			cr_assert(rc == BKV_ESTATE, "truncate: %d", rc);
+			m->ops[5]++;
+		}
+		return;
+	}
+	case 3:
+		rc = bkv_seq_swap_out(m->p, m->id[i]);
+		cr_assert(rc == BKV_OK || rc == BKV_ESTATE || rc == BKV_ENOSPC);
+		m->ops[6] += rc == BKV_OK;
+		return;
+	default:
+		host_copies(m);
+		rc = bkv_seq_swap_in(m->p, m->id[i]);
+		cr_assert(rc == BKV_OK || rc == BKV_ESTATE || rc == BKV_ENOSPC);
+		m->ops[7] += rc == BKV_OK;
+		return;
+	}
+}
+
+static void run_random(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t steps, int small)
+{
+	model m;
+	uint32_t step;
+	int i;
+
+	memset(&m, 0, sizeof m);
+	m.g = groups4;
+	m.ng = NG;
+	m.bt = bt;
+	m.nb = nb;
+	m.nh = 256;
+	m.rng = seed * 2654435761u + 1;
+	m.p = make_group_pool(bt, nb, m.nh, groups4, NG);
+	m.kv_dev = calloc((size_t)nb * bt, sizeof(int32_t));
+	m.kv_host = calloc((size_t)m.nh * bt, sizeof(int32_t));
+	for (step = 0; step < steps; step++) {
+		i = (int)rnd(&m, MAXS);
+		if (!m.open[i]) {
+			cr_assert_eq(bkv_seq_open(m.p, &m.id[i]), BKV_OK);
+			m.open[i] = 1;
+			m.len[i] = 0;
+			continue;
+		}
+		if (rnd(&m, 3)) {
+			bkv_seq_info info;
+
+			cr_assert_eq(bkv_seq_info_get(m.p, m.id[i], &info), BKV_OK);
+			if (!info.swapped)
+				op_append(&m, i, (int)rnd(&m, 2));
+		} else {
+			op_other(&m, i, rnd(&m, 5));
+		}
+		verify(&m);
+	}
+	cr_expect_gt(m.ops[0], steps / 8, "appends: %lu", (unsigned long)m.ops[0]);
+	if (!small)
+		cr_expect_gt(m.hits, 0, "the shared prefixes hit");
+	cr_expect_gt(m.ops[2] + m.ops[4] + m.ops[6], 0, "forks, truncates and swaps ran");
+	for (i = 0; i < MAXS; i++)
+		if (m.open[i])
+			cr_assert_eq(bkv_seq_close(m.p, m.id[i]), BKV_OK);
+	cr_assert_eq(bkv_pool_check(m.p), 0);
+	bkv_pool_destroy(m.p);
+	free(m.kv_dev);
+	free(m.kv_host);
+}
+
+Test(pool_groups, random_ops_keep_every_groups_kv)
+{
+	uint64_t seed;
+
+	for (seed = 1; seed <= 12; seed++)
+		run_random(seed, seed % 3 == 0 ? 1 : seed % 3 == 1 ? 4 : 8, 160, 1500, 0);
+}
+
+Test(pool_groups, random_ops_in_a_small_pool)
+{
+	uint64_t seed;
+
+	for (seed = 20; seed <= 26; seed++)
+		run_random(seed, 4, 48, 1500, 1);
+}
