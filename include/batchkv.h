@@ -1169,6 +1169,37 @@ typedef struct bkv_table_delta {
 	uint32_t flags; /* BKV_TABLE_* */
 } bkv_table_delta;
 
+/* One KV group's part of a call (bkv_batch.groups), for a pool with KV
+ * groups (bkv_pool_config.groups). Every group computes the same tokens at
+ * the same positions (token_ids, positions, qo_indptr, kv_last_page_len are
+ * the batch's); what differs is where each group's K/V lives. groups[0] is
+ * the batch's own arrays. */
+typedef struct bkv_batch_group {
+	uint32_t kind;                /* the group's bkv_group_kind */
+	uint32_t span;                /* its span (window W, chunk C), 0 for
+					 FULL */
+	const int32_t *slot_mapping;  /* [n_tokens] where each new token's K/V
+					 is written in this group */
+	const int32_t *kv_indptr;     /* flat: [n_rows+1] row r's blocks in
+					 this group are kv_indices[kv_indptr[r]
+					 .. kv_indptr[r+1]); NULL when
+					 persistent */
+	const int32_t *kv_indices;    /* flat: each row's blocks from
+					 kv_first_block[r] to its last block:
+					 a window or chunked group lists only
+					 the blocks its row's tokens read */
+	const int32_t *kv_first_block; /* flat: [n_rows] the logical index of
+					 each row's first entry (0 for FULL);
+					 the entry at kv_indptr[r] holds
+					 positions kv_first_block[r] x
+					 block_tokens on */
+	const int32_t *const *row_tables; /* persistent: [n_row_slots] this
+					 group's table of each slot, valid for
+					 the slots of this call's rows; entries
+					 a window released are -1 */
+	const uint32_t *row_table_len; /* persistent: [n_row_slots] entries */
+} bkv_batch_group;
+
 /* What the host must do in one call. Plain data, owned by the scheduler, valid
  * during the callback. Rows [0, n_decode_rows) are decode rows (one token
  * each); rows [n_decode_rows, n_rows) are prefill chunks. The KV arrays follow
@@ -1221,6 +1252,14 @@ typedef struct bkv_batch {
 	const bkv_table_delta *table_deltas; /* [n_table_deltas] in order */
 	const int32_t *delta_blocks;      /* the entries the deltas write, in
 					     delta order */
+	uint32_t n_groups;                /* KV groups of the pool (1 without
+					     groups) */
+	const bkv_batch_group *groups;    /* [n_groups] each group's slots and
+					     blocks; groups[0] repeats the
+					     arrays above. The table deltas are
+					     group 0's: in the persistent layout
+					     a host reads the other groups'
+					     tables from row_tables */
 } bkv_batch;
 
 /* Why a request ended. For a request with n > 1 samples: the reason of the

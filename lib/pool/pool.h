@@ -351,7 +351,9 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	a->bt = pool->kv.bt;
 	a->shift = pool->kv.bt_shift;
 	a->bt_m2 = pool->kv.bt - 2;
-	a->max_seqs = pool->cfg.max_seqs;
+	/* with KV groups every append takes the general path (pool/lanes.c):
+	 * a max_seqs of 0 makes bkv__append_fast decline */
+	a->max_seqs = pool->n_lanes ? 0 : pool->cfg.max_seqs;
 	a->n = 0;
 }
 
@@ -446,6 +448,24 @@ static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 {
 	return pool->cfg.max_seqs;
+}
+
+/* KV groups after the first, and group g's description. */
+static inline uint32_t bkv__pool_n_lanes(const bkv_pool *pool)
+{
+	return pool->n_lanes;
+}
+
+static inline const bkv_kv_group *bkv__pool_group(const bkv_pool *pool, uint32_t g)
+{
+	return &pool->groups[g];
+}
+
+/* The first logical block a sequence of len tokens reads in group g >= 1
+ * at its next token. */
+static inline uint32_t bkv__pool_group_first(const bkv_pool *pool, uint32_t g, uint64_t len)
+{
+	return bkv__lane_first(pool, &pool->lanes[g - 1], len);
 }
 
 /* seq's clean mark (0 for an unknown id). */

@@ -24,21 +24,24 @@ void bkv__bufs_free(const bkv_allocator *a, bkv__bufs *b)
 {
 	bkv__free(a, b->token_ids, (size_t)b->tok_cap * sizeof(int32_t));
 	bkv__free(a, b->positions, (size_t)b->tok_cap * sizeof(int32_t));
-	bkv__free(a, b->slot_mapping, (size_t)b->tok_cap * sizeof(int32_t));
+	bkv__free(a, b->slot_mapping, (size_t)b->ng * b->tok_cap * sizeof(int32_t));
 	bkv__free(a, b->kv_indices,
-		  ((size_t)b->kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
+		  (size_t)b->ng * ((size_t)b->kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
 	memset(b, 0, sizeof(*b));
 }
 
-int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap)
+int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap,
+		    uint32_t ng)
 {
 	memset(b, 0, sizeof(*b));
 	b->tok_cap = tok_cap;
 	b->kv_cap = kv_cap;
+	b->ng = ng;
 	b->token_ids = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
 	b->positions = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
-	b->slot_mapping = bkv__malloc(a, (size_t)tok_cap * sizeof(int32_t));
-	b->kv_indices = bkv__malloc(a, ((size_t)kv_cap + BKV__KV_SLACK) * sizeof(int32_t));
+	b->slot_mapping = bkv__malloc(a, (size_t)ng * tok_cap * sizeof(int32_t));
+	b->kv_indices = bkv__malloc(a, (size_t)ng * ((size_t)kv_cap + BKV__KV_SLACK) *
+					       sizeof(int32_t));
 	if (!b->token_ids || !b->positions || !b->slot_mapping || !b->kv_indices) {
 		bkv__bufs_free(a, b);
 		return BKV_ENOMEM;
@@ -141,7 +144,7 @@ static int spare_grow(bkv_sched *s, uint32_t tok, uint32_t kv)
 		return BKV_OK;
 	tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
 	kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
-	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv) != BKV_OK)
+	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv, 1 + s->call.n_lanes) != BKV_OK)
 		return BKV_ENOMEM;
 	bkv__bufs_free(&s->alloc, &s->in.spare);
 	s->in.spare = nb;

@@ -113,6 +113,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 		s->bt_shift++;
 	s->device_blocks = ps->device_blocks;
 	s->host_blocks = ps->host_blocks;
+	s->call.n_lanes = bkv__pool_n_lanes(pool);
 }
 
 /* Every array a step uses, sized from max_running and max_queue, and the
@@ -151,8 +152,11 @@ static int arrays_alloc(bkv_sched *s, uint32_t *tok, uint32_t *kv)
 	    !s->plan.dec || !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr ||
 	    !s->call.kv_indptr || !s->call.last_page_len || !s->call.row_sample ||
 	    !s->call.row_req || !s->call.row_branch || !s->call.row_user || !s->call.next_tokens ||
-	    !s->call.chunks || bkv__bufs_alloc(a, &s->call.bufs, *tok, *kv) != BKV_OK)
+	    !s->call.chunks ||
+	    bkv__bufs_alloc(a, &s->call.bufs, *tok, *kv, 1 + s->call.n_lanes) != BKV_OK)
 		return BKV_ENOMEM;
+	if (s->call.n_lanes)
+		return bkv__groups_alloc(s);
 	return BKV_OK;
 }
 
@@ -238,6 +242,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
 	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
 	bkv__rows_free(s);
+	bkv__groups_free(s);
 	bkv__bufs_free(a, &s->call.bufs);
 	bkv__bufs_free(a, &s->in.spare);
 	bkv__decide_destroy(s);

@@ -148,10 +148,13 @@ typedef struct bkv__slot {
 typedef struct bkv__bufs {
 	uint32_t tok_cap;      /* entries in each token array */
 	uint32_t kv_cap;       /* entries in kv_indices */
+	uint32_t ng;           /* KV groups: slot_mapping and kv_indices hold
+				  one array per group, group g's at g x
+				  tok_cap and g x (kv_cap + BKV__KV_SLACK) */
 	int32_t *token_ids;    /* [tok_cap] */
 	int32_t *positions;    /* [tok_cap] */
-	int32_t *slot_mapping; /* [tok_cap] */
-	int32_t *kv_indices;   /* [kv_cap] */
+	int32_t *slot_mapping; /* [ng * tok_cap] */
+	int32_t *kv_indices;   /* [ng * (kv_cap + BKV__KV_SLACK)] */
 } bkv__bufs;
 
 /* Buckets of the step-duration histogram (sched/step.c), +Inf included. */
@@ -284,6 +287,14 @@ typedef struct bkv__call {
 	uint32_t *dirty;       /* [row_cap] fused-pass rows that need their
 				  delta (or a slot) at the call */
 	uint32_t n_dirty;      /* entries in dirty (of plan.dec[0, fill_rows)) */
+	/* KV groups after the first (sched/groups.c); n_lanes 0 without */
+	uint32_t n_lanes;      /* the pool's groups after the first */
+	bkv_batch_group groups[BKV_MAX_GROUPS]; /* this call's, [1 + n_lanes] */
+	uint64_t gctx[BKV_MAX_GROUPS]; /* each group's decode context */
+	int32_t *g_kv_indptr;  /* [n_lanes * (row_cap + 1)] */
+	int32_t *g_kv_first;   /* [(1 + n_lanes) * row_cap]; group 0's zeros */
+	const int32_t **g_row_tables; /* [n_lanes * max_running] */
+	uint32_t *g_row_table_len; /* [n_lanes * max_running] */
 } bkv__call;
 
 /* What the scheduler measures of its own steps, for bkv_sched_stats_get and
@@ -371,10 +382,22 @@ static inline uint64_t bkv__clock_us(const bkv_sched *s)
  * bucket, +Inf, has none. */
 extern const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1];
 
+/* ---- sched/groups.c --------------------------------------------------------- */
+
+/* The per-group call arrays (n_lanes > 0). BKV_OK or BKV_ENOMEM. */
+int bkv__groups_alloc(bkv_sched *s);
+void bkv__groups_free(bkv_sched *s);
+/* Fill the call's groups from its rows (after the group-0 arrays): each
+ * group's slot mapping and, flat, the blocks each row reads, persistent,
+ * the tables; the shape's per-group decode context. */
+void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_t n_rows,
+		       uint32_t n_decode, bkv_step_shape *shape);
+
 /* ---- sched/inbox.c ---------------------------------------------------------- */
 
 /* The token- and block-sized batch arrays (one set; bkv__bufs). */
-int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap);
+int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap,
+		    uint32_t ng);
 void bkv__bufs_free(const bkv_allocator *a, bkv__bufs *b);
 int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv);
 void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si);
