@@ -56,6 +56,44 @@ void tlm_config_small(tlm_config *cfg)
 	cfg->ffn = 176;
 }
 
+uint32_t tlm_n_groups(const tlm_config *c)
+{
+	return 1 + (c->window != 0) + (c->chunk != 0);
+}
+
+uint32_t tlm_layer_group(const tlm_config *c, uint32_t l)
+{
+	if (c->window && c->chunk)
+		return l % 3;
+	if (c->window || c->chunk)
+		return l % 2;
+	return 0;
+}
+
+uint32_t tlm_group_kind(const tlm_config *c, uint32_t g, uint32_t *span)
+{
+	*span = 0;
+	if (g == 0)
+		return 0; /* BKV_GROUP_FULL */
+	if (g == 1 && c->window) {
+		*span = c->window;
+		return 1; /* BKV_GROUP_WINDOW */
+	}
+	*span = c->chunk;
+	return 2; /* BKV_GROUP_CHUNKED */
+}
+
+uint32_t tlm_attn_first(const tlm_config *c, uint32_t l, uint32_t p)
+{
+	uint32_t span, kind = tlm_group_kind(c, tlm_layer_group(c, l), &span);
+
+	if (kind == 1)
+		return p + 1 > span ? p + 1 - span : 0;
+	if (kind == 2)
+		return p / span * span;
+	return 0;
+}
+
 /* Uniform in [-a, a) from the PRNG state. */
 static float uniform(uint64_t *state, float a)
 {

@@ -37,6 +37,10 @@ typedef struct tlm_config {
 	uint32_t max_pos;    /* longest sequence (RoPE table size) */
 	float rope_theta;    /* RoPE base, 10000 as in Llama */
 	uint64_t seed;       /* PRNG seed of every weight */
+	uint32_t window;     /* 0, or a hybrid's sliding window W: position p
+				of a windowed layer attends to p - W + 1 .. p */
+	uint32_t chunk;      /* 0, or a hybrid's chunk C: position p of a
+				chunked layer attends to floor(p / C) * C .. p */
 } tlm_config;
 
 /* One transformer block's weights. Matrices are stored [in][out] (row k holds
@@ -71,6 +75,20 @@ typedef struct tlm_model {
 void tlm_config_default(tlm_config *cfg);
 /* A much smaller model of the same architecture for sanitizer runs. */
 void tlm_config_small(tlm_config *cfg);
+
+/* A hybrid's layers (tlm_layer_group): with both a window and a chunk,
+ * layer l is full attention when l % 3 == 0, windowed when 1, chunked when
+ * 2; with one of them, even layers are full and odd ones windowed (or
+ * chunked). Groups are numbered as the pool's KV groups: 0 full, then
+ * windowed, then chunked (those that exist). */
+#define TLM_MAX_GROUPS 3
+uint32_t tlm_layer_group(const tlm_config *c, uint32_t l);
+/* The kind of group g (a bkv_group_kind value) and its span. */
+uint32_t tlm_group_kind(const tlm_config *c, uint32_t g, uint32_t *span);
+/* Groups of the model: 1 for a plain transformer. */
+uint32_t tlm_n_groups(const tlm_config *c);
+/* The first position a token at position p attends to in layer l. */
+uint32_t tlm_attn_first(const tlm_config *c, uint32_t l, uint32_t p);
 
 /* Build a model from cfg (weights from cfg->seed). Returns NULL on bad config
  * or out of memory. */

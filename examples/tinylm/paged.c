@@ -70,6 +70,12 @@ struct tlm_host {
 	uint32_t cap_rows;
 	const int32_t **row_blk;  /* [cap_rows] row r's table */
 	uint32_t *row_nb;         /* [cap_rows] its entries */
+	/* a hybrid model's groups after the first (tlm_layer_group): row r's
+	 * table in group g, whose logical block i is grp_blk[g][r][i -
+	 * grp_first[g][r]] (a window or chunked group lists only the blocks
+	 * its tokens read); [0] unused (row_blk) */
+	const int32_t **grp_blk[TLM_MAX_GROUPS];  /* [cap_rows] */
+	uint32_t *grp_first[TLM_MAX_GROUPS];      /* [cap_rows] */
 	/* the persistent layout's mirror (allocated at the first persistent
 	 * call, for its n_row_slots) */
 	uint32_t n_slots;         /* row slots mirrored; 0: none yet */
@@ -129,6 +135,8 @@ void tlm_host_destroy(tlm_host *h)
 	free(h->attn), free(h->tmp), free(h->hid), free(h->scores);
 	free(h->krows), free(h->vrows), free(h->logits), free(h->ltmp);
 	free(h->row_blk), free(h->row_nb), free(h->mlen), free(h->mirror), free(h->slot_call);
+	for (uint32_t g = 1; g < TLM_MAX_GROUPS; g++)
+		free(h->grp_blk[g]), free(h->grp_first[g]);
 	free(h);
 }
 
@@ -181,6 +189,10 @@ static int reserve_rows(tlm_host *h, uint32_t rows)
 	if (grow((void **)&h->row_blk, rows * sizeof(*h->row_blk)) ||
 	    grow((void **)&h->row_nb, rows * sizeof(*h->row_nb)))
 		return -1;
+	for (uint32_t g = 1; g < TLM_MAX_GROUPS; g++)
+		if (grow((void **)&h->grp_blk[g], rows * sizeof(*h->grp_blk[g])) ||
+		    grow((void **)&h->grp_first[g], rows * sizeof(*h->grp_first[g])))
+			return -1;
 	h->cap_rows = rows;
 	return 0;
 }
@@ -325,6 +337,89 @@ static int row_tables(tlm_host *h, const bkv_batch *b)
 	return 0;
 }
 
+/* A hybrid's groups after the first: each row's table in each group, from
+ * the batch's groups (flat: the blocks the row reads, from kv_first_block
+ * on; persistent: the library's table of the row's slot). */
+static int group_tables(tlm_host *h, const bkv_batch *b)
+{
+	const uint32_t ng = tlm_n_groups(&h->m->cfg);
+	if (ng == 1)
+		return 0;
+	if (b->n_groups != ng || !b->groups)
+		return violation(h, "batch has %u KV groups, the model %u", b->n_groups, ng);
+	for (uint32_t g = 1; g < ng; g++) {
+		const bkv_batch_group *bg = &b->groups[g];
+		uint32_t span, kind = tlm_group_kind(&h->m->cfg, g, &span);
+		if (bg->kind != kind || bg->span != span || !bg->slot_mapping)
+			return violation(h, "group %u: kind %u span %u, model %u %u", g, bg->kind,
+					 bg->span, kind, span);
+		for (uint32_t r = 0; r < b->n_rows; r++) {
+			if (b->layout == BKV_BATCH_PERSISTENT) {
+				const uint32_t slot = b->row_slot[r];
+				if (!bg->row_tables || bg->row_table_len[slot] != h->row_nb[r])
+					return violation(h, "group %u row %u: no table of %u entries",
+							 g, r, h->row_nb[r]);
+				h->grp_blk[g][r] = bg->row_tables[slot];
+				h->grp_first[g][r] = 0;
+				continue;
+			}
+			if (!bg->kv_indptr || !bg->kv_indices || !bg->kv_first_block)
+				return violation(h, "flat group %u without its kv arrays", g);
+			const int32_t k0 = bg->kv_indptr[r], k1 = bg->kv_indptr[r + 1];
+			const int32_t f = bg->kv_first_block[r];
+			if (k1 < k0 || f < 0 || (uint32_t)f + (uint32_t)(k1 - k0) != h->row_nb[r])
+				return violation(h, "group %u row %u: blocks %d..%d from %d, group 0 %u",
+						 g, r, k0, k1, f, h->row_nb[r]);
+			h->grp_blk[g][r] = bg->kv_indices + k0;
+			h->grp_first[g][r] = (uint32_t)f;
+		}
+	}
+	return 0;
+}
+
+/* Block of position pos of row r in group g, or -1 when the group's table
+ * does not hold it. */
+static int32_t group_block(const tlm_host *h, uint32_t g, uint32_t r, uint32_t pos)
+{
+	const uint32_t i = pos / h->block_tokens;
+	if (g == 0)
+		return i < h->row_nb[r] ? h->row_blk[r][i] : -1;
+	if (i < h->grp_first[g][r] || i >= h->row_nb[r])
+		return -1;
+	return h->grp_blk[g][r][i - h->grp_first[g][r]];
+}
+
+/* Every group's view of row r agrees with its positions: each new token's
+ * slot is the group's block of its position, and every block its tokens
+ * attend to is a device block. */
+static int validate_groups(tlm_host *h, const bkv_batch *b, uint32_t r, uint32_t ctx, uint32_t qo)
+{
+	const tlm_config *c = &h->m->cfg;
+	const uint32_t ng = tlm_n_groups(c), q0 = (uint32_t)b->qo_indptr[r];
+	for (uint32_t g = 1; g < ng; g++) {
+		const int32_t *slots = b->groups[g].slot_mapping;
+		uint32_t l = 0;
+		while (tlm_layer_group(c, l) != g)
+			l++;
+		for (uint32_t t = 0; t < qo; t++) {
+			const uint32_t pos = ctx - qo + t;
+			const int32_t blk = group_block(h, g, r, pos);
+			if (blk < 0 || (uint32_t)blk >= h->device_blocks ||
+			    slots[q0 + t] != blk * (int32_t)h->block_tokens +
+						     (int32_t)(pos % h->block_tokens))
+				return violation(h, "group %u row %u pos %u: slot %d, block %d", g, r,
+						 pos, slots[q0 + t], blk);
+			for (uint32_t j = tlm_attn_first(c, l, pos); j < pos; j += h->block_tokens) {
+				const int32_t rb = group_block(h, g, r, j);
+				if (rb < 0 || (uint32_t)rb >= h->device_blocks)
+					return violation(h, "group %u row %u: position %u unreadable",
+							 g, r, j);
+			}
+		}
+	}
+	return 0;
+}
+
 /* Check everything the computation will rely on; returns the largest context
  * through *max_ctx. */
 static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_t *max_ctx)
@@ -359,7 +454,7 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 		return 0;
 	if (b->qo_indptr[0] != 0)
 		return violation(h, "qo_indptr does not start at 0");
-	if (row_tables(h, b))
+	if (row_tables(h, b) || group_tables(h, b))
 		return -1;
 	if ((uint32_t)b->qo_indptr[b->n_rows] != b->n_tokens)
 		return violation(h, "qo_indptr ends at %d, n_tokens %u", b->qo_indptr[b->n_rows],
@@ -398,6 +493,8 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 				return violation(h, "row %u token %d slot %d, block table says %lld", r,
 						 t, b->slot_mapping[t], (long long)want_slot);
 		}
+		if (validate_groups(h, b, r, ctx, qo))
+			return -1;
 	}
 	return 0;
 }
@@ -453,10 +550,13 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	const uint32_t qw = tlm_q_width(c), kvw = tlm_kv_width(c);
 	tlm_embed(m, n, b->token_ids, h->x);
 	for (uint32_t l = 0; l < c->layers; l++) {
+		const uint32_t g = tlm_layer_group(c, l);
+		const int32_t *slots = g ? b->groups[g].slot_mapping : b->slot_mapping;
 		tlm_layer_qkv(m, l, n, h->x, b->positions, h->q, h->k, h->v, h->tmp);
-		/* reshape_and_cache: new K/V go where slot_mapping says. */
+		/* reshape_and_cache: new K/V go where the layer's group's
+		 * slot_mapping says. */
 		for (uint32_t t = 0; t < n; t++) {
-			const int32_t slot = b->slot_mapping[t];
+			const int32_t slot = slots[t];
 			const int32_t blk = slot / (int32_t)bt;
 			const uint32_t off = (uint32_t)slot % bt;
 			float *base = block_ptr(h, h->kv, h->device_blocks, l, blk);
@@ -464,20 +564,24 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 			memcpy(base + ((size_t)bt + off) * kvw, h->v + (size_t)t * kvw,
 			       kvw * sizeof(float));
 		}
-		/* Paged attention: context only through the block table. */
+		/* Paged attention: context only through the layer's group's
+		 * block table, from the first position the row's tokens read
+		 * (a window or a chunk: not from 0). */
 		for (uint32_t r = 0; r < b->n_rows; r++) {
-			const int32_t *blocks = h->row_blk[r];
 			const uint32_t ctx = row_ctx(h, b, r);
-			for (uint32_t j = 0; j < ctx; j++) {
-				const float *base =
-					block_ptr(h, h->kv, h->device_blocks, l, blocks[j / bt]);
+			const uint32_t q0 = (uint32_t)b->qo_indptr[r], q1 = (uint32_t)b->qo_indptr[r + 1];
+			const uint32_t lo = tlm_attn_first(c, l, ctx - (q1 - q0));
+			for (uint32_t j = lo; j < ctx; j++) {
+				const float *base = block_ptr(h, h->kv, h->device_blocks, l,
+							      group_block(h, g, r, j));
 				h->krows[j] = base + (size_t)(j % bt) * kvw;
 				h->vrows[j] = base + ((size_t)bt + j % bt) * kvw;
 			}
-			const uint32_t q0 = (uint32_t)b->qo_indptr[r], q1 = (uint32_t)b->qo_indptr[r + 1];
-			for (uint32_t t = q0; t < q1; t++)
-				tlm_attend(m, h->q + (size_t)t * qw, ctx - (q1 - t) + 1, h->krows,
-					   h->vrows, h->attn + (size_t)t * qw, h->scores);
+			for (uint32_t t = q0; t < q1; t++) {
+				const uint32_t p = ctx - (q1 - t), first = tlm_attn_first(c, l, p);
+				tlm_attend(m, h->q + (size_t)t * qw, p + 1 - first, h->krows + first,
+					   h->vrows + first, h->attn + (size_t)t * qw, h->scores);
+			}
 		}
 		tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
 	}

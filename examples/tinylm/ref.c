@@ -55,9 +55,12 @@ static void run(ref_ctx *r, float *kc, float *vc, const int32_t *tokens, uint32_
 			r->krows[t] = K + (size_t)t * kvw;
 			r->vrows[t] = Vv + (size_t)t * kvw;
 		}
-		for (uint32_t i = 0; i < n; i++)
-			tlm_attend(m, r->q + (size_t)i * qw, start + i + 1, r->krows, r->vrows,
-				   r->attn + (size_t)i * qw, r->scores);
+		for (uint32_t i = 0; i < n; i++) {
+			/* a hybrid's windowed or chunked layer reads from lo on */
+			const uint32_t lo = tlm_attn_first(c, l, start + i);
+			tlm_attend(m, r->q + (size_t)i * qw, start + i + 1 - lo, r->krows + lo,
+				   r->vrows + lo, r->attn + (size_t)i * qw, r->scores);
+		}
 		tlm_layer_out(m, l, n, r->x, r->attn, r->tmp, r->hid);
 	}
 	free(pos);

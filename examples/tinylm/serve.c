@@ -296,6 +296,20 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	pc.device_blocks = rc->device_blocks;
 	pc.host_blocks = rc->host_blocks;
 	pc.max_seqs = 4096;
+	/* a hybrid model: one KV group per kind of layer (tlm_layer_group) */
+	bkv_kv_group groups[TLM_MAX_GROUPS];
+	pc.n_groups = tlm_n_groups(&m->cfg);
+	for (uint32_t g = 0; g < pc.n_groups; g++) {
+		uint32_t span, kind = tlm_group_kind(&m->cfg, g, &span), layers = 0;
+		for (uint32_t l = 0; l < m->cfg.layers; l++)
+			layers += tlm_layer_group(&m->cfg, l) == g;
+		groups[g] = (bkv_kv_group){.kind = kind, .layers = layers ? layers : 1,
+					   .span = span,
+					   .bytes = 2u * tlm_kv_width(&m->cfg) * sizeof(float)};
+	}
+	pc.groups = groups;
+	if (pc.n_groups == 1)
+		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
 	bkv_pool *pool = NULL;
 	bkv_sched *sched = NULL;
 	serve_ctx sc = {.res = res};

@@ -123,6 +123,12 @@ int bkv__lanes_init(bkv_pool *pool)
 		if (!ln->seqs)
 			return BKV_ENOMEM;
 	}
+	if (pool->n_lanes) {
+		pool->lane_stamp = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
+		pool->lane_touched = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
+		if (!pool->lane_stamp || !pool->lane_touched)
+			return BKV_ENOMEM;
+	}
 	return BKV_OK;
 }
 
@@ -139,6 +145,8 @@ void bkv__lanes_free(bkv_pool *pool)
 			bkv__free(&pool->alloc, ls[j].table, (size_t)ls[j].cap * sizeof(int32_t));
 		bkv__free(&pool->alloc, ls, pool->cfg.max_seqs * sizeof *ls);
 	}
+	bkv__free(&pool->alloc, pool->lane_stamp, pool->cfg.max_seqs * sizeof(uint32_t));
+	bkv__free(&pool->alloc, pool->lane_touched, pool->cfg.max_seqs * sizeof(uint32_t));
 }
 
 /* ---- tables ----------------------------------------------------------------- */
@@ -259,6 +267,39 @@ void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s)
 		if (first > ls->lo)
 			ls->lo = first;
 	}
+}
+
+void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (!pool->kv.txn_active) {
+		bkv__lanes_trim(pool, s);
+		return;
+	}
+	if (pool->lane_stamp[slot] != pool->txn_serial) {
+		pool->lane_stamp[slot] = pool->txn_serial;
+		pool->lane_touched[pool->n_touched++] = slot;
+	}
+}
+
+int bkv__lanes_touched(const bkv_pool *pool, const bkv__seq *s)
+{
+	return pool->kv.txn_active && pool->lane_stamp[s - pool->seqs] == pool->txn_serial;
+}
+
+void bkv__lanes_txn_end(bkv_pool *pool, int commit)
+{
+	uint32_t i;
+
+	for (i = 0; commit && i < pool->n_touched; i++) {
+		const bkv__seq *s = &pool->seqs[pool->lane_touched[i]];
+
+		if (s->state == BKV__SEQ_OPEN)
+			bkv__lanes_trim(pool, s);
+	}
+	pool->n_touched = 0;
+	pool->txn_serial = pool->txn_serial + 1 ? pool->txn_serial + 1 : 1;
 }
 
 /* ---- appends ---------------------------------------------------------------- */
@@ -454,7 +495,7 @@ int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks)
 {
 	if (bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), new_blocks))
 		return BKV_ENOMEM;
-	bkv__lanes_trim(pool, s); /* valid whatever follows */
+	bkv__lanes_touch(pool, s); /* valid whatever follows */
 	return BKV_OK;
 }
 
@@ -464,8 +505,7 @@ void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t
 	const uint32_t bt = pool->kv.bt;
 	uint32_t l;
 
-	if (hits)
-		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	(void)nb0; /* the hits are pinned (bkv__lanes_pin_hits) */
 	for (l = 0; l < pool->n_lanes; l++)
 		lane_append(pool, l, s, s->len + hits * bt, tokens + (size_t)hits * bt,
 			    n - hits * bt);

@@ -282,6 +282,8 @@ uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 void bkv__pool_txn_begin(bkv_pool *pool)
 {
 	bkv__kv_txn_begin(&pool->kv);
+	if (pool->n_lanes)
+		bkv__lanes_txn_end(pool, 0); /* a fresh serial, nothing noted */
 }
 
 /* The KV layer's duplicate hook: queued block b, noted as sequence slot <<
@@ -314,11 +316,15 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 void bkv__pool_txn_commit(bkv_pool *pool)
 {
 	bkv__kv_txn_end(&pool->kv, 1);
+	if (pool->n_lanes)
+		bkv__lanes_txn_end(pool, 1);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }
 
 void bkv__pool_txn_abort(bkv_pool *pool)
 {
 	bkv__kv_txn_end(&pool->kv, 0);
+	if (pool->n_lanes)
+		bkv__lanes_txn_end(pool, 0);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }

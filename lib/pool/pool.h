@@ -115,6 +115,13 @@ struct bkv_pool {
 	bkv_kv_group groups[BKV_MAX_GROUPS]; /* cfg.groups copied (cfg.groups
 				  points here); groups[0] is full attention */
 	bkv__glane lanes[BKV_MAX_GROUPS - 1]; /* [n_lanes] groups 1.. */
+	/* sequences appended inside the open step transaction, trimmed at its
+	 * commit (pool/lanes.c); allocated only with lanes */
+	uint32_t *lane_stamp;  /* [max_seqs] txn_serial of each slot's last
+				  append inside a transaction */
+	uint32_t *lane_touched; /* [max_seqs] slots appended in this one */
+	uint32_t n_touched;    /* entries in lane_touched */
+	uint32_t txn_serial;   /* transactions begun (never 0 inside one) */
 };
 
 /* Sequence ids: slot | gen << BKV__SEQ_SLOT_BITS with a 12-bit generation
@@ -249,9 +256,18 @@ void bkv__lanes_open(bkv_pool *pool, uint32_t slot);
 void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks);
 void bkv__lanes_release(bkv_pool *pool, uint32_t slot, uint32_t n_blocks, int swapped, int drop);
 void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s);
+/* An append's trim: outside a transaction the sequence is trimmed now;
+ * inside one it is noted, and trimmed at commit (the step's kernels read
+ * what its first token needs, whatever later appends of the step add). */
+void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s);
+/* Was s appended inside the open transaction? */
+int bkv__lanes_touched(const bkv_pool *pool, const bkv__seq *s);
+/* The transaction ended: trim what it appended (commit) or forget it. */
+void bkv__lanes_txn_end(bkv_pool *pool, int commit);
 /* An append's lane work: begin (tables reserved, trimmed), the blocks it
- * needs (copy-on-write ones counted into *cows too), commit (hits pinned,
- * the tokens after the hits written; s->len not moved yet). */
+ * needs (copy-on-write ones counted into *cows too), commit (the tokens
+ * after the hits written, the hits pinned before by bkv__lanes_pin_hits;
+ * s->len not moved yet). */
 int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks);
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
 			 uint32_t new_blocks, uint32_t *cows);

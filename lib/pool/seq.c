@@ -516,6 +516,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	/* Commit. */
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
+	if (pool->n_lanes && hits) /* before any take can evict them */
+		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
 	s->n_blocks = nb0 + hits;
 	pos = hits * bt;
 	rem = n - pos;
@@ -555,7 +557,7 @@ static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, u
 	if (bkv__table_reserve(pool, s, nbmax) ||
 	    bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), nbmax))
 		return 0;
-	bkv__lanes_trim(pool, s);
+	bkv__lanes_touch(pool, s);
 	hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
 			 tokens, BKV_MIN(n / bt, s->cap - nb0), &relinked);
 	if (hits)

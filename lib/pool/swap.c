@@ -43,7 +43,8 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 			return BKV_ESTATE;
 	host_need = s->n_blocks;
 	if (pool->n_lanes) {
-		bkv__lanes_trim(pool, s); /* what no token reads again stays */
+		if (!bkv__lanes_touched(pool, s)) /* its KV is computed */
+			bkv__lanes_trim(pool, s); /* what no token reads again stays */
 		if (bkv__lanes_swap_check(pool, s, &host_need))
 			return BKV_ESTATE;
 	}

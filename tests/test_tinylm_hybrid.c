@@ -1,0 +1,200 @@
+/*
+ * test_tinylm_hybrid.c - a hybrid tinylm (full-attention, sliding-window and
+ * chunked-local layers, one KV group each) served through libbatchkv gives
+ * exactly the tokens of running each request alone over contiguous caches.
+ *
+ * The reference (examples/tinylm/ref.c) attends, in a windowed layer, to
+ * the last W positions and, in a chunked layer, to the positions of the
+ * query's own chunk, reading a contiguous array; the paged host reads each
+ * layer's K/V only through that layer's group's tables in the batch. A
+ * block the pool released too early, a slot in the wrong group, or a hit
+ * that one group could not serve shows up as a different token. The runs
+ * cover prefix hits, forks, chunked prefill, preemption by recompute and by
+ * swap, host failures with rollback, split calls, and both batch layouts.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../examples/tinylm/tinylm.h"
+
+static tlm_model *g_model;
+static tlm_workload g_w;
+
+static uint32_t test_jobs(void)
+{
+	const char *e = getenv("TINYLM_TEST_JOBS");
+	if (e && atoi(e) > 0)
+		return (uint32_t)atoi(e);
+	return 120;
+}
+
+/* Three layers: full, a window of 24, chunks of 40 (tlm_layer_group). */
+static void hybrid_setup(void)
+{
+	tlm_config c;
+	tlm_config_small(&c);
+	c.layers = 3;
+	c.window = 24;
+	c.chunk = 40;
+	g_model = tlm_model_create(&c);
+	cr_assert_not_null(g_model);
+	tlm_workload_config wc;
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = test_jobs();
+	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
+	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+}
+
+static void hybrid_teardown(void)
+{
+	tlm_workload_destroy(&g_w);
+	tlm_model_destroy(g_model);
+}
+
+static void run_config(tlm_run_config *rc, uint32_t device_blocks, int persistent)
+{
+	memset(rc, 0, sizeof(*rc));
+	bkv_sched_config_init(&rc->sched);
+	rc->sched.max_running = 16;
+	rc->sched.admit_group = 1;
+	rc->block_tokens = 8;
+	rc->device_blocks = device_blocks;
+	if (persistent)
+		rc->sched.batch_layout = BKV_BATCH_PERSISTENT;
+}
+
+static void serve_and_verify(const tlm_run_config *rc, tlm_run_result *res)
+{
+	int st = tlm_run(&g_w, g_model, rc, res);
+	cr_assert_eq(st, 0, "run failed: %s (%d); host: %s",
+		     st == TLM_STUCK ? "stuck" : bkv_strerror(st), st, res->host_error);
+	char msg[512];
+	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u of %u requests differ from the reference; first: %s", bad,
+		     g_w.n_jobs, msg);
+	cr_assert_eq(res->check, 0, "bkv_sched_check = %d", res->check);
+	cr_assert_eq(res->host.violations, 0);
+	cr_assert_eq(res->sched.finished, g_w.n_jobs);
+	cr_assert_gt(res->sched.hit_tokens, 0, "the prefix cache served hits");
+	cr_assert_eq(res->pool.nr_used, 0, "blocks still referenced after the run");
+	if (rc->sched.batch_layout == BKV_BATCH_PERSISTENT)
+		cr_assert_eq(res->host.mirror_mismatches, 0);
+}
+
+static void continuous(int persistent)
+{
+	tlm_run_config rc;
+	run_config(&rc, 4096, persistent);
+	rc.submit_per_step = 5;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.host.copies, 0, "forks copied a shared partial block");
+}
+
+static void chunked(int persistent)
+{
+	tlm_run_config rc;
+	run_config(&rc, 4096, persistent);
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 48;
+	rc.submit_per_step = 4;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+}
+
+static void tight_recompute(int persistent)
+{
+	tlm_run_config rc;
+	run_config(&rc, 150, persistent);
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
+}
+
+static void tight_swap_split_chunked(int persistent)
+{
+	tlm_run_config rc;
+	run_config(&rc, 150, persistent);
+	rc.host_blocks = 600;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.submit_per_step = 3;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
+	cr_assert_gt(res.host.swap_in, 0);
+}
+
+static void failures(int persistent)
+{
+	tlm_run_config rc;
+	run_config(&rc, 240, persistent);
+	rc.host_blocks = 400;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	tlm_run_result res;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+}
+
+Test(tinylm_hybrid, continuous_batching_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	continuous(0);
+}
+
+Test(tinylm_hybrid, chunked_prefill_with_prefix_hits_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	chunked(0);
+}
+
+Test(tinylm_hybrid, preemption_by_recompute_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	tight_recompute(0);
+}
+
+Test(tinylm_hybrid, swap_split_calls_and_chunks_in_a_tight_pool_match_reference,
+     .init = hybrid_setup, .fini = hybrid_teardown)
+{
+	tight_swap_split_chunked(0);
+}
+
+Test(tinylm_hybrid, host_failures_roll_back_and_match_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	failures(0);
+}
+
+Test(tinylm_hybrid, persistent_continuous_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	continuous(1);
+}
+
+Test(tinylm_hybrid, persistent_chunked_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	chunked(1);
+}
+
+Test(tinylm_hybrid, persistent_preemption_and_swap_match_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	tight_recompute(1);
+	tight_swap_split_chunked(1);
+}
+
+Test(tinylm_hybrid, persistent_failures_match_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	failures(1);
+}
