@@ -208,30 +208,49 @@ typedef struct bkv_kv_group {
 			      STATE: state bytes per sequence per layer */
 } bkv_kv_group;
 
+/*
+ * The sizing functions below share these rules. A group is valid when its
+ * layers and bytes are >= 1, reserved is 0, kind is a bkv_group_kind, and
+ * span is as its field says (FULL 0; WINDOW, CHUNKED >= 1; STATE a multiple
+ * of block_tokens). A group list is valid when it has 1..BKV_MAX_GROUPS valid
+ * groups, at most one of them STATE. block_tokens must be a power of two
+ * (bkv_kv_seq_bytes also takes 0, for a token-exact figure). Anything else is
+ * bad input and gives 0; so does a result that overflows uint64_t. Worked
+ * example (gpt-oss-20b): docs/design.md, "KV groups: sizing".
+ */
+
 /**
  * Bytes of one group's page: for an attention group, block_tokens x layers x
  * bytes (one block of it); for a STATE group, layers x bytes (one unit).
- * @return the bytes, or 0 on bad input (NULL, a zero field, block_tokens not
- *         a power of two, overflow of uint64_t).
+ * @param g             the group.
+ * @param block_tokens  the pool's tokens per block, a power of two.
+ * @return the bytes, or 0 on bad input (NULL g, an invalid group, block_tokens
+ *         not a power of two, overflow).
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_group_page_bytes(const bkv_kv_group *g, uint32_t block_tokens);
 
 /**
  * Bytes of one device block (frame) of a pool with these groups: the largest
- * attention page (a STATE-only model: the STATE page divided by nothing, i.e.
- * the unit itself). groups NULL with n 0 is the one full group of shape-less
- * pools and gives 0.
- * @return the bytes, 0 on bad input (as bkv_kv_group_page_bytes; n >
- *         BKV_MAX_GROUPS; more than one STATE group).
+ * attention page; for a model with only a STATE group, its unit.
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the bytes, or 0 on bad input (NULL groups, n 0 or above
+ *         BKV_MAX_GROUPS, an invalid group, more than one STATE group).
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_frame_bytes(const bkv_kv_group *groups, uint32_t n,
 				    uint32_t block_tokens);
 
 /**
- * Frames one state unit takes: ceil(STATE page / frame bytes); 0 when there
- * is no STATE group or on bad input.
+ * Frames one state unit takes: ceil(STATE page / frame bytes) (1 for a model
+ * with only a STATE group).
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the frames; 0 when there is no STATE group, or on bad input (as
+ *         bkv_kv_frame_bytes).
  * Thread rules: any thread.
  */
 BKV_API uint32_t bkv_kv_state_frames(const bkv_kv_group *groups, uint32_t n,
@@ -240,34 +259,52 @@ BKV_API uint32_t bkv_kv_state_frames(const bkv_kv_group *groups, uint32_t n,
 /**
  * Blocks a sequence of `tokens` tokens holds in group g while the next token
  * (position `tokens`) is computed, the block that token goes into included:
- * FULL ceil((tokens + 1) / block_tokens); WINDOW the blocks covering
- * positions max(0, tokens + 1 - span) .. tokens; CHUNKED those covering
- * floor(tokens / span) x span .. tokens; STATE 0 (see
- * bkv_kv_state_frames). The pool holds exactly this many (tests and
+ * the blocks covering the positions that token reads. FULL
+ * floor(tokens / block_tokens) + 1; WINDOW the blocks covering
+ * max(0, tokens + 1 - span) .. tokens; CHUNKED those covering
+ * floor(tokens / span) x span .. tokens; STATE 0 (its memory is a state
+ * unit, bkv_kv_state_frames). The pool holds exactly this many (tests and
  * docs/benchmarks.md check it).
- * @return the count, 0 on bad input.
+ * @param g             the group.
+ * @param block_tokens  a power of two.
+ * @param tokens        tokens already in the sequence, < UINT64_MAX.
+ * @return the count (>= 1 for an attention group); 0 for STATE or on bad
+ *         input.
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_group_blocks_held(const bkv_kv_group *g, uint32_t block_tokens,
 					  uint64_t tokens);
 
 /**
- * Bytes a sequence of `tokens` tokens needs at the least, token-exact (no
- * block rounding): FULL tokens x layers x bytes, WINDOW min(tokens, span) x
- * layers x bytes, CHUNKED (the tokens of the current chunk) x layers x bytes,
- * STATE layers x bytes; summed over the groups. With block_tokens > 0, the
- * same at block granularity instead: bkv_kv_group_blocks_held x frame bytes
- * per attention group, plus one state unit.
- * @return the bytes, 0 on bad input.
+ * Bytes a sequence of `tokens` tokens holds, summed over the groups. With
+ * block_tokens 0, token-exact, the KV the last token (position tokens - 1)
+ * read, its own included: FULL tokens x layers x bytes, WINDOW
+ * min(tokens, span) x layers x bytes, CHUNKED the tokens of the last token's
+ * chunk (tokens - floor((tokens - 1) / span) x span) x layers x bytes, STATE
+ * layers x bytes. With block_tokens a power of two, what a pool holds
+ * instead: bkv_kv_group_blocks_held x frame bytes per attention group, plus
+ * bkv_kv_state_frames x frame bytes for the state unit.
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  0 (token-exact) or a power of two.
+ * @param tokens        tokens in the sequence, < UINT64_MAX.
+ * @return the bytes (0 for 0 tokens token-exact without a STATE group); 0 on
+ *         bad input (as bkv_kv_frame_bytes) or overflow.
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_seq_bytes(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens,
 				  uint64_t tokens);
 
 /**
- * How many frames of a pool with these groups fit in a byte budget (as
- * bkv_blocks_for_bytes for a plain model).
- * @return the count, clamped to INT32_MAX; 0 on bad input.
+ * How many frames of a pool with these groups fit in a byte budget:
+ * floor(budget / bkv_kv_frame_bytes). For one FULL group of layers x bytes
+ * this is bkv_blocks_for_bytes of the same model.
+ * @param budget        bytes available for KV (frames and state units both).
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the count, clamped to INT32_MAX; 0 on bad input (as
+ *         bkv_kv_frame_bytes).
  * Thread rules: any thread.
  */
 BKV_API uint32_t bkv_frames_for_bytes(uint64_t budget, const bkv_kv_group *groups, uint32_t n,
