@@ -971,7 +971,19 @@ BKV_API bkv_cost_model bkv_cost_poly_model(bkv_cost_poly *poly);
  * where tokens = decode rows + prefill tokens, kv_tokens = tokens whose KV is
  * read or written (decode context + each chunk's start + len), and attn_flops =
  * attn_flops_per_pair * (query, key) pairs (0 ignores attention). Times in
- * microseconds, rates per second. Derivation: docs/cost-model.md. */
+ * microseconds, rates per second.
+ * A hybrid model sets groups (n_groups > 0): its KV bytes and attention pairs
+ * are then counted per group, a group's tokens times its layers x bytes,
+ * instead of kv_bytes_per_token times all tokens: a decode row reads what
+ * shape->group_decode_context gives each group (when the shape has the
+ * model's n_groups; otherwise the bound the shape's sums give, FULL the
+ * context, WINDOW and CHUNKED min(context, rows x span)); a prefill chunk's
+ * query at position p reads keys from where its group starts reading (FULL
+ * 0, WINDOW p - span + 1, CHUNKED floor(p / span) x span); a STATE group's
+ * unit is read and written once per decode row and once per chunk.
+ * attn_flops_per_pair then counts the attention layers only, shared among the
+ * attention groups by their layers. One FULL group of all layers prices
+ * exactly as n_groups 0. Derivation: docs/cost-model.md. */
 typedef struct bkv_cost_roofline {
 	uint32_t size;              /* sizeof(bkv_cost_roofline); set by init */
 	const char *name;           /* preset name, or NULL; never freed */
@@ -989,6 +1001,15 @@ typedef struct bkv_cost_roofline {
 				       Default 1. */
 	double overhead_us;         /* fixed us per call (launches). Default 0 */
 	uint32_t reserved[4];       /* zero; room for later fields */
+	uint32_t n_groups;          /* KV groups of a hybrid model,
+				       0..BKV_MAX_GROUPS; 0 = every layer full
+				       attention at kv_bytes_per_token (then
+				       the groups are not read). Default 0 */
+	const bkv_kv_group *groups; /* [n_groups], not copied: must outlive
+				       the model; valid as the sizing
+				       functions' group lists (block_tokens
+				       plays no part), else the model prices
+				       0. NULL when n_groups is 0 */
 } bkv_cost_roofline;
 
 /* GPU/model pairs with spec-sheet figures; sources in docs/cost-model.md. */
@@ -1013,7 +1034,7 @@ BKV_API int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset pr
  * The work a roofline model counts for one call: the FLOPs and the device
  * bytes moved, e.g. to report model FLOPs and bandwidth utilisation (MFU, MBU)
  * from measured times.
- * @param rl     the model; NULL gives zeros.
+ * @param rl     the model; NULL, or invalid groups, give zeros.
  * @param shape  the call; NULL gives zeros.
  * @param flops      receives FLOPs; may be NULL.
  * @param bytes      receives bytes read or written; may be NULL.
@@ -1026,8 +1047,8 @@ BKV_API void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_
  * Predict one host call with a roofline model.
  * @param rl     the model.
  * @param shape  the call to price.
- * @return microseconds, >= 0; 0 for a NULL argument or a model whose peaks
- *         are not positive.
+ * @return microseconds, >= 0; 0 for a NULL argument, a model whose peaks
+ *         are not positive, or one whose groups are not valid.
  * Thread rules: any thread; reads rl and shape only.
  */
 BKV_API double bkv_cost_roofline_step_us(const bkv_cost_roofline *rl,
