@@ -37,11 +37,15 @@ Test(shape, presets_carry_the_published_group_layouts)
 	expect_group(&s.groups[0], BKV_GROUP_FULL, 18, 0, 2048);
 	expect_group(&s.groups[1], BKV_GROUP_WINDOW, 18, 128, 2048);
 	s = parse_ok("gemma3-27b"); /* 62 layers, every sixth global */
+	cr_assert_eq(s.n_groups, 5u);
 	expect_group(&s.groups[0], BKV_GROUP_FULL, 10, 0, 8192);
-	expect_group(&s.groups[1], BKV_GROUP_WINDOW, 52, 1024, 8192);
+	for (int i = 1; i < 5; i++) /* 52 window layers in groups of 13 */
+		expect_group(&s.groups[i], BKV_GROUP_WINDOW, 13, 1024, 8192);
 	s = parse_ok("llama4-scout"); /* 48 layers, every fourth global */
+	cr_assert_eq(s.n_groups, 4u);
 	expect_group(&s.groups[0], BKV_GROUP_FULL, 12, 0, 4096);
-	expect_group(&s.groups[1], BKV_GROUP_CHUNKED, 36, 8192, 4096);
+	for (int i = 1; i < 4; i++) /* 36 chunked layers in groups of 12 */
+		expect_group(&s.groups[i], BKV_GROUP_CHUNKED, 12, 8192, 4096);
 	s = parse_ok("qwen3-next-80b"); /* 3 Gated DeltaNet layers per full one */
 	expect_group(&s.groups[0], BKV_GROUP_FULL, 12, 0, 2048);
 	expect_group(&s.groups[1], BKV_GROUP_STATE, 36, 0, (32u * 128 * 128 + 3u * 8192) * 2);
@@ -122,6 +126,36 @@ Test(shape, apply_sets_pool_and_roofline_groups_and_weights)
 	cr_assert_eq(sim_shape_apply(&s, &c, err, sizeof(err)), 0, "%s", err);
 	cr_expect_eq(c.n_groups, 2u);
 	cr_expect_eq(c.roofline.n_groups, 0u);
+}
+
+/* Splitting a group into groups of fewer layers changes what a frame holds,
+ * not what a call reads: the roofline prices gemma3-27b's five groups as
+ * the same model with one 52-layer window group. */
+Test(shape, split_window_groups_price_as_one)
+{
+	sim_config c;
+	char err[256] = "";
+	sim_config_init(&c);
+	c.cost_kind = SIM_COST_ROOFLINE;
+	bkv_cost_roofline_init(&c.roofline, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16);
+	sim_shape s = parse_ok("gemma3-27b");
+	cr_assert_eq(sim_shape_apply(&s, &c, err, sizeof(err)), 0, "%s", err);
+	bkv_cost_roofline one = c.roofline;
+	bkv_kv_group merged[2] = {{BKV_GROUP_FULL, 10, 0, 0, 8192},
+				  {BKV_GROUP_WINDOW, 52, 1024, 0, 8192}};
+	one.n_groups = 2;
+	one.groups = merged;
+	uint64_t ctx5[5] = {2 * 32768, 2 * 1024, 2 * 1024, 2 * 1024, 2 * 1024};
+	uint64_t ctx2[2] = {2 * 32768, 2 * 1024};
+	bkv_chunk_shape chunk = {4096, 20000};
+	bkv_step_shape sh = {BKV_CALL_MIXED, 2, 2 * 32768, 1, &chunk, 2, 5, ctx5};
+	double f5, b5, f2, b2;
+	bkv_cost_roofline_work(&c.roofline, &sh, &f5, &b5);
+	sh.n_groups = 2;
+	sh.group_decode_context = ctx2;
+	bkv_cost_roofline_work(&one, &sh, &f2, &b2);
+	cr_expect_float_eq(f5, f2, 1e-9 * f2);
+	cr_expect_float_eq(b5, b2, 1e-9 * b2);
 }
 
 Test(shape, one_full_group_is_the_plain_model)

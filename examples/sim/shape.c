@@ -29,8 +29,9 @@
 typedef struct shape_preset {
 	const char *name;             /* --shape NAME */
 	uint32_t n_groups;            /* entries in groups */
-	bkv_kv_group groups[2];       /* the KV groups (a STATE span of 0:
-					 checkpoint interval chosen at apply) */
+	bkv_kv_group groups[BKV_MAX_GROUPS]; /* the KV groups (a STATE span of
+					 0: checkpoint interval chosen at
+					 apply) */
 	double params;                /* all weights */
 	double active_params;         /* weights per token (MoE: active) */
 	double weight_bytes;          /* bytes of all weights */
@@ -53,19 +54,28 @@ static const shape_preset presets[] = {
 	{"gpt-oss-20b", 2, {G_FULL(12, 2048), G_WINDOW(12, 128, 2048)}, 20.9e9, 3.6e9, 13.8e9,
 	 4.0 * 24 * 64 * 64},
 	/* 36 layers, the same attention; 116.8e9 parameters, 5.1e9 active;
-	 * ~65.1e9 B of weights (MXFP4 experts). */
-	{"gpt-oss-120b", 2, {G_FULL(18, 2048), G_WINDOW(18, 128, 2048)}, 116.8e9, 5.1e9, 65.1e9,
+	 * ~65.2e9 B of weights (MXFP4 experts). */
+	{"gpt-oss-120b", 2, {G_FULL(18, 2048), G_WINDOW(18, 128, 2048)}, 116.8e9, 5.1e9, 65.2e9,
 	 4.0 * 36 * 64 * 64},
 	/* 62 layers, every sixth global: 10 full, 52 with a 1,024-token window;
 	 * 16 KV heads x 128, bf16 (8,192 B); 32 query heads; ~27e9 parameters
-	 * (dense, tied head). */
-	{"gemma3-27b", 2, {G_FULL(10, 8192), G_WINDOW(52, 1024, 8192)}, 27e9, 27e9, 54e9,
-	 4.0 * 62 * 32 * 128},
+	 * (dense, tied head). The 52 window layers as four groups of 13, so
+	 * that a frame (the largest page, 13 layers) wastes 3/13 of itself on
+	 * a full-attention block instead of 42/52 (docs/design.md, "KV
+	 * groups: sizing"). */
+	{"gemma3-27b", 5,
+	 {G_FULL(10, 8192), G_WINDOW(13, 1024, 8192), G_WINDOW(13, 1024, 8192),
+	  G_WINDOW(13, 1024, 8192), G_WINDOW(13, 1024, 8192)},
+	 27e9, 27e9, 54e9, 4.0 * 62 * 32 * 128},
 	/* 48 layers, every fourth global (no RoPE), the rest chunked local
 	 * attention of 8,192 tokens; 8 KV heads x 128, bf16 (4,096 B); 40 query
-	 * heads; 109e9 parameters, 17e9 active. */
-	{"llama4-scout", 2, {G_FULL(12, 4096), G_CHUNK(36, 8192, 4096)}, 109e9, 17e9, 218e9,
-	 4.0 * 48 * 40 * 128},
+	 * heads; 16 experts, one routed plus a shared one per token: 107.8e9
+	 * text parameters, 16.1e9 active, bf16. The 36 chunked layers as three
+	 * groups of 12: every page the same size, no frame waste. */
+	{"llama4-scout", 4,
+	 {G_FULL(12, 4096), G_CHUNK(12, 8192, 4096), G_CHUNK(12, 8192, 4096),
+	  G_CHUNK(12, 8192, 4096)},
+	 107.8e9, 16.1e9, 215.6e9, 4.0 * 48 * 40 * 128},
 	/* 48 layers, every fourth full attention (2 KV heads x 256, bf16: 2,048
 	 * B; 16 query heads), the other 36 Gated DeltaNet: a 32 x 128 x 128
 	 * recurrent state plus a 3 x 8,192 convolution state per layer, bf16:
