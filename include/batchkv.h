@@ -1022,7 +1022,7 @@ typedef enum bkv_roofline_preset {
 
 /**
  * Fill a roofline model with a preset GPU/model pair (efficiencies 1, no
- * overhead, attention FLOPs counted).
+ * overhead, attention FLOPs counted, no KV groups).
  * @param rl      the model to fill.
  * @param preset  which pair.
  * @return BKV_OK; BKV_EINVAL (NULL rl or unknown preset; rl untouched).

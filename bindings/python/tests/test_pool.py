@@ -176,6 +176,16 @@ def test_hybrid_sizing_reproduces_gpt_oss_20b():
     assert batchkv.kv_frame_bytes([KvGroup(GroupKind.WINDOW, 12, 0, 2048)], 16) == 0
 
 
+def test_pool_takes_groups_as_a_sequence():
+    from batchkv import GroupKind, KvGroup
+    with Pool(device_blocks=8, block_tokens=4, groups=[KvGroup(GroupKind.FULL, 4, 0, 1024)]) as p:
+        seq = p.open()
+        p.append(seq, list(range(9)))
+        assert p.info(seq).n_blocks == 3
+    with pytest.raises(batchkv.InvalidArgumentError):   # a window needs its span
+        Pool(device_blocks=8, groups=[KvGroup(GroupKind.WINDOW, 4, 0, 1024)])
+
+
 def test_roofline_prices_kv_groups():
     from batchkv import GroupKind, KvGroup
     d = batchkv.StepShape(kind=batchkv.CallKind.DECODE, decode_rows=1, decode_context=32768,
