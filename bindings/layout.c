@@ -25,6 +25,12 @@ int main(void)
 	F(bkv_model_shape, kv_heads);
 	F(bkv_model_shape, head_dim);
 	F(bkv_model_shape, dtype_bytes);
+	S(bkv_kv_group);
+	F(bkv_kv_group, kind);
+	F(bkv_kv_group, layers);
+	F(bkv_kv_group, span);
+	F(bkv_kv_group, reserved);
+	F(bkv_kv_group, bytes);
 	S(bkv_pool_config);
 	F(bkv_pool_config, size);
 	F(bkv_pool_config, block_tokens);
@@ -36,6 +42,9 @@ int main(void)
 	F(bkv_pool_config, hash_seed);
 	F(bkv_pool_config, event_capacity);
 	F(bkv_pool_config, reserved);
+	F(bkv_pool_config, n_groups);
+	F(bkv_pool_config, state_units);
+	F(bkv_pool_config, groups);
 	S(bkv_pool_stats);
 	F(bkv_pool_stats, size);
 	F(bkv_pool_stats, block_tokens);
@@ -109,6 +118,8 @@ int main(void)
 	F(bkv_step_shape, n_chunks);
 	F(bkv_step_shape, chunks);
 	F(bkv_step_shape, padded_rows);
+	F(bkv_step_shape, n_groups);
+	F(bkv_step_shape, group_decode_context);
 	S(bkv_cost_model);
 	F(bkv_cost_model, step_us);
 	F(bkv_cost_model, observe);
@@ -138,6 +149,8 @@ int main(void)
 	F(bkv_cost_roofline, mem_eff);
 	F(bkv_cost_roofline, overhead_us);
 	F(bkv_cost_roofline, reserved);
+	F(bkv_cost_roofline, n_groups);
+	F(bkv_cost_roofline, groups);
 	S(bkv_table_delta);
 	F(bkv_table_delta, slot);
 	F(bkv_table_delta, start);

@@ -208,30 +208,49 @@ typedef struct bkv_kv_group {
 			      STATE: state bytes per sequence per layer */
 } bkv_kv_group;
 
+/*
+ * The sizing functions below share these rules. A group is valid when its
+ * layers and bytes are >= 1, reserved is 0, kind is a bkv_group_kind, and
+ * span is as its field says (FULL 0; WINDOW, CHUNKED >= 1; STATE a multiple
+ * of block_tokens). A group list is valid when it has 1..BKV_MAX_GROUPS valid
+ * groups, at most one of them STATE. block_tokens must be a power of two
+ * (bkv_kv_seq_bytes also takes 0, for a token-exact figure). Anything else is
+ * bad input and gives 0; so does a result that overflows uint64_t. Worked
+ * example (gpt-oss-20b): docs/design.md, "KV groups: sizing".
+ */
+
 /**
  * Bytes of one group's page: for an attention group, block_tokens x layers x
  * bytes (one block of it); for a STATE group, layers x bytes (one unit).
- * @return the bytes, or 0 on bad input (NULL, a zero field, block_tokens not
- *         a power of two, overflow of uint64_t).
+ * @param g             the group.
+ * @param block_tokens  the pool's tokens per block, a power of two.
+ * @return the bytes, or 0 on bad input (NULL g, an invalid group, block_tokens
+ *         not a power of two, overflow).
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_group_page_bytes(const bkv_kv_group *g, uint32_t block_tokens);
 
 /**
  * Bytes of one device block (frame) of a pool with these groups: the largest
- * attention page (a STATE-only model: the STATE page divided by nothing, i.e.
- * the unit itself). groups NULL with n 0 is the one full group of shape-less
- * pools and gives 0.
- * @return the bytes, 0 on bad input (as bkv_kv_group_page_bytes; n >
- *         BKV_MAX_GROUPS; more than one STATE group).
+ * attention page; for a model with only a STATE group, its unit.
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the bytes, or 0 on bad input (NULL groups, n 0 or above
+ *         BKV_MAX_GROUPS, an invalid group, more than one STATE group).
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_frame_bytes(const bkv_kv_group *groups, uint32_t n,
 				    uint32_t block_tokens);
 
 /**
- * Frames one state unit takes: ceil(STATE page / frame bytes); 0 when there
- * is no STATE group or on bad input.
+ * Frames one state unit takes: ceil(STATE page / frame bytes) (1 for a model
+ * with only a STATE group).
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the frames; 0 when there is no STATE group, or on bad input (as
+ *         bkv_kv_frame_bytes).
  * Thread rules: any thread.
  */
 BKV_API uint32_t bkv_kv_state_frames(const bkv_kv_group *groups, uint32_t n,
@@ -240,34 +259,52 @@ BKV_API uint32_t bkv_kv_state_frames(const bkv_kv_group *groups, uint32_t n,
 /**
  * Blocks a sequence of `tokens` tokens holds in group g while the next token
  * (position `tokens`) is computed, the block that token goes into included:
- * FULL ceil((tokens + 1) / block_tokens); WINDOW the blocks covering
- * positions max(0, tokens + 1 - span) .. tokens; CHUNKED those covering
- * floor(tokens / span) x span .. tokens; STATE 0 (see
- * bkv_kv_state_frames). The pool holds exactly this many (tests and
+ * the blocks covering the positions that token reads. FULL
+ * floor(tokens / block_tokens) + 1; WINDOW the blocks covering
+ * max(0, tokens + 1 - span) .. tokens; CHUNKED those covering
+ * floor(tokens / span) x span .. tokens; STATE 0 (its memory is a state
+ * unit, bkv_kv_state_frames). The pool holds exactly this many (tests and
  * docs/benchmarks.md check it).
- * @return the count, 0 on bad input.
+ * @param g             the group.
+ * @param block_tokens  a power of two.
+ * @param tokens        tokens already in the sequence, < UINT64_MAX.
+ * @return the count (>= 1 for an attention group); 0 for STATE or on bad
+ *         input.
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_group_blocks_held(const bkv_kv_group *g, uint32_t block_tokens,
 					  uint64_t tokens);
 
 /**
- * Bytes a sequence of `tokens` tokens needs at the least, token-exact (no
- * block rounding): FULL tokens x layers x bytes, WINDOW min(tokens, span) x
- * layers x bytes, CHUNKED (the tokens of the current chunk) x layers x bytes,
- * STATE layers x bytes; summed over the groups. With block_tokens > 0, the
- * same at block granularity instead: bkv_kv_group_blocks_held x frame bytes
- * per attention group, plus one state unit.
- * @return the bytes, 0 on bad input.
+ * Bytes a sequence of `tokens` tokens holds, summed over the groups. With
+ * block_tokens 0, token-exact, the KV the last token (position tokens - 1)
+ * read, its own included: FULL tokens x layers x bytes, WINDOW
+ * min(tokens, span) x layers x bytes, CHUNKED the tokens of the last token's
+ * chunk (tokens - floor((tokens - 1) / span) x span) x layers x bytes, STATE
+ * layers x bytes. With block_tokens a power of two, what a pool holds
+ * instead: bkv_kv_group_blocks_held x frame bytes per attention group, plus
+ * bkv_kv_state_frames x frame bytes for the state unit.
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  0 (token-exact) or a power of two.
+ * @param tokens        tokens in the sequence, < UINT64_MAX.
+ * @return the bytes (0 for 0 tokens token-exact without a STATE group); 0 on
+ *         bad input (as bkv_kv_frame_bytes) or overflow.
  * Thread rules: any thread.
  */
 BKV_API uint64_t bkv_kv_seq_bytes(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens,
 				  uint64_t tokens);
 
 /**
- * How many frames of a pool with these groups fit in a byte budget (as
- * bkv_blocks_for_bytes for a plain model).
- * @return the count, clamped to INT32_MAX; 0 on bad input.
+ * How many frames of a pool with these groups fit in a byte budget:
+ * floor(budget / bkv_kv_frame_bytes). For one FULL group of layers x bytes
+ * this is bkv_blocks_for_bytes of the same model.
+ * @param budget        bytes available for KV (frames and state units both).
+ * @param groups        [n] the groups.
+ * @param n             1..BKV_MAX_GROUPS.
+ * @param block_tokens  a power of two.
+ * @return the count, clamped to INT32_MAX; 0 on bad input (as
+ *         bkv_kv_frame_bytes).
  * Thread rules: any thread.
  */
 BKV_API uint32_t bkv_frames_for_bytes(uint64_t budget, const bkv_kv_group *groups, uint32_t n,
@@ -952,7 +989,19 @@ BKV_API bkv_cost_model bkv_cost_poly_model(bkv_cost_poly *poly);
  * where tokens = decode rows + prefill tokens, kv_tokens = tokens whose KV is
  * read or written (decode context + each chunk's start + len), and attn_flops =
  * attn_flops_per_pair * (query, key) pairs (0 ignores attention). Times in
- * microseconds, rates per second. Derivation: docs/cost-model.md. */
+ * microseconds, rates per second.
+ * A hybrid model sets groups (n_groups > 0): its KV bytes and attention pairs
+ * are then counted per group, a group's tokens times its layers x bytes,
+ * instead of kv_bytes_per_token times all tokens: a decode row reads what
+ * shape->group_decode_context gives each group (when the shape has the
+ * model's n_groups; otherwise the bound the shape's sums give, FULL the
+ * context, WINDOW and CHUNKED min(context, rows x span)); a prefill chunk's
+ * query at position p reads keys from where its group starts reading (FULL
+ * 0, WINDOW p - span + 1, CHUNKED floor(p / span) x span); a STATE group's
+ * unit is read and written once per decode row and once per chunk.
+ * attn_flops_per_pair then counts the attention layers only, shared among the
+ * attention groups by their layers. One FULL group of all layers prices
+ * exactly as n_groups 0. Derivation: docs/cost-model.md. */
 typedef struct bkv_cost_roofline {
 	uint32_t size;              /* sizeof(bkv_cost_roofline); set by init */
 	const char *name;           /* preset name, or NULL; never freed */
@@ -970,6 +1019,15 @@ typedef struct bkv_cost_roofline {
 				       Default 1. */
 	double overhead_us;         /* fixed us per call (launches). Default 0 */
 	uint32_t reserved[4];       /* zero; room for later fields */
+	uint32_t n_groups;          /* KV groups of a hybrid model,
+				       0..BKV_MAX_GROUPS; 0 = every layer full
+				       attention at kv_bytes_per_token (then
+				       the groups are not read). Default 0 */
+	const bkv_kv_group *groups; /* [n_groups], not copied: must outlive
+				       the model; valid as the sizing
+				       functions' group lists (block_tokens
+				       plays no part), else the model prices
+				       0. NULL when n_groups is 0 */
 } bkv_cost_roofline;
 
 /* GPU/model pairs with spec-sheet figures; sources in docs/cost-model.md. */
@@ -982,7 +1040,7 @@ typedef enum bkv_roofline_preset {
 
 /**
  * Fill a roofline model with a preset GPU/model pair (efficiencies 1, no
- * overhead, attention FLOPs counted).
+ * overhead, attention FLOPs counted, no KV groups).
  * @param rl      the model to fill.
  * @param preset  which pair.
  * @return BKV_OK; BKV_EINVAL (NULL rl or unknown preset; rl untouched).
@@ -994,7 +1052,7 @@ BKV_API int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset pr
  * The work a roofline model counts for one call: the FLOPs and the device
  * bytes moved, e.g. to report model FLOPs and bandwidth utilisation (MFU, MBU)
  * from measured times.
- * @param rl     the model; NULL gives zeros.
+ * @param rl     the model; NULL, or invalid groups, give zeros.
  * @param shape  the call; NULL gives zeros.
  * @param flops      receives FLOPs; may be NULL.
  * @param bytes      receives bytes read or written; may be NULL.
@@ -1007,8 +1065,8 @@ BKV_API void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_
  * Predict one host call with a roofline model.
  * @param rl     the model.
  * @param shape  the call to price.
- * @return microseconds, >= 0; 0 for a NULL argument or a model whose peaks
- *         are not positive.
+ * @return microseconds, >= 0; 0 for a NULL argument, a model whose peaks
+ *         are not positive, or one whose groups are not valid.
  * Thread rules: any thread; reads rl and shape only.
  */
 BKV_API double bkv_cost_roofline_step_us(const bkv_cost_roofline *rl,

@@ -259,6 +259,211 @@ Test(cost, roofline_presets_carry_spec_sheet_figures)
 			   (2.0 * 13015864320.0 + 819200.0) / 2039e9 * 1e6, 1e-6);
 }
 
+/* ---- roofline over KV groups --------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s); /* below, with the calibrated tests */
+
+/* Attention pairs of queries s..s+l-1 of a group, by walking every query. */
+static double pairs_by_walk(const bkv_kv_group *g, uint32_t s, uint32_t l)
+{
+	double pairs = 0.0;
+	for (uint64_t q = s; q < (uint64_t)s + l; q++) {
+		uint64_t first = 0;
+		if (g->kind == BKV_GROUP_WINDOW)
+			first = q + 1 > g->span ? q + 1 - g->span : 0;
+		else if (g->kind == BKV_GROUP_CHUNKED)
+			first = q - q % g->span;
+		pairs += (double)(q + 1 - first);
+	}
+	return pairs;
+}
+
+/* Llama-2-13B's 40 layers of 20,480 KV bytes per token as one FULL group:
+ * every call prices as the same model without groups. */
+Test(cost, roofline_one_full_group_prices_as_no_groups)
+{
+	bkv_cost_roofline plain, grouped;
+	bkv_cost_roofline_init(&plain, BKV_ROOFLINE_A100_80GB_LLAMA2_13B_FP16);
+	bkv_kv_group full = {BKV_GROUP_FULL, 40, 0, 0, 20480};
+	grouped = plain;
+	grouped.n_groups = 1;
+	grouped.groups = &full;
+	uint64_t seed = 7;
+	for (int it = 0; it < 500; it++) {
+		bkv_chunk_shape c[4];
+		uint64_t r = rng_next(&seed);
+		bkv_step_shape sh = {0};
+		sh.kind = (bkv_call_kind)(r % 3);
+		sh.decode_rows = sh.kind == BKV_CALL_PREFILL ? 0 : (uint32_t)(r >> 8) % 64;
+		sh.decode_context = sh.decode_rows * ((r >> 16) % 40000);
+		sh.padded_rows = (uint32_t)(r >> 32) % 80;
+		sh.n_chunks = sh.kind == BKV_CALL_DECODE ? 0 : (uint32_t)(r >> 40) % 5;
+		for (uint32_t i = 0; i < sh.n_chunks; i++) {
+			uint64_t q = rng_next(&seed);
+			c[i].len = 1 + (uint32_t)(q % 4096);
+			c[i].start = (uint32_t)((q >> 20) % 30000);
+		}
+		sh.chunks = sh.n_chunks ? c : NULL;
+		double f0, b0, f1, b1;
+		bkv_cost_roofline_work(&plain, &sh, &f0, &b0);
+		bkv_cost_roofline_work(&grouped, &sh, &f1, &b1);
+		cr_assert(fabs(f1 - f0) <= 1e-12 * f0 && fabs(b1 - b0) <= 1e-12 * b0,
+			  "it %d: flops %.17g vs %.17g, bytes %.17g vs %.17g", it, f1, f0, b1, b0);
+		double t0 = bkv_cost_roofline_step_us(&plain, &sh);
+		double t1 = bkv_cost_roofline_step_us(&grouped, &sh);
+		cr_assert(fabs(t1 - t0) <= 1e-12 * t0, "it %d: %.17g vs %.17g", it, t1, t0);
+	}
+}
+
+/* gpt-oss-20b's window group alone (12 layers, 2,048 B, W 128): a decode
+ * row at 32,768 tokens of context reads 128 tokens and writes its own. */
+Test(cost, roofline_window_decode_at_32k_reads_w_tokens)
+{
+	bkv_cost_roofline rl = toy_roofline();
+	bkv_kv_group win = {BKV_GROUP_WINDOW, 12, 128, 0, 2048};
+	rl.attn_flops_per_pair = 4.0 * 12 * 64 * 64;
+	rl.n_groups = 1;
+	rl.groups = &win;
+	uint64_t gctx = 128; /* min(32768, 128), what the scheduler reports */
+	bkv_step_shape s = decode_shape(1, 32768, 0);
+	s.n_groups = 1;
+	s.group_decode_context = &gctx;
+	double f, b;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect_float_eq(b, 1e9 + 12.0 * 2048.0 * (128 + 1), 1e-3);
+	cr_expect_float_eq(f, 2e9 + rl.attn_flops_per_pair * (128 + 1), 1e-3);
+	/* Without the scheduler's per-group figure the bound rows x W is the
+	 * same here. */
+	s.n_groups = 0;
+	s.group_decode_context = NULL;
+	double f2, b2;
+	bkv_cost_roofline_work(&rl, &s, &f2, &b2);
+	cr_expect_float_eq(b2, b, 1e-3);
+	cr_expect_float_eq(f2, f, 1e-3);
+}
+
+/* A chunk of 100 queries from offset 50: W 64 gives 13 queries
+ * (51..63 keys) + 87 x 64 = 6,309 pairs; C 64 gives 51..64, 1..64 and
+ * 1..22 = 3,138 pairs; both read the 50 cached keys. */
+Test(cost, roofline_prefill_counts_only_the_keys_a_window_or_chunk_reads)
+{
+	bkv_cost_roofline rl = toy_roofline();
+	rl.attn_flops_per_pair = 1000.0;
+	bkv_kv_group g = {BKV_GROUP_WINDOW, 1, 64, 0, 1000};
+	rl.n_groups = 1;
+	rl.groups = &g;
+	bkv_chunk_shape c = {100, 50};
+	bkv_step_shape s = prefill_shape(&c, 1);
+	double f, b;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect_float_eq(f, 2e11 + 1000.0 * 6309, 1e-3);
+	cr_expect_float_eq(b, 1e9 + 1000.0 * (50 + 100), 1e-3);
+	g.kind = BKV_GROUP_CHUNKED;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect_float_eq(f, 2e11 + 1000.0 * 3138, 1e-3);
+	cr_expect_float_eq(b, 1e9 + 1000.0 * (50 + 100), 1e-3);
+	/* Past the first window only W - 1 cached keys are read; a chunk
+	 * boundary reads none. */
+	c.start = 1000;
+	g.kind = BKV_GROUP_WINDOW;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect_float_eq(b, 1e9 + 1000.0 * (63 + 100), 1e-3);
+	c.start = 1024;
+	g.kind = BKV_GROUP_CHUNKED;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect_float_eq(b, 1e9 + 1000.0 * 100, 1e-3);
+	/* The closed forms against a walk over every query. */
+	static const uint32_t spans[] = {1, 7, 64, 128, 8192};
+	for (uint32_t k = BKV_GROUP_FULL; k <= BKV_GROUP_CHUNKED; k++)
+		for (size_t si = 0; si < sizeof(spans) / sizeof(spans[0]); si++)
+			for (uint32_t st = 0; st < 20000; st += 997) {
+				g = (bkv_kv_group){k, 1, k == BKV_GROUP_FULL ? 0 : spans[si], 0, 1};
+				c = (bkv_chunk_shape){1 + st % 3001, st};
+				bkv_cost_roofline_work(&rl, &s, &f, &b);
+				double want = 2e9 * c.len + 1000.0 * pairs_by_walk(&g, c.start, c.len);
+				cr_assert_float_eq(f, want, 1e-6 * want, "kind %u span %u start %u", k,
+						   g.span, st);
+			}
+}
+
+/* gpt-oss-20b-like: 24 layers of 2,048 B. Half window (W 128) prices between
+ * all window and all full, for decode at 32k and for a long prefill. */
+Test(cost, roofline_hybrid_prices_between_all_window_and_all_full)
+{
+	bkv_kv_group hybrid[2] = {{BKV_GROUP_FULL, 12, 0, 0, 2048},
+				  {BKV_GROUP_WINDOW, 12, 128, 0, 2048}};
+	bkv_kv_group full = {BKV_GROUP_FULL, 24, 0, 0, 2048};
+	bkv_kv_group win = {BKV_GROUP_WINDOW, 24, 128, 0, 2048};
+	bkv_cost_roofline rl;
+	bkv_cost_roofline_init(&rl, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16);
+	rl.model_bytes = 13e9;
+	rl.active_params = 3.6e9;
+	rl.attn_flops_per_pair = 4.0 * 24 * 64 * 64;
+	bkv_chunk_shape c = {8192, 24576};
+	bkv_step_shape shapes[2] = {decode_shape(256, 256ull * 32768, 0), prefill_shape(&c, 1)};
+	for (int i = 0; i < 2; i++) {
+		double t[3];
+		const bkv_kv_group *gs[3] = {&win, hybrid, &full};
+		uint32_t ns[3] = {1, 2, 1};
+		for (int m = 0; m < 3; m++) {
+			rl.n_groups = ns[m];
+			rl.groups = gs[m];
+			t[m] = bkv_cost_roofline_step_us(&rl, &shapes[i]);
+		}
+		cr_expect(t[0] < t[1] && t[1] < t[2], "shape %d: %g %g %g", i, t[0], t[1], t[2]);
+	}
+	/* Decode at 32k is KV-bound: the hybrid's KV read is half the full one
+	 * plus the window's 12 x 129 tokens per row. */
+	double b_full, b_hyb;
+	rl.n_groups = 1;
+	rl.groups = &full;
+	bkv_cost_roofline_work(&rl, &shapes[0], NULL, &b_full);
+	rl.n_groups = 2;
+	rl.groups = hybrid;
+	bkv_cost_roofline_work(&rl, &shapes[0], NULL, &b_hyb);
+	cr_expect_float_eq(b_full - 13e9, 24.0 * 2048 * 256 * (32768 + 1), 1.0);
+	cr_expect_float_eq(b_hyb - 13e9, 12.0 * 2048 * 256 * (32768 + 1 + 128 + 1), 1.0);
+}
+
+Test(cost, roofline_state_group_moves_its_unit_per_row_and_chunk)
+{
+	bkv_cost_roofline rl = toy_roofline();
+	rl.attn_flops_per_pair = 100.0;
+	bkv_kv_group g[2] = {{BKV_GROUP_FULL, 1, 0, 0, 1000},
+			     {BKV_GROUP_STATE, 3, 0, 0, 500000}};
+	rl.n_groups = 2;
+	rl.groups = g;
+	bkv_chunk_shape c[2] = {{10, 0}, {20, 5}};
+	bkv_step_shape s = prefill_shape(c, 2);
+	s.kind = BKV_CALL_MIXED;
+	s.decode_rows = 4;
+	s.decode_context = 400;
+	double f, b;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	/* full: 400 + 4 decode tokens, chunks 0 + 10 and 5 + 20; state: read
+	 * and written for 4 rows and 2 chunks. Pairs: 404 + 55 + (20*5 + 210). */
+	cr_expect_float_eq(b, 1e9 + 1000.0 * (404 + 10 + 25) + 2.0 * 1.5e6 * 6, 1e-3);
+	cr_expect_float_eq(f, 2e9 * 34 + 100.0 * (404 + 55 + 310), 1e-3);
+}
+
+Test(cost, roofline_with_invalid_groups_prices_zero)
+{
+	bkv_cost_roofline rl = toy_roofline();
+	bkv_kv_group bad = {BKV_GROUP_WINDOW, 4, 0, 0, 1000}; /* no window */
+	rl.n_groups = 1;
+	rl.groups = &bad;
+	bkv_step_shape s = decode_shape(4, 1000, 0);
+	double f = -1.0, b = -1.0;
+	bkv_cost_roofline_work(&rl, &s, &f, &b);
+	cr_expect(f == 0.0 && b == 0.0);
+	cr_expect_eq(bkv_cost_roofline_step_us(&rl, &s), 0.0);
+	rl.groups = NULL;
+	cr_expect_eq(bkv_cost_roofline_step_us(&rl, &s), 0.0);
+	bad.span = 16;
+	rl.groups = &bad;
+	cr_expect(bkv_cost_roofline_step_us(&rl, &s) > 0.0);
+}
+
 /* ---- calibrated ---------------------------------------------------------- */
 
 /* splitmix64: a deterministic generator for shapes and noise. */

@@ -19,6 +19,7 @@
  * settled once after the walk, in cli_parse.
  */
 #include "cli.h"
+#include "shape.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -448,6 +449,12 @@ static const cli_option options[] = {
 	VALUE("--cost", set_cost,
 	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
 	      "     presets: a100-llama2-13b, h100-llama3-8b, a100-opt-13b\n"),
+	{"--shape", ARG_VALUE, set_str, OPT(shape), 0, 0,
+	 "  --shape NAME|custom:SPEC   the model's KV groups, in the pool and the\n"
+	 "                             roofline (a preset also sets its weights):\n"
+	 "     llama3-8b, gpt-oss-20b, gpt-oss-120b, gemma3-27b, llama4-scout,\n"
+	 "     qwen3-next-80b; SPEC: KIND[SPAN]:LAYERSxBYTES,... with KIND full,\n"
+	 "     windowW, chunkC, state[INTERVAL], e.g. full:12x2048,window128:12x2048\n"},
 	FLAG("--no-model", CFG(give_model), 0,
 	     "  --no-model                 do not give the model to the scheduler\n"),
 	FLAG("--calibrate", CFG(calibrate), 1,
@@ -535,6 +542,20 @@ static void settle(cli_args *a)
 									     : SIM_GEN_TOKENS;
 }
 
+/* --shape, once --cost and --block-tokens are known: the pool's groups and
+ * the roofline's (shape.c). */
+static int apply_shape(cli_args *a)
+{
+	sim_shape sh;
+	char err[256];
+	if (sim_shape_parse(a->o.shape, &sh, err, sizeof(err)) ||
+	    sim_shape_apply(&sh, &a->c, err, sizeof(err))) {
+		fprintf(stderr, "bkv-sim: --shape %s: %s\n", a->o.shape, err);
+		return -1;
+	}
+	return 0;
+}
+
 int cli_parse(int argc, char **argv, cli_args *a)
 {
 	defaults(a);
@@ -570,5 +591,5 @@ int cli_parse(int argc, char **argv, cli_args *a)
 		}
 	}
 	settle(a);
-	return -1;
+	return a->o.shape && apply_shape(a) ? 2 : -1;
 }

@@ -52,6 +52,7 @@ typedef struct opts {
 	double trace_rate;       /* --rate: a trace's arrivals scaled to this
 				    mean rate, req/s; 0 = as recorded */
 	const char *cost_name;   /* --cost as given, for the title ("poly") */
+	const char *shape;       /* --shape as given (shape.c); NULL: none */
 	int big_gpu;             /* the cost model is an H100's (vLLM's larger
 				    defaults) */
 	int goodput;             /* --goodput given */

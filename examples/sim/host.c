@@ -27,6 +27,7 @@
  * and collect (the results), then run_close.
  */
 #include "sim.h"
+#include "shape.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -138,6 +139,7 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		h->chunk_cap = cap;
 	}
 	bkv_step_shape s;
+	uint64_t gctx[BKV_MAX_GROUPS] = {0}; /* each KV group's decode context */
 	memset(&s, 0, sizeof(s));
 	s.kind = kind;
 	s.decode_rows = b->n_decode_rows;
@@ -145,6 +147,7 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
 		if (r < b->n_decode_rows) {
 			s.decode_context += (uint64_t)b->positions[q1 - 1] + 1;
+			sim_shape_add_row(h->cfg, (uint64_t)b->positions[q1 - 1] + 1, gctx);
 		} else {
 			bkv_chunk_shape *c = &h->chunks[r - b->n_decode_rows];
 			c->len = (uint32_t)(q1 - q0);
@@ -154,6 +157,8 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 	s.n_chunks = n_chunks;
 	s.chunks = n_chunks ? h->chunks : NULL;
 	s.padded_rows = s.decode_rows;
+	s.n_groups = h->cfg->n_groups;
+	s.group_decode_context = s.n_groups ? gctx : NULL;
 	if (h->cfg->policy == BKV_POLICY_STATIC) {
 		if (kind == BKV_CALL_PREFILL)
 			h->group = n_chunks;
@@ -298,6 +303,11 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 			longest = need;
 	}
 	uint64_t per = (longest + cfg->block_tokens - 1) / cfg->block_tokens + 1;
+	/* A hybrid (shape.c): the frames its groups hold. */
+	uint64_t frame = cfg->n_groups ? bkv_kv_frame_bytes(cfg->groups, cfg->n_groups,
+							    cfg->block_tokens) : 0;
+	if (frame)
+		per = bkv_kv_seq_bytes(cfg->groups, cfg->n_groups, cfg->block_tokens, longest) / frame;
 	uint64_t n = per * (cfg->pool_slots ? cfg->pool_slots : cfg->slots) + 64;
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
 }
@@ -442,9 +452,15 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 	pc->host_blocks = cfg->host_blocks;
 	pc->max_seqs = cfg->slots * 2 + 64;
 	pc->prefix_cache = cfg->prefix_cache;
+	pc->n_groups = cfg->n_groups;
+	pc->groups = cfg->n_groups ? cfg->groups : NULL;
 	int rc = bkv_pool_create(pc, NULL, &r->pool);
 	if (rc)
-		snprintf(err, errlen, "bkv_pool_create: %s", bkv_strerror(rc));
+		snprintf(err, errlen, "bkv_pool_create: %s%s", bkv_strerror(rc),
+			 rc == BKV_EINVAL && cfg->n_groups
+				 ? " (the pool refused the shape's KV groups; a pool without "
+				   "KV-group support takes one full-attention group only)"
+				 : "");
 	return rc;
 }
 

@@ -78,6 +78,13 @@ typedef struct sim_config {
 	bkv_preempt_mode preempt;  /* bkv_sched_config.preempt; AUTO (0) keeps
 				      bkv-sim's rule: swap with a host tier,
 				      else recompute */
+	uint32_t n_groups;         /* the model's KV groups (--shape,
+				      shape.c), 0..BKV_MAX_GROUPS; 0 = one
+				      full-attention group */
+	bkv_kv_group groups[BKV_MAX_GROUPS]; /* [n_groups], the pool's groups;
+				      roofline.groups may point here (a copy
+				      of this config then shares the
+				      original's array) */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */

@@ -53,6 +53,16 @@ int bkv__mul_size(size_t n, size_t size, size_t *out);
 /* Monotonic clock in microseconds (CLOCK_MONOTONIC). */
 uint64_t bkv__monotonic_us(void);
 
+/* ---- base/sizing.c: KV groups ---------------------------------------------
+ * The rules every bkv_kv_group must keep (the pool checks its config with
+ * these): layers and bytes >= 1, reserved 0, a known kind; FULL span 0,
+ * WINDOW and CHUNKED span >= 1, STATE span a multiple of block_tokens. A
+ * block_tokens of 0 skips the checks that need it; any other must be a
+ * power of two. The list form also wants 1..BKV_MAX_GROUPS groups and at
+ * most one STATE group. Both return 1 when valid, 0 otherwise. */
+int bkv__kv_group_ok(const bkv_kv_group *g, uint32_t block_tokens);
+int bkv__kv_groups_ok(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens);
+
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)

@@ -1,15 +1,12 @@
 /*
- * status.c - status codes, the version, the allocator hook and KV sizing.
+ * status.c - status codes, the version and the allocator hook.
  *
  * The small pieces every other file leans on. Status messages come from the
  * one X-macro in batchkv.h so the enum and bkv_strerror() cannot drift. The
  * allocator hook is per handle (never process-global): each handle copies the
  * caller's bkv_allocator at create time, or the libc one below, and hands the
  * old size back on realloc and free so a caller's allocator needs no header.
- *
- * KV sizing follows seed 001: one token's KV is 2 (K and V) x layers x
- * kv_heads x head_dim x dtype_bytes. With kv_heads equal to the query heads
- * this is MHA; fewer is GQA; one is MQA.
+ * KV sizing lives next door, in sizing.c.
  */
 #include "base/base.h"
 
@@ -118,39 +115,4 @@ uint64_t bkv__monotonic_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-/* ---- KV sizing (seed 001) ------------------------------------------------ */
-
-static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
-{
-	if (b != 0 && a > UINT64_MAX / b)
-		return 0;
-	*out = a * b;
-	return 1;
-}
-
-uint64_t bkv_kv_bytes_per_token(const bkv_model_shape *shape)
-{
-	uint64_t v = 2;
-
-	if (!shape || !shape->layers || !shape->kv_heads || !shape->head_dim ||
-	    !shape->dtype_bytes)
-		return 0;
-	if (!mul_u64(v, shape->layers, &v) || !mul_u64(v, shape->kv_heads, &v) ||
-	    !mul_u64(v, shape->head_dim, &v) || !mul_u64(v, shape->dtype_bytes, &v))
-		return 0;
-	return v;
-}
-
-uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *shape,
-			      uint32_t block_tokens)
-{
-	uint64_t per_token = bkv_kv_bytes_per_token(shape);
-	uint64_t per_block, blocks;
-
-	if (!per_token || !block_tokens || !mul_u64(per_token, block_tokens, &per_block))
-		return 0;
-	blocks = budget / per_block;
-	return blocks > INT32_MAX ? (uint32_t)INT32_MAX : (uint32_t)blocks;
 }

@@ -18,7 +18,9 @@
  *
  * Roofline. Seed 004: a call takes max(compute, memory), compute the matmul
  * FLOPs over peak FLOP/s, memory the weight bytes plus KV bytes over the
- * bandwidth. Presets fill it from spec sheets.
+ * bandwidth. Presets fill it from spec sheets. A hybrid model's roofline
+ * carries its KV groups and counts KV bytes and attention pairs per group: a
+ * window or a chunk bounds the keys each query reads (closed forms below).
  *
  * Calibrated. One set of least-squares sums per call kind (prefill, decode,
  * mixed), over a fixed feature vector whose first entry is the base model's
@@ -238,10 +240,93 @@ int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset preset)
 	return BKV_OK;
 }
 
+/* ---- roofline over KV groups (hybrid models) ----------------------------
+ * Per attention group, the keys a query at position q reads start at
+ * first(q): FULL 0, WINDOW q - W + 1, CHUNKED floor(q / C) x C. The pairs of
+ * queries 0..n-1 have closed forms, so a chunk of L queries from offset s
+ * costs prefix(s + L) - prefix(s) pairs in O(1):
+ *   FULL     n(n + 1)/2
+ *   WINDOW   n(n + 1)/2 for n <= W, else W(W + 1)/2 + (n - W) W
+ *   CHUNKED  k C(C + 1)/2 + r(r + 1)/2,  n = k C + r
+ * and the cached keys it reads are those q = s reads below s: s, min(s, W -
+ * 1), s mod C. */
+
+/* Pairs of queries 0..n-1 in group g. */
+static double group_pairs_prefix(const bkv_kv_group *g, double n)
+{
+	double w = (double)g->span;
+	if (g->kind == BKV_GROUP_WINDOW && n > w)
+		return w * (w + 1.0) / 2.0 + (n - w) * w;
+	if (g->kind == BKV_GROUP_CHUNKED) {
+		double k = floor(n / w), r = n - k * w;
+		return k * w * (w + 1.0) / 2.0 + r * (r + 1.0) / 2.0;
+	}
+	return n * (n + 1.0) / 2.0;
+}
+
+/* Cached keys (below s) that the chunk starting at s reads in group g. */
+static double group_cached_keys(const bkv_kv_group *g, uint32_t s)
+{
+	if (g->kind == BKV_GROUP_WINDOW)
+		return (double)(s < g->span ? s : g->span - 1);
+	if (g->kind == BKV_GROUP_CHUNKED)
+		return (double)(s % g->span);
+	return (double)s;
+}
+
+/* Keys group g reads for the shape's decode rows: the scheduler's figure
+ * when the shape carries one per group, else the bound its sums give. */
+static double group_decode_keys(const bkv_cost_roofline *rl, uint32_t i,
+				const bkv_step_shape *shape)
+{
+	const bkv_kv_group *g = &rl->groups[i];
+	double ctx = (double)shape->decode_context;
+	if (shape->n_groups == rl->n_groups && shape->group_decode_context)
+		return (double)shape->group_decode_context[i];
+	if (g->kind == BKV_GROUP_WINDOW || g->kind == BKV_GROUP_CHUNKED) {
+		double bound = (double)shape->decode_rows * (double)g->span;
+		return ctx < bound ? ctx : bound;
+	}
+	return ctx;
+}
+
+/* Attention pairs and KV bytes of the shape over the model's groups; rows
+ * are the decode rows the kernel runs. */
+static void roofline_group_work(const bkv_cost_roofline *rl, const bkv_step_shape *shape,
+				double rows, double *pairs_flops, double *kv_bytes)
+{
+	double attn_layers = 0.0, f = 0.0, by = 0.0;
+	for (uint32_t i = 0; i < rl->n_groups; i++)
+		if (rl->groups[i].kind != BKV_GROUP_STATE)
+			attn_layers += (double)rl->groups[i].layers;
+	for (uint32_t i = 0; i < rl->n_groups; i++) {
+		const bkv_kv_group *g = &rl->groups[i];
+		double unit = (double)g->layers * (double)g->bytes;
+		if (g->kind == BKV_GROUP_STATE) {
+			by += 2.0 * unit * (rows + (double)shape->n_chunks);
+			continue;
+		}
+		/* Decode rows attend over their keys and their new token. */
+		double keys = group_decode_keys(rl, i, shape);
+		double pairs = keys + rows, tok = keys + rows;
+		for (uint32_t c = 0; c < shape->n_chunks; c++) {
+			double l = shape->chunks[c].len, s = shape->chunks[c].start;
+			pairs += group_pairs_prefix(g, s + l) - group_pairs_prefix(g, s);
+			tok += group_cached_keys(g, shape->chunks[c].start) + l;
+		}
+		f += rl->attn_flops_per_pair * ((double)g->layers / attn_layers) * pairs;
+		by += unit * tok;
+	}
+	*pairs_flops = f;
+	*kv_bytes = by;
+}
+
 void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_shape *shape,
 			    double *flops, double *bytes)
 {
 	double f = 0.0, by = 0.0;
+	if (rl && rl->n_groups && !bkv__kv_groups_ok(rl->groups, rl->n_groups, 0))
+		rl = NULL; /* invalid groups: zeros */
 	if (rl && shape && (shape->chunks || !shape->n_chunks)) {
 		chunk_sums cs;
 		sum_chunks(shape, &cs);
@@ -249,11 +334,18 @@ void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_shape *s
 		if (shape->kind == BKV_CALL_DECODE && shape->padded_rows > shape->decode_rows)
 			rows = shape->padded_rows;
 		double tokens = rows + cs.sum_l;
-		/* Decode rows attend over their context and their new token. */
-		double pairs = cs.pairs + (double)shape->decode_context + rows;
-		f = 2.0 * rl->active_params * tokens + rl->attn_flops_per_pair * pairs;
-		double kv_tokens = (double)shape->decode_context + rows + cs.sum_s + cs.sum_l;
-		by = tokens > 0.0 ? rl->model_bytes + rl->kv_bytes_per_token * kv_tokens : 0.0;
+		double attn_f, kv_by;
+		if (rl->n_groups) {
+			roofline_group_work(rl, shape, rows, &attn_f, &kv_by);
+		} else {
+			/* Decode rows attend over their context and their new token. */
+			double pairs = cs.pairs + (double)shape->decode_context + rows;
+			double kv_tokens = (double)shape->decode_context + rows + cs.sum_s + cs.sum_l;
+			attn_f = rl->attn_flops_per_pair * pairs;
+			kv_by = rl->kv_bytes_per_token * kv_tokens;
+		}
+		f = 2.0 * rl->active_params * tokens + attn_f;
+		by = tokens > 0.0 ? rl->model_bytes + kv_by : 0.0;
 	}
 	if (flops)
 		*flops = f;

@@ -6,6 +6,7 @@ its whole public API in Python:
 
     Pool             the block-paged KV pool: sequences, fork/CoW, prefix
                      cache, swap, copy lists, stats, KV events, export/import
+    KvGroup, kv_seq_bytes, frames_for_bytes, ...   KV sizing of hybrid models
     Scheduler        requests, step(), the host callbacks, stats, metrics
     Batch            what a compute callback receives: zero-copy numpy views
                      of the library's arrays, VALID ONLY DURING THE CALLBACK
@@ -39,9 +40,11 @@ from .cost import (CalibratedCost, CallKind, PolyCost, RooflineCost, RooflinePre
 from .errors import (ERRORS, BkvError, HostError, InvalidArgumentError,  # noqa: F401
                      NoSpaceError, NotFoundError, OutOfMemoryError, StateError, TooBigError,
                      TryAgainError, strerror)
-from .pool import (BlockInfo, BlockState, CopyKind, EventKind, KvEvent, ModelShape,  # noqa: F401
-                   Pool, PoolMemory, PoolStats, SeqImage, SeqInfo, block_hashes,
-                   blocks_for_bytes, kv_bytes_per_token)
+from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEvent,  # noqa: F401
+                   KvGroup, ModelShape, Pool, PoolMemory, PoolStats, SeqImage, SeqInfo,
+                   block_hashes, blocks_for_bytes, frames_for_bytes, kv_bytes_per_token,
+                   kv_frame_bytes, kv_group_blocks_held, kv_group_page_bytes, kv_seq_bytes,
+                   kv_state_frames)
 from .sched import (TOKEN_FAIL, Batch, FinishReason, Policy, Preempt, SchedStats,  # noqa: F401
                     Scheduler, StepInfo)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401

@@ -32,6 +32,7 @@ BKV_VERSION_MAJOR = 0
 BKV_VERSION_MINOR = 1
 BKV_VERSION_PATCH = 0
 BKV_MAX_TOKEN_SLOTS = 2147483648
+BKV_MAX_GROUPS = 8
 BKV_COST_CALIB_FEATURES = 9
 BKV_COST_CALIB_MIN_OBS = 16
 BKV_TOKEN_FAIL = -1
@@ -42,6 +43,10 @@ BKV_COPY_SWAP_IN = 2
 BKV_BLOCK_FREE = 0
 BKV_BLOCK_PINNED = 1
 BKV_BLOCK_CACHED = 2
+BKV_GROUP_FULL = 0
+BKV_GROUP_WINDOW = 1
+BKV_GROUP_CHUNKED = 2
+BKV_GROUP_STATE = 3
 BKV_CALL_MIXED = 0
 BKV_CALL_PREFILL = 1
 BKV_CALL_DECODE = 2
@@ -92,6 +97,16 @@ class bkv_model_shape(Structure):
     ]
 
 
+class bkv_kv_group(Structure):
+    _fields_ = [
+        ('kind', c_uint32),
+        ('layers', c_uint32),
+        ('span', c_uint32),
+        ('reserved', c_uint32),
+        ('bytes', c_uint64),
+    ]
+
+
 class bkv_pool_config(Structure):
     _fields_ = [
         ('size', c_uint32),
@@ -104,6 +119,9 @@ class bkv_pool_config(Structure):
         ('hash_seed', c_uint64),
         ('event_capacity', c_uint32),
         ('reserved', c_uint32 * 3),
+        ('n_groups', c_uint32),
+        ('state_units', c_uint32),
+        ('groups', POINTER(bkv_kv_group)),
     ]
 
 
@@ -205,6 +223,8 @@ class bkv_step_shape(Structure):
         ('n_chunks', c_uint32),
         ('chunks', POINTER(bkv_chunk_shape)),
         ('padded_rows', c_uint32),
+        ('n_groups', c_uint32),
+        ('group_decode_context', POINTER(c_uint64)),
     ]
 
 
@@ -246,6 +266,8 @@ class bkv_cost_roofline(Structure):
         ('mem_eff', c_double),
         ('overhead_us', c_double),
         ('reserved', c_uint32 * 4),
+        ('n_groups', c_uint32),
+        ('groups', POINTER(bkv_kv_group)),
     ]
 
 
@@ -442,6 +464,12 @@ FUNCTIONS = {
     'bkv_version': (c_char_p, []),
     'bkv_kv_bytes_per_token': (c_uint64, [POINTER(bkv_model_shape)]),
     'bkv_blocks_for_bytes': (c_uint32, [c_uint64, POINTER(bkv_model_shape), c_uint32]),
+    'bkv_kv_group_page_bytes': (c_uint64, [POINTER(bkv_kv_group), c_uint32]),
+    'bkv_kv_frame_bytes': (c_uint64, [POINTER(bkv_kv_group), c_uint32, c_uint32]),
+    'bkv_kv_state_frames': (c_uint32, [POINTER(bkv_kv_group), c_uint32, c_uint32]),
+    'bkv_kv_group_blocks_held': (c_uint64, [POINTER(bkv_kv_group), c_uint32, c_uint64]),
+    'bkv_kv_seq_bytes': (c_uint64, [POINTER(bkv_kv_group), c_uint32, c_uint32, c_uint64]),
+    'bkv_frames_for_bytes': (c_uint32, [c_uint64, POINTER(bkv_kv_group), c_uint32, c_uint32]),
     'bkv_pool_config_init': (None, [POINTER(bkv_pool_config)]),
     'bkv_pool_create': (c_int, [POINTER(bkv_pool_config), POINTER(bkv_allocator), POINTER(c_void_p)]),
     'bkv_pool_destroy': (None, [c_void_p]),

@@ -39,14 +39,18 @@ class RooflinePreset(enum.IntEnum):
 
 
 StepShape = collections.namedtuple(
-    "StepShape", "kind decode_rows decode_context chunks padded_rows",
-    defaults=(CallKind.MIXED, 0, 0, (), 0))
+    "StepShape", "kind decode_rows decode_context chunks padded_rows group_decode_context",
+    defaults=(CallKind.MIXED, 0, 0, (), 0, ()))
 StepShape.__doc__ = ("bkv_step_shape: one host call to price. chunks is a sequence of "
-                     "(len, start) prefill chunks; padded_rows >= decode_rows.")
+                     "(len, start) prefill chunks; padded_rows >= decode_rows; "
+                     "group_decode_context, per KV group, the context its decode rows "
+                     "read (empty: one full-attention group).")
 
 
 def _c_shape(shape):
-    """(bkv_step_shape, keep-alive array) for a StepShape."""
+    """(bkv_step_shape, keep-alive arrays) for a StepShape."""
+    ctx = tuple(shape.group_decode_context)
+    gctx = (ctypes.c_uint64 * max(len(ctx), 1))(*ctx)
     chunks = (_ffi.bkv_chunk_shape * max(len(shape.chunks), 1))()
     for i, (ln, st) in enumerate(shape.chunks):
         chunks[i].len, chunks[i].start = ln, st
@@ -57,7 +61,9 @@ def _c_shape(shape):
     s.n_chunks = len(shape.chunks)
     s.chunks = chunks
     s.padded_rows = max(shape.padded_rows, shape.decode_rows)
-    return s, chunks
+    s.n_groups = len(ctx)
+    s.group_decode_context = gctx if ctx else None
+    return s, (chunks, gctx)
 
 
 class _StructModel:
@@ -102,16 +108,40 @@ class PolyCost(_StructModel):
 
 class RooflineCost(_StructModel):
     """Seed 004's roofline for a preset pair (bkv_cost_roofline_init), then
-    keyword overrides (flops_eff, mem_eff, overhead_us, ...)."""
+    keyword overrides (flops_eff, mem_eff, overhead_us, ...). groups, a
+    sequence of KvGroup, prices a hybrid model per KV group (the model keeps
+    the C array alive; assigning groups replaces it)."""
 
     def __init__(self, preset=RooflinePreset.H100_SXM_LLAMA3_8B_BF16, **fields):
         object.__setattr__(self, "_s", _ffi.bkv_cost_roofline())
+        object.__setattr__(self, "_groups", None)
         check(_lib.bkv_cost_roofline_init(ctypes.byref(self._s), int(preset)),
               "bkv_cost_roofline_init")
         for k, v in fields.items():
-            if k not in dict(_ffi.bkv_cost_roofline._fields_) or k in ("size", "reserved", "name"):
+            if k not in dict(_ffi.bkv_cost_roofline._fields_) or k in ("size", "reserved", "name",
+                                                                       "n_groups"):
                 raise TypeError("RooflineCost: unknown field %r" % k)
-            setattr(self._s, k, v)
+            setattr(self, k, v)
+
+    @property
+    def groups(self):
+        """The model's KV groups, a tuple of KvGroup (empty: all full)."""
+        from .pool import KvGroup
+        g = self._s.groups
+        return tuple(KvGroup(g[i].kind, g[i].layers, g[i].span, g[i].bytes)
+                     for i in range(self._s.n_groups))
+
+    def __setattr__(self, name, value):
+        if name == "groups":
+            from .pool import _groups
+            arr, n = _groups(value)
+            object.__setattr__(self, "_groups", arr)
+            self._s.groups = arr if n else None
+            self._s.n_groups = n
+        elif name == "n_groups":
+            raise AttributeError("RooflineCost.n_groups follows groups")
+        else:
+            _StructModel.__setattr__(self, name, value)
 
     def step_us(self, shape):
         """Predicted microseconds of one call (bkv_cost_roofline_step_us)."""

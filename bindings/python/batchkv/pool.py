@@ -22,7 +22,9 @@ from ._native import _lib
 from .errors import StateError, check
 
 __all__ = ["Pool", "CopyKind", "EventKind", "SeqInfo", "PoolStats", "PoolMemory", "BlockState",
-           "BlockInfo", "KvEvent", "SeqImage", "ModelShape", "kv_bytes_per_token", "blocks_for_bytes", "block_hashes"]
+           "BlockInfo", "KvEvent", "SeqImage", "ModelShape", "kv_bytes_per_token", "blocks_for_bytes", "block_hashes",
+           "GroupKind", "KvGroup", "kv_group_page_bytes", "kv_frame_bytes", "kv_state_frames",
+           "kv_group_blocks_held", "kv_seq_bytes", "frames_for_bytes"]
 
 
 class CopyKind(enum.IntEnum):
@@ -37,6 +39,14 @@ class BlockState(enum.IntEnum):
     FREE = _ffi.BKV_BLOCK_FREE      # on the free list, no content
     PINNED = _ffi.BKV_BLOCK_PINNED  # referenced, or a pending copy's source
     CACHED = _ffi.BKV_BLOCK_CACHED  # unreferenced, kept in the prefix cache
+
+
+class GroupKind(enum.IntEnum):
+    """bkv_group_kind: what a KV group's layers keep."""
+    FULL = _ffi.BKV_GROUP_FULL        # full attention: every token's KV
+    WINDOW = _ffi.BKV_GROUP_WINDOW    # sliding window of span tokens
+    CHUNKED = _ffi.BKV_GROUP_CHUNKED  # chunked local attention, chunks of span
+    STATE = _ffi.BKV_GROUP_STATE      # recurrent state: bytes per sequence per layer
 
 
 class EventKind(enum.IntEnum):
@@ -69,6 +79,23 @@ KvEvent = _record("KvEvent", _ffi.bkv_kv_event,
                   "block, has_parent.")
 ModelShape = collections.namedtuple("ModelShape", "layers kv_heads head_dim dtype_bytes")
 ModelShape.__doc__ = "bkv_model_shape: the shape of a model's KV cache."
+
+
+KvGroup = collections.namedtuple("KvGroup", "kind layers span bytes", defaults=(0, 0))
+KvGroup.__doc__ = ("bkv_kv_group: one group of a hybrid model's layers. kind a GroupKind; "
+                   "span the window or chunk in tokens (STATE: tokens between checkpoints); "
+                   "bytes KV bytes per token per layer (STATE: per sequence per layer).")
+
+
+def _groups(groups):
+    """A ctypes bkv_kv_group array of KvGroups or (kind, layers, span, bytes)
+    tuples (at least one element, so a pointer to it always exists)."""
+    groups = [KvGroup(*g) for g in groups]
+    arr = (_ffi.bkv_kv_group * max(len(groups), 1))()
+    for i, g in enumerate(groups):
+        arr[i].kind, arr[i].layers, arr[i].span, arr[i].bytes = (
+            int(g.kind), int(g.layers), int(g.span), int(g.bytes))
+    return arr, len(groups)
 
 
 def _fill(struct, fields, what):
@@ -137,6 +164,49 @@ def blocks_for_bytes(budget, shape, block_tokens):
     return _lib.bkv_blocks_for_bytes(int(budget), ctypes.byref(s), int(block_tokens))
 
 
+def kv_group_page_bytes(group, block_tokens):
+    """Bytes of one page of a group (bkv_kv_group_page_bytes): one block of an
+    attention group, one unit of a STATE group; 0 on bad input."""
+    arr, _ = _groups([group])
+    return _lib.bkv_kv_group_page_bytes(arr, int(block_tokens))
+
+
+def kv_frame_bytes(groups, block_tokens):
+    """Bytes of one frame of a pool with these groups (bkv_kv_frame_bytes);
+    0 on bad input."""
+    arr, n = _groups(groups)
+    return _lib.bkv_kv_frame_bytes(arr, n, int(block_tokens))
+
+
+def kv_state_frames(groups, block_tokens):
+    """Frames one state unit takes (bkv_kv_state_frames); 0 without a STATE
+    group or on bad input."""
+    arr, n = _groups(groups)
+    return _lib.bkv_kv_state_frames(arr, n, int(block_tokens))
+
+
+def kv_group_blocks_held(group, block_tokens, tokens):
+    """Blocks a sequence of tokens tokens holds in the group while the next
+    token is computed (bkv_kv_group_blocks_held); 0 for STATE or bad input."""
+    arr, _ = _groups([group])
+    return _lib.bkv_kv_group_blocks_held(arr, int(block_tokens), int(tokens))
+
+
+def kv_seq_bytes(groups, tokens, block_tokens=0):
+    """Bytes a sequence of tokens tokens holds (bkv_kv_seq_bytes): token-exact
+    with block_tokens 0, else what a pool of that block size holds. 0 on bad
+    input."""
+    arr, n = _groups(groups)
+    return _lib.bkv_kv_seq_bytes(arr, n, int(block_tokens), int(tokens))
+
+
+def frames_for_bytes(budget, groups, block_tokens):
+    """Frames of a pool with these groups that fit in budget bytes
+    (bkv_frames_for_bytes); 0 on bad input."""
+    arr, n = _groups(groups)
+    return _lib.bkv_frames_for_bytes(int(budget), arr, n, int(block_tokens))
+
+
 def block_hashes(tokens, block_tokens, hash_seed=0, key=0):
     """Chained hashes of the full blocks of tokens (bkv_block_hashes), the
     hashes a pool with this seed and block size gives them in its KV events.
@@ -176,7 +246,9 @@ class Pool:
     Keyword arguments are bkv_pool_config fields; unset ones keep
     bkv_pool_config_init's defaults (block_tokens 16, host_blocks 0,
     max_seqs 1024, watermark_blocks 0, prefix_cache True, hash_seed 0,
-    event_capacity 0). device_blocks is required.
+    event_capacity 0). device_blocks is required. groups, a sequence of
+    KvGroup, configures a hybrid model's KV groups (n_groups follows; the
+    pool copies them).
 
         pool = Pool(device_blocks=4096, block_tokens=16, host_blocks=1024)
 
@@ -188,6 +260,10 @@ class Pool:
     def __init__(self, **config):
         cfg = _ffi.bkv_pool_config()
         _lib.bkv_pool_config_init(ctypes.byref(cfg))
+        groups = config.pop("groups", None)
+        if groups is not None:
+            keep, cfg.n_groups = _groups(groups)
+            cfg.groups = keep
         _fill(cfg, config, "Pool")
         h = ctypes.c_void_p()
         check(_lib.bkv_pool_create(ctypes.byref(cfg), None, ctypes.byref(h)), "bkv_pool_create")

@@ -157,6 +157,51 @@ def test_sizing_helpers():
     assert batchkv.kv_bytes_per_token((0, 1, 1, 1)) == 0
 
 
+def test_hybrid_sizing_reproduces_gpt_oss_20b():
+    from batchkv import GroupKind, KvGroup
+    oss = [KvGroup(GroupKind.FULL, 12, 0, 2048), KvGroup(GroupKind.WINDOW, 12, 128, 2048)]
+    full = [KvGroup(GroupKind.FULL, 24, 0, 2048)]
+    assert batchkv.kv_seq_bytes(oss[:1], 32768) == 805306368
+    assert batchkv.kv_seq_bytes(oss[1:], 32768) == 3145728
+    assert batchkv.kv_seq_bytes(full, 32768) == 1610612736
+    assert batchkv.kv_group_blocks_held(oss[1], 16, 32768) == 9
+    assert batchkv.kv_group_page_bytes(oss[1], 16) == 16 * 12 * 2048
+    assert batchkv.kv_frame_bytes(oss, 16) == 393216
+    assert batchkv.kv_seq_bytes(oss, 32768, block_tokens=16) == (2049 + 9) * 393216
+    assert batchkv.frames_for_bytes(80 << 30, oss, 16) == 218453
+    assert batchkv.frames_for_bytes(80 << 30, full, 16) == 109226
+    state = oss + [KvGroup(GroupKind.STATE, 36, 256, 1000000)]
+    assert batchkv.kv_state_frames(state, 16) == 92
+    assert batchkv.kv_state_frames(oss, 16) == 0
+    assert batchkv.kv_frame_bytes([KvGroup(GroupKind.WINDOW, 12, 0, 2048)], 16) == 0
+
+
+def test_pool_takes_groups_as_a_sequence():
+    from batchkv import GroupKind, KvGroup
+    with Pool(device_blocks=8, block_tokens=4, groups=[KvGroup(GroupKind.FULL, 4, 0, 1024)]) as p:
+        seq = p.open()
+        p.append(seq, list(range(9)))
+        assert p.info(seq).n_blocks == 3
+    with pytest.raises(batchkv.InvalidArgumentError):   # a window needs its span
+        Pool(device_blocks=8, groups=[KvGroup(GroupKind.WINDOW, 4, 0, 1024)])
+
+
+def test_roofline_prices_kv_groups():
+    from batchkv import GroupKind, KvGroup
+    d = batchkv.StepShape(kind=batchkv.CallKind.DECODE, decode_rows=1, decode_context=32768,
+                          group_decode_context=(32768, 128))
+    rl = batchkv.RooflineCost(batchkv.RooflinePreset.H100_SXM_LLAMA3_8B_BF16,
+                              groups=[KvGroup(GroupKind.FULL, 12, 0, 2048),
+                                      KvGroup(GroupKind.WINDOW, 12, 128, 2048)])
+    assert rl.n_groups == 2 and rl.groups[1] == KvGroup(GroupKind.WINDOW, 12, 128, 2048)
+    _, nbytes = rl.work(d)
+    assert nbytes == pytest.approx(rl.model_bytes + 12 * 2048 * (32769 + 129))
+    rl.groups = ()
+    assert rl.n_groups == 0
+    _, plain = rl.work(d)
+    assert plain == pytest.approx(rl.model_bytes + 131072 * 32769)
+
+
 def test_cost_models():
     poly = batchkv.PolyCost()
     assert poly.a == 1677 and poly.rows_ref == 32

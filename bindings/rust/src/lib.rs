@@ -108,6 +108,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub use sys::bkv_chunk_shape as ChunkShape;
 pub use sys::bkv_copy as Copy;
 pub use sys::bkv_kv_event as KvEvent;
+pub use sys::bkv_kv_group as KvGroup;
 pub use sys::bkv_model_shape as ModelShape;
 pub use sys::bkv_pool_config as PoolConfig;
 pub use sys::bkv_pool_memory as PoolMemory;
@@ -220,6 +221,68 @@ pub fn blocks_for_bytes(budget: u64, shape: &ModelShape, block_tokens: u32) -> u
     unsafe { sys::bkv_blocks_for_bytes(budget, shape, block_tokens) }
 }
 
+impl KvGroup {
+    /// A full-attention group: `layers` layers of `bytes` KV bytes per token.
+    pub fn full(layers: u32, bytes: u64) -> KvGroup {
+        KvGroup { kind: sys::BKV_GROUP_FULL as u32, layers, span: 0, reserved: 0, bytes }
+    }
+    /// A sliding-window group of `window` tokens.
+    pub fn window(layers: u32, window: u32, bytes: u64) -> KvGroup {
+        KvGroup { kind: sys::BKV_GROUP_WINDOW as u32, layers, span: window, reserved: 0, bytes }
+    }
+    /// A chunked local-attention group of `chunk` tokens.
+    pub fn chunked(layers: u32, chunk: u32, bytes: u64) -> KvGroup {
+        KvGroup { kind: sys::BKV_GROUP_CHUNKED as u32, layers, span: chunk, reserved: 0, bytes }
+    }
+    /// A recurrent-state group: `bytes` of state per sequence per layer,
+    /// checkpoints every `interval` tokens (0: none).
+    pub fn state(layers: u32, interval: u32, bytes: u64) -> KvGroup {
+        KvGroup { kind: sys::BKV_GROUP_STATE as u32, layers, span: interval, reserved: 0, bytes }
+    }
+}
+
+/// `bkv_kv_group_page_bytes`: one block of an attention group, one unit of a
+/// state group (0 on bad input).
+pub fn kv_group_page_bytes(group: &KvGroup, block_tokens: u32) -> u64 {
+    unsafe { sys::bkv_kv_group_page_bytes(group, block_tokens) }
+}
+
+/// `bkv_kv_frame_bytes`: one frame of a pool with these groups (0 on bad
+/// input).
+pub fn kv_frame_bytes(groups: &[KvGroup], block_tokens: u32) -> u64 {
+    unsafe { sys::bkv_kv_frame_bytes(groups.as_ptr(), group_count(groups), block_tokens) }
+}
+
+/// `bkv_kv_state_frames`: frames one state unit takes (0 without a state
+/// group or on bad input).
+pub fn kv_state_frames(groups: &[KvGroup], block_tokens: u32) -> u32 {
+    unsafe { sys::bkv_kv_state_frames(groups.as_ptr(), group_count(groups), block_tokens) }
+}
+
+/// `bkv_kv_group_blocks_held`: blocks a sequence of `tokens` tokens holds in
+/// the group while the next token is computed (0 for state or bad input).
+pub fn kv_group_blocks_held(group: &KvGroup, block_tokens: u32, tokens: u64) -> u64 {
+    unsafe { sys::bkv_kv_group_blocks_held(group, block_tokens, tokens) }
+}
+
+/// `bkv_kv_seq_bytes`: bytes a sequence of `tokens` tokens holds, token-exact
+/// with `block_tokens` 0 (0 on bad input).
+pub fn kv_seq_bytes(groups: &[KvGroup], block_tokens: u32, tokens: u64) -> u64 {
+    unsafe { sys::bkv_kv_seq_bytes(groups.as_ptr(), group_count(groups), block_tokens, tokens) }
+}
+
+/// `bkv_frames_for_bytes`: frames of a pool with these groups that fit in a
+/// byte budget (0 on bad input).
+pub fn frames_for_bytes(budget: u64, groups: &[KvGroup], block_tokens: u32) -> u32 {
+    unsafe { sys::bkv_frames_for_bytes(budget, groups.as_ptr(), group_count(groups), block_tokens) }
+}
+
+/// A slice's length as the C count; a slice too long for any pool counts as
+/// `u32::MAX`, which every sizing function refuses.
+fn group_count(groups: &[KvGroup]) -> u32 {
+    u32::try_from(groups.len()).unwrap_or(u32::MAX)
+}
+
 /// `bkv_block_hashes`: the chained hashes of the full blocks of `tokens`, as
 /// a pool with this seed and block size gives them in its KV events.
 pub fn block_hashes(hash_seed: u64, key: u64, block_tokens: u32, tokens: &[i32]) -> Vec<u64> {
@@ -327,10 +390,27 @@ unsafe impl Send for Pool {}
 
 impl Pool {
     /// `bkv_pool_create` with `cfg` (copied). `Err(InvalidArgument)` for a
-    /// field out of range, `Err(OutOfMemory)`.
+    /// field out of range, or for `cfg.groups` / `cfg.n_groups` set (a raw
+    /// pointer: give the groups to [`Pool::with_groups`]), `Err(OutOfMemory)`.
     pub fn new(cfg: &PoolConfig) -> Result<Pool> {
+        if cfg.n_groups != 0 || !cfg.groups.is_null() {
+            return Err(Error::InvalidArgument);
+        }
+        Self::create(cfg, &[])
+    }
+
+    /// `bkv_pool_create` for a hybrid model: `cfg` with `groups` as its KV
+    /// groups (both copied; `cfg.groups` and `cfg.n_groups` are ignored).
+    /// Errors as [`Pool::new`].
+    pub fn with_groups(cfg: &PoolConfig, groups: &[KvGroup]) -> Result<Pool> {
+        Self::create(cfg, groups)
+    }
+
+    fn create(cfg: &PoolConfig, groups: &[KvGroup]) -> Result<Pool> {
         let mut c = *cfg;
         c.size = std::mem::size_of::<PoolConfig>() as u32;
+        c.n_groups = group_count(groups);
+        c.groups = if groups.is_empty() { ptr::null() } else { groups.as_ptr() };
         let mut p = ptr::null_mut();
         check(unsafe { sys::bkv_pool_create(&c, ptr::null(), &mut p) })?;
         Ok(Pool { raw: NonNull::new(p).ok_or(Error::OutOfMemory)?,
@@ -935,6 +1015,9 @@ pub struct StepShape<'a> {
     pub decode_context: u64,
     pub chunks: &'a [ChunkShape],
     pub padded_rows: u32,
+    /// Per KV group, the context its decode rows read; empty for a model
+    /// with one full-attention group.
+    pub group_decode_context: &'a [u64],
 }
 
 impl<'a> StepShape<'a> {
@@ -946,6 +1029,12 @@ impl<'a> StepShape<'a> {
             n_chunks: self.chunks.len() as u32,
             chunks: self.chunks.as_ptr(),
             padded_rows: self.padded_rows.max(self.decode_rows),
+            n_groups: self.group_decode_context.len() as u32,
+            group_decode_context: if self.group_decode_context.is_empty() {
+                ptr::null()
+            } else {
+                self.group_decode_context.as_ptr()
+            },
         }
     }
 }
@@ -993,9 +1082,11 @@ impl CostModel for PolyCost {
     }
 }
 
-/// Seed 004's roofline (`bkv_cost_roofline`) from a preset.
+/// Seed 004's roofline (`bkv_cost_roofline`) from a preset; a hybrid model's
+/// KV groups through [`RooflineCost::set_groups`].
 pub struct RooflineCost {
     raw: Box<sys::bkv_cost_roofline>,
+    groups: Vec<KvGroup>, // what raw.groups points at (empty: none)
 }
 
 impl RooflineCost {
@@ -1003,11 +1094,23 @@ impl RooflineCost {
     pub fn new(preset: sys::bkv_roofline_preset) -> Result<RooflineCost> {
         let mut raw = Box::new(zeroed::<sys::bkv_cost_roofline>());
         check(unsafe { sys::bkv_cost_roofline_init(&mut *raw, preset) })?;
-        Ok(RooflineCost { raw })
+        Ok(RooflineCost { raw, groups: Vec::new() })
     }
-    /// The model's figures, to read or change.
+    /// The model's figures, to read or change (leave `groups` and `n_groups`
+    /// to [`RooflineCost::set_groups`]).
     pub fn params(&mut self) -> &mut sys::bkv_cost_roofline {
         &mut self.raw
+    }
+    /// Price a hybrid model per KV group (copied; empty: all layers full
+    /// attention at `kv_bytes_per_token`).
+    pub fn set_groups(&mut self, groups: &[KvGroup]) {
+        self.groups = groups.to_vec();
+        self.raw.n_groups = group_count(&self.groups);
+        self.raw.groups = if self.groups.is_empty() { ptr::null() } else { self.groups.as_ptr() };
+    }
+    /// The groups [`RooflineCost::set_groups`] gave.
+    pub fn groups(&self) -> &[KvGroup] {
+        &self.groups
     }
     /// `bkv_cost_roofline_step_us`.
     pub fn step_us(&self, shape: &StepShape<'_>) -> f64 {

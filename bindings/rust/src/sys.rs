@@ -23,6 +23,7 @@ pub const BKV_VERSION_MAJOR: u32 = 0;
 pub const BKV_VERSION_MINOR: u32 = 1;
 pub const BKV_VERSION_PATCH: u32 = 0;
 pub const BKV_MAX_TOKEN_SLOTS: u32 = 2147483648;
+pub const BKV_MAX_GROUPS: u32 = 8;
 pub const BKV_COST_CALIB_FEATURES: usize = 9;
 pub const BKV_COST_CALIB_MIN_OBS: u64 = 16;
 pub const BKV_TOKEN_FAIL: i32 = -1;
@@ -58,6 +59,11 @@ pub type bkv_block_state = c_int;
 pub const BKV_BLOCK_FREE: bkv_block_state = 0;
 pub const BKV_BLOCK_PINNED: bkv_block_state = 1;
 pub const BKV_BLOCK_CACHED: bkv_block_state = 2;
+pub type bkv_group_kind = c_int;
+pub const BKV_GROUP_FULL: bkv_group_kind = 0;
+pub const BKV_GROUP_WINDOW: bkv_group_kind = 1;
+pub const BKV_GROUP_CHUNKED: bkv_group_kind = 2;
+pub const BKV_GROUP_STATE: bkv_group_kind = 3;
 pub type bkv_call_kind = c_int;
 pub const BKV_CALL_MIXED: bkv_call_kind = 0;
 pub const BKV_CALL_PREFILL: bkv_call_kind = 1;
@@ -124,6 +130,15 @@ pub struct bkv_model_shape {
     pub dtype_bytes: u32,
 }
 #[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct bkv_kv_group {
+    pub kind: u32,
+    pub layers: u32,
+    pub span: u32,
+    pub reserved: u32,
+    pub bytes: u64,
+}
+#[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct bkv_pool_config {
     pub size: u32,
@@ -136,6 +151,9 @@ pub struct bkv_pool_config {
     pub hash_seed: u64,
     pub event_capacity: u32,
     pub reserved: [u32; 3],
+    pub n_groups: u32,
+    pub state_units: u32,
+    pub groups: *const bkv_kv_group,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -230,6 +248,8 @@ pub struct bkv_step_shape {
     pub n_chunks: u32,
     pub chunks: *const bkv_chunk_shape,
     pub padded_rows: u32,
+    pub n_groups: u32,
+    pub group_decode_context: *const u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -268,6 +288,8 @@ pub struct bkv_cost_roofline {
     pub mem_eff: f64,
     pub overhead_us: f64,
     pub reserved: [u32; 4],
+    pub n_groups: u32,
+    pub groups: *const bkv_kv_group,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -437,6 +459,12 @@ extern "C" {
     pub fn bkv_version() -> *const c_char;
     pub fn bkv_kv_bytes_per_token(shape: *const bkv_model_shape) -> u64;
     pub fn bkv_blocks_for_bytes(budget: u64, shape: *const bkv_model_shape, block_tokens: u32) -> u32;
+    pub fn bkv_kv_group_page_bytes(g: *const bkv_kv_group, block_tokens: u32) -> u64;
+    pub fn bkv_kv_frame_bytes(groups: *const bkv_kv_group, n: u32, block_tokens: u32) -> u64;
+    pub fn bkv_kv_state_frames(groups: *const bkv_kv_group, n: u32, block_tokens: u32) -> u32;
+    pub fn bkv_kv_group_blocks_held(g: *const bkv_kv_group, block_tokens: u32, tokens: u64) -> u64;
+    pub fn bkv_kv_seq_bytes(groups: *const bkv_kv_group, n: u32, block_tokens: u32, tokens: u64) -> u64;
+    pub fn bkv_frames_for_bytes(budget: u64, groups: *const bkv_kv_group, n: u32, block_tokens: u32) -> u32;
     pub fn bkv_pool_config_init(cfg: *mut bkv_pool_config);
     pub fn bkv_pool_create(cfg: *const bkv_pool_config, alloc: *const bkv_allocator, out: *mut *mut bkv_pool) -> c_int;
     pub fn bkv_pool_destroy(pool: *mut bkv_pool);

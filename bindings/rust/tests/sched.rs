@@ -249,10 +249,53 @@ fn thread_rules_are_in_the_types() {
 }
 
 #[test]
+fn hybrid_sizing_reproduces_gpt_oss_20b() {
+    let oss = [KvGroup::full(12, 2048), KvGroup::window(12, 128, 2048)];
+    let all_full = [KvGroup::full(24, 2048)];
+    assert_eq!(kv_seq_bytes(&oss[..1], 0, 32768), 805_306_368);
+    assert_eq!(kv_seq_bytes(&oss[1..], 0, 32768), 3_145_728);
+    assert_eq!(kv_seq_bytes(&all_full, 0, 32768), 1_610_612_736);
+    assert_eq!(kv_group_blocks_held(&oss[1], 16, 32768), 9);
+    assert_eq!(kv_group_page_bytes(&oss[0], 16), 393_216);
+    assert_eq!(kv_frame_bytes(&oss, 16), 393_216);
+    assert_eq!(kv_seq_bytes(&oss, 16, 32768), (2049 + 9) * 393_216);
+    assert_eq!(frames_for_bytes(80 << 30, &oss, 16), 218_453);
+    assert_eq!(frames_for_bytes(80 << 30, &all_full, 16), 109_226);
+    let with_state = [KvGroup::full(12, 2048), KvGroup::state(36, 256, 1_000_000)];
+    assert_eq!(kv_state_frames(&with_state, 16), 92);
+    assert_eq!(kv_state_frames(&oss, 16), 0);
+    assert_eq!(kv_frame_bytes(&[KvGroup::window(12, 0, 2048)], 16), 0);
+    assert_eq!(kv_frame_bytes(&[], 16), 0);
+}
+
+#[test]
+fn roofline_prices_kv_groups_and_pool_takes_them_only_by_slice() {
+    let mut rl = RooflineCost::new(sys::BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16).unwrap();
+    let ctx = [32768u64, 128];
+    let d = StepShape { kind: CallKind::Decode, decode_rows: 1, decode_context: 32768, chunks: &[],
+                        padded_rows: 1, group_decode_context: &ctx };
+    rl.set_groups(&[KvGroup::full(12, 2048), KvGroup::window(12, 128, 2048)]);
+    assert_eq!(rl.groups().len(), 2);
+    let weights = rl.params().model_bytes;
+    let want = weights + 12.0 * 2048.0 * (32769.0 + 129.0);
+    assert!((rl.work(&d).1 - want).abs() < 1.0, "{} vs {}", rl.work(&d).1, want);
+    rl.set_groups(&[]);
+    assert!((rl.work(&d).1 - (weights + 131072.0 * 32769.0)).abs() < 1.0);
+    // A raw groups pointer in the config is refused: groups come as a slice.
+    let one = [KvGroup::full(4, 1024)];
+    let mut cfg = PoolConfig { device_blocks: 8, ..Default::default() };
+    cfg.n_groups = 1;
+    cfg.groups = one.as_ptr();
+    assert!(matches!(Pool::new(&cfg), Err(Error::InvalidArgument)));
+    let cfg = PoolConfig { device_blocks: 8, ..Default::default() };
+    assert!(Pool::with_groups(&cfg, &one).is_ok());
+}
+
+#[test]
 fn cost_models_and_helpers() {
     let mut poly = PolyCost::new();
     let d = StepShape { kind: CallKind::Decode, decode_rows: 32, decode_context: 0, chunks: &[],
-                        padded_rows: 32 };
+                        padded_rows: 32, group_decode_context: &[] };
     assert!((poly.step_us(&d) - (1064.0 + 24.1 * 32.0)).abs() < 1e-6);
     let rl = RooflineCost::new(sys::BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16).unwrap();
     assert!(rl.work(&d).0 > 0.0 && rl.step_us(&d) > 0.0);
