@@ -48,11 +48,13 @@ static int check_seqs(const bkv_pool *pool)
 	}
 	if (open != pool->nr_seqs || swapped != pool->nr_swapped)
 		return CHECK_SEQS;
-	if (pool->n_lanes) {
+	if (pool->grouped) {
 		int r = bkv__lanes_check(pool, sc, &host_refs, 0);
 
 		if (r != CHECK_OK)
 			return r;
+		if (pool->st_units)
+			bkv__state_check_host(pool, NULL, &host_refs);
 	}
 	for (i = 0; i < ms - open; i++) {
 		uint32_t r = pool->ring_head + i;
@@ -95,8 +97,11 @@ static int check_seqs(const bkv_pool *pool)
 				for (j = 0; j < s->n_blocks; j++)
 					sc[s->table[j]]++;
 		}
-		if (pool->n_lanes)
+		if (pool->grouped) {
 			(void)bkv__lanes_check(pool, sc, &host_refs, 1);
+			if (pool->st_units)
+				bkv__state_check_host(pool, sc, NULL);
+		}
 		for (n = 0, h = pool->host_free_head; h >= 0; h = pool->host_next[h], n++)
 			if ((uint32_t)h >= nh || n >= nh || pool->host_state[h] != BKV__HOST_FREE)
 				return CHECK_HOST;
@@ -161,5 +166,7 @@ int bkv_pool_check(const bkv_pool *pool)
 		r = check_pending(pool);
 	if (r == CHECK_OK)
 		r = bkv__kv_check_txn(&pool->kv);
+	if (r == CHECK_OK && pool->st_units)
+		r = bkv__state_check(pool, pool->scratch);
 	return r;
 }

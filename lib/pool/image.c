@@ -22,7 +22,7 @@ int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp)
 
 	if (!pool || !exp || exp->size < sizeof *exp)
 		return BKV_EINVAL;
-	if (pool->n_lanes) /* images carry one group's table (docs/design.md) */
+	if (pool->grouped) /* images carry one group's table (docs/design.md) */
 		return BKV_ESTATE;
 	if ((rc = bkv__seq_resident(pool, seq, &s)) != BKV_OK)
 		return rc;

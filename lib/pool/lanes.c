@@ -92,12 +92,20 @@ int bkv__lanes_valid(const bkv_pool_config *c)
 			if (g->span == 0 || g->span > INT32_MAX)
 				return 0;
 			break;
-		default: /* STATE groups: not in this version */
+		case BKV_GROUP_STATE: /* the last group, a whole number of blocks */
+			if (i != c->n_groups - 1 || i == 0 || (g->span & (c->block_tokens - 1)))
+				return 0;
+			break;
+		default:
 			return 0;
 		}
 	}
-	/* group 0 is full attention (lane 0, the plain tables) */
-	return c->groups[0].kind == BKV_GROUP_FULL;
+	/* group 0 is full attention (lane 0, the plain tables); the frame
+	 * arithmetic must hold (base/sizing.c) */
+	if (c->groups[0].kind != BKV_GROUP_FULL ||
+	    !bkv_kv_frame_bytes(c->groups, c->n_groups, c->block_tokens))
+		return 0;
+	return bkv__state_arena(c) < c->device_blocks;
 }
 
 int bkv__lanes_init(bkv_pool *pool)
@@ -112,6 +120,8 @@ int bkv__lanes_init(bkv_pool *pool)
 		pool->cfg.groups = NULL;
 	}
 	pool->n_lanes = n > 1 ? n - 1 : 0;
+	if (n > 1 && pool->groups[n - 1].kind == BKV_GROUP_STATE)
+		pool->n_lanes--; /* the STATE group is not a lane (pool/state.c) */
 	for (i = 0; i < pool->n_lanes; i++) {
 		bkv__glane *ln = &pool->lanes[i];
 
@@ -123,7 +133,10 @@ int bkv__lanes_init(bkv_pool *pool)
 		if (!ln->seqs)
 			return BKV_ENOMEM;
 	}
-	if (pool->n_lanes) {
+	if (bkv__state_init(pool) != BKV_OK)
+		return BKV_ENOMEM;
+	pool->grouped = pool->n_lanes || pool->st_units;
+	if (pool->grouped) {
 		pool->lane_stamp = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
 		pool->lane_touched = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
 		if (!pool->lane_stamp || !pool->lane_touched)
@@ -191,6 +204,8 @@ void bkv__lanes_open(bkv_pool *pool, uint32_t slot)
 {
 	uint32_t l;
 
+	if (pool->st_units)
+		bkv__state_open(pool, slot);
 	for (l = 0; l < pool->n_lanes; l++) {
 		bkv__lseq *ls = &pool->lanes[l].seqs[slot];
 
@@ -216,6 +231,8 @@ void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks)
 		cs->lo = ps->lo;
 		cs->clean = 0;
 	}
+	if (pool->st_units)
+		bkv__state_fork(pool, p, c);
 }
 
 /* Release every held entry of slot's lanes (close, drop): device blocks by
@@ -225,6 +242,8 @@ void bkv__lanes_release(bkv_pool *pool, uint32_t slot, uint32_t n_blocks, int sw
 {
 	uint32_t l, i;
 
+	if (pool->st_units)
+		bkv__state_release(pool, slot, swapped);
 	for (l = pool->n_lanes; l-- > 0;) {
 		bkv__lseq *ls = &pool->lanes[l].seqs[slot];
 
@@ -274,10 +293,14 @@ void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s)
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 
 	if (!pool->kv.txn_active) {
+		if (pool->st_units)
+			bkv__state_commit(pool, s); /* the last append's state */
 		bkv__lanes_trim(pool, s);
 		return;
 	}
 	if (pool->lane_stamp[slot] != pool->txn_serial) {
+		if (pool->st_units)
+			bkv__state_commit(pool, s); /* an append before the step */
 		pool->lane_stamp[slot] = pool->txn_serial;
 		pool->lane_touched[pool->n_touched++] = slot;
 	}
@@ -295,8 +318,11 @@ void bkv__lanes_txn_end(bkv_pool *pool, int commit)
 	for (i = 0; commit && i < pool->n_touched; i++) {
 		const bkv__seq *s = &pool->seqs[pool->lane_touched[i]];
 
-		if (s->state == BKV__SEQ_OPEN)
-			bkv__lanes_trim(pool, s);
+		if (s->state != BKV__SEQ_OPEN)
+			continue;
+		bkv__lanes_trim(pool, s);
+		if (pool->st_units)
+			bkv__state_commit(pool, s);
 	}
 	pool->n_touched = 0;
 	pool->txn_serial = pool->txn_serial + 1 ? pool->txn_serial + 1 : 1;
@@ -342,11 +368,13 @@ static int lane_needs_cow(const bkv_pool *pool, uint32_t l, const bkv__seq *s)
  * len) to new_blocks with the lanes' hits up to nb_hit already found:
  * fresh blocks from nb_hit on, plus copy-on-write blocks. */
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
-			 uint32_t new_blocks, uint32_t *cows)
+			 uint32_t new_blocks, uint32_t *cows, uint32_t writes)
 {
 	uint32_t l;
 
 	*cows = 0;
+	if (pool->st_units && writes && !bkv__state_room(pool, s, writes - 1))
+		return UINT32_MAX * (uint64_t)2; /* no state unit: no room */
 	for (l = 0; l < pool->n_lanes; l++)
 		*cows += (uint32_t)lane_needs_cow(pool, l, s);
 	return (uint64_t)(new_blocks - nb_hit) * pool->n_lanes + *cows;
@@ -371,13 +399,22 @@ static int32_t lane_lookup(const bkv_pool *pool, uint32_t l, const bkv__seq *s, 
  * stashed in the lanes' tables (not pinned, not visible). Adds to
  * *relinked the lane blocks on the LRU. Returns the hit blocks kept. */
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
-			     uint32_t hits, const int32_t *tokens, uint32_t *relinked)
+			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs), bt = pool->kv.bt;
 	uint32_t e = nb0 + hits, l, i, changed = 1;
 
+	*units = 0;
 	while (changed && e > nb0) {
 		changed = 0;
+		if (pool->st_units) { /* a hit ends at a checkpoint */
+			uint32_t f = bkv__state_fit(pool, s, nb0, e, units);
+
+			changed = f != e;
+			e = f;
+			if (e == nb0)
+				break;
+		}
 		for (l = 0; l < pool->n_lanes && !changed; l++) {
 			const bkv__glane *ln = &pool->lanes[l];
 			uint32_t first = BKV_MAX(bkv__lane_first(pool, ln, (uint64_t)e * bt), nb0);
@@ -430,6 +467,8 @@ void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32
 		if (ls->lo == nb0 && first > nb0)
 			ls->lo = first;
 	}
+	if (pool->st_units)
+		bkv__state_take_hit(pool, s, e);
 }
 
 /* Write rem tokens into lane l of s: the last partial block first (copy-on-
@@ -499,15 +538,17 @@ int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks)
 	return BKV_OK;
 }
 
-void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t hits,
-		       const int32_t *tokens, uint32_t n)
+void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t nb0,
+		       uint32_t hits, const int32_t *tokens, uint32_t n)
 {
 	const uint32_t bt = pool->kv.bt;
 	uint32_t l;
 
 	(void)nb0; /* the hits are pinned (bkv__lanes_pin_hits) */
+	if (pool->st_units && n > hits * bt)
+		bkv__state_write(pool, s);
 	for (l = 0; l < pool->n_lanes; l++)
-		lane_append(pool, l, s, s->len + hits * bt, tokens + (size_t)hits * bt,
+		lane_append(pool, l, s, len0 + hits * bt, tokens + (size_t)hits * bt,
 			    n - hits * bt);
 }
 
@@ -663,6 +704,8 @@ void bkv__lanes_swap_out(bkv_pool *pool, const bkv__seq *s)
 		}
 		ls->clean = 0;
 	}
+	if (pool->st_units)
+		bkv__state_swap_out(pool, s);
 }
 
 /* Device blocks swap-in takes for the lanes of swapped s. */
@@ -674,6 +717,8 @@ uint64_t bkv__lanes_swap_in_need(const bkv_pool *pool, const bkv__seq *s)
 
 	uint32_t i;
 
+	if (pool->st_units && !bkv__state_swap_in_room(pool, s))
+		return UINT32_MAX * (uint64_t)2; /* no state unit: no room */
 	for (l = 0; l < pool->n_lanes; l++) {
 		const bkv__lseq *ls = &pool->lanes[l].seqs[slot];
 
@@ -715,6 +760,8 @@ void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s)
 		}
 		ls->clean = 0;
 	}
+	if (pool->st_units)
+		bkv__state_swap_in(pool, s);
 }
 
 /* ---- the checker ------------------------------------------------------------ */

@@ -85,8 +85,9 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
-	bkv__free(a, pool->scratch, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	bkv__free(a, pool->scratch, BKV_MAX(BKV_MAX(nb, nh), pool->st_units) * sizeof(uint32_t));
 	bkv__lanes_free(pool);
+	bkv__state_free(pool);
 	bkv__kv_free(&pool->kv, a);
 	bkv__free(a, pool, sizeof *pool);
 }
@@ -102,7 +103,9 @@ static int pool_alloc_rest(bkv_pool *pool)
 
 	if (nh > SIZE_MAX / bt / sizeof(int32_t))
 		return BKV_ENOMEM;
-	pool->scratch = bkv__malloc(a, (nb > nh ? nb : nh) * sizeof(uint32_t));
+	/* the state units are known before the KV layer is set up */
+	pool->scratch = bkv__malloc(a, BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) *
+					       sizeof(uint32_t));
 	if (!pool->scratch)
 		return BKV_ENOMEM;
 	if (nh) {
@@ -152,7 +155,9 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 	pool->cfg.size = sizeof pool->cfg;
 	pool->nh = cfg->host_blocks;
 	pool->host_free_head = -1;
-	if (bkv__kv_init(&pool->kv, &a, cfg->block_tokens, cfg->device_blocks, cfg->prefix_cache,
+	/* a STATE group's arena is the frames above the attention ones */
+	if (bkv__kv_init(&pool->kv, &a, cfg->block_tokens,
+			 cfg->device_blocks - (uint32_t)bkv__state_arena(cfg), cfg->prefix_cache,
 			 cfg->hash_seed, cfg->event_capacity) != BKV_OK ||
 	    pool_alloc_rest(pool) != BKV_OK) {
 		pool_free_all(pool);
@@ -282,7 +287,7 @@ uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 void bkv__pool_txn_begin(bkv_pool *pool)
 {
 	bkv__kv_txn_begin(&pool->kv);
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_txn_end(pool, 0); /* a fresh serial, nothing noted */
 }
 
@@ -316,7 +321,7 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 void bkv__pool_txn_commit(bkv_pool *pool)
 {
 	bkv__kv_txn_end(&pool->kv, 1);
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_txn_end(pool, 1);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }
@@ -324,7 +329,7 @@ void bkv__pool_txn_commit(bkv_pool *pool)
 void bkv__pool_txn_abort(bkv_pool *pool)
 {
 	bkv__kv_txn_end(&pool->kv, 0);
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_txn_end(pool, 0);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 }

@@ -122,6 +122,35 @@ struct bkv_pool {
 	uint32_t *lane_touched; /* [max_seqs] slots appended in this one */
 	uint32_t n_touched;    /* entries in lane_touched */
 	uint32_t txn_serial;   /* transactions begun (never 0 inside one) */
+	int grouped;           /* n_lanes or a STATE group: appends take the
+				  groups' path (pool/lanes.c) */
+	/* a recurrent-state group (pool/state.c); st_units 0 without one */
+	uint32_t st_group;     /* its index in groups (the last) */
+	uint32_t st_units;     /* units in the arena */
+	uint32_t st_frames;    /* frames per unit (bkv_kv_state_frames) */
+	uint32_t st_first;     /* the arena's first frame (kv.nb) */
+	uint32_t st_interval;  /* checkpoint interval in tokens (0: none) */
+	uint32_t st_map_mask;  /* st_map capacity - 1 (a power of two) */
+	uint64_t st_salt;      /* xor-ed into a checkpoint's chain hash */
+	uint32_t *st_ref;      /* [st_units] live references (branches) */
+	uint8_t *st_flags;     /* [st_units] checkpoint / scratch flags */
+	uint64_t *st_hash;     /* [st_units] a checkpoint's key */
+	int32_t *st_next;      /* [st_units] free list / LRU links */
+	int32_t *st_prev;      /* [st_units] LRU links */
+	int32_t *st_map;       /* [st_map_mask + 1] checkpoint key -> unit */
+	int32_t st_free_head;  /* free units (LIFO), -1 empty */
+	uint32_t st_nr_free;   /* units on the free list */
+	int32_t st_lru_head;   /* oldest unreferenced checkpoint, -1 none */
+	int32_t st_lru_tail;   /* newest */
+	uint32_t st_nr_cached; /* unreferenced checkpoints */
+	int32_t *st_live;      /* [max_seqs] each slot's live unit, -1 none */
+	int32_t *st_scratch;   /* [max_seqs] its scratch unit, -1 none */
+	uint32_t *st_len;      /* [max_seqs] tokens its live state covers */
+	int32_t *st_host;      /* [max_seqs * st_frames] a swapped state's
+				  host blocks */
+	uint64_t st_ckpts;     /* checkpoints indexed */
+	uint64_t st_ckpt_hits; /* prefix hits that read a checkpoint */
+	uint64_t st_evictions; /* checkpoints evicted for scratch units */
 };
 
 /* Sequence ids: slot | gen << BKV__SEQ_SLOT_BITS with a 12-bit generation
@@ -270,12 +299,12 @@ void bkv__lanes_txn_end(bkv_pool *pool, int commit);
  * s->len not moved yet). */
 int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks);
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
-			 uint32_t new_blocks, uint32_t *cows);
-void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t hits,
-		       const int32_t *tokens, uint32_t n);
+			 uint32_t new_blocks, uint32_t *cows, uint32_t writes);
+void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t nb0,
+		       uint32_t hits, const int32_t *tokens, uint32_t n);
 uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
-			     uint32_t hits, const int32_t *tokens, uint32_t *relinked);
+			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
 void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e);
 int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__lanes_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t nbk, uint32_t new_len);
@@ -286,6 +315,33 @@ void bkv__lanes_swap_out(bkv_pool *pool, const bkv__seq *s);
 uint64_t bkv__lanes_swap_in_need(const bkv_pool *pool, const bkv__seq *s);
 void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s);
 int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, int host);
+
+/* ---- pool/state.c: a recurrent-state group ------------------------------------ */
+
+uint64_t bkv__state_arena(const bkv_pool_config *c);
+int bkv__state_init(bkv_pool *pool);
+void bkv__state_free(bkv_pool *pool);
+void bkv__state_open(bkv_pool *pool, uint32_t slot);
+void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped);
+void bkv__state_settle(bkv_pool *pool, const bkv__seq *s);
+int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s);
+void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c);
+uint32_t bkv__state_need(const bkv_pool *pool, const bkv__seq *s);
+int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken);
+void bkv__state_write(bkv_pool *pool, const bkv__seq *s);
+uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e,
+			uint32_t *units_relinked);
+void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e);
+void bkv__state_commit(bkv_pool *pool, const bkv__seq *s);
+int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
+void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
+int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
+void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s);
+int bkv__state_swap_in_room(const bkv_pool *pool, const bkv__seq *s);
+void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s);
+void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out);
+int bkv__state_check(const bkv_pool *pool, uint32_t *sc);
+void bkv__state_check_host(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs);
 
 /* The host tier's free list (LIFO). */
 static inline void bkv__host_push(bkv_pool *pool, int32_t h)
@@ -369,7 +425,7 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	a->bt_m2 = pool->kv.bt - 2;
 	/* with KV groups every append takes the general path (pool/lanes.c):
 	 * a max_seqs of 0 makes bkv__append_fast decline */
-	a->max_seqs = pool->n_lanes ? 0 : pool->cfg.max_seqs;
+	a->max_seqs = pool->grouped ? 0 : pool->cfg.max_seqs;
 	a->n = 0;
 }
 
@@ -470,6 +526,30 @@ static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 static inline uint32_t bkv__pool_n_lanes(const bkv_pool *pool)
 {
 	return pool->n_lanes;
+}
+
+/* Groups of the pool (1 without groups); a STATE group is the last. */
+static inline uint32_t bkv__pool_n_groups(const bkv_pool *pool)
+{
+	return pool->cfg.n_groups ? pool->cfg.n_groups : 1;
+}
+
+/* The checkpoint interval of a STATE group (0: none, or no such group). */
+static inline uint32_t bkv__pool_state_interval(const bkv_pool *pool)
+{
+	return pool->st_units ? pool->st_interval : 0;
+}
+
+/* The first frames of seq's state units: the one a call reads (-1: zero
+ * state) and the one it writes. */
+static inline void bkv__pool_state_frames(const bkv_pool *pool, uint32_t seq, int32_t *in,
+					  int32_t *out)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	*in = *out = -1;
+	if (s && pool->st_units)
+		bkv__state_frames(pool, (uint32_t)(s - pool->seqs), in, out);
 }
 
 static inline const bkv_kv_group *bkv__pool_group(const bkv_pool *pool, uint32_t g)

@@ -99,7 +99,7 @@ int bkv_seq_open_keyed(bkv_pool *pool, uint64_t key, uint32_t *seq)
 	if (!s)
 		return BKV_EAGAIN;
 	bkv__slot_open(pool, s, key);
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_open(pool, (uint32_t)(s - pool->seqs));
 	*seq = bkv__seq_id(pool, s);
 	return BKV_OK;
@@ -120,13 +120,15 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	s = bkv__seq_get(pool, parent);
 	if (!s)
 		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_SWAPPED)
+	if (s->state == BKV__SEQ_OPEN && pool->st_units)
+		bkv__state_settle(pool, s);
+	if (s->state == BKV__SEQ_SWAPPED || (pool->st_units && bkv__state_can_fork(pool, s)))
 		return BKV_ESTATE;
 	c = bkv__slot_peek(pool);
 	if (!c)
 		return BKV_EAGAIN;
 	if (bkv__table_reserve(pool, c, s->n_blocks) ||
-	    (pool->n_lanes && bkv__lanes_reserve(pool, (uint32_t)(c - pool->seqs), s->n_blocks)))
+	    (pool->grouped && bkv__lanes_reserve(pool, (uint32_t)(c - pool->seqs), s->n_blocks)))
 		return BKV_ENOMEM;
 	bkv__slot_open(pool, c, s->key);
 	for (i = 0; i < s->n_blocks; i++) {
@@ -135,7 +137,7 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	}
 	c->n_blocks = s->n_blocks;
 	c->len = s->len;
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_fork(pool, (uint32_t)(s - pool->seqs), (uint32_t)(c - pool->seqs),
 				s->n_blocks);
 	*child = bkv__seq_id(pool, c);
@@ -152,7 +154,7 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
-	if (pool->n_lanes)
+	if (pool->grouped)
 		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
 				   s->state == BKV__SEQ_SWAPPED, drop);
 	if (s->state == BKV__SEQ_SWAPPED) {
@@ -220,7 +222,7 @@ static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
 	int32_t b;
 	bkv__block *k;
 
-	if (bt < 2 || s->len >= INT32_MAX || pool->n_lanes)
+	if (bt < 2 || s->len >= INT32_MAX || pool->grouped)
 		return 0;
 	if (off) {
 		b = s->table[s->n_blocks - 1];
@@ -275,7 +277,7 @@ void bkv__seq_reserve(bkv_pool *pool, uint32_t seq, uint32_t n_blocks)
 	bkv__seq *s = bkv__seq_get(pool, seq);
 
 	if (s && s->state == BKV__SEQ_OPEN &&
-	    bkv__table_reserve(pool, s, BKV_MIN(n_blocks, pool->kv.nb)) == 0 && pool->n_lanes)
+	    bkv__table_reserve(pool, s, BKV_MIN(n_blocks, pool->kv.nb)) == 0 && pool->grouped)
 		(void)bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs),
 					 BKV_MIN(n_blocks, pool->kv.nb));
 }
@@ -459,36 +461,45 @@ static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32
 	s->n_blocks = nbk;
 }
 
+/* append_any's argument checks: BKV_OK and *out, 1 for an empty append
+ * (done), or the error. */
+static int append_args(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
+		       uint32_t *hit_tokens, bkv__seq **out)
+{
+	int rc;
+
+	if (!pool || (!tokens && n))
+		return BKV_EINVAL;
+	if ((rc = bkv__seq_resident(pool, seq, out)) != BKV_OK)
+		return rc;
+	if (n == 0 && hit_tokens)
+		*hit_tokens = 0;
+	if ((uint64_t)(*out)->len + n > INT32_MAX)
+		return BKV_E2BIG;
+	return n == 0;
+}
+
 /* Any append: validation, prefix hits (none with nohit: every token is
  * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 				uint32_t *hit_tokens, int nohit)
 {
-	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0;
+	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0,
+		 units = 0;
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
 	int cow, rc;
 
-	if (!pool || (!tokens && n))
-		return BKV_EINVAL;
-	if ((rc = bkv__seq_resident(pool, seq, &s)) != BKV_OK)
-		return rc;
-	if (n == 0) {
-		if (hit_tokens)
-			*hit_tokens = 0;
-		return BKV_OK;
-	}
-	if ((uint64_t)s->len + n > INT32_MAX)
-		return BKV_E2BIG;
+	if ((rc = append_args(pool, seq, tokens, n, hit_tokens, &s)) != BKV_OK)
+		return rc > 0 ? BKV_OK : rc;
 	bt = pool->kv.bt;
 	new_len = s->len + n;
 	new_blocks = bkv__blocks_for(pool, new_len);
 	if (new_blocks > pool->kv.nb)
 		return BKV_E2BIG;
-	if (bkv__table_reserve(pool, s, new_blocks))
-		return BKV_ENOMEM;
-	if (pool->n_lanes && bkv__lanes_begin(pool, s, new_blocks))
+	if (bkv__table_reserve(pool, s, new_blocks) ||
+	    (pool->grouped && bkv__lanes_begin(pool, s, new_blocks)))
 		return BKV_ENOMEM;
 
 	off = s->len & (bt - 1);
@@ -502,12 +513,13 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
 		hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
 				 tokens, n / bt, &relinked);
-	if (pool->n_lanes && hits)
-		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked);
+	if (pool->grouped && hits)
+		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked, &units);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
-	if (pool->n_lanes)
-		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow);
+	if (pool->grouped) /* a state unit it cannot have counts as no room */
+		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow,
+					n > hits * bt ? units + 1 : 0);
 	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
 		return BKV_ENOSPC;
 	if ((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow))
@@ -516,7 +528,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	/* Commit. */
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
-	if (pool->n_lanes && hits) /* before any take can evict them */
+	if (pool->grouped && hits) /* before any take can evict them */
 		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
 	s->n_blocks = nb0 + hits;
 	pos = hits * bt;
@@ -531,9 +543,10 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	if (rem)
 		append_blocks(pool, s, tokens + pos, rem);
 	BKV_ASSERT(s->n_blocks == new_blocks);
-	if (pool->n_lanes)
-		bkv__lanes_commit(pool, s, nb0, hits, tokens, n);
+	i = s->len;
 	s->len = new_len;
+	if (pool->grouped)
+		bkv__lanes_commit(pool, s, i, nb0, hits, tokens, n);
 	pool->hit_tokens += (uint64_t)hits * bt;
 	pool->miss_tokens += n - (uint64_t)hits * bt;
 	if (hit_tokens)
@@ -548,7 +561,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, uint32_t n)
 {
 	const uint32_t nb0 = s->n_blocks, bt = pool->kv.bt;
-	uint32_t hits, i, relinked = 0, nbmax;
+	uint32_t hits, i, relinked = 0, nbmax, units = 0;
 	int32_t last = nb0 ? s->table[nb0 - 1] : -1;
 
 	if ((s->len & (bt - 1)) || (last >= 0 && !BLOCK_IS_INDEXED(&pool->kv.blk[last])))
@@ -561,13 +574,13 @@ static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, u
 	hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
 			 tokens, BKV_MIN(n / bt, s->cap - nb0), &relinked);
 	if (hits)
-		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked);
+		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked, &units);
 	if (!hits)
 		return 0;
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
-	s->n_blocks = nb0 + hits;
 	bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	s->n_blocks = nb0 + hits;
 	s->len += hits * bt;
 	pool->hit_tokens += (uint64_t)hits * bt;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
@@ -586,7 +599,7 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 	if ((uint64_t)s->len + n > INT32_MAX)
 		return 0;
 	off = s->len & (bt - 1);
-	if (pool->n_lanes) /* whole blocks only (docs/design.md, "KV groups") */
+	if (pool->grouped) /* whole blocks only (docs/design.md, "KV groups") */
 		return take_hits_lanes(pool, s, tokens, n);
 	nb0 = s->n_blocks;
 	last = nb0 ? s->table[nb0 - 1] : -1;
@@ -650,11 +663,16 @@ int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 		return rc;
 	if (new_len > s->len)
 		return BKV_EINVAL;
-	if (pool->n_lanes && !bkv__lanes_can_truncate(pool, s, new_len))
-		return BKV_ESTATE; /* a window would need KV it released */
+	if (pool->grouped && (!bkv__lanes_can_truncate(pool, s, new_len) ||
+			      (pool->st_units && !bkv__state_can_truncate(pool, s, new_len))))
+		return BKV_ESTATE; /* a window would need KV it released, or a
+				      state that was never kept */
 	nbk = bkv__blocks_for(pool, new_len);
-	if (pool->n_lanes)
+	if (pool->grouped) {
 		bkv__lanes_truncate(pool, s, nbk, new_len);
+		if (pool->st_units)
+			bkv__state_truncate(pool, s, new_len);
+	}
 	for (i = s->n_blocks; i-- > nbk;)
 		bkv__block_put(&pool->kv, s->table[i], 0);
 	s->n_blocks = nbk;

@@ -42,7 +42,11 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 		if (pool->kv.blk[s->table[i]].flags & pend)
 			return BKV_ESTATE;
 	host_need = s->n_blocks;
-	if (pool->n_lanes) {
+	if (pool->grouped) {
+		if (pool->st_units)
+			bkv__state_settle(pool, s);
+		if (pool->st_units && bkv__state_swap_check(pool, s, &host_need))
+			return BKV_ESTATE;
 		if (!bkv__lanes_touched(pool, s)) /* its KV is computed */
 			bkv__lanes_trim(pool, s); /* what no token reads again stays */
 		if (bkv__lanes_swap_check(pool, s, &host_need))
@@ -52,8 +56,8 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 		return BKV_ENOSPC;
 	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, host_need))
 		return BKV_ENOMEM;
-	if (pool->n_lanes)
-		bkv__lanes_swap_out(pool, s);
+	if (pool->grouped)
+		bkv__lanes_swap_out(pool, s); /* and a STATE group's state */
 
 	l = &pool->copies[BKV_COPY_SWAP_OUT];
 	first = l->n;
@@ -109,11 +113,12 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		}
 	}
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
-	lanes = pool->n_lanes ? bkv__lanes_swap_in_need(pool, s) : 0;
+	lanes = pool->grouped ? bkv__lanes_swap_in_need(pool, s) : 0;
 	if ((uint64_t)s->n_blocks - hits + lanes >
 	    (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
 		return BKV_ENOSPC;
-	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, (uint32_t)(s->n_blocks - hits + lanes)))
+	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN,
+				(uint32_t)(s->n_blocks - hits + lanes) + pool->st_frames))
 		return BKV_ENOMEM;
 
 	/* Commit: the same walk again (nothing changed), then copies. */
@@ -147,8 +152,8 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 			bkv__seq_block_filled(pool, s, i);
 	}
 	pool->swap_in_blocks += s->n_blocks - hits;
-	if (pool->n_lanes)
-		bkv__lanes_swap_in(pool, s);
+	if (pool->grouped)
+		bkv__lanes_swap_in(pool, s); /* and a STATE group's state */
 	s->state = BKV__SEQ_OPEN;
 	s->clean = 0;
 	pool->nr_swapped--;

@@ -197,10 +197,6 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	shape->n_chunks = n_chunks;
 	shape->chunks = n_chunks ? s->call.chunks : NULL;
 	shape->padded_rows = s->pol.padded_rows(s, n_decode);
-	b->n_groups = 1;
-	shape->n_groups = 0; /* one full group, unless the pool has more */
-	shape->group_decode_context = NULL;
-	if (s->call.n_lanes)
-		bkv__batch_groups(s, b, rows, n_rows, n_decode, shape);
+	bkv__batch_groups(s, b, rows, n_rows, n_decode, shape);
 	return t;
 }

@@ -26,8 +26,9 @@ int bkv__groups_alloc(bkv_sched *s)
 	s->call.g_kv_first = bkv__calloc(a, (size_t)(n + 1) * rc, sizeof(int32_t));
 	s->call.g_row_tables = bkv__calloc(a, (size_t)n * m, sizeof(int32_t *));
 	s->call.g_row_table_len = bkv__calloc(a, (size_t)n * m, sizeof(uint32_t));
+	s->call.g_state = bkv__calloc(a, 2 * (size_t)rc, sizeof(int32_t));
 	if (!s->call.g_kv_indptr || !s->call.g_kv_first || !s->call.g_row_tables ||
-	    !s->call.g_row_table_len)
+	    !s->call.g_row_table_len || !s->call.g_state)
 		return BKV_ENOMEM;
 	return BKV_OK;
 }
@@ -41,6 +42,26 @@ void bkv__groups_free(bkv_sched *s)
 	bkv__free(a, s->call.g_kv_first, (n + 1) * rc * sizeof(int32_t));
 	bkv__free(a, (void *)s->call.g_row_tables, n * m * sizeof(int32_t *));
 	bkv__free(a, s->call.g_row_table_len, n * m * sizeof(uint32_t));
+	bkv__free(a, s->call.g_state, 2 * rc * sizeof(int32_t));
+}
+
+/* A STATE group: each row's state units (pool/state.c). */
+static void fill_state(bkv_sched *s, const bkv__row *rows, uint32_t n_rows, uint32_t g)
+{
+	const bkv_kv_group *kg = bkv__pool_group(s->pool, g);
+	int32_t *in = s->call.g_state, *out = s->call.g_state + s->plan.row_cap;
+	bkv_batch_group *bg = &s->call.groups[g];
+	uint32_t r;
+
+	for (r = 0; r < n_rows; r++)
+		bkv__pool_state_frames(s->pool, rows[r].lane->seq, &in[r], &out[r]);
+	memset(bg, 0, sizeof *bg);
+	bg->kind = kg->kind;
+	bg->span = kg->span;
+	bg->state_in = in;
+	bg->state_out = out;
+	bg->state_frames = bkv_kv_state_frames(bkv__pool_group(s->pool, 0), g + 1, s->bt);
+	s->call.gctx[g] = 0;
 }
 
 /* Context tokens a decode row of end tokens reads in group g. */
@@ -111,6 +132,11 @@ void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	bkv_batch_group *g0 = &s->call.groups[0];
 	uint32_t g;
 
+	b->n_groups = 1;
+	shape->n_groups = 0; /* one full group: the plain shape */
+	shape->group_decode_context = NULL;
+	if (!s->call.n_lanes)
+		return;
 	g0->kind = BKV_GROUP_FULL;
 	g0->span = 0;
 	g0->slot_mapping = b->slot_mapping;
@@ -120,8 +146,12 @@ void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	g0->row_tables = b->row_tables;
 	g0->row_table_len = b->row_table_len;
 	s->call.gctx[0] = shape->decode_context;
-	for (g = 1; g <= s->call.n_lanes; g++)
-		fill_group(s, b, rows, n_rows, n_decode, g);
+	for (g = 1; g <= s->call.n_lanes; g++) {
+		if (bkv__pool_group(s->pool, g)->kind == BKV_GROUP_STATE)
+			fill_state(s, rows, n_rows, g);
+		else
+			fill_group(s, b, rows, n_rows, n_decode, g);
+	}
 	b->n_groups = 1 + s->call.n_lanes;
 	b->groups = s->call.groups;
 	shape->n_groups = b->n_groups;

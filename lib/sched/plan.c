@@ -169,6 +169,20 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
 
 /* Where a lane's prefill stops: the whole history, or the prompt but its
  * last token for a request that still has to fork. */
+/* A prefill chunk of c tokens from start, ended at the last multiple of a
+ * STATE group's checkpoint interval inside it, so that the state there
+ * exists (pool/state.c); the rest runs in a later step. */
+static uint32_t ckpt_cut(const bkv_sched *s, uint32_t start, uint32_t c)
+{
+	const uint32_t iv = s->call.st_interval, end = start + c;
+	uint32_t m;
+
+	if (!iv || c == 0 || end % iv == 0)
+		return c;
+	m = end / iv * iv;
+	return m > start ? m - start : c;
+}
+
 static uint32_t lane_target(const bkv__lane *l)
 {
 	const bkv__req *r = l->req;
@@ -416,6 +430,7 @@ void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			c = l->kv_len < target ? bkv__auto_chunk_fit(s, l->kv_len,
 								     bkv__chunk_len(s, target - l->kv_len))
 					       : 0;
+			c = ckpt_cut(s, l->kv_len, c);
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 			if (c == 0 || append_room(s, l, c, sample, &hit, now, si) != BKV_OK) {
 				if (REQ_IS_RUNNING(r))
@@ -471,6 +486,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			continue;
 		}
 		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
+		c = ckpt_cut(s, l->kv_len, c);
 		if (c == 0 && j > 0) {
 			s->plan.step_hits += h0;
 			continue; /* the budget went to earlier branches: this one
@@ -538,7 +554,7 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 
 		touch(s, l);
 		h0 = l->kv_len < target ? lane_hits(s, l, target) : 0;
-		c = bkv__chunk_len(s, target - l->kv_len);
+		c = ckpt_cut(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
 		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
 			l->kv_len += c;

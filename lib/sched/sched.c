@@ -113,7 +113,8 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 		s->bt_shift++;
 	s->device_blocks = ps->device_blocks;
 	s->host_blocks = ps->host_blocks;
-	s->call.n_lanes = bkv__pool_n_lanes(pool);
+	s->call.n_lanes = bkv__pool_n_groups(pool) - 1;
+	s->call.st_interval = bkv__pool_state_interval(pool);
 }
 
 /* Every array a step uses, sized from max_running and max_queue, and the

@@ -288,7 +288,12 @@ typedef struct bkv__call {
 				  delta (or a slot) at the call */
 	uint32_t n_dirty;      /* entries in dirty (of plan.dec[0, fill_rows)) */
 	/* KV groups after the first (sched/groups.c); n_lanes 0 without */
-	uint32_t n_lanes;      /* the pool's groups after the first */
+	uint32_t n_lanes;      /* the pool's groups after the first (the
+				  attention lanes and a STATE group) */
+	uint32_t st_interval;  /* a STATE group's checkpoint interval: prefill
+				  chunks end at its multiples (0: none) */
+	int32_t *g_state;      /* [2 * row_cap] a STATE group's state_in and
+				  state_out */
 	bkv_batch_group groups[BKV_MAX_GROUPS]; /* this call's, [1 + n_lanes] */
 	uint64_t gctx[BKV_MAX_GROUPS]; /* each group's decode context */
 	int32_t *g_kv_indptr;  /* [n_lanes * (row_cap + 1)] */

@@ -1,0 +1,582 @@
+/*
+ * state.c - a recurrent-state group (Mamba, linear attention): one state
+ * per sequence branch, written out of place, and checkpoints in the prefix
+ * cache.
+ *
+ * A STATE group's layers keep a fixed-size state per sequence instead of
+ * per-token K/V. Its memory is an arena of state units carved from the
+ * device frames at create: unit u is the st_frames consecutive frames from
+ * st_first + u * st_frames (above the attention frames, kv.nb), so a state
+ * kernel addresses a unit by its first frame as if it were one contiguous
+ * state tensor. Contiguity is why the arena's size is fixed at create
+ * (bkv_pool_config.state_units) rather than taken from the free list.
+ *
+ * Out of place. A call reads each row's state from its live unit (or from
+ * zero at position 0) and writes the new state into the row's scratch
+ * unit, never in place: a failed call leaves the live state intact, so a
+ * rolled-back step loses nothing, and a live unit can be shared read-only -
+ * by forks (no copy), and with the prefix cache. When the step commits,
+ * scratch becomes live (bkv__state_txn_end); outside a transaction each
+ * append is its own step and commits at once.
+ *
+ * Checkpoints. With an interval I (the group's span, a multiple of
+ * block_tokens), a live state whose length is a multiple of I becomes a
+ * checkpoint when its step commits: the unit is indexed under the chain
+ * hash of the group-0 block ending there (xor a salt), at no copy. A later
+ * sequence with that prefix reads the checkpoint as its live state. The
+ * scheduler ends prefill chunks at multiples of I so that the states there
+ * exist. A hit of h tokens therefore needs h to be a checkpointed multiple
+ * of I (bkv__state_fit shortens hits to one). An unreferenced checkpoint is
+ * on the units' LRU and is evicted when a scratch unit is needed.
+ *
+ * Swap moves a live state to st_frames host blocks and back; export and
+ * import refuse pools with groups.
+ */
+#include "pool/pool.h"
+
+#include <string.h>
+
+#define ST_INDEXED 0x1u /* a checkpoint: in st_map under st_hash */
+#define ST_SCRATCH 0x2u /* some sequence's scratch unit */
+
+/* ---- create / destroy ------------------------------------------------------- */
+
+/* Frames the arena takes from device_blocks (0 without a STATE group). */
+uint64_t bkv__state_arena(const bkv_pool_config *c)
+{
+	uint32_t units = c->state_units ? c->state_units : 2 * c->max_seqs;
+	uint32_t k;
+
+	if (c->n_groups < 2 || c->groups[c->n_groups - 1].kind != BKV_GROUP_STATE)
+		return 0;
+	k = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
+	return (uint64_t)units * k;
+}
+
+int bkv__state_init(bkv_pool *pool)
+{
+	const bkv_pool_config *c = &pool->cfg;
+	const bkv_allocator *a = &pool->alloc;
+	uint32_t i, cap = 4;
+
+	if (!bkv__state_arena(c))
+		return BKV_OK;
+	pool->st_group = c->n_groups - 1;
+	pool->st_units = c->state_units ? c->state_units : 2 * c->max_seqs;
+	pool->st_frames = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
+	pool->st_first = pool->kv.nb;
+	pool->st_interval = c->groups[pool->st_group].span;
+	pool->st_salt = 0xd6e8feb86659fd93ull;
+	while (cap < 2 * pool->st_units)
+		cap *= 2;
+	pool->st_map_mask = cap - 1;
+	pool->st_ref = bkv__calloc(a, pool->st_units, sizeof(uint32_t));
+	pool->st_flags = bkv__calloc(a, pool->st_units, 1);
+	pool->st_hash = bkv__calloc(a, pool->st_units, sizeof(uint64_t));
+	pool->st_next = bkv__malloc(a, pool->st_units * sizeof(int32_t));
+	pool->st_prev = bkv__malloc(a, pool->st_units * sizeof(int32_t));
+	pool->st_map = bkv__malloc(a, (size_t)cap * sizeof(int32_t));
+	pool->st_live = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
+	pool->st_scratch = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
+	pool->st_len = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
+	pool->st_host = bkv__malloc(a, (size_t)c->max_seqs * pool->st_frames * sizeof(int32_t));
+	if (!pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
+	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host)
+		return BKV_ENOMEM;
+	for (i = 0; i < pool->st_units; i++) {
+		pool->st_next[i] = i + 1 < pool->st_units ? (int32_t)(i + 1) : -1;
+		pool->st_prev[i] = -1;
+	}
+	pool->st_free_head = 0;
+	pool->st_nr_free = pool->st_units;
+	pool->st_lru_head = pool->st_lru_tail = -1;
+	for (i = 0; i <= pool->st_map_mask; i++)
+		pool->st_map[i] = -1;
+	for (i = 0; i < c->max_seqs; i++)
+		pool->st_live[i] = pool->st_scratch[i] = -1;
+	return BKV_OK;
+}
+
+void bkv__state_free(bkv_pool *pool)
+{
+	const bkv_allocator *a = &pool->alloc;
+	const size_t u = pool->st_units, ms = pool->cfg.max_seqs;
+
+	if (!u)
+		return;
+	bkv__free(a, pool->st_ref, u * sizeof(uint32_t));
+	bkv__free(a, pool->st_flags, u);
+	bkv__free(a, pool->st_hash, u * sizeof(uint64_t));
+	bkv__free(a, pool->st_next, u * sizeof(int32_t));
+	bkv__free(a, pool->st_prev, u * sizeof(int32_t));
+	bkv__free(a, pool->st_map, ((size_t)pool->st_map_mask + 1) * sizeof(int32_t));
+	bkv__free(a, pool->st_live, ms * sizeof(int32_t));
+	bkv__free(a, pool->st_scratch, ms * sizeof(int32_t));
+	bkv__free(a, pool->st_len, ms * sizeof(uint32_t));
+	bkv__free(a, pool->st_host, ms * pool->st_frames * sizeof(int32_t));
+}
+
+/* ---- units: free list, LRU of checkpoints, the checkpoint map ---------------- */
+
+static void lru_unlink(bkv_pool *pool, int32_t u)
+{
+	int32_t p = pool->st_prev[u], n = pool->st_next[u];
+
+	if (p >= 0)
+		pool->st_next[p] = n;
+	else
+		pool->st_lru_head = n;
+	if (n >= 0)
+		pool->st_prev[n] = p;
+	else
+		pool->st_lru_tail = p;
+	pool->st_prev[u] = pool->st_next[u] = -1;
+	pool->st_nr_cached--;
+}
+
+static void lru_push(bkv_pool *pool, int32_t u)
+{
+	pool->st_prev[u] = pool->st_lru_tail;
+	pool->st_next[u] = -1;
+	if (pool->st_lru_tail >= 0)
+		pool->st_next[pool->st_lru_tail] = u;
+	else
+		pool->st_lru_head = u;
+	pool->st_lru_tail = u;
+	pool->st_nr_cached++;
+}
+
+static int32_t map_find(const bkv_pool *pool, uint64_t h)
+{
+	uint32_t i = (uint32_t)(h ^ (h >> 32)) & pool->st_map_mask;
+	int32_t u;
+
+	while ((u = pool->st_map[i]) >= 0) {
+		if (pool->st_hash[u] == h)
+			return u;
+		i = (i + 1) & pool->st_map_mask;
+	}
+	return -1;
+}
+
+static void map_insert(bkv_pool *pool, int32_t u, uint64_t h)
+{
+	uint32_t i = (uint32_t)(h ^ (h >> 32)) & pool->st_map_mask;
+
+	while (pool->st_map[i] >= 0)
+		i = (i + 1) & pool->st_map_mask;
+	pool->st_map[i] = u;
+	pool->st_hash[u] = h;
+	pool->st_flags[u] |= ST_INDEXED;
+}
+
+/* Remove unit u (indexed) from the map, shifting back the entries after it
+ * that would no longer be found. */
+static void map_remove(bkv_pool *pool, int32_t u)
+{
+	const uint32_t m = pool->st_map_mask;
+	uint32_t i = (uint32_t)(pool->st_hash[u] ^ (pool->st_hash[u] >> 32)) & m, j, home;
+
+	while (pool->st_map[i] != u)
+		i = (i + 1) & m;
+	pool->st_map[i] = -1;
+	for (j = (i + 1) & m; pool->st_map[j] >= 0; j = (j + 1) & m) {
+		uint64_t h = pool->st_hash[pool->st_map[j]];
+
+		home = (uint32_t)(h ^ (h >> 32)) & m;
+		/* move j's entry into the hole at i unless its home lies in (i, j] */
+		if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+			pool->st_map[i] = pool->st_map[j];
+			pool->st_map[j] = -1;
+			i = j;
+		}
+	}
+	pool->st_flags[u] &= (uint8_t)~ST_INDEXED;
+}
+
+/* Units an append may take: free ones and unreferenced checkpoints. */
+static uint32_t units_available(const bkv_pool *pool)
+{
+	return pool->st_nr_free + pool->st_nr_cached;
+}
+
+/* A unit for a scratch state: the free list, else the oldest unreferenced
+ * checkpoint (one exists: units_available said so). */
+static int32_t unit_take(bkv_pool *pool)
+{
+	int32_t u = pool->st_free_head;
+
+	if (u >= 0) {
+		pool->st_free_head = pool->st_next[u];
+		pool->st_nr_free--;
+	} else {
+		u = pool->st_lru_head;
+		BKV_ASSERT(u >= 0);
+		lru_unlink(pool, u);
+		map_remove(pool, u);
+		pool->st_evictions++;
+	}
+	pool->st_next[u] = pool->st_prev[u] = -1;
+	pool->st_flags[u] = ST_SCRATCH;
+	return u;
+}
+
+static void unit_free(bkv_pool *pool, int32_t u)
+{
+	pool->st_flags[u] = 0;
+	pool->st_next[u] = pool->st_free_head;
+	pool->st_prev[u] = -1;
+	pool->st_free_head = u;
+	pool->st_nr_free++;
+}
+
+/* A live reference to u went: at zero a checkpoint goes on the LRU, any
+ * other unit to the free list. */
+static void unit_put(bkv_pool *pool, int32_t u)
+{
+	BKV_ASSERT(pool->st_ref[u] > 0);
+	if (--pool->st_ref[u])
+		return;
+	if (pool->st_flags[u] & ST_INDEXED)
+		lru_push(pool, u);
+	else
+		unit_free(pool, u);
+}
+
+static void unit_get(bkv_pool *pool, int32_t u)
+{
+	if (pool->st_ref[u]++ == 0 && (pool->st_flags[u] & ST_INDEXED))
+		lru_unlink(pool, u);
+}
+
+/* ---- sequences -------------------------------------------------------------- */
+
+void bkv__state_open(bkv_pool *pool, uint32_t slot)
+{
+	pool->st_live[slot] = pool->st_scratch[slot] = -1;
+	pool->st_len[slot] = 0;
+}
+
+void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
+{
+	uint32_t j;
+
+	if (swapped && pool->st_len[slot])
+		for (j = 0; j < pool->st_frames; j++)
+			bkv__host_push(pool, pool->st_host[(size_t)slot * pool->st_frames + j]);
+	if (pool->st_live[slot] >= 0)
+		unit_put(pool, pool->st_live[slot]);
+	if (pool->st_scratch[slot] >= 0)
+		unit_free(pool, pool->st_scratch[slot]);
+	bkv__state_open(pool, slot);
+}
+
+/* A fork shares the parent's live state (read-only: calls write scratch
+ * units). BKV_ESTATE while the parent has an append its step has not
+ * committed (its state lags its tokens). */
+void bkv__state_settle(bkv_pool *pool, const bkv__seq *s)
+{
+	if (!pool->kv.txn_active)
+		bkv__state_commit(pool, s);
+}
+
+int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s)
+{
+	return pool->st_len[s - pool->seqs] == s->len ? BKV_OK : BKV_ESTATE;
+}
+
+void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c)
+{
+	pool->st_live[c] = pool->st_live[p];
+	pool->st_scratch[c] = -1;
+	pool->st_len[c] = pool->st_len[p];
+	if (pool->st_live[c] >= 0)
+		unit_get(pool, pool->st_live[c]);
+}
+
+/* Units an append of new tokens to s needs: its scratch, unless it has one. */
+uint32_t bkv__state_need(const bkv_pool *pool, const bkv__seq *s)
+{
+	return pool->st_scratch[s - pool->seqs] < 0;
+}
+
+int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken)
+{
+	return bkv__state_need(pool, s) + taken <= units_available(pool);
+}
+
+/* The append writes new tokens: make sure s has a scratch unit (room was
+ * checked). */
+void bkv__state_write(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (pool->st_scratch[slot] < 0)
+		pool->st_scratch[slot] = unit_take(pool);
+}
+
+/* The checkpoint for a sequence whose group-0 block e - 1 (table given)
+ * ends at a multiple of the interval, or -1. */
+static int32_t ckpt_find(const bkv_pool *pool, const int32_t *table, uint32_t e)
+{
+	const bkv__block *k = &pool->kv.blk[table[e - 1]];
+
+	if (!BLOCK_IS_INDEXED(k))
+		return -1;
+	return map_find(pool, k->hash ^ pool->st_salt);
+}
+
+/* The longest hit end e' in (nb0, e] whose position is a checkpoint (the
+ * stashed group-0 blocks name it), or nb0. *units_relinked counts a cached
+ * checkpoint taken off the LRU. */
+uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e,
+			uint32_t *units_relinked)
+{
+	const uint32_t shift = pool->kv.bt_shift;
+	uint32_t i;
+
+	*units_relinked = 0;
+	if (!pool->st_interval || !pool->kv.index)
+		return nb0;
+	for (i = e; i > nb0; i--) {
+		int32_t u;
+
+		if (((uint64_t)i << shift) % pool->st_interval)
+			continue;
+		u = ckpt_find(pool, s->table, i);
+		if (u >= 0) {
+			*units_relinked = pool->st_ref[u] == 0;
+			return i;
+		}
+	}
+	return nb0;
+}
+
+/* s's hit ends at block e (group 0's table is final there): its live state
+ * is the checkpoint at e * block_tokens (bkv__state_fit found it). */
+void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	int32_t u = ckpt_find(pool, s->table, e);
+
+	BKV_ASSERT(u >= 0);
+	unit_get(pool, u);
+	if (pool->st_live[slot] >= 0)
+		unit_put(pool, pool->st_live[slot]);
+	pool->st_live[slot] = u;
+	pool->st_len[slot] = e << pool->kv.bt_shift;
+	pool->st_ckpt_hits++;
+}
+
+/* s's step committed: scratch becomes live, and a live state at a multiple
+ * of the interval becomes a checkpoint. An append outside a transaction is
+ * committed lazily, by the next operation on the sequence that needs its
+ * state (an append, a fork, a swap-out: bkv__state_settle), so that the
+ * host can read the units it must compute with (bkv__state_frames) after
+ * the append. */
+void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	int32_t u = pool->st_scratch[slot];
+	uint64_t h;
+
+	if (s->state != BKV__SEQ_OPEN || pool->st_len[slot] == s->len || u < 0)
+		return;
+	if (pool->st_live[slot] >= 0)
+		unit_put(pool, pool->st_live[slot]);
+	pool->st_flags[u] = 0;
+	pool->st_ref[u] = 1;
+	pool->st_live[slot] = u;
+	pool->st_scratch[slot] = -1;
+	pool->st_len[slot] = s->len;
+	if (!pool->st_interval || !pool->kv.index || s->len % pool->st_interval)
+		return;
+	if (!BLOCK_IS_INDEXED(&pool->kv.blk[s->table[(s->len >> pool->kv.bt_shift) - 1]]))
+		return; /* the prefix is not in the cache (a duplicate, or later) */
+	h = pool->kv.blk[s->table[(s->len >> pool->kv.bt_shift) - 1]].hash ^ pool->st_salt;
+	if (map_find(pool, h) >= 0)
+		return;
+	map_insert(pool, u, h);
+	pool->st_ckpts++;
+}
+
+/* Truncate: the state exists only at its own length. */
+int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	return new_len == 0 || new_len == s->len || new_len == pool->st_len[slot];
+}
+
+void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (new_len == 0 && pool->st_live[slot] >= 0) {
+		unit_put(pool, pool->st_live[slot]);
+		pool->st_live[slot] = -1;
+		pool->st_len[slot] = 0;
+	}
+	/* new_len == st_len: a rolled-back append; the scratch unit stays */
+}
+
+/* ---- the host tier ---------------------------------------------------------- */
+
+/* Swap-out of s: BKV_ESTATE while its state lags its tokens; adds the host
+ * blocks a live state needs to *host_need. */
+int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (pool->st_len[slot] != s->len)
+		return BKV_ESTATE;
+	if (pool->st_len[slot])
+		*host_need += pool->st_frames;
+	return BKV_OK;
+}
+
+void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs), k = pool->st_frames;
+	int32_t u = pool->st_live[slot];
+	uint32_t j;
+
+	if (pool->st_scratch[slot] >= 0)
+		unit_free(pool, pool->st_scratch[slot]);
+	pool->st_scratch[slot] = -1;
+	if (u < 0)
+		return;
+	for (j = 0; j < k; j++) {
+		int32_t h = bkv__host_pop(pool);
+
+		bkv__copy_push(pool, BKV_COPY_SWAP_OUT, (int32_t)(pool->st_first + (uint32_t)u * k + j),
+			       h);
+		pool->st_host[(size_t)slot * k + j] = h;
+	}
+	pool->swap_out_blocks += k;
+	unit_put(pool, u);
+	pool->st_live[slot] = -1;
+}
+
+/* Swap-in needs a unit for a live state. */
+int bkv__state_swap_in_room(const bkv_pool *pool, const bkv__seq *s)
+{
+	return pool->st_len[s - pool->seqs] == 0 || units_available(pool) >= 1;
+}
+
+void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs), k = pool->st_frames;
+	int32_t u;
+	uint32_t j;
+
+	if (pool->st_len[slot] == 0)
+		return;
+	u = unit_take(pool);
+	pool->st_flags[u] = 0;
+	pool->st_ref[u] = 1;
+	pool->st_live[slot] = u;
+	for (j = 0; j < k; j++) {
+		int32_t h = pool->st_host[(size_t)slot * k + j];
+
+		bkv__copy_push(pool, BKV_COPY_SWAP_IN, h,
+			       (int32_t)(pool->st_first + (uint32_t)u * k + j));
+		pool->host_state[h] = BKV__HOST_PENDING;
+		pool->host_pending++;
+	}
+	pool->swap_in_blocks += k;
+}
+
+/* ---- views ------------------------------------------------------------------ */
+
+/* The first frames of seq's live unit (-1: zero state, at position 0) and
+ * scratch unit (-1: none). */
+void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out)
+{
+	const int32_t l = pool->st_live[slot], s = pool->st_scratch[slot];
+	const uint32_t k = pool->st_frames;
+
+	*in = l >= 0 && pool->st_len[slot] ? (int32_t)(pool->st_first + (uint32_t)l * k) : -1;
+	*out = s >= 0 ? (int32_t)(pool->st_first + (uint32_t)s * k) : -1;
+}
+
+/* ---- the checker ------------------------------------------------------------ */
+
+int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
+{
+	const uint32_t ms = pool->cfg.max_seqs, nu = pool->st_units;
+	uint32_t i, n, cached = 0, free = 0, indexed = 0;
+	int32_t u;
+
+	memset(sc, 0, (size_t)nu * sizeof *sc);
+	for (i = 0; i < ms; i++) {
+		const bkv__seq *s = &pool->seqs[i];
+
+		if (s->state == BKV__SEQ_FREE) {
+			if (pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0 || pool->st_len[i])
+				return CHECK_SEQS;
+			continue;
+		}
+		if (pool->st_len[i] > s->len)
+			return CHECK_SEQS;
+		if (s->state == BKV__SEQ_OPEN ? (pool->st_len[i] == 0) != (pool->st_live[i] < 0)
+					      : pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0)
+			return CHECK_SEQS;
+		if (pool->st_live[i] >= 0)
+			sc[pool->st_live[i]]++;
+		if (pool->st_scratch[i] >= 0) {
+			if (!(pool->st_flags[pool->st_scratch[i]] & ST_SCRATCH))
+				return CHECK_SEQS;
+			sc[pool->st_scratch[i]] += 1u << 16;
+		}
+	}
+	for (u = 0; (uint32_t)u < nu; u++) {
+		const uint8_t f = pool->st_flags[u];
+
+		if ((sc[u] & 0xFFFF) != pool->st_ref[u])
+			return CHECK_REFS;
+		if ((f & ST_SCRATCH) != 0) {
+			if ((sc[u] >> 16) != 1 || pool->st_ref[u] || (f & ST_INDEXED))
+				return CHECK_SEQS;
+			continue;
+		}
+		if (sc[u] >> 16)
+			return CHECK_SEQS;
+		indexed += (f & ST_INDEXED) != 0;
+		if ((f & ST_INDEXED) && map_find(pool, pool->st_hash[u]) != u)
+			return CHECK_INDEX;
+		cached += (f & ST_INDEXED) && pool->st_ref[u] == 0;
+		free += !f && pool->st_ref[u] == 0;
+	}
+	for (n = 0, u = pool->st_lru_head; u >= 0; u = pool->st_next[u], n++)
+		if (n >= nu || pool->st_ref[u] || !(pool->st_flags[u] & ST_INDEXED))
+			return CHECK_LRU;
+	if (n != cached || n != pool->st_nr_cached)
+		return CHECK_LRU;
+	for (n = 0, u = pool->st_free_head; u >= 0; u = pool->st_next[u], n++)
+		if (n >= nu || pool->st_flags[u] || pool->st_ref[u])
+			return CHECK_FREE_LIST;
+	if (n != free || n != pool->st_nr_free)
+		return CHECK_FREE_LIST;
+	for (i = 0, n = 0; i <= pool->st_map_mask; i++)
+		n += pool->st_map[i] >= 0;
+	return n == indexed ? CHECK_OK : CHECK_INDEX;
+}
+
+/* The host blocks swapped states hold, counted into sc (the host tier's
+ * check). */
+void bkv__state_check_host(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < pool->cfg.max_seqs; i++) {
+		if (pool->seqs[i].state != BKV__SEQ_SWAPPED || !pool->st_len[i])
+			continue;
+		for (j = 0; j < pool->st_frames; j++) {
+			if (sc)
+				sc[pool->st_host[(size_t)i * pool->st_frames + j]]++;
+			else
+				(*host_refs)++;
+		}
+	}
+}
