@@ -14,8 +14,8 @@ user) and now_us() (a clock in microseconds). A compute method returns None
 THE BATCH IS BORROWED. A Batch's arrays (token_ids, positions, qo_indptr,
 kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req,
 row_branch, copies, swap_out, swap_in, row_slot, and those of each
-BatchGroup in Batch.groups) are zero-copy numpy views of the
-library's buffers, read-only, and next_tokens is a writable view of the
+BatchGroup in Batch.groups) are zero-copy numpy views of the library's
+buffers, read-only, and next_tokens is a writable view of the
 library's output array. They are valid only while the callback runs: the next
 step reuses the memory. Copy (np.array(view)) anything kept.
 
@@ -45,8 +45,8 @@ from ._native import _lib
 from .errors import StateError, check, error
 from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
-__all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason", "StepInfo", "SchedStats",
-           "TOKEN_FAIL"]
+__all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
+           "StepInfo", "SchedStats", "TOKEN_FAIL"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
 
@@ -147,9 +147,9 @@ class Batch:
     kv_last_page_len, row_sample (uint8), row_req (uint64), row_branch
     (uint32) [n_rows]; copies, swap_out, swap_in ((n, 2) int32 src, dst:
     perform swap_out, swap_in, copies in that order before computing).
-    users: the user objects of the rows' requests (a list).
-    layout (BatchLayout), n_row_slots and
-    row_slot [n_rows] (uint32; persistent: each row's row slot, else empty).
+    users: the user objects of the rows' requests (a list). layout
+    (BatchLayout), n_row_slots, row_slot [n_rows] (uint32; persistent:
+    each row's row slot, else empty).
     n_groups and groups: the pool's KV groups (a list of BatchGroup; one,
     group 0, for a pool without groups); groups[0] is the arrays above."""
 
