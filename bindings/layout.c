@@ -157,6 +157,15 @@ int main(void)
 	F(bkv_table_delta, n);
 	F(bkv_table_delta, len);
 	F(bkv_table_delta, flags);
+	S(bkv_batch_group);
+	F(bkv_batch_group, kind);
+	F(bkv_batch_group, span);
+	F(bkv_batch_group, slot_mapping);
+	F(bkv_batch_group, kv_indptr);
+	F(bkv_batch_group, kv_indices);
+	F(bkv_batch_group, kv_first_block);
+	F(bkv_batch_group, row_tables);
+	F(bkv_batch_group, row_table_len);
 	S(bkv_batch);
 	F(bkv_batch, kind);
 	F(bkv_batch, n_rows);
@@ -188,6 +197,8 @@ int main(void)
 	F(bkv_batch, n_table_deltas);
 	F(bkv_batch, table_deltas);
 	F(bkv_batch, delta_blocks);
+	F(bkv_batch, n_groups);
+	F(bkv_batch, groups);
 	S(bkv_host_ops);
 	F(bkv_host_ops, forward);
 	F(bkv_host_ops, prefill);

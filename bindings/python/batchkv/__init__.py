@@ -10,6 +10,8 @@ its whole public API in Python:
     Scheduler        requests, step(), the host callbacks, stats, metrics
     Batch            what a compute callback receives: zero-copy numpy views
                      of the library's arrays, VALID ONLY DURING THE CALLBACK
+    BatchGroup       one KV group's part of a Batch (Batch.groups): its slot
+                     mapping and the blocks each row reads in it
     PolyCost, RooflineCost, CalibratedCost   the built-in cost models
     VllmEncoder      the pool's KV events as vLLM KVEventBatch msgpack bytes
                      (what vLLM-event routers such as llm-d and Dynamo read);
@@ -45,8 +47,8 @@ from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEven
                    block_hashes, blocks_for_bytes, frames_for_bytes, kv_bytes_per_token,
                    kv_frame_bytes, kv_group_blocks_held, kv_group_page_bytes, kv_seq_bytes,
                    kv_state_frames)
-from .sched import (TOKEN_FAIL, Batch, FinishReason, Policy, Preempt, SchedStats,  # noqa: F401
-                    Scheduler, StepInfo)
+from .sched import (TOKEN_FAIL, Batch, BatchGroup, BatchLayout, FinishReason,  # noqa: F401
+                    Policy, Preempt, SchedStats, Scheduler, StepInfo)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401
                    vllm_hash_int)
 

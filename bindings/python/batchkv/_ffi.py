@@ -281,6 +281,19 @@ class bkv_table_delta(Structure):
     ]
 
 
+class bkv_batch_group(Structure):
+    _fields_ = [
+        ('kind', c_uint32),
+        ('span', c_uint32),
+        ('slot_mapping', POINTER(c_int32)),
+        ('kv_indptr', POINTER(c_int32)),
+        ('kv_indices', POINTER(c_int32)),
+        ('kv_first_block', POINTER(c_int32)),
+        ('row_tables', POINTER(POINTER(c_int32))),
+        ('row_table_len', POINTER(c_uint32)),
+    ]
+
+
 class bkv_batch(Structure):
     _fields_ = [
         ('kind', c_int),
@@ -313,6 +326,8 @@ class bkv_batch(Structure):
         ('n_table_deltas', c_uint32),
         ('table_deltas', POINTER(bkv_table_delta)),
         ('delta_blocks', POINTER(c_int32)),
+        ('n_groups', c_uint32),
+        ('groups', POINTER(bkv_batch_group)),
     ]
 
 
@@ -482,6 +497,7 @@ FUNCTIONS = {
     'bkv_seq_close': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_drop': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_blocks': (POINTER(c_int32), [c_void_p, c_uint32, POINTER(c_uint32)]),
+    'bkv_seq_group_blocks': (POINTER(c_int32), [c_void_p, c_uint32, c_uint32, POINTER(c_uint32)]),
     'bkv_seq_info_get': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_info)]),
     'bkv_seq_swap_out': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_swap_in': (c_int, [c_void_p, c_uint32]),

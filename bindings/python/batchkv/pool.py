@@ -359,6 +359,19 @@ class Pool:
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.int32)
 
+    def group_blocks(self, seq, group):
+        """The sequence's block table in one KV group (bkv_seq_group_blocks)
+        as a new int32 numpy array (a copy, as blocks()): as long as group
+        0's, with -1 for the blocks a sliding-window or chunked group
+        released. Group 0 is blocks(seq); a pool without groups has only
+        group 0. NotFoundError for an unknown sequence or group."""
+        n = ctypes.c_uint32()
+        p = _lib.bkv_seq_group_blocks(self._p(), seq, int(group), ctypes.byref(n))
+        if not p:
+            check(_ffi.BKV_ENOENT, "bkv_seq_group_blocks")
+        return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
+            np.zeros(0, np.int32)
+
     def info(self, seq):
         """SeqInfo(len, n_blocks, swapped, key) of a sequence (bkv_seq_info_get)."""
         i = _ffi.bkv_seq_info()

@@ -13,8 +13,9 @@ user) and now_us() (a clock in microseconds). A compute method returns None
 
 THE BATCH IS BORROWED. A Batch's arrays (token_ids, positions, qo_indptr,
 kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req,
-row_branch, copies, swap_out, swap_in) are zero-copy numpy views of the
-library's buffers, read-only, and next_tokens is a writable view of the
+row_branch, copies, swap_out, swap_in, row_slot, and those of each
+BatchGroup in Batch.groups) are zero-copy numpy views of the library's
+buffers, read-only, and next_tokens is a writable view of the
 library's output array. They are valid only while the callback runs: the next
 step reuses the memory. Copy (np.array(view)) anything kept.
 
@@ -42,10 +43,10 @@ import numpy as np
 from . import _ffi
 from ._native import _lib
 from .errors import StateError, check, error
-from .pool import _fill, _from_struct, _i32, _record
+from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
-__all__ = ["Scheduler", "Batch", "Policy", "Preempt", "FinishReason", "StepInfo", "SchedStats",
-           "TOKEN_FAIL"]
+__all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
+           "StepInfo", "SchedStats", "TOKEN_FAIL"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
 
@@ -61,6 +62,13 @@ class Preempt(enum.IntEnum):
     AUTO = _ffi.BKV_PREEMPT_AUTO
     RECOMPUTE = _ffi.BKV_PREEMPT_RECOMPUTE
     SWAP = _ffi.BKV_PREEMPT_SWAP
+
+
+class BatchLayout(enum.IntEnum):
+    """bkv_batch_layout: how a batch carries the rows' block tables
+    (Scheduler(batch_layout=...))."""
+    FLAT = _ffi.BKV_BATCH_FLAT              # kv_indptr / kv_indices every call
+    PERSISTENT = _ffi.BKV_BATCH_PERSISTENT  # row slots, their tables, deltas
 
 
 class FinishReason(enum.IntEnum):
@@ -81,6 +89,11 @@ _WORD = ctypes.sizeof(ctypes.c_size_t)
 _PTR = {f: getattr(_ffi.bkv_batch, f).offset // _WORD for f, t in _ffi.bkv_batch._fields_
         if getattr(_ffi.bkv_batch, f).offset % _WORD == 0}
 _WORDS = ctypes.c_size_t * (ctypes.sizeof(_ffi.bkv_batch) // _WORD)
+# The same for bkv_batch_group, one element of bkv_batch.groups.
+_GPTR = {f: getattr(_ffi.bkv_batch_group, f).offset // _WORD
+         for f, t in _ffi.bkv_batch_group._fields_ if t is not ctypes.c_uint32}
+_GSIZE = ctypes.sizeof(_ffi.bkv_batch_group)
+_GWORDS = ctypes.c_size_t * (_GSIZE // _WORD)
 # The compute callbacks are made with plain-address arguments (cheaper than
 # ctypes pointer objects) and cast to bkv_host_ops' prototype: same C ABI.
 _COMPUTE_RAW = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -134,10 +147,14 @@ class Batch:
     kv_last_page_len, row_sample (uint8), row_req (uint64), row_branch
     (uint32) [n_rows]; copies, swap_out, swap_in ((n, 2) int32 src, dst:
     perform swap_out, swap_in, copies in that order before computing).
-    users: the user objects of the rows' requests (a list)."""
+    users: the user objects of the rows' requests (a list). layout
+    (BatchLayout), n_row_slots, row_slot [n_rows] (uint32; persistent:
+    each row's row slot, else empty).
+    n_groups and groups: the pool's KV groups (a list of BatchGroup; one,
+    group 0, for a pool without groups); groups[0] is the arrays above."""
 
-    __slots__ = ("_words", "_raw", "_sched", "_views", "kind", "n_rows", "n_decode_rows",
-                 "n_tokens", "block_tokens")
+    __slots__ = ("_words", "_raw", "_sched", "_views", "_groups", "kind", "n_rows",
+                 "n_decode_rows", "n_tokens", "block_tokens")
 
     def __init__(self, raw, words, sched):
         self._raw = raw
@@ -149,6 +166,7 @@ class Batch:
         self.n_decode_rows = raw.n_decode_rows
         self.n_tokens = raw.n_tokens
         self.block_tokens = raw.block_tokens
+        self._groups = None
 
     def _ptr(self, field):
         return self._words[_PTR[field]]
@@ -217,6 +235,33 @@ class Batch:
         return self._copies("swap_in", "n_swap_in")
 
     @property
+    def layout(self):
+        return BatchLayout(self._raw.layout)
+
+    @property
+    def n_row_slots(self):
+        return self._raw.n_row_slots
+
+    @property
+    def row_slot(self):
+        return self._view("row_slot", self.n_rows, ctypes.c_uint32, np.uint32)
+
+    @property
+    def n_groups(self):
+        return self._raw.n_groups
+
+    @property
+    def groups(self):
+        if self._groups is None:
+            p = self._ptr("groups")
+            if p:
+                self._groups = [BatchGroup(self, g, _GWORDS.from_address(p + g * _GSIZE))
+                                for g in range(self._raw.n_groups)]
+            else:  # a pool without groups: group 0 is the batch's own arrays
+                self._groups = [BatchGroup(self, 0, None)]
+        return self._groups
+
+    @property
     def users(self):
         p = self._ptr("row_user")
         if not self.n_rows or not p:
@@ -224,6 +269,83 @@ class Batch:
         ptrs = (ctypes.c_void_p * self.n_rows).from_address(p)
         get = self._sched._users.get
         return [get(u) for u in ptrs]
+
+
+class BatchGroup:
+    """One KV group's part of a host call (bkv_batch_group), borrowed like
+    the Batch it came from. Every group computes the batch's tokens at the
+    batch's positions; what differs is where its K/V lives. Scalars: index
+    (in the pool's groups), kind (GroupKind), span (window or chunk, 0 for
+    FULL). Arrays (read-only views, created on first access; empty where
+    the library gives none): slot_mapping [n_tokens], where each new token's
+    K/V goes in this group; flat layout: kv_indptr [n_rows+1], kv_indices
+    (row r's blocks in this group are kv_indices[kv_indptr[r]:kv_indptr[r+1]],
+    from its first block read on: a window or chunked group lists only the
+    blocks the row's tokens read) and kv_first_block [n_rows] (the logical
+    index of each row's first entry; empty for group 0 of a pool without
+    groups, whose rows all start at block 0); persistent layout:
+    row_table_len [n_row_slots] and row_table(slot), this group's table of
+    a slot of one of the call's rows (-1 where a window released a block)."""
+
+    __slots__ = ("_b", "_words", "index", "kind", "span")
+
+    def __init__(self, batch, index, words):
+        self._b = batch
+        self._words = words
+        self.index = index
+        if words is None:
+            self.kind, self.span = GroupKind.FULL, 0
+        else:
+            g = _ffi.bkv_batch_group.from_address(ctypes.addressof(words))
+            self.kind, self.span = GroupKind(g.kind), g.span
+
+    def _ptr(self, field):
+        if self._words is None:  # no groups array: the batch's own
+            return 0 if field == "kv_first_block" else self._b._ptr(field)
+        return self._words[_GPTR[field]]
+
+    def _view(self, field, n, ctype, dtype):
+        b = self._b
+        return b._views.get((field, b.kind, self.index), self._ptr(field), n, ctype, dtype)
+
+    @property
+    def slot_mapping(self):
+        return self._view("slot_mapping", self._b.n_tokens, _I32, np.int32)
+
+    @property
+    def kv_indptr(self):
+        return self._view("kv_indptr", self._b.n_rows + 1, _I32, np.int32)
+
+    @property
+    def kv_indices(self):
+        ip = self.kv_indptr
+        n = int(ip[self._b.n_rows]) if len(ip) else 0
+        return self._view("kv_indices", n, _I32, np.int32)
+
+    @property
+    def kv_first_block(self):
+        return self._view("kv_first_block", self._b.n_rows, _I32, np.int32)
+
+    @property
+    def row_table_len(self):
+        return self._view("row_table_len", self._b.n_row_slots, ctypes.c_uint32, np.uint32)
+
+    def row_table(self, slot):
+        """This group's block table of row slot `slot` (persistent layout;
+        valid for the slots of the call's rows), a read-only int32 view;
+        empty in the flat layout. IndexError for a slot >= n_row_slots."""
+        tables = self._ptr("row_tables")
+        if not tables:
+            return _EMPTY[np.dtype(np.int32)]
+        if not 0 <= slot < self._b.n_row_slots:
+            raise IndexError("BatchGroup.row_table: slot %d of %d" % (slot, self._b.n_row_slots))
+        n = int(self.row_table_len[slot])
+        p = ctypes.c_void_p.from_address(tables + slot * _WORD).value
+        if not n or not p:
+            return _EMPTY[np.dtype(np.int32)]
+        v = np.frombuffer((_I32 * n).from_address(p), dtype=np.int32)
+        v.flags.writeable = False
+        return v
 
 
 class Scheduler:

@@ -237,3 +237,39 @@ def test_records_read_every_field_of_their_struct():
         got = _from_struct(rec, s)
         assert got == tuple(getattr(s, f) for f in rec._fields), rec.__name__
         assert len(got) == len([f for f, _ in ctype._fields_ if f not in ("size", "reserved")])
+
+
+def test_group_blocks_window_releases_what_no_later_token_reads():
+    from batchkv import GroupKind, KvGroup
+    groups = [KvGroup(GroupKind.FULL, 2, 0, 64), KvGroup(GroupKind.WINDOW, 2, 4, 64)]
+    with Pool(device_blocks=32, block_tokens=4) as plain:
+        s = plain.open()
+        plain.append(s, range(9))
+        assert list(plain.group_blocks(s, 0)) == list(plain.blocks(s))
+        with pytest.raises(batchkv.NotFoundError):      # a plain pool has group 0 only
+            plain.group_blocks(s, 1)
+    with Pool(device_blocks=32, block_tokens=4, groups=groups) as p:
+        s = p.open()
+        p.append(s, range(8))
+        g0, g1 = p.group_blocks(s, 0), p.group_blocks(s, 1)
+        assert g0.dtype == np.int32 and list(g0) == list(p.blocks(s)) and len(g0) == 2
+        # released lazily, at the next append: both blocks still held
+        assert len(g1) == 2 and min(g1) >= 0 and not set(g1) & set(g0)
+        for length in range(9, 17):                     # one token at a time
+            p.append(s, [100 + length])
+            g0, g1 = p.group_blocks(s, 0), p.group_blocks(s, 1)
+            n = (length + 3) // 4
+            assert len(g0) == len(g1) == n, length
+            assert min(g0) >= 0                         # full attention keeps all
+            # the append from length - 1 released the blocks below the one
+            # holding position length - 4, the first its token read
+            first = (length - 4) // 4
+            assert list(g1[:first]) == [-1] * first, (length, list(g1))
+            assert min(g1[first:]) >= 0, (length, list(g1))
+            assert not set(g1[first:]) & set(g0)        # each group its own frames
+            assert p.check() == 0
+        assert first == 3 and list(g1[:3]) == [-1, -1, -1]
+        with pytest.raises(batchkv.NotFoundError):
+            p.group_blocks(s, 2)
+        with pytest.raises(batchkv.NotFoundError):
+            p.group_blocks(s + 1000, 1)

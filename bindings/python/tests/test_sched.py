@@ -277,3 +277,91 @@ def test_abort_from_a_callback():
     for r in ids[1:]:
         assert host.finished[r][0] == FinishReason.ABORT and host.tokens[r] == [105, 106]
     assert s.stats().aborted == 2
+
+
+class GroupRecorder:
+    """Copies each call's per-group arrays (the views die with the call)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, b, next_tokens):
+        assert len(b.groups) == b.n_groups
+        call = {"n_groups": b.n_groups, "positions": np.array(b.positions),
+                "qo_indptr": np.array(b.qo_indptr), "slot_mapping": np.array(b.slot_mapping),
+                "layout": b.layout, "row_slot": np.array(b.row_slot), "groups": []}
+        for g in b.groups:
+            assert not g.slot_mapping.flags.writeable
+            call["groups"].append({
+                "index": g.index, "kind": g.kind, "span": g.span,
+                "slot_mapping": np.array(g.slot_mapping),
+                "slot_addr": g.slot_mapping.ctypes.data,
+                "kv_indptr": np.array(g.kv_indptr), "kv_indices": np.array(g.kv_indices),
+                "kv_first_block": np.array(g.kv_first_block),
+                "tables": [np.array(g.row_table(int(x))) for x in b.row_slot]})
+        call["batch_slot_addr"] = b.slot_mapping.ctypes.data
+        self.calls.append(call)
+        next_tokens[:] = 7
+
+
+HYBRID = [batchkv.KvGroup(batchkv.GroupKind.FULL, 2, 0, 64),
+          batchkv.KvGroup(batchkv.GroupKind.WINDOW, 2, 4, 64)]
+
+
+def run_groups(groups, layout):
+    host = GroupRecorder()
+    kw = {"groups": groups} if groups else {}
+    with Pool(device_blocks=32, block_tokens=4, **kw) as pool:
+        with Scheduler(pool, host, batch_layout=layout) as s:
+            s.submit(list(range(10)), 3)     # a 10-token prefill, then decode at 10 and 11
+            s.run()
+    assert len(host.calls) == 3
+    return host.calls
+
+
+def test_batch_groups_flat_window_rows_read_only_their_window():
+    calls = run_groups(HYBRID, batchkv.BatchLayout.FLAT)
+    for c, (first, n) in zip(calls, [(0, 3), (1, 2), (2, 1)]):
+        assert c["n_groups"] == 2 and c["layout"] == batchkv.BatchLayout.FLAT
+        g0, g1 = c["groups"]
+        assert (g0["kind"], g0["span"], g1["kind"], g1["span"]) == \
+            (batchkv.GroupKind.FULL, 0, batchkv.GroupKind.WINDOW, 4)
+        # group 0 is the batch's own slot mapping (the same array)
+        assert g0["slot_addr"] == c["batch_slot_addr"]
+        assert list(g0["slot_mapping"]) == list(c["slot_mapping"])
+        assert list(g0["kv_first_block"]) == [0] and len(g0["kv_indices"]) == 3
+        # the window group: the row's blocks from the one holding position
+        # (first token's position) - 3 on
+        assert list(g1["kv_first_block"]) == [first] and len(g1["kv_indices"]) == n
+        assert list(g1["kv_indptr"]) == [0, n]
+        assert len(g1["slot_mapping"]) == len(c["positions"])
+        assert not set(g1["slot_mapping"] // 4) & set(g0["slot_mapping"] // 4)
+        for g in (g0, g1):  # every new token's slot lies in a block the row lists
+            for t, pos in enumerate(c["positions"]):
+                blk = g["kv_indices"][g["kv_indptr"][0] + pos // 4 - g["kv_first_block"][0]]
+                assert g["slot_mapping"][t] == blk * 4 + pos % 4, (g["index"], t)
+
+
+def test_batch_groups_persistent_tables_show_released_blocks():
+    calls = run_groups(HYBRID, batchkv.BatchLayout.PERSISTENT)
+    for c, released in zip(calls, [0, 1, 2]):
+        assert c["n_groups"] == 2 and c["layout"] == batchkv.BatchLayout.PERSISTENT
+        assert len(c["row_slot"]) == 1
+        g0, g1 = c["groups"]
+        assert len(g1["kv_indptr"]) == len(g1["kv_indices"]) == len(g1["kv_first_block"]) == 0
+        t0, t1 = g0["tables"][0], g1["tables"][0]
+        assert len(t0) == len(t1) == 3 and min(t0) >= 0
+        # the window's table after the last step's commit released its blocks
+        assert list(t1[:released]) == [-1] * released and min(t1[released:]) >= 0
+        for g, table in ((g0, t0), (g1, t1)):
+            for t, pos in enumerate(c["positions"]):
+                assert g["slot_mapping"][t] == table[pos // 4] * 4 + pos % 4
+
+
+def test_batch_of_a_pool_without_groups_has_group_0():
+    for c in run_groups(None, batchkv.BatchLayout.FLAT):
+        assert c["n_groups"] == 1 and len(c["groups"]) == 1
+        g0 = c["groups"][0]
+        assert (g0["kind"], g0["span"]) == (batchkv.GroupKind.FULL, 0)
+        assert g0["slot_addr"] == c["batch_slot_addr"]
+        assert len(g0["kv_indices"]) == 3 and len(g0["kv_first_block"]) == 0

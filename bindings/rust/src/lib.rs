@@ -14,6 +14,8 @@
 //! * [`Batch<'a>`] is what `Host::forward` receives: the library's arrays as
 //!   slices borrowed for the duration of the call (the trait method's
 //!   anonymous lifetime means they cannot be kept).
+//!   [`Batch::groups`] gives each KV group's part of it ([`BatchGroup`]): its
+//!   slot mapping and the blocks each row reads in it, borrowed the same way.
 //!
 //! # Threads (the header's rules, in types)
 //! * `Pool: Send`, not `Sync`: one thread at a time.
@@ -481,6 +483,20 @@ impl Pool {
     pub fn blocks(&self, seq: u32) -> Result<&[i32]> {
         let mut n = 0;
         let p = unsafe { sys::bkv_seq_blocks(self.as_ptr(), seq, &mut n) };
+        if p.is_null() {
+            return Err(Error::NotFound);
+        }
+        Ok(unsafe { raw_slice(p, n as usize) })
+    }
+
+    /// `bkv_seq_group_blocks`: the block table of one KV group (group 0's is
+    /// [`Pool::blocks`]), borrowed until the pool changes. As long as group
+    /// 0's; entries a sliding-window or chunked group released are -1. A
+    /// pool without groups has group 0 only. `Err(NotFound)` for an unknown
+    /// sequence or group.
+    pub fn group_blocks(&self, seq: u32, group: u32) -> Result<&[i32]> {
+        let mut n = 0;
+        let p = unsafe { sys::bkv_seq_group_blocks(self.as_ptr(), seq, group, &mut n) };
         if p.is_null() {
             return Err(Error::NotFound);
         }
@@ -1289,6 +1305,116 @@ impl<'a> Batch<'a> {
     /// Host -> device copies, performed second.
     pub fn swap_in(&self) -> &'a [Copy] {
         self.t(self.raw.swap_in, self.raw.n_swap_in as usize)
+    }
+    /// The scheduler's batch layout (`sys::BKV_BATCH_FLAT` or
+    /// `sys::BKV_BATCH_PERSISTENT`).
+    pub fn layout(&self) -> sys::bkv_batch_layout {
+        self.raw.layout
+    }
+    /// Persistent layout: row slots `0..n_row_slots()` exist; 0 when flat.
+    pub fn n_row_slots(&self) -> usize {
+        self.raw.n_row_slots as usize
+    }
+    /// `[n_rows]` persistent layout: each row's row slot; empty when flat.
+    pub fn row_slot(&self) -> &'a [u32] {
+        self.t(self.raw.row_slot, self.n_rows())
+    }
+    /// The pool's KV groups (1 for a pool without groups).
+    pub fn n_groups(&self) -> usize {
+        self.raw.n_groups as usize
+    }
+    /// KV group `g`'s part of the call, `None` for `g >= n_groups()`. Group 0
+    /// is the batch's own arrays.
+    pub fn group(&self, g: usize) -> Option<BatchGroup<'a>> {
+        if g >= self.n_groups() {
+            return None;
+        }
+        let raw = if self.raw.groups.is_null() {
+            // a pool without groups: group 0 is the batch's own arrays
+            sys::bkv_batch_group {
+                kind: sys::BKV_GROUP_FULL as u32,
+                span: 0,
+                slot_mapping: self.raw.slot_mapping,
+                kv_indptr: self.raw.kv_indptr,
+                kv_indices: self.raw.kv_indices,
+                kv_first_block: ptr::null(),
+                row_tables: self.raw.row_tables,
+                row_table_len: self.raw.row_table_len,
+            }
+        } else {
+            // SAFETY: the library's groups array has n_groups elements
+            unsafe { *self.raw.groups.add(g) }
+        };
+        Some(BatchGroup { raw, batch: self.raw })
+    }
+    /// Every KV group's part of the call, group 0 first.
+    pub fn groups(&self) -> impl Iterator<Item = BatchGroup<'a>> + 'a {
+        let b = Batch { raw: self.raw };
+        (0..self.n_groups()).map(move |g| b.group(g).expect("g < n_groups"))
+    }
+}
+
+/// One KV group's part of a call (`bkv_batch_group`), borrowed like the
+/// [`Batch`] it came from. Every group computes the batch's tokens at the
+/// batch's positions; what differs is where its K/V lives. Slices the
+/// library does not fill in the call's layout are empty.
+#[derive(Clone, Copy)]
+pub struct BatchGroup<'a> {
+    raw: sys::bkv_batch_group,
+    batch: &'a sys::bkv_batch,
+}
+
+impl<'a> BatchGroup<'a> {
+    /// The group's `bkv_group_kind` (`sys::BKV_GROUP_*`).
+    pub fn kind(&self) -> u32 {
+        self.raw.kind
+    }
+    /// Its span (window or chunk, in tokens); 0 for FULL.
+    pub fn span(&self) -> u32 {
+        self.raw.span
+    }
+    fn t<T>(&self, p: *const T, n: usize) -> &'a [T] {
+        unsafe { raw_slice(p, n) }
+    }
+    /// `[n_tokens]` where each new token's K/V is written in this group
+    /// (block * block_tokens + offset).
+    pub fn slot_mapping(&self) -> &'a [i32] {
+        self.t(self.raw.slot_mapping, self.batch.n_tokens as usize)
+    }
+    /// Flat: `[n_rows + 1]`, row r's blocks in this group are
+    /// `kv_indices[kv_indptr[r]..kv_indptr[r + 1]]`.
+    pub fn kv_indptr(&self) -> &'a [i32] {
+        if self.raw.kv_indptr.is_null() {
+            return &[];
+        }
+        self.t(self.raw.kv_indptr, self.batch.n_rows as usize + 1)
+    }
+    /// Flat: each row's blocks from its first one read on (a window or
+    /// chunked group lists only the blocks its row's tokens read).
+    pub fn kv_indices(&self) -> &'a [i32] {
+        let n = self.kv_indptr().last().map_or(0, |&x| x as usize);
+        self.t(self.raw.kv_indices, n)
+    }
+    /// Flat: `[n_rows]` the logical index of each row's first entry in
+    /// `kv_indices`. Empty for group 0 of a pool without groups, whose rows
+    /// all start at block 0.
+    pub fn kv_first_block(&self) -> &'a [i32] {
+        self.t(self.raw.kv_first_block, self.batch.n_rows as usize)
+    }
+    /// Persistent: `[n_row_slots]` entries of each slot's table.
+    pub fn row_table_len(&self) -> &'a [u32] {
+        self.t(self.raw.row_table_len, self.batch.n_row_slots as usize)
+    }
+    /// Persistent: this group's table of row slot `slot`, valid for the
+    /// slots of this call's rows (-1 where a window released a block); empty
+    /// when flat or for a slot out of range.
+    pub fn row_table(&self, slot: usize) -> &'a [i32] {
+        if self.raw.row_tables.is_null() || slot >= self.batch.n_row_slots as usize {
+            return &[];
+        }
+        let n = self.row_table_len()[slot] as usize;
+        // SAFETY: row_tables has n_row_slots entries
+        self.t(unsafe { *self.raw.row_tables.add(slot) }, n)
     }
 }
 

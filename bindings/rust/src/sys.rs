@@ -293,6 +293,18 @@ pub struct bkv_cost_roofline {
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
+pub struct bkv_batch_group {
+    pub kind: u32,
+    pub span: u32,
+    pub slot_mapping: *const i32,
+    pub kv_indptr: *const i32,
+    pub kv_indices: *const i32,
+    pub kv_first_block: *const i32,
+    pub row_tables: *const *const i32,
+    pub row_table_len: *const u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_batch {
     pub kind: bkv_call_kind,
     pub n_rows: u32,
@@ -324,6 +336,8 @@ pub struct bkv_batch {
     pub n_table_deltas: u32,
     pub table_deltas: *const bkv_table_delta,
     pub delta_blocks: *const i32,
+    pub n_groups: u32,
+    pub groups: *const bkv_batch_group,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -477,6 +491,7 @@ extern "C" {
     pub fn bkv_seq_close(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_drop(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_blocks(pool: *const bkv_pool, seq: u32, n_blocks: *mut u32) -> *const i32;
+    pub fn bkv_seq_group_blocks(pool: *const bkv_pool, seq: u32, group: u32, n_blocks: *mut u32) -> *const i32;
     pub fn bkv_seq_info_get(pool: *const bkv_pool, seq: u32, info: *mut bkv_seq_info) -> c_int;
     pub fn bkv_seq_swap_out(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_swap_in(pool: *mut bkv_pool, seq: u32) -> c_int;

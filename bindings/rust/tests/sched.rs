@@ -325,3 +325,154 @@ fn cost_models_and_helpers() {
     assert_eq!(Error::Host.to_string(), "a host callback failed");
     assert_eq!(Error::from_status(-8), Some(Error::State));
 }
+
+const HYBRID: [KvGroup; 2] = [
+    KvGroup { kind: sys::BKV_GROUP_FULL as u32, layers: 2, span: 0, reserved: 0, bytes: 64 },
+    KvGroup { kind: sys::BKV_GROUP_WINDOW as u32, layers: 2, span: 4, reserved: 0, bytes: 64 },
+];
+
+#[test]
+fn group_blocks_window_releases_what_no_later_token_reads() {
+    let cfg = PoolConfig { device_blocks: 32, block_tokens: 4, ..Default::default() };
+    let mut plain = Pool::new(&cfg).unwrap();
+    let s = plain.open().unwrap();
+    plain.append(s, &[1; 9]).unwrap();
+    assert_eq!(plain.group_blocks(s, 0).unwrap(), plain.blocks(s).unwrap());
+    assert_eq!(plain.group_blocks(s, 1).unwrap_err(), Error::NotFound);
+
+    assert_eq!(HYBRID[1], KvGroup::window(2, 4, 64));
+    let mut p = Pool::with_groups(&cfg, &HYBRID).unwrap();
+    let s = p.open().unwrap();
+    p.append(s, &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    let (g0, g1) = (p.group_blocks(s, 0).unwrap().to_vec(), p.group_blocks(s, 1).unwrap().to_vec());
+    assert_eq!(g0, p.blocks(s).unwrap());
+    // released lazily, at the next append: both blocks still held
+    assert_eq!(g1.len(), 2);
+    assert!(g1.iter().all(|&b| b >= 0 && !g0.contains(&b)));
+    let mut first = 0;
+    for len in 9..17usize {
+        p.append(s, &[100 + len as i32]).unwrap();
+        let g0 = p.group_blocks(s, 0).unwrap().to_vec();
+        let g1 = p.group_blocks(s, 1).unwrap();
+        assert_eq!((g0.len(), g1.len()), ((len + 3) / 4, (len + 3) / 4));
+        assert!(g0.iter().all(|&b| b >= 0));
+        // the append from len - 1 released the blocks below the one holding
+        // position len - 4, the first its token read
+        first = (len - 4) / 4;
+        assert!(g1[..first].iter().all(|&b| b == -1), "len {}: {:?}", len, g1);
+        assert!(g1[first..].iter().all(|&b| b >= 0 && !g0.contains(&b)), "len {}: {:?}", len, g1);
+        assert_eq!(p.check(), 0);
+    }
+    assert_eq!(first, 3);
+    assert_eq!(p.group_blocks(s, 2).unwrap_err(), Error::NotFound);
+    assert_eq!(p.group_blocks(s + 1000, 1).unwrap_err(), Error::NotFound);
+}
+
+/// What one call held in each group, copied (the slices die with the call).
+#[derive(Default, Clone)]
+struct GroupCall {
+    kind: u32,
+    span: u32,
+    slots: Vec<i32>,
+    same_slots_as_batch: bool,
+    kv_indptr: Vec<i32>,
+    kv_indices: Vec<i32>,
+    kv_first_block: Vec<i32>,
+    table: Vec<i32>,
+}
+
+#[derive(Default)]
+struct GroupRecorder {
+    calls: Vec<(usize, Vec<i32>, Vec<GroupCall>)>, // (n_groups, positions, groups)
+}
+
+impl Host for GroupRecorder {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        assert_eq!(b.groups().count(), b.n_groups());
+        assert!(b.group(b.n_groups()).is_none());
+        let gs = b.groups().map(|g| GroupCall {
+            kind: g.kind(),
+            span: g.span(),
+            slots: g.slot_mapping().to_vec(),
+            same_slots_as_batch: g.slot_mapping().as_ptr() == b.slot_mapping().as_ptr(),
+            kv_indptr: g.kv_indptr().to_vec(),
+            kv_indices: g.kv_indices().to_vec(),
+            kv_first_block: g.kv_first_block().to_vec(),
+            table: b.row_slot().first().map_or(Vec::new(), |&x| g.row_table(x as usize).to_vec()),
+        }).collect();
+        self.calls.push((b.n_groups(), b.positions().to_vec(), gs));
+        next.iter_mut().for_each(|t| *t = 7);
+        Ok(())
+    }
+}
+
+fn run_groups(groups: &[KvGroup], layout: sys::bkv_batch_layout)
+              -> Vec<(usize, Vec<i32>, Vec<GroupCall>)> {
+    let cfg = PoolConfig { device_blocks: 32, block_tokens: 4, ..Default::default() };
+    let mut pool = Pool::with_groups(&cfg, groups).unwrap();
+    let mut sc = SchedConfig::default();
+    sc.batch_layout = layout;
+    let mut s = Scheduler::new(&mut pool, GroupRecorder::default(), &sc, None).unwrap();
+    let prompt: Vec<i32> = (0..10).collect();
+    s.submit(&Request::new(&prompt, 3)).unwrap(); // a 10-token prefill, decode at 10 and 11
+    s.run().unwrap();
+    let calls = std::mem::take(&mut s.host_mut().calls);
+    assert_eq!(calls.len(), 3);
+    calls
+}
+
+#[test]
+fn batch_groups_flat_window_rows_read_only_their_window() {
+    for ((n_groups, pos, g), (first, n)) in run_groups(&HYBRID, sys::BKV_BATCH_FLAT).iter()
+        .zip([(0, 3), (1, 2), (2, 1)]) {
+        assert_eq!((*n_groups, g.len()), (2, 2));
+        assert_eq!((g[0].kind, g[0].span, g[1].kind, g[1].span),
+                   (sys::BKV_GROUP_FULL as u32, 0, sys::BKV_GROUP_WINDOW as u32, 4));
+        assert!(g[0].same_slots_as_batch && !g[1].same_slots_as_batch);
+        assert_eq!((g[0].kv_first_block.clone(), g[0].kv_indices.len()), (vec![0], 3));
+        // the window group: the row's blocks from the one holding position
+        // (first token's position) - 3 on
+        assert_eq!(g[1].kv_first_block, vec![first]);
+        assert_eq!(g[1].kv_indptr, vec![0, n]);
+        assert_eq!(g[1].slots.len(), pos.len());
+        assert!(g[1].slots.iter().all(|s| !g[0].slots.iter().any(|t| t / 4 == s / 4)));
+        for gr in g {
+            for (t, &p) in pos.iter().enumerate() {
+                let i = (gr.kv_indptr[0] + p / 4 - gr.kv_first_block[0]) as usize;
+                assert_eq!(gr.slots[t], gr.kv_indices[i] * 4 + p % 4);
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_groups_persistent_tables_show_released_blocks() {
+    for ((n_groups, pos, g), released) in run_groups(&HYBRID, sys::BKV_BATCH_PERSISTENT).iter()
+        .zip([0usize, 1, 2]) {
+        assert_eq!((*n_groups, g.len()), (2, 2));
+        assert!(g[1].kv_indptr.is_empty() && g[1].kv_indices.is_empty()
+                && g[1].kv_first_block.is_empty());
+        let (t0, t1) = (&g[0].table, &g[1].table);
+        assert_eq!((t0.len(), t1.len()), (3, 3));
+        assert!(t0.iter().all(|&b| b >= 0));
+        // the window's table after the last step's commit released its blocks
+        assert!(t1[..released].iter().all(|&b| b == -1), "{:?}", t1);
+        assert!(t1[released..].iter().all(|&b| b >= 0), "{:?}", t1);
+        for gr in g {
+            for (t, &p) in pos.iter().enumerate() {
+                assert_eq!(gr.slots[t], gr.table[(p / 4) as usize] * 4 + p % 4);
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_of_a_pool_without_groups_has_group_0() {
+    for (n_groups, _, g) in run_groups(&[], sys::BKV_BATCH_FLAT) {
+        assert_eq!((n_groups, g.len()), (1, 1));
+        assert_eq!((g[0].kind, g[0].span), (sys::BKV_GROUP_FULL as u32, 0));
+        assert!(g[0].same_slots_as_batch);
+        assert_eq!(g[0].kv_indices.len(), 3);
+        assert!(g[0].kv_first_block.is_empty());
+    }
+}
