@@ -1247,7 +1247,9 @@ typedef struct bkv_batch_group {
 					 a window or chunked group lists only
 					 the blocks its row's tokens read */
 	const int32_t *kv_first_block; /* flat: [n_rows] the logical index of
-					 each row's first entry (0 for FULL);
+					 each row's first entry (0 for FULL;
+					 NULL: 0 for every row, as in a pool
+					 without groups);
 					 the entry at kv_indptr[r] holds
 					 positions kv_first_block[r] x
 					 block_tokens on */
@@ -1256,6 +1258,17 @@ typedef struct bkv_batch_group {
 					 the slots of this call's rows; entries
 					 a window released are -1 */
 	const uint32_t *row_table_len; /* persistent: [n_row_slots] entries */
+	const int32_t *state_in;      /* STATE: [n_rows] the first frame of the
+					 state unit each row reads its initial
+					 state from; -1: the zero state (the
+					 row starts at position 0). NULL for
+					 attention groups */
+	const int32_t *state_out;     /* STATE: [n_rows] the first frame of the
+					 unit each row writes its state after
+					 its last token to (never a unit any
+					 row of the call reads: states are
+					 written out of place) */
+	uint32_t state_frames;        /* STATE: consecutive frames per unit */
 } bkv_batch_group;
 
 /* What the host must do in one call. Plain data, owned by the scheduler, valid

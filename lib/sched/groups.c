@@ -132,11 +132,7 @@ void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	bkv_batch_group *g0 = &s->call.groups[0];
 	uint32_t g;
 
-	b->n_groups = 1;
-	shape->n_groups = 0; /* one full group: the plain shape */
-	shape->group_decode_context = NULL;
-	if (!s->call.n_lanes)
-		return;
+	/* group 0 is the batch's own arrays, in every pool */
 	g0->kind = BKV_GROUP_FULL;
 	g0->span = 0;
 	g0->slot_mapping = b->slot_mapping;
@@ -145,6 +141,12 @@ void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	g0->kv_first_block = s->call.persistent ? NULL : s->call.g_kv_first; /* zeros */
 	g0->row_tables = b->row_tables;
 	g0->row_table_len = b->row_table_len;
+	b->n_groups = 1;
+	b->groups = s->call.groups;
+	shape->n_groups = 0; /* one full group: the plain shape */
+	shape->group_decode_context = NULL;
+	if (!s->call.n_lanes)
+		return;
 	s->call.gctx[0] = shape->decode_context;
 	for (g = 1; g <= s->call.n_lanes; g++) {
 		if (bkv__pool_group(s->pool, g)->kind == BKV_GROUP_STATE)
