@@ -601,6 +601,26 @@ BKV_API const int32_t *bkv_seq_group_blocks(const bkv_pool *pool, uint32_t seq, 
 					    uint32_t *n_blocks);
 
 /**
+ * A sequence's recurrent-state units (a pool whose last group is STATE):
+ * the unit its next computation reads its state from and the unit it
+ * writes the new state to, each as its first frame (a unit is
+ * bkv_kv_state_frames() consecutive frames). After an append, in is the
+ * state before the appended tokens (-1: the zero state, nothing computed
+ * yet) and out is where the state after them goes; the next append (or a
+ * fork or swap-out) makes out the sequence's state. The scheduler hands
+ * the same pair to the host in bkv_batch_group.state_in / state_out.
+ * @param pool  the pool.
+ * @param seq   the sequence id.
+ * @param in    receives the first frame read, or -1.
+ * @param out   receives the first frame written, or -1 (nothing appended
+ *              since the state was last committed).
+ * @return BKV_OK; BKV_EINVAL (NULL argument, or no STATE group); BKV_ENOENT
+ *         (unknown sequence).
+ * Thread rules: as bkv_seq_blocks.
+ */
+BKV_API int bkv_seq_state_frames(const bkv_pool *pool, uint32_t seq, int32_t *in, int32_t *out);
+
+/**
  * Describe a sequence.
  * @param pool   the pool.
  * @param seq    the sequence id.

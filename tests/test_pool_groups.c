@@ -31,6 +31,14 @@ static const bkv_kv_group groups4[NG] = {
 	{BKV_GROUP_WINDOW, 1, 1, 0, 256},
 };
 
+/* full + window + a recurrent state checkpointed every 8 tokens (the
+ * random test's block sizes divide 8) */
+static const bkv_kv_group groups_state[3] = {
+	{BKV_GROUP_FULL, 2, 0, 0, 256},
+	{BKV_GROUP_WINDOW, 2, 12, 0, 256},
+	{BKV_GROUP_STATE, 1, 8, 0, 512},
+};
+
 static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bkv_kv_group *g,
 				 uint32_t ng)
 {
@@ -44,6 +52,9 @@ static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bk
 	c.max_seqs = 128;
 	c.n_groups = ng;
 	c.groups = g;
+	if (ng && g[ng - 1].kind == BKV_GROUP_STATE)
+		c.state_units = 40; /* live and scratch states of 10 sequences, and
+				       checkpoints */
 	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
 	return p;
 }
@@ -210,7 +221,19 @@ typedef struct model {
 	uint64_t rng;
 	uint64_t hits, ops[12];
 	uint64_t seed, step;
+	int state;       /* the last group is STATE (not among the ng) */
+	int always_txn;  /* every append inside a step transaction */
 } model;
+
+/* The recurrent state after tokens[0, n): a rolling hash, 1 for none. */
+static int32_t state_of(const int32_t *tokens, uint32_t n)
+{
+	uint32_t v = 1, i;
+
+	for (i = 0; i < n; i++)
+		v = v * 31u + (uint32_t)tokens[i];
+	return (int32_t)(v & 0x7fffffff);
+}
 
 static uint32_t rnd(model *m, uint32_t n)
 {
@@ -241,12 +264,30 @@ static void host_copies(model *m)
 		bkv_pool_clear_copies(m->p, (bkv_copy_kind)i);
 }
 
-/* The host computes positions [from, to) of sequence i in every group. */
+/* The host computes positions [from, to) of sequence i in every group; a
+ * state reads its unit's first slot and writes the next unit's. */
 static void compute(model *m, int i, uint32_t from, uint32_t to)
 {
 	uint32_t g, pos, n;
 
 	host_copies(m);
+	if (m->state) {
+		int32_t in, out;
+
+		cr_assert_eq(bkv_seq_state_frames(m->p, m->id[i], &in, &out), BKV_OK);
+		if (from == to) { /* all hits: the state is a checkpoint's */
+			cr_assert_geq(in, 0);
+			cr_assert_eq(m->kv_dev[(size_t)in * m->bt], state_of(m->tok[i], to));
+			goto attention;
+		}
+		cr_assert_geq(out, 0, "an append with new tokens has a unit to write");
+		cr_assert_neq(in, out, "states are written out of place");
+		cr_assert_eq(in < 0 ? 1 : m->kv_dev[(size_t)in * m->bt], state_of(m->tok[i], from),
+			     "seed %lu step %lu: seq %d reads the state at %u", (unsigned long)m->seed,
+			     (unsigned long)m->step, i, from);
+		m->kv_dev[(size_t)out * m->bt] = state_of(m->tok[i], to);
+	}
+attention:
 	for (g = 0; g < m->ng; g++) {
 		const int32_t *t = bkv_seq_group_blocks(m->p, m->id[i], g, &n);
 
@@ -273,6 +314,16 @@ static void verify(model *m)
 			continue;
 		cr_assert_eq(bkv_seq_info_get(m->p, m->id[i], &info), BKV_OK);
 		cr_assert_eq(info.len, m->len[i]);
+		if (m->state && !info.swapped) {
+			int32_t in, out, v;
+
+			cr_assert_eq(bkv_seq_state_frames(m->p, m->id[i], &in, &out), BKV_OK);
+			v = out >= 0 ? m->kv_dev[(size_t)out * m->bt]
+				     : in >= 0 ? m->kv_dev[(size_t)in * m->bt] : 1;
+			cr_assert_eq(v, state_of(m->tok[i], m->len[i]),
+				     "seed %lu step %lu: seq %u state", (unsigned long)m->seed,
+				     (unsigned long)m->step, i);
+		}
 		for (g = 0; g < m->ng; g++) {
 			const int32_t *t = bkv_seq_group_blocks(m->p, m->id[i], g, &n);
 			uint32_t first = first_needed(&m->g[g], m->bt, m->len[i]);
@@ -315,6 +366,7 @@ static void op_append(model *m, int i, int txn)
 	gen_tokens(m, buf, m->len[i], n, fam);
 	if (rnd(m, 8) == 0)
 		buf[0] += 1; /* diverge */
+	txn |= m->always_txn;
 	if (txn)
 		bkv__pool_txn_begin(m->p);
 	rc = bkv_seq_append(m->p, m->id[i], buf, n, &hit);
@@ -393,21 +445,23 @@ static void op_other(model *m, int i, uint32_t k)
 	}
 }
 
-static uint64_t run_random(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t steps)
+static uint64_t run_random_ex(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t steps, int state)
 {
 	model m;
 	uint32_t step;
 	int i;
 
 	memset(&m, 0, sizeof m);
-	m.g = groups4;
-	m.ng = NG;
+	m.g = state ? groups_state : groups4;
+	m.ng = state ? 2 : NG;
+	m.state = state;
+	m.always_txn = state == 2;
 	m.bt = bt;
 	m.nb = nb;
 	m.nh = 256;
 	m.rng = seed * 2654435761u + 1;
 	m.seed = seed;
-	m.p = make_group_pool(bt, nb, m.nh, groups4, NG);
+	m.p = make_group_pool(bt, nb, m.nh, m.g, state ? 3 : NG);
 	m.kv_dev = calloc((size_t)nb * bt, sizeof(int32_t));
 	m.kv_host = calloc((size_t)m.nh * bt, sizeof(int32_t));
 	for (step = 0; step < steps; step++) {
@@ -440,6 +494,22 @@ static uint64_t run_random(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t ste
 	free(m.kv_dev);
 	free(m.kv_host);
 	return m.hits;
+}
+
+static uint64_t run_random(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t steps)
+{
+	return run_random_ex(seed, bt, nb, steps, 0);
+}
+
+Test(pool_groups, random_ops_keep_a_recurrent_state_right)
+{
+	uint64_t seed, hits = 0;
+
+	/* 2: every append in a step transaction (as the scheduler), 1: some
+	 * outside one (committed lazily) */
+	for (seed = 40; seed <= 51; seed++)
+		hits += run_random_ex(seed, seed % 2 ? 4 : 8, 200, 1500, 1 + (int)(seed % 3 == 0));
+	cr_expect_gt(hits, 0, "hits at checkpoints");
 }
 
 Test(pool_groups, random_ops_keep_every_groups_kv)

@@ -146,10 +146,16 @@ static int check_pending(const bkv_pool *pool)
 		    !(pool->kv.blk[d->v[i].dst].flags & BKV__BLOCK_PEND_DEV))
 			return CHECK_PENDING;
 	}
-	for (i = 0; i < si->n; i++)
-		if (si->v[i].dst < 0 || (uint32_t)si->v[i].dst >= pool->kv.nb ||
-		    !(pool->kv.blk[si->v[i].dst].flags & BKV__BLOCK_PEND_SWAPIN))
+	for (i = 0; i < si->n; i++) {
+		const uint32_t dst = (uint32_t)si->v[i].dst;
+
+		if (si->v[i].dst >= 0 && dst >= pool->kv.nb && pool->st_units &&
+		    dst < pool->st_first + pool->st_units * pool->st_frames)
+			continue; /* a state unit's frame (pool/state.c) */
+		if (si->v[i].dst < 0 || dst >= pool->kv.nb ||
+		    !(pool->kv.blk[dst].flags & BKV__BLOCK_PEND_SWAPIN))
 			return CHECK_PENDING;
+	}
 	return CHECK_OK;
 }
 

@@ -203,7 +203,9 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 			if (pool->kv.blk[l->v[i].src].flags & BKV__BLOCK_COPY_SRC)
 				bkv__block_copy_cleared(&pool->kv, l->v[i].src);
 		} else if (kind == BKV_COPY_SWAP_IN) {
-			pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			/* a state unit's frames lie above the blocks */
+			if ((uint32_t)l->v[i].dst < pool->kv.nb)
+				pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
 			pool->host_pending--;
 			bkv__host_push(pool, l->v[i].src);

@@ -417,7 +417,11 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 		pool->st_live[slot] = -1;
 		pool->st_len[slot] = 0;
 	}
-	/* new_len == st_len: a rolled-back append; the scratch unit stays */
+	if (new_len == pool->st_len[slot] && pool->st_scratch[slot] >= 0) {
+		/* a rolled-back append: nothing pending */
+		unit_free(pool, pool->st_scratch[slot]);
+		pool->st_scratch[slot] = -1;
+	}
 }
 
 /* ---- the host tier ---------------------------------------------------------- */
@@ -498,6 +502,19 @@ void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t
 
 	*in = l >= 0 && pool->st_len[slot] ? (int32_t)(pool->st_first + (uint32_t)l * k) : -1;
 	*out = s >= 0 ? (int32_t)(pool->st_first + (uint32_t)s * k) : -1;
+}
+
+int bkv_seq_state_frames(const bkv_pool *pool, uint32_t seq, int32_t *in, int32_t *out)
+{
+	const bkv__seq *s;
+
+	if (!pool || !in || !out || !pool->st_units)
+		return BKV_EINVAL;
+	s = bkv__seq_get(pool, seq);
+	if (!s)
+		return BKV_ENOENT;
+	bkv__state_frames(pool, (uint32_t)(s - pool->seqs), in, out);
+	return BKV_OK;
 }
 
 /* ---- the checker ------------------------------------------------------------ */
