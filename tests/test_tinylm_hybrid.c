@@ -48,6 +48,25 @@ static void hybrid_setup(void)
 	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
 }
 
+/* Four layers: full, a window of 24, chunks of 40 and a recurrent layer
+ * whose state is checkpointed every 16 tokens. */
+static void recurrent_setup(void)
+{
+	tlm_config c;
+	tlm_config_small(&c);
+	c.layers = 4;
+	c.window = 24;
+	c.chunk = 40;
+	c.recurrent = 16;
+	g_model = tlm_model_create(&c);
+	cr_assert_not_null(g_model);
+	tlm_workload_config wc;
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = test_jobs();
+	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
+	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+}
+
 static void hybrid_teardown(void)
 {
 	tlm_workload_destroy(&g_w);
@@ -82,6 +101,8 @@ static void serve_and_verify(const tlm_run_config *rc, tlm_run_result *res)
 	cr_assert_eq(res->pool.nr_used, 0, "blocks still referenced after the run");
 	if (rc->sched.batch_layout == BKV_BATCH_PERSISTENT)
 		cr_assert_eq(res->host.mirror_mismatches, 0);
+	if (g_model->cfg.recurrent)
+		cr_assert_gt(res->host.state_rows, 0);
 }
 
 static void continuous(int persistent)
@@ -197,4 +218,53 @@ Test(tinylm_hybrid, persistent_failures_match_reference, .init = hybrid_setup,
      .fini = hybrid_teardown)
 {
 	failures(1);
+}
+
+/* ---- with a recurrent layer ------------------------------------------------- */
+
+Test(tinylm_recurrent, continuous_batching_with_checkpoint_hits_matches_reference,
+     .init = recurrent_setup, .fini = hybrid_teardown)
+{
+	continuous(0);
+}
+
+Test(tinylm_recurrent, chunked_prefill_cut_at_checkpoints_matches_reference,
+     .init = recurrent_setup, .fini = hybrid_teardown)
+{
+	chunked(0);
+}
+
+Test(tinylm_recurrent, preemption_swap_and_failures_match_reference, .init = recurrent_setup,
+     .fini = hybrid_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 260, 0);
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
+	run_config(&rc, 260, 0);
+	rc.host_blocks = 600;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.submit_per_step = 3;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
+	run_config(&rc, 400, 0);
+	rc.host_blocks = 400;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+}
+
+Test(tinylm_recurrent, persistent_layout_matches_reference, .init = recurrent_setup,
+     .fini = hybrid_teardown)
+{
+	continuous(1);
+	chunked(1);
 }

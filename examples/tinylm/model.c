@@ -58,11 +58,18 @@ void tlm_config_small(tlm_config *cfg)
 
 uint32_t tlm_n_groups(const tlm_config *c)
 {
-	return 1 + (c->window != 0) + (c->chunk != 0);
+	return 1 + (c->window != 0) + (c->chunk != 0) + (c->recurrent != 0);
+}
+
+int tlm_layer_recurrent(const tlm_config *c, uint32_t l)
+{
+	return c->recurrent && l == c->layers - 1;
 }
 
 uint32_t tlm_layer_group(const tlm_config *c, uint32_t l)
 {
+	if (tlm_layer_recurrent(c, l))
+		return tlm_n_groups(c) - 1;
 	if (c->window && c->chunk)
 		return l % 3;
 	if (c->window || c->chunk)
@@ -75,6 +82,10 @@ uint32_t tlm_group_kind(const tlm_config *c, uint32_t g, uint32_t *span)
 	*span = 0;
 	if (g == 0)
 		return 0; /* BKV_GROUP_FULL */
+	if (c->recurrent && g == tlm_n_groups(c) - 1) {
+		*span = c->recurrent;
+		return 3; /* BKV_GROUP_STATE */
+	}
 	if (g == 1 && c->window) {
 		*span = c->window;
 		return 1; /* BKV_GROUP_WINDOW */
@@ -270,6 +281,30 @@ void tlm_layer_qkv(const tlm_model *m, uint32_t l, uint32_t n, const float *x,
 	for (uint32_t i = 0; i < n; i++) {
 		rope(m, q + (size_t)i * qw, c->n_heads, pos[i]);
 		rope(m, k + (size_t)i * kvw, c->n_kv_heads, pos[i]);
+	}
+}
+
+void tlm_recurrent_step(const tlm_model *m, float *state, const float *q, const float *k,
+			const float *v, float *out)
+{
+	const tlm_config *c = &m->cfg;
+	const uint32_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+	for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+		float *S = state + (size_t)h * hd * hd;
+		const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
+		for (uint32_t i = 0; i < hd; i++)
+			for (uint32_t j = 0; j < hd; j++)
+				S[i * hd + j] = 0.875f * S[i * hd + j] + kh[i] * vh[j];
+	}
+	for (uint32_t h = 0; h < c->n_heads; h++) {
+		const float *S = state + (size_t)(h / group) * hd * hd, *qh = q + (size_t)h * hd;
+		float *oh = out + (size_t)h * hd;
+		for (uint32_t j = 0; j < hd; j++) {
+			float acc = 0.0f;
+			for (uint32_t i = 0; i < hd; i++)
+				acc += qh[i] * S[i * hd + j];
+			oh[j] = acc / (float)hd;
+		}
 	}
 }
 

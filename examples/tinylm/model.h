@@ -41,6 +41,10 @@ typedef struct tlm_config {
 				of a windowed layer attends to p - W + 1 .. p */
 	uint32_t chunk;      /* 0, or a hybrid's chunk C: position p of a
 				chunked layer attends to floor(p / C) * C .. p */
+	uint32_t recurrent;  /* 0, or a hybrid's last layer is a linear-
+				attention layer with a recurrent state
+				(tlm_recurrent_step), checkpointed every this
+				many tokens (a multiple of the block size) */
 } tlm_config;
 
 /* One transformer block's weights. Matrices are stored [in][out] (row k holds
@@ -79,9 +83,10 @@ void tlm_config_small(tlm_config *cfg);
 /* A hybrid's layers (tlm_layer_group): with both a window and a chunk,
  * layer l is full attention when l % 3 == 0, windowed when 1, chunked when
  * 2; with one of them, even layers are full and odd ones windowed (or
- * chunked). Groups are numbered as the pool's KV groups: 0 full, then
- * windowed, then chunked (those that exist). */
-#define TLM_MAX_GROUPS 3
+ * chunked); with recurrent, the last layer is recurrent. Groups are
+ * numbered as the pool's KV groups: 0 full, then windowed, then chunked,
+ * then the recurrent state (those that exist). */
+#define TLM_MAX_GROUPS 4
 uint32_t tlm_layer_group(const tlm_config *c, uint32_t l);
 /* The kind of group g (a bkv_group_kind value) and its span. */
 uint32_t tlm_group_kind(const tlm_config *c, uint32_t g, uint32_t *span);
@@ -89,6 +94,18 @@ uint32_t tlm_group_kind(const tlm_config *c, uint32_t g, uint32_t *span);
 uint32_t tlm_n_groups(const tlm_config *c);
 /* The first position a token at position p attends to in layer l. */
 uint32_t tlm_attn_first(const tlm_config *c, uint32_t l, uint32_t p);
+/* Is layer l the recurrent one? */
+int tlm_layer_recurrent(const tlm_config *c, uint32_t l);
+/* Floats of a recurrent layer's state: n_kv_heads x head_dim x head_dim. */
+static inline uint32_t tlm_state_floats(const tlm_config *c)
+{
+	return c->n_kv_heads * c->head_dim * c->head_dim;
+}
+/* One token through a recurrent (linear-attention) layer: for each KV head
+ * S = 0.875 S + k v^T (state[tlm_state_floats], updated in place), then
+ * each query head reads out = q S / head_dim from its KV head's state. */
+void tlm_recurrent_step(const tlm_model *m, float *state, const float *q, const float *k,
+			const float *v, float *out);
 
 /* Build a model from cfg (weights from cfg->seed). Returns NULL on bad config
  * or out of memory. */

@@ -337,6 +337,30 @@ static int row_tables(tlm_host *h, const bkv_batch *b)
 	return 0;
 }
 
+/* A STATE group: every row reads a unit (or the zero state, only at
+ * position 0) and writes another one, each whole inside the device frames
+ * and never a unit another row of the call reads or writes. */
+static int state_units(tlm_host *h, const bkv_batch *b, const bkv_batch_group *bg)
+{
+	const uint32_t sf = tlm_state_floats(&h->m->cfg);
+	if (!bg->state_in || !bg->state_out || bg->state_frames == 0 ||
+	    (size_t)bg->state_frames * h->block_floats < sf)
+		return violation(h, "state group: no units, or %u frames per unit", bg->state_frames);
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const int32_t in = bg->state_in[r], out = bg->state_out[r];
+		const int32_t pos0 = b->positions[b->qo_indptr[r]];
+		if (out < 0 || (uint32_t)out + bg->state_frames > h->device_blocks || in == out ||
+		    (in >= 0 && (uint32_t)in + bg->state_frames > h->device_blocks) ||
+		    (in < 0 && pos0 != 0))
+			return violation(h, "row %u: state %d -> %d at position %d", r, in, out, pos0);
+		for (uint32_t q = 0; q < r; q++)
+			if (bg->state_out[q] == out || bg->state_out[q] == in ||
+			    bg->state_in[q] == out)
+				return violation(h, "rows %u and %u share a state unit", q, r);
+	}
+	return 0;
+}
+
 /* A hybrid's groups after the first: each row's table in each group, from
  * the batch's groups (flat: the blocks the row reads, from kv_first_block
  * on; persistent: the library's table of the row's slot). */
@@ -350,9 +374,16 @@ static int group_tables(tlm_host *h, const bkv_batch *b)
 	for (uint32_t g = 1; g < ng; g++) {
 		const bkv_batch_group *bg = &b->groups[g];
 		uint32_t span, kind = tlm_group_kind(&h->m->cfg, g, &span);
-		if (bg->kind != kind || bg->span != span || !bg->slot_mapping)
+		if (bg->kind != kind || bg->span != span)
 			return violation(h, "group %u: kind %u span %u, model %u %u", g, bg->kind,
 					 bg->span, kind, span);
+		if (kind == BKV_GROUP_STATE) {
+			if (state_units(h, b, bg))
+				return -1;
+			continue;
+		}
+		if (!bg->slot_mapping)
+			return violation(h, "group %u without a slot mapping", g);
 		for (uint32_t r = 0; r < b->n_rows; r++) {
 			if (b->layout == BKV_BATCH_PERSISTENT) {
 				const uint32_t slot = b->row_slot[r];
@@ -395,7 +426,7 @@ static int32_t group_block(const tlm_host *h, uint32_t g, uint32_t r, uint32_t p
 static int validate_groups(tlm_host *h, const bkv_batch *b, uint32_t r, uint32_t ctx, uint32_t qo)
 {
 	const tlm_config *c = &h->m->cfg;
-	const uint32_t ng = tlm_n_groups(c), q0 = (uint32_t)b->qo_indptr[r];
+	const uint32_t ng = tlm_n_groups(c) - (c->recurrent != 0), q0 = (uint32_t)b->qo_indptr[r];
 	for (uint32_t g = 1; g < ng; g++) {
 		const int32_t *slots = b->groups[g].slot_mapping;
 		uint32_t l = 0;
@@ -523,6 +554,30 @@ static void do_copies(tlm_host *h, const bkv_batch *b)
 	h->stats.copies += b->n_copies;
 }
 
+/* The recurrent layer: each row's state from its state_in unit (zero at
+ * position 0), its tokens in order, the new state into its state_out unit
+ * (out of place: a failed call leaves every state_in as it was). */
+static void recurrent_layer(tlm_host *h, const bkv_batch *b, uint32_t l, const bkv_batch_group *bg)
+{
+	const tlm_config *c = &h->m->cfg;
+	const uint32_t sf = tlm_state_floats(c), qw = tlm_q_width(c), kvw = tlm_kv_width(c);
+	float *st = h->scores; /* scratch of >= sf floats (reserve) */
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const uint32_t q0 = (uint32_t)b->qo_indptr[r], q1 = (uint32_t)b->qo_indptr[r + 1];
+		if (bg->state_in[r] < 0)
+			memset(st, 0, sf * sizeof(float));
+		else
+			memcpy(st, block_ptr(h, h->kv, h->device_blocks, l, bg->state_in[r]),
+			       sf * sizeof(float));
+		for (uint32_t t = q0; t < q1; t++)
+			tlm_recurrent_step(h->m, st, h->q + (size_t)t * qw, h->k + (size_t)t * kvw,
+					   h->v + (size_t)t * kvw, h->attn + (size_t)t * qw);
+		memcpy(block_ptr(h, h->kv, h->device_blocks, l, bg->state_out[r]), st,
+		       sf * sizeof(float));
+		h->stats.state_rows++;
+	}
+}
+
 static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_call_kind want)
 {
 	const uint64_t t0 = tlm_now_us();
@@ -538,7 +593,8 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	uint32_t max_ctx = 0;
 	if (validate(h, b, want, &max_ctx))
 		return -1;
-	if (reserve(h, b->n_tokens, max_ctx))
+	if (reserve(h, b->n_tokens, max_ctx > tlm_state_floats(&h->m->cfg)
+					     ? max_ctx : tlm_state_floats(&h->m->cfg)))
 		return -1;
 	do_copies(h, b);
 	h->stats.calls[want]++;
@@ -553,6 +609,11 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 		const uint32_t g = tlm_layer_group(c, l);
 		const int32_t *slots = g ? b->groups[g].slot_mapping : b->slot_mapping;
 		tlm_layer_qkv(m, l, n, h->x, b->positions, h->q, h->k, h->v, h->tmp);
+		if (tlm_layer_recurrent(c, l)) {
+			recurrent_layer(h, b, l, &b->groups[g]);
+			tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
+			continue;
+		}
 		/* reshape_and_cache: new K/V go where the layer's group's
 		 * slot_mapping says. */
 		for (uint32_t t = 0; t < n; t++) {

@@ -36,7 +36,7 @@ static float *layer_k(ref_ctx *r, float *base, uint32_t l)
 
 /* Run n tokens at positions start.. through the model over the caches k/v,
  * leaving the last token's hidden row in r->x + (n-1)*dim. */
-static void run(ref_ctx *r, float *kc, float *vc, const int32_t *tokens, uint32_t n,
+static void run(ref_ctx *r, float *kc, float *vc, float *st, const int32_t *tokens, uint32_t n,
 		uint32_t start)
 {
 	const tlm_model *m = r->m;
@@ -49,6 +49,13 @@ static void run(ref_ctx *r, float *kc, float *vc, const int32_t *tokens, uint32_
 	for (uint32_t l = 0; l < c->layers; l++) {
 		float *K = layer_k(r, kc, l), *Vv = layer_k(r, vc, l);
 		tlm_layer_qkv(m, l, n, r->x, pos, r->q, r->kn, r->vn, r->tmp);
+		if (tlm_layer_recurrent(c, l)) { /* one state, token by token */
+			for (uint32_t i = 0; i < n; i++)
+				tlm_recurrent_step(m, st, r->q + (size_t)i * qw, r->kn + (size_t)i * kvw,
+						   r->vn + (size_t)i * kvw, r->attn + (size_t)i * qw);
+			tlm_layer_out(m, l, n, r->x, r->attn, r->tmp, r->hid);
+			continue;
+		}
 		memcpy(K + (size_t)start * kvw, r->kn, (size_t)n * kvw * sizeof(float));
 		memcpy(Vv + (size_t)start * kvw, r->vn, (size_t)n * kvw * sizeof(float));
 		for (uint32_t t = 0; t < start + n; t++) {
@@ -94,6 +101,8 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 	r.k = malloc(cache * sizeof(float));
 	r.v = malloc(cache * sizeof(float));
 	float *bk = malloc(cache * sizeof(float)), *bv = malloc(cache * sizeof(float));
+	const size_t sf = tlm_state_floats(c);
+	float *st = calloc(sf, sizeof(float)), *bst = malloc(sf * sizeof(float));
 	r.x = malloc(n * c->dim * sizeof(float));
 	r.q = malloc(n * qw * sizeof(float));
 	r.kn = malloc(n * kvw * sizeof(float));
@@ -107,11 +116,11 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 	r.vrows = malloc(r.max_len * sizeof(float *));
 	int rc = 0;
 	if (!r.k || !r.v || !bk || !bv || !r.x || !r.q || !r.kn || !r.vn || !r.attn || !r.tmp ||
-	    !r.hid || !r.scores || !r.logits || !r.krows || !r.vrows) {
+	    !r.hid || !r.scores || !r.logits || !r.krows || !r.vrows || !st || !bst) {
 		rc = -1;
 		goto out;
 	}
-	run(&r, r.k, r.v, prompt, prompt_len, 0);
+	run(&r, r.k, r.v, st, prompt, prompt_len, 0);
 	/* Every branch starts from the prompt's logits. */
 	tlm_logits(m, r.x + (n - 1) * c->dim, r.logits, r.tmp);
 	float *prompt_logits = malloc(c->vocab * sizeof(float));
@@ -126,6 +135,7 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 		 * by max_len, so copy whole layers). */
 		memcpy(bk, r.k, cache * sizeof(float));
 		memcpy(bv, r.v, cache * sizeof(float));
+		memcpy(bst, st, sf * sizeof(float));
 		uint32_t len = 0;
 		int32_t t = tlm_sample(prompt_logits, c->vocab, n_samples, seed, b, prompt_len);
 		for (;;) {
@@ -133,7 +143,7 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 			if (len == max_new || is_stop(t, stop, n_stop))
 				break;
 			uint32_t p = prompt_len + len - 1; /* position of t */
-			run(&r, bk, bv, &t, 1, p);
+			run(&r, bk, bv, bst, &t, 1, p);
 			t = next_token(&r, 0, n_samples, seed, b, p + 1);
 		}
 		out_len[b] = len;
@@ -142,6 +152,6 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 out:
 	free(r.k), free(r.v), free(bk), free(bv), free(r.x), free(r.q), free(r.kn), free(r.vn);
 	free(r.attn), free(r.tmp), free(r.hid), free(r.scores), free(r.logits);
-	free(r.krows), free(r.vrows);
+	free(r.krows), free(r.vrows), free(st), free(bst);
 	return rc;
 }

@@ -305,9 +305,14 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 			layers += tlm_layer_group(&m->cfg, l) == g;
 		groups[g] = (bkv_kv_group){.kind = kind, .layers = layers ? layers : 1,
 					   .span = span,
-					   .bytes = 2u * tlm_kv_width(&m->cfg) * sizeof(float)};
+					   .bytes = kind == BKV_GROUP_STATE
+							    ? tlm_state_floats(&m->cfg) * sizeof(float)
+							    : 2u * tlm_kv_width(&m->cfg) * sizeof(float)};
 	}
 	pc.groups = groups;
+	/* a recurrent state's units: a live and a scratch state per running
+	 * branch, and checkpoints */
+	pc.state_units = rc->state_units ? rc->state_units : 4 * rc->sched.max_running + 32;
 	if (pc.n_groups == 1)
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
 	bkv_pool *pool = NULL;

@@ -39,6 +39,7 @@ typedef struct tlm_sampling {
 
 /* Counters of a paged host, all cumulative. */
 typedef struct tlm_host_stats {
+	uint64_t state_rows;     /* rows a recurrent layer computed (per layer) */
 	uint64_t calls[3];      /* host calls by bkv_call_kind */
 	uint64_t rows;          /* rows computed */
 	uint64_t tokens;        /* tokens computed (K/V written) */
@@ -169,6 +170,8 @@ typedef struct tlm_run_config {
 				    retried) */
 	uint64_t max_steps;      /* give up (-100, "stuck") after this many
 				    steps; 0 = 200000 */
+	uint32_t state_units;    /* a recurrent model's state units (0: four per
+				    running row and 32) */
 } tlm_run_config;
 
 /* What one run measured. */

@@ -294,13 +294,13 @@ void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s)
 
 	if (!pool->kv.txn_active) {
 		if (pool->st_units)
-			bkv__state_commit(pool, s); /* the last append's state */
+			bkv__state_begin(pool, s); /* the last append's state */
 		bkv__lanes_trim(pool, s);
 		return;
 	}
 	if (pool->lane_stamp[slot] != pool->txn_serial) {
 		if (pool->st_units)
-			bkv__state_commit(pool, s); /* an append before the step */
+			bkv__state_begin(pool, s); /* an append before the step */
 		pool->lane_stamp[slot] = pool->txn_serial;
 		pool->lane_touched[pool->n_touched++] = slot;
 	}

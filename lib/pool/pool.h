@@ -146,6 +146,16 @@ struct bkv_pool {
 	int32_t *st_live;      /* [max_seqs] each slot's live unit, -1 none */
 	int32_t *st_scratch;   /* [max_seqs] its scratch unit, -1 none */
 	uint32_t *st_len;      /* [max_seqs] tokens its live state covers */
+	int32_t *st_undo;      /* [max_seqs] the live unit a hit replaced in
+				  the open step (held, so that a rollback can
+				  go back to it; -1 the zero state), or
+				  BKV__ST_NO_UNDO */
+	uint32_t *st_undo_len; /* [max_seqs] the tokens st_undo covers */
+	int32_t *st_pend;      /* [max_seqs] a state at a multiple of the
+				  interval that a later call of the same step
+				  superseded, held to be indexed at commit, or
+				  -1 */
+	uint32_t *st_pend_len; /* [max_seqs] the tokens st_pend covers */
 	int32_t *st_host;      /* [max_seqs * st_frames] a swapped state's
 				  host blocks */
 	uint64_t st_ckpts;     /* checkpoints indexed */
@@ -318,11 +328,15 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 
 /* ---- pool/state.c: a recurrent-state group ------------------------------------ */
 
+#define BKV__ST_NO_UNDO (-2)
 uint64_t bkv__state_arena(const bkv_pool_config *c);
 int bkv__state_init(bkv_pool *pool);
 void bkv__state_free(bkv_pool *pool);
 void bkv__state_open(bkv_pool *pool, uint32_t slot);
 void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped);
+/* A sequence's first append of a step (or one outside a step): what an
+ * earlier append left pending is computed, commit it. */
+void bkv__state_begin(bkv_pool *pool, const bkv__seq *s);
 void bkv__state_settle(bkv_pool *pool, const bkv__seq *s);
 int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s);
 void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c);
@@ -333,6 +347,10 @@ uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, u
 			uint32_t *units_relinked);
 void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e);
 void bkv__state_commit(bkv_pool *pool, const bkv__seq *s);
+/* A call of the open step computed s's tokens up to end: its scratch state
+ * is the live one from now on (the next call of the step reads it); the
+ * step's first state is kept for a rollback. */
+void bkv__state_advance(bkv_pool *pool, const bkv__seq *s, uint32_t end);
 int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
@@ -538,6 +556,15 @@ static inline uint32_t bkv__pool_n_groups(const bkv_pool *pool)
 static inline uint32_t bkv__pool_state_interval(const bkv_pool *pool)
 {
 	return pool->st_units ? pool->st_interval : 0;
+}
+
+/* A successful call computed seq's tokens up to end (a STATE group). */
+static inline void bkv__pool_state_advance(bkv_pool *pool, uint32_t seq, uint32_t end)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (s && pool->st_units && s->state == BKV__SEQ_OPEN)
+		bkv__state_advance(pool, s, end);
 }
 
 /* The first frames of seq's state units: the one a call reads (-1: zero

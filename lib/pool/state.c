@@ -79,9 +79,14 @@ int bkv__state_init(bkv_pool *pool)
 	pool->st_live = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
 	pool->st_scratch = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
 	pool->st_len = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
+	pool->st_undo = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
+	pool->st_undo_len = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
+	pool->st_pend = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
+	pool->st_pend_len = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
 	pool->st_host = bkv__malloc(a, (size_t)c->max_seqs * pool->st_frames * sizeof(int32_t));
 	if (!pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
-	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host)
+	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host ||
+	    !pool->st_undo || !pool->st_undo_len || !pool->st_pend || !pool->st_pend_len)
 		return BKV_ENOMEM;
 	for (i = 0; i < pool->st_units; i++) {
 		pool->st_next[i] = i + 1 < pool->st_units ? (int32_t)(i + 1) : -1;
@@ -92,8 +97,10 @@ int bkv__state_init(bkv_pool *pool)
 	pool->st_lru_head = pool->st_lru_tail = -1;
 	for (i = 0; i <= pool->st_map_mask; i++)
 		pool->st_map[i] = -1;
-	for (i = 0; i < c->max_seqs; i++)
-		pool->st_live[i] = pool->st_scratch[i] = -1;
+	for (i = 0; i < c->max_seqs; i++) {
+		pool->st_live[i] = pool->st_scratch[i] = pool->st_pend[i] = -1;
+		pool->st_undo[i] = BKV__ST_NO_UNDO;
+	}
 	return BKV_OK;
 }
 
@@ -113,6 +120,10 @@ void bkv__state_free(bkv_pool *pool)
 	bkv__free(a, pool->st_live, ms * sizeof(int32_t));
 	bkv__free(a, pool->st_scratch, ms * sizeof(int32_t));
 	bkv__free(a, pool->st_len, ms * sizeof(uint32_t));
+	bkv__free(a, pool->st_undo, ms * sizeof(int32_t));
+	bkv__free(a, pool->st_undo_len, ms * sizeof(uint32_t));
+	bkv__free(a, pool->st_pend, ms * sizeof(int32_t));
+	bkv__free(a, pool->st_pend_len, ms * sizeof(uint32_t));
 	bkv__free(a, pool->st_host, ms * pool->st_frames * sizeof(int32_t));
 }
 
@@ -255,6 +266,24 @@ void bkv__state_open(bkv_pool *pool, uint32_t slot)
 {
 	pool->st_live[slot] = pool->st_scratch[slot] = -1;
 	pool->st_len[slot] = 0;
+	pool->st_undo[slot] = BKV__ST_NO_UNDO;
+	pool->st_pend[slot] = -1;
+}
+
+static void pend_drop(bkv_pool *pool, uint32_t slot)
+{
+	if (pool->st_pend[slot] >= 0)
+		unit_put(pool, pool->st_pend[slot]);
+	pool->st_pend[slot] = -1;
+}
+
+/* The step that took a hit is over (committed, or its rollback is done):
+ * the replaced state goes. */
+static void undo_drop(bkv_pool *pool, uint32_t slot)
+{
+	if (pool->st_undo[slot] >= 0)
+		unit_put(pool, pool->st_undo[slot]);
+	pool->st_undo[slot] = BKV__ST_NO_UNDO;
 }
 
 void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
@@ -268,16 +297,26 @@ void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
 		unit_put(pool, pool->st_live[slot]);
 	if (pool->st_scratch[slot] >= 0)
 		unit_free(pool, pool->st_scratch[slot]);
+	undo_drop(pool, slot);
+	pend_drop(pool, slot);
 	bkv__state_open(pool, slot);
 }
 
 /* A fork shares the parent's live state (read-only: calls write scratch
  * units). BKV_ESTATE while the parent has an append its step has not
  * committed (its state lags its tokens). */
+void bkv__state_begin(bkv_pool *pool, const bkv__seq *s)
+{
+	bkv__state_commit(pool, s);
+	undo_drop(pool, (uint32_t)(s - pool->seqs));
+}
+
 void bkv__state_settle(bkv_pool *pool, const bkv__seq *s)
 {
-	if (!pool->kv.txn_active)
+	if (!pool->kv.txn_active) {
 		bkv__state_commit(pool, s);
+		undo_drop(pool, (uint32_t)(s - pool->seqs));
+	}
 }
 
 int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s)
@@ -287,6 +326,7 @@ int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s)
 
 void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c)
 {
+	bkv__state_open(pool, c);
 	pool->st_live[c] = pool->st_live[p];
 	pool->st_scratch[c] = -1;
 	pool->st_len[c] = pool->st_len[p];
@@ -361,43 +401,95 @@ void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e)
 
 	BKV_ASSERT(u >= 0);
 	unit_get(pool, u);
-	if (pool->st_live[slot] >= 0)
+	if (pool->kv.txn_active && pool->st_undo[slot] == BKV__ST_NO_UNDO) {
+		/* keep the state replaced until the step is over */
+		pool->st_undo[slot] = pool->st_live[slot];
+		pool->st_undo_len[slot] = pool->st_len[slot];
+	} else if (pool->st_live[slot] >= 0) {
 		unit_put(pool, pool->st_live[slot]);
+	}
 	pool->st_live[slot] = u;
 	pool->st_len[slot] = e << pool->kv.bt_shift;
 	pool->st_ckpt_hits++;
 }
 
-/* s's step committed: scratch becomes live, and a live state at a multiple
- * of the interval becomes a checkpoint. An append outside a transaction is
- * committed lazily, by the next operation on the sequence that needs its
- * state (an append, a fork, a swap-out: bkv__state_settle), so that the
- * host can read the units it must compute with (bkv__state_frames) after
- * the append. */
-void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
+/* Make s's scratch state its live state, now covering end tokens. Inside a
+ * step the state the step started from is kept (st_undo) and a superseded
+ * state at a multiple of the interval is held for commit (st_pend). */
+static void promote(bkv_pool *pool, uint32_t slot, uint32_t end)
 {
-	const uint32_t slot = (uint32_t)(s - pool->seqs);
-	int32_t u = pool->st_scratch[slot];
-	uint64_t h;
+	const int32_t u = pool->st_scratch[slot], old = pool->st_live[slot];
+	const uint32_t old_len = pool->st_len[slot];
 
-	if (s->state != BKV__SEQ_OPEN || pool->st_len[slot] == s->len || u < 0)
-		return;
-	if (pool->st_live[slot] >= 0)
-		unit_put(pool, pool->st_live[slot]);
+	if (pool->kv.txn_active && pool->st_undo[slot] == BKV__ST_NO_UNDO) {
+		pool->st_undo[slot] = old; /* its reference moves there */
+		pool->st_undo_len[slot] = old_len;
+	} else if (old >= 0) {
+		if (pool->kv.txn_active && pool->st_interval && old_len &&
+		    old_len % pool->st_interval == 0 && pool->st_pend[slot] < 0) {
+			pool->st_pend[slot] = old;
+			pool->st_pend_len[slot] = old_len;
+		} else {
+			unit_put(pool, old);
+		}
+	}
 	pool->st_flags[u] = 0;
 	pool->st_ref[u] = 1;
 	pool->st_live[slot] = u;
 	pool->st_scratch[slot] = -1;
-	pool->st_len[slot] = s->len;
-	if (!pool->st_interval || !pool->kv.index || s->len % pool->st_interval)
+	pool->st_len[slot] = end;
+}
+
+void bkv__state_advance(bkv_pool *pool, const bkv__seq *s, uint32_t end)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (pool->st_scratch[slot] >= 0 && pool->st_len[slot] < end && end <= s->len)
+		promote(pool, slot, end);
+}
+
+/* Index unit u, covering len tokens of s, as a checkpoint when len is a
+ * multiple of the interval and the group-0 block ending there is indexed. */
+static void checkpoint(bkv_pool *pool, const bkv__seq *s, int32_t u, uint32_t len)
+{
+	const bkv__block *k;
+	uint64_t h;
+
+	if (u < 0 || !pool->st_interval || !pool->kv.index || !len || len % pool->st_interval ||
+	    (pool->st_flags[u] & ST_INDEXED))
 		return;
-	if (!BLOCK_IS_INDEXED(&pool->kv.blk[s->table[(s->len >> pool->kv.bt_shift) - 1]]))
+	k = &pool->kv.blk[s->table[(len >> pool->kv.bt_shift) - 1]];
+	if (!BLOCK_IS_INDEXED(k))
 		return; /* the prefix is not in the cache (a duplicate, or later) */
-	h = pool->kv.blk[s->table[(s->len >> pool->kv.bt_shift) - 1]].hash ^ pool->st_salt;
+	h = k->hash ^ pool->st_salt;
 	if (map_find(pool, h) >= 0)
 		return;
 	map_insert(pool, u, h);
 	pool->st_ckpts++;
+}
+
+/* s's step committed: what it computed is live, and live states at a
+ * multiple of the interval become checkpoints. An append outside a
+ * transaction is committed lazily, by the next operation on the sequence
+ * that needs its state (an append, a fork, a swap-out: bkv__state_begin,
+ * bkv__state_settle), so that the host can read the units it must compute
+ * with (bkv__state_frames) after the append. */
+void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (s->state != BKV__SEQ_OPEN)
+		return;
+	if (pool->st_scratch[slot] >= 0 && pool->st_len[slot] != s->len)
+		promote(pool, slot, s->len);
+	if (pool->kv.txn_active)
+		return;
+	if (pool->st_pend[slot] >= 0) {
+		checkpoint(pool, s, pool->st_pend[slot], pool->st_pend_len[slot]);
+		pend_drop(pool, slot); /* cached on the LRU if indexed */
+	}
+	checkpoint(pool, s, pool->st_live[slot], pool->st_len[slot]);
+	undo_drop(pool, slot); /* the step is over */
 }
 
 /* Truncate: the state exists only at its own length. */
@@ -405,17 +497,30 @@ int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t ne
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 
-	return new_len == 0 || new_len == s->len || new_len == pool->st_len[slot];
+	return new_len == 0 || new_len == s->len || new_len == pool->st_len[slot] ||
+	       (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot]);
 }
 
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 
-	if (new_len == 0 && pool->st_live[slot] >= 0) {
-		unit_put(pool, pool->st_live[slot]);
+	if (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot] &&
+	    new_len != pool->st_len[slot]) {
+		/* a rolled-back step: the state it started from is live again */
+		if (pool->st_live[slot] >= 0)
+			unit_put(pool, pool->st_live[slot]);
+		pool->st_live[slot] = pool->st_undo[slot];
+		pool->st_len[slot] = new_len;
+		pool->st_undo[slot] = BKV__ST_NO_UNDO;
+		pend_drop(pool, slot);
+	}
+	if (new_len == 0) {
+		if (pool->st_live[slot] >= 0)
+			unit_put(pool, pool->st_live[slot]);
 		pool->st_live[slot] = -1;
 		pool->st_len[slot] = 0;
+		undo_drop(pool, slot);
 	}
 	if (new_len == pool->st_len[slot] && pool->st_scratch[slot] >= 0) {
 		/* a rolled-back append: nothing pending */
@@ -534,13 +639,18 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 				return CHECK_SEQS;
 			continue;
 		}
-		if (pool->st_len[i] > s->len)
+		if (pool->st_len[i] > s->len ||
+		    (pool->st_pend[i] >= 0 && pool->st_pend_len[i] >= pool->st_len[i]))
 			return CHECK_SEQS;
 		if (s->state == BKV__SEQ_OPEN ? (pool->st_len[i] == 0) != (pool->st_live[i] < 0)
 					      : pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0)
 			return CHECK_SEQS;
 		if (pool->st_live[i] >= 0)
 			sc[pool->st_live[i]]++;
+		if (pool->st_undo[i] >= 0)
+			sc[pool->st_undo[i]]++;
+		if (pool->st_pend[i] >= 0)
+			sc[pool->st_pend[i]]++;
 		if (pool->st_scratch[i] >= 0) {
 			if (!(pool->st_flags[pool->st_scratch[i]] & ST_SCRATCH))
 				return CHECK_SEQS;

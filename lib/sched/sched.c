@@ -115,6 +115,9 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	s->host_blocks = ps->host_blocks;
 	s->call.n_lanes = bkv__pool_n_groups(pool) - 1;
 	s->call.st_interval = bkv__pool_state_interval(pool);
+	s->call.has_state = bkv__pool_group(pool, bkv__pool_n_groups(pool) - 1)->kind ==
+				    BKV_GROUP_STATE &&
+			    bkv__pool_n_groups(pool) > 1;
 }
 
 /* Every array a step uses, sized from max_running and max_queue, and the

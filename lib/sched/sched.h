@@ -294,6 +294,7 @@ typedef struct bkv__call {
 				  chunks end at its multiples (0: none) */
 	int32_t *g_state;      /* [2 * row_cap] a STATE group's state_in and
 				  state_out */
+	int has_state;         /* the pool has a STATE group */
 	bkv_batch_group groups[BKV_MAX_GROUPS]; /* this call's, [1 + n_lanes] */
 	uint64_t gctx[BKV_MAX_GROUPS]; /* each group's decode context */
 	int32_t *g_kv_indptr;  /* [n_lanes * (row_cap + 1)] */
