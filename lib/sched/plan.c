@@ -169,17 +169,29 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
 
 /* Where a lane's prefill stops: the whole history, or the prompt but its
  * last token for a request that still has to fork. */
-/* A prefill chunk of c tokens from start, ended at the last multiple of a
- * STATE group's checkpoint interval inside it, so that the state there
- * exists (pool/state.c); the rest runs in a later step. */
-static uint32_t ckpt_cut(const bkv_sched *s, uint32_t start, uint32_t c)
+/* A prefill chunk of c tokens from start of a prompt of target tokens, in a
+ * pool with KV groups: ended on a block boundary unless it ends the prompt
+ * (the groups' prefix hits are whole blocks: pool/lanes.c; with less than a
+ * block of budget left it waits for the next step, unless the budget is
+ * below two blocks), and at the last
+ * multiple of a STATE group's checkpoint interval inside it, so that the
+ * state there exists (pool/state.c); the rest runs in a later step. */
+static uint32_t chunk_cut(const bkv_sched *s, uint32_t start, uint32_t c, uint32_t target)
 {
 	const uint32_t iv = s->call.st_interval, end = start + c;
 	uint32_t m;
 
-	if (!iv || c == 0 || end % iv == 0)
+	if (!s->call.n_lanes || c == 0)
 		return c;
-	m = end / iv * iv;
+	if (end < target && (end & (s->bt - 1))) {
+		if ((end & ~(s->bt - 1)) > start)
+			c = (end & ~(s->bt - 1)) - start;
+		else if (s->cfg.token_budget >= 2 * s->bt)
+			return 0; /* less than a block left: the next step */
+	}
+	if (!iv || (start + c) % iv == 0)
+		return c;
+	m = (start + c) / iv * iv;
 	return m > start ? m - start : c;
 }
 
@@ -430,7 +442,7 @@ void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			c = l->kv_len < target ? bkv__auto_chunk_fit(s, l->kv_len,
 								     bkv__chunk_len(s, target - l->kv_len))
 					       : 0;
-			c = ckpt_cut(s, l->kv_len, c);
+			c = chunk_cut(s, l->kv_len, c, target);
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 			if (c == 0 || append_room(s, l, c, sample, &hit, now, si) != BKV_OK) {
 				if (REQ_IS_RUNNING(r))
@@ -486,11 +498,13 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			continue;
 		}
 		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
-		c = ckpt_cut(s, l->kv_len, c);
-		if (c == 0 && j > 0) {
+		c = chunk_cut(s, l->kv_len, c, target);
+		if (c == 0 && (j > 0 || (s->call.n_lanes && l->kv_len > 0))) {
 			s->plan.step_hits += h0;
-			continue; /* the budget went to earlier branches: this one
-				     goes on in a later step (plan_continue) */
+			continue; /* the budget went to earlier branches (or, with
+				     KV groups, what is left is less than a block
+				     after the hits): this one goes on in a later
+				     step (plan_continue) */
 		}
 		if (c == 0) {
 			rc = BKV_ENOSPC;
@@ -554,7 +568,7 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 
 		touch(s, l);
 		h0 = l->kv_len < target ? lane_hits(s, l, target) : 0;
-		c = ckpt_cut(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
+		c = chunk_cut(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len), target);
 		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
 			l->kv_len += c;
