@@ -1305,7 +1305,14 @@ typedef struct bkv_sched_config {
 				      twice its FCFS wait (docs/api-notes.md) */
 	bkv_batch_layout batch_layout; /* BKV_BATCH_FLAT (the default) or
 					  BKV_BATCH_PERSISTENT */
-	uint32_t reserved[5];      /* zero (else EINVAL); room for later
+	uint32_t ttft_target_us;   /* target time to first token, us; 0 = none
+				      (the default). Continuous policy,
+				      chunked prefill with the auto token
+				      budget: the cost model sizes the budget
+				      so that the waiting prompts' prefill
+				      keeps it, within tpot_target_us when
+				      that is set (docs/api-notes.md). */
+	uint32_t reserved[4];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

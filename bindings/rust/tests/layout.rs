@@ -44,7 +44,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_batch { kind, n_rows, n_decode_rows, n_tokens, block_tokens, token_ids, positions, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req, row_branch, row_user, n_copies, copies, n_swap_out, swap_out, n_swap_in, swap_in, layout, n_row_slots, row_slot, row_tables, row_table_len, n_table_deltas, table_deltas, delta_blocks }),
         layout!(bkv_table_delta { slot, start, n, len, flags }),
         layout!(bkv_host_ops { forward, prefill, decode, on_token, on_finish, now_us }),
-        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, reserved }),
+        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, reserved }),
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user }),
         layout!(bkv_step_info { rows, prefill_tokens, decode_tokens, hit_tokens, prefill_calls, decode_calls, admitted, finished, preempted, running, waiting, predicted_us, measured_us }),
         layout!(bkv_sched_stats { size, waiting, running, swapped, steps, failed_steps, submitted, finished, aborted, prefill_tokens, decode_tokens, hit_tokens, preemptions, swaps, prefill_calls, decode_calls, busy_us, unadmittable }),
