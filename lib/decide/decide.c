@@ -19,7 +19,10 @@
  *   prompts    decayed mean and second moment of admitted prompt lengths
  *   lambda     arrivals per us: decayed gaps between admitted enqueue times
  *   calendar   lanes due to free a slot at each of the next AUTO_RING steps
- *              if they run to max_new (filled at admission, O(1) a lane)
+ *              (filled at admission, O(1) a lane): at max_new when
+ *              requests end there, else at a length drawn from those that
+ *              ended by a stop token (expected_rem)
+ *   outputs    decayed moments of the tokens ended requests generated
  *
  * Admission (economic order quantity). A prefill call costs P(k) for k rows:
  * a fixed part (launches, the weight reads of a short pass) plus the rows'
@@ -71,6 +74,7 @@ static int auto_create(bkv_sched *s, const bkv_sched_config *user)
 	a->admit = user->admit_group == 0 && user->policy == BKV_POLICY_CONTINUOUS;
 	a->budget = user->token_budget == 0 && user->chunked_prefill;
 	a->tpot_us = user->tpot_target_us;
+	a->ttft_us = user->ttft_target_us;
 	a->chunk_cap = s->cfg.max_running + 1;
 	a->chunks = bkv__calloc(&s->alloc, a->chunk_cap, sizeof(bkv_chunk_shape));
 	a->pack_cap = s->plan.row_cap;
@@ -158,6 +162,57 @@ void bkv__auto_step_begin(bkv_sched *s)
 	a->ends[s->plan.step_no % AUTO_RING] = 0;
 }
 
+/* The tokens lane l of r has still to generate, for the calendar: to
+ * max_new when requests end there (a client that sends each request's
+ * length, or the hints path's predicted_output when given), else a draw
+ * from the lengths requests that ended by a stop token had: uniform with
+ * their decayed mean and standard deviation, at the quantile of a
+ * golden-ratio walk (spread like the lengths, O(1), no randomness). At
+ * least 1, at most max_new - n_gen. */
+static uint32_t expected_rem(bkv__auto *a, const bkv__req *r, const bkv__lane *l)
+{
+	uint32_t cap = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1;
+	double m, v, sd, lo, len;
+
+	if (r->predicted_output)
+		len = r->predicted_output;
+	else if (a->out_w <= 0.0 || a->len_w >= 0.5 * a->out_w)
+		return cap;
+	else {
+		m = a->out_sum / a->out_w;
+		v = a->out_sq / a->out_w - m * m;
+		sd = v > 0.0 ? sqrt(v) : 0.0;
+		lo = m - sqrt(3.0) * sd;
+		if (lo < 1.0)
+			lo = 1.0;
+		a->cal_u += 0.6180339887498949;
+		if (a->cal_u >= 1.0)
+			a->cal_u -= 1.0;
+		len = lo + (2.0 * (m - lo)) * a->cal_u;
+	}
+	if (len <= (double)l->n_gen + 1.0)
+		return 1;
+	len -= (double)l->n_gen;
+	return len < (double)cap ? (uint32_t)len : cap;
+}
+
+void bkv__auto_ended(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	uint32_t i;
+
+	if (!a)
+		return;
+	for (i = 0; i < r->n; i++) {
+		double g = r->lane[i].n_gen;
+
+		a->out_w = a->out_w * AUTO_OUT_DECAY + 1.0;
+		a->out_sum = a->out_sum * AUTO_OUT_DECAY + g;
+		a->out_sq = a->out_sq * AUTO_OUT_DECAY + g * g;
+		a->len_w = a->len_w * AUTO_OUT_DECAY + (r->lane[i].n_gen >= r->max_new);
+	}
+}
+
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;
@@ -172,7 +227,7 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 	 * (chunked prompts that span steps end later than this) */
 	for (i = 0; i < r->n; i++) {
 		const bkv__lane *l = &r->lane[i];
-		uint32_t rem = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1;
+		uint32_t rem = expected_rem(a, r, l);
 		uint32_t off = s->split ? (rem > 2 ? rem - 1 : 1) : rem;
 
 		if (l->done || off >= AUTO_RING)
@@ -180,6 +235,7 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 		a->ends[(s->plan.step_no + off) % AUTO_RING]++;
 		a->ends_n++;
 	}
+	a->adm_tokens += (double)r->prompt_len + (r->n ? r->lane[0].n_gen : 0);
 	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
 	a->p_sum = a->p_sum * AUTO_PROMPT_DECAY + p;
 	a->p_sq = a->p_sq * AUTO_PROMPT_DECAY + p * p;
@@ -195,11 +251,17 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 void bkv__auto_after_admit(bkv_sched *s)
 {
 	bkv__auto *a = s->autos;
+	uint32_t i;
 
 	if (!a)
 		return;
 	a->used_after = s->rs.slots_used;
 	a->have_used = 1;
+	/* the lanes that decode next step: this step's decode rows and the
+	 * prefill rows that sample (their prompt ends here) */
+	a->dec_next = s->plan.n_dec;
+	for (i = 0; i < s->plan.n_pre; i++)
+		a->dec_next += s->plan.pre[i].sample;
 }
 
 /* For tests and bkv-sim: the current admission group and batch cap. */

@@ -199,6 +199,7 @@ void bkv__queue_ran(bkv_sched *s, const bkv__req *r)
 {
 	double ran;
 
+	bkv__auto_ended(s, r);
 	if (s->plan.step_us < r->admit_us)
 		return;
 	/* at least 1 us, so that 0 keeps meaning "none ended yet" */
