@@ -7,8 +7,11 @@
  * length and start offset), advances the virtual clock by the model's time,
  * and writes a made-up token for every row that samples. now_us() returns
  * the virtual clock, so the scheduler measures exactly the modelled time and
- * its observe() sees it. Requests end at their trace's output length through
- * max_new_tokens (no stop tokens).
+ * its observe() sees it. A request is sent as a client sends it, with a cap
+ * on its generated tokens (max_tokens, default SIM_MAX_TOKENS) and a stop
+ * token, which the host samples when the request reaches its trace's output
+ * length (so the scheduler learns the length only when the request ends);
+ * with oracle set, max_new_tokens is the trace length instead (no stop).
  *
  * The driver submits each trace request once the clock reaches its arrival,
  * calls bkv_step() while anything is pending, and when a step has nothing to
@@ -126,6 +129,31 @@ double sim_price_us(const sim_config *cfg, const bkv_step_shape *s)
 	return price(cfg, s);
 }
 
+/* The tokens a request generates: its trace length (+ 1 for seed 000's
+ * convention), cut at the cap unless the lengths are an oracle. */
+static uint32_t gen_tokens(const sim_config *cfg, const trace_req *r)
+{
+	uint32_t n = r->output_len + (cfg->gen == SIM_GEN_STEPS ? 1u : 0u);
+
+	if (!cfg->oracle && cfg->max_tokens && n > cfg->max_tokens)
+		n = cfg->max_tokens;
+	return n;
+}
+
+/* The max_new_tokens a request is sent with: the oracle, or the cap, cut
+ * (as vLLM cuts max_tokens at max_model_len) to what the pool's dev_tokens
+ * can hold beside the prompt, and never below the trace length. */
+static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r, uint64_t dev_tokens)
+{
+	uint32_t n = gen_tokens(cfg, r), cap = cfg->max_tokens;
+
+	if (cfg->oracle || !cap)
+		return n;
+	if (dev_tokens < (uint64_t)r->prompt_len + cap)
+		cap = dev_tokens > r->prompt_len ? (uint32_t)(dev_tokens - r->prompt_len) : 0;
+	return cap > n ? cap : n;
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -194,6 +222,15 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		if (!b->row_sample[r])
 			continue;
 		next[r] = (int32_t)(100 + h->next_token++ % 30000);
+		if (!h->cfg->oracle && h->cfg->max_tokens) {
+			/* the token sampled after position p is the request's
+			 * (p + 2 - prompt)-th: at its trace length, a stop */
+			const trace_req *q = &h->t->reqs[(uintptr_t)b->row_user[r] - 1];
+			int64_t g = (int64_t)b->positions[b->qo_indptr[r + 1] - 1] + 2 -
+				    (int64_t)q->prompt_len;
+			if (g >= (int64_t)gen_tokens(h->cfg, q))
+				next[r] = SIM_STOP_TOKEN;
+		}
 		/* A token exists when the call that computed it returns (a
 		 * serving host streams it then), even if the scheduler reports
 		 * it at the end of the step, after a split host's decode call. */
@@ -283,17 +320,13 @@ double sim_median(double *v, int n)
 	return sim_quantile(v, n, 0.5);
 }
 
-static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r)
-{
-	return r->output_len + (cfg->gen == SIM_GEN_STEPS ? 1u : 0u);
-}
-
-/* Blocks enough for every slot to hold the trace's longest request. */
+/* Blocks enough for every slot to hold the trace's longest request (as it
+ * runs: the cap does not size the machine). */
 static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 {
 	uint64_t longest = 1;
 	for (uint32_t i = 0; i < t->n; i++) {
-		uint64_t need = (uint64_t)t->reqs[i].prompt_len + max_new_tokens(cfg, &t->reqs[i]);
+		uint64_t need = (uint64_t)t->reqs[i].prompt_len + gen_tokens(cfg, &t->reqs[i]);
 		if (need > longest)
 			longest = need;
 	}
@@ -379,6 +412,7 @@ void sim_config_init(sim_config *c)
 	c->prefix_cache = 1;
 	c->give_model = 1;
 	c->cost_kind = SIM_COST_POLY;
+	c->max_tokens = SIM_MAX_TOKENS;
 	bkv_cost_poly_init(&c->poly);
 }
 
@@ -462,6 +496,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->token_budget = cfg->budget;
 	sc->max_queue = t->n > 65536 ? t->n : 65536;
 	sc->tpot_target_us = cfg->tpot_us;
+	sc->ttft_target_us = cfg->ttft_us;
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->preempt = cfg->preempt ? cfg->preempt
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
@@ -525,6 +560,7 @@ static void run_close(run *r)
  * scheduler refuses (e.g. E2BIG: it never fits) ends there, failed. */
 static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 {
+	static const int32_t stop = SIM_STOP_TOKEN;
 	vhost *h = &r->h;
 	while (r->next < t->n && t->reqs[r->next].arrival_us <= h->now) {
 		const trace_req *q = &t->reqs[r->next];
@@ -533,9 +569,14 @@ static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 		trace_prompt_tokens(t, r->next, r->prompt);
 		rq.prompt = r->prompt;
 		rq.prompt_len = q->prompt_len;
-		rq.max_new_tokens = max_new_tokens(cfg, q);
+		rq.max_new_tokens =
+			max_new_tokens(cfg, q, (uint64_t)r->pc.device_blocks * r->pc.block_tokens);
+		if (!cfg->oracle && cfg->max_tokens) {
+			rq.stop_tokens = &stop;
+			rq.n_stop = 1;
+		}
 		if (cfg->hints)
-			rq.predicted_output = rq.max_new_tokens;
+			rq.predicted_output = gen_tokens(cfg, q);
 		rq.user = (void *)(uintptr_t)(r->next + 1);
 		if (bkv_submit(h->sched, &rq, NULL)) {
 			h->req[r->next].failed = 1;
