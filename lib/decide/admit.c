@@ -14,7 +14,9 @@
  * With admission group 0 the cost model decides instead (admit_auto; the
  * derivation, economic order quantity and congestion pricing, is in
  * decide.c's prose and docs/cost-model.md), and it caps the batch and keeps
- * a TPOT target while a group forms (admit_ok_continuous).
+ * a TPOT target while a group forms (admit_ok_continuous). A TTFT target
+ * bounds how long a request is held for company (defer_pays) and lets a
+ * request that has waited half of it past the batch cap's knee (cap_for).
  */
 #include "decide/decide.h"
 
@@ -98,13 +100,15 @@ int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
  * only latency and KV), and no more rows than a TPOT target allows. A row
  * count the model has no price for (0) is not the knee: a calibrated fit of
  * sub-tick noise can price small decode calls below zero (clamped), and a
- * free decode row would cap the batch at one row (issue 13). */
+ * free decode row would cap the batch at one row (issue 13). The TPOT
+ * target's bound alone is kept in a->cap_tpot (max_running without one). */
 static uint32_t batch_cap(const bkv_sched *s, double mean)
 {
-	const bkv__auto *a = s->autos;
+	bkv__auto *a = s->autos;
 	uint32_t n_max = s->cfg.max_running, lo = 1, hi = n_max, cap;
 	double best = bkv__price_decode(s, n_max, mean) / n_max;
 
+	a->cap_tpot = n_max;
 	if (best <= 0.0)
 		return n_max;
 	while (lo < hi) { /* per-token cost falls with n: smallest n at knee */
@@ -119,7 +123,7 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 	cap = lo;
 	if (a->tpot_us && bkv__price_decode(s, 1, mean) <= a->tpot_us) {
 		lo = 1;
-		hi = cap;
+		hi = n_max;
 		while (lo < hi) { /* largest n whose decode call keeps the target */
 			uint32_t mid = hi - (hi - lo) / 2;
 
@@ -128,9 +132,23 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 			else
 				hi = mid - 1;
 		}
-		cap = lo;
+		a->cap_tpot = lo;
+		cap = BKV_MIN(cap, lo);
 	}
 	return cap;
+}
+
+/* With a TTFT target the knee does not hold back a request that has waited
+ * half of it (past the knee more rows cost time between tokens, which a
+ * TPOT target bounds, and waiting costs the target): the cap is then the
+ * TPOT target's alone (cap_tpot). */
+static uint32_t cap_for(const bkv_sched *s, const bkv__req *r, uint64_t now)
+{
+	const bkv__auto *a = s->autos;
+
+	if (a->ttft_us && now > r->enq_us && now - r->enq_us >= a->ttft_us / 2)
+		return a->cap_tpot;
+	return a->cap;
 }
 
 /* Latency regime: the group that minimises a request's predicted p99 wait,
@@ -297,7 +315,8 @@ static double blocked_ahead(const bkv_sched *s, uint32_t q, double lambda, doubl
  * during the step (lambda d(n) of them; a call is saved, p_call, when at
  * least one comes); at saturation it is the slots the calendar says free
  * next step. A request is never held past w99, the p99 wait the latency
- * model predicts (the hold must not make it a tail request). */
+ * model predicts (the hold must not make it a tail request), nor past half
+ * a TTFT target. */
 static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 {
 	bkv__auto *a = s->autos;
@@ -310,6 +329,10 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 	    a->freed_slow <= 0.0)
 		return 0;
 	if (now > enq && (double)(now - enq) >= a->w99)
+		return 0;
+	/* nor past half a TTFT target (the other half is its prefill and
+	 * the queue it may still meet) */
+	if (a->ttft_us && now > enq && now - enq >= a->ttft_us / 2)
 		return 0;
 	lambda = a->gap_w / a->gap_sum; /* arrivals per us */
 	bkv__prompt_stats(a, &mean, &sd);
@@ -358,7 +381,8 @@ static int admit_auto(bkv_sched *s, uint64_t now, uint32_t free_slots)
 	bkv__auto *a = s->autos;
 	uint32_t k;
 
-	if (s->rs.slots_used >= a->cap && s->rs.nr_run > 0)
+	if (s->rs.nr_run > 0 && s->rs.slots_used >= a->cap &&
+	    s->rs.slots_used >= cap_for(s, bkv__queue_head(s, now), now))
 		return 0;
 	if (s->rs.nr_run == 0)
 		return 1; /* nothing runs: nothing to wait for */
@@ -400,7 +424,7 @@ static int admit_ok_continuous(bkv_sched *s, const bkv__req *r)
 		a->adm_price = -1.0;
 	}
 	if (a->admit && s->rs.nr_run > 0 && s->rs.slots_used + r->n_live > a->cap &&
-	    a->k_step != 0)
+	    a->k_step != 0 && s->rs.slots_used + r->n_live > cap_for(s, r, s->plan.step_us))
 		return 0;
 	if (!s->split || s->cfg.chunked_prefill || !a->tpot_us ||
 	    a->adm_n >= AUTO_PRICED_ROWS || a->adm_n >= a->chunk_cap)

@@ -116,7 +116,7 @@ static uint32_t budget_ttft(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_
 		if (t <= 0.0)
 			return room; /* the model has no answer: the most */
 		bs[n] = b;
-		f[n] = w * t / (double)b + t;
+		f[n] = (w > (double)b ? w / (double)b : 1.0) * t + t;
 		if (f[n] < best)
 			best = f[n];
 		n++;
@@ -172,7 +172,7 @@ static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	room = cap - d;
 	if (a->tpot_us && (b = budget_for_tpot(s, &sh, pl, room)) > 0)
 		room = b; /* the target bounds the budget */
-	return d + budget_ttft(s, &sh, pl, room, backlog_tokens(s, mean));
+	return d + budget_ttft(s, &sh, pl, room, backlog_tokens(s, pl));
 }
 
 /* Chunked prefill with a TPOT target on a mixed host: the longest chunk, at

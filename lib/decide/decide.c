@@ -89,6 +89,7 @@ static int auto_create(bkv_sched *s, const bkv_sched_config *user)
 		return BKV_ENOMEM;
 	a->k_star = 1;
 	a->cap = s->cfg.max_running;
+	a->cap_tpot = s->cfg.max_running;
 	if (!user->cost.step_us && !user->cost.observe) {
 		/* the built-in default: seed 000's polynomial, calibrated
 		 * online against the host's measured calls */

@@ -109,6 +109,8 @@ struct bkv__auto {
 	/* cached decisions */
 	uint32_t k_star;         /* admission group the cost model chose */
 	uint32_t cap;            /* batch cap (running slots) */
+	uint32_t cap_tpot;       /* the TPOT target's part of it (max_running
+				    without a target): cap <= cap_tpot */
 	uint32_t k_lat;          /* latency-regime group; 0: use k_star */
 	double w99;              /* predicted p99 wait (us) of the latency
 				    group; 0 none */
