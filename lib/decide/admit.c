@@ -138,17 +138,20 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 	return cap;
 }
 
-/* With a TTFT target the knee does not hold back a request that has waited
- * half of it (past the knee more rows cost time between tokens, which a
- * TPOT target bounds, and waiting costs the target): the cap is then the
- * TPOT target's alone (cap_tpot). */
-static uint32_t cap_for(const bkv_sched *s, const bkv__req *r, uint64_t now)
+/* Has r waited half its TTFT target (when there is one)? Then the batch
+ * cap's knee does not hold it back (past the knee more rows cost time
+ * between tokens, which a TPOT target bounds, and waiting costs the
+ * target): its cap is the TPOT target's alone (cap_tpot). */
+static int ttft_due(const bkv_sched *s, const bkv__req *r, uint64_t now)
 {
 	const bkv__auto *a = s->autos;
 
-	if (a->ttft_us && now > r->enq_us && now - r->enq_us >= a->ttft_us / 2)
-		return a->cap_tpot;
-	return a->cap;
+	return a->ttft_us && now > r->enq_us && now - r->enq_us >= a->ttft_us / 2;
+}
+
+static uint32_t cap_for(const bkv_sched *s, const bkv__req *r, uint64_t now)
+{
+	return ttft_due(s, r, now) ? s->autos->cap_tpot : s->autos->cap;
 }
 
 /* Latency regime: the group that minimises a request's predicted p99 wait,
@@ -445,9 +448,12 @@ static int admit_ok_continuous(bkv_sched *s, const bkv__req *r)
 		bkv__prompt_stats(a, &mean, &sd);
 		d_n = bkv__price_decode(s, s->rs.slots_used + r->n_live, mean);
 		/* the running rows wait for this call: keep their time
-		 * between tokens under the target when it can be kept */
+		 * between tokens under the target when it can be kept, and
+		 * r's TTFT target has room for the wait (past half of it
+		 * r joins: its TTFT is then at stake, theirs one gap) */
 		if (p_new + d_n > a->tpot_us &&
-		    p_old + bkv__price_decode(s, s->rs.slots_used, mean) <= a->tpot_us) {
+		    p_old + bkv__price_decode(s, s->rs.slots_used, mean) <= a->tpot_us &&
+		    !ttft_due(s, r, s->plan.step_us)) {
 			a->adm_price = p_old;
 			return 0;
 		}

@@ -95,14 +95,13 @@ static double backlog_tokens(const bkv_sched *s, double mean)
  * stops taking prefill tokens for free). Budgets 16 * 2^(i/4) up to room
  * (and room), each priced; room is bounded by a TPOT target. Predictions
  * within AUTO_BUDGET_TIE of the least are a tie, taken at the smallest
- * budget (shorter steps: time between tokens). With a TTFT
- * target and no TPOT target, the smallest budget whose F is within half the
- * target (the other half left to the tail), when one is: shorter steps at
- * no cost to the target. O(4 log2 room) prices. */
+ * budget (shorter steps: time between tokens). A TTFT target does not
+ * change the choice: the least predicted TTFT is what serves it (a smaller
+ * budget within half the target, tried, lowered goodput on every workload
+ * of docs/benchmarks.md). O(4 log2 room) prices. */
 static uint32_t budget_ttft(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t room,
 			    double w)
 {
-	const bkv__auto *a = s->autos;
 	double best = INFINITY, f[AUTO_BUDGET_LADDER];
 	uint32_t bs[AUTO_BUDGET_LADDER], n = 0, i;
 
@@ -123,9 +122,6 @@ static uint32_t budget_ttft(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_
 		if (b == room)
 			break;
 	}
-	for (i = 0; a->ttft_us && !a->tpot_us && i < n; i++)
-		if (f[i] <= 0.5 * (double)a->ttft_us)
-			return bs[i];
 	for (i = 0; i < n; i++) /* the smallest within AUTO_BUDGET_TIE */
 		if (f[i] <= best * (1.0 + AUTO_BUDGET_TIE))
 			return bs[i];
