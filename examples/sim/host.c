@@ -335,6 +335,29 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
 }
 
+/* The measured p90 TTFT and TPOT (TPOT of requests of more than one token)
+ * of a trace that has them (DistServe's), into res; -1 without. */
+static void ref_p90(const trace *t, sim_result *res)
+{
+	double *a = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	double *b = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	int na = 0, nb = 0;
+	res->ref_ttft_p90 = res->ref_tpot_p90 = -1.0;
+	for (uint32_t i = 0; a && b && i < t->n; i++) {
+		if (t->reqs[i].ref_ttft_ms < 0.0)
+			continue;
+		a[na++] = t->reqs[i].ref_ttft_ms;
+		if (t->reqs[i].output_len > 1)
+			b[nb++] = t->reqs[i].ref_tpot_ms;
+	}
+	if (na)
+		res->ref_ttft_p90 = sim_quantile(a, na, 0.9);
+	if (nb)
+		res->ref_tpot_p90 = sim_quantile(b, nb, 0.9);
+	free(a);
+	free(b);
+}
+
 static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 {
 	double *ttft = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
@@ -379,6 +402,8 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	res->ttft_mean = nt ? sum_ttft / nt : 0.0;
 	res->tpot_mean = np ? sum_tpot / np : 0.0;
 	if (ttft && tpot) {
+		res->ttft_p90 = sim_quantile(ttft, nt, 0.9);
+		res->tpot_p90 = sim_quantile(tpot, np, 0.9);
 		res->ttft_p50 = sim_quantile(ttft, nt, 0.5);
 		res->ttft_p99 = sim_quantile(ttft, nt, 0.99);
 		res->tpot_p50 = sim_quantile(tpot, np, 0.5);
@@ -396,6 +421,7 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	}
 	res->ref_ttft_mean = n_ref ? ref_ttft / n_ref : -1.0;
 	res->ref_tpot_mean = n_ref_tpot ? ref_tpot / n_ref_tpot : -1.0;
+	ref_p90(t, res);
 	free(ttft);
 	free(tpot);
 }

@@ -136,6 +136,9 @@ typedef struct sim_result {
 	double wall_s;             /* real seconds the run took */
 	double ref_ttft_mean;      /* measured (DistServe) mean TTFT, ms; <0 none */
 	double ref_tpot_mean;      /* measured mean TPOT, ms; <0 none */
+	double ttft_p90, tpot_p90; /* ms (TPOT over requests of > 1 token) */
+	double ref_ttft_p90;       /* measured p90 TTFT, ms; <0 none */
+	double ref_tpot_p90;       /* measured p90 TPOT, ms; <0 none */
 	double span_us;            /* first to last arrival of the trace */
 	uint32_t slo_met;          /* requests that finished without error with
 				      TTFT <= slo_ttft_ms and TPOT <=

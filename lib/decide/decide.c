@@ -197,23 +197,6 @@ static uint32_t expected_rem(bkv__auto *a, const bkv__req *r, const bkv__lane *l
 	return len < (double)cap ? (uint32_t)len : cap;
 }
 
-void bkv__auto_ended(bkv_sched *s, const bkv__req *r)
-{
-	bkv__auto *a = s->autos;
-	uint32_t i;
-
-	if (!a)
-		return;
-	for (i = 0; i < r->n; i++) {
-		double g = r->lane[i].n_gen;
-
-		a->out_w = a->out_w * AUTO_OUT_DECAY + 1.0;
-		a->out_sum = a->out_sum * AUTO_OUT_DECAY + g;
-		a->out_sq = a->out_sq * AUTO_OUT_DECAY + g * g;
-		a->len_w = a->len_w * AUTO_OUT_DECAY + (r->lane[i].n_gen >= r->max_new);
-	}
-}
-
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;

@@ -156,9 +156,7 @@ void bkv__decide_destroy(bkv_sched *s);
 void bkv__auto_step_begin(bkv_sched *s);
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r);
 void bkv__auto_after_admit(bkv_sched *s);
-/* A request ended at LENGTH or STOP (decide/queue.c's bkv__queue_ran): its
- * lanes' generated tokens feed the output-length estimate. */
-void bkv__auto_ended(bkv_sched *s, const bkv__req *r);
+
 /* For tests: the admission group chosen, the batch cap, the slot-free rate
  * (slots per step). */
 void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double *rate);
@@ -186,6 +184,9 @@ bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now);
 /* A request ran from admission to a LENGTH/STOP end: feed run_mean_us and
  * the output-length estimate (bkv__auto_ended). */
 void bkv__queue_ran(bkv_sched *s, const bkv__req *r);
+/* The same end (called by bkv__queue_ran): r's lanes' generated tokens feed
+ * the output-length moments of s->autos. */
+void bkv__auto_ended(bkv_sched *s, const bkv__req *r);
 
 /* ---- decide/admit.c --------------------------------------------------------- */
 

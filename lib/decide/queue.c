@@ -195,6 +195,25 @@ bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
 	return waited > bound ? a : h;
 }
 
+/* The output-length moments the calendar draws from (decide.c,
+ * expected_rem): kept here, where a request's end is seen. */
+void bkv__auto_ended(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	uint32_t i;
+
+	if (!a)
+		return;
+	for (i = 0; i < r->n; i++) {
+		double g = r->lane[i].n_gen;
+
+		a->out_w = a->out_w * AUTO_OUT_DECAY + 1.0;
+		a->out_sum = a->out_sum * AUTO_OUT_DECAY + g;
+		a->out_sq = a->out_sq * AUTO_OUT_DECAY + g * g;
+		a->len_w = a->len_w * AUTO_OUT_DECAY + (r->lane[i].n_gen >= r->max_new);
+	}
+}
+
 void bkv__queue_ran(bkv_sched *s, const bkv__req *r)
 {
 	double ran;
