@@ -4,9 +4,10 @@
  *
  * Without chunked prefill the budget is the batch arrays' capacity; with
  * it, the configured token_budget, or with token_budget 0 the cost model's
- * choice per step (auto_budget: the largest budget whose predicted step
- * keeps the TPOT target, or the knee of cost per token without one;
- * docs/cost-model.md). A chunk is what remains of the prompt, capped by the
+ * choice per step (auto_budget: the budget with the least predicted time to
+ * first token of the last prompt waiting, among those whose predicted step
+ * keeps the TPOT target when one is set; docs/cost-model.md, "Token budget
+ * (chunked prefill)"). A chunk is what remains of the prompt, capped by the
  * budget left (bkv__chunk_len, decide.h), and on a mixed host with a TPOT
  * target shortened until the step's predicted time keeps it
  * (bkv__auto_chunk_fit).
@@ -17,11 +18,6 @@
 #include <string.h>
 
 
-/* Chunked prefill, budget auto: the tokens this step may compute, decode
- * rows included. With a TPOT target: the largest budget whose predicted
- * mixed call (the running rows plus prefill chunks of typical prompts) keeps
- * it; otherwise the budget whose prefill tokens are cheapest (see below).
- * Within [running + 1, cap]. O(log cap) prices. */
 /* The price of a step that decodes sh's rows and prefills pb budget tokens,
  * laid out as chunks of prompts of pl tokens (a->chunks): each a prompt's
  * tail (mid 0: the deepest offset, the conservative shape for a TPOT
@@ -71,24 +67,25 @@ static uint32_t budget_for_tpot(bkv_sched *s, bkv_step_shape *sh, double pl, uin
 	return lo;
 }
 
-/* The prefill work waiting, tokens: the prompts of the queue (at the mean
- * admitted prompt) and what the admitted prompts have still to compute
- * (admitted prompt tokens less those computed or served by the prefix
- * cache). At least one prompt: the next arrival's. O(1). */
-static double backlog_tokens(const bkv_sched *s, double mean)
+/* The prefill work waiting, tokens: what the admitted prompts have still to
+ * compute (admitted prompt tokens less those computed or served by the
+ * prefix cache) and the queue's requests at per tokens each (the caller
+ * passes the top of the observed prompt range: the tail request is the one
+ * a p99 TTFT is about). At least one such prompt, the next arrival's. O(1). */
+static double backlog_tokens(const bkv_sched *s, double per)
 {
 	const bkv__auto *a = s->autos;
 	double done = (double)s->stats.prefill_tokens + (double)s->stats.hit_tokens;
 	double owed = a->adm_tokens > done ? a->adm_tokens - done : 0.0;
-	double w = owed + (double)s->q.queue_slots * mean;
+	double w = owed + (double)s->q.queue_slots * per;
 
-	return w > mean ? w : mean;
+	return w > per ? w : per;
 }
 
 /* The default objective: the budget that minimises the predicted time to
- * first token of the last prompt waiting, F(b) = W / rate(b) + T(b): the
- * backlog's W prefill tokens at the step's prefill rate (b tokens per T(b)
- * us), then the step that samples its first token. Under load W is large
+ * first token of the last prompt waiting, F(b) = max(W / b, 1) T(b) + T(b):
+ * the backlog's W prefill tokens at b a step of T(b) us (one step when they
+ * fit), then the step that samples its first token. Under load W is large
  * and the rate decides (a bigger budget, up to where the step turns
  * compute-bound and the rate flattens); with little waiting one prompt's
  * prefill and the step's own length decide (the budget where a decode call
@@ -106,11 +103,10 @@ static uint32_t budget_ttft(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_
 	uint32_t bs[AUTO_BUDGET_LADDER], n = 0, i;
 
 	for (i = 0; n < AUTO_BUDGET_LADDER; i++) {
-		uint32_t b = (uint32_t)(16.0 * pow(2.0, (double)i / 4.0));
+		double bf = 16.0 * pow(2.0, (double)i / 4.0);
+		uint32_t b = bf < (double)room ? (uint32_t)bf : room;
 		double t;
 
-		if (b > room)
-			b = room;
 		t = price_budget_at(s, sh, pl, b, 1);
 		if (t <= 0.0)
 			return room; /* the model has no answer: the most */
