@@ -657,10 +657,15 @@ static void make_title(opts *o, const sim_config *c, const trace *traces, int n_
 		snprintf(src, sizeof(src), "seed000");
 	if (!o->trace_path && !strcmp(o->workload, "synthetic") && o->arrival == ARRIVAL_BURST)
 		src[strlen("synthetic burst")] = 0;
+	char lens[32];
+	if (c->oracle || !c->max_tokens)
+		snprintf(lens, sizeof(lens), "oracle lengths");
+	else
+		snprintf(lens, sizeof(lens), "cap %u + stop token", c->max_tokens);
 	snprintf(o->title, sizeof(o->title),
-		 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
+		 "bkv-sim: %.80s, %u requests, %d seed%s, %s host, %u slots, cost %.40s, %s", src,
 		 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s", c->mixed_host ? "mixed" : "split",
-		 c->slots, o->cost_name);
+		 c->slots, o->cost_name, lens);
 }
 
 int main(int argc, char **argv)

@@ -161,7 +161,8 @@ typedef struct sim_result {
  * a negative bkv_status / -100 (the scheduler stalled) with a message in err. */
 /* Seed 000's setup: continuous k = 1 on a split host, budget 512, 32 slots,
  * 16-token blocks, prefix cache on, seed 000's polynomial given to the
- * scheduler; the rest zero. Every caller starts from it. */
+ * scheduler, requests sent with a SIM_MAX_TOKENS cap and a stop token (no
+ * oracle); the rest zero. Every caller starts from it. */
 void sim_config_init(sim_config *c);
 
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);
