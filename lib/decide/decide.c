@@ -19,10 +19,10 @@
  *   prompts    decayed mean and second moment of admitted prompt lengths
  *   lambda     arrivals per us: decayed gaps between admitted enqueue times
  *   calendar   lanes due to free a slot at each of the next AUTO_RING steps
- *              (filled at admission, O(1) a lane): at max_new when
- *              requests end there, else at a length drawn from those that
- *              ended by a stop token (expected_rem)
- *   outputs    decayed moments of the tokens ended requests generated
+ *              (filled at admission, O(AUTO_OUT_BUCKETS) a lane): at
+ *              max_new when requests end there, else at a length drawn
+ *              from those that ended by a stop token (expected_rem)
+ *   outputs    decayed histogram of the tokens ended requests generated
  *
  * Admission (economic order quantity). A prefill call costs P(k) for k rows:
  * a fixed part (launches, the weight reads of a short pass) plus the rows'
@@ -165,31 +165,34 @@ void bkv__auto_step_begin(bkv_sched *s)
 
 /* The tokens lane l of r has still to generate, for the calendar: to
  * max_new when requests end there (a client that sends each request's
- * length, or the hints path's predicted_output when given), else a draw
- * from the lengths requests that ended by a stop token had: uniform with
- * their decayed mean and standard deviation, at the quantile of a
- * golden-ratio walk (spread like the lengths, O(1), no randomness). At
- * least 1, at most max_new - n_gen. */
+ * length), the hints path's predicted_output when given, else a draw from
+ * the lengths that requests which ended by a stop token had: their decayed
+ * histogram (a->out_hist) at the quantile of a golden-ratio walk (the lanes
+ * spread like the lengths; O(AUTO_OUT_BUCKETS), no randomness). A length in
+ * the histogram's open last bucket is beyond the calendar: max_new. At least
+ * 1, at most max_new - n_gen. */
 static uint32_t expected_rem(bkv__auto *a, const bkv__req *r, const bkv__lane *l)
 {
-	uint32_t cap = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1;
-	double m, v, sd, lo, len;
+	const double width = (double)(AUTO_RING / AUTO_OUT_BUCKETS);
+	uint32_t cap = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1, j;
+	double len, tot = 0.0, want;
 
-	if (r->predicted_output)
+	if (r->predicted_output) {
 		len = r->predicted_output;
-	else if (a->out_w <= 0.0 || a->len_w >= 0.5 * a->out_w)
-		return cap;
-	else {
-		m = a->out_sum / a->out_w;
-		v = a->out_sq / a->out_w - m * m;
-		sd = v > 0.0 ? sqrt(v) : 0.0;
-		lo = m - sqrt(3.0) * sd;
-		if (lo < 1.0)
-			lo = 1.0;
+	} else {
+		if (a->out_w <= 0.0 || a->len_w >= 0.5 * a->out_w)
+			return cap;
 		a->cal_u += 0.6180339887498949;
 		if (a->cal_u >= 1.0)
 			a->cal_u -= 1.0;
-		len = lo + (2.0 * (m - lo)) * a->cal_u;
+		for (j = 0; j < AUTO_OUT_BUCKETS; j++)
+			tot += a->out_hist[j];
+		want = a->cal_u * tot;
+		for (j = 0; j + 1 < AUTO_OUT_BUCKETS && want >= a->out_hist[j]; j++)
+			want -= a->out_hist[j];
+		if (j + 1 == AUTO_OUT_BUCKETS || a->out_hist[j] <= 0.0)
+			return cap; /* beyond the calendar */
+		len = ((double)j + want / a->out_hist[j]) * width;
 	}
 	if (len <= (double)l->n_gen + 1.0)
 		return 1;
