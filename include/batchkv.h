@@ -1415,8 +1415,10 @@ typedef struct bkv_sched_config {
 				      (always run, one token each) first, then
 				      prefill chunks in what is left. 0..2^24.
 				      0 = auto (the default): chosen each step
-				      by the cost model, keeping tpot_target_us
-				      when set (docs/api-notes.md). */
+				      by the cost model for the least predicted
+				      time to first token, keeping
+				      tpot_target_us when set
+				      (docs/api-notes.md). */
 	uint32_t max_queue;        /* most requests submitted and not running
 				      (inbox + waiting + swapped); bkv_submit
 				      answers BKV_EAGAIN at it. 1..2^24; costs
@@ -1453,7 +1455,14 @@ typedef struct bkv_sched_config {
 				      twice its FCFS wait (docs/api-notes.md) */
 	bkv_batch_layout batch_layout; /* BKV_BATCH_FLAT (the default) or
 					  BKV_BATCH_PERSISTENT */
-	uint32_t reserved[5];      /* zero (else EINVAL); room for later
+	uint32_t ttft_target_us;   /* target time to first token, us; 0 = none
+				      (the default). Continuous policy, auto
+				      admission: a request that has waited
+				      half of it is no longer held back for
+				      company, by the batch cap's knee, or (on
+				      a split host) by tpot_target_us
+				      (docs/api-notes.md). */
+	uint32_t reserved[4];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

@@ -330,7 +330,7 @@ Test(auto, seed000_hints_with_chunked_auto_reach_1_70x_fcfs_static, .timeout = 1
 	cr_expect_geq(row.speedup, 1.70, "chunked auto with hints %.4f", row.speedup);
 	c.hints = 0;
 	run_row(&c, t, N, base, runs, &row);
-	cr_expect_lt(row.speedup, 1.66, "without hints %.4f", row.speedup);
+	cr_expect_lt(row.speedup, 1.70, "without hints %.4f", row.speedup);
 	free(base);
 	free(runs);
 	free_traces(t, N);
@@ -407,9 +407,11 @@ Test(auto, long_generations_auto_within_1pct_of_the_best_fixed_k, .timeout = 120
 
 /* 70% of seed 000's best burst throughput (323.6 requests/s at k = 8): the
  * issue's target, a lower p99 TTFT than the best fixed k, on 6 seeds of 4,000
- * requests (benchmarks.md: auto 18.47 vs k = 4's 19.93 ms here; the W99
- * group alone, before the congestion pricing of lib/decide/admit.c, gave 20.56 and
- * failed this test). */
+ * requests, sent with a 4,096-token cap and ended by a stop token (the
+ * calendar learns the lengths; benchmarks.md, "No oracle"). With the oracle
+ * lengths auto gave 18.47 vs k = 4's 19.93 ms here; the W99 group alone,
+ * before the congestion pricing of lib/decide/admit.c, gave 20.56 and failed
+ * this test. */
 Test(auto, poisson_at_70pct_auto_matches_throughput_and_beats_best_k_p99_ttft, .timeout = 120)
 {
 	enum { N = 6 };
@@ -524,4 +526,98 @@ Test(auto, tpot_target_holds_for_chunks_deep_in_long_prompts, .timeout = 120)
 	run_row(&c, &t, 1, NULL, &r, &row);
 	cr_expect_leq(row.med.tbt_p99, 100.0, "chunked 4096: %.3f ms", row.med.tbt_p99);
 	trace_free(&t);
+}
+
+/* ---- issue 19 points 3 and 5 ---------------------------------------------- */
+
+/* A prefill-heavy Poisson load (prompts 1,200..1,800, outputs 8..64, H100
+ * roofline, 64 slots, mixed host) near the host's prefill capacity: the auto
+ * budget's p99 TTFT is within 10% of the best fixed budget's, at a p99 TPOT
+ * no worse than that budget's (1% for noise). The rule it replaced (the
+ * cheapest prefill tokens) stopped where a step turns compute-bound and gave
+ * 5,687 ms against 848 ms at a fixed 512 on this trace (admission k = 1;
+ * benchmarks.md). */
+Test(auto, auto_budget_ttft_within_10pct_of_the_best_fixed_budget_under_prefill_load,
+     .timeout = 120)
+{
+	trace t = {0};
+	trace_dist p = {DIST_UNIFORM, 1200, 1800}, o = {DIST_UNIFORM, 8, 64};
+	cr_assert_eq(trace_synthetic(&t, 1000, ARRIVAL_POISSON, 40.0, &p, &o, 0), TRACE_OK);
+	sim_config c = chunked_auto_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.cost_kind = SIM_COST_ROOFLINE;
+	cr_assert_eq(bkv_cost_roofline_init(&c.roofline, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16),
+		     BKV_OK);
+	c.slots = 64;
+	const uint32_t budgets[] = {256, 384, 512, 768, 1024, 2048};
+	sim_result r;
+	sim_row row, best = {0};
+	uint32_t best_b = 0;
+	for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+		c.budget = budgets[i];
+		run_row(&c, &t, 1, NULL, &r, &row);
+		if (!best_b || row.med.ttft_p99 < best.med.ttft_p99) {
+			best = row;
+			best_b = budgets[i];
+		}
+	}
+	c.budget = 0;
+	run_row(&c, &t, 1, NULL, &r, &row);
+	cr_expect_leq(row.med.ttft_p99, 1.10 * best.med.ttft_p99, "auto %.1f vs b=%u %.1f ms",
+		      row.med.ttft_p99, best_b, best.med.ttft_p99);
+	cr_expect_leq(row.med.tpot_p99, 1.01 * best.med.tpot_p99,
+		      "auto p99 TPOT %.3f vs b=%u %.3f ms", row.med.tpot_p99, best_b,
+		      best.med.tpot_p99);
+	trace_free(&t);
+}
+
+/* A TPOT target of 3 ms on seed 000's shape at Poisson 226/s holds a split
+ * host's admissions while rows run (a prefill call plus the decode call
+ * exceed it): p99 TTFT 236.6 ms on this seed. A TTFT target of 25 ms beside
+ * it lets a request that has waited half of it join: p99 TTFT 23.1 ms, under
+ * the target. */
+Test(auto, ttft_target_admits_past_a_tpot_hold_on_a_split_host, .timeout = 120)
+{
+	trace t = {0};
+	trace_dist p = {DIST_UNIFORM, 8, 64}, o = {DIST_SEED000_GEN, 1, 64};
+	cr_assert_eq(trace_synthetic(&t, 1000, ARRIVAL_POISSON, 226.0, &p, &o, 0), TRACE_OK);
+	sim_config c = base_config();
+	c.k = 0;
+	c.tpot_us = 3000;
+	sim_result r;
+	sim_row row;
+	run_row(&c, &t, 1, NULL, &r, &row);
+	cr_expect_gt(row.med.ttft_p99, 100.0, "TPOT target alone: %.1f ms", row.med.ttft_p99);
+	c.ttft_us = 25000;
+	run_row(&c, &t, 1, NULL, &r, &row);
+	cr_expect_lt(row.med.ttft_p99, 25.0, "with the TTFT target: %.1f ms", row.med.ttft_p99);
+	trace_free(&t);
+}
+
+/* The same load as poisson_at_70pct_... (which runs as every test does, with
+ * a 4,096-token cap and a stop token at the trace length: the calendar then
+ * learns the lengths from requests that ended) with --oracle-lengths: the
+ * scheduler knows each length as max_new. Auto still beats the best fixed k,
+ * and knowing the lengths is worth something: its p99 TTFT is below the
+ * learned calendar's. */
+Test(auto, poisson_at_70pct_oracle_lengths_beat_the_learned_calendar, .timeout = 120)
+{
+	enum { N = 6 };
+	trace t[N];
+	synth(t, N, 4000, ARRIVAL_POISSON, 226.0, (trace_dist){DIST_UNIFORM, 8, 64},
+	      (trace_dist){DIST_SEED000_GEN, 1, 64});
+	sim_config c = base_config();
+	cr_assert_eq(c.oracle, 0, "the default sends a cap");
+	cr_assert_eq(c.max_tokens, SIM_MAX_TOKENS);
+	const uint32_t ks[] = {1, 2, 3, 4, 8};
+	sim_row best, aut, learned;
+	uint32_t bk;
+	compare(c, t, N, ks, 5, &best, &learned, &bk);
+	c.oracle = 1;
+	compare(c, t, N, ks, 5, &best, &aut, &bk);
+	cr_expect_lt(aut.med.ttft_p99, best.med.ttft_p99, "auto p99 TTFT %.3f vs k=%u %.3f ms",
+		     aut.med.ttft_p99, bk, best.med.ttft_p99);
+	cr_expect_lt(aut.med.ttft_p99, learned.med.ttft_p99, "oracle %.3f vs learned %.3f ms",
+		     aut.med.ttft_p99, learned.med.ttft_p99);
+	free_traces(t, N);
 }

@@ -55,6 +55,41 @@ Test(sim, virtual_clock_advances_by_the_model_time_of_each_call)
 	trace_free(&t);
 }
 
+/* A request is sent as a client sends it: max_new_tokens is the cap (4,096
+ * by default, cut to what the pool holds beside the prompt) and the host
+ * samples the stop token at the trace length, so the run is the oracle's
+ * (max_new_tokens = the trace length) call for call; a cap below the trace
+ * length ends the request there. */
+Test(sim, requests_end_by_a_stop_token_at_their_trace_length)
+{
+	trace t = {0};
+	trace_dist p = {DIST_UNIFORM, 16, 300}, o = {DIST_UNIFORM, 1, 100};
+	cr_assert_eq(trace_synthetic(&t, 200, ARRIVAL_POISSON, 40.0, &p, &o, 3), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	cr_assert_eq(c.max_tokens, 4096u);
+	cr_assert_eq(c.oracle, 0);
+	sim_result capped, oracle, short_cap;
+	run_ok(&c, &t, &capped);
+	c.oracle = 1;
+	run_ok(&c, &t, &oracle);
+	uint64_t want = 0, want_short = 0;
+	for (uint32_t i = 0; i < t.n; i++) {
+		want += t.reqs[i].output_len;
+		want_short += t.reqs[i].output_len < 10 ? t.reqs[i].output_len : 10;
+	}
+	cr_expect_eq(capped.out_tokens, want);
+	cr_expect_eq(oracle.out_tokens, want);
+	cr_expect_eq(capped.prefill_calls, oracle.prefill_calls);
+	cr_expect_eq(capped.decode_steps, oracle.decode_steps);
+	cr_expect_eq(capped.makespan_us, oracle.makespan_us, "k = 1 uses no length");
+	c.oracle = 0;
+	c.max_tokens = 10;
+	run_ok(&c, &t, &short_cap);
+	cr_expect_eq(short_cap.out_tokens, want_short, "the cap ends requests longer than it");
+	trace_free(&t);
+}
+
 /* The scheduler prices the same shapes as the host (padding of static
  * batching included): its prediction equals the host's time up to the
  * whole-microsecond clock. */

@@ -223,9 +223,14 @@ Test(sim_goodput, peer_presets_have_their_labels_and_knobs)
 	sim_peer_config(3, &c0, &t, 0, 4.0, &v);
 	cr_expect(v.budget == 0 && v.tpot_us == 4000);
 	sim_config small = c0;
-	small.kv_blocks = 60; /* longest seed 000 request: 64 + 65 tokens = 10 blocks */
+	small.kv_blocks = 60;
+	small.oracle = 1; /* longest seed 000 request: 64 + 65 tokens = 10 blocks */
 	sim_peer_config(6, &small, &t, 0, 0.0, &v);
 	cr_expect_eq(v.slots, 6);
+	small.oracle = 0; /* each reserves 64 + 4,096 tokens: 260 + 1 blocks */
+	small.kv_blocks = 5 * 261;
+	sim_peer_config(6, &small, &t, 0, 0.0, &v);
+	cr_expect_eq(v.slots, 5, "Orca reserves the cap requests are sent with");
 	trace_free(&t);
 }
 

@@ -22,6 +22,7 @@
 #include "shape.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,18 @@ static int set_us_or_never(cli_args *a, const cli_option *opt, const char *v)
 		return SET_BAD;
 	else
 		*p = (uint64_t)t * opt->lo;
+	return SET_OK;
+}
+
+/* A time in ms (a decimal) stored in a uint32_t field as us, 0..lo ms. */
+static int set_ms_as_us(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t *p = FIELD(a, opt, uint32_t);
+	char *end;
+	double ms = strtod(v, &end);
+	if (end == v || *end || !(ms >= 0.0) || ms > opt->lo)
+		return SET_BAD;
+	*p = (uint32_t)llround(ms * 1000.0);
 	return SET_OK;
 }
 
@@ -421,6 +434,15 @@ static const cli_option options[] = {
 	 "  --budget N|auto            token budget of chunked prefill (default 512)\n"},
 	COUNT("--tpot", CFG(tpot_us), 0, UINT32_MAX,
 	      "  --tpot US                  the scheduler's time-between-tokens target\n"),
+	{"--ttft", ARG_VALUE, set_ms_as_us, CFG(ttft_us), 4000000, 0,
+	 "  --ttft MS                  the scheduler's time-to-first-token target\n"},
+	COUNT("--max-tokens", CFG(max_tokens), 1, MAX_LEN,
+	      "  --max-tokens N             every request's max_new_tokens (default 4096);\n"
+	      "                             it ends by a stop token at its trace length\n"
+	      "                             (or at N when that is shorter)\n"),
+	FLAG("--oracle-lengths", CFG(oracle), 1,
+	     "  --oracle-lengths           max_new_tokens = the trace length, no stop\n"
+	     "                             token: the scheduler knows every length\n"),
 	FLAG("--hints", CFG(hints), 1,
 	     "  --hints                    requests carry their output length as a hint\n"
 	     "                             (not the static baseline: it stays FCFS)\n"),

@@ -7,8 +7,11 @@
  * length and start offset), advances the virtual clock by the model's time,
  * and writes a made-up token for every row that samples. now_us() returns
  * the virtual clock, so the scheduler measures exactly the modelled time and
- * its observe() sees it. Requests end at their trace's output length through
- * max_new_tokens (no stop tokens).
+ * its observe() sees it. A request is sent as a client sends it, with a cap
+ * on its generated tokens (max_tokens, default SIM_MAX_TOKENS) and a stop
+ * token, which the host samples when the request reaches its trace's output
+ * length (so the scheduler learns the length only when the request ends);
+ * with oracle set, max_new_tokens is the trace length instead (no stop).
  *
  * The driver submits each trace request once the clock reaches its arrival,
  * calls bkv_step() while anything is pending, and when a step has nothing to
@@ -127,6 +130,31 @@ double sim_price_us(const sim_config *cfg, const bkv_step_shape *s)
 	return price(cfg, s);
 }
 
+/* The tokens a request generates: its trace length (+ 1 for seed 000's
+ * convention), cut at the cap unless the lengths are an oracle. */
+static uint32_t gen_tokens(const sim_config *cfg, const trace_req *r)
+{
+	uint32_t n = r->output_len + (cfg->gen == SIM_GEN_STEPS ? 1u : 0u);
+
+	if (!cfg->oracle && cfg->max_tokens && n > cfg->max_tokens)
+		n = cfg->max_tokens;
+	return n;
+}
+
+/* The max_new_tokens a request is sent with: the oracle, or the cap, cut
+ * (as vLLM cuts max_tokens at max_model_len) to what the pool's dev_tokens
+ * can hold beside the prompt, and never below the trace length. */
+static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r, uint64_t dev_tokens)
+{
+	uint32_t n = gen_tokens(cfg, r), cap = cfg->max_tokens;
+
+	if (cfg->oracle || !cap)
+		return n;
+	if (dev_tokens < (uint64_t)r->prompt_len + cap)
+		cap = dev_tokens > r->prompt_len ? (uint32_t)(dev_tokens - r->prompt_len) : 0;
+	return cap > n ? cap : n;
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -199,6 +227,15 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		if (!b->row_sample[r])
 			continue;
 		next[r] = (int32_t)(100 + h->next_token++ % 30000);
+		if (!h->cfg->oracle && h->cfg->max_tokens) {
+			/* the token sampled after position p is the request's
+			 * (p + 2 - prompt)-th: at its trace length, a stop */
+			const trace_req *q = &h->t->reqs[(uintptr_t)b->row_user[r] - 1];
+			int64_t g = (int64_t)b->positions[b->qo_indptr[r + 1] - 1] + 2 -
+				    (int64_t)q->prompt_len;
+			if (g >= (int64_t)gen_tokens(h->cfg, q))
+				next[r] = SIM_STOP_TOKEN;
+		}
 		/* A token exists when the call that computed it returns (a
 		 * serving host streams it then), even if the scheduler reports
 		 * it at the end of the step, after a split host's decode call. */
@@ -288,17 +325,13 @@ double sim_median(double *v, int n)
 	return sim_quantile(v, n, 0.5);
 }
 
-static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r)
-{
-	return r->output_len + (cfg->gen == SIM_GEN_STEPS ? 1u : 0u);
-}
-
-/* Blocks enough for every slot to hold the trace's longest request. */
+/* Blocks enough for every slot to hold the trace's longest request (as it
+ * runs: the cap does not size the machine). */
 static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 {
 	uint64_t longest = 1;
 	for (uint32_t i = 0; i < t->n; i++) {
-		uint64_t need = (uint64_t)t->reqs[i].prompt_len + max_new_tokens(cfg, &t->reqs[i]);
+		uint64_t need = (uint64_t)t->reqs[i].prompt_len + gen_tokens(cfg, &t->reqs[i]);
 		if (need > longest)
 			longest = need;
 	}
@@ -310,6 +343,29 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 		per = bkv_kv_seq_bytes(cfg->groups, cfg->n_groups, cfg->block_tokens, longest) / frame;
 	uint64_t n = per * (cfg->pool_slots ? cfg->pool_slots : cfg->slots) + 64;
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
+}
+
+/* The measured p90 TTFT and TPOT (TPOT of requests of more than one token)
+ * of a trace that has them (DistServe's), into res; -1 without. */
+static void ref_p90(const trace *t, sim_result *res)
+{
+	double *a = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	double *b = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
+	int na = 0, nb = 0;
+	res->ref_ttft_p90 = res->ref_tpot_p90 = -1.0;
+	for (uint32_t i = 0; a && b && i < t->n; i++) {
+		if (t->reqs[i].ref_ttft_ms < 0.0)
+			continue;
+		a[na++] = t->reqs[i].ref_ttft_ms;
+		if (t->reqs[i].output_len > 1)
+			b[nb++] = t->reqs[i].ref_tpot_ms;
+	}
+	if (na)
+		res->ref_ttft_p90 = sim_quantile(a, na, 0.9);
+	if (nb)
+		res->ref_tpot_p90 = sim_quantile(b, nb, 0.9);
+	free(a);
+	free(b);
 }
 
 static void finish_latencies(vhost *h, const trace *t, sim_result *res)
@@ -356,6 +412,8 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	res->ttft_mean = nt ? sum_ttft / nt : 0.0;
 	res->tpot_mean = np ? sum_tpot / np : 0.0;
 	if (ttft && tpot) {
+		res->ttft_p90 = sim_quantile(ttft, nt, 0.9);
+		res->tpot_p90 = sim_quantile(tpot, np, 0.9);
 		res->ttft_p50 = sim_quantile(ttft, nt, 0.5);
 		res->ttft_p99 = sim_quantile(ttft, nt, 0.99);
 		res->tpot_p50 = sim_quantile(tpot, np, 0.5);
@@ -373,6 +431,7 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	}
 	res->ref_ttft_mean = n_ref ? ref_ttft / n_ref : -1.0;
 	res->ref_tpot_mean = n_ref_tpot ? ref_tpot / n_ref_tpot : -1.0;
+	ref_p90(t, res);
 	free(ttft);
 	free(tpot);
 }
@@ -389,6 +448,7 @@ void sim_config_init(sim_config *c)
 	c->prefix_cache = 1;
 	c->give_model = 1;
 	c->cost_kind = SIM_COST_POLY;
+	c->max_tokens = SIM_MAX_TOKENS;
 	bkv_cost_poly_init(&c->poly);
 }
 
@@ -478,6 +538,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->token_budget = cfg->budget;
 	sc->max_queue = t->n > 65536 ? t->n : 65536;
 	sc->tpot_target_us = cfg->tpot_us;
+	sc->ttft_target_us = cfg->ttft_us;
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->preempt = cfg->preempt ? cfg->preempt
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
@@ -541,6 +602,7 @@ static void run_close(run *r)
  * scheduler refuses (e.g. E2BIG: it never fits) ends there, failed. */
 static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 {
+	static const int32_t stop = SIM_STOP_TOKEN;
 	vhost *h = &r->h;
 	while (r->next < t->n && t->reqs[r->next].arrival_us <= h->now) {
 		const trace_req *q = &t->reqs[r->next];
@@ -549,9 +611,14 @@ static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 		trace_prompt_tokens(t, r->next, r->prompt);
 		rq.prompt = r->prompt;
 		rq.prompt_len = q->prompt_len;
-		rq.max_new_tokens = max_new_tokens(cfg, q);
+		rq.max_new_tokens =
+			max_new_tokens(cfg, q, (uint64_t)r->pc.device_blocks * r->pc.block_tokens);
+		if (!cfg->oracle && cfg->max_tokens) {
+			rq.stop_tokens = &stop;
+			rq.n_stop = 1;
+		}
 		if (cfg->hints)
-			rq.predicted_output = rq.max_new_tokens;
+			rq.predicted_output = gen_tokens(cfg, q);
 		rq.user = (void *)(uintptr_t)(r->next + 1);
 		if (bkv_submit(h->sched, &rq, NULL)) {
 			h->req[r->next].failed = 1;

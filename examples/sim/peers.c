@@ -40,12 +40,19 @@ static uint64_t tgi_wait_us(const sim_config *c0, const trace *t)
 }
 
 /* Orca's rows: as many as c0's kv_blocks hold when each reserves the
- * trace's longest request, between 1 and c0->slots. */
+ * trace's longest prompt and the most it may generate (the cap requests
+ * are sent with, or with oracle lengths its own), between 1 and c0->slots.
+ * The cap is not cut to the pool here: a reservation the pool cannot hold
+ * leaves one row. */
 static uint32_t orca_slots(const sim_config *c0, const trace *t)
 {
 	uint64_t longest = 1;
 	for (uint32_t i = 0; i < t->n; i++) {
-		uint64_t need = (uint64_t)t->reqs[i].prompt_len + t->reqs[i].output_len + 1;
+		/* the maximum length is what the request is sent with: the
+		 * cap (no oracle), or its own length */
+		uint64_t gen = c0->oracle || !c0->max_tokens ? t->reqs[i].output_len + 1u
+							      : c0->max_tokens;
+		uint64_t need = (uint64_t)t->reqs[i].prompt_len + gen;
 		if (need > longest)
 			longest = need;
 	}

@@ -65,6 +65,10 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_D(mbu);
 	MED_D(ref_ttft_mean);
 	MED_D(ref_tpot_mean);
+	MED_D(ttft_p90);
+	MED_D(tpot_p90);
+	MED_D(ref_ttft_p90);
+	MED_D(ref_tpot_p90);
 	MED_D(span_us);
 #undef MED_D
 #undef MED_U
@@ -158,8 +162,11 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 			fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
 		if (r->ref_ttft_mean >= 0)
 			fprintf(out,
-				", \"ref_ttft_mean_ms\": %.10g, \"ref_tpot_mean_ms\": %.10g",
-				r->ref_ttft_mean, r->ref_tpot_mean);
+				", \"ref_ttft_mean_ms\": %.10g, \"ref_tpot_mean_ms\": %.10g"
+				", \"ttft_p90_ms\": %.10g, \"tpot_p90_ms\": %.10g"
+				", \"ref_ttft_p90_ms\": %.10g, \"ref_tpot_p90_ms\": %.10g",
+				r->ref_ttft_mean, r->ref_tpot_mean, r->ttft_p90, r->tpot_p90,
+				r->ref_ttft_p90, r->ref_tpot_p90);
 		if (rows[i].has_goodput)
 			fprintf(out, ", \"goodput_rps\": %.10g, \"goodput_capped\": %d",
 				rows[i].goodput_rps, rows[i].goodput_capped);

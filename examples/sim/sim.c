@@ -202,7 +202,30 @@ static int after_report(const opts *o, const sim_row *rows, int n)
 	return 0;
 }
 
-static int fidelity(const opts *o, sim_config *c)
+#define REL(sim_, ref_) (100.0 * ((sim_) - (ref_)) / (ref_))
+
+/* --fidelity's table: per run, measured and simulated mean and p90 of TTFT
+ * and TPOT, with the relative errors. */
+static void fidelity_table(const sim_row *rows, int nr)
+{
+	printf("%-12s %4s %9s %9s %7s %9s %9s %7s %7s %7s %7s %7s %7s %7s\n", "run", "reqs",
+	       "ttft_meas", "ttft_sim", "err", "p90_meas", "p90_sim", "err", "tpot_m", "tpot_s",
+	       "err", "p90_m", "p90_s", "err");
+	for (int i = 0; i < nr; i++) {
+		const sim_result *r = &rows[i].med;
+		printf("%-12s %4u %9.1f %9.1f %+6.1f%% %9.1f %9.1f %+6.1f%% %7.2f %7.2f %+6.1f%% "
+		       "%7.2f %7.2f %+6.1f%%\n",
+		       r->label, r->n_req, r->ref_ttft_mean, r->ttft_mean,
+		       REL(r->ttft_mean, r->ref_ttft_mean), r->ref_ttft_p90, r->ttft_p90,
+		       REL(r->ttft_p90, r->ref_ttft_p90), r->ref_tpot_mean, r->tpot_mean,
+		       REL(r->tpot_mean, r->ref_tpot_mean), r->ref_tpot_p90, r->tpot_p90,
+		       REL(r->tpot_p90, r->ref_tpot_p90));
+	}
+	printf("(TTFT and TPOT in ms, mean and p90 over the run's requests; TPOT over "
+	       "requests with more than one output token; policy: the vllm-v0 preset)\n");
+}
+
+static int fidelity(const opts *o, sim_config *c0)
 {
 	FILE *f = fopen(o->trace_path, "rb");
 	if (!f) {
@@ -234,9 +257,12 @@ static int fidelity(const opts *o, sim_config *c)
 			break;
 		}
 		sim_result r;
+		sim_config c;
+		/* vLLM v0, the engine DistServe measured, on the run's machine */
+		sim_peer_config(1, c0, &t, o->big_gpu, 0.0, &c);
 		snprintf(r.label, sizeof(r.label), "%s", names[i]);
 		progress(o, names[i], 0, i + 1, nr);
-		rc = sim_run(c, &t, &r, err, sizeof(err));
+		rc = sim_run(&c, &t, &r, err, sizeof(err));
 		trace_free(&t);
 		if (rc) {
 			fprintf(stderr, "bkv-sim: %s: %s\n", names[i], err);
@@ -251,18 +277,7 @@ static int fidelity(const opts *o, sim_config *c)
 		if (o->fmt_out != SIM_TABLE) {
 			sim_report(stdout, o->fmt_out, rows, nr, 0, NULL);
 		} else {
-			printf("%-12s %5s %12s %12s %8s %12s %12s %8s\n", "run", "reqs",
-			       "ttft_meas", "ttft_sim", "err", "tpot_meas", "tpot_sim", "err");
-			for (int i = 0; i < nr; i++) {
-				const sim_result *r = &rows[i].med;
-				printf("%-12s %5u %12.1f %12.1f %+7.1f%% %12.2f %12.2f %+7.1f%%\n",
-				       r->label, r->n_req, r->ref_ttft_mean, r->ttft_mean,
-				       100.0 * (r->ttft_mean - r->ref_ttft_mean) / r->ref_ttft_mean,
-				       r->ref_tpot_mean, r->tpot_mean,
-				       100.0 * (r->tpot_mean - r->ref_tpot_mean) / r->ref_tpot_mean);
-			}
-			printf("(mean TTFT and TPOT in ms; TPOT over requests with more than one "
-			       "output token)\n");
+			fidelity_table(rows, nr);
 		}
 		status = after_report(o, rows, nr);
 	}
@@ -642,10 +657,15 @@ static void make_title(opts *o, const sim_config *c, const trace *traces, int n_
 		snprintf(src, sizeof(src), "seed000");
 	if (!o->trace_path && !strcmp(o->workload, "synthetic") && o->arrival == ARRIVAL_BURST)
 		src[strlen("synthetic burst")] = 0;
+	char lens[32];
+	if (c->oracle || !c->max_tokens)
+		snprintf(lens, sizeof(lens), "oracle lengths");
+	else
+		snprintf(lens, sizeof(lens), "cap %u + stop token", c->max_tokens);
 	snprintf(o->title, sizeof(o->title),
-		 "bkv-sim: %s, %u requests, %d seed%s, %s host, %u slots, cost %s", src,
+		 "bkv-sim: %.80s, %u requests, %d seed%s, %s host, %u slots, cost %.40s, %s", src,
 		 traces[0].n, n_seeds, n_seeds == 1 ? "" : "s", c->mixed_host ? "mixed" : "split",
-		 c->slots, o->cost_name);
+		 c->slots, o->cost_name, lens);
 }
 
 int main(int argc, char **argv)

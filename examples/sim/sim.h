@@ -44,6 +44,21 @@ typedef struct sim_config {
 	uint32_t budget;           /* token budget when chunked; 0 = auto */
 	uint32_t tpot_us;          /* scheduler's time-between-tokens target;
 				      0 = none */
+	uint32_t ttft_us;          /* scheduler's time-to-first-token target
+				      (bkv_sched_config.ttft_target_us);
+				      0 = none */
+	uint32_t max_tokens;       /* max_new_tokens every request is sent
+				      with (a client's cap; SIM_MAX_TOKENS by
+				      default; cut to what the pool holds
+				      beside the prompt, as vLLM cuts
+				      max_tokens at max_model_len): it ends at
+				      a stop token (SIM_STOP_TOKEN) once it has
+				      its trace length, or at the cap when that
+				      is shorter. Unused with oracle */
+	int oracle;                /* nonzero: max_new_tokens = the trace
+				      length and no stop token, so the
+				      scheduler knows every output length
+				      (--oracle-lengths) */
 	int hints;                 /* nonzero: each request carries its true
 				      output length as predicted_output */
 	uint64_t max_bypass_us;    /* bkv_sched_config.max_bypass_us: 0 = auto,
@@ -128,11 +143,20 @@ typedef struct sim_result {
 	double wall_s;             /* real seconds the run took */
 	double ref_ttft_mean;      /* measured (DistServe) mean TTFT, ms; <0 none */
 	double ref_tpot_mean;      /* measured mean TPOT, ms; <0 none */
+	double ttft_p90, tpot_p90; /* ms (TPOT over requests of > 1 token) */
+	double ref_ttft_p90;       /* measured p90 TTFT, ms; <0 none */
+	double ref_tpot_p90;       /* measured p90 TPOT, ms; <0 none */
 	double span_us;            /* first to last arrival of the trace */
 	uint32_t slo_met;          /* requests that finished without error with
 				      TTFT <= slo_ttft_ms and TPOT <=
 				      slo_tpot_ms (0 when no target is set) */
 } sim_result;
+
+/* The default cap on generated tokens (sim_config.max_tokens), and the
+ * token id that ends a request at its trace length (the host's made-up
+ * tokens are 100 and above). */
+#define SIM_MAX_TOKENS 4096u
+#define SIM_STOP_TOKEN 2
 
 /* Most blocks sim_run derives for a pool when kv_blocks is 0. */
 #define SIM_MAX_DERIVED_BLOCKS (1u << 22)
@@ -144,7 +168,8 @@ typedef struct sim_result {
  * a negative bkv_status / -100 (the scheduler stalled) with a message in err. */
 /* Seed 000's setup: continuous k = 1 on a split host, budget 512, 32 slots,
  * 16-token blocks, prefix cache on, seed 000's polynomial given to the
- * scheduler; the rest zero. Every caller starts from it. */
+ * scheduler, requests sent with a SIM_MAX_TOKENS cap and a stop token (no
+ * oracle); the rest zero. Every caller starts from it. */
 void sim_config_init(sim_config *c);
 
 int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, size_t errlen);

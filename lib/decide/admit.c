@@ -14,7 +14,9 @@
  * With admission group 0 the cost model decides instead (admit_auto; the
  * derivation, economic order quantity and congestion pricing, is in
  * decide.c's prose and docs/cost-model.md), and it caps the batch and keeps
- * a TPOT target while a group forms (admit_ok_continuous).
+ * a TPOT target while a group forms (admit_ok_continuous). A TTFT target
+ * bounds how long a request is held for company (defer_pays) and lets a
+ * request that has waited half of it past the batch cap's knee (cap_for).
  */
 #include "decide/decide.h"
 
@@ -98,13 +100,15 @@ int bkv__admit_allowed(const bkv_sched *s, uint64_t now)
  * only latency and KV), and no more rows than a TPOT target allows. A row
  * count the model has no price for (0) is not the knee: a calibrated fit of
  * sub-tick noise can price small decode calls below zero (clamped), and a
- * free decode row would cap the batch at one row (issue 13). */
+ * free decode row would cap the batch at one row (issue 13). The TPOT
+ * target's bound alone is kept in a->cap_tpot (max_running without one). */
 static uint32_t batch_cap(const bkv_sched *s, double mean)
 {
-	const bkv__auto *a = s->autos;
+	bkv__auto *a = s->autos;
 	uint32_t n_max = s->cfg.max_running, lo = 1, hi = n_max, cap;
 	double best = bkv__price_decode(s, n_max, mean) / n_max;
 
+	a->cap_tpot = n_max;
 	if (best <= 0.0)
 		return n_max;
 	while (lo < hi) { /* per-token cost falls with n: smallest n at knee */
@@ -119,7 +123,7 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 	cap = lo;
 	if (a->tpot_us && bkv__price_decode(s, 1, mean) <= a->tpot_us) {
 		lo = 1;
-		hi = cap;
+		hi = n_max;
 		while (lo < hi) { /* largest n whose decode call keeps the target */
 			uint32_t mid = hi - (hi - lo) / 2;
 
@@ -128,9 +132,26 @@ static uint32_t batch_cap(const bkv_sched *s, double mean)
 			else
 				hi = mid - 1;
 		}
-		cap = lo;
+		a->cap_tpot = lo;
+		cap = BKV_MIN(cap, lo);
 	}
 	return cap;
+}
+
+/* Has r waited half its TTFT target (when there is one)? Then the batch
+ * cap's knee does not hold it back (past the knee more rows cost time
+ * between tokens, which a TPOT target bounds, and waiting costs the
+ * target): its cap is the TPOT target's alone (cap_tpot). */
+static int ttft_due(const bkv_sched *s, const bkv__req *r, uint64_t now)
+{
+	const bkv__auto *a = s->autos;
+
+	return a->ttft_us && now > r->enq_us && now - r->enq_us >= a->ttft_us / 2;
+}
+
+static uint32_t cap_for(const bkv_sched *s, const bkv__req *r, uint64_t now)
+{
+	return ttft_due(s, r, now) ? s->autos->cap_tpot : s->autos->cap;
 }
 
 /* Latency regime: the group that minimises a request's predicted p99 wait,
@@ -297,7 +318,8 @@ static double blocked_ahead(const bkv_sched *s, uint32_t q, double lambda, doubl
  * during the step (lambda d(n) of them; a call is saved, p_call, when at
  * least one comes); at saturation it is the slots the calendar says free
  * next step. A request is never held past w99, the p99 wait the latency
- * model predicts (the hold must not make it a tail request). */
+ * model predicts (the hold must not make it a tail request), nor past half
+ * a TTFT target. */
 static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 {
 	bkv__auto *a = s->autos;
@@ -310,6 +332,10 @@ static int defer_pays(bkv_sched *s, uint64_t now, uint32_t m, int saturated)
 	    a->freed_slow <= 0.0)
 		return 0;
 	if (now > enq && (double)(now - enq) >= a->w99)
+		return 0;
+	/* nor past half a TTFT target (the other half is its prefill and
+	 * the queue it may still meet) */
+	if (a->ttft_us && now > enq && now - enq >= a->ttft_us / 2)
 		return 0;
 	lambda = a->gap_w / a->gap_sum; /* arrivals per us */
 	bkv__prompt_stats(a, &mean, &sd);
@@ -358,7 +384,8 @@ static int admit_auto(bkv_sched *s, uint64_t now, uint32_t free_slots)
 	bkv__auto *a = s->autos;
 	uint32_t k;
 
-	if (s->rs.slots_used >= a->cap && s->rs.nr_run > 0)
+	if (s->rs.nr_run > 0 && s->rs.slots_used >= a->cap &&
+	    s->rs.slots_used >= cap_for(s, bkv__queue_head(s, now), now))
 		return 0;
 	if (s->rs.nr_run == 0)
 		return 1; /* nothing runs: nothing to wait for */
@@ -400,7 +427,7 @@ static int admit_ok_continuous(bkv_sched *s, const bkv__req *r)
 		a->adm_price = -1.0;
 	}
 	if (a->admit && s->rs.nr_run > 0 && s->rs.slots_used + r->n_live > a->cap &&
-	    a->k_step != 0)
+	    a->k_step != 0 && s->rs.slots_used + r->n_live > cap_for(s, r, s->plan.step_us))
 		return 0;
 	if (!s->split || s->cfg.chunked_prefill || !a->tpot_us ||
 	    a->adm_n >= AUTO_PRICED_ROWS || a->adm_n >= a->chunk_cap)
@@ -421,9 +448,12 @@ static int admit_ok_continuous(bkv_sched *s, const bkv__req *r)
 		bkv__prompt_stats(a, &mean, &sd);
 		d_n = bkv__price_decode(s, s->rs.slots_used + r->n_live, mean);
 		/* the running rows wait for this call: keep their time
-		 * between tokens under the target when it can be kept */
+		 * between tokens under the target when it can be kept, and
+		 * r's TTFT target has room for the wait (past half of it
+		 * r joins: its TTFT is then at stake, theirs one gap) */
 		if (p_new + d_n > a->tpot_us &&
-		    p_old + bkv__price_decode(s, s->rs.slots_used, mean) <= a->tpot_us) {
+		    p_old + bkv__price_decode(s, s->rs.slots_used, mean) <= a->tpot_us &&
+		    !ttft_due(s, r, s->plan.step_us)) {
 			a->adm_price = p_old;
 			return 0;
 		}

@@ -4,9 +4,10 @@
  *
  * Without chunked prefill the budget is the batch arrays' capacity; with
  * it, the configured token_budget, or with token_budget 0 the cost model's
- * choice per step (auto_budget: the largest budget whose predicted step
- * keeps the TPOT target, or the knee of cost per token without one;
- * docs/cost-model.md). A chunk is what remains of the prompt, capped by the
+ * choice per step (auto_budget: the budget with the least predicted time to
+ * first token of the last prompt waiting, among those whose predicted step
+ * keeps the TPOT target when one is set; docs/cost-model.md, "Token budget
+ * (chunked prefill)"). A chunk is what remains of the prompt, capped by the
  * budget left (bkv__chunk_len, decide.h), and on a mixed host with a TPOT
  * target shortened until the step's predicted time keeps it
  * (bkv__auto_chunk_fit).
@@ -17,14 +18,13 @@
 #include <string.h>
 
 
-/* Chunked prefill, budget auto: the tokens this step may compute, decode
- * rows included. With a TPOT target: the largest budget whose predicted
- * mixed call (the running rows plus prefill chunks of typical prompts) keeps
- * it; otherwise the budget whose prefill tokens are cheapest (see below).
- * Within [running + 1, cap]. O(log cap) prices. */
 /* The price of a step that decodes sh's rows and prefills pb budget tokens,
- * laid out as the tails of prompts of pl tokens (a->chunks). */
-static double price_budget(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t pb)
+ * laid out as chunks of prompts of pl tokens (a->chunks): each a prompt's
+ * tail (mid 0: the deepest offset, the conservative shape for a TPOT
+ * target), or (mid 1) at the average offset of a chunk of its length, half
+ * way into the rest of the prompt (every prompt is computed whole however it
+ * is chunked: the shape for a prefill rate). */
+static double price_budget_at(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t pb, int mid)
 {
 	bkv__auto *a = s->autos;
 	uint32_t left = pb, i = 0;
@@ -34,12 +34,17 @@ static double price_budget(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t
 		uint32_t l = BKV_MIN(left, m);
 
 		a->chunks[i].len = l;
-		a->chunks[i].start = m - l; /* a prompt's tail */
+		a->chunks[i].start = mid ? (m - l) / 2 : m - l;
 		left -= l;
 		i++;
 	}
 	sh->n_chunks = i;
 	return bkv__price(s, sh);
+}
+
+static double price_budget(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t pb)
+{
+	return price_budget_at(s, sh, pl, pb, 0);
 }
 
 /* With a TPOT target: the largest budget (1..room) whose step keeps it, by
@@ -62,31 +67,61 @@ static uint32_t budget_for_tpot(bkv_sched *s, bkv_step_shape *sh, double pl, uin
 	return lo;
 }
 
-/* The cheapest prefill tokens: least (added time + 1% of the decode call)
- * per prefill token over budgets 16, 32, ... room, the largest budget on
- * ties. A decode call with slack (memory-bound) takes prefill tokens for
- * free up to where it turns compute-bound: that knee is the choice. */
-static uint32_t budget_knee(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t room)
+/* The prefill work waiting, tokens: what the admitted prompts have still to
+ * compute (admitted prompt tokens less those computed or served by the
+ * prefix cache) and the queue's requests at per tokens each (the caller
+ * passes the top of the observed prompt range: the tail request is the one
+ * a p99 TTFT is about). At least one such prompt, the next arrival's. O(1). */
+static double backlog_tokens(const bkv_sched *s, double per)
 {
-	double best = -1.0, t0 = price_budget(s, sh, pl, 0);
-	uint32_t b, best_b = room;
+	const bkv__auto *a = s->autos;
+	double done = (double)s->stats.prefill_tokens + (double)s->stats.hit_tokens;
+	double owed = a->adm_tokens > done ? a->adm_tokens - done : 0.0;
+	double w = owed + (double)s->q.queue_slots * per;
 
-	for (b = 16;; b *= 2) {
-		double t, per;
+	return w > per ? w : per;
+}
 
-		if (b > room)
-			b = room;
-		t = price_budget(s, sh, pl, b);
-		per = (t - t0 + 0.01 * t0) / (double)b;
-		if (best < 0.0 || per <= best * 1.001) {
-			if (best < 0.0 || per < best)
-				best = per;
-			best_b = b;
-		}
+/* The default objective: the budget that minimises the predicted time to
+ * first token of the last prompt waiting, F(b) = max(W / b, 1) T(b) + T(b):
+ * the backlog's W prefill tokens at b a step of T(b) us (one step when they
+ * fit), then the step that samples its first token. Under load W is large
+ * and the rate decides (a bigger budget, up to where the step turns
+ * compute-bound and the rate flattens); with little waiting one prompt's
+ * prefill and the step's own length decide (the budget where a decode call
+ * stops taking prefill tokens for free). Budgets 16 * 2^(i/4) up to room
+ * (and room), each priced; room is bounded by a TPOT target. Predictions
+ * within AUTO_BUDGET_TIE of the least are a tie, taken at the smallest
+ * budget (shorter steps: time between tokens). A TTFT target does not
+ * change the choice: the least predicted TTFT is what serves it (a smaller
+ * budget within half the target, tried, lowered goodput on every workload
+ * of docs/benchmarks.md). O(4 log2 room) prices. */
+static uint32_t budget_ttft(bkv_sched *s, bkv_step_shape *sh, double pl, uint32_t room,
+			    double w)
+{
+	double best = INFINITY, f[AUTO_BUDGET_LADDER];
+	uint32_t bs[AUTO_BUDGET_LADDER], n = 0, i;
+
+	for (i = 0; n < AUTO_BUDGET_LADDER; i++) {
+		double bf = 16.0 * pow(2.0, (double)i / 4.0);
+		uint32_t b = bf < (double)room ? (uint32_t)bf : room;
+		double t;
+
+		t = price_budget_at(s, sh, pl, b, 1);
+		if (t <= 0.0)
+			return room; /* the model has no answer: the most */
+		bs[n] = b;
+		f[n] = (w > (double)b ? w / (double)b : 1.0) * t + t;
+		if (f[n] < best)
+			best = f[n];
+		n++;
 		if (b == room)
 			break;
 	}
-	return best_b;
+	for (i = 0; i < n; i++) /* the smallest within AUTO_BUDGET_TIE */
+		if (f[i] <= best * (1.0 + AUTO_BUDGET_TIE))
+			return bs[i];
+	return room;
 }
 
 static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
@@ -94,10 +129,14 @@ static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 	bkv__auto *a = s->autos;
 	bkv_step_shape sh;
 	double mean, sd, pl;
-	uint32_t d = s->rs.slots_used, b;
+	uint32_t d = s->rs.slots_used, b, room;
 
 	if (!a || !a->budget)
 		return fixed;
+	/* lanes still prefilling take budget only as chunks: the decode rows
+	 * are those the last step left decoding */
+	if (a->have_used && a->dec_next < d)
+		d = a->dec_next;
 	if (cap <= d + 1)
 		return cap;
 	bkv__prompt_stats(a, &mean, &sd);
@@ -122,9 +161,10 @@ static uint32_t auto_budget(bkv_sched *s, uint32_t fixed, uint32_t cap)
 						     ? s->plan.dec_ctx_row + 1.0
 						     : mean + AUTO_CTX_EXTRA));
 	sh.chunks = a->chunks;
-	if (a->tpot_us && (b = budget_for_tpot(s, &sh, pl, cap - d)) > 0)
-		return d + b;
-	return d + budget_knee(s, &sh, pl, cap - d);
+	room = cap - d;
+	if (a->tpot_us && (b = budget_for_tpot(s, &sh, pl, room)) > 0)
+		room = b; /* the target bounds the budget */
+	return d + budget_ttft(s, &sh, pl, room, backlog_tokens(s, pl));
 }
 
 /* Chunked prefill with a TPOT target on a mixed host: the longest chunk, at

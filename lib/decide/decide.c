@@ -19,7 +19,10 @@
  *   prompts    decayed mean and second moment of admitted prompt lengths
  *   lambda     arrivals per us: decayed gaps between admitted enqueue times
  *   calendar   lanes due to free a slot at each of the next AUTO_RING steps
- *              if they run to max_new (filled at admission, O(1) a lane)
+ *              (filled at admission, O(AUTO_OUT_BUCKETS) a lane): at
+ *              max_new when requests end there, else at a length drawn
+ *              from those that ended by a stop token (expected_rem)
+ *   outputs    decayed histogram of the tokens ended requests generated
  *
  * Admission (economic order quantity). A prefill call costs P(k) for k rows:
  * a fixed part (launches, the weight reads of a short pass) plus the rows'
@@ -71,6 +74,7 @@ static int auto_create(bkv_sched *s, const bkv_sched_config *user)
 	a->admit = user->admit_group == 0 && user->policy == BKV_POLICY_CONTINUOUS;
 	a->budget = user->token_budget == 0 && user->chunked_prefill;
 	a->tpot_us = user->tpot_target_us;
+	a->ttft_us = user->ttft_target_us;
 	a->chunk_cap = s->cfg.max_running + 1;
 	a->chunks = bkv__calloc(&s->alloc, a->chunk_cap, sizeof(bkv_chunk_shape));
 	a->pack_cap = s->plan.row_cap;
@@ -85,6 +89,7 @@ static int auto_create(bkv_sched *s, const bkv_sched_config *user)
 		return BKV_ENOMEM;
 	a->k_star = 1;
 	a->cap = s->cfg.max_running;
+	a->cap_tpot = s->cfg.max_running;
 	if (!user->cost.step_us && !user->cost.observe) {
 		/* the built-in default: seed 000's polynomial, calibrated
 		 * online against the host's measured calls */
@@ -158,6 +163,43 @@ void bkv__auto_step_begin(bkv_sched *s)
 	a->ends[s->plan.step_no % AUTO_RING] = 0;
 }
 
+/* The tokens lane l of r has still to generate, for the calendar: to
+ * max_new when requests end there (a client that sends each request's
+ * length), the hints path's predicted_output when given, else a draw from
+ * the lengths that requests which ended by a stop token had: their decayed
+ * histogram (a->out_hist) at the quantile of a golden-ratio walk (the lanes
+ * spread like the lengths; O(AUTO_OUT_BUCKETS), no randomness). A length in
+ * the histogram's open last bucket is beyond the calendar: max_new. At least
+ * 1, at most max_new - n_gen. */
+static uint32_t expected_rem(bkv__auto *a, const bkv__req *r, const bkv__lane *l)
+{
+	const double width = (double)(AUTO_RING / AUTO_OUT_BUCKETS);
+	uint32_t cap = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1, j;
+	double len, tot = 0.0, want;
+
+	if (r->predicted_output) {
+		len = r->predicted_output;
+	} else {
+		if (a->out_w <= 0.0 || a->len_w >= 0.5 * a->out_w)
+			return cap;
+		a->cal_u += 0.6180339887498949;
+		if (a->cal_u >= 1.0)
+			a->cal_u -= 1.0;
+		for (j = 0; j < AUTO_OUT_BUCKETS; j++)
+			tot += a->out_hist[j];
+		want = a->cal_u * tot;
+		for (j = 0; j + 1 < AUTO_OUT_BUCKETS && want >= a->out_hist[j]; j++)
+			want -= a->out_hist[j];
+		if (j + 1 == AUTO_OUT_BUCKETS || a->out_hist[j] <= 0.0)
+			return cap; /* beyond the calendar */
+		len = ((double)j + want / a->out_hist[j]) * width;
+	}
+	if (len <= (double)l->n_gen + 1.0)
+		return 1;
+	len -= (double)l->n_gen;
+	return len < (double)cap ? (uint32_t)len : cap;
+}
+
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 {
 	bkv__auto *a = s->autos;
@@ -172,7 +214,7 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 	 * (chunked prompts that span steps end later than this) */
 	for (i = 0; i < r->n; i++) {
 		const bkv__lane *l = &r->lane[i];
-		uint32_t rem = r->max_new > l->n_gen ? r->max_new - l->n_gen : 1;
+		uint32_t rem = expected_rem(a, r, l);
 		uint32_t off = s->split ? (rem > 2 ? rem - 1 : 1) : rem;
 
 		if (l->done || off >= AUTO_RING)
@@ -180,6 +222,7 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 		a->ends[(s->plan.step_no + off) % AUTO_RING]++;
 		a->ends_n++;
 	}
+	a->adm_tokens += (double)r->prompt_len + (r->n ? r->lane[0].n_gen : 0);
 	a->p_w = a->p_w * AUTO_PROMPT_DECAY + 1.0;
 	a->p_sum = a->p_sum * AUTO_PROMPT_DECAY + p;
 	a->p_sq = a->p_sq * AUTO_PROMPT_DECAY + p * p;
@@ -195,11 +238,17 @@ void bkv__auto_admitted(bkv_sched *s, const bkv__req *r)
 void bkv__auto_after_admit(bkv_sched *s)
 {
 	bkv__auto *a = s->autos;
+	uint32_t i;
 
 	if (!a)
 		return;
 	a->used_after = s->rs.slots_used;
 	a->have_used = 1;
+	/* the lanes that decode next step: this step's decode rows and the
+	 * prefill rows that sample (their prompt ends here) */
+	a->dec_next = s->plan.n_dec;
+	for (i = 0; i < s->plan.n_pre; i++)
+		a->dec_next += s->plan.pre[i].sample;
 }
 
 /* For tests and bkv-sim: the current admission group and batch cap. */

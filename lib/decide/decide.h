@@ -34,6 +34,8 @@
 #define AUTO_OCC_DECAY 0.999     /* per step, for the occupancy time */
 #define AUTO_GAP_DECAY 0.999     /* per admission, for the arrival rate */
 #define AUTO_PROMPT_DECAY 0.99   /* per admission, for the prompt moments */
+#define AUTO_OUT_DECAY 0.99      /* per ended lane, for the output lengths */
+#define AUTO_OUT_BUCKETS 32u     /* buckets of the output-length histogram */
 #define AUTO_REFRESH_STEPS 8u    /* steps between recomputations of k* */
 #define AUTO_LINK_BYTES_PER_US 25000.0 /* host link default: 25 GB/s */
 #define AUTO_KNEE 1.002          /* batch cap: cost per token within 0.2% */
@@ -43,6 +45,9 @@
 #define AUTO_DEFAULT_PROMPT 64.0 /* prompt tokens assumed before any is seen */
 #define AUTO_CTX_EXTRA 64.0      /* generated tokens added to a row's context
 				    when pricing decode rows */
+#define AUTO_BUDGET_LADDER 96u /* most budgets the auto budget prices
+				    (16 * 2^(i/4) reaches 2^24 at i = 80) */
+#define AUTO_BUDGET_TIE 0.02     /* predicted TTFTs this close are a tie */
 #define AUTO_PACK_GAIN 1e-6      /* least relative saving of a prefill
 				    call split off (rounding is no gain) */
 #define AUTO_PACK_CUTS 32u       /* most inner call boundaries the prefill
@@ -61,6 +66,7 @@ struct bkv__auto {
 	int budget;              /* token_budget was 0 (chunked): decided per
 				    step */
 	uint32_t tpot_us;        /* cfg.tpot_target_us; 0 none */
+	uint32_t ttft_us;        /* cfg.ttft_target_us; 0 none */
 	bkv_cost_poly poly;      /* the default model's base (when owned) */
 	bkv_cost_calib *calib;   /* the default model, owned; NULL when the
 				    host gave one */
@@ -82,16 +88,38 @@ struct bkv__auto {
 	int have_enq;            /* last_enq is valid */
 	uint32_t used_after;     /* slots_used after the last admission */
 	int have_used;           /* used_after is valid */
+	uint32_t dec_next;       /* rows the next step decodes, as the last
+				    step's plan says (its decode rows and the
+				    prefill rows that sample); <= the slots
+				    used then */
 	double p_w, p_sum, p_sq; /* decayed count, sum, sum of squares of
 				    admitted prompt lengths */
+	double adm_tokens;       /* prefill tokens admitted (prompts, and a
+				    recomputed lane's generated tokens), all
+				    time: less stats.prefill_tokens and
+				    stats.hit_tokens, the prefill still owed */
+	double out_w;            /* decayed count of the lanes of requests
+				    that ended (LENGTH or STOP) */
+	double len_w;            /* decayed count (same decay) of those that
+				    ended at max_new: when most do, max_new
+				    is a request's length (the calendar uses
+				    it), else the observed lengths are */
+	double out_hist[AUTO_OUT_BUCKETS]; /* the same lanes by generated
+				    tokens (same decay), AUTO_RING /
+				    AUTO_OUT_BUCKETS tokens a bucket, the
+				    last one open-ended: sums to out_w */
+	double cal_u;            /* the calendar's quantile sequence, [0, 1)
+				    (a golden-ratio walk: one step a lane) */
 	/* cached decisions */
 	uint32_t k_star;         /* admission group the cost model chose */
 	uint32_t cap;            /* batch cap (running slots) */
+	uint32_t cap_tpot;       /* the TPOT target's part of it (max_running
+				    without a target): cap <= cap_tpot */
 	uint32_t k_lat;          /* latency-regime group; 0: use k_star */
 	double w99;              /* predicted p99 wait (us) of the latency
 				    group; 0 none */
-	/* completion calendar: lanes that free a slot at the start of step
-	 * t if they run to max_new, at ends[t % AUTO_RING], for t in
+	/* completion calendar: lanes expected to free a slot at the start of
+	 * step t (decide.c, expected_rem), at ends[t % AUTO_RING], for t in
 	 * (step_no, step_no + AUTO_RING) */
 	uint32_t ends[AUTO_RING];
 	uint32_t ends_n;         /* sum of ends[] */
@@ -132,6 +160,7 @@ void bkv__decide_destroy(bkv_sched *s);
 void bkv__auto_step_begin(bkv_sched *s);
 void bkv__auto_admitted(bkv_sched *s, const bkv__req *r);
 void bkv__auto_after_admit(bkv_sched *s);
+
 /* For tests: the admission group chosen, the batch cap, the slot-free rate
  * (slots per step). */
 void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double *rate);
@@ -156,8 +185,12 @@ int bkv__queue_check(const bkv_sched *s);
  * of its class has waited past the bypass bound (then that one). Queue not
  * empty. */
 bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now);
-/* A request ran from admission to a LENGTH/STOP end: feed run_mean_us. */
+/* A request ran from admission to a LENGTH/STOP end: feed run_mean_us and
+ * the output-length estimate (bkv__auto_ended). */
 void bkv__queue_ran(bkv_sched *s, const bkv__req *r);
+/* The same end (called by bkv__queue_ran): r's lanes' generated tokens feed
+ * the output-length moments of s->autos. */
+void bkv__auto_ended(bkv_sched *s, const bkv__req *r);
 
 /* ---- decide/admit.c --------------------------------------------------------- */
 

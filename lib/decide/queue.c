@@ -195,10 +195,32 @@ bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
 	return waited > bound ? a : h;
 }
 
+/* The output lengths the calendar draws from (decide.c, expected_rem):
+ * kept here, where a request's end is seen. O(AUTO_OUT_BUCKETS) a lane. */
+void bkv__auto_ended(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	uint32_t i, j;
+
+	if (!a)
+		return;
+	for (i = 0; i < r->n; i++) {
+		uint32_t g = r->lane[i].n_gen;
+
+		a->out_w = a->out_w * AUTO_OUT_DECAY + 1.0;
+		a->len_w = a->len_w * AUTO_OUT_DECAY + (g >= r->max_new);
+		for (j = 0; j < AUTO_OUT_BUCKETS; j++)
+			a->out_hist[j] *= AUTO_OUT_DECAY;
+		j = g / (AUTO_RING / AUTO_OUT_BUCKETS);
+		a->out_hist[j < AUTO_OUT_BUCKETS ? j : AUTO_OUT_BUCKETS - 1] += 1.0;
+	}
+}
+
 void bkv__queue_ran(bkv_sched *s, const bkv__req *r)
 {
 	double ran;
 
+	bkv__auto_ended(s, r);
 	if (s->plan.step_us < r->admit_us)
 		return;
 	/* at least 1 us, so that 0 keeps meaning "none ended yet" */

@@ -359,7 +359,8 @@ class bkv_sched_config(Structure):
         ('cost', bkv_cost_model),
         ('max_bypass_us', c_uint64),
         ('batch_layout', c_int),
-        ('reserved', c_uint32 * 5),
+        ('ttft_target_us', c_uint32),
+        ('reserved', c_uint32 * 4),
     ]
 
 

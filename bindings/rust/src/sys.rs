@@ -367,7 +367,8 @@ pub struct bkv_sched_config {
     pub cost: bkv_cost_model,
     pub max_bypass_us: u64,
     pub batch_layout: bkv_batch_layout,
-    pub reserved: [u32; 5],
+    pub ttft_target_us: u32,
+    pub reserved: [u32; 4],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
