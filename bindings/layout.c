@@ -166,6 +166,9 @@ int main(void)
 	F(bkv_batch_group, kv_first_block);
 	F(bkv_batch_group, row_tables);
 	F(bkv_batch_group, row_table_len);
+	F(bkv_batch_group, state_in);
+	F(bkv_batch_group, state_out);
+	F(bkv_batch_group, state_frames);
 	S(bkv_batch);
 	F(bkv_batch, kind);
 	F(bkv_batch, n_rows);

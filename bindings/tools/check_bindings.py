@@ -150,6 +150,15 @@ def emit_layout(hdr):
     return "\n".join(out)
 
 
+# C names that are Rust keywords: sys.rs spells them as raw identifiers.
+RS_KEYWORDS = {"as", "box", "crate", "dyn", "enum", "fn", "impl", "in", "loop", "match",
+               "mod", "move", "mut", "ref", "self", "struct", "trait", "type", "use", "where"}
+
+
+def rs_ident(name):
+    return "r#" + name if name in RS_KEYWORDS else name
+
+
 def emit_rust(hdr):
     out = []
     for name, sig in hdr["fntypes"].items():
@@ -164,13 +173,13 @@ def emit_rust(hdr):
             rt = c_to_rs(t, hdr)
             if arr is not None:
                 rt = "[%s; %s]" % (rt, arr)
-            out.append("    pub %s: %s," % (f, rt))
+            out.append("    pub %s: %s," % (rs_ident(f), rt))
         out.append("}")
     out.append("extern \"C\" {")
     for name, (ret, params) in hdr["functions"].items():
         r = c_to_rs(ret, hdr)
         out.append("    pub fn %s(%s)%s;" % (name, ", ".join(
-            "%s: %s" % (n, c_to_rs(t, hdr)) for t, n in params), "" if r == "c_void" else
+            "%s: %s" % (rs_ident(n), c_to_rs(t, hdr)) for t, n in params), "" if r == "c_void" else
             " -> " + r))
     out.append("}")
     return "\n".join(out)
@@ -357,7 +366,7 @@ def parse_rust(text):
     for m in re.finditer(r"#\[repr\(C\)\][^{;]*?pub struct (bkv_\w+)\s*\{(.*?)\n\}", text, re.S):
         fields = []
         for line in m.group(2).split("\n"):
-            fm = re.match(r"\s*pub (\w+):\s*(.*?),?\s*$", line)
+            fm = re.match(r"\s*pub (?:r#)?(\w+):\s*(.*?),?\s*$", line)
             if fm:
                 fields.append((fm.group(1), rs_norm(fm.group(2).rstrip(","))))
         structs[m.group(1)] = fields

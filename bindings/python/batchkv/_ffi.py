@@ -291,6 +291,9 @@ class bkv_batch_group(Structure):
         ('kv_first_block', POINTER(c_int32)),
         ('row_tables', POINTER(POINTER(c_int32))),
         ('row_table_len', POINTER(c_uint32)),
+        ('state_in', POINTER(c_int32)),
+        ('state_out', POINTER(c_int32)),
+        ('state_frames', c_uint32),
     ]
 
 
@@ -499,6 +502,7 @@ FUNCTIONS = {
     'bkv_seq_drop': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_blocks': (POINTER(c_int32), [c_void_p, c_uint32, POINTER(c_uint32)]),
     'bkv_seq_group_blocks': (POINTER(c_int32), [c_void_p, c_uint32, c_uint32, POINTER(c_uint32)]),
+    'bkv_seq_state_frames': (c_int, [c_void_p, c_uint32, POINTER(c_int32), POINTER(c_int32)]),
     'bkv_seq_info_get': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_info)]),
     'bkv_seq_swap_out': (c_int, [c_void_p, c_uint32]),
     'bkv_seq_swap_in': (c_int, [c_void_p, c_uint32]),

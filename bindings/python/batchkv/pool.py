@@ -372,6 +372,20 @@ class Pool:
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.int32)
 
+    def state_frames(self, seq):
+        """The sequence's recurrent-state units (bkv_seq_state_frames), for a
+        pool whose last group is STATE: (in, out), each a unit's first frame
+        (a unit is kv_state_frames(groups, block_tokens) consecutive frames).
+        After an append, in is the state before the appended tokens (-1: the
+        zero state) and out is where the state after them goes (-1: nothing
+        appended since the state was committed); the next append makes out
+        the sequence's state. InvalidArgumentError without a STATE group,
+        NotFoundError for an unknown sequence."""
+        i, o = ctypes.c_int32(), ctypes.c_int32()
+        check(_lib.bkv_seq_state_frames(self._p(), seq, ctypes.byref(i), ctypes.byref(o)),
+              "bkv_seq_state_frames")
+        return i.value, o.value
+
     def info(self, seq):
         """SeqInfo(len, n_blocks, swapped, key) of a sequence (bkv_seq_info_get)."""
         i = _ffi.bkv_seq_info()

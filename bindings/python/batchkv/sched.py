@@ -285,19 +285,26 @@ class BatchGroup:
     index of each row's first entry; empty for group 0 of a pool without
     groups, whose rows all start at block 0); persistent layout:
     row_table_len [n_row_slots] and row_table(slot), this group's table of
-    a slot of one of the call's rows (-1 where a window released a block)."""
+    a slot of one of the call's rows (-1 where a window released a block).
+    A STATE group (recurrent state) has no slots or tables; instead
+    state_in and state_out [n_rows], the first frame of the unit each row
+    reads its initial state from (-1: the zero state, the row starts at
+    position 0) and of the unit it writes its state after its last token
+    to, and state_frames, the consecutive frames of a unit. state_in and
+    state_out are None for attention groups, state_frames 0."""
 
-    __slots__ = ("_b", "_words", "index", "kind", "span")
+    __slots__ = ("_b", "_words", "index", "kind", "span", "state_frames")
 
     def __init__(self, batch, index, words):
         self._b = batch
         self._words = words
         self.index = index
         if words is None:
-            self.kind, self.span = GroupKind.FULL, 0
+            self.kind, self.span, self.state_frames = GroupKind.FULL, 0, 0
         else:
             g = _ffi.bkv_batch_group.from_address(ctypes.addressof(words))
             self.kind, self.span = GroupKind(g.kind), g.span
+            self.state_frames = g.state_frames
 
     def _ptr(self, field):
         if self._words is None:  # no groups array: the batch's own
@@ -329,6 +336,18 @@ class BatchGroup:
     @property
     def row_table_len(self):
         return self._view("row_table_len", self._b.n_row_slots, ctypes.c_uint32, np.uint32)
+
+    @property
+    def state_in(self):
+        if self.kind != GroupKind.STATE:
+            return None
+        return self._view("state_in", self._b.n_rows, _I32, np.int32)
+
+    @property
+    def state_out(self):
+        if self.kind != GroupKind.STATE:
+            return None
+        return self._view("state_out", self._b.n_rows, _I32, np.int32)
 
     def row_table(self, slot):
         """This group's block table of row slot `slot` (persistent layout;

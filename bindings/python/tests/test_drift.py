@@ -141,3 +141,13 @@ def test_a_typedef_the_reader_does_not_know_fails_loudly(tree):
          "typedef struct bkv_vllm_encoder bkv_vllm_encoder;\ntypedef uint64_t bkv_new_id;")
     rc, out = check(tree)
     assert rc != 0 and "bkvheader: read" in out and "typedefs" in out, out
+
+
+def test_emitted_rust_spells_keywords_as_raw_identifiers(tree):
+    # bkv_seq_state_frames has a parameter named `in`, a Rust keyword
+    r = subprocess.run([sys.executable, str(tree / "bindings/tools/check_bindings.py"),
+                        str(tree), "--emit-rust"], capture_output=True, text=True, check=True)
+    line = [x for x in r.stdout.splitlines() if "fn bkv_seq_state_frames(" in x]
+    assert line == ["    pub fn bkv_seq_state_frames(pool: *const bkv_pool, seq: u32, "
+                    "r#in: *mut i32, out: *mut i32) -> c_int;"], line
+    assert line[0] in open(os.path.join(ROOT, "bindings/rust/src/sys.rs")).read()

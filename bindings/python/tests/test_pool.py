@@ -273,3 +273,36 @@ def test_group_blocks_window_releases_what_no_later_token_reads():
             p.group_blocks(s, 2)
         with pytest.raises(batchkv.NotFoundError):
             p.group_blocks(s + 1000, 1)
+
+
+# A hybrid pool with a recurrent state: 4-token frames of 256 bytes, a state
+# unit of 256 bytes (one frame), checkpoints every 8 tokens.
+STATE_GROUPS = [batchkv.KvGroup(batchkv.GroupKind.FULL, 1, 0, 64),
+                batchkv.KvGroup(batchkv.GroupKind.STATE, 1, 8, 256)]
+
+
+def test_state_frames_out_of_place_and_committed_by_the_next_append():
+    frames = batchkv.kv_state_frames(STATE_GROUPS, 4)
+    assert frames == 1
+    attention = 64 - 8 * frames          # the state arena lies above the attention frames
+    with Pool(device_blocks=64, block_tokens=4, state_units=8, groups=STATE_GROUPS) as p:
+        s = p.open()
+        assert p.state_frames(s) == (-1, -1)          # nothing computed, nothing written
+        p.append(s, range(5))
+        i, o = p.state_frames(s)
+        assert i == -1                                # read from the zero state
+        assert attention <= o < 64 and (o - attention) % frames == 0
+        p.append(s, [5])
+        i2, o2 = p.state_frames(s)
+        assert i2 == o                                # the next append committed it
+        assert attention <= o2 < 64 and o2 != o       # written out of place
+        assert p.check() == 0
+        with pytest.raises(batchkv.NotFoundError):
+            p.state_frames(s + 1000)
+    with Pool(device_blocks=64, block_tokens=4,
+              groups=STATE_GROUPS[:1]) as no_state, Pool(device_blocks=8) as plain:
+        for q in (no_state, plain):
+            s = q.open()
+            q.append(s, range(5))
+            with pytest.raises(batchkv.InvalidArgumentError):
+                q.state_frames(s)

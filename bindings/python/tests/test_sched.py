@@ -365,3 +365,42 @@ def test_batch_of_a_pool_without_groups_has_group_0():
         assert (g0["kind"], g0["span"]) == (batchkv.GroupKind.FULL, 0)
         assert g0["slot_addr"] == c["batch_slot_addr"]
         assert len(g0["kv_indices"]) == 3 and len(g0["kv_first_block"]) == 0
+
+
+class StateRecorder:
+    """Copies each call's STATE group (the views die with the call)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, b, next_tokens):
+        attn, st = b.groups[0], b.groups[-1]
+        assert attn.state_in is None and attn.state_out is None and attn.state_frames == 0
+        assert not st.state_in.flags.writeable and not st.state_out.flags.writeable
+        self.calls.append({"n_decode_rows": b.n_decode_rows, "positions": np.array(b.positions),
+                           "kind": st.kind, "span": st.span, "frames": st.state_frames,
+                           "in": np.array(st.state_in), "out": np.array(st.state_out)})
+        next_tokens[:] = 7
+
+
+def test_batch_state_group_hands_each_row_its_state_units():
+    groups = [batchkv.KvGroup(batchkv.GroupKind.FULL, 1, 0, 64),
+              batchkv.KvGroup(batchkv.GroupKind.STATE, 1, 8, 256)]
+    frames = batchkv.kv_state_frames(groups, 4)
+    attention = 64 - 8 * frames
+    host = StateRecorder()
+    with Pool(device_blocks=64, block_tokens=4, state_units=8, groups=groups) as pool:
+        with Scheduler(pool, host) as s:
+            s.submit(list(range(10)), 3)      # a 10-token prefill, then decode at 10 and 11
+            s.run()
+    # the prefill is cut at the checkpoint at 8: positions 0..7, 8..9, then 10, 11
+    assert [list(c["positions"]) for c in host.calls] == [list(range(8)), [8, 9], [10], [11]]
+    first = host.calls[0]
+    assert (first["kind"], first["span"]) == (batchkv.GroupKind.STATE, 8)
+    assert first["n_decode_rows"] == 0 and first["in"][0] == -1   # the zero state
+    for prev, c in zip([None] + host.calls, host.calls):
+        assert c["kind"] == batchkv.GroupKind.STATE and c["frames"] == frames >= 1
+        assert len(c["in"]) == len(c["out"]) == 1
+        assert attention <= c["out"][0] < 64 and c["out"][0] != c["in"][0]
+        if prev is not None:                  # each call reads the state the last one wrote
+            assert c["in"][0] == prev["out"][0]

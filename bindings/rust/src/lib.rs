@@ -503,6 +503,20 @@ impl Pool {
         Ok(unsafe { raw_slice(p, n as usize) })
     }
 
+    /// `bkv_seq_state_frames`: the sequence's recurrent-state units, for a
+    /// pool whose last group is STATE, as `(in, out)`, each a unit's first
+    /// frame (a unit is [`kv_state_frames`] consecutive frames). After an
+    /// append, `in` is the state before the appended tokens (-1: the zero
+    /// state) and `out` is where the state after them goes (-1: nothing
+    /// appended since the state was committed); the next append makes `out`
+    /// the sequence's state. `Err(InvalidArgument)` without a STATE group,
+    /// `Err(NotFound)` for an unknown sequence.
+    pub fn state_frames(&self, seq: u32) -> Result<(i32, i32)> {
+        let (mut i, mut o) = (0i32, 0i32);
+        check(unsafe { sys::bkv_seq_state_frames(self.as_ptr(), seq, &mut i, &mut o) })?;
+        Ok((i, o))
+    }
+
     /// `bkv_seq_info_get`.
     pub fn info(&self, seq: u32) -> Result<SeqInfo> {
         let mut i = zeroed::<SeqInfo>();
@@ -1340,6 +1354,9 @@ impl<'a> Batch<'a> {
                 kv_first_block: ptr::null(),
                 row_tables: self.raw.row_tables,
                 row_table_len: self.raw.row_table_len,
+                state_in: ptr::null(),
+                state_out: ptr::null(),
+                state_frames: 0,
             }
         } else {
             // SAFETY: the library's groups array has n_groups elements
@@ -1415,6 +1432,30 @@ impl<'a> BatchGroup<'a> {
         let n = self.row_table_len()[slot] as usize;
         // SAFETY: row_tables has n_row_slots entries
         self.t(unsafe { *self.raw.row_tables.add(slot) }, n)
+    }
+    fn state(&self, p: *const i32) -> Option<&'a [i32]> {
+        if self.raw.kind != sys::BKV_GROUP_STATE as u32 {
+            return None;
+        }
+        Some(self.t(p, self.batch.n_rows as usize))
+    }
+    /// STATE: `[n_rows]` the first frame of the state unit each row reads
+    /// its initial state from; -1 is the zero state (the row starts at
+    /// position 0). `None` for an attention group.
+    pub fn state_in(&self) -> Option<&'a [i32]> {
+        self.state(self.raw.state_in)
+    }
+    /// STATE: `[n_rows]` the first frame of the unit each row writes its
+    /// state after its last token to (never a unit a row of the call
+    /// reads: states are written out of place). `None` for an attention
+    /// group.
+    pub fn state_out(&self) -> Option<&'a [i32]> {
+        self.state(self.raw.state_out)
+    }
+    /// STATE: the consecutive frames of one unit
+    /// ([`kv_state_frames`]); 0 for an attention group.
+    pub fn state_frames(&self) -> u32 {
+        self.raw.state_frames
     }
 }
 

@@ -302,6 +302,9 @@ pub struct bkv_batch_group {
     pub kv_first_block: *const i32,
     pub row_tables: *const *const i32,
     pub row_table_len: *const u32,
+    pub state_in: *const i32,
+    pub state_out: *const i32,
+    pub state_frames: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -493,6 +496,7 @@ extern "C" {
     pub fn bkv_seq_drop(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_blocks(pool: *const bkv_pool, seq: u32, n_blocks: *mut u32) -> *const i32;
     pub fn bkv_seq_group_blocks(pool: *const bkv_pool, seq: u32, group: u32, n_blocks: *mut u32) -> *const i32;
+    pub fn bkv_seq_state_frames(pool: *const bkv_pool, seq: u32, r#in: *mut i32, out: *mut i32) -> c_int;
     pub fn bkv_seq_info_get(pool: *const bkv_pool, seq: u32, info: *mut bkv_seq_info) -> c_int;
     pub fn bkv_seq_swap_out(pool: *mut bkv_pool, seq: u32) -> c_int;
     pub fn bkv_seq_swap_in(pool: *mut bkv_pool, seq: u32) -> c_int;

@@ -476,3 +476,92 @@ fn batch_of_a_pool_without_groups_has_group_0() {
         assert!(g[0].kv_first_block.is_empty());
     }
 }
+
+/// A hybrid pool with a recurrent state: 4-token frames of 256 bytes, a
+/// state unit of 256 bytes (one frame), checkpoints every 8 tokens.
+const WITH_STATE: [KvGroup; 2] = [
+    KvGroup { kind: sys::BKV_GROUP_FULL as u32, layers: 1, span: 0, reserved: 0, bytes: 64 },
+    KvGroup { kind: sys::BKV_GROUP_STATE as u32, layers: 1, span: 8, reserved: 0, bytes: 256 },
+];
+
+fn state_pool() -> (Pool, i32) {
+    let cfg = PoolConfig { device_blocks: 64, block_tokens: 4, state_units: 8, ..Default::default() };
+    let frames = kv_state_frames(&WITH_STATE, 4);
+    assert_eq!(frames, 1);
+    // the state arena lies above the attention frames
+    (Pool::with_groups(&cfg, &WITH_STATE).unwrap(), 64 - 8 * frames as i32)
+}
+
+#[test]
+fn state_frames_out_of_place_and_committed_by_the_next_append() {
+    assert_eq!(WITH_STATE[1], KvGroup::state(1, 8, 256));
+    let (mut p, attention) = state_pool();
+    let s = p.open().unwrap();
+    assert_eq!(p.state_frames(s).unwrap(), (-1, -1)); // nothing computed, nothing written
+    p.append(s, &[0, 1, 2, 3, 4]).unwrap();
+    let (i, o) = p.state_frames(s).unwrap();
+    assert_eq!(i, -1); // read from the zero state
+    assert!((attention..64).contains(&o), "out {}", o);
+    p.append(s, &[5]).unwrap();
+    let (i2, o2) = p.state_frames(s).unwrap();
+    assert_eq!(i2, o); // the next append committed it
+    assert!((attention..64).contains(&o2) && o2 != o, "out {}", o2); // out of place
+    assert_eq!(p.check(), 0);
+    assert_eq!(p.state_frames(s + 1000).unwrap_err(), Error::NotFound);
+
+    let cfg = PoolConfig { device_blocks: 64, block_tokens: 4, ..Default::default() };
+    for mut q in [Pool::with_groups(&cfg, &WITH_STATE[..1]).unwrap(), Pool::new(&cfg).unwrap()] {
+        let s = q.open().unwrap();
+        q.append(s, &[0, 1, 2, 3, 4]).unwrap();
+        assert_eq!(q.state_frames(s).unwrap_err(), Error::InvalidArgument);
+    }
+}
+
+/// One call's STATE group, copied: (n_decode_rows, positions, kind, span,
+/// state_frames, state_in, state_out).
+type StateCall = (usize, Vec<i32>, u32, u32, u32, Vec<i32>, Vec<i32>);
+
+#[derive(Default)]
+struct StateRecorder {
+    calls: Vec<StateCall>,
+}
+
+impl Host for StateRecorder {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        let attn = b.group(0).unwrap();
+        assert!(attn.state_in().is_none() && attn.state_out().is_none());
+        assert_eq!(attn.state_frames(), 0);
+        let st = b.groups().last().unwrap();
+        self.calls.push((b.n_decode_rows(), b.positions().to_vec(), st.kind(), st.span(),
+                         st.state_frames(), st.state_in().unwrap().to_vec(),
+                         st.state_out().unwrap().to_vec()));
+        next.iter_mut().for_each(|t| *t = 7);
+        Ok(())
+    }
+}
+
+#[test]
+fn batch_state_group_hands_each_row_its_state_units() {
+    let (mut pool, attention) = state_pool();
+    let mut s = Scheduler::new(&mut pool, StateRecorder::default(), &SchedConfig::default(), None)
+        .unwrap();
+    let prompt: Vec<i32> = (0..10).collect();
+    s.submit(&Request::new(&prompt, 3)).unwrap(); // a 10-token prefill, decode at 10 and 11
+    s.run().unwrap();
+    let calls = std::mem::take(&mut s.host_mut().calls);
+    // the prefill is cut at the checkpoint at 8: positions 0..7, 8..9, then 10, 11
+    let pos: Vec<Vec<i32>> = calls.iter().map(|c| c.1.clone()).collect();
+    assert_eq!(pos, vec![(0..8).collect::<Vec<i32>>(), vec![8, 9], vec![10], vec![11]]);
+    assert_eq!((calls[0].0, calls[0].5[0]), (0, -1)); // the first prefill row: the zero state
+    let mut prev_out = None;
+    for (_, _, kind, span, frames, sin, sout) in &calls {
+        assert_eq!((*kind, *span), (sys::BKV_GROUP_STATE as u32, 8));
+        assert!(*frames >= 1 && *frames == kv_state_frames(&WITH_STATE, 4));
+        assert_eq!((sin.len(), sout.len()), (1, 1));
+        assert!((attention..64).contains(&sout[0]) && sout[0] != sin[0], "{:?} {:?}", sin, sout);
+        if let Some(o) = prev_out { // each call reads the state the last one wrote
+            assert_eq!(sin[0], o);
+        }
+        prev_out = Some(sout[0]);
+    }
+}
