@@ -155,11 +155,10 @@ static int step(uint32_t ng, uint32_t rows, uint32_t steps)
 		for (uint32_t k = 0; k < 64; k++)
 			prompt[k] = (int32_t)(i * 131 + k + 1);
 		bkv_request_init(&q);
-		q.id = i + 1;
 		q.prompt = prompt;
 		q.prompt_len = 64;
 		q.max_new_tokens = 100000;
-		if (bkv_submit(s, &q) != BKV_OK)
+		if (bkv_submit(s, &q, NULL) != BKV_OK)
 			return 1;
 	}
 	for (i = 0; i < 300 + steps; i++) /* 300 warm-up steps, then measured */

@@ -69,6 +69,12 @@ int main(void)
 	F(bkv_pool_stats, events);
 	F(bkv_pool_stats, events_dropped);
 	F(bkv_pool_stats, dup_blocks);
+	F(bkv_pool_stats, state_units);
+	F(bkv_pool_stats, state_free);
+	F(bkv_pool_stats, state_checkpoints);
+	F(bkv_pool_stats, state_frames);
+	F(bkv_pool_stats, state_hits);
+	F(bkv_pool_stats, state_evictions);
 	S(bkv_copy);
 	F(bkv_copy, src);
 	F(bkv_copy, dst);
@@ -225,6 +231,7 @@ int main(void)
 	F(bkv_sched_config, cost);
 	F(bkv_sched_config, max_bypass_us);
 	F(bkv_sched_config, batch_layout);
+	F(bkv_sched_config, ttft_target_us);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);

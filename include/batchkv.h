@@ -398,6 +398,13 @@ typedef struct bkv_pool_stats {
 				     scheduler step (two requests, same
 				     content): the commit keeps the cached
 				     copy and frees the other */
+	uint32_t state_units;     /* a STATE group's units (0 without one) */
+	uint32_t state_free;      /* of which free */
+	uint32_t state_checkpoints; /* of which checkpoints in the prefix
+				     cache (referenced by a sequence or not) */
+	uint32_t state_frames;    /* frames per unit */
+	uint64_t state_hits;      /* prefix hits that read a checkpoint */
+	uint64_t state_evictions; /* checkpoints evicted for other states */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the

@@ -272,6 +272,12 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.events = pool->kv.ev_seq;
 		st.events_dropped = pool->kv.ev_dropped;
 		st.dup_blocks = pool->kv.dedup_blocks;
+		st.state_units = pool->st_units;
+		st.state_free = pool->st_nr_free;
+		st.state_checkpoints = pool->st_nr_indexed;
+		st.state_frames = pool->st_units ? pool->st_frames : 0;
+		st.state_hits = pool->st_ckpt_hits;
+		st.state_evictions = pool->st_evictions;
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);

@@ -143,6 +143,7 @@ struct bkv_pool {
 	int32_t st_lru_head;   /* oldest unreferenced checkpoint, -1 none */
 	int32_t st_lru_tail;   /* newest */
 	uint32_t st_nr_cached; /* unreferenced checkpoints */
+	uint32_t st_nr_indexed; /* checkpoints (entries of st_map) */
 	int32_t *st_live;      /* [max_seqs] each slot's live unit, -1 none */
 	int32_t *st_scratch;   /* [max_seqs] its scratch unit, -1 none */
 	uint32_t *st_len;      /* [max_seqs] tokens its live state covers */

@@ -179,6 +179,7 @@ static void map_insert(bkv_pool *pool, int32_t u, uint64_t h)
 	pool->st_map[i] = u;
 	pool->st_hash[u] = h;
 	pool->st_flags[u] |= ST_INDEXED;
+	pool->st_nr_indexed++;
 }
 
 /* Remove unit u (indexed) from the map, shifting back the entries after it
@@ -203,6 +204,7 @@ static void map_remove(bkv_pool *pool, int32_t u)
 		}
 	}
 	pool->st_flags[u] &= (uint8_t)~ST_INDEXED;
+	pool->st_nr_indexed--;
 }
 
 /* Units an append may take: free ones and unreferenced checkpoints. */
@@ -687,7 +689,7 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 		return CHECK_FREE_LIST;
 	for (i = 0, n = 0; i <= pool->st_map_mask; i++)
 		n += pool->st_map[i] >= 0;
-	return n == indexed ? CHECK_OK : CHECK_INDEX;
+	return n == indexed && n == pool->st_nr_indexed ? CHECK_OK : CHECK_INDEX;
 }
 
 /* The host blocks swapped states hold, counted into sc (the host tier's

@@ -150,6 +150,12 @@ class bkv_pool_stats(Structure):
         ('events', c_uint64),
         ('events_dropped', c_uint64),
         ('dup_blocks', c_uint64),
+        ('state_units', c_uint32),
+        ('state_free', c_uint32),
+        ('state_checkpoints', c_uint32),
+        ('state_frames', c_uint32),
+        ('state_hits', c_uint64),
+        ('state_evictions', c_uint64),
     ]
 
 

@@ -181,6 +181,12 @@ pub struct bkv_pool_stats {
     pub events: u64,
     pub events_dropped: u64,
     pub dup_blocks: u64,
+    pub state_units: u32,
+    pub state_free: u32,
+    pub state_checkpoints: u32,
+    pub state_frames: u32,
+    pub state_hits: u64,
+    pub state_evictions: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
