@@ -490,6 +490,10 @@ static const cli_option options[] = {
 	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"),
 	COUNT("--block-tokens", CFG(block_tokens), 1, MAX_BLOCK_TOKENS, NULL),
 	COUNT("--host-blocks", CFG(host_blocks), 0, MAX_BLOCKS, NULL),
+	COUNT("--state-units", CFG(state_units), 0, MAX_BLOCKS,
+	      "  --state-units N            a recurrent-state shape's state units (live\n"
+	      "                             states and checkpoints; default 2 x the\n"
+	      "                             pool's sequences)\n"),
 	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
 	HEADING("output:\n"),
 	{"--json", ARG_NONE, set_format, 0, SIM_JSON, 0,

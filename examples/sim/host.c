@@ -502,6 +502,7 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 	bkv_pool_config_init(pc);
 	pc->block_tokens = cfg->block_tokens;
 	pc->device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
+	pc->state_units = cfg->state_units;
 	if (!cfg->kv_blocks && pc->device_blocks > SIM_MAX_DERIVED_BLOCKS) {
 		snprintf(err, errlen,
 			 "every slot holding the longest request needs %u blocks (more than %u): "
@@ -735,6 +736,12 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(r->pool, &ps);
 	res->dup_tokens = ps.dup_blocks * r->pc.block_tokens;
+	if (ps.state_units && r->pc.n_groups) {
+		uint64_t frame = bkv_kv_frame_bytes(r->pc.groups, r->pc.n_groups, r->pc.block_tokens);
+
+		res->state_ckpt_bytes = (uint64_t)ps.state_checkpoints * ps.state_frames * frame;
+		res->state_hits = ps.state_hits;
+	}
 	for (uint32_t i = 0; i < t->n; i++) {
 		res->prompt_tokens += t->reqs[i].prompt_len;
 		if (r->h.req[i].finish_us >= 0.0)

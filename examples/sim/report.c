@@ -49,6 +49,8 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(hit_tokens);
 	MED_U(dup_tokens);
 	MED_U(prompt_tokens);
+	MED_U(state_ckpt_bytes);
+	MED_U(state_hits);
 	MED_U(preemptions);
 	MED_D(kv_waste);
 	MED_D(ttft_mean);
@@ -160,6 +162,10 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 			(unsigned long long)r->dup_tokens, r->kv_waste);
 		if (roofline)
 			fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
+		if (r->state_ckpt_bytes || r->state_hits)
+			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
+				(unsigned long long)r->state_ckpt_bytes,
+				(unsigned long long)r->state_hits);
 		if (r->ref_ttft_mean >= 0)
 			fprintf(out,
 				", \"ref_ttft_mean_ms\": %.10g, \"ref_tpot_mean_ms\": %.10g"

@@ -67,6 +67,8 @@ typedef struct sim_config {
 	uint32_t slots;            /* max_running */
 	uint32_t block_tokens;     /* pool block size */
 	uint32_t kv_blocks;        /* device blocks; 0 = derive from the trace */
+	uint32_t state_units;      /* a STATE group's units (0: the pool's
+				      default) */
 	uint32_t host_blocks;      /* swap tier blocks */
 	int prefix_cache;          /* pool prefix cache on/off */
 	sim_gen_convention gen;    /* output length convention */
@@ -123,6 +125,10 @@ typedef struct sim_result {
 	uint64_t dup_tokens;       /* tokens of blocks computed twice in one
 				      step (bkv_pool_stats.dup_blocks) */
 	uint64_t prompt_tokens;    /* prompt tokens submitted */
+	uint64_t state_ckpt_bytes; /* a STATE group's checkpoints held at the
+				      end, in bytes (units x frames x frame
+				      bytes; 0 without one) */
+	uint64_t state_hits;       /* prefix hits that read a checkpoint */
 	uint64_t preemptions;      /* scheduler preemptions */
 	double kv_waste;           /* mean over steps of waste slots / used
 				      slots in the pool */
