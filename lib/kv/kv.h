@@ -261,10 +261,16 @@ static inline int32_t bkv__lru_next(const bkv__kv *kv, int32_t v)
  * is safe, whatever it holds. */
 static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 {
-	int32_t b = kv->lru[v], f;
-	uint32_t i = ((uint32_t)v & (BKV__LRU_SLOTS - 1)) + BKV__EVICT_AHEAD;
+	int32_t b = kv->lru[v], f = -1, n;
+	uint32_t c = (uint32_t)v >> BKV__LRU_SHIFT;
+	uint32_t j = ((uint32_t)v & (BKV__LRU_SLOTS - 1)) + BKV__EVICT_AHEAD;
+	const bkv__lru_chunk *ch = &kv->lru_ch[c];
 
-	if (i < BKV__LRU_SLOTS && (f = kv->lru[(uint32_t)v + BKV__EVICT_AHEAD]) >= 0)
+	if (j < ch->hi)
+		f = kv->lru[(c << BKV__LRU_SHIFT) + j];
+	else if ((n = ch->next) >= 0 && (j += kv->lru_ch[n].lo - ch->hi) < BKV__LRU_SLOTS)
+		f = kv->lru[((uint32_t)n << BKV__LRU_SHIFT) + j];
+	if (f >= 0)
 		bkv__block_prefetch(kv, f);
 	if (b >= 0) {
 		const bkv__block *k = &kv->blk[b];
