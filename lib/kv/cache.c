@@ -402,7 +402,8 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 			if ((int32_t)c == kv->lru_last)
 				kv->lru_tail = (int32_t)((s & ~(SLOTS - 1)) + i);
 		}
-		if (LIKELY(chs[ch->prev].live + live > SLOTS && chs[ch->next].live + live > SLOTS))
+		/* (sentinel neighbours never fit: live BKV__LRU_NONE) */
+		if (LIKELY((chs[ch->prev].live + live > SLOTS) & (chs[ch->next].live + live > SLOTS)))
 			return;
 	}
 	lru_shrink(kv, (int32_t)c);

@@ -102,6 +102,8 @@ static int lru_init(bkv__kv *kv, const bkv_allocator *a)
 	uint32_t n = bkv__lru_chunks_for(kv->nb), c;
 	size_t slots = (size_t)n * BKV__LRU_SLOTS;
 
+	if (slots > INT32_MAX) /* slots are int32_t (never: nb <= 2^30) */
+		return BKV_ENOMEM;
 	kv->lru_chunks = n;
 	kv->lru_mem = bkv__malloc(a, (size_t)n * (BKV__LRU_SLOTS * sizeof(int32_t) +
 						  sizeof(bkv__lru_chunk)) +

@@ -489,8 +489,10 @@ enum {
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
 	CHECK_FREE_LIST = 2,   /* free list: length != nr_free, a cycle, or a
 				  member pinned or indexed */
-	CHECK_LRU = 3,         /* LRU: length != nr_cached, broken prev links,
-				  or a member pinned or not indexed */
+	CHECK_LRU = 3,         /* LRU: length != nr_cached, a chunk's links,
+				  range or count broken, neighbours that fit
+				  in one chunk, or a member pinned, not
+				  indexed or not at the slot it records */
 	CHECK_STATES = 4,      /* per-block state counts != nr_used, nr_free,
 				  nr_cached, nr_indexed */
 	CHECK_FILL = 5,        /* fill > block_tokens, or an indexed block not
