@@ -249,40 +249,57 @@ static inline int32_t bkv__lru_next(const bkv__kv *kv, int32_t v)
 	return n < 0 ? -1 : (int32_t)(((uint32_t)n << BKV__LRU_SHIFT) + kv->lru_ch[n].lo);
 }
 
-/* Ask for the lines that evicting the block in LRU slot v will touch: its
- * index lines (the removal), its parent's kids and its token ids
- * (rewritten by the taker); v's home slot is also loaded, not only
- * prefetched (a prefetch may be dropped, a load is not, and the removal's
- * first read is that slot). These need v's record, which the call
- * BKV__EVICT_AHEAD slots earlier asked for: each call also asks for the
- * record of the block that many slots on (in v's chunk). The victims'
- * ids lie in order in the LRU's slots, so no load waits for another.
- * Returns the next slot (-1: none). A hint only: any v in the slot array
- * is safe, whatever it holds. */
+/* The block about j slots after LRU slot v (at most one chunk on; -1
+ * slots are not skipped), or -1. */
+static inline int32_t bkv__lru_peek(const bkv__kv *kv, int32_t v, uint32_t j)
+{
+	uint32_t c = (uint32_t)v >> BKV__LRU_SHIFT;
+	const bkv__lru_chunk *ch = &kv->lru_ch[c];
+	int32_t n;
+
+	j += (uint32_t)v & (BKV__LRU_SLOTS - 1);
+	if (j < ch->hi)
+		return kv->lru[(c << BKV__LRU_SHIFT) + j];
+	if ((n = ch->next) >= 0 && (j += kv->lru_ch[n].lo - ch->hi) < BKV__LRU_SLOTS)
+		return kv->lru[((uint32_t)n << BKV__LRU_SHIFT) + j];
+	return -1;
+}
+
+/* The eviction look-ahead (bkv__evict_ahead), in three stages over the
+ * LRU's slots: the caller walks BKV__EVICT_AHEAD victims ahead of its
+ * evictions, and each call, for the victim in slot v,
+ *   - asks for the record of the block 2 x BKV__EVICT_AHEAD slots on (its
+ *     hash, parent and token ids are read two stages later);
+ *   - reads the record of the block BKV__EVICT_AHEAD slots on (asked for
+ *     BKV__EVICT_AHEAD calls ago) and asks for the lines its
+ *     eviction will touch: its index lines (the removal), its parent's
+ *     kids and its token ids (rewritten by the taker);
+ *   - loads v's home index slot, whose line is on its way since
+ *     BKV__EVICT_AHEAD calls (a prefetch may be dropped, a load is not,
+ *     and the removal's first read is that slot).
+ * The victims' ids lie in order in the LRU's slots, so none of these waits
+ * for another; each stage is a hint: any v in the slot array is safe,
+ * whatever the slots hold. Returns the slot after v (-1: none). */
 static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 {
-	int32_t b = kv->lru[v], f = -1, n;
-	uint32_t c = (uint32_t)v >> BKV__LRU_SHIFT;
-	uint32_t j = ((uint32_t)v & (BKV__LRU_SLOTS - 1)) + BKV__EVICT_AHEAD;
-	const bkv__lru_chunk *ch = &kv->lru_ch[c];
+	int32_t b = kv->lru[v], f = bkv__lru_peek(kv, v, 2 * BKV__EVICT_AHEAD);
 
-	if (j < ch->hi)
-		f = kv->lru[(c << BKV__LRU_SHIFT) + j];
-	else if ((n = ch->next) >= 0 && (j += kv->lru_ch[n].lo - ch->hi) < BKV__LRU_SLOTS)
-		f = kv->lru[((uint32_t)n << BKV__LRU_SHIFT) + j];
+
 	if (f >= 0)
 		bkv__block_prefetch(kv, f);
-	if (b >= 0) {
-		const bkv__block *k = &kv->blk[b];
-		const int32_t *t = kv->tok + ((size_t)b << kv->bt_shift);
+	if ((f = bkv__lru_peek(kv, v, BKV__EVICT_AHEAD)) >= 0) {
+		const bkv__block *k = &kv->blk[f];
+		const int32_t *t = kv->tok + ((size_t)f << kv->bt_shift);
 
 		if (k->parent >= 0)
 			BKV__PREFETCH_W(&kv->blk[k->parent].kids);
 		bkv__slot_prefetch(kv, k->hash);
-		(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(k->hash) & kv->index_mask].b;
 		BKV__PREFETCH_W(t);
 		BKV__PREFETCH_W(t + kv->bt - 1);
 	}
+	if (b >= 0)
+		(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(kv->blk[b].hash) &
+							    kv->index_mask].b;
 	return bkv__lru_next(kv, v);
 }
 
