@@ -773,10 +773,14 @@ typedef struct bkv_pool_memory {
 	uint32_t reserved;       /* zero */
 	uint64_t blocks;         /* device_blocks x block_bytes */
 	uint64_t device_tokens;  /* the device token store: the token ids of
-				    every block, 4 B per token slot (verifies
+				    every block, 4 B per token slot, plus 64 B
+				    that align it to a cache line (verifies
 				    prefix hits, hashes blocks that fill over
 				    several appends) */
-	uint64_t index;          /* the prefix-cache hash index, 8 B per slot */
+	uint64_t index;          /* the prefix cache's hash index, 8 B per
+				    slot, and its LRU (cached block ids in
+				    chunks of 16, about 9 B per device block);
+				    0 without prefix cache */
 	uint64_t txn_queue;      /* a step transaction's queue of blocks that
 				    filled inside it, 4 B per device block; 0
 				    without prefix cache */

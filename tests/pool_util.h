@@ -102,9 +102,10 @@ static inline void expect_refs(const bkv_pool *p, const uint32_t *want, uint32_t
 static inline void expect_lru(const bkv_pool *p, const int32_t *want, uint32_t n)
 {
 	uint32_t i = 0;
-	int32_t b;
+	int32_t b, s;
 
-	for (b = p->kv.lru_head; b >= 0; b = p->kv.blk[b].next, i++) {
+	for (b = -1, s = p->kv.lru_head; s >= 0; s = bkv__lru_next(&p->kv, s), i++) {
+		b = p->kv.lru[s];
 		cr_assert_lt(i, n, "LRU longer than %u", n);
 		cr_assert_eq(b, want[i], "LRU[%u] is %d, want %d", i, b, want[i]);
 	}

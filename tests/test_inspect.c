@@ -100,8 +100,10 @@ Test(inspect, memory_figures_are_the_pools_allocations)
 	cr_assert_eq(m.index_used, 0);
 	cr_assert_eq(m.reserved, 0);
 	cr_assert_eq(m.blocks, 1000 * sizeof(bkv__block));
-	cr_assert_eq(m.device_tokens, 1000 * 16 * 4);
-	cr_assert_eq(m.index, 2048 * 8); /* {block, tag} per slot */
+	cr_assert_eq(m.device_tokens, 1000 * 16 * 4 + 64); /* + alignment slack */
+	/* {block, tag} per slot; the LRU: 2 x (1000 / 17) + 3 chunks of 16
+	 * slots (4 B) and a 12 B record, a sentinel record, alignment slack */
+	cr_assert_eq(m.index, 2048 * 8 + 119 * (16 * 4 + 12) + 12 + 64);
 	cr_assert_eq(m.txn_queue, 1000 * 4);
 	cr_assert_eq(m.txn_owners, 1000 * 8);
 	cr_assert_eq(m.check_scratch, 1000 * 4);

@@ -20,11 +20,22 @@
  *   +----+----+----+----+----+----+----+----+   folded to 32 bits);
  *                                               home slot = tag & mask
  *
- *   LRU of cached blocks (ref 0, indexed), linked through bkv__block.next/prev
- *   head (oldest, evicted first)  B3 <-> B2 <-> A4 <-> ... <-> tail (newest)
+ *   LRU of cached blocks (ref 0, indexed): their ids in release order, in
+ *   chunks of 16 slots (one cache line) on a list of chunks
+ *        oldest chunk                            newest chunk
+ *   +--------------------------+      +--------------------------+
+ *   | -1 B3 B2 -1 A4 ... B9 -1 | <--> | C1 C0 D7 -1 ...          | <-->
+ *   +--------------------------+      +--------------------------+
+ *      lo ^ (head: evicted first)        hi ^ (the next release goes here)
  *
  * Blocks reach the LRU tail when their last user releases them; a hit takes a
- * block off the LRU in O(1). Sequences release their blocks last to first, so
+ * block off the LRU in O(1): its slot (bkv__block.prev) becomes -1, a chunk
+ * left empty leaves the list, and two neighbouring chunks that fit in one
+ * merge (at most 16 moves), so the list holds at most 2 x (blocks / 17) + 2
+ * chunks. Eviction reads the head chunk's slots in order: the next victims'
+ * ids are known without a load that waits for the previous one, which a
+ * list linked through the block records cannot give (each hop there is a
+ * cache miss in a large pool). Sequences release their blocks last to first, so
  * of blocks released together the deepest reaches the LRU first and is
  * evicted first; a cached block's parent is therefore always pinned or more
  * recent on the LRU, so eviction never strands an indexed child (the LRU head
@@ -196,34 +207,206 @@ void bkv__index_remove(bkv__kv *kv, int32_t b)
 
 /* ---- the LRU ------------------------------------------------------------- */
 
-void bkv__lru_push(bkv__kv *kv, int32_t b)
-{
-	bkv__block *k = &kv->blk[b];
+#define SLOTS BKV__LRU_SLOTS
+#define SHIFT BKV__LRU_SHIFT
 
-	k->next = -1;
-	k->prev = kv->lru_tail;
-	if (kv->lru_tail >= 0)
-		kv->blk[kv->lru_tail].next = b;
+static inline int32_t *chunk_slots(bkv__kv *kv, int32_t c)
+{
+	return kv->lru + ((size_t)c << SHIFT);
+}
+
+/* The list's ends changed: the oldest and newest blocks' slots. */
+static inline void lru_ends(bkv__kv *kv)
+{
+	int32_t f = kv->lru_first, l = kv->lru_last;
+
+	kv->lru_head = f < 0 ? -1 : (int32_t)(((uint32_t)f << SHIFT) + kv->lru_ch[f].lo);
+	kv->lru_tail = l < 0 ? -1 : (int32_t)(((uint32_t)l << SHIFT) + kv->lru_ch[l].hi - 1);
+}
+
+/* Take chunk c off the list and onto the free chunks (its slots are all
+ * -1 by then). */
+static void chunk_drop(bkv__kv *kv, int32_t c)
+{
+	bkv__lru_chunk *ch = &kv->lru_ch[c];
+
+	if (ch->prev >= 0)
+		kv->lru_ch[ch->prev].next = ch->next;
 	else
-		kv->lru_head = b;
-	kv->lru_tail = b;
+		kv->lru_first = ch->next;
+	if (ch->next >= 0)
+		kv->lru_ch[ch->next].prev = ch->prev;
+	else
+		kv->lru_last = ch->prev;
+	ch->lo = ch->hi = ch->live = 0;
+	ch->prev = -1;
+	ch->next = kv->lru_free;
+	kv->lru_free = c;
+}
+
+/* Merge chunk b into a, its older neighbour (together they hold at most
+ * SLOTS blocks): a's blocks, then b's, in order. Appended after a's last
+ * slot when they fit there, else a's are first moved to its front. Each
+ * block that moves gets its new slot. */
+static NOINLINE void chunk_merge(bkv__kv *kv, int32_t a, int32_t b)
+{
+	bkv__lru_chunk *ca = &kv->lru_ch[a], *cb = &kv->lru_ch[b];
+	int32_t *sa = chunk_slots(kv, a), *sb = chunk_slots(kv, b);
+	uint32_t w = ca->hi, i;
+
+	BKV_ASSERT(ca->next == b && ca->live + cb->live <= SLOTS);
+	if (ca->hi + cb->live > SLOTS) {
+		for (w = 0, i = ca->lo; i < ca->hi; i++) {
+			int32_t e = sa[i];
+
+			if (e < 0)
+				continue;
+			if (w != i) {
+				sa[i] = -1;
+				sa[w] = e;
+				kv->blk[e].prev = (int32_t)(((uint32_t)a << SHIFT) + w);
+			}
+			w++;
+		}
+		ca->lo = 0;
+	}
+	for (i = cb->lo; i < cb->hi; i++) {
+		int32_t e = sb[i];
+
+		if (e < 0)
+			continue;
+		sb[i] = -1;
+		sa[w] = e;
+		kv->blk[e].prev = (int32_t)(((uint32_t)a << SHIFT) + w++);
+	}
+	ca->hi = (uint8_t)w;
+	ca->live = (uint8_t)(ca->live + cb->live);
+	chunk_drop(kv, b);
+}
+
+/* The newest chunk is full, or there is none: merge it into its older
+ * neighbour when they fit in one chunk; if it is still full (or there was
+ * none), a new chunk from the free ones becomes the newest. Returns the
+ * newest chunk, with room. */
+static NOINLINE int32_t lru_grow(bkv__kv *kv)
+{
+	int32_t c = kv->lru_last, p, n;
+
+	if (c >= 0 && (p = kv->lru_ch[c].prev) >= 0 &&
+	    kv->lru_ch[p].live + kv->lru_ch[c].live <= SLOTS) {
+		chunk_merge(kv, p, c);
+		c = p;
+		lru_ends(kv);
+		if (kv->lru_ch[c].hi < SLOTS)
+			return c;
+	}
+	n = kv->lru_free;
+	BKV_ASSERT(n >= 0);
+	kv->lru_free = kv->lru_ch[n].next;
+	if (kv->lru_free >= 0) { /* the next grow's lines, 16 pushes ahead */
+		BKV__PREFETCH_W(&kv->lru_ch[kv->lru_free]);
+		BKV__PREFETCH_W(chunk_slots(kv, kv->lru_free));
+	}
+	kv->lru_ch[n].next = -1;
+	kv->lru_ch[n].prev = c;
+	if (c >= 0) {
+		kv->lru_ch[c].next = n;
+	} else {
+		kv->lru_first = n;
+		kv->lru_head = (int32_t)((uint32_t)n << SHIFT); /* the push's slot */
+	}
+	kv->lru_last = n;
+	return n;
+}
+
+static inline void lru_put(bkv__kv *kv, int32_t b, int32_t c)
+{
+	bkv__lru_chunk *ch = &kv->lru_ch[c];
+	int32_t s = (int32_t)(((uint32_t)c << SHIFT) + ch->hi);
+
+	ch->hi++;
+	ch->live++;
+	kv->lru[s] = b;
+	kv->blk[b].prev = s;
+	kv->lru_tail = s;
 	kv->nr_cached++;
 }
 
+static NOINLINE void lru_push_grow(bkv__kv *kv, int32_t b)
+{
+	lru_put(kv, b, lru_grow(kv));
+}
+
+/* b to the newest end, in the newest chunk's next slot. */
+void bkv__lru_push(bkv__kv *kv, int32_t b)
+{
+	int32_t c = kv->lru_last;
+
+	if (c < 0 || kv->lru_ch[c].hi == SLOTS)
+		lru_push_grow(kv, b);
+	else
+		lru_put(kv, b, c);
+}
+
+/* Chunk c emptied (live 0, all -1): it leaves the list. Its neighbours,
+ * now adjacent, need no merge: c held one block before, so the older one
+ * held SLOTS (the rule, kv/kv.h bkv__lru_chunk.live). Or c's count fell
+ * and it fits in one chunk with a neighbour: they merge. One merge
+ * restores the rule: each pair held more than SLOTS before the one block
+ * went, so the merged chunk holds SLOTS. */
+static NOINLINE void lru_shrink(bkv__kv *kv, int32_t c)
+{
+	bkv__lru_chunk *chs = kv->lru_ch, *ch = &chs[c];
+	int32_t p = ch->prev, n = ch->next;
+
+	if (ch->live == 0) {
+		chunk_drop(kv, c);
+		BKV_ASSERT(p < 0 || n < 0 || chs[p].live + chs[n].live > SLOTS);
+	} else if (chs[p].live + ch->live <= SLOTS) {
+		chunk_merge(kv, p, c);
+	} else {
+		chunk_merge(kv, c, n);
+	}
+	lru_ends(kv);
+}
+
+/* b leaves its slot (-1 stays there); its chunk's used range shrinks to
+ * the blocks left; an emptied chunk leaves the list and neighbours that
+ * fit in one chunk merge (lru_shrink). A cached block's next is -1
+ * already (bkv__block_take set it). */
 void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 {
 	bkv__block *k = &kv->blk[b];
+	bkv__lru_chunk *chs = kv->lru_ch, *ch;
+	uint32_t s = (uint32_t)k->prev, i = s & (SLOTS - 1), c = s >> SHIFT, live;
+	int32_t *sl = kv->lru + (s & ~(SLOTS - 1));
 
-	if (k->prev >= 0)
-		kv->blk[k->prev].next = k->next;
-	else
-		kv->lru_head = k->next;
-	if (k->next >= 0)
-		kv->blk[k->next].prev = k->prev;
-	else
-		kv->lru_tail = k->prev;
-	k->next = k->prev = -1;
+	BKV_ASSERT(kv->lru[s] == b);
+	sl[i] = -1;
+	k->prev = -1;
 	kv->nr_cached--;
+	ch = &chs[c];
+	live = ch->live - 1u;
+	ch->live = (uint8_t)live;
+	if (live) {
+		if (i == ch->lo) {
+			while (sl[++i] < 0)
+				;
+			ch->lo = (uint8_t)i;
+			if ((int32_t)c == kv->lru_first)
+				kv->lru_head = (int32_t)((s & ~(SLOTS - 1)) + i);
+		} else if (i + 1 == ch->hi) {
+			while (sl[--i] < 0)
+				;
+			ch->hi = (uint8_t)(i + 1);
+			if ((int32_t)c == kv->lru_last)
+				kv->lru_tail = (int32_t)((s & ~(SLOTS - 1)) + i);
+		}
+		/* (sentinel neighbours never fit: live BKV__LRU_NONE) */
+		if (LIKELY((chs[ch->prev].live + live > SLOTS) & (chs[ch->next].live + live > SLOTS)))
+			return;
+	}
+	lru_shrink(kv, (int32_t)c);
 }
 
 /* ---- KV events ----------------------------------------------------------- */
@@ -363,35 +546,35 @@ void bkv__cache_forget(bkv__kv *kv, int32_t b)
 }
 
 /* Evictions come in runs (a prompt's worth of blocks off the LRU head) and
- * in a large pool every LRU member is on a cold line. Each eviction reads
- * the next head's record anyway (the unlink writes its prev), so it starts
- * the loads the next eviction will wait for: the record after that one,
- * the next head's index slot (its removal), its parent's record (kids) and
- * its token ids (the caller rewrites them). The list itself still costs one dependent load per
- * eviction; these overlap it. */
-static inline void evict_prefetch(const bkv__kv *kv, int32_t n)
+ * in a large pool every LRU member is on a cold line. The victims' ids lie
+ * in order in the LRU's slots, so each eviction asks for the records of
+ * the next two (the removal reads the hash, the taker writes the record).
+ * A run of takes in a cold pool looks further ahead (bkv__evict_ahead). */
+static inline void evict_prefetch(const bkv__kv *kv)
 {
-	const bkv__block *k = &kv->blk[n];
-	const int32_t *t = kv->tok + (size_t)n * kv->bt;
+	int32_t h = kv->lru_head, n;
 
-	if (k->next >= 0)
-		bkv__block_prefetch(kv, k->next);
-	if (k->parent >= 0)
-		PREFETCH(&kv->blk[k->parent].kids);
-	bkv__slot_prefetch(kv, k->hash);
-	PREFETCH(t);
-	PREFETCH(t + kv->bt - 1);
+	if (h < 0)
+		return;
+	bkv__block_prefetch(kv, kv->lru[h]);
+	if ((n = bkv__lru_next(kv, h)) >= 0)
+		bkv__block_prefetch(kv, kv->lru[n]);
+	/* the next chunk's record and slots, needed when this one is done */
+	if ((n = kv->lru_ch[kv->lru_first].next) >= 0) {
+		PREFETCH(&kv->lru_ch[n]);
+		PREFETCH(kv->lru + ((size_t)n << SHIFT));
+	}
 }
 
 int32_t bkv__cache_evict(bkv__kv *kv)
 {
-	int32_t b = kv->lru_head;
+	int32_t b;
 
-	if (b < 0)
+	if (kv->lru_head < 0)
 		return -1;
+	b = kv->lru[kv->lru_head];
 	bkv__lru_unlink(kv, b);
-	if (kv->lru_head >= 0)
-		evict_prefetch(kv, kv->lru_head);
+	evict_prefetch(kv);
 	bkv__cache_forget(kv, b);
 	kv->evictions++;
 	return b;
@@ -474,10 +657,17 @@ uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t ph, int32_t parent, u
 			}
 		}
 		for (i = 0; i < n; i++) { /* verified in order, as bkv__cache_lookup */
+			const bkv__block *k;
+
 			c = index_find(kv, hs[i]);
 			if (!run_hit(kv, c, parent, key, t + (size_t)i * bt))
 				return hits + i;
-			*relinked += BLOCK_IS_CACHED(&kv->blk[c]);
+			k = &kv->blk[c];
+			if (BLOCK_IS_CACHED(k)) { /* its pin unlinks it */
+				(*relinked)++;
+				PREFETCH(&kv->lru[k->prev]);
+				PREFETCH(&kv->lru_ch[k->prev >> SHIFT]);
+			}
 			out[hits + i] = parent = c;
 		}
 		hits += n;

@@ -10,12 +10,89 @@
  */
 #include "kv/kv.h"
 
+/* One chunk of the LRU: its used range, count and slots; each block in it
+ * cached, at the slot it records, numbered in *n (sc[b], 1-based). */
+static int chunk_check(const bkv__kv *kv, int32_t c, uint32_t *sc, uint32_t *n)
+{
+	const bkv__lru_chunk *ch = &kv->lru_ch[c];
+	const int32_t *sl = kv->lru + ((size_t)c << BKV__LRU_SHIFT);
+	uint32_t i, live = 0;
+
+	if (ch->lo >= ch->hi || ch->hi > BKV__LRU_SLOTS || ch->pad || sl[ch->lo] < 0 ||
+	    sl[ch->hi - 1] < 0)
+		return CHECK_LRU;
+	for (i = 0; i < BKV__LRU_SLOTS; i++) {
+		int32_t b = sl[i];
+
+		if (b < 0)
+			continue;
+		if (i < ch->lo || i >= ch->hi || (uint32_t)b >= kv->nb || *n >= kv->nb ||
+		    !BLOCK_IS_CACHED(&kv->blk[b]) ||
+		    kv->blk[b].prev != (int32_t)(((uint32_t)c << BKV__LRU_SHIFT) + i))
+			return CHECK_LRU;
+		sc[b] = ++*n;
+		live++;
+	}
+	return live == ch->live && live > 0 ? CHECK_OK : CHECK_LRU;
+}
+
+/* The LRU's chunk list, oldest first: links both ways, every chunk valid
+ * (chunk_check), neighbours but the newest holding more than a chunk's
+ * slots together, the ends' slots, and the free chunks (empty, all -1)
+ * making up the rest. *n gets the blocks on it. */
+static int lru_check(const bkv__kv *kv, uint32_t *sc, uint32_t *n)
+{
+	uint32_t chunks = 0, nfree = 0, i;
+	int32_t c, prev = -1;
+	int rc;
+
+	*n = 0;
+	if (!kv->lru)
+		return kv->lru_first < 0 && kv->lru_head < 0 && kv->lru_tail < 0 ? CHECK_OK
+										 : CHECK_LRU;
+	if (kv->lru_ch[-1].live != BKV__LRU_NONE)
+		return CHECK_LRU;
+	for (c = kv->lru_first; c >= 0; prev = c, c = kv->lru_ch[c].next) {
+		const bkv__lru_chunk *ch;
+
+		if ((uint32_t)c >= kv->lru_chunks || ++chunks > kv->lru_chunks)
+			return CHECK_LRU;
+		ch = &kv->lru_ch[c];
+		if (ch->prev != prev || (rc = chunk_check(kv, c, sc, n)) != CHECK_OK)
+			return CHECK_LRU;
+		if (prev >= 0 && ch->next >= 0 && kv->lru_ch[prev].live + ch->live <= BKV__LRU_SLOTS)
+			return CHECK_LRU;
+	}
+	if (kv->lru_last != prev)
+		return CHECK_LRU;
+	if (prev < 0 ? kv->lru_head != -1 || kv->lru_tail != -1
+		     : kv->lru_head != (int32_t)(((uint32_t)kv->lru_first << BKV__LRU_SHIFT) +
+						 kv->lru_ch[kv->lru_first].lo) ||
+			       kv->lru_tail != (int32_t)(((uint32_t)prev << BKV__LRU_SHIFT) +
+							 kv->lru_ch[prev].hi - 1))
+		return CHECK_LRU;
+	for (c = kv->lru_free; c >= 0; c = kv->lru_ch[c].next) {
+		const bkv__lru_chunk *ch;
+
+		if ((uint32_t)c >= kv->lru_chunks || ++nfree > kv->lru_chunks)
+			return CHECK_LRU;
+		ch = &kv->lru_ch[c];
+		if (ch->lo || ch->hi || ch->live || ch->prev != -1)
+			return CHECK_LRU;
+		for (i = 0; i < BKV__LRU_SLOTS; i++)
+			if (kv->lru[((size_t)c << BKV__LRU_SHIFT) + i] != -1)
+				return CHECK_LRU;
+	}
+	return chunks + nfree == kv->lru_chunks ? CHECK_OK : CHECK_LRU;
+}
+
 int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 {
 	uint32_t nb = kv->nb, bt = kv->bt, i, n, used = 0, freec = 0, cached = 0, idx = 0;
 	uint32_t *sc = scratch;
 	uint64_t tokens = 0;
-	int32_t b, prev;
+	int32_t b;
+	int rc;
 
 	if ((uint64_t)kv->nr_free + kv->nr_used + kv->nr_cached != nb)
 		return CHECK_COUNTS;
@@ -27,13 +104,9 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 		return CHECK_FREE_LIST;
 	/* LRU: scratch[b] = 1-based position from the head (older = smaller). */
 	memset(sc, 0, (size_t)nb * sizeof *sc);
-	for (n = 0, prev = -1, b = kv->lru_head; b >= 0; prev = b, b = kv->blk[b].next) {
-		if ((uint32_t)b >= nb || n >= nb || !BLOCK_IS_CACHED(&kv->blk[b]) ||
-		    kv->blk[b].prev != prev)
-			return CHECK_LRU;
-		sc[b] = ++n;
-	}
-	if (n != kv->nr_cached || kv->lru_tail != prev)
+	if ((rc = lru_check(kv, sc, &n)) != CHECK_OK)
+		return rc;
+	if (n != kv->nr_cached)
 		return CHECK_LRU;
 	for (i = 0; i < nb; i++) {
 		const bkv__block *k = &kv->blk[i];

@@ -88,6 +88,43 @@ static void advise_huge(void *p, size_t bytes)
 #endif
 }
 
+/* p rounded up to BKV__TOK_ALIGN (its allocation has that much slack). */
+static int32_t *align_up(void *p)
+{
+	uintptr_t u = ((uintptr_t)p + BKV__TOK_ALIGN - 1) & ~(uintptr_t)(BKV__TOK_ALIGN - 1);
+
+	return (int32_t *)((char *)p + (u - (uintptr_t)p));
+}
+
+/* The LRU's slots (all -1) and chunks (all free, 0 popped first). */
+static int lru_init(bkv__kv *kv, const bkv_allocator *a)
+{
+	uint32_t n = bkv__lru_chunks_for(kv->nb), c;
+	size_t slots = (size_t)n * BKV__LRU_SLOTS;
+
+	if (slots > INT32_MAX) /* slots are int32_t (never: nb <= 2^30) */
+		return BKV_ENOMEM;
+	kv->lru_chunks = n;
+	kv->lru_mem = bkv__malloc(a, (size_t)n * (BKV__LRU_SLOTS * sizeof(int32_t) +
+						  sizeof(bkv__lru_chunk)) +
+					     sizeof(bkv__lru_chunk) + BKV__TOK_ALIGN);
+	if (!kv->lru_mem)
+		return BKV_ENOMEM;
+	kv->lru = align_up(kv->lru_mem);
+	kv->lru_ch = (bkv__lru_chunk *)(void *)(kv->lru + slots) + 1;
+	advise_huge(kv->lru_mem, bkv__kv_lru_bytes(kv));
+	memset(kv->lru, 0xff, slots * sizeof(int32_t));
+	memset(kv->lru_ch - 1, 0, ((size_t)n + 1) * sizeof(bkv__lru_chunk));
+	kv->lru_ch[-1].next = kv->lru_ch[-1].prev = -1;
+	kv->lru_ch[-1].live = BKV__LRU_NONE;
+	for (c = 0; c < n; c++) {
+		kv->lru_ch[c].next = c + 1 < n ? (int32_t)(c + 1) : -1;
+		kv->lru_ch[c].prev = -1;
+	}
+	kv->lru_free = 0;
+	return BKV_OK;
+}
+
 int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uint32_t nblocks,
 		 int prefix_cache, uint64_t hash_seed, uint32_t event_capacity)
 {
@@ -100,6 +137,7 @@ int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uin
 	kv->hash_seed = hash_seed;
 	kv->ev_cap = event_capacity;
 	kv->free_head = kv->lru_head = kv->lru_tail = -1;
+	kv->lru_free = kv->lru_first = kv->lru_last = -1;
 	/* Sizes cannot overflow size_t on 64-bit hosts (2^30 x 2^16 x 4); the
 	 * check keeps 32-bit hosts honest. */
 	if (nb > SIZE_MAX / bt / sizeof(bkv__block))
@@ -110,16 +148,19 @@ int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uin
 			icap *= 2;
 	}
 	kv->blk = bkv__malloc(a, nb * sizeof(bkv__block));
-	kv->tok = bkv__malloc(a, nb * bt * sizeof(int32_t));
-	if (!kv->blk || !kv->tok)
+	kv->tok_mem = bkv__malloc(a, bkv__kv_tok_bytes(nb, bt));
+	if (!kv->blk || !kv->tok_mem)
 		return BKV_ENOMEM;
+	kv->tok = align_up(kv->tok_mem);
 	advise_huge(kv->blk, nb * sizeof(bkv__block));
-	advise_huge(kv->tok, nb * bt * sizeof(int32_t));
+	advise_huge(kv->tok_mem, bkv__kv_tok_bytes(nb, bt));
 	if (icap) {
 		kv->index = bkv__malloc(a, icap * sizeof(bkv__islot));
 		if (!kv->index)
 			return BKV_ENOMEM;
 		kv->index_mask = (uint32_t)(icap - 1);
+		if (lru_init(kv, a) != BKV_OK)
+			return BKV_ENOMEM;
 		advise_huge(kv->index, icap * sizeof(bkv__islot));
 		memset(kv->index, 0xff, icap * sizeof(bkv__islot));
 		kv->index_cold = icap * sizeof(bkv__islot) + nb * sizeof(bkv__block) > BKV__KV_COLD_BYTES;
@@ -159,7 +200,8 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->txn_pending, kv->index ? nb * sizeof(int32_t) : 0);
 	bkv__free(a, kv->txn_owner, kv->index ? nb * sizeof(uint64_t) : 0);
 	bkv__free(a, kv->ev, kv->ev ? kv->ev_cap * sizeof(bkv_kv_event) : 0);
-	bkv__free(a, kv->tok, nb * bt * sizeof(int32_t));
+	bkv__free(a, kv->lru_mem, bkv__kv_lru_bytes(kv));
+	bkv__free(a, kv->tok_mem, kv->tok_mem ? bkv__kv_tok_bytes(nb, bt) : 0);
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
 }
 
@@ -251,7 +293,7 @@ void bkv__kv_reset_cache(bkv__kv *kv)
 	/* Oldest first onto the free head: the newest cached block is reused
 	 * first afterwards. */
 	while (kv->lru_head >= 0) {
-		int32_t b = kv->lru_head;
+		int32_t b = kv->lru[kv->lru_head];
 
 		bkv__lru_unlink(kv, b);
 		kv->blk[b].next = kv->free_head;

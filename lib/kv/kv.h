@@ -47,9 +47,11 @@ typedef struct bkv__block {
 	uint64_t hash;  /* chained content hash; meaningful while INDEXED */
 	uint64_t key;   /* caller key of the sequence that indexed it; while
 			   INDEXED */
-	int32_t next;   /* free list: next free block; LRU: next more recent
-			   block (-1 = none) */
-	int32_t prev;   /* LRU only: next older block (-1 = none) */
+	int32_t next;   /* free list: next free block (-1 = none); -1 off
+			   the free list */
+	int32_t prev;   /* cached: its slot in the LRU (bkv__kv.lru); queued
+			   in a transaction (TXN): its queue position; else
+			   -1 */
 	int32_t parent; /* the block before it in the table of the sequence
 			   that took it (-1: it was logical block 0) */
 	uint32_t ref;   /* table references over device-resident sequences */
@@ -63,6 +65,30 @@ typedef struct bkv__block {
 #define BLOCK_IS_INDEXED(b) (((b)->flags & BKV__BLOCK_INDEXED) != 0)
 #define BLOCK_IS_CACHED(b) (!BLOCK_IS_PINNED(b) && BLOCK_IS_INDEXED(b))
 #define BLOCK_IS_FREE(b) (!BLOCK_IS_PINNED(b) && !BLOCK_IS_INDEXED(b))
+
+/* The LRU holds cached block ids in release order (oldest first) in
+ * chunks of BKV__LRU_SLOTS slots, one cache line each, on a doubly linked
+ * list of chunks (kv/cache.c draws it). A block taken back from the cache
+ * leaves -1 in its slot; a chunk's used slots are [lo, hi), its first and
+ * last holding blocks. */
+#define BKV__LRU_SLOTS 16u
+#define BKV__LRU_SHIFT 4u
+#define BKV__LRU_NONE 0xffu /* the sentinel chunk's live */
+
+typedef struct bkv__lru_chunk {
+	int32_t next; /* next more recent chunk (-1: the newest); while free:
+			 the next free chunk */
+	int32_t prev; /* next older chunk (-1: the oldest) */
+	uint8_t lo;   /* first slot in use; its slot holds a block */
+	uint8_t hi;   /* one past the last slot in use (its slot holds a
+			 block); lo < hi <= BKV__LRU_SLOTS on the list, 0
+			 while free */
+	uint8_t live; /* slots in [lo, hi) holding a block, >= 1 on the list;
+			 two neighbours on the list hold more than
+			 BKV__LRU_SLOTS together unless the newer one is the
+			 newest chunk */
+	uint8_t pad;  /* zero */
+} bkv__lru_chunk;
 
 /* One hash-index slot (8 bytes): the block and its hash folded to 32 bits,
  * whose low bits are the slot a probe for it starts at. A probe compares
@@ -87,11 +113,30 @@ typedef struct bkv__kv {
 	uint32_t bt_shift;     /* log2(bt) */
 	uint32_t nb;           /* device blocks */
 	bkv__block *blk;       /* [nb] device block metadata */
-	int32_t *tok;          /* [nb * bt] each block's token ids */
+	int32_t *tok;          /* [nb * bt] each block's token ids, 64-byte
+				  aligned inside tok_mem */
+	void *tok_mem;         /* the token store's allocation:
+				  bkv__kv_tok_bytes(nb, bt) bytes */
 	int32_t free_head;     /* free list head (LIFO), -1 empty */
 	uint32_t nr_free;      /* blocks on the free list */
-	int32_t lru_head;      /* oldest cached block (evicted first), -1 */
-	int32_t lru_tail;      /* most recently released cached block, -1 */
+	int32_t *lru;          /* [lru_chunks * BKV__LRU_SLOTS] the LRU's
+				  slots: a cached block's id, or -1; NULL
+				  without prefix cache */
+	bkv__lru_chunk *lru_ch; /* [lru_chunks], after the slots in lru_mem;
+				  lru_ch[-1] is a sentinel for "no chunk"
+				  (live BKV__LRU_NONE, so no neighbour test
+				  needs a test for -1 first) */
+	void *lru_mem;         /* the allocation of both: bkv__kv_lru_bytes;
+				  the slots 64-byte aligned in it */
+	uint32_t lru_chunks;   /* chunks allocated: bkv__lru_chunks_for(nb),
+				  more than the list can hold at once */
+	int32_t lru_free;      /* free chunks (linked through next), -1 */
+	int32_t lru_first;     /* the oldest chunk on the list, -1 empty */
+	int32_t lru_last;      /* the newest chunk, -1 empty */
+	int32_t lru_head;      /* slot of the oldest cached block (evicted
+				  first), -1: the LRU is empty */
+	int32_t lru_tail;      /* slot of the most recently released cached
+				  block, -1 */
 	uint32_t nr_cached;    /* blocks on the LRU */
 	uint32_t nr_used;      /* pinned blocks; free + used + cached == nb */
 	uint32_t nr_indexed;   /* blocks in the hash index */
@@ -180,30 +225,106 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
 #define BKV__EVICT_AHEAD 4u
 #define BKV__HASH_AHEAD 16u
 
-/* Ask for the lines that evicting LRU member v will touch: its LRU
- * successor's record, both lines (the unlink writes it, and its next link
- * is this walk's next hop), v's index lines (the removal), its parent's
- * kids and its token ids (rewritten by the taker). v's home slot is also
- * loaded, not only prefetched: a prefetch may be dropped, a load is not,
- * and the removal's first read is that slot. Returns v's successor (-1:
- * none). A hint only: any v in [0, nb) is safe, whatever list it is on. */
+/* LRU chunks for nb blocks: the list never holds more than 2 * (nb / 17)
+ * + 2 (every pair of neighbours but the newest holds 17 or more blocks),
+ * and a push takes its new chunk before it is counted. */
+static inline uint32_t bkv__lru_chunks_for(uint32_t nb)
+{
+	return 2 * (nb / 17) + 3;
+}
+
+/* The LRU slot after slot v, oldest to newest, that holds a block (-1: v
+ * was the newest). A hint when v is stale: any v in the slot array gives
+ * a slot in it or -1. */
+static inline int32_t bkv__lru_next(const bkv__kv *kv, int32_t v)
+{
+	uint32_t c = (uint32_t)v >> BKV__LRU_SHIFT, i = ((uint32_t)v & (BKV__LRU_SLOTS - 1)) + 1;
+	const int32_t *sl = kv->lru + ((size_t)c << BKV__LRU_SHIFT);
+	int32_t n;
+
+	for (; i < kv->lru_ch[c].hi; i++)
+		if (sl[i] >= 0)
+			return (int32_t)((c << BKV__LRU_SHIFT) + i);
+	n = kv->lru_ch[c].next;
+	return n < 0 ? -1 : (int32_t)(((uint32_t)n << BKV__LRU_SHIFT) + kv->lru_ch[n].lo);
+}
+
+/* The block about j slots after LRU slot v (at most one chunk on; -1
+ * slots are not skipped), or -1. */
+static inline int32_t bkv__lru_peek(const bkv__kv *kv, int32_t v, uint32_t j)
+{
+	uint32_t c = (uint32_t)v >> BKV__LRU_SHIFT;
+	const bkv__lru_chunk *ch = &kv->lru_ch[c];
+	int32_t n;
+
+	j += (uint32_t)v & (BKV__LRU_SLOTS - 1);
+	if (j < ch->hi)
+		return kv->lru[(c << BKV__LRU_SHIFT) + j];
+	if ((n = ch->next) >= 0 && (j += kv->lru_ch[n].lo - ch->hi) < BKV__LRU_SLOTS)
+		return kv->lru[((uint32_t)n << BKV__LRU_SHIFT) + j];
+	return -1;
+}
+
+/* The eviction look-ahead (bkv__evict_ahead), in three stages over the
+ * LRU's slots: the caller walks BKV__EVICT_AHEAD victims ahead of its
+ * evictions, and each call, for the victim in slot v,
+ *   - asks for the record of the block 2 x BKV__EVICT_AHEAD slots on (its
+ *     hash, parent and token ids are read two stages later);
+ *   - reads the record of the block BKV__EVICT_AHEAD slots on (asked for
+ *     BKV__EVICT_AHEAD calls ago) and asks for the lines its
+ *     eviction will touch: its index lines (the removal), its parent's
+ *     kids and its token ids (rewritten by the taker);
+ *   - loads v's home index slot, whose line is on its way since
+ *     BKV__EVICT_AHEAD calls (a prefetch may be dropped, a load is not,
+ *     and the removal's first read is that slot).
+ * The victims' ids lie in order in the LRU's slots, so none of these waits
+ * for another; each stage is a hint: any v in the slot array is safe,
+ * whatever the slots hold. Returns the slot after v (-1: none). */
 static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 {
-	const bkv__block *k = &kv->blk[v];
-	const int32_t *t = kv->tok + ((size_t)v << kv->bt_shift);
+	int32_t b = kv->lru[v], f = bkv__lru_peek(kv, v, 2 * BKV__EVICT_AHEAD);
 
-	if (k->next >= 0)
-		bkv__block_prefetch(kv, k->next);
-	if (k->parent >= 0)
-		BKV__PREFETCH_W(&kv->blk[k->parent].kids);
-	bkv__slot_prefetch(kv, k->hash);
-	(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(k->hash) & kv->index_mask].b;
-	BKV__PREFETCH_W(t);
-	BKV__PREFETCH_W(t + kv->bt - 1);
-	return k->next;
+
+	if (f >= 0)
+		bkv__block_prefetch(kv, f);
+	if ((f = bkv__lru_peek(kv, v, BKV__EVICT_AHEAD)) >= 0) {
+		const bkv__block *k = &kv->blk[f];
+		const int32_t *t = kv->tok + ((size_t)f << kv->bt_shift);
+
+		if (k->parent >= 0)
+			BKV__PREFETCH_W(&kv->blk[k->parent].kids);
+		bkv__slot_prefetch(kv, k->hash);
+		BKV__PREFETCH_W(t);
+		BKV__PREFETCH_W(t + kv->bt - 1);
+	}
+	if (b >= 0)
+		(void)*(const volatile int32_t *)&kv->index[bkv__index_tag(kv->blk[b].hash) &
+							    kv->index_mask].b;
+	return bkv__lru_next(kv, v);
 }
 
 /* ---- kv/frames.c ---------------------------------------------------------- */
+
+/* The token store's alignment: a block of 16 tokens is one cache line. */
+#define BKV__TOK_ALIGN 64u
+
+/* Bytes of the token store's allocation (the ids and the slack that
+ * aligns them). */
+static inline size_t bkv__kv_tok_bytes(size_t nb, size_t bt)
+{
+	return nb * bt * sizeof(int32_t) + BKV__TOK_ALIGN;
+}
+
+/* Bytes of the LRU's allocation: its slots, chunk records (and the
+ * sentinel) and the slack that aligns the slots (0 without prefix
+ * cache). */
+static inline size_t bkv__kv_lru_bytes(const bkv__kv *kv)
+{
+	return kv->lru ? (size_t)kv->lru_chunks * (BKV__LRU_SLOTS * sizeof(int32_t) +
+						   sizeof(bkv__lru_chunk)) +
+				 sizeof(bkv__lru_chunk) + BKV__TOK_ALIGN
+		       : 0;
+}
 
 /* Allocate and initialise the frames (all free, popped 0, 1, ..., nb - 1),
  * the token store (written through now: no first-touch page fault inside a
@@ -385,8 +506,10 @@ enum {
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
 	CHECK_FREE_LIST = 2,   /* free list: length != nr_free, a cycle, or a
 				  member pinned or indexed */
-	CHECK_LRU = 3,         /* LRU: length != nr_cached, broken prev links,
-				  or a member pinned or not indexed */
+	CHECK_LRU = 3,         /* LRU: length != nr_cached, a chunk's links,
+				  range or count broken, neighbours that fit
+				  in one chunk, or a member pinned, not
+				  indexed or not at the slot it records */
 	CHECK_STATES = 4,      /* per-block state counts != nr_used, nr_free,
 				  nr_cached, nr_indexed */
 	CHECK_FILL = 5,        /* fill > block_tokens, or an indexed block not

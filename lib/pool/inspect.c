@@ -46,8 +46,8 @@ int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 	m.index_slots = pool->kv.index ? pool->kv.index_mask + 1 : 0;
 	m.index_used = pool->kv.nr_indexed;
 	m.blocks = nb * sizeof(bkv__block);
-	m.device_tokens = nb * bt * sizeof(int32_t);
-	m.index = (uint64_t)m.index_slots * sizeof(bkv__islot);
+	m.device_tokens = bkv__kv_tok_bytes(nb, bt);
+	m.index = (uint64_t)m.index_slots * sizeof(bkv__islot) + bkv__kv_lru_bytes(&pool->kv);
 	m.txn_queue = pool->kv.txn_pending ? nb * sizeof(int32_t) : 0;
 	m.txn_owners = pool->kv.txn_owner ? nb * sizeof(uint64_t) : 0;
 	m.check_scratch = BKV_MAX(nb, nh) * sizeof(uint32_t);
