@@ -84,7 +84,7 @@ static int swap_fits(const bkv_sched *s, const bkv__req *r, int ask_cost)
 			l = &r->lane[i];
 	if (!l || l->seq == BKV__SEQ_NONE || l->kv_len == 0)
 		return 0;
-	n_blocks = (l->kv_len + s->bt - 1) / s->bt;
+	n_blocks = bkv__pool_swap_blocks(s->pool, l->seq); /* every group's */
 	if (ask_cost && bkv__auto_want_swap(s, l->kv_len) == 0)
 		return 0; /* recomputing is predicted cheaper */
 	ps.size = sizeof(ps);

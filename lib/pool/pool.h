@@ -559,6 +559,24 @@ static inline uint32_t bkv__pool_state_interval(const bkv_pool *pool)
 	return pool->st_units ? pool->st_interval : 0;
 }
 
+/* Host blocks a swap-out of seq takes: its table, every group's held
+ * blocks and a STATE group's state (0 for an unknown sequence). */
+static inline uint32_t bkv__pool_swap_blocks(const bkv_pool *pool, uint32_t seq)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+	uint32_t need;
+
+	if (!s)
+		return 0;
+	need = s->n_blocks;
+	if (pool->grouped && s->state == BKV__SEQ_OPEN) {
+		(void)bkv__lanes_swap_check(pool, s, &need);
+		if (pool->st_units && pool->st_len[s - pool->seqs])
+			need += pool->st_frames;
+	}
+	return need;
+}
+
 /* A successful call computed seq's tokens up to end (a STATE group). */
 static inline void bkv__pool_state_advance(bkv_pool *pool, uint32_t seq, uint32_t end)
 {
