@@ -552,6 +552,53 @@ void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_
 			    n - hits * bt);
 }
 
+/* A one-token append that lands inside the last block of every attention
+ * group, the common decode case: each group's last block private,
+ * unindexed, filled exactly to the token's offset and not filling up with
+ * it. Returns 1 when done, with the general path's effects; 0 (nothing
+ * changed) when the general path must decide. Not with a STATE group (its
+ * scratch unit is the general path's). */
+int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token)
+{
+	const uint32_t bt = pool->kv.bt, off = s->len & (bt - 1), slot = (uint32_t)(s - pool->seqs);
+	const uint32_t last = s->n_blocks - 1;
+	bkv__block *k;
+	int32_t b;
+	uint32_t l;
+
+	if (pool->st_units || off == 0 || off + 1 >= bt)
+		return 0;
+	b = s->table[last];
+	k = &pool->kv.blk[b];
+	if (k->ref != 1 || k->fill != off || BLOCK_IS_INDEXED(k))
+		return 0;
+	for (l = 0; l < pool->n_lanes; l++) {
+		int32_t lb = pool->lanes[l].seqs[slot].table[last];
+		const bkv__block *lk = &pool->kv.blk[lb < 0 ? 0 : lb];
+
+		if (lb < 0 || lk->ref != 1 || lk->fill != off || BLOCK_IS_INDEXED(lk))
+			return 0;
+	}
+	for (l = 0; l < pool->n_lanes; l++) /* a window that moves past a block */
+		if (bkv__lane_first(pool, &pool->lanes[l], (uint64_t)s->len + 1) >
+		    pool->lanes[l].seqs[slot].lo) {
+			bkv__lanes_touch(pool, s); /* trims it, now or at commit */
+			break;
+		}
+	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + off] = token;
+	k->fill = off + 1;
+	for (l = 0; l < pool->n_lanes; l++) {
+		int32_t lb = pool->lanes[l].seqs[slot].table[last];
+
+		pool->kv.tok[((size_t)lb << pool->kv.bt_shift) + off] = token;
+		pool->kv.blk[lb].fill = off + 1;
+	}
+	pool->kv.tokens += 1 + pool->n_lanes;
+	pool->miss_tokens++;
+	s->len++;
+	return 1;
+}
+
 /* ---- truncate --------------------------------------------------------------- */
 
 int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len)

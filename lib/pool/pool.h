@@ -317,6 +317,7 @@ uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
 void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e);
+int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token);
 int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__lanes_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t nbk, uint32_t new_len);
 int bkv__lanes_dedupe(bkv_pool *pool, uint64_t owner, int32_t b, int32_t d);

@@ -493,6 +493,11 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 
 	if ((rc = append_args(pool, seq, tokens, n, hit_tokens, &s)) != BKV_OK)
 		return rc > 0 ? BKV_OK : rc;
+	if (n == 1 && pool->n_lanes && bkv__lanes_append1(pool, s, tokens[0])) {
+		if (hit_tokens) /* one token inside every group's last block */
+			*hit_tokens = 0;
+		return BKV_OK;
+	}
 	bt = pool->kv.bt;
 	new_len = s->len + n;
 	new_blocks = bkv__blocks_for(pool, new_len);
