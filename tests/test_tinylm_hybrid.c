@@ -240,11 +240,12 @@ Test(tinylm_recurrent, preemption_swap_and_failures_match_reference, .init = rec
 	tlm_run_config rc;
 	tlm_run_result res;
 
-	run_config(&rc, 260, 0);
+	/* attention frames (the 96 state units come on top: tlm_run) */
+	run_config(&rc, 164, 0);
 	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
-	run_config(&rc, 260, 0);
+	run_config(&rc, 164, 0);
 	rc.host_blocks = 600;
 	rc.split = 1;
 	rc.sched.preempt = BKV_PREEMPT_SWAP;
@@ -253,7 +254,7 @@ Test(tinylm_recurrent, preemption_swap_and_failures_match_reference, .init = rec
 	rc.submit_per_step = 3;
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
-	run_config(&rc, 400, 0);
+	run_config(&rc, 304, 0);
 	rc.host_blocks = 400;
 	rc.sched.chunked_prefill = 1;
 	rc.sched.token_budget = 64;

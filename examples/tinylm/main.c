@@ -26,7 +26,10 @@
  * this CPU's rough figures; it starts from the base and fits itself to the
  * measured step times, and it keeps learning from run to run (same host).
  *
- * Usage: tinylm-demo [--jobs N] [--small] [--seed S]
+ * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid]
+ *   --hybrid  the model as a hybrid: full-attention, 24-token sliding-window,
+ *             40-token chunked and (the last layer) recurrent layers, one KV
+ *             group each, the state checkpointed every 16 tokens
  * Exit status 0 only when every run matched the reference.
  */
 #include "tinylm.h"
@@ -77,17 +80,20 @@ static void base_run(tlm_run_config *rc, uint32_t device_blocks)
 int main(int argc, char **argv)
 {
 	uint32_t jobs = 200;
-	int small = 0;
+	int small = 0, hybrid = 0;
 	uint64_t seed = 42;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
 			jobs = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--small"))
 			small = 1;
+		else if (!strcmp(argv[i], "--hybrid"))
+			hybrid = 1;
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 10);
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid]\n",
+				argv[0]);
 			return 2;
 		}
 	}
@@ -96,6 +102,13 @@ int main(int argc, char **argv)
 		tlm_config_small(&mc);
 	else
 		tlm_config_default(&mc);
+	if (hybrid) {
+		mc.window = 24;
+		mc.chunk = 40;
+		mc.recurrent = 16;
+		if (mc.layers < 4)
+			mc.layers = 4;
+	}
 	tlm_model *m = tlm_model_create(&mc);
 	if (!m) {
 		fprintf(stderr, "model: out of memory\n");

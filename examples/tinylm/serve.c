@@ -313,6 +313,11 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	/* a recurrent state's units: a live and a scratch state per running
 	 * branch, and checkpoints */
 	pc.state_units = rc->state_units ? rc->state_units : 4 * rc->sched.max_running + 32;
+	/* rc->device_blocks are the attention frames; a recurrent state's
+	 * arena comes on top (its units are consecutive frames above them) */
+	if (pc.n_groups > 1 && groups[pc.n_groups - 1].kind == BKV_GROUP_STATE)
+		pc.device_blocks += pc.state_units *
+				    bkv_kv_state_frames(groups, pc.n_groups, pc.block_tokens);
 	if (pc.n_groups == 1)
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
 	bkv_pool *pool = NULL;
@@ -321,7 +326,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	int st = bkv_pool_create(&pc, NULL, &pool);
 	if (st)
 		goto out;
-	sc.host = tlm_host_create(m, rc->block_tokens, rc->device_blocks, rc->host_blocks);
+	sc.host = tlm_host_create(m, rc->block_tokens, pc.device_blocks, rc->host_blocks);
 	if (!sc.host) {
 		st = BKV_ENOMEM;
 		goto out;

@@ -160,7 +160,9 @@ void tlm_workload_reset(tlm_workload *w);
 typedef struct tlm_run_config {
 	bkv_sched_config sched;  /* policy, k, chunking, preemption, ... */
 	uint32_t block_tokens;   /* pool and host block size */
-	uint32_t device_blocks;  /* device tier: the pool and the KV tensor */
+	uint32_t device_blocks;  /* device tier: the pool and the KV tensor
+				    (a recurrent model's state arena comes
+				    on top: state_units) */
 	uint32_t host_blocks;    /* host (swap) tier; 0 = none */
 	int split;               /* 1: prefill/decode callbacks; 0: forward */
 	uint32_t submit_per_step; /* jobs submitted before each step (0 = all
