@@ -330,6 +330,8 @@ static void refused(side *dst, const bkv_seq_image *im, int rc)
 	bkv_copy x[64];
 	uint32_t d = 77, nx = 77;
 
+	memset(&a, 0, sizeof a); /* size 0: the whole struct; padding equal */
+	memset(&b, 0, sizeof b);
 	bkv_pool_stats_get(dst->p, &a);
 	cr_assert_eq(bkv_seq_import(dst->p, im, &d, x, &nx), rc);
 	bkv_pool_stats_get(dst->p, &b);
