@@ -46,13 +46,14 @@ typedef struct image_buf {
 	int32_t group_blocks[64];
 } image_buf;
 
-static void side_init(side *sd, const bkv_kv_group *g, uint32_t ng)
+static void side_init_nb(side *sd, const bkv_kv_group *g, uint32_t ng, uint32_t nb)
 {
 	bkv_pool_config c;
 
+	cr_assert_leq(nb, NB);
 	bkv_pool_config_init(&c);
 	c.block_tokens = BT;
-	c.device_blocks = NB;
+	c.device_blocks = nb;
 	c.max_seqs = 8;
 	c.n_groups = ng;
 	c.groups = ng ? g : NULL;
@@ -61,6 +62,11 @@ static void side_init(side *sd, const bkv_kv_group *g, uint32_t ng)
 	sd->p = NULL;
 	cr_assert_eq(bkv_pool_create(&c, NULL, &sd->p), BKV_OK);
 	memset(sd->kv, 0, sizeof sd->kv);
+}
+
+static void side_init(side *sd, const bkv_kv_group *g, uint32_t ng)
+{
+	side_init_nb(sd, g, ng, NB);
 }
 
 static void image_init(image_buf *b)
@@ -433,4 +439,49 @@ Test(image_groups, a_state_behind_its_tokens_in_a_step_is_exported_after_the_com
 	cr_assert_eq(ib.im.len, LEN + 1);
 	cr_assert_eq(bkv_pool_check(src.p), 0);
 	bkv_pool_destroy(src.p);
+}
+
+Test(image_groups, an_import_inside_a_step_is_live_at_its_commit)
+{
+	static side src, dst;
+	image_buf ib;
+	bkv_copy x[64];
+	int32_t tok[LEN];
+	uint32_t s, d, nx = 0;
+
+	side_init(&src, groups3, 3);
+	side_init(&dst, groups3, 3);
+	fill_tokens(tok, LEN, 100);
+	s = prefill(&src, tok, LEN, 3);
+	image_init(&ib);
+	cr_assert_eq(bkv_seq_export(src.p, s, &ib.im), BKV_OK);
+	bkv__pool_txn_begin(dst.p);
+	cr_assert_eq(bkv_seq_import(dst.p, &ib.im, &d, x, &nx), BKV_OK);
+	cr_assert_eq(nx, 10 + 4 + 3);
+	bkv__pool_txn_commit(dst.p);
+	perform(&src, &dst, x, nx);
+	verify(&dst, d, tok, LEN, 3);
+	cr_assert_eq(bkv_pool_check(dst.p), 0);
+	bkv_pool_destroy(src.p);
+	bkv_pool_destroy(dst.p);
+}
+
+Test(image_groups, an_import_without_room_for_every_group_changes_nothing)
+{
+	static side src, dst;
+	image_buf ib;
+	int32_t tok[LEN];
+	uint32_t s;
+
+	side_init(&src, groups3, 3);
+	/* 6 state units of 3 frames leave 13 attention frames: group 0's 10
+	 * blocks fit, not the window's as well */
+	side_init_nb(&dst, groups3, 3, 6 * 3 + 13);
+	fill_tokens(tok, LEN, 100);
+	s = prefill(&src, tok, LEN, 3);
+	image_init(&ib);
+	cr_assert_eq(bkv_seq_export(src.p, s, &ib.im), BKV_OK);
+	refused(&dst, &ib.im, BKV_ENOSPC);
+	bkv_pool_destroy(src.p);
+	bkv_pool_destroy(dst.p);
 }
