@@ -299,6 +299,12 @@ int main(void)
 	F(bkv_seq_image, tokens);
 	F(bkv_seq_image, cap_blocks);
 	F(bkv_seq_image, cap_tokens);
+	F(bkv_seq_image, n_groups);
+	F(bkv_seq_image, state_frames);
+	F(bkv_seq_image, group_blocks);
+	F(bkv_seq_image, state_frame);
+	F(bkv_seq_image, reserved);
+	F(bkv_seq_image, group_layout);
 	S(bkv_vllm_config);
 	F(bkv_vllm_config, size);
 	F(bkv_vllm_config, wire);

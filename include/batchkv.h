@@ -1756,22 +1756,54 @@ typedef struct bkv_seq_image {
 	int32_t *tokens;       /* [cap_tokens] the sequence's token ids */
 	uint32_t cap_blocks;   /* entries the caller gave blocks and hashes */
 	uint32_t cap_tokens;   /* entries the caller gave tokens */
+	/* KV groups (bkv_pool_config.groups). A plain pool's image has n_groups
+	 * 0 or 1 and leaves the fields below unread. */
+	uint32_t n_groups;     /* the source pool's n_groups (0 or 1: one full
+				  group) */
+	uint32_t state_frames; /* frames per state unit of the source's STATE
+				  group (bkv_kv_state_frames), 0 without one */
+	int32_t *group_blocks; /* [(n_groups - 1 - has_state) x cap_blocks],
+				  caller-owned: attention group g >= 1's
+				  source block for logical block i at
+				  [(g - 1) x cap_blocks + i], -1 where the
+				  group released it (a window, a chunk); NULL
+				  when there is no such group */
+	int32_t state_frame;   /* the first frame of the source's live state
+				  unit (its state_frames frames are
+				  consecutive), -1 without a STATE group */
+	uint32_t reserved;     /* zero; not read */
+	uint64_t group_layout; /* a checksum of the source's groups (each one's
+				  kind, layers, span and bytes, in order),
+				  0 for a plain pool: import refuses an image
+				  whose groups are not its pool's */
 } bkv_seq_image;
 
 /**
  * Export a device-resident sequence (typically a finished prefill): its block
  * ids, chained block hashes and tokens, so another pool can import it and
- * the host can copy the KV of those blocks across. The sequence is not
- * changed; keep it open (its blocks pinned) until the host has read their KV.
+ * the host can copy the KV of those blocks across. In a pool with KV groups
+ * the image also carries every further attention group's blocks
+ * (group_blocks, -1 where a window or chunk released one) and the first
+ * frame of the live state unit of a STATE group. The sequence is not
+ * changed; keep it open (its blocks and state pinned) until the host has
+ * read their KV. A state appended outside a transaction and not yet
+ * settled is exported as the unit the append wrote (bkv_seq_state_frames'
+ * out), so the host must have computed it first; inside a transaction, a
+ * state behind the sequence's tokens (an append the step has not committed)
+ * cannot be exported.
  * @param pool  the source pool.
  * @param seq   an open, device-resident sequence.
- * @param exp   size, blocks, hashes, tokens and capacities set by the caller;
- *              receives block_tokens, len, n_blocks, key, hash_seed and the
- *              arrays' contents. On BKV_E2BIG only len and n_blocks are set
- *              (the room needed), so the caller can size the arrays first.
- * @return BKV_OK; BKV_EINVAL (NULL argument, exp->size too small); BKV_ENOENT
- *         (unknown sequence); BKV_ESTATE (swapped out); BKV_E2BIG (cap_blocks
- *         < n_blocks or cap_tokens < len).
+ * @param exp   size, blocks, hashes, tokens, group_blocks and capacities set
+ *              by the caller; receives block_tokens, len, n_blocks, key,
+ *              hash_seed, n_groups, state_frames, state_frame,
+ *              group_layout and the arrays' contents. On BKV_E2BIG only len,
+ *              n_blocks, n_groups and state_frames are set (the room
+ *              needed), so the caller can size the arrays first.
+ * @return BKV_OK; BKV_EINVAL (NULL argument, exp->size too small, a NULL
+ *         array the sequence needs: group_blocks too with attention groups
+ *         after the first); BKV_ENOENT (unknown sequence); BKV_ESTATE
+ *         (swapped out, or its state lags its tokens inside a transaction);
+ *         BKV_E2BIG (cap_blocks < n_blocks or cap_tokens < len).
  * Thread rules: the pool's thread.
  */
 BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp);
@@ -1781,9 +1813,15 @@ BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *ex
  * export's key: leading full blocks already in this pool's prefix cache are
  * shared (no transfer), the rest get fresh device blocks, and transfers lists
  * the KV copies the host must make, (source pool's block -> this pool's
- * block), in table order. Full imported blocks enter this pool's prefix cache
- * (and its KV events) at once, so the host must finish the transfers before
- * its next computation that reads them - the rule of pool copy lists.
+ * block): group 0's in table order, then each further attention group's in
+ * table order (only blocks the group holds after the import: a window's
+ * blocks that no later token reads are released at once), then a STATE
+ * group's state_frames frames in order, from the source's unit to the new
+ * sequence's live unit (none when a prefix hit gave it a checkpoint
+ * covering its whole length). Full imported blocks, and a state at a
+ * checkpoint interval, enter this pool's prefix cache (and its KV events) at
+ * once, so the host must finish the transfers before its next computation
+ * that reads them - the rule of pool copy lists.
  *
  * The image is untrusted input (it may come off a network): every field is
  * checked before any array entry is read, and a refused image changes
@@ -1796,19 +1834,28 @@ BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *ex
  * hash_seed, hashes must be non-NULL, every full block's hash must equal its
  * chained hash of the tokens (a damaged export is refused) and a partial last
  * block's entry must be 0; with another seed, hashes is not read (may be
- * NULL). key is any value. All-or-nothing.
+ * NULL). key is any value. Groups: a plain pool takes images with n_groups
+ * 0 or 1; a pool with groups takes only images whose n_groups and
+ * group_layout equal its own (the same groups in the same order), with
+ * group_blocks non-NULL when there are attention groups after the first,
+ * each entry >= -1 and every block the group's next token reads held
+ * (>= 0), and, with a STATE group, state_frames equal to this pool's and
+ * 0 <= state_frame <= INT32_MAX - state_frames. All-or-nothing.
  * @param pool         the destination pool.
  * @param exp          as bkv_seq_export filled it (see the rule above).
  * @param seq          receives the new sequence id.
- * @param transfers    receives up to exp->n_blocks copies; caller-owned.
+ * @param transfers    receives up to exp->n_blocks x (attention groups) +
+ *                     exp->state_frames copies (exp->n_blocks in a plain
+ *                     pool); caller-owned.
  * @param n_transfers  receives the number of copies written.
  * @return BKV_OK; BKV_EINVAL (NULL argument, or the image breaks the rule
  *         above: size too small, block_tokens differ, len 0, n_blocks !=
  *         ceil(len/block_tokens), len > cap_tokens, n_blocks > cap_blocks,
- *         a NULL array, a source block id < 0, or a hash mismatch);
- *         BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough device blocks);
- *         BKV_E2BIG (more than device_blocks blocks); BKV_ENOMEM (the block
- *         table could not grow).
+ *         a NULL array, a source block id < 0, a hash mismatch, or groups
+ *         that differ from this pool's or miss a block or state);
+ *         BKV_EAGAIN (max_seqs open); BKV_ENOSPC (not enough device blocks
+ *         or state units); BKV_E2BIG (more than device_blocks blocks);
+ *         BKV_ENOMEM (the block table could not grow).
  * Thread rules: the pool's thread.
  */
 BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,

@@ -29,8 +29,9 @@
  * of I (bkv__state_fit shortens hits to one). An unreferenced checkpoint is
  * on the units' LRU and is evicted when a scratch unit is needed.
  *
- * Swap moves a live state to st_frames host blocks and back; export and
- * import refuse pools with groups.
+ * Swap moves a live state to st_frames host blocks and back; export names
+ * the live unit's first frame and import lists its frames as transfers
+ * (pool/image.c).
  */
 #include "pool/pool.h"
 

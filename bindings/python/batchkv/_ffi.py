@@ -456,6 +456,12 @@ class bkv_seq_image(Structure):
         ('tokens', POINTER(c_int32)),
         ('cap_blocks', c_uint32),
         ('cap_tokens', c_uint32),
+        ('n_groups', c_uint32),
+        ('state_frames', c_uint32),
+        ('group_blocks', POINTER(c_int32)),
+        ('state_frame', c_int32),
+        ('reserved', c_uint32),
+        ('group_layout', c_uint64),
     ]
 
 

@@ -221,9 +221,15 @@ def block_hashes(tokens, block_tokens, hash_seed=0, key=0):
 class SeqImage:
     """An exported sequence (bkv_seq_image) as plain data: block_tokens, len,
     key, hash_seed and numpy arrays blocks (int32), hashes (uint64) and
-    tokens (int32). Picklable; Pool.import_image reads it back."""
+    tokens (int32). A pool with KV groups adds n_groups, group_blocks (an
+    (n_lanes, n_blocks) int32 array: each attention group after the first's
+    blocks, -1 where it released one), state_frame and state_frames (its
+    STATE group's live unit) and group_layout (the groups' checksum).
+    Picklable; Pool.import_image reads it back."""
 
-    def __init__(self, block_tokens, length, key, hash_seed, blocks, hashes, tokens):
+    def __init__(self, block_tokens, length, key, hash_seed, blocks, hashes, tokens,
+                 n_groups=0, group_blocks=None, state_frame=-1, state_frames=0,
+                 group_layout=0):
         self.block_tokens = int(block_tokens)
         self.len = int(length)
         self.key = int(key)
@@ -231,6 +237,12 @@ class SeqImage:
         self.blocks = np.ascontiguousarray(blocks, dtype=np.int32)
         self.hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
         self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        self.n_groups = int(n_groups)
+        self.group_blocks = (np.zeros((0, len(self.blocks)), np.int32) if group_blocks is None
+                             else np.ascontiguousarray(group_blocks, dtype=np.int32))
+        self.state_frame = int(state_frame)
+        self.state_frames = int(state_frames)
+        self.group_layout = int(group_layout)
 
     @property
     def n_blocks(self):
@@ -238,6 +250,11 @@ class SeqImage:
 
     def __repr__(self):
         return "SeqImage(len=%d, n_blocks=%d, key=%d)" % (self.len, self.n_blocks, self.key)
+
+
+def _image_lanes(n_groups, state_frames):
+    """Attention groups after the first in an image's group list."""
+    return max(int(n_groups) - 1 - (1 if state_frames else 0), 0)
 
 
 class Pool:
@@ -482,8 +499,12 @@ class Pool:
                                               _ptr(hashes, ctypes.c_uint64),
                                               _ptr(tokens, ctypes.c_int32))
         img.cap_blocks, img.cap_tokens = len(blocks), len(tokens)
+        lanes = np.full((_image_lanes(img.n_groups, img.state_frames), img.n_blocks), -1, np.int32)
+        if lanes.size:
+            img.group_blocks = _ptr(lanes, ctypes.c_int32)
         check(_lib.bkv_seq_export(self._p(), seq, ctypes.byref(img)), "bkv_seq_export")
-        return SeqImage(img.block_tokens, img.len, img.key, img.hash_seed, blocks, hashes, tokens)
+        return SeqImage(img.block_tokens, img.len, img.key, img.hash_seed, blocks, hashes, tokens,
+                        img.n_groups, lanes, img.state_frame, img.state_frames, img.group_layout)
 
     def import_image(self, image):
         """Import a SeqImage as a new sequence (bkv_seq_import). Returns
@@ -501,7 +522,19 @@ class Pool:
                                               _ptr(hashes, ctypes.c_uint64),
                                               _ptr(tokens, ctypes.c_int32))
         img.cap_blocks, img.cap_tokens = min(len(blocks), len(hashes)), len(tokens)
-        transfers = (_ffi.bkv_copy * max(image.n_blocks, 1))()
+        n_groups = getattr(image, "n_groups", 0)
+        state_frames = getattr(image, "state_frames", 0)
+        lanes = np.ascontiguousarray(getattr(image, "group_blocks", np.zeros((0, 0))), np.int32)
+        img.n_groups, img.state_frames = n_groups, state_frames
+        img.state_frame = getattr(image, "state_frame", -1)
+        img.group_layout = getattr(image, "group_layout", 0)
+        n_lanes = _image_lanes(n_groups, state_frames)
+        if n_lanes:
+            if lanes.ndim != 2 or lanes.shape[0] != n_lanes:
+                raise ValueError("group_blocks must have one row per attention group after the first")
+            img.cap_blocks = min(img.cap_blocks, lanes.shape[1])
+            img.group_blocks = _ptr(lanes, ctypes.c_int32)
+        transfers = (_ffi.bkv_copy * max(image.n_blocks * (1 + n_lanes) + state_frames, 1))()
         seq, n = ctypes.c_uint32(), ctypes.c_uint32()
         check(_lib.bkv_seq_import(self._p(), ctypes.byref(img), ctypes.byref(seq), transfers,
                                   ctypes.byref(n)), "bkv_seq_import")

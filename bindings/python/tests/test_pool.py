@@ -154,6 +154,37 @@ def test_events_match_block_hashes_and_export_import():
             dst.import_image(img)
 
 
+
+def test_export_import_carries_every_kv_group():
+    from batchkv import GroupKind, KvGroup
+    groups = [KvGroup(GroupKind.FULL, 2, 0, 256), KvGroup(GroupKind.WINDOW, 2, 12, 256),
+              KvGroup(GroupKind.STATE, 1, 8, 5000)]
+    kw = dict(device_blocks=96, block_tokens=4, max_seqs=8, state_units=6, groups=groups)
+    with Pool(**kw) as src, Pool(**kw) as dst:
+        s = src.open()
+        toks = list(range(100, 137))
+        src.append(s, toks[:36])
+        src.append(s, toks[36:])                     # trims the window below block 6
+        img = src.export(s)
+        assert img.n_groups == 3 and img.state_frames == 3 and img.group_layout != 0
+        assert list(img.group_blocks[0]) == list(src.group_blocks(s, 1))
+        assert img.state_frame == src.state_frames(s)[1]   # the unit the append wrote
+        seq, transfers = dst.import_image(img)
+        win = dst.group_blocks(seq, 1)
+        assert list(win[:6]) == [-1] * 6 and all(b >= 0 for b in win[6:])
+        state_in = dst.state_frames(seq)[0]
+        assert transfers.shape == (10 + 4 + 3, 2)
+        assert list(transfers[:10, 1]) == list(dst.blocks(seq))
+        assert list(transfers[10:14, 0]) == list(img.group_blocks[0][6:])
+        assert list(transfers[10:14, 1]) == list(win[6:])
+        assert list(transfers[14:, 0]) == [img.state_frame + j for j in range(3)]
+        assert list(transfers[14:, 1]) == [state_in + j for j in range(3)]
+        assert dst.check() == 0
+        img.group_layout ^= 2                        # another pool's groups
+        with pytest.raises(batchkv.InvalidArgumentError):
+            dst.import_image(img)
+        assert dst.check() == 0
+
 def test_sizing_helpers():
     shape = batchkv.ModelShape(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)
     assert batchkv.kv_bytes_per_token(shape) == 2 * 32 * 8 * 128 * 2

@@ -366,7 +366,12 @@ pub struct BlockInfo<'a> {
     pub tokens: &'a [i32],
 }
 
-/// An exported sequence (`bkv_seq_image`) as owned data.
+/// An exported sequence (`bkv_seq_image`) as owned data. A pool with KV
+/// groups adds `n_groups`, `group_blocks` (each attention group after the
+/// first's blocks, `blocks.len()` entries per group, -1 where it released
+/// one), `state_frame` and `state_frames` (its STATE group's live unit, -1
+/// and 0 without one) and `group_layout` (the groups' checksum, 0 for a
+/// plain pool).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeqImage {
     pub block_tokens: u32,
@@ -376,6 +381,16 @@ pub struct SeqImage {
     pub blocks: Vec<i32>,
     pub hashes: Vec<u64>,
     pub tokens: Vec<i32>,
+    pub n_groups: u32,
+    pub group_blocks: Vec<i32>,
+    pub state_frame: i32,
+    pub state_frames: u32,
+    pub group_layout: u64,
+}
+
+/// Attention groups after the first in an image's group list.
+fn image_lanes(n_groups: u32, state_frames: u32) -> usize {
+    n_groups.saturating_sub(1 + (state_frames > 0) as u32) as usize
 }
 
 /// A block-paged KV pool (`bkv_pool`). `Send`: it may move between threads;
@@ -626,9 +641,16 @@ impl Pool {
         img.tokens = tokens.as_mut_ptr();
         img.cap_blocks = blocks.len() as u32;
         img.cap_tokens = tokens.len() as u32;
+        let mut group_blocks =
+            vec![-1i32; image_lanes(img.n_groups, img.state_frames) * blocks.len()];
+        if !group_blocks.is_empty() {
+            img.group_blocks = group_blocks.as_mut_ptr();
+        }
         check(unsafe { sys::bkv_seq_export(self.as_ptr(), seq, &mut img) })?;
         Ok(SeqImage { block_tokens: img.block_tokens, len: img.len, key: img.key,
-                      hash_seed: img.hash_seed, blocks, hashes, tokens })
+                      hash_seed: img.hash_seed, blocks, hashes, tokens,
+                      n_groups: img.n_groups, group_blocks, state_frame: img.state_frame,
+                      state_frames: img.state_frames, group_layout: img.group_layout })
     }
 
     /// `bkv_seq_import`: returns the new sequence and the KV transfers
@@ -648,7 +670,19 @@ impl Pool {
         img.tokens = image.tokens.as_ptr() as *mut i32;
         img.cap_blocks = image.blocks.len().min(image.hashes.len()) as u32;
         img.cap_tokens = image.tokens.len() as u32;
-        let mut transfers = vec![Copy { src: 0, dst: 0 }; image.blocks.len().max(1)];
+        img.n_groups = image.n_groups;
+        img.state_frames = image.state_frames;
+        img.state_frame = image.state_frame;
+        img.group_layout = image.group_layout;
+        let lanes = image_lanes(image.n_groups, image.state_frames);
+        if lanes > 0 {
+            if image.group_blocks.len() != lanes * image.blocks.len() {
+                return Err(Error::InvalidArgument);
+            }
+            img.group_blocks = image.group_blocks.as_ptr() as *mut i32;
+        }
+        let want = image.blocks.len() * (1 + lanes) + image.state_frames as usize;
+        let mut transfers = vec![Copy { src: 0, dst: 0 }; want.max(1)];
         let (mut seq, mut n) = (0u32, 0u32);
         check(unsafe {
             sys::bkv_seq_import(self.as_ptr(), &img, &mut seq, transfers.as_mut_ptr(), &mut n)

@@ -459,6 +459,12 @@ pub struct bkv_seq_image {
     pub tokens: *mut i32,
     pub cap_blocks: u32,
     pub cap_tokens: u32,
+    pub n_groups: u32,
+    pub state_frames: u32,
+    pub group_blocks: *mut i32,
+    pub state_frame: i32,
+    pub reserved: u32,
+    pub group_layout: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -113,6 +113,31 @@ fn host_err_and_panic_roll_back_and_lose_nothing() {
 }
 
 #[test]
+fn export_import_carries_every_kv_group() {
+    let groups = [KvGroup::full(2, 256), KvGroup::window(2, 12, 256), KvGroup::state(1, 8, 5000)];
+    let cfg = PoolConfig { device_blocks: 96, block_tokens: 4, max_seqs: 8, state_units: 6,
+                           ..Default::default() };
+    let mut src = Pool::with_groups(&cfg, &groups).unwrap();
+    let mut dst = Pool::with_groups(&cfg, &groups).unwrap();
+    let s = src.open().unwrap();
+    let toks: Vec<i32> = (100..137).collect();
+    src.append(s, &toks[..36]).unwrap();
+    src.append(s, &toks[36..]).unwrap(); // trims the window below block 6
+    let img = src.export(s).unwrap();
+    assert_eq!((img.n_groups, img.state_frames, img.group_blocks.len()), (3, 3, 10));
+    assert!(img.group_blocks[..6].iter().all(|&b| b == -1));
+    let (seq, tr) = dst.import(&img).unwrap();
+    assert_eq!(tr.len(), 10 + 4 + 3);
+    assert_eq!(tr[10].src, img.group_blocks[6]);
+    assert_eq!(tr[14].src, img.state_frame);
+    assert_eq!(dst.check(), 0);
+    let mut bad = img.clone();
+    bad.group_layout ^= 2;
+    assert_eq!(dst.import(&bad).unwrap_err(), Error::InvalidArgument);
+    let _ = seq;
+}
+
+#[test]
 fn pool_blocks_fork_copies_swap_events_export_import() {
     let cfg = PoolConfig { device_blocks: 16, block_tokens: 4, host_blocks: 8,
                            event_capacity: 64, hash_seed: 5, ..Default::default() };
