@@ -174,6 +174,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (pc.watermark_blocks > pc.device_blocks)
 		pc.watermark_blocks = 0;
 	pc.prefix_cache = (b & 0x40) == 0;
+	/* KV groups (issue 16) a quarter of the time: a window, a chunk, or a
+	 * window and a recurrent state (one frame per unit, a few units) */
+	b = fz_u8(&f);
+	if ((b & 3) == 3) {
+		static bkv_kv_group g[3];
+		uint32_t kind = (b >> 2) % 3;
+
+		g[0] = (bkv_kv_group){BKV_GROUP_FULL, 1, 0, 0, 64};
+		g[1] = (bkv_kv_group){kind == 1 ? BKV_GROUP_CHUNKED : BKV_GROUP_WINDOW, 1,
+				      1 + (uint32_t)(b >> 4) % 40, 0, 64};
+		g[2] = (bkv_kv_group){BKV_GROUP_STATE, 1, pc.block_tokens * (1 + (b >> 6)), 0,
+				      64 * pc.block_tokens};
+		pc.n_groups = kind == 2 ? 3 : 2;
+		pc.groups = g;
+		pc.state_units = 2 + (b >> 5) % 6;
+		if (pc.n_groups == 3 && pc.state_units >= pc.device_blocks)
+			pc.n_groups = 2; /* the arena must leave attention frames */
+	}
 
 	/* the scheduler, extremes included */
 	bkv_sched_config_init(&sc);
@@ -223,6 +241,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	h.abort_on_violation = 1;
+	h.unadmittable_ok = pc.n_groups > 1;
 	h.fail_hook = fail_hook;
 	h.token_hook = token_hook;
 	h.hook_ctx = &x;
@@ -308,8 +327,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			hist = (uint64_t)len + max_new;
 			/* all n histories must fit at once (each lane may be
 			 * recomputed on its own) */
-			want_e2big = (hist + pc.block_tokens - 1) / pc.block_tokens * n >
-					     pc.device_blocks ||
+			/* every group's blocks (pool/pool.h; one group: the
+			 * history's) */
+			want_e2big = bkv__pool_seq_blocks_max(
+					     pool, hist,
+					     sc.chunked_prefill
+						     ? BKV_MIN(hist, s->cfg.token_budget)
+						     : hist) * n >
+					     pool->kv.nb ||
 				     n > sc.max_running || n > pc.max_seqs;
 			rc = bkv_submit(s, &rq, &q->id);
 			if (bad) {

@@ -647,7 +647,7 @@ void kh_on_finish(void *host, uint64_t req, bkv_finish_reason why, void *user)
 			kh_violation(h, "req %llu aborted without an abort", (unsigned long long)req);
 		break;
 	case BKV_FINISH_ERROR:
-		if (!q->error_written)
+		if (!q->error_written && !h->unadmittable_ok)
 			kh_violation(h, "req %llu ended in error; the host wrote no failure",
 				     (unsigned long long)req);
 		break;

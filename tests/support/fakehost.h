@@ -145,6 +145,10 @@ struct kh_host {
 	uint64_t violations;       /* contract breaks seen */
 	char first[320];           /* the first one's message */
 	int abort_on_violation;    /* fuzzers: abort() at once */
+	int unadmittable_ok;       /* a request may end in error without a host
+				      failure (bkv_sched_stats.unadmittable:
+				      a pool with KV groups whose state units
+				      or window chunks never fit) */
 	int aborts_unrecorded;     /* the driver calls bkv_abort itself, so an
 				      ABORT finish needs no kh_abort first */
 	/* the persistent layout: the host's own copy of every row slot's block
