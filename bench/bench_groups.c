@@ -16,9 +16,9 @@
  *                            whole-block prefix hits; for callgrind
  *
  * Memory: an 80 GiB budget, block 16; every sequence is appended in chunks of
- * 512 tokens and then one decode token, as the scheduler does, inside step
- * transactions is not needed here: outside one, each append releases first
- * what the window no longer reads.
+ * 512 tokens and then one decode token, as the scheduler would. No step
+ * transaction is needed: outside one, each append first releases what the
+ * window no longer reads.
  */
 #include <batchkv.h>
 
