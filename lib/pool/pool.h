@@ -567,6 +567,14 @@ static inline uint64_t bkv__pool_seq_blocks_max(const bkv_pool *pool, uint64_t h
 	return total;
 }
 
+/* A STATE group's units (0 without one). A branch may hold four at once
+ * inside a step: the step's first state, a call's output, the next call's
+ * scratch and a superseded checkpoint-aligned state (pool/state.c). */
+static inline uint32_t bkv__pool_state_units(const bkv_pool *pool)
+{
+	return pool->st_units;
+}
+
 /* Groups of the pool (1 without groups); a STATE group is the last. */
 static inline uint32_t bkv__pool_n_groups(const bkv_pool *pool)
 {

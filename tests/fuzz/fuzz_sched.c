@@ -335,7 +335,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 						     ? BKV_MIN(hist, s->cfg.token_budget)
 						     : hist) * n >
 					     pool->kv.nb ||
-				     n > sc.max_running || n > pc.max_seqs;
+				     n > sc.max_running || n > pc.max_seqs ||
+				     (pc.n_groups == 3 && 4ull * n > pc.state_units);
 			rc = bkv_submit(s, &rq, &q->id);
 			if (bad) {
 				FZ_CHECK(rc == BKV_EINVAL, "invalid request: %d", rc);
@@ -400,6 +401,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			check_sched(s, &h, reqs, n_req);
 	}
 	check_sched(s, &h, reqs, n_req);
+	if (bkv_sched_pending(s))
+		fprintf(stderr, "stuck: KV groups %u (kind %u span %u; state units %u)\n",
+			pc.n_groups, pc.n_groups > 1 ? pc.groups[1].kind : 0,
+			pc.n_groups > 1 ? pc.groups[1].span : 0, pc.n_groups > 2 ? pc.state_units : 0);
 	for (i = 0; i < n_req && bkv_sched_pending(s); i++)
 		if (!reqs[i].finished)
 			fprintf(stderr, "stuck: req %u (id %llu) n %u prompt %u max_new %u; pool "
