@@ -548,25 +548,6 @@ static inline uint32_t bkv__pool_n_lanes(const bkv_pool *pool)
 	return pool->n_lanes;
 }
 
-/* The most blocks a sequence of hist tokens holds at once over every group,
- * when one step appends at most chunk of them (a window or chunked group
- * holds a chunk's blocks until the step's commit trims it). */
-static inline uint64_t bkv__pool_seq_blocks_max(const bkv_pool *pool, uint64_t hist,
-						uint64_t chunk)
-{
-	const uint64_t bt = pool->kv.bt, nb = (hist + bt - 1) / bt;
-	uint64_t total = nb, w;
-	uint32_t l;
-
-	for (l = 0; l < pool->n_lanes; l++) {
-		const bkv__glane *ln = &pool->lanes[l];
-
-		w = ln->kind == BKV_GROUP_FULL ? nb : (ln->span + bt - 1) / bt + (chunk + bt - 1) / bt + 2;
-		total += BKV_MIN(nb, w);
-	}
-	return total;
-}
-
 /* A STATE group's units (0 without one). A branch may hold four at once
  * inside a step: the step's first state, a call's output, the next call's
  * scratch and a superseded checkpoint-aligned state (pool/state.c). */

@@ -184,11 +184,11 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	/* Each of the n lanes may have to be recomputed on its own, so all n
 	 * whole histories must fit at once for the request to finish alone. */
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
-	/* every group's blocks (one group: the history's) */
-	blocks = bkv__pool_seq_blocks_max(s->pool, hist,
-					  s->cfg.chunked_prefill ? BKV_MIN(hist, s->cfg.token_budget)
-								 : hist) *
-		 q->n;
+	/* group 0's blocks: with KV groups a request that passes may still
+	 * find no room for every group's blocks even alone; it then ends as
+	 * unadmittable (BKV_FINISH_ERROR). A STATE group's units must carry
+	 * its branches (bkv__pool_state_units). */
+	blocks = (hist + s->bt - 1) / s->bt * q->n;
 	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
 	    (bkv__pool_state_units(s->pool) && 4ull * q->n > bkv__pool_state_units(s->pool)) ||
 	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))

@@ -329,11 +329,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			 * recomputed on its own) */
 			/* every group's blocks (pool/pool.h; one group: the
 			 * history's) */
-			want_e2big = bkv__pool_seq_blocks_max(
-					     pool, hist,
-					     sc.chunked_prefill
-						     ? BKV_MIN(hist, s->cfg.token_budget)
-						     : hist) * n >
+			want_e2big = (hist + pc.block_tokens - 1) / pc.block_tokens * n >
 					     pool->kv.nb ||
 				     n > sc.max_running || n > pc.max_seqs ||
 				     (pc.n_groups == 3 && 4ull * n > pc.state_units);
