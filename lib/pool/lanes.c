@@ -164,30 +164,12 @@ void bkv__lanes_free(bkv_pool *pool)
 
 /* ---- tables ----------------------------------------------------------------- */
 
+/* A lane table's new entries are -1 (nothing held). */
 static int lseq_reserve(bkv_pool *pool, bkv__lseq *ls, uint32_t n)
 {
-	uint32_t cap, i;
-	int32_t *t;
-
 	if (n <= ls->cap)
 		return 0;
-	cap = ls->cap ? ls->cap : 4;
-	while (cap < n)
-		cap = cap > UINT32_MAX / 2 ? n : cap * 2;
-	if (cap > pool->kv.nb && n <= pool->kv.nb)
-		cap = pool->kv.nb;
-	if (cap > UINT32_MAX - 3)
-		return BKV_ENOMEM;
-	cap = (cap + 3) & ~3u;
-	t = bkv__realloc(&pool->alloc, ls->table, (size_t)ls->cap * sizeof(int32_t),
-			 (size_t)cap * sizeof(int32_t));
-	if (!t)
-		return BKV_ENOMEM;
-	for (i = ls->cap; i < cap; i++)
-		t[i] = -1;
-	ls->table = t;
-	ls->cap = cap;
-	return 0;
+	return bkv__ids_grow(pool, &ls->table, &ls->cap, n, 1);
 }
 
 int bkv__lanes_reserve(bkv_pool *pool, uint32_t slot, uint32_t n)
@@ -488,20 +470,9 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 		b = ls->table[i];
 		k = &pool->kv.blk[b];
 		if (k->ref > 1 || BLOCK_IS_INDEXED(k)) {
-			int32_t nb = bkv__block_take(&pool->kv, lane_parent(s, i));
-
-			memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
-			       (size_t)off * sizeof(int32_t));
-			pool->kv.blk[nb].fill = off;
-			pool->kv.tokens += off;
-			bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
-			pool->kv.blk[b].flags |= BKV__BLOCK_PEND_DEV | BKV__BLOCK_COPY_SRC;
-			pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
-			pool->cow_copies++;
-			ls->table[i] = nb;
+			b = bkv__cow_block(pool, b, lane_parent(s, i), off);
+			ls->table[i] = b;
 			bkv__seq_dirty_lane(ls, i);
-			bkv__block_put(&pool->kv, b, 0);
-			b = nb;
 		}
 		k = &pool->kv.blk[b];
 		k->flags &= ~BKV__BLOCK_TXN;
@@ -538,13 +509,13 @@ int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks)
 	return BKV_OK;
 }
 
-void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t nb0,
-		       uint32_t hits, const int32_t *tokens, uint32_t n)
+void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
+		       const int32_t *tokens, uint32_t n)
 {
 	const uint32_t bt = pool->kv.bt;
 	uint32_t l;
 
-	(void)nb0; /* the hits are pinned (bkv__lanes_pin_hits) */
+	/* the hits are pinned already (bkv__lanes_pin_hits) */
 	if (pool->st_units && n > hits * bt)
 		bkv__state_write(pool, s);
 	for (l = 0; l < pool->n_lanes; l++)
@@ -791,16 +762,8 @@ void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s)
 
 			if (hb < 0)
 				continue;
-			d = bkv__block_take(&pool->kv, lane_parent(s, i));
+			d = bkv__swap_in_block(pool, hb, lane_parent(s, i), w);
 			pool->swap_in_blocks++;
-			memcpy(pool->kv.tok + (size_t)d * bt, pool->host_tok + (size_t)hb * bt,
-			       (size_t)w * sizeof(int32_t));
-			pool->kv.blk[d].fill = w;
-			pool->kv.blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
-			pool->kv.tokens += w;
-			bkv__copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
-			pool->host_state[hb] = BKV__HOST_PENDING;
-			pool->host_pending++;
 			ls->table[i] = d;
 			if (w == bt)
 				lane_block_filled(pool, l, slot, i);

@@ -219,6 +219,19 @@ static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32
 
 /* Make room for n entries in s's table. 0 or BKV_ENOMEM (table unchanged). */
 int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n);
+/* Grow a block-id table (*table, *cap entries) to room for n > *cap entries,
+ * geometrically, a multiple of 4; none: the new entries read -1. 0 or
+ * BKV_ENOMEM (unchanged). Every table of the pool grows through it. */
+int bkv__ids_grow(bkv_pool *pool, int32_t **table, uint32_t *cap, uint32_t n, int none);
+/* Copy-on-write of block b (shared or indexed; its first off tokens are the
+ * writer's): a fresh block after parent with those tokens, a device copy
+ * recorded, the writer's reference to b dropped (b stays pinned as the
+ * copy's source). Room for the block and the copy is reserved. Returns the
+ * new block; the caller puts it in its table. */
+int32_t bkv__cow_block(bkv_pool *pool, int32_t b, int32_t parent, uint32_t off);
+/* Swap-in of host block hb holding w tokens: a device block after parent
+ * with its tokens and a pending host->device copy (room reserved). */
+int32_t bkv__swap_in_block(bkv_pool *pool, int32_t hb, int32_t parent, uint32_t w);
 /* Make room for `extra` more copies of one kind. 0 or BKV_ENOMEM. */
 int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra);
 /* Append a copy (room reserved). */
@@ -311,8 +324,8 @@ void bkv__lanes_txn_end(bkv_pool *pool, int commit);
 int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks);
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
 			 uint32_t new_blocks, uint32_t *cows, uint32_t writes);
-void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t nb0,
-		       uint32_t hits, const int32_t *tokens, uint32_t n);
+void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
+		       const int32_t *tokens, uint32_t n);
 uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);

@@ -30,27 +30,11 @@
 
 int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n)
 {
-	uint32_t cap;
-	int32_t *t;
-
 	if (n <= s->cap)
 		return 0;
-	cap = s->cap ? s->cap : 4;
-	while (cap < n)
-		cap = cap > UINT32_MAX / 2 ? n : cap * 2;
-	if (cap > pool->kv.nb && n <= pool->kv.nb)
-		cap = pool->kv.nb;
-	if (cap > UINT32_MAX - 3)
-		return BKV_ENOMEM;
-	cap = (cap + 3) & ~3u; /* a multiple of 4 (bkv__seq.cap) */
-	t = bkv__realloc(&pool->alloc, s->table, (size_t)s->cap * sizeof(int32_t),
-			 (size_t)cap * sizeof(int32_t));
-	if (!t)
-		return BKV_ENOMEM;
-	s->table = t;
-	s->cap = cap;
-	return 0;
+	return bkv__ids_grow(pool, &s->table, &s->cap, n, 0);
 }
+
 
 int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra)
 {
@@ -322,22 +306,11 @@ static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uin
  * Room for the block and the copy is reserved. Returns the new block. */
 static int32_t cow_last(bkv_pool *pool, bkv__seq *s, uint32_t nb0, uint32_t off)
 {
-	const uint32_t bt = pool->kv.bt;
-	const int32_t b = s->table[nb0 - 1];
-	int32_t nb = bkv__block_take(&pool->kv, nb0 >= 2 ? s->table[nb0 - 2] : -1);
+	int32_t nb = bkv__cow_block(pool, s->table[nb0 - 1], nb0 >= 2 ? s->table[nb0 - 2] : -1,
+				    off);
 
-	memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
-	       (size_t)off * sizeof(int32_t));
-	pool->kv.blk[nb].fill = off;
-	pool->kv.tokens += off;
-	bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
-	pool->kv.blk[b].flags |= BKV__BLOCK_PEND_DEV;
-	pool->kv.blk[nb].flags |= BKV__BLOCK_PEND_DEV;
-	pool->cow_copies++;
 	s->table[nb0 - 1] = nb;
 	bkv__seq_dirty(s, nb0 - 1);
-	pool->kv.blk[b].flags |= BKV__BLOCK_COPY_SRC;
-	bkv__block_put(&pool->kv, b, 0);
 	return nb;
 }
 
@@ -551,7 +524,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	i = s->len;
 	s->len = new_len;
 	if (pool->grouped)
-		bkv__lanes_commit(pool, s, i, nb0, hits, tokens, n);
+		bkv__lanes_commit(pool, s, i, hits, tokens, n);
 	pool->hit_tokens += (uint64_t)hits * bt;
 	pool->miss_tokens += n - (uint64_t)hits * bt;
 	if (hit_tokens)

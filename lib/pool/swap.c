@@ -80,6 +80,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	return BKV_OK;
 }
 
+
 int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 {
 	uint32_t bt, i, n_full, hits = 0, relinked = 0;
@@ -136,18 +137,9 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		parent = c;
 	}
 	for (i = hits; i < s->n_blocks; i++) {
-		int32_t hb = s->table[i], d = bkv__block_take(&pool->kv, i ? s->table[i - 1] : -1);
 		uint32_t w = bkv__block_len(pool, s->len, i);
 
-		memcpy(pool->kv.tok + (size_t)d * bt, pool->host_tok + (size_t)hb * bt,
-		       (size_t)w * sizeof(int32_t));
-		pool->kv.blk[d].fill = w;
-		pool->kv.blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;
-		pool->kv.tokens += w;
-		bkv__copy_push(pool, BKV_COPY_SWAP_IN, hb, d);
-		pool->host_state[hb] = BKV__HOST_PENDING;
-		pool->host_pending++;
-		s->table[i] = d;
+		s->table[i] = bkv__swap_in_block(pool, s->table[i], i ? s->table[i - 1] : -1, w);
 		if (w == bt)
 			bkv__seq_block_filled(pool, s, i);
 	}
