@@ -531,7 +531,9 @@ BKV_API int64_t bkv_seq_blocks_needed(const bkv_pool *pool, uint32_t seq, uint32
  * @param pool   the pool.
  * @param seq    the sequence id.
  * @param new_len the length to keep, <= the sequence's length.
- * @return BKV_OK; BKV_EINVAL (new_len > len); BKV_ENOENT; BKV_ESTATE (swapped).
+ * @return BKV_OK; BKV_EINVAL (new_len > len); BKV_ENOENT; BKV_ESTATE (swapped;
+ *         or, in a pool with KV groups, new_len would need a block a window
+ *         or chunk released, or a recurrent state the pool did not keep).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */
@@ -544,7 +546,9 @@ BKV_API int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len);
  * @param pool   the pool.
  * @param parent the sequence to fork (device-resident).
  * @param child  receives the new id.
- * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (parent swapped out);
+ * @return BKV_OK; BKV_EINVAL; BKV_ENOENT; BKV_ESTATE (parent swapped out;
+ *         or, with a STATE group, inside a step transaction that appended
+ *         to parent: its new state is not committed yet);
  *         BKV_EAGAIN (max_seqs open); BKV_ENOMEM.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).

@@ -530,3 +530,74 @@ Test(pool_groups, random_ops_in_a_small_pool)
 	for (seed = 20; seed <= 26; seed++)
 		(void)run_random(seed, 4, 48, 1500);
 }
+
+/* A call that names a sequence first completes what its last append left
+ * for later (outside a step: the window blocks that append's tokens read,
+ * and its state made live). A refused call must not: stats, every group's
+ * table and the state units stay as they were. Each case below changed the
+ * pool before the fix (found by fuzz_pool drawing KV groups). */
+static void same_pool(bkv_pool *p, const bkv_pool_stats *st0, uint32_t seq,
+		      const int32_t *win0, uint32_t n0, int32_t in0, int32_t out0)
+{
+	bkv_pool_stats st = {.size = sizeof(st)};
+	const int32_t *win;
+	uint32_t n;
+	int32_t in, out;
+
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(memcmp(&st, st0, sizeof(st)), 0, "a refused call changed the stats");
+	win = bkv_seq_group_blocks(p, seq, 1, &n);
+	cr_assert_eq(n, n0);
+	cr_assert_eq(memcmp(win, win0, n * sizeof(*win)), 0, "a refused call trimmed the window");
+	cr_assert_eq(bkv_seq_state_frames(p, seq, &in, &out), BKV_OK);
+	cr_assert(in == in0 && out == out0, "a refused call settled the state");
+	cr_assert_eq(bkv_pool_check(p), 0);
+}
+
+Test(pool_groups, refused_calls_leave_the_last_appends_releases_pending)
+{
+	static const bkv_kv_group g[3] = {
+		{BKV_GROUP_FULL, 1, 0, 0, 64},
+		{BKV_GROUP_WINDOW, 1, 4, 0, 64},
+		{BKV_GROUP_STATE, 1, 0, 0, 128},
+	};
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	bkv_pool_stats st0 = {.size = sizeof(st0)};
+	int32_t tok[12], win0[8], in0, out0;
+	const int32_t *w;
+	uint32_t a, b, n0, i;
+
+	for (i = 0; i < 12; i++)
+		tok[i] = (int32_t)i + 100;
+	bkv_pool_config_init(&c);
+	c.block_tokens = 4;
+	c.device_blocks = 40;
+	c.host_blocks = 3;
+	c.max_seqs = 1;
+	c.n_groups = 3;
+	c.groups = g;
+	c.state_units = 1; /* a live state and no unit to write the next one */
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, tok, 8, NULL), BKV_OK);
+	/* pending: the window's block 0 (position 8 reads 5..8) and the state */
+	w = bkv_seq_group_blocks(p, a, 1, &n0);
+	cr_assert_eq(n0, 2);
+	cr_assert_geq(w[0], 0, "the block the append's tokens read is still held");
+	memcpy(win0, w, n0 * sizeof(*w));
+	cr_assert_eq(bkv_seq_state_frames(p, a, &in0, &out0), BKV_OK);
+	cr_assert(in0 == -1 && out0 >= 0);
+	bkv_pool_stats_get(p, &st0);
+
+	/* append: no unit for the next state */
+	cr_assert_eq(bkv_seq_append(p, a, tok + 8, 4, NULL), BKV_ENOSPC);
+	same_pool(p, &st0, a, win0, n0, in0, out0);
+	/* fork: no sequence slot */
+	cr_assert_eq(bkv_seq_fork(p, a, &b), BKV_EAGAIN);
+	same_pool(p, &st0, a, win0, n0, in0, out0);
+	/* swap-out: 2 + 1 blocks and a state frame, 3 host blocks */
+	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_ENOSPC);
+	same_pool(p, &st0, a, win0, n0, in0, out0);
+	bkv_pool_destroy(p);
+}

@@ -288,6 +288,39 @@ void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s)
 	}
 }
 
+/* Will bkv__lanes_touch settle s's state (an append before this one left
+ * it pending)? Outside a transaction always; inside, at s's first touch. */
+static int touch_settles(const bkv_pool *pool, const bkv__seq *s)
+{
+	return !pool->kv.txn_active || pool->lane_stamp[s - pool->seqs] != pool->txn_serial;
+}
+
+uint32_t bkv__lanes_touch_frees(const bkv_pool *pool, const bkv__seq *s)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	uint32_t l, i, first, n = 0;
+
+	if (pool->kv.txn_active) /* a touch inside a step trims at its commit */
+		return 0;
+	for (l = 0; l < pool->n_lanes; l++) {
+		const bkv__glane *ln = &pool->lanes[l];
+		const bkv__lseq *ls = &ln->seqs[slot];
+
+		if (ln->kind == BKV_GROUP_FULL)
+			continue;
+		first = BKV_MIN(bkv__lane_first(pool, ln, s->len), s->n_blocks);
+		for (i = ls->lo; i < first; i++) {
+			const bkv__block *k;
+
+			if (ls->table[i] < 0)
+				continue;
+			k = &pool->kv.blk[ls->table[i]];
+			n += k->ref == 1 && !(k->flags & BKV__BLOCK_COPY_SRC);
+		}
+	}
+	return n;
+}
+
 int bkv__lanes_touched(const bkv_pool *pool, const bkv__seq *s)
 {
 	return pool->kv.txn_active && pool->lane_stamp[s - pool->seqs] == pool->txn_serial;
@@ -355,7 +388,8 @@ uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hi
 	uint32_t l;
 
 	*cows = 0;
-	if (pool->st_units && writes && !bkv__state_room(pool, s, writes - 1))
+	if (pool->st_units && writes &&
+	    !bkv__state_room(pool, s, writes - 1, touch_settles(pool, s)))
 		return UINT32_MAX * (uint64_t)2; /* no state unit: no room */
 	for (l = 0; l < pool->n_lanes; l++)
 		*cows += (uint32_t)lane_needs_cow(pool, l, s);
@@ -499,14 +533,6 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 		tokens += w;
 		rem -= w;
 	}
-}
-
-int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks)
-{
-	if (bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), new_blocks))
-		return BKV_ENOMEM;
-	bkv__lanes_touch(pool, s); /* valid whatever follows */
-	return BKV_OK;
 }
 
 void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
@@ -677,16 +703,20 @@ uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s)
 
 /* Swap-out's checks for the lanes of device-resident s: BKV_ESTATE when a
  * held block is in a pending copy; adds the held blocks to *host_need. */
-int bkv__lanes_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need)
+int bkv__lanes_swap_check(const bkv_pool *pool, const bkv__seq *s, int trims, uint32_t *host_need)
 {
 	const uint32_t pend = BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN;
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
-	uint32_t l, i;
+	uint32_t l, i, from;
 
 	for (l = 0; l < pool->n_lanes; l++) {
-		const bkv__lseq *ls = &pool->lanes[l].seqs[slot];
+		const bkv__glane *ln = &pool->lanes[l];
+		const bkv__lseq *ls = &ln->seqs[slot];
 
-		for (i = ls->lo; i < s->n_blocks; i++) {
+		from = ls->lo; /* after the trim: from what the next token reads */
+		if (trims && ln->kind != BKV_GROUP_FULL)
+			from = BKV_MAX(from, BKV_MIN(bkv__lane_first(pool, ln, s->len), s->n_blocks));
+		for (i = from; i < s->n_blocks; i++) {
 			if (ls->table[i] < 0)
 				continue;
 			if (pool->kv.blk[ls->table[i]].flags & pend)

@@ -85,7 +85,9 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
-	bkv__free(a, pool->scratch, BKV_MAX(BKV_MAX(nb, nh), pool->st_units) * sizeof(uint32_t));
+	/* the size pool_alloc_rest allocated (the arena's frames, not units) */
+	bkv__free(a, pool->scratch,
+		  BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) * sizeof(uint32_t));
 	bkv__lanes_free(pool);
 	bkv__state_free(pool);
 	bkv__kv_free(&pool->kv, a);

@@ -317,11 +317,15 @@ void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s);
 int bkv__lanes_touched(const bkv_pool *pool, const bkv__seq *s);
 /* The transaction ended: trim what it appended (commit) or forget it. */
 void bkv__lanes_txn_end(bkv_pool *pool, int commit);
-/* An append's lane work: begin (tables reserved, trimmed), the blocks it
- * needs (copy-on-write ones counted into *cows too), commit (the tokens
- * after the hits written, the hits pinned before by bkv__lanes_pin_hits;
- * s->len not moved yet). */
-int bkv__lanes_begin(bkv_pool *pool, const bkv__seq *s, uint32_t new_blocks);
+/* The blocks bkv__lanes_touch(s) would make available now (its trim's
+ * last references), so that an append can refuse before it changes
+ * anything. */
+uint32_t bkv__lanes_touch_frees(const bkv_pool *pool, const bkv__seq *s);
+/* An append's lane work: the blocks it needs once bkv__lanes_touch has run
+ * (copy-on-write ones counted into *cows too; a state unit it cannot have
+ * counts as no room), commit (the tokens after the hits written, the hits
+ * pinned before by bkv__lanes_pin_hits; s->len not moved yet). An append
+ * reserves the lanes' tables, decides, and only then touches. */
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
 			 uint32_t new_blocks, uint32_t *cows, uint32_t writes);
 void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
@@ -335,7 +339,7 @@ int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t ne
 void bkv__lanes_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t nbk, uint32_t new_len);
 int bkv__lanes_dedupe(bkv_pool *pool, uint64_t owner, int32_t b, int32_t d);
 void bkv__lanes_reparent(bkv_pool *pool, uint32_t slot, uint32_t pos, int32_t b, int32_t d);
-int bkv__lanes_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
+int bkv__lanes_swap_check(const bkv_pool *pool, const bkv__seq *s, int trims, uint32_t *host_need);
 void bkv__lanes_swap_out(bkv_pool *pool, const bkv__seq *s);
 uint64_t bkv__lanes_swap_in_need(const bkv_pool *pool, const bkv__seq *s);
 void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s);
@@ -356,7 +360,9 @@ void bkv__state_settle(bkv_pool *pool, const bkv__seq *s);
 int bkv__state_can_fork(const bkv_pool *pool, const bkv__seq *s);
 void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c);
 uint32_t bkv__state_need(const bkv_pool *pool, const bkv__seq *s);
-int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken);
+/* Room for s's scratch unit beside `taken` others, after the settle that
+ * bkv__state_begin would do first (settles nonzero) or as things are. */
+int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken, int settles);
 void bkv__state_write(bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e,
 			uint32_t *units_relinked);
@@ -592,7 +598,7 @@ static inline uint32_t bkv__pool_swap_blocks(const bkv_pool *pool, uint32_t seq)
 		return 0;
 	need = s->n_blocks;
 	if (pool->grouped && s->state == BKV__SEQ_OPEN) {
-		(void)bkv__lanes_swap_check(pool, s, &need);
+		(void)bkv__lanes_swap_check(pool, s, !bkv__lanes_touched(pool, s), &need);
 		if (pool->st_units && pool->st_len[s - pool->seqs])
 			need += pool->st_frames;
 	}

@@ -104,9 +104,7 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	s = bkv__seq_get(pool, parent);
 	if (!s)
 		return BKV_ENOENT;
-	if (s->state == BKV__SEQ_OPEN && pool->st_units)
-		bkv__state_settle(pool, s);
-	if (s->state == BKV__SEQ_SWAPPED || (pool->st_units && bkv__state_can_fork(pool, s)))
+	if (s->state == BKV__SEQ_SWAPPED)
 		return BKV_ESTATE;
 	c = bkv__slot_peek(pool);
 	if (!c)
@@ -114,6 +112,13 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	if (bkv__table_reserve(pool, c, s->n_blocks) ||
 	    (pool->grouped && bkv__lanes_reserve(pool, (uint32_t)(c - pool->seqs), s->n_blocks)))
 		return BKV_ENOMEM;
+	/* last: the settle changes the pool, and after it only a state a step
+	 * has not committed refuses (a settle inside a step does nothing) */
+	if (pool->st_units) {
+		bkv__state_settle(pool, s);
+		if (bkv__state_can_fork(pool, s))
+			return BKV_ESTATE;
+	}
 	bkv__slot_open(pool, c, s->key);
 	for (i = 0; i < s->n_blocks; i++) {
 		c->table[i] = s->table[i];
@@ -477,7 +482,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	if (new_blocks > pool->kv.nb)
 		return BKV_E2BIG;
 	if (bkv__table_reserve(pool, s, new_blocks) ||
-	    (pool->grouped && bkv__lanes_begin(pool, s, new_blocks)))
+	    (pool->grouped && bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), new_blocks)))
 		return BKV_ENOMEM;
 
 	off = s->len & (bt - 1);
@@ -498,10 +503,16 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	if (pool->grouped) /* a state unit it cannot have counts as no room */
 		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow,
 					n > hits * bt ? units + 1 : 0);
-	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
+	/* a grouped sequence's touch (below) first releases what its last
+	 * append left to release: counted here, done only if the append goes
+	 * ahead, so that a refused append changes nothing */
+	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked +
+			   (pool->grouped ? bkv__lanes_touch_frees(pool, s) : 0))
 		return BKV_ENOSPC;
 	if ((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow))
 		return BKV_ENOMEM;
+	if (pool->grouped)
+		bkv__lanes_touch(pool, s);
 
 	/* Commit. */
 	for (i = 0; i < hits; i++)

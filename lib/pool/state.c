@@ -343,9 +343,57 @@ uint32_t bkv__state_need(const bkv_pool *pool, const bkv__seq *s)
 	return pool->st_scratch[s - pool->seqs] < 0;
 }
 
-int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken)
+/* What bkv__state_begin(s) would do to the room, without doing it: the
+ * units it would make available (each last reference it drops; a cached
+ * checkpoint is available too) and s's need after it. Mirrors
+ * bkv__state_commit, promote and undo_drop. */
+static uint32_t settle_frees(const bkv_pool *pool, const bkv__seq *s, uint32_t *need)
 {
-	return bkv__state_need(pool, s) + taken <= units_available(pool);
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	const int txn = pool->kv.txn_active;
+	int32_t scratch = pool->st_scratch[slot], undo = pool->st_undo[slot];
+	int32_t pend = pool->st_pend[slot], put[3];
+	uint32_t n = 0, i, j, frees = 0;
+
+	if (s->state == BKV__SEQ_OPEN) {
+		if (scratch >= 0 && pool->st_len[slot] != s->len) { /* promote */
+			const int32_t old = pool->st_live[slot];
+			const uint32_t old_len = pool->st_len[slot];
+
+			if (txn && undo == BKV__ST_NO_UNDO)
+				undo = old;
+			else if (old >= 0 && txn && pool->st_interval && old_len &&
+				 old_len % pool->st_interval == 0 && pend < 0)
+				pend = old;
+			else if (old >= 0)
+				put[n++] = old;
+			scratch = -1;
+		}
+		if (!txn && pend >= 0)
+			put[n++] = pend;
+	}
+	if (undo >= 0)
+		put[n++] = undo;
+	*need = scratch < 0;
+	for (i = 0; i < n; i++) { /* each unit once: freed if every reference goes */
+		uint32_t times = 0, seen = 0;
+
+		for (j = 0; j < n; j++) {
+			times += put[j] == put[i];
+			seen += j < i && put[j] == put[i];
+		}
+		frees += !seen && pool->st_ref[put[i]] <= times;
+	}
+	return frees;
+}
+
+int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken, int settles)
+{
+	uint32_t need = bkv__state_need(pool, s), frees = 0;
+
+	if (settles)
+		frees = settle_frees(pool, s, &need);
+	return need + taken <= units_available(pool) + frees;
 }
 
 /* The append writes new tokens: make sure s has a scratch unit (room was
@@ -539,10 +587,14 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	uint32_t len = pool->st_len[slot];
 
-	if (pool->st_len[slot] != s->len)
+	/* after bkv__state_settle: outside a step an append's state is live */
+	if (!pool->kv.txn_active && pool->st_scratch[slot] >= 0)
+		len = s->len;
+	if (len != s->len)
 		return BKV_ESTATE;
-	if (pool->st_len[slot])
+	if (len)
 		*host_need += pool->st_frames;
 	return BKV_OK;
 }

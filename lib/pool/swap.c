@@ -30,6 +30,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	bkv__copy_list *l;
 	bkv__seq *s;
 	uint32_t i, first, host_need;
+	int trims;
 
 	if (!pool)
 		return BKV_EINVAL;
@@ -42,22 +43,28 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 		if (pool->kv.blk[s->table[i]].flags & pend)
 			return BKV_ESTATE;
 	host_need = s->n_blocks;
+	/* A grouped sequence first settles its last append (its state) and,
+	 * when that append's KV is computed, trims what no token reads again:
+	 * counted here as if done, done only once nothing can refuse, so that
+	 * a refused swap-out changes nothing. */
+	trims = pool->grouped && !bkv__lanes_touched(pool, s);
 	if (pool->grouped) {
-		if (pool->st_units)
-			bkv__state_settle(pool, s);
 		if (pool->st_units && bkv__state_swap_check(pool, s, &host_need))
 			return BKV_ESTATE;
-		if (!bkv__lanes_touched(pool, s)) /* its KV is computed */
-			bkv__lanes_trim(pool, s); /* what no token reads again stays */
-		if (bkv__lanes_swap_check(pool, s, &host_need))
+		if (bkv__lanes_swap_check(pool, s, trims, &host_need))
 			return BKV_ESTATE;
 	}
 	if (host_need > pool->host_free)
 		return BKV_ENOSPC;
 	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, host_need))
 		return BKV_ENOMEM;
-	if (pool->grouped)
+	if (pool->grouped) {
+		if (pool->st_units)
+			bkv__state_settle(pool, s);
+		if (trims)
+			bkv__lanes_trim(pool, s);
 		bkv__lanes_swap_out(pool, s); /* and a STATE group's state */
+	}
 
 	l = &pool->copies[BKV_COPY_SWAP_OUT];
 	first = l->n;

@@ -54,9 +54,27 @@ typedef struct mseq {
 typedef struct model {
 	bkv_pool *pool;
 	uint32_t bt;
+	uint32_t nb;      /* attention frames (device_blocks less a STATE
+			     group's arena) */
+	uint32_t ng;      /* groups (0: a plain pool) */
+	bkv_kv_group g[3]; /* [ng] the pool's groups: full, then a window or
+			     chunk, then maybe a state */
+	int state;        /* the last group is STATE */
+	uint32_t arena;   /* frames of the state arena */
 	mseq s[MAX_SEQS];
 	int txn;          /* inside bkv__pool_txn_begin */
 } model;
+
+/* The first block group g's next token reads (0 for FULL), as
+ * bkv_kv_group_blocks_held counts them. */
+static uint32_t first_needed(const bkv_kv_group *g, uint32_t bt, uint32_t len)
+{
+	if (g->kind == BKV_GROUP_WINDOW)
+		return len + 1 > g->span ? (len + 1 - g->span) / bt : 0;
+	if (g->kind == BKV_GROUP_CHUNKED)
+		return len / g->span * g->span / bt;
+	return 0;
+}
 
 static bkv_pool_stats stats_of(const bkv_pool *p)
 {
@@ -66,6 +84,74 @@ static bkv_pool_stats stats_of(const bkv_pool *p)
 	st.size = sizeof(st);
 	bkv_pool_stats_get(p, &st);
 	return st;
+}
+
+/* A grouped pool's further tables and state of sequence s (nb blocks in
+ * group 0): each attention group's table is as long as group 0's, holds
+ * every block its next token reads (released entries are -1, nothing
+ * else is negative), each held block is a device frame whose tokens (when
+ * full is set) are the model's, and no table entry of a resident sequence
+ * is a frame of the state arena. A resident sequence's state units are
+ * arena units, read and written out of place. */
+static void check_groups(const model *m, const mseq *s, uint32_t nb, int full)
+{
+	const bkv_pool *p = m->pool;
+	uint32_t g, i, j, n, first;
+
+	for (g = 1; g < m->ng; g++) {
+		const int32_t *t;
+
+		if (m->g[g].kind == BKV_GROUP_STATE)
+			continue;
+		t = bkv_seq_group_blocks(p, s->id, g, &n);
+		FZ_CHECK(n == nb && (n == 0 || t), "seq %u group %u: %u entries, group 0 %u",
+			 s->id, g, n, nb);
+		if (s->swapped)
+			continue;
+		first = first_needed(&m->g[g], m->bt, s->len);
+		for (i = 0; i < n; i++) {
+			FZ_CHECK(t[i] >= -1 && t[i] < (int32_t)m->nb,
+				 "seq %u group %u block %u is %d", s->id, g, i, t[i]);
+			FZ_CHECK(i < first || t[i] >= 0,
+				 "seq %u group %u: block %u (first needed %u) released", s->id, g,
+				 i, first);
+			for (j = i * m->bt; full && t[i] >= 0 && j < s->len && j < (i + 1) * m->bt; j++)
+				FZ_CHECK(p->kv.tok[(size_t)t[i] * m->bt + j % m->bt] == s->tok[j],
+					 "seq %u group %u token %u is %d, model %d", s->id, g, j,
+					 p->kv.tok[(size_t)t[i] * m->bt + j % m->bt], s->tok[j]);
+		}
+	}
+	FZ_CHECK(bkv_seq_group_blocks(p, s->id, m->ng ? m->ng : 1, &n) == NULL && n == 0,
+		 "seq %u: a table for group %u of %u", s->id, m->ng ? m->ng : 1, m->ng);
+	if (m->state && !s->swapped) {
+		int32_t in = -2, out = -2;
+		int rc = bkv_seq_state_frames(p, s->id, &in, &out);
+		int32_t lo = (int32_t)m->nb, hi = (int32_t)(m->nb + m->arena);
+
+		FZ_CHECK(rc == BKV_OK, "seq %u state_frames: %d", s->id, rc);
+		FZ_CHECK(in == -1 || (in >= lo && in < hi), "seq %u reads state frame %d", s->id, in);
+		FZ_CHECK(out == -1 || (out >= lo && out < hi), "seq %u writes state frame %d", s->id,
+			 out);
+		FZ_CHECK(in < 0 || in != out, "seq %u: state written in place (%d)", s->id, in);
+		FZ_CHECK(s->len > 0 || (in == -1 && out == -1), "empty seq %u has a state", s->id);
+	}
+}
+
+/* Would the window or chunk of s at length n read a block it released? */
+static int truncate_needs_released(const model *m, const mseq *s, uint32_t n)
+{
+	uint32_t nbk = (n + m->bt - 1) / m->bt, g, i, cnt;
+
+	for (g = 1; g < m->ng; g++) {
+		const int32_t *t = bkv_seq_group_blocks(m->pool, s->id, g, &cnt);
+
+		if (m->g[g].kind == BKV_GROUP_STATE)
+			continue;
+		for (i = first_needed(&m->g[g], m->bt, n); i < nbk && i < cnt; i++)
+			if (t[i] < 0)
+				return 1;
+	}
+	return 0;
 }
 
 /* Every invariant the harness can see, after every operation; the token
@@ -106,6 +192,7 @@ static void check_all(const model *m, int full)
 				 "seq %u token %u is %d, model %d", s->id, j,
 				 store[(size_t)b * m->bt + j % m->bt], s->tok[j]);
 		}
+		check_groups(m, s, nb, full);
 	}
 }
 
@@ -133,6 +220,21 @@ static mseq *pick(model *m, fz *f, uint32_t *id)
 	return s->id ? s : NULL;
 }
 
+/* Name the first counter two stats differ in (for a failure's message). */
+static const char *stats_diff(const bkv_pool_stats *a, const bkv_pool_stats *b)
+{
+#define SD(f)                                                                          \
+	if (a->f != b->f)                                                              \
+		return #f;
+	SD(nr_free) SD(nr_used) SD(nr_cached) SD(nr_indexed) SD(host_free) SD(host_used)
+	SD(nr_seqs) SD(nr_swapped) SD(tokens) SD(waste_slots) SD(hit_tokens) SD(miss_tokens)
+	SD(evictions) SD(cow_copies) SD(swap_out_blocks) SD(swap_in_blocks) SD(events)
+	SD(events_dropped) SD(dup_blocks) SD(state_units) SD(state_free)
+	SD(state_checkpoints) SD(state_frames) SD(state_hits) SD(state_evictions)
+#undef SD
+	return "another field";
+}
+
 /* Call a mutating operation; on failure require that nothing changed and that
  * BKV_ENOMEM came from a refused allocation. */
 #define MUTATE(m, mem, call, rc_out)                                                   \
@@ -143,8 +245,8 @@ static mseq *pick(model *m, fz *f, uint32_t *id)
 		if ((rc_out) != BKV_OK) {                                              \
 			after_ = stats_of((m)->pool);                                  \
 			FZ_CHECK(!memcmp(&before_, &after_, sizeof(after_)),           \
-				 "%s failed with %d and changed the pool", #call,      \
-				 (rc_out));                                            \
+				 "%s failed with %d and changed the pool (%s)", #call, \
+				 (rc_out), stats_diff(&before_, &after_));             \
 			FZ_CHECK((rc_out) != BKV_ENOMEM || (mem)->failures > fails_,   \
 				 "%s: ENOMEM without a refused allocation", #call);    \
 		}                                                                      \
@@ -157,7 +259,8 @@ static mseq *pick(model *m, fz *f, uint32_t *id)
 
 /* What bkv_seq_import must answer for an image, from the header's rule alone:
  * BKV_EINVAL, BKV_E2BIG, or BKV_OK (valid; the pool may still lack room). */
-static int image_expect(const bkv_pool_config *cfg, const bkv_seq_image *im)
+static int image_expect(const model *m, const bkv_pool_config *cfg, const bkv_seq_image *im,
+			uint64_t layout)
 {
 	uint32_t bt = cfg->block_tokens, nfull, i;
 	uint64_t *h;
@@ -169,11 +272,28 @@ static int image_expect(const bkv_pool_config *cfg, const bkv_seq_image *im)
 	if (im->len > im->cap_tokens || im->n_blocks > im->cap_blocks || !im->tokens ||
 	    !im->blocks)
 		return BKV_EINVAL;
-	if (im->n_blocks > cfg->device_blocks)
+	if (im->n_blocks > m->nb)
 		return BKV_E2BIG;
 	for (i = 0; i < im->n_blocks; i++)
 		if (im->blocks[i] < 0)
 			return BKV_EINVAL;
+	if (!m->ng && im->n_groups > 1)
+		return BKV_EINVAL;
+	if (m->ng) { /* the groups' part of the rule */
+		uint32_t first = first_needed(&m->g[1], bt, im->len);
+		uint32_t sf = m->state ? bkv_kv_state_frames(m->g, m->ng, bt) : 0;
+
+		if (im->n_groups != m->ng || im->group_layout != layout)
+			return BKV_EINVAL;
+		if (m->state && (im->state_frames != sf || im->state_frame < 0 ||
+				 im->state_frame > INT32_MAX - (int32_t)sf))
+			return BKV_EINVAL;
+		if (!im->group_blocks)
+			return BKV_EINVAL;
+		for (i = 0; i < im->n_blocks; i++)
+			if (im->group_blocks[i] < -1 || (i >= first && im->group_blocks[i] < 0))
+				return BKV_EINVAL;
+	}
 	if (im->hash_seed != cfg->hash_seed)
 		return BKV_OK;
 	if (!im->hashes)
@@ -211,7 +331,8 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 	static int32_t etok[MAX_LEN];
 	static int32_t eblk[IMG_BLOCKS];
 	static uint64_t ehash[IMG_BLOCKS];
-	static bkv_copy x[IMG_BLOCKS + 8];
+	static int32_t egb[IMG_BLOCKS];
+	static bkv_copy x[2 * IMG_BLOCKS + 8];
 	bkv_seq_image im, orig;
 	uint32_t id, got = 0, nx = 0, cap_t, cap_b, i, want, bt = m->bt;
 	uint8_t kind = fz_u8(f) % 16, v = fz_u8(f);
@@ -225,6 +346,7 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 	im.tokens = etok;
 	im.cap_blocks = IMG_BLOCKS;
 	im.cap_tokens = MAX_LEN;
+	im.group_blocks = m->ng ? egb : NULL;
 	rc = bkv_seq_export(m->pool, id, &im);
 	if (!s) {
 		FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "export of bogus: %d", rc);
@@ -234,7 +356,15 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 		FZ_CHECK(rc == BKV_ESTATE, "export of swapped: %d", rc);
 		return;
 	}
+	if (rc == BKV_ESTATE && m->state && m->txn)
+		return; /* a state the open step has not committed */
 	FZ_CHECK(rc == BKV_OK, "export: %d", rc);
+	FZ_CHECK(im.n_groups == m->ng && (m->ng == 0) == (im.group_layout == 0) &&
+			 (m->state ? im.state_frame >= (int32_t)m->nb ||
+					     (im.state_frame == -1 && s->len == 0)
+				   : im.state_frame == -1),
+		 "export groups of seq %u: %u groups, state frame %d", id, im.n_groups,
+		 im.state_frame);
 	FZ_CHECK(im.len == s->len && im.n_blocks == (s->len + bt - 1) / bt &&
 			 im.block_tokens == bt && im.key == s->key &&
 			 im.hash_seed == cfg->hash_seed,
@@ -319,6 +449,34 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 			im.len = 0;
 		break;
 	}
+	if (m->ng && kind == 0 && (v & 0x80)) {
+		/* the groups' fields damaged (an intact image otherwise) */
+		switch (v % 7) {
+		case 0:
+			im.group_blocks = NULL;
+			break;
+		case 1:
+			im.n_groups = v & 8 ? 1 : m->ng + 1;
+			break;
+		case 2:
+			im.group_layout ^= 1u + (v >> 3);
+			break;
+		case 3: /* an entry below -1 */
+			if (im.n_blocks)
+				egb[v % im.n_blocks] = v & 8 ? -2 : INT32_MIN;
+			break;
+		case 4: /* a needed block released */
+			if (im.n_blocks)
+				egb[im.n_blocks - 1] = -1;
+			break;
+		case 5:
+			im.state_frames += 1u + (v & 1);
+			break;
+		default:
+			im.state_frame = v & 8 ? -1 : INT32_MAX;
+			break;
+		}
+	}
 	/* the arrays the import may read: exactly the claimed capacities */
 	im.cap_tokens = cap_t;
 	im.cap_blocks = cap_b;
@@ -328,7 +486,9 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 		im.blocks = exact_copy(eblk, orig.n_blocks, cap_b, sizeof(int32_t));
 	if (im.hashes)
 		im.hashes = exact_copy(ehash, orig.n_blocks, cap_b, sizeof(uint64_t));
-	want = (uint32_t)-image_expect(cfg, &im);
+	if (im.group_blocks)
+		im.group_blocks = exact_copy(egb, orig.n_blocks, cap_b, sizeof(int32_t));
+	want = (uint32_t)-image_expect(m, cfg, &im, orig.group_layout);
 	t = free_slot(m);
 	MUTATE(m, mem, bkv_seq_import(m->pool, &im, &got, x, &nx), rc);
 	if (want != 0) {
@@ -342,12 +502,23 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 		uint32_t nb, first;
 
 		table = bkv_seq_blocks(m->pool, got, &nb);
-		FZ_CHECK(nb == im.n_blocks && nx <= nb, "import: %u blocks, %u transfers", nb, nx);
-		first = nb - nx; /* the leading blocks were prefix hits */
-		for (i = 0; i < nx; i++)
-			FZ_CHECK(x[i].src == im.blocks[first + i] && x[i].dst == table[first + i] &&
-					 x[i].dst >= 0 && (uint32_t)x[i].dst < cfg->device_blocks,
-				 "transfer %u: %d -> %d", i, x[i].src, x[i].dst);
+		FZ_CHECK(nb == im.n_blocks, "import: %u blocks of %u", nb, im.n_blocks);
+		if (!m->ng) {
+			FZ_CHECK(nx <= nb, "import: %u blocks, %u transfers", nb, nx);
+			first = nb - nx; /* the leading blocks were prefix hits */
+			for (i = 0; i < nx; i++)
+				FZ_CHECK(x[i].src == im.blocks[first + i] &&
+						 x[i].dst == table[first + i] && x[i].dst >= 0 &&
+						 (uint32_t)x[i].dst < m->nb,
+					 "transfer %u: %d -> %d", i, x[i].src, x[i].dst);
+		} else { /* group 0's, the window's, then the state's frames */
+			FZ_CHECK(nx <= 2 * nb + (m->state ? im.state_frames : 0),
+				 "import: %u blocks, %u transfers", nb, nx);
+			for (i = 0; i < nx; i++)
+				FZ_CHECK(x[i].dst >= 0 && (uint32_t)x[i].dst < cfg->device_blocks &&
+						 x[i].src >= 0,
+					 "transfer %u: %d -> %d", i, x[i].src, x[i].dst);
+		}
 		if (t && im.len <= MAX_LEN) {
 			t->id = got;
 			t->len = im.len;
@@ -361,6 +532,7 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 	free(im.tokens);
 	free(im.blocks);
 	free(im.hashes);
+	free(im.group_blocks);
 }
 
 static void make_tokens(model *m, fz *f, int32_t *t, uint32_t n)
@@ -389,6 +561,20 @@ static void make_tokens(model *m, fz *f, int32_t *t, uint32_t n)
 	}
 }
 
+/* Would create refuse these groups (bkv_pool_config's rules): the arena
+ * must leave at least one attention frame, and every group must be valid
+ * for the block size (a window or chunk of any span is; the state's
+ * interval is a multiple of block_tokens by construction). */
+static int groups_refused(const bkv_pool_config *c)
+{
+	uint32_t k;
+
+	if (c->n_groups < 3)
+		return c->n_groups && !bkv_kv_frame_bytes(c->groups, c->n_groups, c->block_tokens);
+	k = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
+	return k == 0 || (uint64_t)c->state_units * k >= c->device_blocks;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	fz f = {data, size, 0};
@@ -398,7 +584,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	model *m;
 	uint8_t b;
 	int rc, huge;
-	uint32_t steps = 0;
+	uint32_t steps = 0, gsel;
+	static bkv_kv_group m_groups[3];
 	static int32_t tok[4 * MAX_LEN];
 
 	memset(&mem, 0, sizeof(mem));
@@ -413,7 +600,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (cfg.block_tokens == 65536)
 		cfg.device_blocks = 1 + cfg.device_blocks % 2;
 	huge = b == 0xFF && cfg.block_tokens != 3;
-	cfg.host_blocks = fz_u8(&f) % 24;
+	b = fz_u8(&f);
+	cfg.host_blocks = b % 24;
+	gsel = b / 24; /* 8, 9, 10: KV groups (a quarter of the bytes) */
 	if (huge) {
 		/* the slot-geometry edge: 2^31 device token slots (or one block
 		 * more) with every allocation refused, so that no gigabytes are
@@ -422,7 +611,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 		cfg.device_blocks = (most > (1u << 30) ? (1u << 30) : most) + (cfg.host_blocks & 1);
 	}
-	cfg.max_seqs = 1 + fz_u8(&f) % MAX_SEQS;
+	b = fz_u8(&f);
+	cfg.max_seqs = 1 + b % MAX_SEQS;
+	if (gsel >= 8 && !huge) {
+		/* full attention, then a window (8, 10) or a chunk (9) of span
+		 * 1..2 blocks and a bit, then (10) a recurrent state of 1..3
+		 * frames with checkpoints every 2 blocks or none; a byte past
+		 * the arena's room is refused at create */
+		uint32_t q = b / MAX_SEQS, bt = cfg.block_tokens;
+
+		m_groups[0] = (bkv_kv_group){BKV_GROUP_FULL, 1, 0, 0, 2};
+		m_groups[1] = (bkv_kv_group){gsel == 9 ? BKV_GROUP_CHUNKED : BKV_GROUP_WINDOW, 1,
+					     1 + (q % 8) * (bt + 1) / 4, 0, 2};
+		cfg.n_groups = 2;
+		if (gsel == 10) {
+			m_groups[2] = (bkv_kv_group){BKV_GROUP_STATE, 1, q & 1 ? 2 * bt : 0, 0,
+						     (uint64_t)(1 + q % 3) * 2 * bt - 1};
+			cfg.n_groups = 3;
+			cfg.state_units = 1 + (q >> 1) % 6;
+		}
+		cfg.groups = m_groups;
+	}
 	cfg.watermark_blocks = fz_u8(&f) % 4;
 	b = fz_u8(&f);
 	cfg.prefix_cache = b & 1;
@@ -440,7 +649,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rc = bkv_pool_create(&cfg, &a, &m->pool);
 	if (rc != BKV_OK) {
 		FZ_CHECK(rc == BKV_EINVAL || rc == BKV_ENOMEM, "create: %d", rc);
-		FZ_CHECK(rc != BKV_EINVAL ||
+		FZ_CHECK(rc != BKV_EINVAL || groups_refused(&cfg) ||
 				 (cfg.device_blocks == 0 || cfg.block_tokens == 3 ||
 				  cfg.watermark_blocks > cfg.device_blocks ||
 				  cfg.device_blocks > (1u << 30) ||
@@ -461,6 +670,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	m->bt = cfg.block_tokens;
+	m->ng = cfg.n_groups;
+	memcpy(m->g, m_groups, sizeof(m->g));
+	m->state = m->ng == 3;
+	m->arena = m->state ? cfg.state_units * bkv_kv_state_frames(m->g, m->ng, m->bt) : 0;
+	m->nb = cfg.device_blocks - m->arena;
+	FZ_CHECK(stats_of(m->pool).device_blocks == m->nb, "device_blocks %u, %u attention frames",
+		 stats_of(m->pool).device_blocks, m->nb);
 	check_all(m, 1);
 
 	while (fz_more(&f) && steps++ < 400) {
@@ -521,7 +737,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				break;
 			}
 			FZ_CHECK(need >= 0, "blocks_needed: %lld", (long long)need);
-			if (need <= avail && s->len + n <= (uint64_t)cfg.device_blocks * m->bt)
+			/* (a state group may also run out of units) */
+			if (need <= avail && s->len + n <= (uint64_t)m->nb * m->bt && !m->state)
 				FZ_CHECK(rc != BKV_ENOSPC,
 					 "ENOSPC although %lld blocks needed <= %u available",
 					 (long long)need, avail);
@@ -539,9 +756,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				FZ_CHECK(rc == BKV_ENOSPC || rc == BKV_E2BIG || rc == BKV_ENOMEM,
 					 "append: %d", rc);
 				FZ_CHECK(rc != BKV_E2BIG ||
-						 s->len + n > (uint64_t)cfg.device_blocks * m->bt,
-					 "E2BIG for %u + %u tokens in %u blocks", s->len, n,
-					 cfg.device_blocks);
+						 s->len + n > (uint64_t)m->nb * m->bt,
+					 "E2BIG for %u + %u tokens in %u blocks", s->len, n, m->nb);
 			}
 			break;
 		}
@@ -555,6 +771,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				FZ_CHECK(rc == BKV_ESTATE, "truncate swapped: %d", rc);
 			else if (n > s->len)
 				FZ_CHECK(rc == BKV_EINVAL, "truncate longer: %d", rc);
+			else if (rc == BKV_ESTATE && m->ng)
+				FZ_CHECK(m->state || (n > 0 && truncate_needs_released(m, s, n)),
+					 "truncate of seq %u to %u: ESTATE with every block held",
+					 s->id, n);
 			else {
 				FZ_CHECK(rc == BKV_OK, "truncate: %d", rc);
 				s->len = n;
@@ -568,6 +788,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				FZ_CHECK(rc == BKV_ENOENT || rc == BKV_EINVAL, "fork bogus: %d", rc);
 			} else if (s->swapped) {
 				FZ_CHECK(rc == BKV_ESTATE, "fork swapped: %d", rc);
+			} else if (rc == BKV_ESTATE) {
+				/* a state the open step appended to and has not
+				 * committed cannot be shared */
+				FZ_CHECK(m->state && m->txn, "fork: ESTATE");
 			} else if (rc == BKV_OK) {
 				if (!t) {
 					FZ_CHECK(bkv_seq_close(m->pool, got) == BKV_OK, "close");
@@ -654,14 +878,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			uint32_t avail = bkv_pool_available(m->pool);
 			uint32_t ntok = fz_u16(&f);
 
-			FZ_CHECK(st.nr_free + st.nr_used + st.nr_cached == cfg.device_blocks,
+			FZ_CHECK(st.nr_free + st.nr_used + st.nr_cached == m->nb,
 				 "free %u + used %u + cached %u != %u", st.nr_free, st.nr_used,
-				 st.nr_cached, cfg.device_blocks);
+				 st.nr_cached, m->nb);
+			FZ_CHECK(st.state_free <= st.state_units &&
+					 st.state_units == (m->state ? cfg.state_units : 0),
+				 "state units %u, free %u", st.state_units, st.state_free);
 			FZ_CHECK(avail <= st.nr_free + st.nr_cached && avail >= st.nr_free,
 				 "available %u outside [free %u, free + cached %u]", avail,
 				 st.nr_free, st.nr_free + st.nr_cached);
 			rc = bkv_pool_can_admit(m->pool, ntok);
-			FZ_CHECK(rc == ((uint64_t)avail >= (uint64_t)(ntok + m->bt - 1) / m->bt +
+			FZ_CHECK(rc == ((uint64_t)avail >= (uint64_t)(ntok + m->bt - 1) / m->bt *
+								   (m->ng ? 2 : 1) +
 							   cfg.watermark_blocks),
 				 "can_admit(%u) = %d with %u available, watermark %u", ntok, rc,
 				 avail, cfg.watermark_blocks);
