@@ -75,7 +75,8 @@ static void export_lanes(const bkv_pool *pool, const bkv__seq *s, bkv_seq_image 
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 	uint32_t l;
 
-	for (l = 0; l < image_lanes(pool); l++)
+	/* an empty sequence may have no lane table yet */
+	for (l = 0; l < image_lanes(pool) && s->n_blocks; l++)
 		memcpy(exp->group_blocks + (size_t)l * exp->cap_blocks,
 		       pool->lanes[l].seqs[slot].table, s->n_blocks * sizeof(int32_t));
 }
