@@ -601,3 +601,88 @@ Test(pool_groups, refused_calls_leave_the_last_appends_releases_pending)
 	same_pool(p, &st0, a, win0, n0, in0, out0);
 	bkv_pool_destroy(p);
 }
+
+/* ---- the scheduler on a grouped pool -------------------------------------- */
+
+/* One token each, no host state: the scheduler's progress is what is tested. */
+static int fwd_sevens(void *host, const bkv_batch *b, int32_t *next)
+{
+	uint32_t r;
+
+	(void)host;
+	for (r = 0; r < b->n_rows; r++)
+		next[r] = 7;
+	return 0;
+}
+
+static void note_finish(void *host, uint64_t req, bkv_finish_reason why, void *user)
+{
+	(void)req;
+	(void)user;
+	*(int *)host = (int)why;
+}
+
+/* A step costs 1 ms per token computed: a TPOT target of 1.5 ms lets a
+ * step take one token, less than a block of 2. */
+static double ms_per_token(void *ctx, const bkv_step_shape *sh)
+{
+	double t = sh->decode_rows;
+	uint32_t i;
+
+	(void)ctx;
+	for (i = 0; i < sh->n_chunks; i++)
+		t += sh->chunks[i].len;
+	return 1000.0 * t;
+}
+
+/* A grouped pool's prefill chunks end on block boundaries; when the TPOT
+ * target lets a step take less than a block, the step's first chunk still
+ * takes its block (fuzz_sched found the request waiting forever: every
+ * step cut its one-token chunk to nothing). */
+Test(pool_groups, chunked_prefill_progresses_when_the_tpot_target_allows_less_than_a_block)
+{
+	static const bkv_kv_group g[2] = {
+		{BKV_GROUP_FULL, 1, 0, 0, 64},
+		{BKV_GROUP_CHUNKED, 1, 8, 0, 64},
+	};
+	static const int32_t prompt[6] = {11, 12, 13, 14, 15, 16};
+	bkv_pool_config pc;
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	bkv_request q;
+	bkv_pool *p = NULL;
+	bkv_sched *s = NULL;
+	uint64_t id;
+	uint32_t i;
+	int why = -1;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 2;
+	pc.device_blocks = 9;
+	pc.n_groups = 2;
+	pc.groups = g;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &p), BKV_OK);
+	bkv_sched_config_init(&sc);
+	sc.max_running = 1;
+	sc.chunked_prefill = 1;
+	sc.token_budget = 512;
+	sc.tpot_target_us = 1500;
+	sc.cost.step_us = ms_per_token;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = fwd_sevens;
+	ops.on_finish = note_finish;
+	cr_assert_eq(bkv_sched_create(&sc, p, &ops, &why, NULL, &s), BKV_OK);
+	bkv_request_init(&q);
+	q.prompt = prompt;
+	q.prompt_len = 6;
+	q.max_new_tokens = 5;
+	cr_assert_eq(bkv_submit(s, &q, &id), BKV_OK);
+	for (i = 0; i < 100 && bkv_sched_pending(s); i++)
+		cr_assert_eq(bkv_step(s, NULL), BKV_OK);
+	cr_assert_eq(bkv_sched_pending(s), 0, "the request still waits after %u steps", i);
+	cr_assert_eq(why, BKV_FINISH_LENGTH, "the request ended with reason %d, not its length",
+		     why);
+	cr_assert_eq(bkv_sched_check(s), 0);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(p);
+}

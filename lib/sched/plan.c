@@ -171,11 +171,16 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
  * last token for a request that still has to fork. */
 /* A prefill chunk of c tokens from start of a prompt of target tokens, in a
  * pool with KV groups: ended on a block boundary unless it ends the prompt
- * (the groups' prefix hits are whole blocks: pool/lanes.c; with less than a
- * block of budget left it waits for the next step, unless the budget is
- * below two blocks), and at the last
+ * (the groups' prefix hits are whole blocks: pool/lanes.c), and at the last
  * multiple of a STATE group's checkpoint interval inside it, so that the
- * state there exists (pool/state.c); the rest runs in a later step. */
+ * state there exists (pool/state.c); the rest runs in a later step. With
+ * less than a block left (of the token budget, or of what the TPOT target
+ * lets the step take: decide/budget.c) a chunk waits for the next step,
+ * unless the budget is below two blocks (then it stays as it is) or it is
+ * the step's first prefill chunk: that one gets the rest of its block, so
+ * that a prefill always progresses, as the first chunk of a pool without
+ * groups does (it then passes the budget or the target by less than a
+ * block). */
 static uint32_t chunk_cut(const bkv_sched *s, uint32_t start, uint32_t c, uint32_t target)
 {
 	const uint32_t iv = s->call.st_interval, end = start + c;
@@ -186,8 +191,10 @@ static uint32_t chunk_cut(const bkv_sched *s, uint32_t start, uint32_t c, uint32
 	if (end < target && (end & (s->bt - 1))) {
 		if ((end & ~(s->bt - 1)) > start)
 			c = (end & ~(s->bt - 1)) - start;
-		else if (s->cfg.token_budget >= 2 * s->bt)
+		else if (s->cfg.token_budget >= 2 * s->bt && s->plan.n_pre)
 			return 0; /* less than a block left: the next step */
+		else if (s->cfg.token_budget >= 2 * s->bt)
+			c = BKV_MIN((end | (s->bt - 1)) + 1, target) - start;
 	}
 	if (!iv || (start + c) % iv == 0)
 		return c;
