@@ -1,0 +1,145 @@
+/*
+ * spec.c - how many drafts a speculated decode row carries (k), and each
+ * request's acceptance rate.
+ *
+ * A request's acceptance a is the chance that a draft is accepted given that
+ * the one before it was: a verify step of k drafts that accepted m of them
+ * counts m successes and, when m < k, one failure (the geometric model's
+ * maximum-likelihood fit), both decayed by SPEC_DECAY per step so a request
+ * that changes character (quoting, then free text) is followed; a new request
+ * starts from a prior of SPEC_PRIOR_A worth SPEC_PRIOR_W trials.
+ *
+ * With acceptance a, the j-th draft adds a^j expected tokens, so a row of k
+ * drafts yields (1 - a^(k+1)) / (1 - a) tokens per verify step. The step's
+ * price with e extra query tokens, T(e), comes from the cost model
+ * (bkv_step_shape.decode_drafts). Auto k takes drafts in decreasing order of
+ * their gain a^j (rows grouped by acceptance into SPEC_BUCKETS buckets, so
+ * one group is "draft j of every row in bucket b") while the expected tokens
+ * per unit of price, E(e) / T(e), grows; E is concave and T convex in e for
+ * the roofline and polynomial models, so the first group that lowers the
+ * ratio ends the walk. With a TPOT target, the walk goes on while the mean
+ * time per token of a row, T / (E / rows), stays within the target or is
+ * still falling, and keeps the best-throughput prefix that meets it (or, if
+ * none does, the one with the least time per token). Fixed k gives every
+ * row its cap. O(rows + SPEC_BUCKETS * k) per step, at most SPEC_MAX_PRICES
+ * cost-model calls; no allocation (the group table is on the stack).
+ */
+#include "decide/decide.h"
+
+#include <math.h>
+#include <string.h>
+
+#define SPEC_DECAY 0.9f     /* per verify step */
+#define SPEC_PRIOR_A 0.6    /* a new request's acceptance */
+#define SPEC_PRIOR_W 2.0    /* worth this many trials */
+#define SPEC_BUCKETS 16u    /* acceptance buckets */
+#define SPEC_MAX_PRICES 48u /* groups priced per step, at most */
+
+double bkv__spec_accept(const bkv__req *r)
+{
+	double a = ((double)r->spec_acc + SPEC_PRIOR_A * SPEC_PRIOR_W) /
+		   ((double)r->spec_trials + SPEC_PRIOR_W);
+
+	return a < 0.01 ? 0.01 : a > 0.99 ? 0.99 : a;
+}
+
+void bkv__spec_observe(bkv__req *r, uint32_t k, uint32_t m)
+{
+	if (k == 0)
+		return;
+	r->spec_acc = r->spec_acc * SPEC_DECAY + (float)m;
+	r->spec_trials = r->spec_trials * SPEC_DECAY + (float)m + (m < k ? 1.0f : 0.0f);
+}
+
+static double spec_price(const bkv_sched *s, uint32_t n_dec, uint64_t ctx, uint32_t e)
+{
+	bkv_step_shape sh;
+
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_DECODE : BKV_CALL_MIXED;
+	sh.decode_rows = n_dec;
+	sh.padded_rows = n_dec;
+	sh.decode_context = ctx + e;
+	sh.decode_drafts = e;
+	return bkv__price(s, &sh);
+}
+
+typedef struct spec_group {
+	double gain;    /* a_b^j */
+	uint32_t b, j;  /* bucket, draft number */
+	uint32_t count; /* rows of bucket b with cap >= j */
+} spec_group;
+
+void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t *cap, uint32_t n,
+		      uint32_t n_dec, uint64_t ctx, uint32_t *k)
+{
+	const uint32_t K = s->cfg.spec_max_k;
+	uint32_t cnt[SPEC_BUCKETS][BKV_SPEC_MAX_K + 1];
+	uint32_t take[SPEC_BUCKETS], best_take[SPEC_BUCKETS];
+	spec_group g[SPEC_BUCKETS * BKV_SPEC_MAX_K];
+	uint32_t i, b, j, ng = 0, e = 0, priced = 0;
+	double t0, tokens = (double)n_dec, best, best_tpot, tgt = (double)s->cfg.tpot_target_us;
+	int best_meets;
+
+	if (s->cfg.spec_k_mode == BKV_SPEC_K_FIXED) {
+		memcpy(k, cap, (size_t)n * sizeof(uint32_t));
+		return;
+	}
+	memset(cnt, 0, sizeof(cnt));
+	for (i = 0; i < n; i++) {
+		b = (uint32_t)(bkv__spec_accept(reqs[i]) * SPEC_BUCKETS);
+		b = b >= SPEC_BUCKETS ? SPEC_BUCKETS - 1 : b;
+		k[i] = b; /* its bucket, for the last loop */
+		for (j = 1; j <= cap[i] && j <= K; j++)
+			cnt[b][j]++;
+	}
+	for (b = 0; b < SPEC_BUCKETS; b++) {
+		double a = ((double)b + 0.5) / SPEC_BUCKETS, gain = 1.0;
+
+		take[b] = best_take[b] = 0;
+		for (j = 1; j <= K; j++) {
+			gain *= a;
+			if (!cnt[b][j])
+				break;
+			/* insertion keeps g sorted by gain, largest first */
+			for (i = ng++; i > 0 && g[i - 1].gain < gain; i--)
+				g[i] = g[i - 1];
+			g[i].gain = gain;
+			g[i].b = b;
+			g[i].j = j;
+			g[i].count = cnt[b][j];
+		}
+	}
+	t0 = spec_price(s, n_dec, ctx, 0);
+	if (t0 <= 0.0 || n_dec == 0) {
+		memset(k, 0, (size_t)n * sizeof(uint32_t));
+		return;
+	}
+	best = tokens / t0;
+	best_tpot = t0 / (tokens / n_dec);
+	best_meets = !tgt || best_tpot <= tgt;
+	for (i = 0; i < ng && priced < SPEC_MAX_PRICES; i++, priced++) {
+		double t, thr, tpot;
+		int meets;
+
+		e += g[i].count;
+		tokens += g[i].gain * g[i].count;
+		take[g[i].b] = g[i].j;
+		t = spec_price(s, n_dec, ctx, e);
+		if (t <= 0.0)
+			break;
+		thr = tokens / t;
+		tpot = t / (tokens / n_dec);
+		meets = !tgt || tpot <= tgt;
+		if ((meets && (!best_meets || thr > best)) || (!meets && !best_meets && tpot < best_tpot)) {
+			best = thr;
+			best_tpot = tpot;
+			best_meets = meets;
+			memcpy(best_take, take, sizeof(take));
+		} else if (!tgt) {
+			break; /* quasi-concave: past the top */
+		}
+	}
+	for (i = 0; i < n; i++)
+		k[i] = BKV_MIN(cap[i], best_take[k[i]]);
+}

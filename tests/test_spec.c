@@ -1,0 +1,374 @@
+/*
+ * test_spec.c - speculative decoding (issue 17): the step contract (drafts
+ * in decode rows, the accepted run and the bonus token, the cut of a
+ * rejected tail), its rollback, and speculation together with forks,
+ * preemption (recompute and swap), chunked prefill, prefix caching and
+ * small pools; drafts from the host and from the library's n-gram lookup;
+ * the choice of k.
+ *
+ * The fake host (tests/support/fakehost.h) samples a closed-form function of
+ * (request, branch, position, input), so every request has one true
+ * continuation whatever the schedule: its on_token check fails a run that
+ * delivers any other token, and its KV cell model fails a run that reads
+ * KV a rejected draft left behind. Its drafter proposes the true
+ * continuation with each draft right with a set chance.
+ */
+#include "fakehost_sched.h"
+#include "internal.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NREQ 24
+
+static fake_host *spec_host(uint32_t bt, uint32_t blocks, uint32_t k, bkv_spec_k_mode mode,
+			    uint32_t accept, int split)
+{
+	fh_opts o;
+	fake_host *f;
+
+	fh_opts_init(&o);
+	o.block_tokens = bt;
+	o.device_blocks = blocks;
+	o.split = split;
+	o.cfg.max_running = 8;
+	o.cfg.spec_max_k = k;
+	o.cfg.spec_k_mode = mode;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = accept;
+	return f;
+}
+
+static void stats(const fake_host *f, bkv_sched_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->size = sizeof(*st);
+	bkv_sched_stats_get(f->s, st);
+}
+
+/* Submit NREQ requests (prompts from seeds 1..NREQ) and run them out;
+ * returns the steps. Every request must end with LENGTH or STOP, once. */
+static uint32_t run_set(fake_host *f, int32_t **prompts, uint32_t max_new, uint32_t n)
+{
+	uint32_t i, steps;
+
+	for (i = 0; i < NREQ; i++)
+		fh_submit_ex(f, prompts[i], 5 + i % 13, max_new, 0, n, i % 5 == 0 ? 9 : 0);
+	steps = fh_run(f, 20000);
+	cr_assert_eq(bkv_sched_pending(f->s), 0);
+	for (i = 1; i <= NREQ; i++) {
+		cr_assert_eq(f->finish_count[i], 1, "request %u ended %u times", i,
+			     f->finish_count[i]);
+		cr_assert(f->reason[i] == BKV_FINISH_LENGTH || f->reason[i] == BKV_FINISH_STOP,
+			  "request %u: reason %d", i, f->reason[i]);
+	}
+	return steps;
+}
+
+static int32_t **make_prompts(void)
+{
+	int32_t **p = malloc(NREQ * sizeof(*p));
+	uint32_t i;
+
+	for (i = 0; i < NREQ; i++)
+		p[i] = fh_prompt(5 + i % 13, 1 + i);
+	return p;
+}
+
+static void free_prompts(int32_t **p)
+{
+	for (uint32_t i = 0; i < NREQ; i++)
+		free(p[i]);
+	free(p);
+}
+
+/* Token-exactness: each request gets exactly what the run without
+ * speculation gives it, in fewer steps, with the drafts accepted counted. */
+static void exact_vs_plain(uint32_t bt, int split, int host_accepts, uint32_t n)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(bt, 1024, 0, BKV_SPEC_K_FIXED, 0, split);
+	fake_host *sp = spec_host(bt, 1024, 5, BKV_SPEC_K_FIXED, 800, split);
+	bkv_sched_stats st;
+	uint32_t s0, s1, i, b;
+
+	sp->host.spec_host_accepts = host_accepts;
+	s0 = run_set(plain, p, 40, n);
+	s1 = run_set(sp, p, 40, n);
+	for (i = 1; i <= NREQ; i++)
+		for (b = 0; b < n; b++) {
+			cr_assert_eq(sp->n_out[i][b], plain->n_out[i][b], "req %u branch %u", i, b);
+			cr_assert_arr_eq(sp->out[i][b], plain->out[i][b],
+					 BKV_MIN(sp->n_out[i][b], FH_MAX_TOK) * sizeof(int32_t));
+		}
+	stats(sp, &st);
+	cr_assert_gt(st.spec_rows, 0);
+	cr_assert_gt(st.spec_accepted, 0);
+	cr_assert_lt(st.spec_accepted, st.spec_drafted, "some drafts were rejected");
+	cr_assert_eq(st.spec_accepted, sp->host.spec_accepted, "library and host agree");
+	cr_assert_lt(s1, s0, "speculation took %u steps, plain %u", s1, s0);
+	fh_destroy(plain);
+	fh_destroy(sp);
+	free_prompts(p);
+}
+
+Test(spec, greedy_verify_delivers_exactly_the_plain_runs_tokens)
+{
+	exact_vs_plain(16, 0, 0, 1);
+}
+
+Test(spec, host_reported_acceptance_delivers_the_same_tokens)
+{
+	exact_vs_plain(16, 0, 1, 1);
+}
+
+Test(spec, split_host_and_drafts_across_block_boundaries)
+{
+	exact_vs_plain(2, 1, 0, 1);
+}
+
+Test(spec, forked_branches_speculate_each_on_its_own)
+{
+	exact_vs_plain(4, 0, 0, 3);
+}
+
+/* A decode row carries 1 + k tokens with consecutive positions and slots
+ * in the lane's blocks (the fake host checks positions and slots); with
+ * every draft wrong, the rejected tails' blocks come back: after every
+ * step the pool holds exactly the blocks of the committed tokens
+ * (bkv_sched_check 11, 13) and no more blocks than the plain run. */
+Test(spec, rejected_tails_return_their_blocks)
+{
+	int32_t **p = make_prompts();
+	fake_host *f = spec_host(2, 1024, 8, BKV_SPEC_K_FIXED, 0, 0);
+	bkv_sched_stats st;
+	bkv_pool_stats ps;
+	uint32_t i;
+
+	for (i = 0; i < NREQ; i++)
+		fh_submit(f, p[i], 7, 30);
+	while (bkv_sched_pending(f->s)) {
+		cr_assert(bkv_step(f->s, NULL) == BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
+	}
+	stats(f, &st);
+	cr_assert_gt(st.spec_drafted, 0);
+	cr_assert_eq(st.spec_accepted, 0);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(f->pool, &ps);
+	cr_assert_eq(ps.nr_used, 0, "every block back once the requests ended");
+	fh_destroy(f);
+	free_prompts(p);
+}
+
+/* The prefix cache never indexes a block holding a rejected draft: every
+ * STORED event's hash is the hash of a block of some request's delivered
+ * history (drafts the fake drafter gets wrong are tokens no request
+ * delivers). */
+Test(spec, rejected_drafts_never_reach_the_prefix_index)
+{
+	int32_t **p = make_prompts();
+	fh_opts o;
+	fake_host *f;
+	bkv_pool_config pc;
+	bkv_kv_event ev[256];
+	uint64_t *known = NULL, *h;
+	uint32_t n_known = 0, i, n, stored = 0;
+	int32_t hist[64];
+
+	fh_opts_init(&o);
+	o.block_tokens = 2;
+	o.device_blocks = 4096;
+	o.event_capacity = 1u << 16;
+	o.cfg.max_running = 8;
+	o.cfg.spec_max_k = 6;
+	o.cfg.spec_k_mode = BKV_SPEC_K_FIXED;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = 500;
+	for (i = 0; i < NREQ; i++)
+		fh_submit(f, p[i], 9, 40);
+	fh_run(f, 20000);
+	bkv_pool_config_init(&pc);
+	h = malloc(64 * sizeof(uint64_t));
+	known = malloc((size_t)NREQ * 64 * sizeof(uint64_t));
+	for (i = 1; i <= NREQ; i++) {
+		const kh_req *r = &f->req[i];
+		uint32_t len = r->prompt_len + f->n_out[i][0], j, m;
+
+		cr_assert(len <= 64);
+		for (j = 0; j < len; j++)
+			hist[j] = kh_token_at(r, 0, j);
+		m = bkv_block_hashes(pc.hash_seed, 0, 2, hist, len, h);
+		memcpy(known + n_known, h, m * sizeof(uint64_t));
+		n_known += m;
+	}
+	while ((n = bkv_pool_drain_events(f->pool, ev, 256)) > 0) {
+		for (i = 0; i < n; i++) {
+			uint32_t j;
+
+			if (ev[i].kind != BKV_EVENT_STORED)
+				continue;
+			stored++;
+			for (j = 0; j < n_known && known[j] != ev[i].hash; j++)
+				;
+			cr_assert(j < n_known, "event %llu stored a block of no delivered history",
+				  (unsigned long long)ev[i].seq);
+		}
+	}
+	cr_assert_gt(stored, 0);
+	free(h);
+	free(known);
+	fh_destroy(f);
+	free_prompts(p);
+}
+
+/* A failing call (the host writes garbage KV first) rolls back the drafts
+ * with everything else; every request still gets its true tokens. */
+Test(spec, failed_calls_roll_the_drafts_back)
+{
+	int32_t **p = make_prompts();
+	fake_host *f = spec_host(4, 1024, 4, BKV_SPEC_K_FIXED, 700, 0);
+	bkv_sched_stats st;
+
+	f->host.garbage = 1;
+	f->host.fail_permille = 150;
+	f->host.rng = 12345;
+	run_set(f, p, 30, 1);
+	stats(f, &st);
+	cr_assert_gt(f->host.failed_calls, 0);
+	cr_assert_gt(st.spec_accepted, 0);
+	fh_destroy(f);
+	free_prompts(p);
+}
+
+/* Everything together in a small pool: forks, shared prompts (prefix
+ * hits), chunked prefill, preemption by swap and by recompute, drafts
+ * crossing block boundaries, some calls failing. */
+static void together(bkv_preempt_mode mode, uint32_t host_blocks)
+{
+	static int32_t shared[40];
+	int32_t *prompts[NREQ];
+	fh_opts o;
+	fake_host *f;
+	bkv_sched_stats st;
+	uint32_t i;
+
+	for (i = 0; i < 40; i++)
+		shared[i] = 100 + (int32_t)(i * 7 % 900);
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 56;
+	o.host_blocks = host_blocks;
+	o.cfg.max_running = 8;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 24;
+	o.cfg.preempt = mode;
+	o.cfg.spec_max_k = 6;
+	o.cfg.spec_k_mode = BKV_SPEC_K_FIXED;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = 650;
+	f->host.garbage = 1;
+	f->host.fail_permille = 40;
+	f->host.rng = 777;
+	for (i = 0; i < NREQ; i++) {
+		prompts[i] = fh_prompt(40, 50 + i);
+		if (i % 2)
+			memcpy(prompts[i], shared, 32 * sizeof(int32_t)); /* prefix hits */
+		fh_submit_ex(f, prompts[i], 20 + i % 20, 24 + i % 9, 0, 1 + i % 3, 0);
+	}
+	fh_run(f, 50000);
+	cr_assert_eq(bkv_sched_pending(f->s), 0);
+	for (i = 1; i <= NREQ; i++)
+		cr_assert_eq(f->finish_count[i], 1);
+	stats(f, &st);
+	cr_assert_gt(st.preemptions, 0, "the pool is small enough to preempt");
+	cr_assert_gt(st.spec_accepted, 0);
+	cr_assert_gt(st.hit_tokens, 0);
+	fh_destroy(f);
+	for (i = 0; i < NREQ; i++)
+		free(prompts[i]);
+}
+
+Test(spec, forks_chunks_prefix_hits_and_recompute_in_a_small_pool)
+{
+	together(BKV_PREEMPT_RECOMPUTE, 0);
+}
+
+Test(spec, forks_chunks_prefix_hits_and_swap_in_a_small_pool)
+{
+	together(BKV_PREEMPT_SWAP, 512);
+}
+
+/* Speculation is the first thing memory pressure gives up: a pool just
+ * large enough for the plain run without preemption sees none with
+ * drafts of 8 either. */
+Test(spec, drafts_never_cause_a_preemption)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(4, 60, 0, BKV_SPEC_K_FIXED, 0, 0);
+	fake_host *sp = spec_host(4, 60, 8, BKV_SPEC_K_FIXED, 300, 0);
+	bkv_sched_stats a, b;
+	uint32_t i;
+
+	for (i = 0; i < NREQ; i++) {
+		fh_submit(plain, p[i], 5 + i % 13, 12);
+		fh_submit(sp, p[i], 5 + i % 13, 12);
+	}
+	fh_run(plain, 20000);
+	fh_run(sp, 20000);
+	stats(plain, &a);
+	stats(sp, &b);
+	cr_assert_eq(a.preemptions, 0, "the plain run fits (%llu)",
+		     (unsigned long long)a.preemptions);
+	cr_assert_eq(b.preemptions, 0);
+	cr_assert_gt(b.spec_rows, 0);
+	fh_destroy(plain);
+	fh_destroy(sp);
+	free_prompts(p);
+}
+
+Test(spec, off_means_no_speculation_arrays)
+{
+	fake_host *f = spec_host(16, 256, 0, BKV_SPEC_K_AUTO, 0, 0);
+	int32_t *p = fh_prompt(8, 3);
+	bkv_sched_stats st;
+
+	fh_submit(f, p, 8, 10);
+	fh_run(f, 100);
+	stats(f, &st);
+	cr_assert_eq(st.spec_rows + st.spec_drafted + f->host.spec_rows, 0);
+	cr_assert_null(f->s->spec);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(spec, host_drafts_need_the_draft_callback)
+{
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s = (bkv_sched *)0x1;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 16;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.spec_max_k = 4;
+	c.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = fh_forward;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_eq(s, (bkv_sched *)0x1);
+	c.spec_drafts = BKV_SPEC_DRAFT_NGRAM;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
