@@ -372,3 +372,139 @@ Test(spec, host_drafts_need_the_draft_callback)
 	bkv_sched_destroy(s);
 	bkv_pool_destroy(pool);
 }
+
+/* ---- n-gram drafts -------------------------------------------------------- */
+
+/* A host whose "model" continues a cycle: the token after t is
+ * cyc(t) = 100 + (t - 100 + 1) % CYC, whatever came before. Its output repeats
+ * with period CYC, which n-gram lookup over the sequence's own tokens
+ * predicts once one period has been seen. */
+#define CYC 7
+
+typedef struct cyc_host {
+	uint64_t rows, spec_rows;
+	int32_t out[8][128]; /* by request id - 1 */
+	uint32_t n_out[8];
+} cyc_host;
+
+static int32_t cyc(int32_t t)
+{
+	return 100 + (t - 100 + 1) % CYC;
+}
+
+static int cyc_forward(void *host, const bkv_batch *b, int32_t *next)
+{
+	cyc_host *h = host;
+	uint32_t r;
+	int32_t t;
+
+	for (r = 0; r < b->n_rows; r++) {
+		int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+
+		h->rows++;
+		if (!b->row_sample[r])
+			continue;
+		if (b->row_drafts && b->row_drafts[r]) {
+			cr_assert_eq(q1 - q0, 1 + (int32_t)b->row_drafts[r]);
+			for (t = q0; t < q1; t++)
+				b->spec_tokens[t] = cyc(b->token_ids[t]);
+			h->spec_rows++;
+		} else {
+			next[r] = cyc(b->token_ids[q1 - 1]);
+		}
+	}
+	return 0;
+}
+
+static void cyc_token(void *host, uint64_t req, uint32_t branch, int32_t token, void *user)
+{
+	cyc_host *h = host;
+
+	(void)branch;
+	(void)user;
+	h->out[req - 1][h->n_out[req - 1]++] = token;
+}
+
+static void cyc_run(uint32_t k, uint32_t max_running, cyc_host *h, bkv_sched_stats *st,
+		    uint32_t *steps)
+{
+	static const int32_t prompt[5] = {100, 101, 102, 103, 104};
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops;
+	bkv_request q;
+	bkv_pool *pool;
+	bkv_sched *s;
+	uint32_t i;
+
+	memset(h, 0, sizeof(*h));
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 256;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.max_running = max_running;
+	c.admit_group = 1;
+	c.spec_max_k = k;
+	c.spec_k_mode = BKV_SPEC_K_FIXED;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = cyc_forward;
+	ops.on_token = cyc_token;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, h, NULL, &s), BKV_OK);
+	for (i = 0; i < 8; i++) {
+		bkv_request_init(&q);
+		q.prompt = prompt;
+		q.prompt_len = 1 + i % 5;
+		q.max_new_tokens = 60 + i;
+		cr_assert_eq(bkv_submit(s, &q, NULL), BKV_OK);
+	}
+	for (*steps = 0; bkv_sched_pending(s); ++*steps) {
+		cr_assert_eq(bkv_step(s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(s), 0);
+	}
+	memset(st, 0, sizeof(*st));
+	st->size = sizeof(*st);
+	bkv_sched_stats_get(s, st);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+	for (i = 0; i < 8; i++) {
+		int32_t t = prompt[i % 5];
+		uint32_t j;
+
+		cr_assert_eq(h->n_out[i], 60 + i);
+		for (j = 0; j < h->n_out[i]; j++) {
+			t = cyc(t);
+			cr_assert_eq(h->out[i][j], t, "request %u token %u", i + 1, j);
+		}
+	}
+}
+
+Test(spec, ngram_lookup_predicts_repetitive_output)
+{
+	cyc_host plain, ng;
+	bkv_sched_stats a, b;
+	uint32_t s0, s1;
+
+	cyc_run(0, 8, &plain, &a, &s0);
+	cyc_run(6, 8, &ng, &b, &s1);
+	cr_assert_eq(plain.spec_rows, 0);
+	cr_assert_gt(ng.spec_rows, 0);
+	cr_assert_gt(b.spec_accepted * 10, b.spec_drafted * 9, "acceptance %llu / %llu",
+		     (unsigned long long)b.spec_accepted, (unsigned long long)b.spec_drafted);
+	cr_assert_lt(s1 * 3, s0, "n-gram steps %u, plain %u", s1, s0);
+}
+
+/* A table whose request ended is taken by the next lane and rebuilt from
+ * that lane's history: 8 requests over max_running = 2 tables still predict
+ * their cycles. (A stale entry could only cost a draft, never a wrong
+ * token: a match is verified against the lane's own tokens.) */
+Test(spec, ngram_tables_pass_from_ended_requests_to_new_ones)
+{
+	cyc_host h;
+	bkv_sched_stats st;
+	uint32_t steps;
+
+	cyc_run(3, 2, &h, &st, &steps);
+	cr_assert_gt(st.spec_accepted * 10, st.spec_drafted * 8, "acceptance %llu / %llu",
+		     (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted);
+}
