@@ -508,3 +508,126 @@ Test(spec, ngram_tables_pass_from_ended_requests_to_new_ones)
 	cr_assert_gt(st.spec_accepted * 10, st.spec_drafted * 8, "acceptance %llu / %llu",
 		     (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted);
 }
+
+/* ---- the choice of k ------------------------------------------------------ */
+
+/* Tokens per us of n rows at acceptance a, context ctx each, k drafts each,
+ * under the roofline model rl. */
+static double spec_rate(const bkv_cost_roofline *rl, uint32_t n, double a, uint64_t ctx, uint32_t k)
+{
+	bkv_step_shape sh;
+	double e = 0.0, g = 1.0;
+
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = BKV_CALL_MIXED;
+	sh.decode_rows = n;
+	sh.padded_rows = n;
+	sh.decode_drafts = n * k;
+	sh.decode_context = n * ctx + n * k;
+	for (uint32_t j = 0; j <= k; j++, g *= a)
+		e += g;
+	return (double)n * e / bkv_cost_roofline_step_us(rl, &sh);
+}
+
+/* Auto k at rows x acceptance on a roofline preset: at least 0.98 of the
+ * best fixed k and never below no speculation (the grid of
+ * docs/benchmarks.md, at the cost model's level). */
+Test(spec, auto_k_is_within_two_percent_of_the_best_fixed_k)
+{
+	static const double acc[4] = {0.3, 0.5, 0.7, 0.9};
+	static const uint32_t rows[5] = {1, 8, 32, 128, 256};
+	bkv_cost_roofline rl;
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	bkv__req *reqs[256];
+	uint32_t cap[256], k[256], i, ai, ri;
+
+	cr_assert_eq(bkv_cost_roofline_init(&rl, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16), BKV_OK);
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 16;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.max_running = 256;
+	c.spec_max_k = 8;
+	c.cost = bkv_cost_roofline_model(&rl);
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = cyc_forward;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	for (i = 0; i < 256; i++)
+		reqs[i] = calloc(1, sizeof(bkv__req));
+	for (ai = 0; ai < 4; ai++) {
+		for (ri = 0; ri < 5; ri++) {
+			uint32_t n = rows[ri], best_k = 0, kk;
+			double best = 0.0, got, none = spec_rate(&rl, n, acc[ai], 1024, 0);
+
+			for (i = 0; i < n; i++) { /* a request that measured acc[ai] */
+				reqs[i]->spec_trials = 1e6f;
+				reqs[i]->spec_acc = (float)(acc[ai] * 1e6);
+				cap[i] = 8;
+			}
+			for (kk = 0; kk <= 8; kk++) {
+				double r = spec_rate(&rl, n, acc[ai], 1024, kk);
+
+				if (r > best) {
+					best = r;
+					best_k = kk;
+				}
+			}
+			bkv__spec_choose(s, reqs, cap, n, n, (uint64_t)n * 1024, k);
+			for (i = 1; i < n; i++)
+				cr_assert_eq(k[i], k[0], "rows alike, k alike");
+			got = spec_rate(&rl, n, acc[ai], 1024, k[0]);
+			cr_assert_geq(got, 0.98 * best, "a %.1f rows %u: auto k %u %.4f, best k %u %.4f",
+				      acc[ai], n, k[0], got, best_k, best);
+			cr_assert_geq(got, none);
+		}
+	}
+	for (i = 0; i < 256; i++)
+		free(reqs[i]);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
+
+/* With a TPOT target the choice keeps the target where speculation can
+ * meet it: one row at acceptance 0.9 whose plain step misses the target
+ * gets drafts that bring its time per token under it. */
+Test(spec, auto_k_meets_a_tpot_target_it_can_meet)
+{
+	bkv_cost_roofline rl;
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	bkv__req *r = calloc(1, sizeof(bkv__req));
+	uint32_t cap = 8, k = 0;
+	double t0, per_tok;
+
+	cr_assert_eq(bkv_cost_roofline_init(&rl, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16), BKV_OK);
+	t0 = spec_rate(&rl, 1, 0.9, 1024, 0); /* tokens per us without drafts */
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 16;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.spec_max_k = 8;
+	c.cost = bkv_cost_roofline_model(&rl);
+	c.tpot_target_us = (uint32_t)(0.5 / t0); /* half the plain step's time */
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = cyc_forward;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	r->spec_trials = 1e6f;
+	r->spec_acc = 0.9e6f;
+	bkv__spec_choose(s, &r, &cap, 1, 1, 1024, &k);
+	per_tok = 1.0 / spec_rate(&rl, 1, 0.9, 1024, k);
+	cr_assert_gt(k, 0);
+	cr_assert_leq(per_tok, (double)c.tpot_target_us, "k %u: %.1f us per token, target %u", k,
+		      per_tok, c.tpot_target_us);
+	free(r);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}

@@ -13,8 +13,9 @@
  * drafts yields (1 - a^(k+1)) / (1 - a) tokens per verify step. The step's
  * price with e extra query tokens, T(e), comes from the cost model
  * (bkv_step_shape.decode_drafts). Auto k takes drafts in decreasing order of
- * their gain a^j (rows grouped by acceptance into SPEC_BUCKETS buckets, so
- * one group is "draft j of every row in bucket b") while the expected tokens
+ * their gain a^j (rows grouped by acceptance into SPEC_BUCKETS buckets, each
+ * taken at its rows' mean acceptance, so one group is "draft j of every row
+ * in bucket b") while the expected tokens
  * per unit of price, E(e) / T(e), grows; E is concave and T convex in e for
  * the roofline and polynomial models, so the first group that lowers the
  * ratio ends the walk. With a TPOT target, the walk goes on while the mean
@@ -74,7 +75,8 @@ void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t 
 		      uint32_t n_dec, uint64_t ctx, uint32_t *k)
 {
 	const uint32_t K = s->cfg.spec_max_k;
-	uint32_t cnt[SPEC_BUCKETS][BKV_SPEC_MAX_K + 1];
+	uint32_t cnt[SPEC_BUCKETS][BKV_SPEC_MAX_K + 1]; /* [b][0]: rows in b */
+	double suma[SPEC_BUCKETS];
 	uint32_t take[SPEC_BUCKETS], best_take[SPEC_BUCKETS];
 	spec_group g[SPEC_BUCKETS * BKV_SPEC_MAX_K];
 	uint32_t i, b, j, ng = 0, e = 0, priced = 0;
@@ -86,15 +88,21 @@ void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t 
 		return;
 	}
 	memset(cnt, 0, sizeof(cnt));
+	memset(suma, 0, sizeof(suma));
 	for (i = 0; i < n; i++) {
-		b = (uint32_t)(bkv__spec_accept(reqs[i]) * SPEC_BUCKETS);
+		double a = bkv__spec_accept(reqs[i]);
+
+		b = (uint32_t)(a * SPEC_BUCKETS);
 		b = b >= SPEC_BUCKETS ? SPEC_BUCKETS - 1 : b;
 		k[i] = b; /* its bucket, for the last loop */
+		suma[b] += a;
+		cnt[b][0]++;
 		for (j = 1; j <= cap[i] && j <= K; j++)
 			cnt[b][j]++;
 	}
 	for (b = 0; b < SPEC_BUCKETS; b++) {
-		double a = ((double)b + 0.5) / SPEC_BUCKETS, gain = 1.0;
+		/* the bucket's rows at their mean acceptance */
+		double a = cnt[b][0] ? suma[b] / cnt[b][0] : 0.0, gain = 1.0;
 
 		take[b] = best_take[b] = 0;
 		for (j = 1; j <= K; j++) {
