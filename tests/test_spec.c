@@ -543,6 +543,8 @@ Test(spec, auto_k_is_within_two_percent_of_the_best_fixed_k)
 	bkv_pool *pool;
 	bkv_sched *s;
 	bkv__req *reqs[256];
+	bkv__lane lanes[256];
+	bkv__row rws[256];
 	uint32_t cap[256], k[256], i, ai, ri;
 
 	cr_assert_eq(bkv_cost_roofline_init(&rl, BKV_ROOFLINE_H100_SXM_LLAMA3_8B_BF16), BKV_OK);
@@ -557,8 +559,13 @@ Test(spec, auto_k_is_within_two_percent_of_the_best_fixed_k)
 	memset(&ops, 0, sizeof(ops));
 	ops.forward = cyc_forward;
 	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
-	for (i = 0; i < 256; i++)
+	memset(lanes, 0, sizeof(lanes));
+	memset(rws, 0, sizeof(rws));
+	for (i = 0; i < 256; i++) {
 		reqs[i] = calloc(1, sizeof(bkv__req));
+		lanes[i].req = reqs[i];
+		rws[i].lane = &lanes[i];
+	}
 	for (ai = 0; ai < 4; ai++) {
 		for (ri = 0; ri < 5; ri++) {
 			uint32_t n = rows[ri], best_k = 0, kk;
@@ -577,7 +584,7 @@ Test(spec, auto_k_is_within_two_percent_of_the_best_fixed_k)
 					best_k = kk;
 				}
 			}
-			bkv__spec_choose(s, reqs, cap, n, n, (uint64_t)n * 1024, k);
+			bkv__spec_choose(s, rws, cap, n, n, (uint64_t)n * 1024, k);
 			for (i = 1; i < n; i++)
 				cr_assert_eq(k[i], k[0], "rows alike, k alike");
 			got = spec_rate(&rl, n, acc[ai], 1024, k[0]);
@@ -604,6 +611,8 @@ Test(spec, auto_k_meets_a_tpot_target_it_can_meet)
 	bkv_pool *pool;
 	bkv_sched *s;
 	bkv__req *r = calloc(1, sizeof(bkv__req));
+	bkv__lane lane;
+	bkv__row row;
 	uint32_t cap = 8, k = 0;
 	double t0, per_tok;
 
@@ -622,7 +631,11 @@ Test(spec, auto_k_meets_a_tpot_target_it_can_meet)
 	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
 	r->spec_trials = 1e6f;
 	r->spec_acc = 0.9e6f;
-	bkv__spec_choose(s, &r, &cap, 1, 1, 1024, &k);
+	memset(&lane, 0, sizeof(lane));
+	memset(&row, 0, sizeof(row));
+	lane.req = r;
+	row.lane = &lane;
+	bkv__spec_choose(s, &row, &cap, 1, 1, 1024, &k);
 	per_tok = 1.0 / spec_rate(&rl, 1, 0.9, 1024, k);
 	cr_assert_gt(k, 0);
 	cr_assert_leq(per_tok, (double)c.tpot_target_us, "k %u: %.1f us per token, target %u", k,

@@ -6,8 +6,13 @@
  * the one before it was: a verify step of k drafts that accepted m of them
  * counts m successes and, when m < k, one failure (the geometric model's
  * maximum-likelihood fit), both decayed by SPEC_DECAY per step so a request
- * that changes character (quoting, then free text) is followed; a new request
- * starts from a prior of SPEC_PRIOR_A worth SPEC_PRIOR_W trials.
+ * that changes character (quoting, then free text) is followed; a request
+ * starts from a prior worth SPEC_PRIOR_W trials: the acceptance of every
+ * request's verifications so far (decayed by SPEC_G_DECAY per verified row),
+ * SPEC_PRIOR_A before the first. A row the choice gives no drafts decays its
+ * counts all the same, so its estimate returns to the prior and it is tried
+ * again: without that, a request whose estimate fell below the threshold
+ * once would never be measured again.
  *
  * With acceptance a, the j-th draft adds a^j expected tokens, so a row of k
  * drafts yields (1 - a^(k+1)) / (1 - a) tokens per verify step. The step's
@@ -30,26 +35,42 @@
 #include <math.h>
 #include <string.h>
 
-#define SPEC_DECAY 0.9f     /* per verify step */
-#define SPEC_PRIOR_A 0.6    /* a new request's acceptance */
+#define SPEC_DECAY 0.98f    /* per verify step: about the last 50 */
+#define SPEC_PRIOR_A 0.6    /* a new request's acceptance before any
+			       request was measured */
+#define SPEC_G_DECAY 0.999  /* the prior's decay per verified row */
 #define SPEC_PRIOR_W 2.0    /* worth this many trials */
-#define SPEC_BUCKETS 16u    /* acceptance buckets */
-#define SPEC_MAX_PRICES 48u /* groups priced per step, at most */
+#define SPEC_BUCKETS 8u     /* acceptance buckets */
+#define SPEC_MAX_PRICES 64u /* groups priced per step, at most (every
+			       group of 8 buckets x k <= 8) */
 
-double bkv__spec_accept(const bkv__req *r)
+/* The prior: every request's verifications so far (decayed slowly), or
+ * SPEC_PRIOR_A before the first. */
+static double spec_prior(const bkv_sched *s)
 {
-	double a = ((double)r->spec_acc + SPEC_PRIOR_A * SPEC_PRIOR_W) /
+	const bkv__spec *sp = s->spec;
+
+	return sp && sp->g_trials > 1.0 ? sp->g_acc / sp->g_trials : SPEC_PRIOR_A;
+}
+
+double bkv__spec_accept(const bkv_sched *s, const bkv__req *r)
+{
+	double a = ((double)r->spec_acc + spec_prior(s) * SPEC_PRIOR_W) /
 		   ((double)r->spec_trials + SPEC_PRIOR_W);
 
 	return a < 0.01 ? 0.01 : a > 0.99 ? 0.99 : a;
 }
 
-void bkv__spec_observe(bkv__req *r, uint32_t k, uint32_t m)
+void bkv__spec_observe(bkv_sched *s, bkv__req *r, uint32_t k, uint32_t m)
 {
+	const float t = (float)m + (m < k ? 1.0f : 0.0f);
+
 	if (k == 0)
 		return;
 	r->spec_acc = r->spec_acc * SPEC_DECAY + (float)m;
-	r->spec_trials = r->spec_trials * SPEC_DECAY + (float)m + (m < k ? 1.0f : 0.0f);
+	r->spec_trials = r->spec_trials * SPEC_DECAY + t;
+	s->spec->g_acc = s->spec->g_acc * SPEC_G_DECAY + (double)m;
+	s->spec->g_trials = s->spec->g_trials * SPEC_G_DECAY + (double)t;
 }
 
 static double spec_price(const bkv_sched *s, uint32_t n_dec, uint64_t ctx, uint32_t e)
@@ -71,7 +92,7 @@ typedef struct spec_group {
 	uint32_t count; /* rows of bucket b with cap >= j */
 } spec_group;
 
-void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t *cap, uint32_t n,
+void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *cap, uint32_t n,
 		      uint32_t n_dec, uint64_t ctx, uint32_t *k)
 {
 	const uint32_t K = s->cfg.spec_max_k;
@@ -84,13 +105,18 @@ void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t 
 	int best_meets;
 
 	if (s->cfg.spec_k_mode == BKV_SPEC_K_FIXED) {
-		memcpy(k, cap, (size_t)n * sizeof(uint32_t));
+		if (k != cap)
+			memcpy(k, cap, (size_t)n * sizeof(uint32_t));
 		return;
 	}
 	memset(cnt, 0, sizeof(cnt));
 	memset(suma, 0, sizeof(suma));
 	for (i = 0; i < n; i++) {
-		double a = bkv__spec_accept(reqs[i]);
+		double a;
+
+		if (!cap[i])
+			continue;
+		a = bkv__spec_accept(s, rows[i].lane->req);
 
 		b = (uint32_t)(a * SPEC_BUCKETS);
 		b = b >= SPEC_BUCKETS ? SPEC_BUCKETS - 1 : b;
@@ -148,6 +174,16 @@ void bkv__spec_choose(const bkv_sched *s, bkv__req *const *reqs, const uint32_t 
 			break; /* quasi-concave: past the top */
 		}
 	}
-	for (i = 0; i < n; i++)
-		k[i] = BKV_MIN(cap[i], best_take[k[i]]);
+	for (i = 0; i < n; i++) {
+		k[i] = cap[i] ? BKV_MIN(cap[i], best_take[k[i]]) : 0;
+		if (cap[i] && !k[i]) {
+			/* no drafts, no observation: forget as if observed, so
+			 * the estimate drifts back to the prior and the row is
+			 * tried again (else one unlucky run stops it for good) */
+			bkv__req *r = rows[i].lane->req;
+
+			r->spec_acc *= SPEC_DECAY;
+			r->spec_trials *= SPEC_DECAY;
+		}
+	}
 }

@@ -491,7 +491,11 @@ typedef struct bkv__spec {
 	bkv__ngram *tab;       /* [n_tab] */
 	uint32_t *slots;       /* [n_tab * BKV__NGRAM_SLOTS] their entries */
 	uint32_t tab_hand;     /* clock hand for taking a table */
-	uint32_t *want;        /* [row_cap] decide/spec.c: each row's k */
+	uint32_t *want;        /* [row_cap] each row's cap on k, then (at
+				  commit) the tokens it delivers */
+	double g_acc;          /* decide/spec.c: every request's accepted
+				  drafts, decayed (the prior) */
+	double g_trials;       /* and trials */
 } bkv__spec;
 
 int bkv__spec_alloc(bkv_sched *s);

@@ -189,7 +189,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	bkv__row *dec = s->plan.dec;
 	uint32_t i, n = 0, n_dec;
 	uint64_t ctx = 0;
-	int chunked = s->cfg.chunked_prefill;
+	int chunked = s->cfg.chunked_prefill, stop = 0;
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
@@ -221,46 +221,33 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	sp->n_set = n_dec;
 	if (!n)
 		return;
-	/* the choice, 64 candidates at a time (each window priced against
-	 * the whole step's rows) */
-	{
-		bkv__req *rq[64];
-		uint32_t cap[64], k[64], idx[64], m, c;
-
-		for (i = 0; i < n_dec;) {
-			for (m = 0; i < n_dec && m < 64; i++) {
-				if (!sp->want[i])
-					continue;
-				rq[m] = dec[i].lane->req;
-				cap[m] = sp->want[i];
-				idx[m++] = i;
-			}
-			bkv__spec_choose(s, rq, cap, m, n_dec, ctx, k);
-			for (c = 0; c < m; c++)
-				sp->want[idx[c]] = k[c];
-		}
-	}
+	/* the choice, over every row at once: drafts[] = each row's k */
+	bkv__spec_choose(s, dec, sp->want, n_dec, n_dec, ctx, sp->drafts);
 	for (i = 0; i < n_dec; i++) {
 		bkv__row *row = &dec[i];
 		bkv__lane *l = row->lane;
-		uint32_t k = sp->want[i], got, need;
+		uint32_t k = sp->drafts[i], got, need;
 
-		if (!k)
+		sp->drafts[i] = 0; /* until its drafts are appended */
+		if (!k || stop)
 			continue;
 		if (chunked) {
 			k = BKV_MIN(k, s->plan.budget_left);
-			if (!k)
-				break;
+			if (!k) {
+				stop = 1;
+				continue;
+			}
 		}
 		BKV_ASSERT(l->kv_len == row->end && row->end == LANE_KNOWN(l));
 		got = propose(s, l, row->end, k);
 		if (!got)
 			continue;
 		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
-		if (pool->kv.nr_free < (uint64_t)need + s->rs.slots_used)
-			break; /* memory pressure: no more drafts this step */
-		if (bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK)
-			break;
+		if (pool->kv.nr_free < (uint64_t)need + s->rs.slots_used ||
+		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
+			stop = 1; /* memory pressure: no more drafts this step */
+			continue;
+		}
 		l->kv_len += got;
 		row->end += got;
 		sp->drafts[i] = got;
@@ -337,7 +324,7 @@ void bkv__spec_commit_cut(bkv_sched *s)
 			if (t[j] != d[j])
 				break;
 		m = j; /* greedy, or the host's run cut at a draft it did not sample */
-		bkv__spec_observe(r, k, m);
+		bkv__spec_observe(s, r, k, m);
 		s->stats.spec_rows++;
 		s->stats.spec_drafted += k;
 		s->stats.spec_accepted += m;
