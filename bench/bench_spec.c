@@ -15,6 +15,16 @@
  * BKV_SPEC_K_AUTO up to 8. Output: a markdown table (docs/benchmarks.md).
  *
  *   bench_spec [--preset N] [--prompt P] [--output G] [--waves W] [--spread S]
+ *
+ * The n-gram proposer's cost (point 2), for callgrind (bench/spec_instr.sh):
+ *
+ *   bench_spec --ngram R STEPS cyclic|random [K]
+ *
+ * runs R rows of 512-token prompts for STEPS decode steps with library n-gram
+ * drafts of K (default 4, 0 = off), fixed k, a host whose output is a cycle
+ * of 7 tokens (every lookup matches) or a hash of the position (lookups
+ * miss); the script takes bkv__spec_plan's and bkv_step's inclusive
+ * instructions per row from the difference of two step counts.
  */
 #include "sim.h"
 
@@ -45,6 +55,83 @@ static double run_one(const sim_config *base, const trace *t, uint32_t rows, dou
 	return res->tput_tok_s;
 }
 
+/* ---- the n-gram proposer's cost ------------------------------------------ */
+
+static int cyclic;
+
+static int32_t ng_next(int32_t t, int32_t pos)
+{
+	if (cyclic)
+		return 100 + (t - 100 + 1) % 7;
+	return 100 + (int32_t)(((uint32_t)pos * 2654435761u) >> 20) % 5000;
+}
+
+static int ng_forward(void *h, const bkv_batch *b, int32_t *next)
+{
+	(void)h;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+		if (!b->row_sample[r])
+			continue;
+		if (b->row_drafts && b->row_drafts[r])
+			for (int32_t t = q0; t < q1; t++)
+				b->spec_tokens[t] = ng_next(b->token_ids[t], b->positions[t]);
+		else
+			next[r] = ng_next(b->token_ids[q1 - 1], b->positions[q1 - 1]);
+	}
+	return 0;
+}
+
+static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k)
+{
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops;
+	bkv_pool *pool;
+	bkv_sched *s;
+	bkv_sched_stats st;
+	int32_t prompt[512];
+
+	for (uint32_t i = 0; i < 512; i++)
+		prompt[i] = cyclic ? 100 + (int32_t)(i % 7) : 100 + (int32_t)((i * 2654435761u) >> 20) % 5000;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 16;
+	pc.device_blocks = rows * ((512 + 4096) / 16 + 2);
+	pc.prefix_cache = 0;
+	if (bkv_pool_create(&pc, NULL, &pool))
+		return 2;
+	bkv_sched_config_init(&c);
+	c.max_running = rows;
+	c.admit_group = 1;
+	c.spec_max_k = k;
+	c.spec_k_mode = BKV_SPEC_K_FIXED;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = ng_forward;
+	if (bkv_sched_create(&c, pool, &ops, NULL, NULL, &s))
+		return 2;
+	for (uint32_t i = 0; i < rows; i++) {
+		bkv_request q;
+		bkv_request_init(&q);
+		q.prompt = prompt;
+		q.prompt_len = 512;
+		q.max_new_tokens = 4000;
+		if (bkv_submit(s, &q, NULL))
+			return 2;
+	}
+	for (uint32_t i = 0; i < steps + 1; i++)
+		if (bkv_step(s, NULL))
+			return 2;
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(s, &st);
+	printf("rows %u steps %u k %u %s: spec rows %llu, drafts %llu, accepted %llu\n", rows, steps,
+	       k, cyclic ? "cyclic" : "random", (unsigned long long)st.spec_rows,
+	       (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const double acc[4] = {0.3, 0.5, 0.7, 0.9};
@@ -54,6 +141,11 @@ int main(int argc, char **argv)
 	sim_config base;
 	int i;
 
+	if (argc >= 5 && !strcmp(argv[1], "--ngram")) {
+		cyclic = !strcmp(argv[4], "cyclic");
+		return ngram_bench((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]),
+				   argc > 5 ? (uint32_t)atoi(argv[5]) : 4);
+	}
 	for (i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--preset"))
 			preset = (uint32_t)atoi(argv[i + 1]);
