@@ -1705,6 +1705,13 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  * model prices that below one call. Copy lists come with the step's first
  * call.
  *
+ * Speculative decoding (spec_max_k > 0): after every other row is planned,
+ * decode rows may carry drafts (bkv_batch.row_drafts; from the host's draft
+ * callback or the library's n-gram lookup), never at the cost of a
+ * preemption; at commit each such row delivers its accepted drafts and the
+ * bonus token and its sequence is cut back to them before any block it
+ * filled is indexed (docs/integration.md, "Speculative decoding").
+ *
  * On BKV_EHOST: no token reached any request, every sequence is back at its
  * length before the step, pending device and swap-in copies are sent again by
  * the next step, and victims swapped out in the failed step become recompute
@@ -1744,7 +1751,7 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * checked at each call in builds with BKV_DEBUG_LEVEL >= 1).
  * O(requests + blocks): for tests, fuzzers and debugging, not the hot path.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..33:
+ * @return 0 when consistent; a positive invariant number otherwise (1..34:
  *         the scheduler's; 1000 + n: the pool's invariant n; both listed in
  *         docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

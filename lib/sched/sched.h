@@ -514,6 +514,10 @@ void bkv__spec_commit_cut(bkv_sched *s);
 void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si);
 /* Rollback: forget the step's drafts. */
 void bkv__spec_rollback(bkv_sched *s);
+/* Invariant 34, between steps: no drafts pending; every n-gram table of a
+ * running lane indexes only known tokens; acceptance counts in range. 0 or
+ * 1. */
+int bkv__spec_check(const bkv_sched *s);
 
 /* ---- sched/plan.c ----------------------------------------------------------- */
 

@@ -219,8 +219,10 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		n += sp->want[i] > 0;
 	}
 	sp->n_set = n_dec;
-	if (!n)
+	if (!n) {
+		sp->n_set = 0; /* no drafts: the calls' row_drafts are zeros */
 		return;
+	}
 	/* the choice, over every row at once: drafts[] = each row's k */
 	bkv__spec_choose(s, dec, sp->want, n_dec, n_dec, ctx, sp->drafts);
 	for (i = 0; i < n_dec; i++) {
@@ -257,6 +259,8 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
 		s->plan.fill_rows = 0;
 		s->call.n_dirty = 0;
+	} else {
+		sp->n_set = 0;
 	}
 }
 
@@ -390,4 +394,36 @@ void bkv__spec_rollback(bkv_sched *s)
 {
 	s->spec->n_rows = 0;
 	s->spec->n_set = 0;
+}
+
+/* ---- the checker ------------------------------------------------------------ */
+
+int bkv__spec_check(const bkv_sched *s)
+{
+	const bkv__spec *sp = s->spec;
+	uint32_t i, j;
+
+	if (sp->n_rows || sp->n_set)
+		return 1; /* a step's drafts outlived it */
+	if (!(sp->g_acc >= 0.0) || !(sp->g_acc <= sp->g_trials + 1e-6))
+		return 1;
+	for (i = 0; i < s->rs.nr_run; i++) {
+		const bkv__req *r = s->rs.run[i];
+
+		if (!REQ_IS_RUNNING(r))
+			continue;
+		if (!(r->spec_acc >= 0.0f) || !(r->spec_acc <= r->spec_trials * 1.0001f + 1e-3f))
+			return 1;
+		for (j = 0; j < r->n && sp->n_tab; j++) {
+			const bkv__lane *l = &r->lane[j];
+			const bkv__ngram *t;
+
+			if (l->spec_tab >= sp->n_tab)
+				continue;
+			t = &sp->tab[l->spec_tab];
+			if (t->owner == r->id && t->branch == l->branch && t->upto > LANE_KNOWN(l))
+				return 1; /* it indexed a draft */
+		}
+	}
+	return 0;
 }
