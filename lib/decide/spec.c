@@ -92,23 +92,16 @@ typedef struct spec_group {
 	uint32_t count; /* rows of bucket b with cap >= j */
 } spec_group;
 
-void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *cap, uint32_t n,
-		      uint32_t n_dec, uint64_t ctx, uint32_t *k)
+/* The groups "draft j of bucket b" of the candidate rows, sorted by gain
+ * (largest first) into g; k[i] receives row i's bucket. Returns the groups. */
+static uint32_t spec_groups(const bkv_sched *s, const bkv__row *rows, const uint32_t *cap,
+			    uint32_t n, uint32_t *k, spec_group *g)
 {
 	const uint32_t K = s->cfg.spec_max_k;
 	uint32_t cnt[SPEC_BUCKETS][BKV_SPEC_MAX_K + 1]; /* [b][0]: rows in b */
 	double suma[SPEC_BUCKETS];
-	uint32_t take[SPEC_BUCKETS], best_take[SPEC_BUCKETS];
-	spec_group g[SPEC_BUCKETS * BKV_SPEC_MAX_K];
-	uint32_t i, b, j, ng = 0, e = 0, priced = 0;
-	double t0, tokens = (double)n_dec, best, best_tpot, tgt = (double)s->cfg.tpot_target_us;
-	int best_meets;
+	uint32_t i, b, j, ng = 0;
 
-	if (s->cfg.spec_k_mode == BKV_SPEC_K_FIXED) {
-		if (k != cap)
-			memcpy(k, cap, (size_t)n * sizeof(uint32_t));
-		return;
-	}
 	memset(cnt, 0, sizeof(cnt));
 	memset(suma, 0, sizeof(suma));
 	for (i = 0; i < n; i++) {
@@ -117,10 +110,9 @@ void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *
 		if (!cap[i])
 			continue;
 		a = bkv__spec_accept(s, rows[i].lane->req);
-
 		b = (uint32_t)(a * SPEC_BUCKETS);
 		b = b >= SPEC_BUCKETS ? SPEC_BUCKETS - 1 : b;
-		k[i] = b; /* its bucket, for the last loop */
+		k[i] = b;
 		suma[b] += a;
 		cnt[b][0]++;
 		for (j = 1; j <= cap[i] && j <= K; j++)
@@ -130,7 +122,6 @@ void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *
 		/* the bucket's rows at their mean acceptance */
 		double a = cnt[b][0] ? suma[b] / cnt[b][0] : 0.0, gain = 1.0;
 
-		take[b] = best_take[b] = 0;
 		for (j = 1; j <= K; j++) {
 			gain *= a;
 			if (!cnt[b][j])
@@ -144,15 +135,27 @@ void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *
 			g[i].count = cnt[b][j];
 		}
 	}
-	t0 = spec_price(s, n_dec, ctx, 0);
-	if (t0 <= 0.0 || n_dec == 0) {
-		memset(k, 0, (size_t)n * sizeof(uint32_t));
+	return ng;
+}
+
+/* The walk over the groups g[0, ng): best_take[b] = the drafts bucket b's
+ * rows get. */
+static void spec_walk(const bkv_sched *s, const spec_group *g, uint32_t ng, uint32_t n_dec,
+		      uint64_t ctx, uint32_t *best_take)
+{
+	const double tgt = (double)s->cfg.tpot_target_us;
+	uint32_t take[SPEC_BUCKETS], i, e = 0;
+	double t0 = spec_price(s, n_dec, ctx, 0), tokens = (double)n_dec, best, best_tpot;
+	int best_meets;
+
+	memset(take, 0, sizeof(take));
+	memset(best_take, 0, SPEC_BUCKETS * sizeof(uint32_t));
+	if (t0 <= 0.0 || n_dec == 0)
 		return;
-	}
 	best = tokens / t0;
 	best_tpot = t0 / (tokens / n_dec);
 	best_meets = !tgt || best_tpot <= tgt;
-	for (i = 0; i < ng && priced < SPEC_MAX_PRICES; i++, priced++) {
+	for (i = 0; i < ng && i < SPEC_MAX_PRICES; i++) {
 		double t, thr, tpot;
 		int meets;
 
@@ -174,6 +177,21 @@ void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *
 			break; /* quasi-concave: past the top */
 		}
 	}
+}
+
+void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *cap, uint32_t n,
+		      uint32_t n_dec, uint64_t ctx, uint32_t *k)
+{
+	spec_group g[SPEC_BUCKETS * BKV_SPEC_MAX_K];
+	uint32_t best_take[SPEC_BUCKETS], i, ng;
+
+	if (s->cfg.spec_k_mode == BKV_SPEC_K_FIXED) {
+		if (k != cap)
+			memcpy(k, cap, (size_t)n * sizeof(uint32_t));
+		return;
+	}
+	ng = spec_groups(s, rows, cap, n, k, g); /* k[i]: row i's bucket */
+	spec_walk(s, g, ng, n_dec, ctx, best_take);
 	for (i = 0; i < n; i++) {
 		k[i] = cap[i] ? BKV_MIN(cap[i], best_take[k[i]]) : 0;
 		if (cap[i] && !k[i]) {

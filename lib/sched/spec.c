@@ -182,6 +182,33 @@ static uint32_t propose(bkv_sched *s, bkv__lane *l, uint32_t known, uint32_t k)
 	return got <= 0 ? 0 : (uint32_t)got > k ? k : (uint32_t)got;
 }
 
+/* Candidates among plan.dec[0, n_dec): want[i] = the row's cap on k (0 for
+ * a row that is not one), drafts[i] = 0; *ctx = the rows' context. Returns
+ * the candidates. */
+static uint32_t spec_candidates(bkv_sched *s, uint32_t n_dec, uint64_t *ctx)
+{
+	bkv__spec *sp = s->spec;
+	uint32_t i, n = 0;
+
+	*ctx = 0;
+	for (i = 0; i < n_dec; i++) {
+		const bkv__row *row = &s->plan.dec[i];
+		const bkv__lane *l = row->lane;
+		const bkv__req *r = l->req;
+		uint32_t left;
+
+		*ctx += row->end;
+		sp->drafts[i] = 0;
+		sp->want[i] = 0;
+		if (!row->sample || row->end - row->start != 1 || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		left = r->max_new - l->n_gen; /* tokens still to generate, >= 1 */
+		sp->want[i] = BKV_MIN(sp->max_k, left - 1);
+		n += sp->want[i] > 0;
+	}
+	return n;
+}
+
 void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 {
 	bkv__spec *sp = s->spec;
@@ -202,22 +229,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	n_dec = s->plan.n_dec;
 	if (n_dec > sp->row_cap)
 		return;
-	/* candidates: want[i] = the row's cap, 0 for non-candidates */
-	for (i = 0; i < n_dec; i++) {
-		const bkv__row *row = &dec[i];
-		const bkv__lane *l = row->lane;
-		const bkv__req *r = l->req;
-		uint32_t left;
-
-		ctx += row->end;
-		sp->drafts[i] = 0;
-		sp->want[i] = 0;
-		if (!row->sample || row->end - row->start != 1 || !REQ_IS_RUNNING(r) || l->done)
-			continue;
-		left = r->max_new - l->n_gen; /* tokens still to generate, >= 1 */
-		sp->want[i] = BKV_MIN(sp->max_k, left - 1);
-		n += sp->want[i] > 0;
-	}
+	n = spec_candidates(s, n_dec, &ctx);
 	sp->n_set = n_dec;
 	if (!n) {
 		sp->n_set = 0; /* no drafts: the calls' row_drafts are zeros */
