@@ -126,6 +126,7 @@ int main(void)
 	F(bkv_step_shape, padded_rows);
 	F(bkv_step_shape, n_groups);
 	F(bkv_step_shape, group_decode_context);
+	F(bkv_step_shape, decode_drafts);
 	S(bkv_cost_model);
 	F(bkv_cost_model, step_us);
 	F(bkv_cost_model, observe);
@@ -208,6 +209,10 @@ int main(void)
 	F(bkv_batch, delta_blocks);
 	F(bkv_batch, n_groups);
 	F(bkv_batch, groups);
+	F(bkv_batch, n_spec_rows);
+	F(bkv_batch, row_drafts);
+	F(bkv_batch, spec_tokens);
+	F(bkv_batch, n_accepted);
 	S(bkv_host_ops);
 	F(bkv_host_ops, forward);
 	F(bkv_host_ops, prefill);
@@ -215,6 +220,7 @@ int main(void)
 	F(bkv_host_ops, on_token);
 	F(bkv_host_ops, on_finish);
 	F(bkv_host_ops, now_us);
+	F(bkv_host_ops, draft);
 	S(bkv_sched_config);
 	F(bkv_sched_config, size);
 	F(bkv_sched_config, policy);
@@ -232,6 +238,9 @@ int main(void)
 	F(bkv_sched_config, max_bypass_us);
 	F(bkv_sched_config, batch_layout);
 	F(bkv_sched_config, ttft_target_us);
+	F(bkv_sched_config, spec_max_k);
+	F(bkv_sched_config, spec_k_mode);
+	F(bkv_sched_config, spec_drafts);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);
@@ -278,6 +287,9 @@ int main(void)
 	F(bkv_sched_stats, decode_calls);
 	F(bkv_sched_stats, busy_us);
 	F(bkv_sched_stats, unadmittable);
+	F(bkv_sched_stats, spec_rows);
+	F(bkv_sched_stats, spec_drafted);
+	F(bkv_sched_stats, spec_accepted);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

@@ -924,6 +924,13 @@ typedef struct bkv_step_shape {
 					   context, WINDOW min(context, span),
 					   CHUNKED the current chunk's tokens,
 					   STATE 0; NULL when n_groups is 0 */
+	uint32_t decode_drafts;         /* speculative decoding: draft tokens
+					   the decode rows carry on top of their
+					   one token each (a row verifying k
+					   drafts computes 1 + k query tokens
+					   over its context); 0 without
+					   speculation (docs/design.md,
+					   "Speculative decoding") */
 } bkv_step_shape;
 
 /* A cost model: both callbacks may be NULL (then the scheduler uses its
@@ -1366,6 +1373,35 @@ typedef struct bkv_batch {
 					     group 0's: in the persistent layout
 					     a host reads the other groups'
 					     tables from row_tables */
+	/* Speculative decoding (bkv_sched_config.spec_max_k > 0; all NULL and
+	 * 0 otherwise). A decode row r with row_drafts[r] = k > 0 carries 1 +
+	 * k query tokens: token_ids[qo_indptr[r]] is its last accepted token,
+	 * the k after it are drafts, each with its position and slot (the
+	 * slots may cross a block boundary; kv_last_page_len and the tables
+	 * cover all 1 + k). The host computes the row causally and writes, for
+	 * j = 0..k, the token it samples after the row's token j at
+	 * spec_tokens[qo_indptr[r] + j] (for j <= n_accepted only, when it
+	 * sets n_accepted[r]). Then either it sets n_accepted[r] to the
+	 * drafts it accepted (0..k; its own rule, e.g. rejection sampling),
+	 * or leaves it at -1 and the library accepts greedily: draft j + 1 is
+	 * accepted while spec_tokens[qo_indptr[r] + j] equals it. Either way
+	 * an accepted draft must equal the token sampled before it (the KV
+	 * was computed for the draft); the library stops the run at the first
+	 * that does not. The request gets the accepted drafts and then the
+	 * bonus token (spec_tokens[qo_indptr[r] + n_accepted]), in order, up
+	 * to a stop token or max_new_tokens. next_tokens[r] of a row with
+	 * drafts is not read. Rows with row_drafts[r] = 0 are decode rows as
+	 * before (one token, next_tokens[r]). */
+	uint32_t n_spec_rows;             /* rows with drafts in this call */
+	const uint32_t *row_drafts;       /* [n_rows] drafts in each row (0 for
+					     prefill rows and plain decode rows) */
+	int32_t *spec_tokens;             /* writable, indexed like token_ids
+					     over the decode rows: the tokens
+					     sampled at each position of a row
+					     with drafts */
+	int32_t *n_accepted;              /* writable, [n_rows]: drafts the
+					     host accepted, or -1 (the
+					     default): greedy by the library */
 } bkv_batch;
 
 /* Why a request ended. For a request with n > 1 samples: the reason of the
@@ -1395,6 +1431,14 @@ typedef struct bkv_host_ops {
 			 void *req_user);
 	void (*on_finish)(void *host, uint64_t req, bkv_finish_reason reason, void *req_user);
 	uint64_t (*now_us)(void *host); /* optional clock; NULL = monotonic */
+	/* optional, speculative decoding with spec_drafts BKV_SPEC_DRAFT_HOST:
+	 * propose up to k draft tokens to follow branch `branch` of request
+	 * `req`, whose known tokens (prompt, then generated) are ctx[0, n_ctx)
+	 * (valid during the call); write them to out[0, k) and return how
+	 * many (0..k; a negative value or 0: none this step). Called while the
+	 * step plans, before the compute call that verifies them. */
+	int (*draft)(void *host, uint64_t req, uint32_t branch, const int32_t *ctx,
+		     uint32_t n_ctx, int32_t *out, uint32_t k, void *req_user);
 } bkv_host_ops;
 
 typedef enum bkv_policy {
@@ -1407,6 +1451,25 @@ typedef enum bkv_preempt_mode {
 	BKV_PREEMPT_RECOMPUTE = 1, /* free blocks, recompute later */
 	BKV_PREEMPT_SWAP = 2       /* move blocks to the host tier */
 } bkv_preempt_mode;
+
+/* Where speculative decoding's drafts come from (bkv_sched_config.spec_drafts). */
+typedef enum bkv_spec_drafts {
+	BKV_SPEC_DRAFT_NGRAM = 0, /* the library: n-gram prompt lookup over the
+				     branch's own tokens (model-free) */
+	BKV_SPEC_DRAFT_HOST = 1   /* the host's draft callback
+				     (bkv_host_ops.draft; else EINVAL) */
+} bkv_spec_drafts;
+
+/* How speculative decoding picks k, the drafts of a row (spec_k_mode). */
+typedef enum bkv_spec_k_mode {
+	BKV_SPEC_K_AUTO = 0,  /* per row and step, 0..spec_max_k, by the cost
+				 model and the request's measured acceptance */
+	BKV_SPEC_K_FIXED = 1  /* spec_max_k for every row that has that many
+				 drafts, memory and budget permitting */
+} bkv_spec_k_mode;
+
+/* Most drafts per row (bkv_sched_config.spec_max_k). */
+#define BKV_SPEC_MAX_K 16u
 
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
@@ -1477,7 +1540,17 @@ typedef struct bkv_sched_config {
 				      company, by the batch cap's knee, or (on
 				      a split host) by tpot_target_us
 				      (docs/api-notes.md). */
-	uint32_t reserved[4];      /* zero (else EINVAL); room for later
+	uint32_t spec_max_k;       /* speculative decoding: most drafts a
+				      decode row verifies, 0..BKV_SPEC_MAX_K;
+				      0 = off (the default; every batch as
+				      without it). A pool with KV groups
+				      never speculates (docs/design.md,
+				      "Speculative decoding") */
+	bkv_spec_k_mode spec_k_mode; /* BKV_SPEC_K_AUTO (the default) or
+				      BKV_SPEC_K_FIXED */
+	bkv_spec_drafts spec_drafts; /* BKV_SPEC_DRAFT_NGRAM (the default) or
+				      BKV_SPEC_DRAFT_HOST */
+	uint32_t reserved[1];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 
@@ -1548,6 +1621,10 @@ typedef struct bkv_sched_stats {
 	uint64_t unadmittable;     /* of finished: ended with BKV_FINISH_ERROR
 				      because they could never be admitted,
 				      even into an otherwise empty pool */
+	uint64_t spec_rows;        /* decode rows that carried drafts */
+	uint64_t spec_drafted;     /* draft tokens those rows verified */
+	uint64_t spec_accepted;    /* of which accepted (the acceptance rate
+				      is spec_accepted / spec_drafted) */
 } bkv_sched_stats;
 
 /**
@@ -1632,6 +1709,13 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  * model prices that below one call. Copy lists come with the step's first
  * call.
  *
+ * Speculative decoding (spec_max_k > 0): after every other row is planned,
+ * decode rows may carry drafts (bkv_batch.row_drafts; from the host's draft
+ * callback or the library's n-gram lookup), never at the cost of a
+ * preemption; at commit each such row delivers its accepted drafts and the
+ * bonus token and its sequence is cut back to them before any block it
+ * filled is indexed (docs/integration.md, "Speculative decoding").
+ *
  * On BKV_EHOST: no token reached any request, every sequence is back at its
  * length before the step, pending device and swap-in copies are sent again by
  * the next step, and victims swapped out in the failed step become recompute
@@ -1671,7 +1755,7 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * checked at each call in builds with BKV_DEBUG_LEVEL >= 1).
  * O(requests + blocks): for tests, fuzzers and debugging, not the hot path.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..33:
+ * @return 0 when consistent; a positive invariant number otherwise (1..34:
  *         the scheduler's; 1000 + n: the pool's invariant n; both listed in
  *         docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

@@ -30,14 +30,14 @@ static uint32_t rnd(uint64_t *s, uint32_t n)
 }
 
 /* What the seeds exercised, summed (the property must not hold vacuously). */
-static uint64_t g_preempt, g_swaps, g_failed, g_aborted, g_hits, g_cow;
+static uint64_t g_preempt, g_swaps, g_failed, g_aborted, g_hits, g_cow, g_spec;
 
 static void conservation(uint64_t seed)
 {
 	static const uint32_t bts[] = {2, 4, 8, 16};
 	fh_opts o;
 	fake_host *f;
-	uint64_t rng = seed * 977 + 13, id, last_id = 0;
+	uint64_t rng = seed * 977 + 13, srng = seed * 31 + 7, id, last_id = 0;
 	uint32_t steps = 0, to_submit = 30 + rnd(&rng, 40), i;
 	int32_t *prompts[80];
 	uint32_t n_prompts = 0, max_new[FH_MAX_REQ + 1] = {0}, nsamp[FH_MAX_REQ + 1] = {0};
@@ -58,10 +58,19 @@ static void conservation(uint64_t seed)
 	o.cfg.chunked_prefill = (int)rnd(&rng, 2);
 	o.cfg.token_budget = 4 + rnd(&rng, 40);
 	o.cfg.preempt = (bkv_preempt_mode)(o.host_blocks ? rnd(&rng, 3) : rnd(&rng, 2));
+	/* speculative decoding for half the seeds, from its own stream (the
+	 * other draws, and so the seeds without it, are as before) */
+	if (rnd(&srng, 2)) {
+		o.cfg.spec_max_k = 1 + rnd(&srng, 8);
+		o.cfg.spec_k_mode = (bkv_spec_k_mode)rnd(&srng, 2);
+		o.cfg.spec_drafts = (bkv_spec_drafts)rnd(&srng, 2);
+	}
 	f = fh_create(&o);
 	f->host.garbage = 1;
 	f->host.fail_permille = rnd(&rng, 3) ? rnd(&rng, 150) : 0;
 	f->host.rng = seed + 1;
+	f->host.spec_accept_permille = rnd(&srng, 1001);
+	f->host.spec_host_accepts = (int)rnd(&srng, 2);
 
 	while ((to_submit || bkv_sched_pending(f->s)) && steps < 20000) {
 		uint32_t k, n_sub = to_submit ? rnd(&rng, 3) : 0;
@@ -138,6 +147,9 @@ static void conservation(uint64_t seed)
 	g_failed += st.failed_steps;
 	g_aborted += st.aborted;
 	g_hits += st.hit_tokens;
+	g_spec += st.spec_accepted;
+	cr_assert_eq(st.spec_accepted, f->host.spec_accepted, "seed %llu: library and host agree",
+		     (unsigned long long)seed);
 	bkv_pool_stats_get(f->pool, &ps);
 	g_cow += ps.cow_copies;
 	cr_assert_eq(ps.nr_used, 0, "seed %llu: %u blocks used", (unsigned long long)seed, ps.nr_used);
@@ -156,12 +168,13 @@ Test(sched_prop, every_request_ends_once_and_every_block_returns_seeds_0_to_59)
 	for (seed = 0; seed < 60; seed++)
 		conservation(seed);
 	cr_log_info("preemptions %llu (swaps %llu), failed steps %llu, aborts %llu, "
-		    "hit tokens %llu, CoW copies %llu",
+		    "hit tokens %llu, CoW copies %llu, accepted drafts %llu",
 		    (unsigned long long)g_preempt, (unsigned long long)g_swaps,
 		    (unsigned long long)g_failed, (unsigned long long)g_aborted,
-		    (unsigned long long)g_hits, (unsigned long long)g_cow);
+		    (unsigned long long)g_hits, (unsigned long long)g_cow,
+		    (unsigned long long)g_spec);
 	cr_expect(g_preempt > 100 && g_swaps > 10 && g_failed > 100 && g_aborted > 50 &&
-		  g_hits > 0 && g_cow > 0);
+		  g_hits > 0 && g_cow > 0 && g_spec > 100);
 }
 
 /* ---- allocation discipline ----------------------------------------------- */
@@ -204,7 +217,7 @@ static void c_free(void *ud, void *p, size_t size)
 	free(p);
 }
 
-Test(sched_prop, steady_state_steps_allocate_nothing)
+static void steady_state(uint32_t spec_k, bkv_spec_drafts drafts)
 {
 	counting cs = {0}, cp = {0};
 	bkv_allocator as = {c_alloc, c_realloc, c_free, &cs};
@@ -217,14 +230,19 @@ Test(sched_prop, steady_state_steps_allocate_nothing)
 
 	fh_opts_init(&o);
 	o.block_tokens = 8;
-	o.device_blocks = 40; /* tight: preemptions happen in steady state */
+	o.device_blocks = spec_k ? 100 : 40; /* tight: preemptions happen in steady
+						 state (with drafts, room for some:
+						 they give way to memory pressure) */
 	o.max_seqs = 20;      /* slots are reused oldest first: all warm soon */
 	o.cfg.max_running = 16;
 	o.cfg.chunked_prefill = 1;
 	o.cfg.token_budget = 64;
 	o.sched_alloc = &as;
 	o.pool_alloc = &ap;
+	o.cfg.spec_max_k = spec_k;
+	o.cfg.spec_drafts = drafts;
 	f = fh_create(&o);
+	f->host.spec_accept_permille = 600;
 	for (i = 0; i < 3000; i++) {
 		uint64_t s0, p0;
 
@@ -250,12 +268,32 @@ Test(sched_prop, steady_state_steps_allocate_nothing)
 		bkv_sched_stats st = {.size = sizeof(st)};
 
 		bkv_sched_stats_get(f->s, &st);
-		cr_expect(st.preemptions > 10, "steady state includes preemption: %llu",
+		cr_expect(spec_k || st.preemptions > 10, "steady state includes preemption: %llu",
 			  (unsigned long long)st.preemptions);
+	}
+	if (spec_k && drafts == BKV_SPEC_DRAFT_HOST) { /* (the fake host's tokens
+							    give n-grams little to find;
+							    the lookup runs all the same) */
+		bkv_sched_stats st = {.size = sizeof(st)};
+
+		bkv_sched_stats_get(f->s, &st);
+		cr_expect(st.spec_rows > 100, "speculated rows: %llu",
+			  (unsigned long long)st.spec_rows);
 	}
 	fh_destroy(f);
 	cr_expect_eq(cs.live, 0, "scheduler memory all returned");
 	free(p);
+}
+
+Test(sched_prop, steady_state_steps_allocate_nothing)
+{
+	steady_state(0, BKV_SPEC_DRAFT_NGRAM);
+}
+
+Test(sched_prop, steady_state_speculative_steps_allocate_nothing)
+{
+	steady_state(6, BKV_SPEC_DRAFT_HOST);
+	steady_state(6, BKV_SPEC_DRAFT_NGRAM);
 }
 
 static int noop_fw(void *h, const bkv_batch *b, int32_t *n)

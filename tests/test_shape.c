@@ -148,7 +148,7 @@ Test(shape, split_window_groups_price_as_one)
 	uint64_t ctx5[5] = {2 * 32768, 2 * 1024, 2 * 1024, 2 * 1024, 2 * 1024};
 	uint64_t ctx2[2] = {2 * 32768, 2 * 1024};
 	bkv_chunk_shape chunk = {4096, 20000};
-	bkv_step_shape sh = {BKV_CALL_MIXED, 2, 2 * 32768, 1, &chunk, 2, 5, ctx5};
+	bkv_step_shape sh = {BKV_CALL_MIXED, 2, 2 * 32768, 1, &chunk, 2, 5, ctx5, 0};
 	double f5, b5, f2, b2;
 	bkv_cost_roofline_work(&c.roofline, &sh, &f5, &b5);
 	sh.n_groups = 2;

@@ -376,6 +376,39 @@ static int set_rate(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+/* --spec-k K|auto[:MAX]: fixed drafts per row, or the cost model's choice
+ * up to MAX (default 8). */
+static int set_spec_k(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	a->c.spec_auto = !strncmp(v, "auto", 4);
+	if (a->c.spec_auto) {
+		a->c.spec_k = 8;
+		if (v[4] == ':' && (parse_u32(v + 5, &a->c.spec_k) || !a->c.spec_k))
+			return SET_BAD;
+		else if (v[4] && v[4] != ':')
+			return SET_BAD;
+	} else if (parse_u32(v, &a->c.spec_k) || !a->c.spec_k) {
+		return SET_BAD;
+	}
+	return a->c.spec_k <= BKV_SPEC_MAX_K ? SET_OK : SET_BAD;
+}
+
+/* --spec-accept A[,SPREAD] */
+static int set_spec_accept(cli_args *a, const cli_option *opt, const char *v)
+{
+	char *end;
+	(void)opt;
+	a->c.spec_accept = strtod(v, &end);
+	a->c.spec_spread = 0.0;
+	if (*end == ',')
+		a->c.spec_spread = strtod(end + 1, &end);
+	if (*end || !(a->c.spec_accept >= 0.0) || !(a->c.spec_accept < 1.0) ||
+	    !(a->c.spec_spread >= 0.0) || !(a->c.spec_spread <= 1.0))
+		return SET_BAD;
+	return SET_OK;
+}
+
 /* TTFT_MS,TPOT_MS[,PCT] */
 static int set_goodput(cli_args *a, const cli_option *opt, const char *v)
 {
@@ -460,6 +493,13 @@ static const cli_option options[] = {
 	     "                             defaults in our knobs; docs/benchmarks.md)\n"),
 	{"--max-wait", ARG_VALUE, set_us_or_never, CFG(max_wait_us), 1, 0,
 	 "  --max-wait US|never        partial-group timeout (default never)\n"},
+	VALUE("--spec-k", set_spec_k,
+	      "  --spec-k K|auto[:MAX]      speculative decoding: K drafts per decode\n"
+	      "                             row, or k chosen by the cost model up to MAX\n"
+	      "                             (default 8); off by default\n"),
+	VALUE("--spec-accept", set_spec_accept,
+	      "  --spec-accept A[,S]        each draft accepted with probability A (each\n"
+	      "                             request's A drawn from A +- S); default 0\n"),
 	COUNT("--slots", CFG(slots), 1, MAX_SLOTS,
 	      "  --slots N                  running slots (default 32)\n"),
 	VALUE("--host", set_host,

@@ -65,6 +65,10 @@ typedef struct vhost {
 	size_t gap_cap;         /* entries allocated; 0 after a failed grow
 				   (gaps are then no longer recorded) */
 	int gap_oom;            /* a grow failed: tbt_p99 is not reported */
+	double spec_blocks;     /* sum over decode calls of the blocks drafts
+				   held past the rows' tokens, per row */
+	double spec_reserve;    /* ... had spec_k slots been reserved per row */
+	uint64_t spec_calls;    /* decode calls those sums cover */
 } vhost;
 
 /* ---- the DistServe latency model ----------------------------------------- */
@@ -155,6 +159,74 @@ static uint32_t max_new_tokens(const sim_config *cfg, const trace_req *r, uint64
 	return cap > n ? cap : n;
 }
 
+/* ---- speculative decoding ------------------------------------------------ */
+
+/* A request's acceptance rate: the workload's, or drawn per request. */
+static double spec_rate(const sim_config *cfg, uint64_t idx)
+{
+	double a = cfg->spec_accept;
+	if (cfg->spec_spread > 0.0) {
+		uint64_t x = (idx + 1) * 0x9e3779b97f4a7c15ull;
+		x ^= x >> 29;
+		x *= 0xbf58476d1ce4e5b9ull;
+		x ^= x >> 32;
+		a += cfg->spec_spread * (2.0 * (double)(x >> 11) / 9007199254740992.0 - 1.0);
+	}
+	return a < 0.0 ? 0.0 : a > 0.99 ? 0.99 : a;
+}
+
+/* The draw that decides whether the draft of request idx at position pos is
+ * accepted: a function of the two only, so runs with different k see the
+ * same luck at the same tokens (common random numbers: the comparisons of
+ * docs/benchmarks.md are not a max over noise). */
+static double spec_uniform(uint64_t idx, int32_t pos)
+{
+	uint64_t x = (idx + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)(uint32_t)pos << 20) ^
+		     0x2545f4914f6cdd1dull;
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	x ^= x >> 31;
+	return (double)(x >> 11) / 9007199254740992.0;
+}
+
+/* The host's drafts: placeholders; whether one is accepted is drawn at
+ * verification (spec_verify). */
+static int cb_draft(void *host, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+		    int32_t *out, uint32_t k, void *user)
+{
+	(void)host, (void)req, (void)branch, (void)ctx, (void)n_ctx, (void)user;
+	for (uint32_t j = 0; j < k; j++)
+		out[j] = 7;
+	return (int)k;
+}
+
+static int32_t sim_token(vhost *h, const trace_req *q, int32_t pos);
+
+/* A speculated row: accept each draft with the request's rate until one is
+ * rejected (or the request reaches its trace length, which is a stop), then
+ * the bonus token; the host reports the run in n_accepted. */
+static void spec_verify(vhost *h, const bkv_batch *b, uint32_t r)
+{
+	const uint64_t idx = (uintptr_t)b->row_user[r] - 1;
+	const trace_req *q = &h->t->reqs[idx];
+	const uint32_t k = b->row_drafts[r];
+	const int32_t q0 = b->qo_indptr[r];
+	const double a = spec_rate(h->cfg, idx);
+	uint32_t m = 0;
+
+	while (m < k) {
+		int32_t t = sim_token(h, q, b->positions[q0 + (int32_t)m]);
+		if (t == SIM_STOP_TOKEN || spec_uniform(idx, b->positions[q0 + (int32_t)m + 1]) >= a)
+			break;
+		b->spec_tokens[q0 + (int32_t)m] = b->token_ids[q0 + (int32_t)m + 1];
+		m++;
+	}
+	b->spec_tokens[q0 + (int32_t)m] = sim_token(h, q, b->positions[q0 + (int32_t)m]);
+	b->n_accepted[r] = (int32_t)m;
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -185,6 +257,23 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 	s.n_chunks = n_chunks;
 	s.chunks = n_chunks ? h->chunks : NULL;
 	s.padded_rows = s.decode_rows;
+	if (b->row_drafts && s.decode_rows) { /* speculated rows' drafts */
+		const uint32_t bt = b->block_tokens, kk = h->cfg->spec_k;
+		double held = 0.0, reserve = 0.0;
+		for (uint32_t r = 0; r < b->n_decode_rows; r++) {
+			/* the row's committed length is its first position + 1;
+			 * blocks past it that the drafts hold, and that reserving
+			 * kk slots would hold */
+			const uint64_t len = (uint64_t)b->positions[b->qo_indptr[r]] + 1;
+			const uint64_t nb = (len + bt - 1) / bt;
+			s.decode_drafts += b->row_drafts[r];
+			held += (double)((len + b->row_drafts[r] + bt - 1) / bt - nb);
+			reserve += (double)((len + kk + bt - 1) / bt - nb);
+		}
+		h->spec_blocks += held / b->n_decode_rows;
+		h->spec_reserve += reserve / b->n_decode_rows;
+		h->spec_calls++;
+	}
 	s.n_groups = h->cfg->n_groups;
 	s.group_decode_context = s.n_groups ? gctx : NULL;
 	if (h->cfg->policy == BKV_POLICY_STATIC) {
@@ -226,16 +315,11 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 	for (uint32_t r = 0; r < b->n_rows; r++) {
 		if (!b->row_sample[r])
 			continue;
-		next[r] = (int32_t)(100 + h->next_token++ % 30000);
-		if (!h->cfg->oracle && h->cfg->max_tokens) {
-			/* the token sampled after position p is the request's
-			 * (p + 2 - prompt)-th: at its trace length, a stop */
-			const trace_req *q = &h->t->reqs[(uintptr_t)b->row_user[r] - 1];
-			int64_t g = (int64_t)b->positions[b->qo_indptr[r + 1] - 1] + 2 -
-				    (int64_t)q->prompt_len;
-			if (g >= (int64_t)gen_tokens(h->cfg, q))
-				next[r] = SIM_STOP_TOKEN;
-		}
+		if (b->row_drafts && b->row_drafts[r])
+			spec_verify(h, b, r);
+		else
+			next[r] = sim_token(h, &h->t->reqs[(uintptr_t)b->row_user[r] - 1],
+					    b->positions[b->qo_indptr[r + 1] - 1]);
 		/* A token exists when the call that computed it returns (a
 		 * serving host streams it then), even if the scheduler reports
 		 * it at the end of the step, after a split host's decode call. */
@@ -244,6 +328,20 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 			v->first_us = h->now;
 	}
 	return 0;
+}
+
+/* The token sampled after position pos of request q: a made-up one, or at
+ * its trace length a stop (the token sampled after position p is the
+ * request's (p + 2 - prompt)-th). */
+static int32_t sim_token(vhost *h, const trace_req *q, int32_t pos)
+{
+	int32_t t = (int32_t)(100 + h->next_token++ % 30000);
+	if (!h->cfg->oracle && h->cfg->max_tokens) {
+		int64_t g = (int64_t)pos + 2 - (int64_t)q->prompt_len;
+		if (g >= (int64_t)gen_tokens(h->cfg, q))
+			t = SIM_STOP_TOKEN;
+	}
+	return t;
 }
 
 static int cb_forward(void *host, const bkv_batch *b, int32_t *next)
@@ -541,6 +639,9 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
 	sc->max_bypass_us = cfg->max_bypass_us;
+	sc->spec_max_k = cfg->spec_k;
+	sc->spec_k_mode = cfg->spec_auto ? BKV_SPEC_K_AUTO : BKV_SPEC_K_FIXED;
+	sc->spec_drafts = BKV_SPEC_DRAFT_HOST;
 	sc->preempt = cfg->preempt ? cfg->preempt
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
@@ -582,6 +683,7 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	ops.on_token = cb_token;
 	ops.on_finish = cb_finish;
 	ops.now_us = cb_now;
+	ops.draft = cb_draft;
 	rc = bkv_sched_create(&sc, r->pool, &ops, &r->h, NULL, &r->h.sched);
 	if (rc)
 		snprintf(err, errlen, "bkv_sched_create: %s", bkv_strerror(rc));
@@ -732,6 +834,12 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	res->decode_tokens = ss.decode_tokens;
 	res->hit_tokens = ss.hit_tokens;
 	res->preemptions = ss.preemptions;
+	res->spec_drafted = ss.spec_drafted;
+	res->spec_accepted = ss.spec_accepted;
+	if (r->h.spec_calls) {
+		res->spec_blocks_row = r->h.spec_blocks / (double)r->h.spec_calls;
+		res->spec_reserve_row = r->h.spec_reserve / (double)r->h.spec_calls;
+	}
 	bkv_pool_stats ps;
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(r->pool, &ps);

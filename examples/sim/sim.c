@@ -101,6 +101,18 @@ static int run_seeds(const opts *o, const sim_config *c, const char *label, trac
 				(unsigned long long)(o->seed_lo + (uint64_t)s), err);
 			return rc;
 		}
+		if (c->spec_k) /* speculative decoding: on stderr, the reports unchanged */
+			fprintf(stderr,
+				"bkv-sim: %s, seed %llu: speculation: %llu drafts, %llu accepted "
+				"(%.3f); blocks drafts held per running row %.3f, reserving %u "
+				"slots per row would hold %.3f\n",
+				label, (unsigned long long)(o->seed_lo + (uint64_t)s),
+				(unsigned long long)runs[s].spec_drafted,
+				(unsigned long long)runs[s].spec_accepted,
+				runs[s].spec_drafted ? (double)runs[s].spec_accepted /
+							       (double)runs[s].spec_drafted
+						     : 0.0,
+				runs[s].spec_blocks_row, c->spec_k, runs[s].spec_reserve_row);
 	}
 	return 0;
 }

@@ -102,6 +102,15 @@ typedef struct sim_config {
 				      roofline.groups may point here (a copy
 				      of this config then shares the
 				      original's array) */
+	/* speculative decoding (--spec-k, --spec-accept): the host proposes
+	 * drafts and accepts each with the request's acceptance rate */
+	uint32_t spec_k;           /* bkv_sched_config.spec_max_k; 0 = off */
+	int spec_auto;             /* 1: BKV_SPEC_K_AUTO (k chosen per row and
+				      step, up to spec_k), 0: fixed spec_k */
+	double spec_accept;        /* the workload's acceptance rate in [0, 1) */
+	double spec_spread;        /* each request's rate drawn uniformly from
+				      spec_accept +- spec_spread (clamped to
+				      [0, 0.99]); 0 = every request alike */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -153,6 +162,13 @@ typedef struct sim_result {
 	double ref_ttft_p90;       /* measured p90 TTFT, ms; <0 none */
 	double ref_tpot_p90;       /* measured p90 TPOT, ms; <0 none */
 	double span_us;            /* first to last arrival of the trace */
+	uint64_t spec_drafted;     /* draft tokens verified */
+	uint64_t spec_accepted;    /* of which accepted */
+	double spec_blocks_row;    /* mean over decode steps of the blocks the
+				      steps' drafts held past their rows'
+				      committed tokens, per running row */
+	double spec_reserve_row;   /* the same for reserving spec_k slots for
+				      every running row (vLLM's rule) */
 	uint32_t slo_met;          /* requests that finished without error with
 				      TTFT <= slo_ttft_ms and TPOT <=
 				      slo_tpot_ms (0 when no target is set) */

@@ -26,10 +26,14 @@
  * this CPU's rough figures; it starts from the base and fits itself to the
  * measured step times, and it keeps learning from run to run (same host).
  *
- * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid]
+ * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid] [--spec K]
  *   --hybrid  the model as a hybrid: full-attention, 24-token sliding-window,
  *             40-token chunked and (the last layer) recurrent layers, one KV
  *             group each, the state checkpointed every 16 tokens
+ *   --spec K  after the other runs, speculative decoding with K drafts per
+ *             row: library n-gram drafts (fixed and auto k), and a draft
+ *             model made of the model's first half of its layers; each
+ *             run's acceptance is printed (no effect on the runs before)
  * Exit status 0 only when every run matched the reference.
  */
 #include "tinylm.h"
@@ -81,6 +85,7 @@ int main(int argc, char **argv)
 {
 	uint32_t jobs = 200;
 	int small = 0, hybrid = 0;
+	uint32_t spec_k = 0;
 	uint64_t seed = 42;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
@@ -91,8 +96,10 @@ int main(int argc, char **argv)
 			hybrid = 1;
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--spec") && i + 1 < argc)
+			spec_k = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid]\n",
+			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid] [--spec K]\n",
 				argv[0]);
 			return 2;
 		}
@@ -173,7 +180,7 @@ int main(int argc, char **argv)
 
 	/* Enough blocks for everything at once, and a pool that is not. */
 	const uint32_t big = 4096, tight = 32;
-	demo_run runs[16];
+	demo_run runs[20];
 	uint32_t nr = 0;
 	runs[nr].name = "static";
 	base_run(&runs[nr].rc, big);
@@ -227,6 +234,23 @@ int main(int argc, char **argv)
 	runs[nr].rc.host_blocks = 512;
 	runs[nr].rc.sched.preempt = BKV_PREEMPT_SWAP;
 	runs[nr++].rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	/* Speculative decoding (--spec K), last: nothing before it changes. */
+	const uint32_t n_plain = nr;
+	if (spec_k && !hybrid && spec_k <= BKV_SPEC_MAX_K) {
+		runs[nr].name = "spec n-gram, fixed k";
+		base_run(&runs[nr].rc, big);
+		runs[nr].rc.sched.spec_max_k = spec_k;
+		runs[nr++].rc.sched.spec_k_mode = BKV_SPEC_K_FIXED;
+		runs[nr].name = "spec n-gram, auto k";
+		base_run(&runs[nr].rc, big);
+		runs[nr++].rc.sched.spec_max_k = spec_k;
+		runs[nr].name = "spec draft model, fixed k";
+		base_run(&runs[nr].rc, big);
+		runs[nr].rc.sched.spec_max_k = spec_k;
+		runs[nr].rc.sched.spec_k_mode = BKV_SPEC_K_FIXED;
+		runs[nr].rc.sched.spec_drafts = BKV_SPEC_DRAFT_HOST;
+		runs[nr++].rc.draft_layers = mc.layers / 2 ? mc.layers / 2 : 1;
+	}
 	uint64_t p_deltas = 0, p_entries = 0, p_rows = 0, p_differ = 0;
 
 	printf("%-26s %4s %6s %8s %7s %8s %8s %5s %7s %5s %4s %8s %8s %5s\n", "run", "ok",
@@ -236,7 +260,7 @@ int main(int argc, char **argv)
 	double static_tps = 0.0;
 	for (uint32_t i = 0; i < nr; i++) {
 		tlm_run_config *rc = &runs[i].rc;
-		if (i == n_flat)
+		if (i == n_flat || i == n_plain)
 			printf("\n");
 		rc->sched.cost = bkv_cost_calib_model(calib);
 		rc->sched.kv_bytes_per_token = (uint64_t)rl.kv_bytes_per_token;
@@ -267,6 +291,14 @@ int main(int argc, char **argv)
 			       res.check, msg);
 			failed = 1;
 		}
+		if (i >= n_plain)
+			printf("    speculation: %llu rows, %llu drafts, %llu accepted (%.3f)\n",
+			       (unsigned long long)res.sched.spec_rows,
+			       (unsigned long long)res.sched.spec_drafted,
+			       (unsigned long long)res.sched.spec_accepted,
+			       res.sched.spec_drafted ? (double)res.sched.spec_accepted /
+							(double)res.sched.spec_drafted
+						      : 0.0);
 		if (rc->sched.batch_layout == BKV_BATCH_PERSISTENT) {
 			p_deltas += res.host.deltas;
 			p_entries += res.host.delta_entries;

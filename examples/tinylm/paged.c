@@ -497,8 +497,13 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 		const uint32_t nb = h->row_nb[r];
 		if (q1 <= q0 || nb == 0)
 			return violation(h, "row %u empty (qo %d..%d, %u blocks)", r, q0, q1, nb);
-		if (r < b->n_decode_rows && q1 - q0 != 1)
-			return violation(h, "decode row %u has %d tokens", r, q1 - q0);
+		/* a speculated decode row: its token and row_drafts[r] drafts */
+		const int32_t want_q = 1 + (int32_t)(b->row_drafts ? b->row_drafts[r] : 0);
+		if (r < b->n_decode_rows && q1 - q0 != want_q)
+			return violation(h, "decode row %u has %d tokens, %d expected", r, q1 - q0,
+					 want_q);
+		if (r >= b->n_decode_rows && b->row_drafts && b->row_drafts[r])
+			return violation(h, "prefill row %u carries drafts", r);
 		const int32_t last = b->kv_last_page_len[r];
 		if (last < 1 || (uint32_t)last > h->block_tokens)
 			return violation(h, "row %u kv_last_page_len %d", r, last);
@@ -653,6 +658,20 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 			continue;
 		const uint32_t last = (uint32_t)b->qo_indptr[r + 1] - 1;
 		const tlm_sampling *s = b->row_user[r];
+		if (b->row_drafts && b->row_drafts[r]) {
+			/* speculated: a token after each of the row's tokens; the
+			 * library accepts greedily (n_accepted left at -1) */
+			for (uint32_t t = (uint32_t)b->qo_indptr[r]; t <= last; t++) {
+				tlm_logits(m, h->x + (size_t)t * c->dim, h->logits, h->ltmp);
+				b->spec_tokens[t] = tlm_sample(
+					h->logits, c->vocab, s ? s->n_samples : 1, s ? s->seed : 0,
+					b->row_branch[r], (uint32_t)b->positions[t] + 1);
+				h->stats.spec_tokens++;
+			}
+			h->stats.spec_rows++;
+			h->stats.sampled++;
+			continue;
+		}
 		tlm_logits(m, h->x + (size_t)last * c->dim, h->logits, h->ltmp);
 		next_tokens[r] = tlm_sample(h->logits, c->vocab, s ? s->n_samples : 1,
 					    s ? s->seed : 0, b->row_branch[r],

@@ -224,7 +224,20 @@ void tlm_workload_latency(const tlm_workload *w, tlm_run_result *res)
 typedef struct serve_ctx {
 	tlm_host *host;
 	tlm_run_result *res;
+	const tlm_model *m;     /* the served model (its draft model's weights) */
+	uint32_t draft_layers;  /* the draft model's layers */
 } serve_ctx;
+
+/* Speculative decoding with host drafts: the draft model's proposal. */
+static int serve_draft(void *p, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+		       int32_t *out, uint32_t k, void *user)
+{
+	const serve_ctx *sc = p;
+	const tlm_job *jb = user;
+	(void)req;
+	return (int)tlm_draft_generate(sc->m, sc->draft_layers, ctx, n_ctx, k,
+				       jb->sampling.n_samples, jb->sampling.seed, branch, out);
+}
 
 static int serve_forward(void *p, const bkv_batch *b, int32_t *next)
 {
@@ -322,7 +335,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
 	bkv_pool *pool = NULL;
 	bkv_sched *sched = NULL;
-	serve_ctx sc = {.res = res};
+	serve_ctx sc = {.res = res, .m = m, .draft_layers = rc->draft_layers};
 	int st = bkv_pool_create(&pc, NULL, &pool);
 	if (st)
 		goto out;
@@ -338,6 +351,8 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	} else {
 		ops.forward = serve_forward;
 	}
+	if (rc->draft_layers)
+		ops.draft = serve_draft;
 	st = bkv_sched_create(&rc->sched, pool, &ops, &sc, NULL, &sched);
 	if (st)
 		goto out;

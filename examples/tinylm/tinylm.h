@@ -55,6 +55,8 @@ typedef struct tlm_host_stats {
 	uint64_t mirror_mismatches; /* ... of those, rows whose tables differ
 				   (0 unless the host or library is wrong) */
 	double compute_us;      /* time in compute callbacks (host clock) */
+	uint64_t spec_rows;     /* speculative decoding: rows with drafts */
+	uint64_t spec_tokens;   /* ... tokens sampled at their positions */
 } tlm_host_stats;
 
 /* The paged host: the model, one preallocated device KV tensor of blocks, a
@@ -151,6 +153,15 @@ void tlm_workload_config_default(tlm_workload_config *wc);
 /* Build the jobs (deterministic in wc->seed). Returns 0 or -1. */
 int tlm_workload_create(tlm_workload *w, const tlm_workload_config *wc, uint32_t vocab);
 void tlm_workload_destroy(tlm_workload *w);
+/* Speculative decoding's draft model (spec.c): up to k tokens that follow
+ * ctx[0, n_ctx) in branch `branch` of a request sampled as tlm_sample does
+ * (n_samples, seed), from m cut to its first `layers` layers. Returns the
+ * drafts written to out, 0 when there are none (context too long, out of
+ * memory). */
+uint32_t tlm_draft_generate(const tlm_model *m, uint32_t layers, const int32_t *ctx,
+			    uint32_t n_ctx, uint32_t k, uint32_t n_samples, uint64_t seed,
+			    uint32_t branch, int32_t *out);
+
 /* Fill every job's reference output with tlm_ref_generate. */
 int tlm_workload_reference(tlm_workload *w, const tlm_model *m);
 /* Clear the served outputs before a run. */
@@ -174,6 +185,11 @@ typedef struct tlm_run_config {
 				    steps; 0 = 200000 */
 	uint32_t state_units;    /* a recurrent model's state units (0: four per
 				    running row and 32) */
+	uint32_t draft_layers;   /* speculative decoding with
+				    sched.spec_drafts == BKV_SPEC_DRAFT_HOST:
+				    the host's draft model is the served model
+				    cut to its first draft_layers layers (same
+				    weights; spec.c); 0 with library drafts */
 } tlm_run_config;
 
 /* What one run measured. */

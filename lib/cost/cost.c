@@ -85,6 +85,8 @@ static double call_rows(const bkv_step_shape *shape, const chunk_sums *cs)
 	double rows = shape->kind == BKV_CALL_PREFILL ? cs->n : (double)shape->decode_rows;
 	if ((double)shape->padded_rows > rows && shape->kind != BKV_CALL_MIXED)
 		rows = shape->padded_rows;
+	if (shape->kind != BKV_CALL_PREFILL) /* a draft costs what a row's token does */
+		rows += (double)shape->decode_drafts;
 	return rows;
 }
 
@@ -333,10 +335,22 @@ void bkv_cost_roofline_work(const bkv_cost_roofline *rl, const bkv_step_shape *s
 		double rows = shape->kind == BKV_CALL_PREFILL ? 0.0 : (double)shape->decode_rows;
 		if (shape->kind == BKV_CALL_DECODE && shape->padded_rows > shape->decode_rows)
 			rows = shape->padded_rows;
-		double tokens = rows + cs.sum_l;
+		/* drafts: query tokens of the decode rows, each attending over
+		 * its row's context (read once per row) */
+		double drafts = shape->kind == BKV_CALL_PREFILL ? 0.0 : (double)shape->decode_drafts;
+		double tokens = rows + drafts + cs.sum_l;
 		double attn_f, kv_by;
 		if (rl->n_groups) {
 			roofline_group_work(rl, shape, rows, &attn_f, &kv_by);
+		} else if (drafts > 0.0) {
+			double per_row = shape->decode_rows ? (double)shape->decode_context /
+								      (double)shape->decode_rows
+							    : 0.0;
+			double pairs = cs.pairs + (double)shape->decode_context + rows +
+				       drafts * per_row;
+			double kv_tokens = (double)shape->decode_context + rows + cs.sum_s + cs.sum_l;
+			attn_f = rl->attn_flops_per_pair * pairs;
+			kv_by = rl->kv_bytes_per_token * kv_tokens;
 		} else {
 			/* Decode rows attend over their context and their new token. */
 			double pairs = cs.pairs + (double)shape->decode_context + rows;

@@ -229,4 +229,18 @@ void bkv__pack_choose(bkv__policy *p, const bkv_sched_config *user);
 uint32_t bkv__auto_pack(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
 			const uint32_t **order, const uint32_t **ends);
 
+/* ---- decide/spec.c: speculative decoding's k ------------------------------- */
+
+/* The drafts each of the n decode rows rows[] should carry: k[i] in
+ * 0..cap[i] (cap[i] 0: not a candidate). n_dec rows decode in the call, over
+ * ctx tokens of context. Fixed mode: cap[i]; auto: the cost model's choice
+ * for the most tokens per unit time (or the TPOT target), over all rows at
+ * once. k may be cap. */
+void bkv__spec_choose(const bkv_sched *s, const bkv__row *rows, const uint32_t *cap, uint32_t n,
+		      uint32_t n_dec, uint64_t ctx, uint32_t *k);
+/* A row of r verified k drafts and accepted m of them. */
+void bkv__spec_observe(bkv_sched *s, bkv__req *r, uint32_t k, uint32_t m);
+/* r's acceptance estimate (the prior before any observation). */
+double bkv__spec_accept(const bkv_sched *s, const bkv__req *r);
+
 #endif /* BKV_DECIDE_H */

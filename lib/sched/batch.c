@@ -197,6 +197,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	shape->n_chunks = n_chunks;
 	shape->chunks = n_chunks ? s->call.chunks : NULL;
 	shape->padded_rows = s->pol.padded_rows(s, n_decode);
+	shape->decode_drafts = 0; /* speculated rows: sched/spec.c sets it */
 	bkv__batch_groups(s, b, rows, n_rows, n_decode, shape);
 	return t;
 }

@@ -131,6 +131,8 @@ int bkv_sched_check(const bkv_sched *s)
 	bkv_pool_stats_get(s->pool, &ps);
 	if (ps.nr_seqs != n_seqs)
 		return 23;
+	if (s->spec && bkv__spec_check(s))
+		return 34; /* speculative decoding (sched/spec.c) */
 	rc = bkv_pool_check(s->pool);
 	return rc > 0 ? 1000 + rc : rc;
 }

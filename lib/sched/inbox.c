@@ -62,6 +62,8 @@ int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *k
 		t = BKV_MAX(s->cfg.token_budget, s->plan.row_cap);
 	else
 		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->plan.row_cap;
+	if (s->cfg.spec_max_k) /* drafts: up to spec_max_k more per row */
+		t += (uint64_t)s->cfg.max_running * s->cfg.spec_max_k;
 	t = BKV_MIN(t, (uint64_t)TOK_CAP_LIMIT);
 	t = BKV_MAX(t, (uint64_t)s->plan.row_cap);
 	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->plan.row_cap;

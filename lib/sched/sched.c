@@ -66,6 +66,12 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->batch_layout != BKV_BATCH_FLAT && c->batch_layout != BKV_BATCH_PERSISTENT)
 		return 0;
+	if (c->spec_max_k > BKV_SPEC_MAX_K)
+		return 0;
+	if (c->spec_k_mode != BKV_SPEC_K_AUTO && c->spec_k_mode != BKV_SPEC_K_FIXED)
+		return 0;
+	if (c->spec_drafts != BKV_SPEC_DRAFT_NGRAM && c->spec_drafts != BKV_SPEC_DRAFT_HOST)
+		return 0;
 	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
 			return 0;
@@ -80,6 +86,8 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
 		return BKV_EINVAL;
 	if (!ops->forward && !(ops->prefill && ops->decode))
+		return BKV_EINVAL;
+	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
 		return BKV_EINVAL;
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
@@ -182,6 +190,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
+	    bkv__spec_alloc(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
 			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
@@ -246,6 +255,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
 	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
 	bkv__rows_free(s);
+	bkv__spec_free(s);
 	bkv__groups_free(s);
 	bkv__bufs_free(a, &s->call.bufs);
 	bkv__bufs_free(a, &s->in.spare);

@@ -80,6 +80,9 @@ typedef struct bkv__lane {
 	uint32_t pre_clean;   /* the sequence's clean mark before this step's
 				 first delta (rollback) */
 	uint64_t delta_step;  /* step of its last delta (pre_* are valid) */
+	uint32_t spec_tab;    /* speculative decoding, n-gram drafts: the
+				 lookup table it last used (sched/spec.c; its
+				 owner says whether it is still this lane's) */
 } bkv__lane;
 
 #define BKV__SLOT_NONE UINT32_MAX /* lane holds no row slot */
@@ -118,6 +121,10 @@ typedef struct bkv__req {
 	uint64_t preempt_step; /* step of its last preemption (0 = never) */
 	uint32_t predicted_output; /* bkv_request hint: expected output
 				      tokens, 0 = unknown (auto.c, queue order) */
+	float spec_acc;        /* speculative decoding: decayed drafts
+				  accepted (decide/spec.c) */
+	float spec_trials;     /* decayed trials: drafts accepted plus
+				  first rejections (a geometric fit) */
 	struct bkv__req *next; /* lock: inbox link; then the done list link */
 	struct bkv__req *abort_next; /* lock: abort list link */
 	size_t alloc_size;     /* bytes of this allocation */
@@ -365,6 +372,8 @@ struct bkv_sched {
 				    default model; owned (decide/) */
 	int bad_write;         /* a call wrote into a shared or cached block
 				  (bkv_sched_check 30); sticky */
+	struct bkv__spec *spec; /* speculative decoding's state; NULL when
+				   cfg.spec_max_k is 0 (sched/spec.c) */
 };
 
 /* ---- shared helpers --------------------------------------------------------- */
@@ -450,6 +459,65 @@ void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows);
 int bkv__rows_check(const bkv_sched *s);
 /* The step is rolled back: every delta it sent is void. */
 void bkv__rows_rollback(bkv_sched *s);
+
+/* ---- sched/spec.c: speculative decoding ------------------------------------ */
+
+/* An n-gram lookup table of one lane (sched/spec.c). */
+typedef struct bkv__ngram {
+	uint64_t owner;        /* request id of the lane it indexes (0: none) */
+	uint32_t branch;       /* and its branch */
+	uint32_t upto;         /* n-grams ending before this position are in */
+	uint64_t used_step;    /* step that last used it */
+	uint32_t *pos;         /* [BKV__NGRAM_SLOTS] 1 + the position an
+				  n-gram ended at, by hash; 0 empty */
+} bkv__ngram;
+
+#define BKV__NGRAM_SLOTS 2048u /* entries of a lane's table (a power of 2) */
+#define BKV__NGRAM_MAX 3u      /* longest n-gram matched (then shorter) */
+
+/* Speculative decoding's state, allocated at create when spec_max_k > 0. */
+typedef struct bkv__spec {
+	uint32_t max_k;        /* cfg.spec_max_k */
+	uint32_t row_cap;      /* entries in the per-row arrays (plan.dec's) */
+	uint32_t *drafts;      /* [row_cap] drafts of each plan.dec row this
+				  step (the batch's row_drafts) */
+	int32_t *tokens;       /* [row_cap * (1 + max_k)] the batch's
+				  spec_tokens */
+	int32_t *accepted;     /* [row_cap] the batch's n_accepted */
+	uint32_t n_rows;       /* plan.dec rows with drafts this step */
+	uint32_t n_set;        /* entries of drafts[] valid this step */
+	uint32_t n_tab;        /* n-gram tables (max_running; 0 for host
+				  drafts) */
+	bkv__ngram *tab;       /* [n_tab] */
+	uint32_t *slots;       /* [n_tab * BKV__NGRAM_SLOTS] their entries */
+	uint32_t tab_hand;     /* clock hand for taking a table */
+	uint32_t *want;        /* [row_cap] each row's cap on k, then (at
+				  commit) the tokens it delivers */
+	double g_acc;          /* decide/spec.c: every request's accepted
+				  drafts, decayed (the prior) */
+	double g_trials;       /* and trials */
+} bkv__spec;
+
+int bkv__spec_alloc(bkv_sched *s);
+void bkv__spec_free(bkv_sched *s);
+/* After planning: give decode rows drafts (never preempting: a row whose
+ * drafts find no room goes without). */
+void bkv__spec_plan(bkv_sched *s, bkv_step_info *si);
+/* A call is built: point its batch at the drafts (rows == plan.dec) or at
+ * none. */
+void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__row *rows,
+		     uint32_t n);
+/* Commit, before the pool's transaction commits: cut each row with drafts
+ * to what was accepted. */
+void bkv__spec_commit_cut(bkv_sched *s);
+/* Commit, after it: deliver the accepted tokens. */
+void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si);
+/* Rollback: forget the step's drafts. */
+void bkv__spec_rollback(bkv_sched *s);
+/* Invariant 34, between steps: no drafts pending; every n-gram table of a
+ * running lane indexes only known tokens; acceptance counts in range. 0 or
+ * 1. */
+int bkv__spec_check(const bkv_sched *s);
 
 /* ---- sched/plan.c ----------------------------------------------------------- */
 

@@ -84,6 +84,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 			bkv__rows_dirty(s, rows); /* the fused pass's rows */
 	}
 	bkv__batch_fill(s, kind, rows, n, n_decode, first, &b, &sh);
+	if (s->spec) /* speculative decoding's arrays (sched/spec.c) */
+		bkv__spec_batch(s, &b, &sh, rows, n);
 #if BKV_DEBUG_LEVEL >= 1
 	if (!s->bad_write && first < b.n_tokens)
 		s->bad_write = batch_writes_shared(s, &b, first);
@@ -258,6 +260,8 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 			s->plan.swap_pend[i]->swap_unsent = 0;
 		s->plan.n_swap_pend = 0;
 	}
+	if (s->spec && s->spec->n_rows) /* keep the accepted drafts' KV only */
+		bkv__spec_commit_cut(s);
 	bkv__pool_txn_commit(s->pool);
 	if (s->split)
 		commit_rows(s, s->plan.pre, s->plan.n_pre, 0, NULL, s->ops.on_token, si);
@@ -265,6 +269,8 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, s->ops.on_token, si);
 	else
 		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, NULL, si);
+	if (s->spec && s->spec->n_rows)
+		bkv__spec_commit_deliver(s, si);
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
@@ -328,6 +334,8 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	bkv__pool_txn_abort(s->pool);
 	if (s->call.persistent)
 		bkv__rows_rollback(s);
+	if (s->spec)
+		bkv__spec_rollback(s);
 	swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
@@ -433,6 +441,8 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 		bkv__plan_continue(s, now, &si);
 	bkv__plan_admit(s, now, &si);
 	bkv__auto_after_admit(s);
+	if (s->spec) /* drafts last: they never preempt (sched/spec.c) */
+		bkv__spec_plan(s, &si);
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
 	    !si.admitted) {
 		if (++s->plan.stalls >= 2)

@@ -228,7 +228,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.reserved[3] = 1;
+		sc.reserved[0] = 1;
 
 	rc = bkv_pool_create(&pc, &a, &pool);
 	if (rc != BKV_OK) {
@@ -242,6 +242,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	h.abort_on_violation = 1;
 	h.unadmittable_ok = pc.n_groups > 1;
+	{
+		/* speculative decoding for half the inputs, from a hash of the
+		 * whole input (no byte read: the corpus keeps its meaning) */
+		uint64_t hs = 1469598103934665603ull;
+
+		for (size_t j = 0; j < f.n; j++)
+			hs = (hs ^ f.p[j]) * 1099511628211ull;
+		if (hs & 1) {
+			sc.spec_max_k = 1 + (uint32_t)(hs >> 1) % 8;
+			sc.spec_k_mode = (bkv_spec_k_mode)((hs >> 5) & 1);
+			sc.spec_drafts = (bkv_spec_drafts)((hs >> 6) & 1);
+			h.spec_accept_permille = (uint32_t)(hs >> 8) % 1001;
+			h.spec_host_accepts = (int)((hs >> 20) & 1);
+		}
+	}
 	h.fail_hook = fail_hook;
 	h.token_hook = token_hook;
 	h.hook_ctx = &x;

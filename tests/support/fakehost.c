@@ -415,7 +415,10 @@ static void check_row(kh_host *h, const bkv_batch *b, uint32_t r)
 
 	if (!q)
 		return;
-	if (q1 <= q0 || k1 <= k0 || (r < b->n_decode_rows && q1 - q0 != 1)) {
+	if (q1 <= q0 || k1 <= k0 ||
+	    (r < b->n_decode_rows &&
+	     q1 - q0 != 1 + (int32_t)(b->row_drafts ? b->row_drafts[r] : 0)) ||
+	    (r >= b->n_decode_rows && b->row_drafts && b->row_drafts[r])) {
 		kh_violation(h, "row %u: tokens [%d, %d), blocks [%d, %d)", r, q0, q1, k0, k1);
 		return;
 	}
@@ -456,6 +459,8 @@ static void check_row(kh_host *h, const bkv_batch *b, uint32_t r)
 		if (b->slot_mapping[t] != blk * (int32_t)h->bt + (int32_t)(p % h->bt))
 			kh_violation(h, "row %u: slot %d for position %u (block %d)", r,
 				     b->slot_mapping[t], p, blk);
+		if (p > start && b->row_drafts && b->row_drafts[r])
+			continue; /* a draft: any token */
 		if (b->token_ids[t] != kh_token_at(q, br, p))
 			kh_violation(h, "req %llu branch %u: input %d at position %u, holds %d",
 				     (unsigned long long)b->row_req[r], br, b->token_ids[t], p,
@@ -476,6 +481,67 @@ static void check_row(kh_host *h, const bkv_batch *b, uint32_t r)
 			break;
 		}
 	}
+}
+
+/* A row with k drafts: sample after each of its 1 + k tokens into
+ * spec_tokens, record the accepted run and the bonus token in hist. */
+static void compute_spec_row(kh_host *h, const bkv_batch *b, uint32_t r, const kh_req *q,
+			     uint32_t start)
+{
+	const uint32_t k = b->row_drafts[r], br = b->row_branch[r];
+	const int32_t q0 = b->qo_indptr[r];
+	uint32_t j, m = k, idx;
+	int32_t t;
+
+	h->spec_rows++;
+	h->spec_drafts += k;
+	for (j = 0; j <= k; j++) {
+		t = kh_sample(q, br, start + j + 1, b->token_ids[q0 + (int32_t)j]);
+		if (h->token_hook)
+			t = h->token_hook(h->hook_ctx, q, br, t);
+		b->spec_tokens[q0 + (int32_t)j] = t;
+		if (j <= m) {
+			idx = start + j + 1 - q->prompt_len;
+			if (idx >= q->max_new) {
+				kh_violation(h, "row %u samples token %u of a request with %u", r, idx,
+					     q->max_new);
+				return;
+			}
+			((kh_req *)q)->hist[(size_t)br * q->max_new + idx] = t;
+			if (t == BKV_TOKEN_FAIL)
+				((kh_req *)q)->error_written = 1;
+		}
+		if (j < m && t != b->token_ids[q0 + (int32_t)j + 1])
+			m = j; /* draft j + 1 rejected: t is the bonus */
+	}
+	h->spec_accepted += m;
+	if (h->spec_host_accepts)
+		b->n_accepted[r] = (int32_t)m;
+}
+
+int kh_draft(void *host, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+	     int32_t *out, uint32_t k, void *user)
+{
+	kh_host *h = host;
+	const kh_req *q = user;
+	int32_t prev = ctx[n_ctx - 1];
+	uint32_t j;
+
+	(void)req;
+	if (!q || q->magic != KH_MAGIC)
+		return 0;
+	for (j = 0; j < k; j++) {
+		int32_t t = kh_sample(q, branch, n_ctx + j, prev);
+
+		if (t == BKV_TOKEN_FAIL || kh_is_stop(q, t))
+			break; /* a drafter knows nothing past an end */
+		if (mix(q->tag * 31 + branch * 7919 + (n_ctx + j) * 104729 + 17) % 1000 >=
+		    h->spec_accept_permille)
+			t = t + 1; /* a wrong draft (the sampler never gives t + 1 here) */
+		out[j] = t;
+		prev = t;
+	}
+	return (int)j;
 }
 
 /* Pass 2 for row r: write the computed cells (wrong ones when failing) and
@@ -500,14 +566,20 @@ static void compute_row(kh_host *h, const bkv_batch *b, uint32_t r, int fail, in
 		c = chain_root(q->key);
 		for (p = 0; p < end; p++) {
 			int32_t blk = b->kv_indices[k0 + (int32_t)(p / h->bt)];
+			int draft = p > start && b->row_drafts && b->row_drafts[r];
 
-			c = chain(c, kh_token_at(q, br, p));
+			c = chain(c, draft ? b->token_ids[q0 + (int32_t)(p - start)]
+					   : kh_token_at(q, br, p));
 			if (p >= start && blk >= 0 && (uint32_t)blk < h->nb)
 				h->dev[(size_t)blk * h->bt + p % h->bt] = fail ? ~c : c;
 		}
 	}
 	if (!b->row_sample[r] || fail)
 		return;
+	if (b->row_drafts && b->row_drafts[r]) {
+		compute_spec_row(h, b, r, q, start);
+		return;
+	}
 	idx = end - q->prompt_len;
 	if (end < q->prompt_len || idx >= q->max_new) {
 		kh_violation(h, "row %u samples token %u of a request with %u", r,
@@ -682,5 +754,6 @@ bkv_host_ops kh_ops(int split)
 	o.on_token = kh_on_token;
 	o.on_finish = kh_on_finish;
 	o.now_us = kh_now;
+	o.draft = kh_draft; /* read only with BKV_SPEC_DRAFT_HOST */
 	return o;
 }

@@ -175,6 +175,17 @@ struct kh_host {
 	bkv_sched *sched;          /* for the nested-step check (optional) */
 	int try_nested;            /* call bkv_step(sched) from each compute call */
 	int nested_rc;             /* what it returned */
+	/* speculative decoding: a row with drafts is computed causally, the
+	 * host samples after each of its tokens into spec_tokens and accepts
+	 * greedily itself (writing n_accepted) when spec_host_accepts is set,
+	 * else leaves n_accepted at -1; kh_draft proposes the sampler's true
+	 * continuation, each draft right with spec_accept_permille / 1000
+	 * (by hash, so reruns propose the same) */
+	uint32_t spec_accept_permille; /* kh_draft's per-draft accuracy */
+	int spec_host_accepts;     /* write n_accepted */
+	uint64_t spec_rows;        /* rows with drafts computed */
+	uint64_t spec_drafts;      /* drafts they carried */
+	uint64_t spec_accepted;    /* of which the sampler agreed with */
 };
 
 #if defined(__GNUC__)
@@ -207,6 +218,10 @@ int kh_abort(bkv_sched *s, kh_req *r, uint64_t id);
 /* The callbacks: split (prefill + decode) or one forward, on_token,
  * on_finish, now_us; the host pointer is the kh_host. */
 bkv_host_ops kh_ops(int split);
+
+/* bkv_host_ops.draft for BKV_SPEC_DRAFT_HOST (host = the kh_host). */
+int kh_draft(void *host, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+	     int32_t *out, uint32_t k, void *user);
 
 /* ---- the pieces, for drivers that wrap the callbacks ------------------------ */
 

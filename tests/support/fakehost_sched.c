@@ -21,6 +21,13 @@ static double fh_cost(void *ctx, const bkv_step_shape *sh)
 	return 10.0 * sh->padded_rows + 1.0;
 }
 
+/* Drafts: the host's (kh_draft), read with BKV_SPEC_DRAFT_HOST only. */
+static int fh_draft(void *h, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+		    int32_t *out, uint32_t k, void *user)
+{
+	return kh_draft(&((fake_host *)h)->host, req, branch, ctx, n_ctx, out, k, user);
+}
+
 /* Log the call, then let the host check and compute it. */
 static int fh_call_host(fake_host *f, const bkv_batch *b, int32_t *next, bkv_call_kind want)
 {
@@ -149,6 +156,7 @@ fake_host *fh_create(const fh_opts *o)
 	pc.host_blocks = o->host_blocks;
 	pc.max_seqs = o->max_seqs ? o->max_seqs : 4096;
 	pc.prefix_cache = o->prefix_cache;
+	pc.event_capacity = o->event_capacity;
 	rc = bkv_pool_create(&pc, o->pool_alloc, &f->pool);
 	cr_assert_eq(rc, BKV_OK, "pool create: %s", bkv_strerror(rc));
 	memset(&ops, 0, sizeof(ops));
@@ -161,6 +169,7 @@ fake_host *fh_create(const fh_opts *o)
 	ops.on_token = fh_on_token;
 	ops.on_finish = fh_on_finish;
 	ops.now_us = fh_now;
+	ops.draft = fh_draft;
 	if (!cfg.cost.step_us && !o->no_fake_cost) {
 		cfg.cost.step_us = fh_cost;
 		cfg.cost.ctx = f;

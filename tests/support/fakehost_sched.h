@@ -82,6 +82,7 @@ typedef struct fh_opts {
 	int split;              /* prefill + decode callbacks instead of forward */
 	int no_fake_cost;       /* leave cfg.cost as given even when it has no
 				   step_us (default: the harness's cost model) */
+	uint32_t event_capacity; /* pool event_capacity (default 0: no events) */
 	bkv_sched_config cfg;   /* scheduler config (bkv_sched_config_init) */
 	const bkv_allocator *sched_alloc, *pool_alloc; /* NULL: the library's */
 } fh_opts;

@@ -65,6 +65,11 @@ BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
 BKV_BATCH_FLAT = 0
 BKV_BATCH_PERSISTENT = 1
+BKV_SPEC_DRAFT_NGRAM = 0
+BKV_SPEC_DRAFT_HOST = 1
+BKV_SPEC_K_AUTO = 0
+BKV_SPEC_K_FIXED = 1
+BKV_SPEC_MAX_K = 16
 BKV_TABLE_OPENED = 0x1
 BKV_TABLE_CLOSED = 0x2
 BKV_EVENT_STORED = 0
@@ -231,6 +236,7 @@ class bkv_step_shape(Structure):
         ('padded_rows', c_uint32),
         ('n_groups', c_uint32),
         ('group_decode_context', POINTER(c_uint64)),
+        ('decode_drafts', c_uint32),
     ]
 
 
@@ -337,6 +343,10 @@ class bkv_batch(Structure):
         ('delta_blocks', POINTER(c_int32)),
         ('n_groups', c_uint32),
         ('groups', POINTER(bkv_batch_group)),
+        ('n_spec_rows', c_uint32),
+        ('row_drafts', POINTER(c_uint32)),
+        ('spec_tokens', POINTER(c_int32)),
+        ('n_accepted', POINTER(c_int32)),
     ]
 
 
@@ -348,6 +358,8 @@ class bkv_host_ops(Structure):
         ('on_token', CFUNCTYPE(None, c_void_p, c_uint64, c_uint32, c_int32, c_void_p)),
         ('on_finish', CFUNCTYPE(None, c_void_p, c_uint64, c_int, c_void_p)),
         ('now_us', CFUNCTYPE(c_uint64, c_void_p)),
+        ('draft', CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint32, POINTER(c_int32), c_uint32,
+                            POINTER(c_int32), c_uint32, c_void_p)),
     ]
 
 
@@ -369,7 +381,10 @@ class bkv_sched_config(Structure):
         ('max_bypass_us', c_uint64),
         ('batch_layout', c_int),
         ('ttft_target_us', c_uint32),
-        ('reserved', c_uint32 * 4),
+        ('spec_max_k', c_uint32),
+        ('spec_k_mode', c_int),
+        ('spec_drafts', c_int),
+        ('reserved', c_uint32 * 1),
     ]
 
 
@@ -427,6 +442,9 @@ class bkv_sched_stats(Structure):
         ('decode_calls', c_uint64),
         ('busy_us', c_double),
         ('unadmittable', c_uint64),
+        ('spec_rows', c_uint64),
+        ('spec_drafted', c_uint64),
+        ('spec_accepted', c_uint64),
     ]
 
 

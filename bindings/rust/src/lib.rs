@@ -1099,6 +1099,7 @@ impl<'a> StepShape<'a> {
             } else {
                 self.group_decode_context.as_ptr()
             },
+            decode_drafts: 0, // speculative decoding is not bound in the safe layer
         }
     }
 }

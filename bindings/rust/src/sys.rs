@@ -88,6 +88,13 @@ pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
 pub type bkv_batch_layout = c_int;
 pub const BKV_BATCH_FLAT: bkv_batch_layout = 0;
 pub const BKV_BATCH_PERSISTENT: bkv_batch_layout = 1;
+pub type bkv_spec_drafts = c_int;
+pub const BKV_SPEC_DRAFT_NGRAM: bkv_spec_drafts = 0;
+pub const BKV_SPEC_DRAFT_HOST: bkv_spec_drafts = 1;
+pub type bkv_spec_k_mode = c_int;
+pub const BKV_SPEC_K_AUTO: bkv_spec_k_mode = 0;
+pub const BKV_SPEC_K_FIXED: bkv_spec_k_mode = 1;
+pub const BKV_SPEC_MAX_K: u32 = 16;
 pub const BKV_TABLE_OPENED: u32 = 0x1;
 pub const BKV_TABLE_CLOSED: u32 = 0x2;
 #[repr(C)]
@@ -256,6 +263,7 @@ pub struct bkv_step_shape {
     pub padded_rows: u32,
     pub n_groups: u32,
     pub group_decode_context: *const u64,
+    pub decode_drafts: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -347,6 +355,10 @@ pub struct bkv_batch {
     pub delta_blocks: *const i32,
     pub n_groups: u32,
     pub groups: *const bkv_batch_group,
+    pub n_spec_rows: u32,
+    pub row_drafts: *const u32,
+    pub spec_tokens: *mut i32,
+    pub n_accepted: *mut i32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -357,6 +369,7 @@ pub struct bkv_host_ops {
     pub on_token: Option<unsafe extern "C" fn(*mut c_void, u64, u32, i32, *mut c_void)>,
     pub on_finish: Option<unsafe extern "C" fn(*mut c_void, u64, bkv_finish_reason, *mut c_void)>,
     pub now_us: Option<unsafe extern "C" fn(*mut c_void) -> u64>,
+    pub draft: Option<unsafe extern "C" fn(*mut c_void, u64, u32, *const i32, u32, *mut i32, u32, *mut c_void) -> i32>,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -377,7 +390,10 @@ pub struct bkv_sched_config {
     pub max_bypass_us: u64,
     pub batch_layout: bkv_batch_layout,
     pub ttft_target_us: u32,
-    pub reserved: [u32; 4],
+    pub spec_max_k: u32,
+    pub spec_k_mode: bkv_spec_k_mode,
+    pub spec_drafts: bkv_spec_drafts,
+    pub reserved: [u32; 1],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -432,6 +448,9 @@ pub struct bkv_sched_stats {
     pub decode_calls: u64,
     pub busy_us: f64,
     pub unadmittable: u64,
+    pub spec_rows: u64,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

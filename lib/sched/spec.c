@@ -1,0 +1,441 @@
+/*
+ * spec.c - speculative decoding in the step: drafts for decode rows, the
+ * batch's speculation arrays, and the commit that keeps what the host
+ * accepted and cuts the rest (docs/design.md, "Speculative decoding").
+ *
+ * Planning (bkv__spec_plan, after every other row is planned): each decode
+ * row of a lane that still has tokens to generate is a candidate; the
+ * decision layer chooses its k (decide/spec.c); the drafts come from the
+ * host's draft callback or from this file's n-gram lookup and are written
+ * into the lane's history buffer just past its known tokens (the buffer
+ * holds prompt + max_new tokens and k < the tokens still to generate, so
+ * they fit), where the row's token range picks them up like any other
+ * token; then they are appended to the lane's sequence privately (no prefix
+ * lookup, fresh blocks past a boundary), inside the step's transaction, so
+ * no block they fill is indexed before commit. Drafts never preempt
+ * anybody: a row whose drafts would need a block while fewer than
+ * slots_used + need blocks are free goes without, and so does every later
+ * row (speculation is the first thing memory pressure gives up). In
+ * chunked mode drafts are charged to the step's token budget, after the
+ * prefill rows (which were planned first).
+ *
+ * Commit (bkv__spec_commit_cut before the pool's transaction commits, then
+ * bkv__spec_commit_deliver): the accepted run m is the host's n_accepted
+ * (or, at -1, the greedy match of spec_tokens against the drafts), cut at
+ * the first accepted draft that differs from the token sampled before it;
+ * the tokens delivered are spec_tokens[0 .. m], stopped by a stop token,
+ * max_new_tokens or BKV_TOKEN_FAIL; the sequence is truncated to the KV of
+ * the delivered tokens, which returns the blocks a rejected tail took and
+ * un-queues a block the tail had filled, so the transaction's commit indexes
+ * only verified blocks. A failed call rolls the drafts back with everything
+ * else (lane_restore truncates to the length before the step).
+ *
+ * N-gram lookup: each lane that speculates takes one of max_running tables
+ * (a direct-mapped hash from the n-gram ending at a position to that
+ * position, BKV__NGRAM_SLOTS entries, n = 1..BKV__NGRAM_MAX, allocated at
+ * create). A table is owned by (request id, branch); a lane whose table was
+ * taken by another (a clock hand takes one not used in the current step)
+ * rebuilds its own from its history once. Each step indexes only the
+ * tokens committed since the last (upto), looks up the last n tokens for n
+ * = 3, 2, 1 and, on a verified match at p, proposes the tokens that followed
+ * p: O(k + new tokens) per row, no scan of the context.
+ */
+#include "sched/batch.h"
+#include "decide/decide.h"
+
+#include <string.h>
+
+int bkv__spec_alloc(bkv_sched *s)
+{
+	const bkv_allocator *a = &s->alloc;
+	bkv__spec *sp;
+	uint32_t i;
+
+	if (!s->cfg.spec_max_k)
+		return BKV_OK;
+	sp = bkv__calloc(a, 1, sizeof(*sp));
+	if (!sp)
+		return BKV_ENOMEM;
+	s->spec = sp;
+	sp->max_k = s->cfg.spec_max_k;
+	sp->row_cap = 2 * s->plan.row_cap; /* plan.dec's entries */
+	sp->drafts = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
+	sp->want = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
+	sp->accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
+	sp->tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
+	if (!sp->drafts || !sp->want || !sp->accepted || !sp->tokens)
+		return BKV_ENOMEM;
+	if (s->cfg.spec_drafts == BKV_SPEC_DRAFT_NGRAM) {
+		sp->n_tab = s->cfg.max_running;
+		sp->tab = bkv__calloc(a, sp->n_tab, sizeof(bkv__ngram));
+		sp->slots = bkv__calloc(a, (size_t)sp->n_tab * BKV__NGRAM_SLOTS, sizeof(uint32_t));
+		if (!sp->tab || !sp->slots)
+			return BKV_ENOMEM;
+		for (i = 0; i < sp->n_tab; i++)
+			sp->tab[i].pos = sp->slots + (size_t)i * BKV__NGRAM_SLOTS;
+	}
+	return BKV_OK;
+}
+
+void bkv__spec_free(bkv_sched *s)
+{
+	const bkv_allocator *a = &s->alloc;
+	bkv__spec *sp = s->spec;
+
+	if (!sp)
+		return;
+	bkv__free(a, sp->drafts, (size_t)sp->row_cap * sizeof(uint32_t));
+	bkv__free(a, sp->want, (size_t)sp->row_cap * sizeof(uint32_t));
+	bkv__free(a, sp->accepted, (size_t)sp->row_cap * sizeof(int32_t));
+	bkv__free(a, sp->tokens, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
+	bkv__free(a, sp->tab, (size_t)sp->n_tab * sizeof(bkv__ngram));
+	bkv__free(a, sp->slots, (size_t)sp->n_tab * BKV__NGRAM_SLOTS * sizeof(uint32_t));
+	bkv__free(a, sp, sizeof(*sp));
+	s->spec = NULL;
+}
+
+/* ---- n-gram lookup ---------------------------------------------------------- */
+
+static uint32_t ngram_hash(const int32_t *t, uint32_t n)
+{
+	uint64_t h = 0x9e3779b97f4a7c15ull * n;
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		h = (h ^ (uint32_t)t[i]) * 0xff51afd7ed558ccdull;
+	return (uint32_t)(h >> 40) & (BKV__NGRAM_SLOTS - 1);
+}
+
+/* The table of lane l, taken (and rebuilt from nothing) if it has none. */
+static bkv__ngram *ngram_table(bkv_sched *s, bkv__lane *l)
+{
+	bkv__spec *sp = s->spec;
+	bkv__ngram *t = sp->tab;
+	uint32_t i;
+
+	if (l->spec_tab < sp->n_tab) {
+		t = &sp->tab[l->spec_tab];
+		if (t->owner == l->req->id && t->branch == l->branch)
+			goto found;
+	}
+	/* a table no row used in this step: at most max_running rows
+	 * speculate in a step, so there is one */
+	for (i = 0; i < sp->n_tab; i++) {
+		t = &sp->tab[sp->tab_hand];
+		l->spec_tab = sp->tab_hand;
+		sp->tab_hand = sp->tab_hand + 1 == sp->n_tab ? 0 : sp->tab_hand + 1;
+		if (t->used_step != s->plan.step_no)
+			break;
+	}
+	memset(t->pos, 0, BKV__NGRAM_SLOTS * sizeof(uint32_t));
+	t->owner = l->req->id;
+	t->branch = l->branch;
+	t->upto = 0;
+found:
+	t->used_step = s->plan.step_no;
+	return t;
+}
+
+/* Up to k drafts for lane l, whose known tokens are tok[0, known), written
+ * to tok[known, known + k). Returns how many. */
+static uint32_t ngram_propose(bkv_sched *s, bkv__lane *l, uint32_t known, uint32_t k)
+{
+	bkv__ngram *t = ngram_table(s, l);
+	int32_t *tok = l->tok;
+	uint32_t p, n, j;
+
+	/* index the n-grams ending before the last token */
+	for (p = t->upto; p + 1 < known; p++)
+		for (n = 1; n <= BKV__NGRAM_MAX && n <= p + 1; n++)
+			t->pos[ngram_hash(tok + p + 1 - n, n)] = p + 1;
+	if (known > t->upto + 1)
+		t->upto = known - 1;
+	for (n = BKV__NGRAM_MAX; n >= 1; n--) {
+		uint32_t e;
+
+		if (known < n + 1)
+			continue;
+		e = t->pos[ngram_hash(tok + known - n, n)];
+		if (!e)
+			continue;
+		p = e - 1; /* the n-gram ended at p < known - 1 */
+		if (p + 1 < n || memcmp(tok + p + 1 - n, tok + known - n, n * sizeof(int32_t)) != 0)
+			continue; /* another n-gram in the slot */
+		/* tok[p + j] is known or a draft written before it (p < known - 1) */
+		for (j = 1; j <= k; j++)
+			tok[known + j - 1] = tok[p + j];
+		return k;
+	}
+	return 0;
+}
+
+/* ---- planning --------------------------------------------------------------- */
+
+static uint32_t propose(bkv_sched *s, bkv__lane *l, uint32_t known, uint32_t k)
+{
+	int got;
+
+	if (s->cfg.spec_drafts == BKV_SPEC_DRAFT_NGRAM)
+		return ngram_propose(s, l, known, k);
+	got = s->ops.draft(s->host, l->req->id, l->branch, l->tok, known, l->tok + known, k,
+			   l->req->user);
+	return got <= 0 ? 0 : (uint32_t)got > k ? k : (uint32_t)got;
+}
+
+/* Candidates among plan.dec[0, n_dec): want[i] = the row's cap on k (0 for
+ * a row that is not one), drafts[i] = 0; *ctx = the rows' context. Returns
+ * the candidates. */
+static uint32_t spec_candidates(bkv_sched *s, uint32_t n_dec, uint64_t *ctx)
+{
+	bkv__spec *sp = s->spec;
+	uint32_t i, n = 0;
+
+	*ctx = 0;
+	for (i = 0; i < n_dec; i++) {
+		const bkv__row *row = &s->plan.dec[i];
+		const bkv__lane *l = row->lane;
+		const bkv__req *r = l->req;
+		uint32_t left;
+
+		*ctx += row->end;
+		sp->drafts[i] = 0;
+		sp->want[i] = 0;
+		if (!row->sample || row->end - row->start != 1 || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		left = r->max_new - l->n_gen; /* tokens still to generate, >= 1 */
+		sp->want[i] = BKV_MIN(sp->max_k, left - 1);
+		n += sp->want[i] > 0;
+	}
+	return n;
+}
+
+void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
+{
+	bkv__spec *sp = s->spec;
+	bkv_pool *pool = s->pool;
+	bkv__row *dec = s->plan.dec;
+	uint32_t i, n = 0, n_dec;
+	uint64_t ctx = 0;
+	int chunked = s->cfg.chunked_prefill, stop = 0;
+
+	sp->n_rows = 0;
+	sp->n_set = 0;
+	if (s->call.n_lanes || s->call.has_state)
+		return; /* KV groups: never (docs/design.md) */
+	if (si->preempted) { /* drafts index plan.dec as the call will see it */
+		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
+		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
+	}
+	n_dec = s->plan.n_dec;
+	if (n_dec > sp->row_cap)
+		return;
+	n = spec_candidates(s, n_dec, &ctx);
+	sp->n_set = n_dec;
+	if (!n) {
+		sp->n_set = 0; /* no drafts: the calls' row_drafts are zeros */
+		return;
+	}
+	/* the choice, over every row at once: drafts[] = each row's k */
+	bkv__spec_choose(s, dec, sp->want, n_dec, n_dec, ctx, sp->drafts);
+	for (i = 0; i < n_dec; i++) {
+		bkv__row *row = &dec[i];
+		bkv__lane *l = row->lane;
+		uint32_t k = sp->drafts[i], got, need;
+
+		sp->drafts[i] = 0; /* until its drafts are appended */
+		if (!k || stop)
+			continue;
+		if (chunked) {
+			k = BKV_MIN(k, s->plan.budget_left);
+			if (!k) {
+				stop = 1;
+				continue;
+			}
+		}
+		BKV_ASSERT(l->kv_len == row->end && row->end == LANE_KNOWN(l));
+		got = propose(s, l, row->end, k);
+		if (!got)
+			continue;
+		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
+		if (pool->kv.nr_free < (uint64_t)need + s->rs.slots_used ||
+		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
+			stop = 1; /* memory pressure: no more drafts this step */
+			continue;
+		}
+		l->kv_len += got;
+		row->end += got;
+		sp->drafts[i] = got;
+		sp->n_rows++;
+		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
+	}
+	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
+		s->plan.fill_rows = 0;
+		s->call.n_dirty = 0;
+	} else {
+		sp->n_set = 0;
+	}
+}
+
+void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__row *rows,
+		     uint32_t n)
+{
+	bkv__spec *sp = s->spec;
+	uint32_t i, e = 0;
+
+	b->row_drafts = sp->drafts;
+	b->spec_tokens = sp->tokens;
+	b->n_accepted = sp->accepted;
+	if (rows != s->plan.dec || !sp->n_rows) {
+		/* no drafts in this call: want[] is free until the commit */
+		memset(sp->want, 0, (size_t)n * sizeof(uint32_t));
+		b->row_drafts = sp->want;
+		b->n_spec_rows = 0;
+		return;
+	}
+	for (i = sp->n_set; i < n; i++) /* rows planned after the drafts */
+		sp->drafts[i] = 0;
+	sp->n_set = BKV_MAX(sp->n_set, n);
+	for (i = 0; i < n; i++) {
+		sp->accepted[i] = -1;
+		if (sp->drafts[i]) {
+			int32_t q0 = s->call.qo_indptr[i];
+			uint32_t j;
+
+			for (j = 0; j <= sp->drafts[i]; j++)
+				sp->tokens[q0 + j] = BKV_TOKEN_FAIL;
+			e += sp->drafts[i];
+		}
+	}
+	b->n_spec_rows = sp->n_rows;
+	sh->decode_drafts = e;
+}
+
+/* ---- commit ----------------------------------------------------------------- */
+
+#define CUT_FAIL 0x80000000u /* want[i]: the run ends in BKV_TOKEN_FAIL */
+
+void bkv__spec_commit_cut(bkv_sched *s)
+{
+	bkv__spec *sp = s->spec;
+	uint32_t i;
+
+	for (i = 0; i < sp->n_set && i < s->plan.n_dec; i++) {
+		bkv__row *row = &s->plan.dec[i];
+		bkv__lane *l = row->lane;
+		bkv__req *r = l->req;
+		const uint32_t k = sp->drafts[i];
+		const int32_t *t, *d;
+		uint32_t m, j, c = 0, keep, fail = 0;
+
+		if (!k)
+			continue;
+		row->sample = 0; /* delivered by bkv__spec_commit_deliver */
+		sp->want[i] = 0;
+		if (!REQ_IS_RUNNING(r) || l->done)
+			continue;
+		t = sp->tokens + s->call.qo_indptr[i];
+		d = l->tok + row->start + 1; /* the drafts */
+		m = sp->accepted[i] < 0 ? k : BKV_MIN((uint32_t)sp->accepted[i], k);
+		for (j = 0; j < m; j++)
+			if (t[j] != d[j])
+				break;
+		m = j; /* greedy, or the host's run cut at a draft it did not sample */
+		bkv__spec_observe(s, r, k, m);
+		s->stats.spec_rows++;
+		s->stats.spec_drafted += k;
+		s->stats.spec_accepted += m;
+		for (j = 0; j <= m; j++) {
+			if (t[j] == BKV_TOKEN_FAIL) {
+				fail = CUT_FAIL;
+				break;
+			}
+			c++;
+			if ((r->n_stop && bkv__is_stop(r, t[j])) || l->n_gen + c >= r->max_new)
+				break;
+		}
+		keep = row->start + 1 + BKV_MIN(m, c);
+		if (keep < l->kv_len) {
+			bkv_seq_truncate(s->pool, l->seq, keep);
+			l->kv_len = keep;
+		}
+		sp->want[i] = c | fail;
+	}
+}
+
+void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
+{
+	bkv__spec *sp = s->spec;
+	uint32_t i, j;
+
+	for (i = 0; i < sp->n_set && i < s->plan.n_dec; i++) {
+		bkv__row *row = &s->plan.dec[i];
+		bkv__lane *l = row->lane;
+		bkv__req *r = l->req;
+		const int32_t *t;
+		uint32_t c;
+
+		if (!sp->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		t = sp->tokens + s->call.qo_indptr[i];
+		c = sp->want[i] & ~CUT_FAIL;
+		for (j = 0; j < c; j++) {
+			l->tok[LANE_KNOWN(l)] = t[j];
+			l->n_gen++;
+			l->decoding = 1;
+			if (s->ops.on_token) {
+				s->ops.on_token(s->host, r->id, l->branch, t[j], r->user);
+				if (!REQ_IS_RUNNING(r) || l->done)
+					break;
+			}
+			if (r->n_stop && bkv__is_stop(r, t[j])) {
+				bkv__lane_done(s, l, BKV_FINISH_STOP, si);
+				break;
+			}
+			if (l->n_gen >= r->max_new) {
+				bkv__lane_done(s, l, BKV_FINISH_LENGTH, si);
+				break;
+			}
+		}
+		if ((sp->want[i] & CUT_FAIL) && REQ_IS_RUNNING(r) && !l->done)
+			bkv__finish_req(s, r, BKV_FINISH_ERROR, si);
+	}
+	sp->n_rows = sp->n_set = 0;
+}
+
+void bkv__spec_rollback(bkv_sched *s)
+{
+	s->spec->n_rows = 0;
+	s->spec->n_set = 0;
+}
+
+/* ---- the checker ------------------------------------------------------------ */
+
+int bkv__spec_check(const bkv_sched *s)
+{
+	const bkv__spec *sp = s->spec;
+	uint32_t i, j;
+
+	if (sp->n_rows || sp->n_set)
+		return 1; /* a step's drafts outlived it */
+	if (!(sp->g_acc >= 0.0) || !(sp->g_acc <= sp->g_trials + 1e-6))
+		return 1;
+	for (i = 0; i < s->rs.nr_run; i++) {
+		const bkv__req *r = s->rs.run[i];
+
+		if (!REQ_IS_RUNNING(r))
+			continue;
+		if (!(r->spec_acc >= 0.0f) || !(r->spec_acc <= r->spec_trials * 1.0001f + 1e-3f))
+			return 1;
+		for (j = 0; j < r->n && sp->n_tab; j++) {
+			const bkv__lane *l = &r->lane[j];
+			const bkv__ngram *t;
+
+			if (l->spec_tab >= sp->n_tab)
+				continue;
+			t = &sp->tab[l->spec_tab];
+			if (t->owner == r->id && t->branch == l->branch && t->upto > LANE_KNOWN(l))
+				return 1; /* it indexed a draft */
+		}
+	}
+	return 0;
+}
