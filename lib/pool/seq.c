@@ -457,6 +457,16 @@ static int append_args(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 	return n == 0;
 }
 
+/* The blocks an append may take: free and cached ones but those its hits
+ * relink. A grouped sequence's touch first releases what its last append
+ * left to release: counted here, done only if the append goes ahead, so
+ * that a refused append changes nothing. */
+static uint64_t append_room(const bkv_pool *pool, const bkv__seq *s, uint32_t relinked)
+{
+	return (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked +
+	       (pool->grouped ? bkv__lanes_touch_frees(pool, s) : 0);
+}
+
 /* Any append: validation, prefix hits (none with nohit: every token is
  * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
@@ -503,11 +513,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	if (pool->grouped) /* a state unit it cannot have counts as no room */
 		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow,
 					n > hits * bt ? units + 1 : 0);
-	/* a grouped sequence's touch (below) first releases what its last
-	 * append left to release: counted here, done only if the append goes
-	 * ahead, so that a refused append changes nothing */
-	if (need > (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked +
-			   (pool->grouped ? bkv__lanes_touch_frees(pool, s) : 0))
+	if (need > append_room(pool, s, relinked))
 		return BKV_ENOSPC;
 	if ((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow))
 		return BKV_ENOMEM;
