@@ -867,7 +867,8 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(max_bypass_us, (1ull << 42) + 1); /* past the range, not UINT64_MAX */
 	BAD(max_bypass_us, UINT64_MAX - 1);
 	BAD(reserved[0], 1);
-	BAD(reserved[3], 1);
+	BAD(reserved[2], 1);
+	BAD(overlap, 1); /* overlap needs ops.launch */
 	BAD(batch_layout, (bkv_batch_layout)2);
 #undef BAD
 	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");

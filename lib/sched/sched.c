@@ -79,8 +79,10 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 {
 	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
 		return BKV_EINVAL;
-	if (!ops->forward && !(ops->prefill && ops->decode))
+	if (!ops->forward && !(ops->prefill && ops->decode) && !(cfg->overlap && ops->launch))
 		return BKV_EINVAL;
+	if (cfg->overlap && (!ops->launch || cfg->batch_layout != BKV_BATCH_FLAT))
+		return BKV_EINVAL; /* overlap: the flat layout's mixed launch */
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
 	bkv_pool_stats_get(pool, ps);
@@ -105,7 +107,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	if (!s->cfg.token_budget)
 		s->cfg.token_budget = AUTO_TOKEN_BUDGET;
 	s->ops = *ops;
-	s->split = ops->forward == NULL;
+	s->split = ops->forward == NULL && !cfg->overlap; /* a launch is mixed */
 	s->host = host;
 	s->pool = pool;
 	s->bt = ps->block_tokens;
@@ -181,7 +183,12 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
+	if (cfg->overlap && (s->call.n_lanes || s->call.has_state)) {
+		bkv__free(&a, s, sizeof(*s)); /* overlap: a pool without KV groups */
+		return BKV_EINVAL;
+	}
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
+	    bkv__ovl_create(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
 			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
@@ -210,6 +217,7 @@ void bkv_sched_destroy(bkv_sched *s)
 		return;
 	a = &s->alloc;
 	m = s->cfg.max_running;
+	bkv__ovl_destroy(s); /* the sequences and requests it holds */
 	/* every live request is in the map; zombies only on the abort list */
 	for (r = s->in.abort_head; r; r = next) {
 		next = r->abort_next;
@@ -249,6 +257,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__groups_free(s);
 	bkv__bufs_free(a, &s->call.bufs);
 	bkv__bufs_free(a, &s->in.spare);
+	bkv__bufs_free(a, &s->in.spare2);
 	bkv__decide_destroy(s);
 	bkv__free(a, s, sizeof(*s));
 }

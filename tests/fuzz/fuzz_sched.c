@@ -228,7 +228,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.reserved[3] = 1;
+		sc.reserved[2] = 1;
 
 	rc = bkv_pool_create(&pc, &a, &pool);
 	if (rc != BKV_OK) {
