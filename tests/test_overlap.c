@@ -20,6 +20,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #define OV_MAX_REQ 400u
@@ -283,6 +284,9 @@ typedef struct ov_load {
 
 /* Prompts that share prefixes (prefix hits), some with n > 1 branches,
  * stop tokens and failing tokens by hash, lengths to chunk. */
+static uint32_t load_max_new = 24; /* outputs up to this many */
+static uint32_t load_stop_mod = 11; /* a stop token by hash, 1 in this */
+
 static void load_make(ov_load *L, uint32_t n, uint64_t seed, int forks, int fails)
 {
 	uint32_t i, j;
@@ -295,13 +299,13 @@ static void load_make(ov_load *L, uint32_t n, uint64_t seed, int forks, int fail
 	for (i = 0; i < n; i++) {
 		int32_t *p = L->prompts + (size_t)i * 64;
 		uint32_t len = 1 + (uint32_t)(xs(&x) % 40), shared = (uint32_t)(xs(&x) % 3) * 8;
-		uint32_t nb = forks && xs(&x) % 4 == 0 ? 2 + (uint32_t)(xs(&x) % 2) : 1;
+		uint32_t nb = forks && xs(&x) % 4 == 0 ? 2 : 1;
 		kh_req *r = &L->r[i];
 
 		for (j = 0; j < len; j++)
 			p[j] = j < shared ? 100 + (int32_t)j : 200 + (int32_t)(xs(&x) % 700);
-		cr_assert_eq(kh_req_init(r, 1000 + i, p, len, 1 + (uint32_t)(xs(&x) % 24), nb), 0);
-		r->stop_mod = 11;
+		cr_assert_eq(kh_req_init(r, 1000 + i, p, len, 1 + (uint32_t)(xs(&x) % load_max_new), nb), 0);
+		r->stop_mod = load_stop_mod;
 		r->stop[0] = KH_STOP;
 		r->n_stop = 1;
 		if (fails && i % 7 == 3)
@@ -450,6 +454,8 @@ Test(overlap, a_length_end_is_known_at_plan_time_and_wastes_nothing)
 
 /* The model check, one configuration: the same workload through bkv_step and
  * through the two-phase loop delivers the same tokens and reasons. */
+static uint64_t preempted, swapped, aborted, failed; /* over model checks */
+
 static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
 			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
 {
@@ -478,6 +484,17 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 	cr_assert_eq(st.finished, n);
 	if (overlapped)
 		*overlapped += st.overlap_steps;
+	preempted += st.preemptions;
+	swapped += st.swaps;
+	aborted += st.aborted;
+	failed += st.failed_steps;
+	if (getenv("OV_DEBUG"))
+		fprintf(stderr, "seed %llu: steps %llu overlapped %llu syncs %llu wasted %llu failed %llu preempt %llu swaps %llu aborted %llu hits %llu\n",
+			(unsigned long long)seed, (unsigned long long)st.steps,
+			(unsigned long long)st.overlap_steps, (unsigned long long)st.overlap_syncs,
+			(unsigned long long)st.overlap_wasted_tokens, (unsigned long long)st.failed_steps,
+			(unsigned long long)st.preemptions, (unsigned long long)st.swaps,
+			(unsigned long long)st.aborted, (unsigned long long)st.hit_tokens);
 	ov_check(&b);
 	ov_env_fini(&a);
 	ov_env_fini(&b);
@@ -516,9 +533,11 @@ Test(overlap, preemption_and_swap_in_a_small_pool_deliver_the_synchronous_tokens
 	uint64_t ov = 0, seed;
 	bkv_preempt_mode modes[3] = {BKV_PREEMPT_RECOMPUTE, BKV_PREEMPT_SWAP, BKV_PREEMPT_AUTO};
 
+	load_max_new = 60; /* long decodes outgrow the pool */
+	load_stop_mod = 97;
 	for (seed = 1; seed <= 6; seed++) {
 		ov_opts_init(&o);
-		o.nb = 40 + 4 * (uint32_t)seed; /* a few requests' histories */
+		o.nb = 56 + 4 * (uint32_t)seed; /* a few requests' histories */
 		o.nh = 64;
 		o.cfg.preempt = modes[seed % 3];
 		o.cfg.chunked_prefill = seed % 2;
@@ -526,6 +545,8 @@ Test(overlap, preemption_and_swap_in_a_small_pool_deliver_the_synchronous_tokens
 		model_check(&o, 40, seed + 10, 1, 0, 0, 0, &ov);
 	}
 	cr_assert_gt(ov, 50);
+	cr_assert_gt(preempted, 20);
+	cr_assert_gt(swapped, 5);
 }
 
 Test(overlap, failed_steps_roll_back_every_outstanding_step_and_rerun)
@@ -533,15 +554,19 @@ Test(overlap, failed_steps_roll_back_every_outstanding_step_and_rerun)
 	ov_opts o;
 	uint64_t ov = 0, seed;
 
+	load_max_new = 48; /* with preemptions */
+	load_stop_mod = 31;
 	for (seed = 1; seed <= 6; seed++) {
 		ov_opts_init(&o);
-		o.nb = 48 + 8 * (uint32_t)seed;
+		o.nb = 48 + 4 * (uint32_t)seed;
 		o.nh = seed % 2 ? 32 : 0;
 		o.cfg.chunked_prefill = seed % 2;
 		o.cfg.token_budget = 32;
 		model_check(&o, 40, seed + 20, 1, 1, 60, 0, &ov);
 	}
 	cr_assert_gt(ov, 50);
+	cr_assert_gt(failed, 20);
+	cr_assert_gt(preempted, 3);
 }
 
 Test(overlap, random_aborts_end_every_request_exactly_once)
@@ -549,15 +574,18 @@ Test(overlap, random_aborts_end_every_request_exactly_once)
 	ov_opts o;
 	uint64_t ov = 0, seed;
 
+	load_max_new = 48; /* with preemptions */
+	load_stop_mod = 31;
 	for (seed = 1; seed <= 6; seed++) {
 		ov_opts_init(&o);
-		o.nb = 48 + 8 * (uint32_t)seed;
+		o.nb = 48 + 4 * (uint32_t)seed;
 		o.nh = 32;
 		o.cfg.chunked_prefill = seed % 2;
 		o.cfg.token_budget = 32;
-		model_check(&o, 40, seed + 30, 1, 1, 30, 40, &ov);
+		model_check(&o, 40, seed + 30, 1, 1, 30, 300, &ov);
 	}
 	cr_assert_gt(ov, 50);
+	cr_assert_gt(aborted, 20);
 }
 
 Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)
