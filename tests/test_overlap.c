@@ -834,3 +834,41 @@ Test(overlap, aborts_from_another_thread_end_every_request_once)
 	ov_env_fini(&e);
 	load_free(&L);
 }
+
+/* A placeholder's block gets the real token before it is hashed: a later
+ * prompt that repeats a finished request's generated tokens hits them. */
+Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req a, b;
+	int32_t pa[8] = {700, 701, 702, 703, 704, 705, 706, 707}, pb[20];
+	bkv_sched_stats st;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&a, 51, pa, 8, 12, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &a, 0), BKV_OK);
+	ov_run(&e, 200);
+	cr_assert_eq(a.n_out[0], 12);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_gt(st.overlap_steps, 5, "its generated tokens were placeholders first");
+	cr_assert_eq(st.hit_tokens, 0);
+	for (i = 0; i < 18; i++)
+		pb[i] = kh_token_at(&a, 0, i);
+	pb[18] = 900;
+	pb[19] = 901;
+	cr_assert_eq(kh_req_init(&b, 52, pb, 20, 2, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &b, 0), BKV_OK);
+	ov_run(&e, 200);
+	bkv_sched_stats_get(e.s, &st);
+	/* a's KV covers positions 0..18: four full blocks of 4 */
+	cr_assert_eq(st.hit_tokens, 16, "hits %llu", (unsigned long long)st.hit_tokens);
+	ov_check(&e);
+	ov_env_fini(&e);
+	kh_req_fini(&a);
+	kh_req_fini(&b);
+}
