@@ -209,9 +209,9 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fh_opts o;
 	fake_host *f;
 
-	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 4 * 4,
-		     "the bound took two reserved slots, batch_layout and ttft_target_us "
-		     "one each: the size did not change");
+	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, overlap) + 4 * 4,
+		     "the bound took two reserved slots, batch_layout, ttft_target_us and "
+		     "overlap one each: the size did not change");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];

@@ -39,69 +39,10 @@
 #include "sched/batch.h"
 #include "decide/decide.h"
 #include "pool/overlap.h"
+#include "sched/overlap.h"
 
 #include <string.h>
 
-typedef struct bkv__ovl bkv__ovl;
-
-#define OVL_DEPTH 2 /* steps outstanding at most: one in flight, one planned */
-
-/* One set of the host call's row- and token-sized arrays (s->call's). */
-typedef struct bkv__ovl_set {
-	bkv__bufs bufs;            /* token- and block-sized arrays */
-	int32_t *qo_indptr;        /* [row_cap + 1] */
-	int32_t *kv_indptr;        /* [row_cap + 1] */
-	int32_t *last_page_len;    /* [row_cap] */
-	uint8_t *row_sample;       /* [row_cap] */
-	uint64_t *row_req;         /* [row_cap] */
-	uint32_t *row_branch;      /* [row_cap] */
-	void **row_user;           /* [row_cap] */
-	int32_t *next_tokens;      /* [row_cap] */
-	bkv_chunk_shape *chunks;   /* [row_cap] */
-} bkv__ovl_set;
-
-/* A lane a step appended to, with its length before the step (rollback). */
-typedef struct bkv__ovl_undo {
-	bkv__lane *lane;           /* the lane (its request outlives the ticket) */
-	uint32_t pre_len;          /* kv_len before the step */
-} bkv__ovl_undo;
-
-/* An outstanding step. */
-typedef struct bkv__ticket {
-	uint64_t id;               /* its step number (plan.step_no) */
-	int host_done;             /* completed by the host (failed ones wait
-				      for the last), or never launched */
-	int provisional;           /* its tokens are provisionally committed
-				      (a later step was planned on them) */
-	int copies;                /* it carried copies: cleared at its commit */
-	uint32_t mark;             /* transaction queue entries that are its
-				      own or older (set when a later step's
-				      planning begins) */
-	bkv__row *rows;            /* [2 * row_cap] its call's rows, in
-				      next_tokens order */
-	uint32_t n_rows;
-	bkv__ovl_undo *undo;       /* [undo_cap] lanes it appended to */
-	uint32_t n_undo;
-	int32_t *outs;             /* its next_tokens (in its buffer set) */
-	bkv_step_info si;          /* what its plan did */
-} bkv__ticket;
-
-struct bkv__ovl {
-	bkv__ovl_set alt;          /* the buffer set s->call does not hold */
-	bkv__ticket t[OVL_DEPTH];  /* FIFO ring of outstanding steps */
-	uint32_t head;             /* index of the oldest */
-	uint32_t n_out;            /* outstanding (launched, not completed or
-				      failed and not rolled back) */
-	int failed;                /* an outstanding step failed: every one
-				      rolls back at the last completion */
-	uint64_t committed;        /* last step completed or rolled back */
-	uint32_t undo_cap;         /* 3 * max_running + 2 * row_cap */
-	bkv__lane *def_head;       /* deferred releases (lane.def_next) */
-	uint32_t n_def;            /* entries */
-	bkv__req *hold_head;       /* ended requests to free (req.next), each
-				      after the step numbered its hold_tag
-				      completes (or when none is outstanding) */
-};
 
 /* ---- create / destroy ---------------------------------------------------- */
 
@@ -190,16 +131,6 @@ void bkv__ovl_destroy(bkv_sched *s)
 	s->ovl = NULL;
 }
 
-uint32_t bkv__ovl_outstanding(const bkv_sched *s)
-{
-	return s->ovl ? s->ovl->n_out : 0;
-}
-
-int bkv__ovl_uncommitted(const bkv_sched *s, const bkv__lane *l)
-{
-	return s->ovl && s->ovl->n_out && l->touch_step > s->ovl->committed;
-}
-
 /* ---- the two buffer sets -------------------------------------------------- */
 
 /* Exchange s->call's arrays with the other set. */
@@ -231,69 +162,7 @@ static void set_swap(bkv_sched *s)
 	c->chunks = t.chunks;
 }
 
-static int bufs_smaller(const bkv__bufs *a, const bkv__bufs *b)
-{
-	return a->tok_cap < b->tok_cap || a->kv_cap < b->kv_cap;
-}
-
-static void old_push(bkv__bufs *old, bkv__bufs *old2, const bkv__bufs *b)
-{
-	if (!old->tok_cap)
-		*old = *b;
-	else
-		*old2 = *b;
-}
-
-/* Lock held (drain): each prepared set replaces a smaller set that no step
- * in flight uses; s->call first (this step fills it). A spare that finds
- * none stays prepared (the next launch then declines to overlap). */
-void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
-{
-	bkv__ovl *o = s->ovl;
-	bkv__bufs *sp[2] = {&s->in.spare, &s->in.spare2};
-	uint32_t i;
-
-	for (i = 0; i < 2; i++) {
-		if (!sp[i]->tok_cap)
-			continue;
-		if (bufs_smaller(&s->call.bufs, sp[i])) {
-			old_push(old, old2, &s->call.bufs);
-			s->call.bufs = *sp[i];
-		} else if (o->n_out) {
-			continue; /* alt is in flight */
-		} else if (bufs_smaller(&o->alt.bufs, sp[i])) {
-			old_push(old, old2, &o->alt.bufs);
-			o->alt.bufs = *sp[i];
-		} else {
-			old_push(old, old2, sp[i]); /* both sets are as large */
-		}
-		memset(sp[i], 0, sizeof(*sp[i]));
-	}
-}
-
-/* ---- deferred releases ---------------------------------------------------- */
-
-void bkv__ovl_defer(bkv_sched *s, bkv__lane *l, int drop)
-{
-	bkv__ovl *o = s->ovl;
-	uint32_t keep = l->kv_len;
-
-	if (!drop && l->touch_step > o->committed) {
-		/* appended by an uncommitted step: at a completion that is the
-		 * one still outstanding (its rollback length is pre_len); while
-		 * planning, two may have: drop (nothing gets indexed) */
-		if (s->plan.open_from)
-			drop = 1;
-		else
-			keep = l->pre_len;
-	}
-	l->def_seq = l->seq;
-	l->def_keep = drop ? UINT32_MAX : keep;
-	l->def_tag = s->plan.step_no; /* every outstanding step, at most */
-	l->def_next = o->def_head;
-	o->def_head = l;
-	o->n_def++;
-}
+/* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
 
 /* Close (after truncating to the committed length) or drop the deferred
  * sequences whose tag is at most done (all: UINT64_MAX). */
@@ -327,22 +196,6 @@ static void release_deferred_upto(bkv_sched *s, uint64_t done)
 static void release_deferred(bkv_sched *s)
 {
 	release_deferred_upto(s, UINT64_MAX);
-}
-
-int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
-{
-	bkv__ovl *o = s->ovl;
-	bkv__req *r = list;
-
-	for (;;) {
-		r->hold_tag = s->plan.step_no; /* every outstanding step, at most */
-		if (!r->next)
-			break;
-		r = r->next;
-	}
-	r->next = o->hold_head;
-	o->hold_head = list;
-	return 1;
 }
 
 static void free_held_upto(bkv_sched *s, uint64_t done)
@@ -682,55 +535,3 @@ int bkv_step_complete(bkv_sched *s, bkv_step_ticket ticket, int status, bkv_step
 	return rc;
 }
 
-/* ---- invariants ------------------------------------------------------------ */
-
-/* 34: the deferred list: each entry's lane has given up its sequence, which
- *     the pool still holds open; its count; nothing deferred while no step
- *     is outstanding.
- * 35: the tickets: at most OVL_DEPTH, numbers increasing and past the last
- *     completed step, only the oldest provisional; fenced iff outstanding.
- * 36: held requests have ended; a lane counts a placeholder only while a
- *     provisional ticket is outstanding. */
-int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
-{
-	const bkv__ovl *o = s->ovl;
-	const bkv__lane *l;
-	const bkv__req *r;
-	uint32_t n = 0, k, i, j;
-	uint64_t last = 0;
-	int prov = 0;
-
-	*n_def = 0;
-	if (!o)
-		return 0;
-	for (l = o->def_head; l; l = l->def_next) {
-		bkv_seq_info si;
-
-		if (l->seq != BKV__SEQ_NONE || bkv_seq_info_get(s->pool, l->def_seq, &si) != BKV_OK ||
-		    ++n > o->n_def)
-			return 34;
-	}
-	if (n != o->n_def || (n && !o->n_out && !s->plan.in_step))
-		return 34;
-	*n_def = n;
-	if (o->n_out > OVL_DEPTH || s->plan.fenced != (o->n_out > 0))
-		return 35;
-	for (k = 0; k < o->n_out; k++) {
-		const bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
-
-		if (t->id <= last || t->id <= o->committed || (t->provisional && k > 0))
-			return 35;
-		last = t->id;
-		prov |= t->provisional;
-	}
-	for (r = o->hold_head; r; r = r->next)
-		if (r->state != BKV__REQ_DONE)
-			return 36;
-	for (i = 0; i < s->rs.nr_run; i++) {
-		r = s->rs.run[i];
-		for (j = 0; j < r->n; j++)
-			if (r->lane[j].ovl_pend && !prov)
-				return 36;
-	}
-	return 0;
-}
