@@ -215,6 +215,7 @@ int main(void)
 	F(bkv_host_ops, on_token);
 	F(bkv_host_ops, on_finish);
 	F(bkv_host_ops, now_us);
+	F(bkv_host_ops, launch);
 	S(bkv_sched_config);
 	F(bkv_sched_config, size);
 	F(bkv_sched_config, policy);
@@ -232,6 +233,7 @@ int main(void)
 	F(bkv_sched_config, max_bypass_us);
 	F(bkv_sched_config, batch_layout);
 	F(bkv_sched_config, ttft_target_us);
+	F(bkv_sched_config, overlap);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);
@@ -278,6 +280,9 @@ int main(void)
 	F(bkv_sched_stats, decode_calls);
 	F(bkv_sched_stats, busy_us);
 	F(bkv_sched_stats, unadmittable);
+	F(bkv_sched_stats, overlap_steps);
+	F(bkv_sched_stats, overlap_syncs);
+	F(bkv_sched_stats, overlap_wasted_tokens);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

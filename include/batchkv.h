@@ -1676,10 +1676,6 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
  */
 BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
 
-/* A step launched by bkv_step_launch and not yet completed: its step
- * number (nonzero; 0 = no step was launched). */
-typedef uint64_t bkv_step_ticket;
-
 /**
  * Overlapped scheduling, first phase: take in submissions and aborts, plan
  * the next step and hand it to the host's launch callback, without waiting
@@ -1702,8 +1698,9 @@ typedef uint64_t bkv_step_ticket;
  * The host then completes every outstanding step and launches again; with
  * nothing in flight a launch plans exactly as bkv_step would.
  * @param sched   the scheduler.
- * @param ticket  receives the launched step's ticket, or 0 when the step had
- *                nothing to compute (nothing to complete).
+ * @param ticket  receives the launched step's ticket (its step number,
+ *                nonzero), or 0 when the step had nothing to compute (nothing
+ *                to complete).
  * @param info    receives what the plan did (rows, tokens, admissions);
  *                may be NULL.
  * @return BKV_OK; BKV_EAGAIN (complete the outstanding steps first);
@@ -1715,7 +1712,7 @@ typedef uint64_t bkv_step_ticket;
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
  * concurrently.
  */
-BKV_API int bkv_step_launch(bkv_sched *sched, bkv_step_ticket *ticket, bkv_step_info *info);
+BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *info);
 
 /**
  * Overlapped scheduling, second phase: the host has the sampled tokens of the
@@ -1741,7 +1738,7 @@ BKV_API int bkv_step_launch(bkv_sched *sched, bkv_step_ticket *ticket, bkv_step_
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
  * concurrently.
  */
-BKV_API int bkv_step_complete(bkv_sched *sched, bkv_step_ticket ticket, int status,
+BKV_API int bkv_step_complete(bkv_sched *sched, uint64_t ticket, int status,
 			      bkv_step_info *info);
 
 /**

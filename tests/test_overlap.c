@@ -117,7 +117,7 @@ typedef struct ov_env {
 	ov_host h;
 	bkv_pool *pool;
 	bkv_sched *s;
-	bkv_step_ticket q[2];     /* outstanding tickets, oldest first */
+	uint64_t q[2];     /* outstanding tickets, oldest first */
 	uint32_t n_q;
 	uint64_t rng;
 	uint32_t abort_permille;  /* the driver aborts a random request per step */
@@ -220,7 +220,7 @@ static void ov_maybe_abort(ov_env *e)
  * complete the one before it. Returns 0 when nothing is left. */
 static int ov_iter(ov_env *e)
 {
-	bkv_step_ticket t = 0;
+	uint64_t t = 0;
 	int rc;
 
 	if (bkv_sched_pending(e->s) == 0 && e->n_q == 0)
@@ -593,7 +593,7 @@ Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)
 	ov_opts o;
 	ov_env e;
 	ov_load L;
-	bkv_step_ticket t1 = 0, t2 = 7;
+	uint64_t t1 = 0, t2 = 7;
 	bkv_sched_stats st;
 	uint32_t i;
 
@@ -628,7 +628,7 @@ Test(overlap, an_abort_while_in_flight_ends_once_and_keeps_its_blocks_until_the_
 	ov_env e;
 	kh_req r;
 	int32_t p[9] = {500, 501, 502, 503, 504, 505, 506, 507, 508};
-	bkv_step_ticket t = 0;
+	uint64_t t = 0;
 	bkv_pool_stats ps;
 	uint32_t i;
 
@@ -666,7 +666,7 @@ Test(overlap, bad_calls_are_refused_and_change_nothing)
 	ov_opts o;
 	ov_env e;
 	ov_load L;
-	bkv_step_ticket t = 0, t2 = 0, t3 = 0;
+	uint64_t t = 0, t2 = 0, t3 = 0;
 	bkv_pool_config pc;
 	bkv_pool *pool;
 	bkv_sched *s = (bkv_sched *)0x1;

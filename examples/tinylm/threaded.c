@@ -61,7 +61,7 @@ typedef struct engine {
 	uint64_t max_steps;    /* give up (TLM_STUCK) after this many steps */
 	/* overlapped serving only */
 	tlm_device *dev;       /* the device thread */
-	bkv_step_ticket q[2];  /* outstanding steps, oldest first */
+	uint64_t q[2];  /* outstanding steps, oldest first */
 	uint32_t n_q;
 } engine;
 
@@ -440,7 +440,7 @@ static void *engine_main_overlap(void *arg)
 			eng_fail(e, TLM_STUCK);
 			return NULL;
 		}
-		bkv_step_ticket t = 0;
+		uint64_t t = 0;
 		int st = bkv_step_launch(e->sched, &t, NULL);
 		if (st == BKV_EAGAIN) {
 			while (e->n_q) {

@@ -350,7 +350,7 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	return t;
 }
 
-int bkv_step_launch(bkv_sched *s, bkv_step_ticket *ticket, bkv_step_info *info)
+int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 {
 	bkv__ovl *o;
 	bkv__ticket *prev = NULL;
@@ -494,7 +494,7 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	s->stats.overlap_wasted_tokens += waste;
 }
 
-int bkv_step_complete(bkv_sched *s, bkv_step_ticket ticket, int status, bkv_step_info *info)
+int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *info)
 {
 	bkv__ovl *o;
 	bkv__ticket *t = NULL;

@@ -357,6 +357,7 @@ pub struct bkv_host_ops {
     pub on_token: Option<unsafe extern "C" fn(*mut c_void, u64, u32, i32, *mut c_void)>,
     pub on_finish: Option<unsafe extern "C" fn(*mut c_void, u64, bkv_finish_reason, *mut c_void)>,
     pub now_us: Option<unsafe extern "C" fn(*mut c_void) -> u64>,
+    pub launch: Option<unsafe extern "C" fn(*mut c_void, *const bkv_batch, *mut i32) -> c_int>,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -377,7 +378,8 @@ pub struct bkv_sched_config {
     pub max_bypass_us: u64,
     pub batch_layout: bkv_batch_layout,
     pub ttft_target_us: u32,
-    pub reserved: [u32; 4],
+    pub overlap: u32,
+    pub reserved: [u32; 3],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -432,6 +434,9 @@ pub struct bkv_sched_stats {
     pub decode_calls: u64,
     pub busy_us: f64,
     pub unadmittable: u64,
+    pub overlap_steps: u64,
+    pub overlap_syncs: u64,
+    pub overlap_wasted_tokens: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -543,6 +548,8 @@ extern "C" {
     pub fn bkv_submit(sched: *mut bkv_sched, req: *const bkv_request, req_id: *mut u64) -> c_int;
     pub fn bkv_abort(sched: *mut bkv_sched, req_id: u64) -> c_int;
     pub fn bkv_step(sched: *mut bkv_sched, info: *mut bkv_step_info) -> c_int;
+    pub fn bkv_step_launch(sched: *mut bkv_sched, ticket: *mut u64, info: *mut bkv_step_info) -> c_int;
+    pub fn bkv_step_complete(sched: *mut bkv_sched, ticket: u64, status: c_int, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_sched_pending(sched: *mut bkv_sched) -> u64;
     pub fn bkv_sched_stats_get(sched: *const bkv_sched, stats: *mut bkv_sched_stats);
     pub fn bkv_sched_check(sched: *const bkv_sched) -> c_int;
