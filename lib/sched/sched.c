@@ -298,4 +298,7 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 32    a running lane's full block (KV committed) is not in the prefix
  *       cache: every full block a step computes is indexed at its commit
  *       (a duplicate of an indexed block is swapped for it, txn_dedupe in
- *       pool.c), or still waits for the swap-in copy that brings its KV */
+ *       pool.c), or still waits for the swap-in copy that brings its KV
+ * 33    persistent layout: the row slots
+ * 34-36 overlapped scheduling: the deferred-release list, the tickets, the
+ *       held requests and placeholders (sched/defer.c) */
