@@ -1403,8 +1403,9 @@ typedef struct bkv_host_ops {
 	/* overlapped scheduling (bkv_sched_config.overlap): enqueue the
 	 * mixed batch and return at once, without its tokens; the host writes
 	 * the sampled tokens into next_tokens (the library's, valid until the
-	 * step is completed) before it calls bkv_step_complete. The batch and
-	 * every array it points to stay valid until then. Placeholders
+	 * step is completed) before it calls bkv_step_complete. Every array
+	 * the batch points to stays valid until then; the bkv_batch struct
+	 * itself only during the call (copy it). Placeholders
 	 * (BKV_TOKEN_PENDING) in token_ids name rows of the step launched
 	 * before. 0 on success, negative on failure (the step fails:
 	 * bkv_step_launch answers BKV_EHOST). NULL when overlap is off. */
