@@ -34,6 +34,8 @@ typedef struct ov_host {
 	uint32_t prev_rows;       /* its rows */
 	int prev_failed;          /* the device failed it (or one before it) */
 	int dev_failed[OV_DEPTH]; /* FIFO: launched steps the device failed */
+	bkv_batch dev_batch[OV_DEPTH]; /* their batches (struct copied) */
+	uint64_t dev_sum[OV_DEPTH]; /* a digest of each one's arrays at launch */
 	uint32_t dev_head, dev_n;
 	uint64_t launches;        /* launch callbacks */
 	uint64_t fail_launch_at;  /* launch number refused at the door (0: none) */
@@ -41,6 +43,36 @@ typedef struct ov_host {
 	uint64_t bad_placeholders; /* naming no sampling row of the step before */
 	uint64_t max_row_pending; /* rows of one batch carrying a placeholder */
 } ov_host;
+
+/* A digest of everything a batch points to: the arrays of a launched step
+ * must hold the same until it completes. */
+static uint64_t batch_sum(const bkv_batch *b)
+{
+	uint64_t x = 1469598103934665603ull;
+	uint32_t i;
+
+#define MIX(v) (x = (x ^ (uint64_t)(uint32_t)(v)) * 1099511628211ull)
+	for (i = 0; i < b->n_tokens; i++) {
+		MIX(b->token_ids[i]);
+		MIX(b->positions[i]);
+		MIX(b->slot_mapping[i]);
+		MIX(b->groups[0].slot_mapping[i]);
+	}
+	for (i = 0; i <= b->n_rows; i++) {
+		MIX(b->qo_indptr[i]);
+		MIX(b->kv_indptr[i]);
+	}
+	for (i = 0; i < b->n_rows; i++) {
+		MIX(b->row_sample[i]);
+		MIX(b->row_req[i]);
+		MIX(b->kv_last_page_len[i]);
+	}
+	for (i = 0; i < (uint32_t)b->kv_indptr[b->n_rows]; i++)
+		MIX(b->kv_indices[i]);
+	MIX(b->n_groups);
+#undef MIX
+	return x;
+}
 
 static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 {
@@ -82,6 +114,8 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 	else
 		failed = kh_compute(&h->kh, &c, next, BKV_CALL_MIXED) < 0;
 	cr_assert(h->dev_n < OV_DEPTH);
+	h->dev_batch[(h->dev_head + h->dev_n) % OV_DEPTH] = *b;
+	h->dev_sum[(h->dev_head + h->dev_n) % OV_DEPTH] = batch_sum(b);
 	h->dev_failed[(h->dev_head + h->dev_n++) % OV_DEPTH] = failed;
 	h->prev_outs = next;
 	h->prev_rows = b->n_rows;
@@ -183,6 +217,8 @@ static int ov_complete1(ov_env *e)
 
 	cr_assert(e->n_q > 0 && e->h.dev_n > 0);
 	st = e->h.dev_failed[e->h.dev_head] ? -1 : 0;
+	cr_assert_eq(batch_sum(&e->h.dev_batch[e->h.dev_head]), e->h.dev_sum[e->h.dev_head],
+		     "a launched step's arrays changed before it completed");
 	e->h.dev_head = (e->h.dev_head + 1) % OV_DEPTH;
 	e->h.dev_n--;
 	rc = bkv_step_complete(e->s, e->q[0], st, NULL);

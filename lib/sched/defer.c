@@ -63,6 +63,17 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
 	}
 }
 
+/* A launched batch's groups array, kept with its buffer set (the call's own
+ * is refilled by the next step's fill while this one is in flight). */
+const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b)
+{
+	bkv__ovl *o = s->ovl;
+	bkv_batch_group *g = o->grp[s->call.next_tokens == o->set0 ? 0 : 1];
+
+	memcpy(g, b->groups, (size_t)b->n_groups * sizeof(*g));
+	return g;
+}
+
 /* ---- deferred releases ---------------------------------------------------- */
 
 /* The sequence waits with the length whose KV is committed: the lane's own

@@ -104,6 +104,7 @@ int bkv__ovl_create(bkv_sched *s)
 		if (!o->t[i].rows || !o->t[i].undo)
 			return BKV_ENOMEM;
 	}
+	o->set0 = s->call.next_tokens;
 	return set_alloc(s, &o->alt);
 }
 

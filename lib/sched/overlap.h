@@ -67,6 +67,11 @@ struct bkv__ovl {
 	uint32_t undo_cap;         /* 3 * max_running + 2 * row_cap */
 	bkv__lane *def_head;       /* deferred releases (lane.def_next) */
 	uint32_t n_def;            /* entries */
+	bkv_batch_group grp[2][BKV_MAX_GROUPS]; /* each buffer set's copy of
+				      the batch's groups array (s->call.groups
+				      is refilled by the next call) */
+	const int32_t *set0;       /* next_tokens of buffer set 0: names the
+				      set s->call holds */
 	bkv__req *hold_head;       /* ended requests to free (req.next), each
 				      after the step numbered its hold_tag
 				      completes (or when none is outstanding) */

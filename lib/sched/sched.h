@@ -473,6 +473,8 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2);
 /* Its invariants (bkv_sched_check 34-36) and the lanes it holds
  * (deferred sequences, for invariant 23). */
 int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def);
+/* A launched batch's groups array, in storage of its buffer set. */
+const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b);
 /* Outstanding steps (0 when off). */
 uint32_t bkv__ovl_outstanding(const bkv_sched *s);
 /* Lane l was appended to by a step that is outstanding. */
