@@ -92,6 +92,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+	if (s->plan.launching) /* valid until the step completes */
+		b.groups = bkv__ovl_groups(s, &b);
 	t0 = bkv__clock_us(s);
 	rc = fn(s->host, &b, s->call.next_tokens);
 	t1 = bkv__clock_us(s);
