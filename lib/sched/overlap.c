@@ -411,9 +411,11 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 			s->stats.overlap_steps++;
 	}
 	s->plan.fenced = o->n_out > 0;
-	bkv__step_end(s, now, &si, info, 0);
+	/* before the step's ended requests are freed (with nothing outstanding
+	 * they are freed at once): their lanes may be deferred */
 	if (!o->n_out)
 		release_after(s, s->plan.step_no);
+	bkv__step_end(s, now, &si, info, 0);
 	s->plan.in_step = 0;
 	return rc;
 }
@@ -530,8 +532,10 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	} else {
 		commit_oldest(s, t, &si);
 	}
-	bkv__step_end(s, now, &si, info, 1);
+	/* before the step's ended requests are freed (with nothing outstanding
+	 * they are freed at once): their lanes may be deferred */
 	release_after(s, o->committed);
+	bkv__step_end(s, now, &si, info, 1);
 	s->plan.in_step = 0;
 	return rc;
 }
