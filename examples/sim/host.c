@@ -670,12 +670,12 @@ static int step_checked(run *r, const sim_config *cfg, bkv_step_info *info, char
 	r->h.call_us = 0.0;
 	r->h.now += cfg->host_overhead_us; /* the host's own work for the step */
 	int s = bkv_step(r->h.sched, info);
-	if (info->rows == 0 && info->finished == 0 && info->admitted == 0)
-		r->h.now = now0; /* nothing was done: no host work either */
 	if (s) {
 		snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
 		return s;
 	}
+	if (info->rows == 0 && info->finished == 0 && info->admitted == 0)
+		r->h.now = now0; /* nothing was done: no host work either */
 	if (cfg->check && (s = bkv_sched_check(r->h.sched)) != 0) {
 		snprintf(err, errlen, "bkv_sched_check: invariant %d broken", s);
 		return -101;
