@@ -221,6 +221,7 @@ int main(void)
 	F(bkv_host_ops, on_finish);
 	F(bkv_host_ops, now_us);
 	F(bkv_host_ops, draft);
+	F(bkv_host_ops, launch);
 	S(bkv_sched_config);
 	F(bkv_sched_config, size);
 	F(bkv_sched_config, policy);
@@ -241,6 +242,7 @@ int main(void)
 	F(bkv_sched_config, spec_max_k);
 	F(bkv_sched_config, spec_k_mode);
 	F(bkv_sched_config, spec_drafts);
+	F(bkv_sched_config, overlap);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);
@@ -290,6 +292,9 @@ int main(void)
 	F(bkv_sched_stats, spec_rows);
 	F(bkv_sched_stats, spec_drafted);
 	F(bkv_sched_stats, spec_accepted);
+	F(bkv_sched_stats, overlap_steps);
+	F(bkv_sched_stats, overlap_syncs);
+	F(bkv_sched_stats, overlap_wasted_tokens);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

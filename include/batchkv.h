@@ -1236,6 +1236,15 @@ typedef struct bkv_sched bkv_sched;
  * BKV_FINISH_ERROR. */
 #define BKV_TOKEN_FAIL (-1)
 
+/* Overlapped scheduling (bkv_step_launch): a token id of at most -2 in a
+ * batch's token_ids is a placeholder. BKV_TOKEN_PENDING(i) stands for the
+ * token the step still in flight samples for its row i (its next_tokens[i]);
+ * the host substitutes it, on the device, before computing. Positions and
+ * slot_mapping of a placeholder's row are exact. */
+#define BKV_TOKEN_PENDING(i) (-2 - (int32_t)(i))
+#define BKV_TOKEN_IS_PENDING(t) ((t) <= -2)
+#define BKV_TOKEN_PENDING_ROW(t) ((uint32_t)(-2 - (int64_t)(t)))
+
 /* How a batch describes the rows' block tables (bkv_sched_config.batch_layout). */
 typedef enum bkv_batch_layout {
 	BKV_BATCH_FLAT = 0,       /* every call carries each row's whole table in
@@ -1439,6 +1448,16 @@ typedef struct bkv_host_ops {
 	 * step plans, before the compute call that verifies them. */
 	int (*draft)(void *host, uint64_t req, uint32_t branch, const int32_t *ctx,
 		     uint32_t n_ctx, int32_t *out, uint32_t k, void *req_user);
+	/* overlapped scheduling (bkv_sched_config.overlap): enqueue the
+	 * mixed batch and return at once, without its tokens; the host writes
+	 * the sampled tokens into next_tokens (the library's, valid until the
+	 * step is completed) before it calls bkv_step_complete. Every array
+	 * the batch points to stays valid until then; the bkv_batch struct
+	 * itself only during the call (copy it). Placeholders
+	 * (BKV_TOKEN_PENDING) in token_ids name rows of the step launched
+	 * before. 0 on success, negative on failure (the step fails:
+	 * bkv_step_launch answers BKV_EHOST). NULL when overlap is off. */
+	int (*launch)(void *host, const bkv_batch *batch, int32_t *next_tokens);
 } bkv_host_ops;
 
 typedef enum bkv_policy {
@@ -1550,7 +1569,14 @@ typedef struct bkv_sched_config {
 				      BKV_SPEC_K_FIXED */
 	bkv_spec_drafts spec_drafts; /* BKV_SPEC_DRAFT_NGRAM (the default) or
 				      BKV_SPEC_DRAFT_HOST */
-	uint32_t reserved[1];      /* zero (else EINVAL); room for later
+	uint32_t overlap;          /* nonzero: overlapped scheduling, the
+				      two-phase step (bkv_step_launch,
+				      bkv_step_complete; docs/integration.md,
+				      "Overlapped scheduling"). Needs
+				      host ops.launch, the flat layout, a
+				      pool without KV groups and spec_max_k
+				      0 (else EINVAL). Default 0. */
+	uint32_t reserved[4];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 
@@ -1625,6 +1651,16 @@ typedef struct bkv_sched_stats {
 	uint64_t spec_drafted;     /* draft tokens those rows verified */
 	uint64_t spec_accepted;    /* of which accepted (the acceptance rate
 				      is spec_accepted / spec_drafted) */
+	uint64_t overlap_steps;    /* two-phase steps planned while another
+				      was in flight (bkv_step_launch) */
+	uint64_t overlap_syncs;    /* bkv_step_launch calls answered
+				      BKV_EAGAIN (the in-flight step had to
+				      complete first) */
+	uint64_t overlap_wasted_tokens; /* tokens computed by two-phase steps
+				      for requests that had ended before the
+				      step completed (stop, error, abort in
+				      the step before): discarded, never
+				      delivered */
 } bkv_sched_stats;
 
 /**
@@ -1730,6 +1766,71 @@ BKV_API int bkv_abort(bkv_sched *sched, uint64_t req_id);
 BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
 
 /**
+ * Overlapped scheduling, first phase: take in submissions and aborts, plan
+ * the next step and hand it to the host's launch callback, without waiting
+ * for the tokens of the step still in flight (bkv_sched_config.overlap).
+ *
+ * At most two steps are outstanding (launched, not completed): the one in
+ * flight and the one this call plans (depth 1; deeper is refused). A row
+ * whose input is the in-flight step's sampled token carries
+ * BKV_TOKEN_PENDING(i), i its row there; its position and slot are exact.
+ * A request whose in-flight row reaches max_new_tokens gets no row. Rows of
+ * requests that end when the in-flight step completes (stop, error, abort)
+ * are computed and discarded (bkv_sched_stats.overlap_wasted_tokens).
+ * Blocks released while a step is outstanding are reused only after every
+ * step outstanding then has completed.
+ *
+ * With a step in flight the library declines (BKV_EAGAIN, nothing done)
+ * when the plan would need that step's results or ordering: pending copies
+ * (copy-on-write, swap), a preemption or a swap-in the previous overlapped
+ * plan could not make, new batch buffers.
+ * The host then completes every outstanding step and launches again; with
+ * nothing in flight a launch plans exactly as bkv_step would.
+ * @param sched   the scheduler.
+ * @param ticket  receives the launched step's ticket (its step number,
+ *                nonzero), or 0 when the step had nothing to compute (nothing
+ *                to complete).
+ * @param info    receives what the plan did (rows, tokens, admissions);
+ *                may be NULL.
+ * @return BKV_OK; BKV_EAGAIN (complete the outstanding steps first);
+ *         BKV_EHOST (the launch callback failed: with nothing else in
+ *         flight the step is rolled back now, else with the step in flight
+ *         when that one completes); BKV_ESTATE (overlap off, two steps
+ *         outstanding, a failed step not yet completed, or called from a
+ *         callback); BKV_EINVAL (NULL sched or ticket).
+ * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
+ * concurrently.
+ */
+BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *info);
+
+/**
+ * Overlapped scheduling, second phase: the host has the sampled tokens of the
+ * oldest outstanding step in its next_tokens (or it failed). Commits it:
+ * tokens reach on_token, requests end (on_finish once each), its blocks
+ * enter the prefix cache; placeholders of the step launched after it get
+ * their tokens.
+ *
+ * Failure: status < 0 (or a failed launch) fails every outstanding step.
+ * Each failed step must still be completed (in order; its tokens are not
+ * read); the last completion rolls every one of them back: no token reached
+ * any request, every sequence is back at its length before the oldest, and
+ * the requests run again. Steps complete in launch order.
+ * @param sched   the scheduler.
+ * @param ticket  the oldest outstanding ticket.
+ * @param status  0: the step ran and next_tokens holds its tokens; negative:
+ *                it failed.
+ * @param info    receives what the step did; may be NULL.
+ * @return BKV_OK; BKV_EHOST (this or an earlier outstanding step failed;
+ *         rolled back once the last of them is completed); BKV_EINVAL (NULL
+ *         sched, or ticket is not the oldest outstanding); BKV_ESTATE
+ *         (overlap off, or called from a callback).
+ * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
+ * concurrently.
+ */
+BKV_API int bkv_step_complete(bkv_sched *sched, uint64_t ticket, int status,
+			      bkv_step_info *info);
+
+/**
  * Requests not yet ended (inbox + waiting + running + swapped).
  * @param sched  the scheduler.
  * @return the count; 0 for a NULL scheduler.
@@ -1755,7 +1856,7 @@ BKV_API void bkv_sched_stats_get(const bkv_sched *sched, bkv_sched_stats *stats)
  * checked at each call in builds with BKV_DEBUG_LEVEL >= 1).
  * O(requests + blocks): for tests, fuzzers and debugging, not the hot path.
  * @param sched  the scheduler.
- * @return 0 when consistent; a positive invariant number otherwise (1..34:
+ * @return 0 when consistent; a positive invariant number otherwise (1..37:
  *         the scheduler's; 1000 + n: the pool's invariant n; both listed in
  *         docs/api-notes.md); BKV_EINVAL for NULL.
  * Thread rules: the stepping thread (between steps).

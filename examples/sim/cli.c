@@ -544,6 +544,13 @@ static const cli_option options[] = {
 	 "                             p99 TTFT and TPOT against rate per row\n"},
 	FLAG("--fidelity", OPT(fidelity), 1,
 	     "  --fidelity                 (distserve) every run vs its measurement\n"),
+	COUNT("--host-overhead-us", CFG(host_overhead_us), 0, 10000000,
+	      "  --host-overhead-us N       the host's own CPU time per step, us (default\n"
+	      "                             0): synchronously it adds to every step\n"),
+	FLAG("--overlap", CFG(overlap), 1,
+	     "  --overlap                  the overlapped contract (bkv_step_launch /\n"
+	     "                             bkv_step_complete): a step takes max(device,\n"
+	     "                             host) instead of their sum; a mixed host\n"),
 	FLAG("--check", CFG(check), 1,
 	     "  --check                    bkv_sched_check after every step\n"),
 	VALUE("--goodput", set_goodput,
@@ -602,6 +609,8 @@ static void settle(cli_args *a)
 		if (!o->host_set)
 			c->mixed_host = 1;
 	}
+	if (c->overlap && !o->host_set)
+		c->mixed_host = 1; /* a launch is one mixed call */
 	c->progress = !o->quiet && isatty(2);
 	if (!o->gen_set)
 		c->gen = (!o->trace_path && !strcmp(o->workload, "seed000")) ? SIM_GEN_STEPS

@@ -28,6 +28,14 @@
  * sim_run goes in named steps: run_alloc (timelines), open_pool,
  * open_sched, drive (submit_arrivals, step_checked, account_step per step)
  * and collect (the results), then run_close.
+ *
+ * Host overhead and overlap (--host-overhead-us, --overlap; the last part of
+ * this file): the host spends host_overhead_us of its own CPU time on every
+ * step. Synchronously that time comes before each step's device time. The
+ * overlapped contract drives bkv_step_launch / bkv_step_complete: the device
+ * (a second timeline, dev_free) runs a launched step from the later of its
+ * launch and the end of the step before, while the host prepares and
+ * launches the next; completing a step waits for its device end.
  */
 #include "sim.h"
 #include "shape.h"
@@ -69,6 +77,13 @@ typedef struct vhost {
 				   held past the rows' tokens, per row */
 	double spec_reserve;    /* ... had spec_k slots been reserved per row */
 	uint64_t spec_calls;    /* decode calls those sums cover */
+	/* the overlapped contract (--overlap) */
+	int launching;          /* the call is a launch: priced on the
+				   device's timeline, the host clock stays */
+	double dev_free;        /* when the device finishes what it has */
+	double dev_end[2];      /* device end of each outstanding step */
+	uint64_t q[2];          /* outstanding tickets, oldest first */
+	uint32_t n_q;
 } vhost;
 
 /* ---- the DistServe latency model ----------------------------------------- */
@@ -310,7 +325,16 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		res->flops += f;
 		res->bytes += by;
 	}
-	h->now += t;
+	double done; /* when the call's tokens exist */
+	if (h->launching) { /* overlapped: on the device's timeline */
+		done = (h->now > h->dev_free ? h->now : h->dev_free) + t;
+		h->dev_free = done;
+		h->dev_end[h->n_q] = done;
+		res->device_busy_us += t;
+	} else {
+		h->now += t;
+		done = h->now;
+	}
 	h->call_us += t;
 	for (uint32_t r = 0; r < b->n_rows; r++) {
 		if (!b->row_sample[r])
@@ -325,7 +349,7 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		 * it at the end of the step, after a split host's decode call. */
 		vreq *v = &h->req[(uintptr_t)b->row_user[r] - 1];
 		if (v->first_us < 0.0)
-			v->first_us = h->now;
+			v->first_us = done;
 	}
 	return 0;
 }
@@ -672,10 +696,18 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	int rc = sched_config(r, cfg, t, &sc, err, errlen);
 	if (rc)
 		return rc;
+	if (cfg->overlap && !cfg->mixed_host) {
+		snprintf(err, errlen, "--overlap needs a mixed host (a launch is one call)");
+		return BKV_EINVAL;
+	}
 	bkv_host_ops ops;
 	memset(&ops, 0, sizeof(ops));
 	if (cfg->mixed_host) {
 		ops.forward = cb_forward;
+		if (cfg->overlap) {
+			sc.overlap = 1;
+			ops.launch = cb_forward; /* priced on the device (launching) */
+		}
 	} else {
 		ops.prefill = cb_prefill;
 		ops.decode = cb_decode;
@@ -736,12 +768,16 @@ static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 static int step_checked(run *r, const sim_config *cfg, bkv_step_info *info, char *err,
 			size_t errlen)
 {
+	const double now0 = r->h.now;
 	r->h.call_us = 0.0;
+	r->h.now += cfg->host_overhead_us; /* the host's own work for the step */
 	int s = bkv_step(r->h.sched, info);
 	if (s) {
 		snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
 		return s;
 	}
+	if (info->rows == 0 && info->finished == 0 && info->admitted == 0)
+		r->h.now = now0; /* nothing was done: no host work either */
 	if (cfg->check && (s = bkv_sched_check(r->h.sched)) != 0) {
 		snprintf(err, errlen, "bkv_sched_check: invariant %d broken", s);
 		return -101;
@@ -779,6 +815,9 @@ static void account_step(run *r, const sim_config *cfg, const trace *t, sim_resu
 	}
 }
 
+static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_result *res,
+			 char *err, size_t errlen);
+
 /* Submit and step until every request has ended. When nothing is pending
  * or a step finds nothing to do, the clock jumps to the next arrival; with
  * no arrivals left it creeps by 1 ms so a max_wait timer can expire, and
@@ -788,6 +827,8 @@ static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res,
 {
 	vhost *h = &r->h;
 	int idle = 0;
+	if (cfg->overlap)
+		return drive_overlap(r, cfg, t, res, err, errlen);
 	while (h->n_done < t->n) {
 		submit_arrivals(r, cfg, t);
 		if (bkv_sched_pending(h->sched) == 0) {
@@ -840,6 +881,11 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 		res->spec_blocks_row = r->h.spec_blocks / (double)r->h.spec_calls;
 		res->spec_reserve_row = r->h.spec_reserve / (double)r->h.spec_calls;
 	}
+	res->overlap_steps = ss.overlap_steps;
+	res->overlap_syncs = ss.overlap_syncs;
+	res->overlap_wasted = ss.overlap_wasted_tokens;
+	res->host_model = cfg->host_overhead_us || cfg->overlap;
+	res->host_overhead_us = cfg->host_overhead_us;
 	bkv_pool_stats ps;
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(r->pool, &ps);
@@ -896,4 +942,102 @@ int sim_run(const sim_config *cfg, const trace *t, sim_result *res, char *err, s
 	clock_gettime(CLOCK_MONOTONIC, &w1);
 	res->wall_s = (double)(w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) / 1e9;
 	return rc;
+}
+
+/* ---- the overlapped contract (--overlap) --------------------------------- */
+
+/* Wait (on the virtual clock) for the oldest outstanding step's device end,
+ * then complete it. */
+static int complete_oldest(run *r, const sim_config *cfg, const trace *t, sim_result *res,
+			   char *err, size_t errlen)
+{
+	vhost *h = &r->h;
+	bkv_step_info info;
+	if (h->now < h->dev_end[0])
+		h->now = h->dev_end[0];
+	int rc = bkv_step_complete(h->sched, h->q[0], 0, &info);
+	h->q[0] = h->q[1];
+	h->dev_end[0] = h->dev_end[1];
+	h->n_q--;
+	if (rc) {
+		snprintf(err, errlen, "bkv_step_complete: %s", bkv_strerror(rc));
+		return rc;
+	}
+	if (cfg->check && (rc = bkv_sched_check(h->sched)) != 0) {
+		snprintf(err, errlen, "bkv_sched_check: invariant %d broken", rc);
+		return -101;
+	}
+	account_step(r, cfg, t, res, &info);
+	return 0;
+}
+
+/* drive() for the overlapped contract: the host spends host_overhead_us
+ * preparing each step, launches it (the device starts it once it is free)
+ * and then completes the step before it, so the device computes step N
+ * while the host prepares step N + 1. A declined launch (BKV_EAGAIN)
+ * completes what is outstanding first: that step is not overlapped. */
+static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_result *res,
+			 char *err, size_t errlen)
+{
+	vhost *h = &r->h;
+	int idle = 0, rc;
+	while (h->n_done < t->n) {
+		submit_arrivals(r, cfg, t);
+		if (bkv_sched_pending(h->sched) == 0 && h->n_q == 0) {
+			if (r->next < t->n) {
+				h->now = t->reqs[r->next].arrival_us;
+				continue;
+			}
+			break;
+		}
+		const double now0 = h->now;
+		uint64_t tk = 0;
+		bkv_step_info info;
+		h->now += cfg->host_overhead_us;
+		h->launching = 1;
+		rc = bkv_step_launch(h->sched, &tk, &info);
+		h->launching = 0;
+		if (rc == BKV_EAGAIN) {
+			h->now = now0; /* nothing planned: the host did no work */
+			while (h->n_q)
+				if ((rc = complete_oldest(r, cfg, t, res, err, errlen)) != 0)
+					return rc;
+			continue;
+		}
+		if (rc) {
+			snprintf(err, errlen, "bkv_step_launch: %s", bkv_strerror(rc));
+			return rc;
+		}
+		if (tk)
+			h->q[h->n_q++] = tk;
+		else if (info.finished == 0 && info.admitted == 0)
+			h->now = now0;
+		if (h->n_q == 2 || (!tk && h->n_q)) {
+			if ((rc = complete_oldest(r, cfg, t, res, err, errlen)) != 0)
+				return rc;
+			idle = 0;
+			continue;
+		}
+		if (tk || info.finished || info.admitted) {
+			idle = 0;
+			continue;
+		}
+		/* Nothing could run and nothing is in flight: wait for an arrival. */
+		if (r->next < t->n) {
+			h->now = t->reqs[r->next].arrival_us;
+			idle = 0;
+			continue;
+		}
+		if (++idle > 1000) {
+			snprintf(err, errlen,
+				 "the scheduler stalled: %llu requests pending, no arrivals left",
+				 (unsigned long long)bkv_sched_pending(h->sched));
+			return -100;
+		}
+		h->now += 1000.0; /* let a max_wait timer expire */
+	}
+	while (h->n_q)
+		if ((rc = complete_oldest(r, cfg, t, res, err, errlen)) != 0)
+			return rc;
+	return 0;
 }

@@ -72,6 +72,10 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_D(ref_ttft_p90);
 	MED_D(ref_tpot_p90);
 	MED_D(span_us);
+	MED_U(overlap_steps);
+	MED_U(overlap_syncs);
+	MED_U(overlap_wasted);
+	MED_D(device_busy_us);
 #undef MED_D
 #undef MED_U
 }
@@ -88,6 +92,8 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	sim_result *m = &row->med;
 	memcpy(m->label, runs[0].label, sizeof(m->label));
 	m->n_req = runs[0].n_req;
+	m->host_model = runs[0].host_model;
+	m->host_overhead_us = runs[0].host_overhead_us;
 	m->finished = runs[0].finished;
 	m->errors = runs[0].errors;
 	for (int i = 1; i < n; i++) {
@@ -238,6 +244,23 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 		if (roofline)
 			fprintf(out, " %5.1f%% %5.1f%%", 100.0 * r->mfu, 100.0 * r->mbu);
 		fprintf(out, "\n");
+	}
+	for (int i = 0; i < n; i++) { /* --host-overhead-us, --overlap */
+		const sim_result *r = &rows[i].med;
+		double dev = r->overlap_steps || r->device_busy_us > 0.0 ? r->device_busy_us
+							 : r->prefill_us + r->decode_us;
+		if (!r->host_model)
+			continue;
+		fprintf(out,
+			"%-14s host %u us/step: %llu steps, device %.3f ms/step, step %.3f ms "
+			"(makespan/steps); %llu overlapped, %llu launches declined, %llu tokens "
+			"computed and discarded (%.2f%% of output)\n",
+			r->label, r->host_overhead_us, (unsigned long long)r->steps,
+			r->steps ? dev / 1000.0 / (double)r->steps : 0.0,
+			r->steps ? r->makespan_us / 1000.0 / (double)r->steps : 0.0,
+			(unsigned long long)r->overlap_steps, (unsigned long long)r->overlap_syncs,
+			(unsigned long long)r->overlap_wasted,
+			r->out_tokens ? 100.0 * (double)r->overlap_wasted / (double)r->out_tokens : 0.0);
 	}
 	if (n)
 		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "

@@ -111,6 +111,18 @@ typedef struct sim_config {
 	double spec_spread;        /* each request's rate drawn uniformly from
 				      spec_accept +- spec_spread (clamped to
 				      [0, 0.99]); 0 = every request alike */
+	uint32_t host_overhead_us; /* the host's own CPU time per step (input
+				      preparation, sampling, an engine's
+				      bookkeeping), us, on the virtual clock
+				      (--host-overhead-us; 0 = none): the
+				      synchronous contract adds it to every
+				      step's device time */
+	int overlap;               /* the overlapped contract (--overlap):
+				      bkv_step_launch / bkv_step_complete, the
+				      device runs a step while the host
+				      prepares the next (a step then takes
+				      max(device, host), not their sum); needs
+				      a mixed host */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -172,6 +184,15 @@ typedef struct sim_result {
 	uint32_t slo_met;          /* requests that finished without error with
 				      TTFT <= slo_ttft_ms and TPOT <=
 				      slo_tpot_ms (0 when no target is set) */
+	uint64_t overlap_steps;    /* --overlap: steps planned while one ran */
+	uint64_t overlap_syncs;    /* launches declined (BKV_EAGAIN) */
+	uint64_t overlap_wasted;   /* tokens computed and discarded (requests
+				      that ended in the step before) */
+	double device_busy_us;     /* --overlap: time the device computed */
+	uint32_t host_model;       /* the run modelled host time
+				      (--host-overhead-us or --overlap): the
+				      table adds a line per row */
+	uint32_t host_overhead_us; /* its host time per step */
 } sim_result;
 
 /* The default cap on generated tokens (sim_config.max_tokens), and the

@@ -20,8 +20,14 @@
  * signals it after each submission. Lock order: the engine may hold a
  * client's mutex inside a callback (called from bkv_step), so a client never
  * calls into the library while holding its own mutex.
+ *
+ * Overlapped (tlm_threaded_serve_overlap, the last part of this file): the
+ * engine drives the two-phase step instead, and a device thread
+ * (overlap.c) runs the launched steps: the engine plans step N+1 while the
+ * device computes step N, then waits for N and completes it.
  */
 #include "threaded.h"
+#include "overlap.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -53,6 +59,10 @@ typedef struct engine {
 	int status;
 	tlm_run_result *res;   /* counters written by the engine thread only */
 	uint64_t max_steps;    /* give up (TLM_STUCK) after this many steps */
+	/* overlapped serving only */
+	tlm_device *dev;       /* the device thread */
+	uint64_t q[2];  /* outstanding steps, oldest first */
+	uint32_t n_q;
 } engine;
 
 typedef struct client {
@@ -95,6 +105,11 @@ static void eng_finish(void *p, uint64_t req, bkv_finish_reason reason, void *us
 {
 	client_req *cr = user;
 	cr->on_done(cr, reason);
+}
+
+static int eng_launch(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tlm_device_launch(((engine *)p)->dev, b, next);
 }
 
 static void *engine_main(void *arg)
@@ -256,8 +271,10 @@ static void *client_main(void *arg)
 	return NULL;
 }
 
-int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
-		       uint32_t n_clients, uint32_t window, tlm_run_result *res)
+static void *engine_main_overlap(void *arg);
+
+static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
+		 uint32_t n_clients, uint32_t window, tlm_run_result *res, int overlap)
 {
 	memset(res, 0, sizeof(*res));
 	if (!n_clients || !window)
@@ -285,7 +302,17 @@ int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config
 		goto out;
 	}
 	bkv_host_ops ops = {.on_token = eng_token, .on_finish = eng_finish};
-	if (rc->split) {
+	bkv_sched_config sc = rc->sched;
+	if (overlap) {
+		e.dev = tlm_device_create(e.host);
+		if (!e.dev) {
+			st = BKV_ENOMEM;
+			goto out;
+		}
+		sc.overlap = 1;
+		ops.launch = eng_launch;
+		ops.forward = eng_forward;
+	} else if (rc->split) {
 		ops.prefill = eng_prefill;
 		ops.decode = eng_decode;
 	} else {
@@ -293,7 +320,7 @@ int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config
 	}
 	/* bkv_submit from several threads: the default (libc) allocator is
 	 * thread-safe, as the header requires. */
-	st = bkv_sched_create(&rc->sched, pool, &ops, &e, NULL, &e.sched);
+	st = bkv_sched_create(&sc, pool, &ops, &e, NULL, &e.sched);
 	if (st)
 		goto out;
 	for (uint32_t j = 0; j < w->n_jobs; j++) {
@@ -316,7 +343,7 @@ int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config
 		pthread_mutex_init(&cls[i].mu, NULL);
 		pthread_cond_init(&cls[i].cv, NULL);
 	}
-	pthread_create(&eng_thread, NULL, engine_main, &e);
+	pthread_create(&eng_thread, NULL, overlap ? engine_main_overlap : engine_main, &e);
 	for (uint32_t i = 0; i < n_clients; i++)
 		pthread_create(&cl_threads[i], NULL, client_main, &cls[i]);
 	for (uint32_t i = 0; i < n_clients; i++)
@@ -351,10 +378,100 @@ out:
 	}
 	bkv_sched_destroy(e.sched);
 	bkv_pool_destroy(pool);
+	tlm_device_destroy(e.dev);
 	tlm_host_destroy(e.host);
 	pthread_mutex_destroy(&e.mu);
 	pthread_cond_destroy(&e.cv);
 	free(cls);
 	free(reqs);
 	return st;
+}
+
+int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
+		       uint32_t n_clients, uint32_t window, tlm_run_result *res)
+{
+	return serve(w, m, rc, n_clients, window, res, 0);
+}
+
+/* ---- overlapped serving: the two-phase step and a device thread ---- */
+
+/* Wait for the oldest outstanding step on the device and complete it. */
+static int eng_complete1(engine *e)
+{
+	bkv_step_info info;
+	int dst = tlm_device_wait(e->dev);
+	int st = bkv_step_complete(e->sched, e->q[0], dst < 0 ? -1 : 0, &info);
+	e->q[0] = e->q[1];
+	e->n_q--;
+	if (st == BKV_OK) {
+		e->res->steps++;
+		e->res->measured_us += info.measured_us;
+		e->res->predicted_us += info.predicted_us;
+	}
+	return st;
+}
+
+static void eng_fail(engine *e, int st)
+{
+	while (e->n_q) /* the device may still read the steps' arrays */
+		(void)eng_complete1(e);
+	pthread_mutex_lock(&e->mu);
+	e->failed = 1;
+	e->status = st;
+	pthread_mutex_unlock(&e->mu);
+}
+
+/* Launch step N+1, then complete step N: the device computes N while the
+ * library plans N+1. BKV_EAGAIN (the plan needs N's results first) completes
+ * what is outstanding and launches again. */
+static void *engine_main_overlap(void *arg)
+{
+	engine *e = arg;
+	for (;;) {
+		pthread_mutex_lock(&e->mu);
+		while (bkv_sched_pending(e->sched) == 0 && e->clients_left > 0 && e->n_q == 0)
+			pthread_cond_wait(&e->cv, &e->mu);
+		const int quit = e->clients_left == 0 && bkv_sched_pending(e->sched) == 0 &&
+				 e->n_q == 0;
+		pthread_mutex_unlock(&e->mu);
+		if (quit)
+			return NULL;
+		if (e->res->steps >= e->max_steps) {
+			eng_fail(e, TLM_STUCK);
+			return NULL;
+		}
+		uint64_t t = 0;
+		int st = bkv_step_launch(e->sched, &t, NULL);
+		if (st == BKV_EAGAIN) {
+			while (e->n_q) {
+				st = eng_complete1(e);
+				if (st != BKV_OK) {
+					eng_fail(e, st);
+					return NULL;
+				}
+			}
+			continue;
+		}
+		if (st != BKV_OK) {
+			eng_fail(e, st);
+			return NULL;
+		}
+		if (t)
+			e->q[e->n_q++] = t;
+		if (e->n_q == 2 || (t == 0 && e->n_q)) {
+			st = eng_complete1(e);
+			if (st != BKV_OK) {
+				eng_fail(e, st);
+				return NULL;
+			}
+		}
+	}
+}
+
+int tlm_threaded_serve_overlap(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
+			       uint32_t n_clients, uint32_t window, tlm_run_result *res)
+{
+	if (rc->split || rc->fail_every)
+		return BKV_EINVAL; /* a launch is one mixed call; no injection here */
+	return serve(w, m, rc, n_clients, window, res, 1);
 }

@@ -5,7 +5,11 @@
  * chunked-prefill scheduler; then every sequence is checked against the
  * reference.
  *
- * Usage: tinylm-threaded [--jobs N] [--clients C] [--small]
+ * --overlap serves it overlapped instead (bkv_step_launch/bkv_step_complete
+ * with a device thread, overlap.c); the TSan build of CI runs it that way
+ * (tests/meson.build: tinylm_overlap_plain).
+ *
+ * Usage: tinylm-threaded [--jobs N] [--clients C] [--small] [--overlap]
  */
 #include "threaded.h"
 
@@ -16,7 +20,7 @@
 int main(int argc, char **argv)
 {
 	uint32_t jobs = 200, clients = 4;
-	int small = 0;
+	int small = 0, overlap = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
 			jobs = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -24,8 +28,11 @@ int main(int argc, char **argv)
 			clients = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--small"))
 			small = 1;
+		else if (!strcmp(argv[i], "--overlap"))
+			overlap = 1;
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--clients C] [--small]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--jobs N] [--clients C] [--small] [--overlap]\n",
+				argv[0]);
 			return 2;
 		}
 	}
@@ -52,7 +59,8 @@ int main(int argc, char **argv)
 	rc.block_tokens = 16;
 	rc.device_blocks = 1024;
 	tlm_run_result res;
-	int st = tlm_threaded_serve(&w, m, &rc, clients, 8, &res);
+	int st = overlap ? tlm_threaded_serve_overlap(&w, m, &rc, clients, 8, &res)
+			 : tlm_threaded_serve(&w, m, &rc, clients, 8, &res);
 	char msg[256] = "";
 	uint32_t bad = st ? w.n_jobs : tlm_workload_verify(&w, msg, sizeof(msg));
 	if (st)
@@ -63,8 +71,15 @@ int main(int argc, char **argv)
 	       (double)res.gen_tokens / (res.wall_us / 1e6),
 	       res.prompt_tokens ? 100.0 * (double)res.sched.hit_tokens / (double)res.prompt_tokens
 				 : 0.0);
+	if (overlap)
+		printf("overlapped: %llu of %llu steps planned while the one before ran, %llu tokens "
+		       "computed and discarded\n",
+		       (unsigned long long)res.sched.overlap_steps, (unsigned long long)res.steps,
+		       (unsigned long long)res.sched.overlap_wasted_tokens);
 	printf("%s%s\n", bad ? "FAILED: " : "every sequence matches the reference token for token",
 	       bad ? msg : "");
+	if (overlap && !bad && !st && res.sched.overlap_steps == 0)
+		bad = 1; /* nothing overlapped: the mode did not run */
 	tlm_workload_destroy(&w);
 	tlm_model_destroy(m);
 	return bad || res.check ? 1 : 0;

@@ -28,7 +28,7 @@ static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
 
 int bkv_sched_check(const bkv_sched *s)
 {
-	uint32_t i, j, slots = 0, n_inbox = 0, n_seqs = 0, mapped = 0;
+	uint32_t i, j, slots = 0, n_inbox = 0, n_seqs = 0, mapped = 0, n_def = 0;
 	bkv_pool_stats ps;
 	const bkv__req *r;
 	int rc;
@@ -40,6 +40,9 @@ int bkv_sched_check(const bkv_sched *s)
 		return rc;
 	if (bkv__rows_check(s))
 		return 33;
+	rc = bkv__ovl_check(s, &n_def); /* 34-36 */
+	if (rc)
+		return rc;
 	for (i = 0; i < s->rs.nr_run; i++) {
 		uint32_t live = 0;
 
@@ -52,7 +55,7 @@ int bkv_sched_check(const bkv_sched *s)
 			const bkv__lane *l = &r->lane[j];
 			bkv_seq_info si;
 
-			if (l->done) {
+			if (l->done && l->ovl_pend != 2) { /* 2: provisionally */
 				if (l->seq != BKV__SEQ_NONE)
 					return 9;
 				continue;
@@ -71,10 +74,12 @@ int bkv_sched_check(const bkv_sched *s)
 				return 11;
 			if (l->kv_len > LANE_KNOWN(l) || l->n_gen > r->max_new)
 				return 12;
-			if (l->decoding && l->kv_len + 1 != LANE_KNOWN(l))
-				return 13;
-			if (!lane_blocks_indexed(s, l))
-				return 32;
+			if (l->decoding && l->kv_len + 1 != LANE_KNOWN(l) &&
+			    !(l->kv_len == LANE_KNOWN(l) && bkv__ovl_uncommitted(s, l)))
+				return 13; /* (an outstanding row's token is not
+					      sampled yet) */
+			if (!bkv__ovl_outstanding(s) && !lane_blocks_indexed(s, l))
+				return 32; /* (outstanding steps' blocks wait) */
 		}
 		if (live != r->n_live)
 			return 8;
@@ -129,7 +134,7 @@ int bkv_sched_check(const bkv_sched *s)
 	memset(&ps, 0, sizeof(ps));
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
-	if (ps.nr_seqs != n_seqs)
+	if (ps.nr_seqs != n_seqs + n_def)
 		return 23;
 	if (s->spec && bkv__spec_check(s))
 		return 34; /* speculative decoding (sched/spec.c) */

@@ -128,6 +128,7 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 		l->branch = i;
 		l->seq = BKV__SEQ_NONE;
 		l->row_slot = BKV__SLOT_NONE;
+		l->def_seq = BKV__SEQ_NONE;
 		l->tok = r->stop + q->n_stop + (size_t)i * hist;
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}
@@ -148,6 +149,16 @@ static int spare_grow(bkv_sched *s, uint32_t tok, uint32_t kv)
 	kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
 	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv, 1 + s->call.n_lanes) != BKV_OK)
 		return BKV_ENOMEM;
+	if (s->ovl) { /* overlap: both batch buffer sets grow */
+		bkv__bufs nb2;
+
+		if (bkv__bufs_alloc(&s->alloc, &nb2, tok, kv, 1 + s->call.n_lanes) != BKV_OK) {
+			bkv__bufs_free(&s->alloc, &nb);
+			return BKV_ENOMEM;
+		}
+		bkv__bufs_free(&s->alloc, &s->in.spare2);
+		s->in.spare2 = nb2;
+	}
 	bkv__bufs_free(&s->alloc, &s->in.spare);
 	s->in.spare = nb;
 	s->in.want_tok = tok;
@@ -242,10 +253,11 @@ int bkv_abort(bkv_sched *s, uint64_t req_id)
 void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv__req *in, *ab, *r, *next, *rev = NULL;
-	bkv__bufs old;
+	bkv__bufs old, old2;
 	uint32_t batch_slots = 0, queued_with;
 
 	memset(&old, 0, sizeof(old));
+	memset(&old2, 0, sizeof(old2));
 	LOCK(s);
 	in = s->in.inbox_head;
 	s->in.inbox_head = s->in.inbox_tail = NULL;
@@ -253,13 +265,16 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	s->in.abort_head = NULL;
 	for (r = ab; r; r = r->abort_next)
 		r->abort_state = 2;
-	if (s->in.spare.tok_cap) {
+	if (s->ovl) {
+		bkv__ovl_spares(s, &old, &old2); /* two sets, one maybe in flight */
+	} else if (s->in.spare.tok_cap) {
 		old = s->call.bufs;
 		s->call.bufs = s->in.spare;
 		memset(&s->in.spare, 0, sizeof(s->in.spare));
 	}
 	UNLOCK(s);
 	bkv__bufs_free(&s->alloc, &old);
+	bkv__bufs_free(&s->alloc, &old2);
 
 	/* the slots queued once this batch is in: its requests arrived
 	 * together, so each may wait behind all of them (the auto bypass
@@ -284,10 +299,14 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	}
 	for (r = rev; r; r = next) {
 		next = r->abort_next;
-		if (r->zombie)
+		if (r->zombie && s->plan.fenced) {
+			r->next = NULL; /* overlap: an outstanding step may name it */
+			bkv__ovl_hold(s, r);
+		} else if (r->zombie) {
 			bkv__req_free(s, r); /* ended before the abort was drained */
-		else
+		} else {
 			bkv__finish_req(s, r, BKV_FINISH_ABORT, si);
+		}
 	}
 	bkv__run_compact(s);
 }

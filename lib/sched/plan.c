@@ -158,6 +158,11 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
 		}
 		if (rc != BKV_ENOSPC)
 			return rc;
+		if (s->plan.open_from) { /* overlap: a step is in flight; a
+					    step with none in flight preempts */
+			s->plan.need_sync = 1;
+			return BKV_ENOSPC;
+		}
 		v = s->pol.victim(s);
 		if (!v)
 			return BKV_ENOSPC;
@@ -257,6 +262,8 @@ void bkv__plan_forks(bkv_sched *s)
 
 		if (r->n == 1 || r->forked || l0->kv_len != r->prompt_len - 1)
 			continue;
+		if (s->plan.open_from && l0->touch_step >= s->plan.open_from)
+			continue; /* overlap: its prefix's KV is not committed */
 		for (j = 1; j < r->n && rc == BKV_OK; j++) {
 			bkv__lane *l = &r->lane[j];
 
@@ -628,6 +635,11 @@ void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 		if (r->preempt_step == s->plan.step_no || r->swap_unsent)
 			break; /* no thrash: not back in the step that preempted it */
+		if (r->state == BKV__REQ_SWAPPED && s->plan.open_from) {
+			s->plan.need_sync = 1; /* overlap: a swap-in waits for a
+						  step with none in flight */
+			break;
+		}
 		if (r->n_live > free_slots)
 			break;
 		if (!s->pol.admit_ok(s, r))

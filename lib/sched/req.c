@@ -146,10 +146,7 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 		bkv__lane *l = &r->lane[i];
 
 		if (l->seq != BKV__SEQ_NONE) {
-			if (why == BKV_FINISH_ABORT)
-				bkv_seq_drop(s->pool, l->seq);
-			else
-				bkv_seq_close(s->pool, l->seq);
+			bkv__lane_release_seq(s, l, why == BKV_FINISH_ABORT);
 			bkv__slot_release(s, l);
 			l->seq = BKV__SEQ_NONE;
 		}
@@ -189,7 +186,7 @@ void bkv__lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_step_
 	l->done = 1;
 	l->reason = (uint8_t)why;
 	if (l->seq != BKV__SEQ_NONE)
-		bkv_seq_close(s->pool, l->seq);
+		bkv__lane_release_seq(s, l, 0);
 	bkv__slot_release(s, l);
 	l->seq = BKV__SEQ_NONE;
 	r->n_live--;
@@ -243,6 +240,11 @@ void bkv__release_done(bkv_sched *s)
 	}
 	UNLOCK(s);
 	s->plan.done_head = NULL;
+	if (s->plan.fenced && free_list) { /* overlap: outstanding steps
+					      may still name them */
+		bkv__ovl_hold(s, free_list);
+		return;
+	}
 	for (r = free_list; r; r = next) {
 		next = r->next;
 		bkv__req_free(s, r);

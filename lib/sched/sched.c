@@ -85,10 +85,13 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 {
 	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
 		return BKV_EINVAL;
-	if (!ops->forward && !(ops->prefill && ops->decode))
+	if (!ops->forward && !(ops->prefill && ops->decode) && !(cfg->overlap && ops->launch))
 		return BKV_EINVAL;
 	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
 		return BKV_EINVAL;
+	if (cfg->overlap && (!ops->launch || cfg->batch_layout != BKV_BATCH_FLAT || cfg->spec_max_k))
+		return BKV_EINVAL; /* overlap: the flat layout's mixed
+				     launch, without speculation */
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
 	bkv_pool_stats_get(pool, ps);
@@ -113,7 +116,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	if (!s->cfg.token_budget)
 		s->cfg.token_budget = AUTO_TOKEN_BUDGET;
 	s->ops = *ops;
-	s->split = ops->forward == NULL;
+	s->split = ops->forward == NULL && !cfg->overlap; /* a launch is mixed */
 	s->host = host;
 	s->pool = pool;
 	s->bt = ps->block_tokens;
@@ -189,8 +192,13 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
+	if (cfg->overlap && (s->call.n_lanes || s->call.has_state)) {
+		bkv__free(&a, s, sizeof(*s)); /* overlap: a pool without KV groups */
+		return BKV_EINVAL;
+	}
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK ||
+	    bkv__ovl_create(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
 			bkv__free(&a, s->in.lock, sizeof(pthread_mutex_t));
@@ -219,6 +227,7 @@ void bkv_sched_destroy(bkv_sched *s)
 		return;
 	a = &s->alloc;
 	m = s->cfg.max_running;
+	bkv__ovl_destroy(s); /* the sequences and requests it holds */
 	/* every live request is in the map; zombies only on the abort list */
 	for (r = s->in.abort_head; r; r = next) {
 		next = r->abort_next;
@@ -259,6 +268,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__groups_free(s);
 	bkv__bufs_free(a, &s->call.bufs);
 	bkv__bufs_free(a, &s->in.spare);
+	bkv__bufs_free(a, &s->in.spare2);
 	bkv__decide_destroy(s);
 	bkv__free(a, s, sizeof(*s));
 }
@@ -299,4 +309,7 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 32    a running lane's full block (KV committed) is not in the prefix
  *       cache: every full block a step computes is indexed at its commit
  *       (a duplicate of an indexed block is swapped for it, txn_dedupe in
- *       pool.c), or still waits for the swap-in copy that brings its KV */
+ *       pool.c), or still waits for the swap-in copy that brings its KV
+ * 33    persistent layout: the row slots
+ * 34-36 overlapped scheduling: the deferred-release list, the tickets, the
+ *       held requests and placeholders (sched/defer.c) */

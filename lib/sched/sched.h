@@ -83,6 +83,19 @@ typedef struct bkv__lane {
 	uint32_t spec_tab;    /* speculative decoding, n-gram drafts: the
 				 lookup table it last used (sched/spec.c; its
 				 owner says whether it is still this lane's) */
+	/* overlapped scheduling (sched/overlap.c) */
+	uint8_t ovl_pend;     /* 1: n_gen counts a placeholder for the token an
+				 outstanding step samples (a provisional
+				 commit); 2: also provisionally done (that
+				 token is its last: no more rows) */
+	uint8_t ovl_dec;      /* decoding before the provisional commit */
+	uint32_t def_seq;     /* a released sequence whose close waits for
+				 the outstanding steps (BKV__SEQ_NONE: none) */
+	uint32_t def_keep;    /* its committed length to truncate to before
+				 the close; UINT32_MAX: drop it */
+	struct bkv__lane *def_next; /* the deferred-release list's link */
+	uint64_t def_tag;     /* released once the step with this number has
+				 completed (or none is outstanding) */
 } bkv__lane;
 
 #define BKV__SLOT_NONE UINT32_MAX /* lane holds no row slot */
@@ -128,6 +141,8 @@ typedef struct bkv__req {
 	struct bkv__req *next; /* lock: inbox link; then the done list link */
 	struct bkv__req *abort_next; /* lock: abort list link */
 	size_t alloc_size;     /* bytes of this allocation */
+	uint64_t hold_tag;     /* overlap: ended, freed once the step with this
+				  number has completed (sched/overlap.c) */
 	bkv__lane lane[];      /* [n] */
 } bkv__req;
 
@@ -180,6 +195,8 @@ typedef struct bkv__inbox {
 	uint32_t map_count;    /* lock: live entries, <= map_cap / 2 */
 	bkv__bufs spare;       /* lock: prepared larger buffers (tok_cap 0:
 				  none) */
+	bkv__bufs spare2;      /* lock: overlapped scheduling's second set
+				  (its other batch buffers) */
 	uint32_t want_tok;     /* lock: tok_cap of spare, else of bufs */
 	uint32_t want_kv;      /* lock: kv_cap of spare, else of bufs */
 	uint64_t next_id;      /* lock: last id handed out */
@@ -255,6 +272,17 @@ typedef struct bkv__plan {
 				  cache */
 	int admit_tried;       /* this step's admission was allowed (it may
 				  still have taken nothing) */
+	uint64_t open_from;    /* overlapped scheduling: the oldest outstanding
+				  step while a later one is planned (its
+				  lanes' KV is uncommitted: no fork from
+				  them, no preemption), else 0 */
+	int need_sync;         /* an overlapped plan left work for a step
+				  with nothing in flight (a preemption, a
+				  swap-in): the next launch declines */
+	int launching;         /* the calls go to ops.launch (one mixed
+				  call) */
+	int fenced;            /* a step is outstanding: released sequences
+				  wait (sched/overlap.c) */
 	uint32_t stalls;       /* consecutive steps with nothing running, no
 				  row, and an allowed admission that took
 				  nothing (the progress rule, sched/step.c) */
@@ -374,6 +402,8 @@ struct bkv_sched {
 				  (bkv_sched_check 30); sticky */
 	struct bkv__spec *spec; /* speculative decoding's state; NULL when
 				   cfg.spec_max_k is 0 (sched/spec.c) */
+	struct bkv__ovl *ovl;  /* overlapped scheduling's state
+				  (sched/overlap.c); NULL when off */
 };
 
 /* ---- shared helpers --------------------------------------------------------- */
@@ -396,6 +426,68 @@ static inline uint64_t bkv__clock_us(const bkv_sched *s)
 /* The step-duration histogram's bucket bounds in us (sched/step.c); the last
  * bucket, +Inf, has none. */
 extern const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1];
+
+/* ---- sched/step.c: the step's pieces, shared with sched/overlap.c ---------- */
+
+/* Drain and plan one step (everything before the host calls). open_txn:
+ * begin the pool's transaction (0 when an outstanding step's is open). */
+void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn);
+/* The step's host calls; *called is set when a callback ran. */
+int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called);
+/* Clear the copy lists (every pending copy went out with the step). */
+void bkv__step_clear_copies(bkv_sched *s);
+/* Record a mixed call's sampled tokens outs[i] for rows[0, n). */
+void bkv__step_commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n, const int32_t *outs,
+			   bkv_step_info *si);
+/* Add a committed step's counts to the stats. */
+void bkv__step_stats(bkv_sched *s, const bkv_step_info *si);
+/* A step with nothing else outstanding failed: roll it back. */
+void bkv__step_rollback(bkv_sched *s, uint64_t now, bkv_step_info *si);
+/* Swap-outs no call carried become recompute preemptions. */
+void bkv__swaps_to_recompute(bkv_sched *s, uint64_t now);
+/* After a step: compact run[], free ended requests, the info's counts, the
+ * histogram. */
+void bkv__step_end(bkv_sched *s, uint64_t now, bkv_step_info *si, bkv_step_info *info,
+		   int observe);
+
+/* ---- sched/overlap.c ------------------------------------------------------- */
+
+/* Create overlapped scheduling's state (cfg.overlap; a no-op when off).
+ * BKV_OK or BKV_ENOMEM. */
+int bkv__ovl_create(bkv_sched *s);
+void bkv__ovl_destroy(bkv_sched *s);
+/* A lane's sequence is released (drop: an abort) while a step that may read
+ * it is outstanding: the release waits for that step (deferred-free list). */
+void bkv__ovl_defer(bkv_sched *s, bkv__lane *l, int drop);
+static inline int bkv__ovl_fenced(const bkv_sched *s)
+{
+	return s->plan.fenced;
+}
+/* Release a lane's sequence now, or after the outstanding steps. */
+static inline void bkv__lane_release_seq(bkv_sched *s, bkv__lane *l, int drop)
+{
+	if (bkv__ovl_fenced(s))
+		bkv__ovl_defer(s, l, drop);
+	else if (drop)
+		bkv_seq_drop(s->pool, l->seq);
+	else
+		bkv_seq_close(s->pool, l->seq);
+}
+/* The requests a step ended (done list from done_head) wait for the
+ * outstanding steps that may still name them; returns 1 when it took them. */
+int bkv__ovl_hold(bkv_sched *s, bkv__req *list);
+/* Drain, lock held: the prepared larger buffer sets go to the sets not in
+ * flight; *old receives sets to free after the lock. */
+void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2);
+/* Its invariants (bkv_sched_check 34-36) and the lanes it holds
+ * (deferred sequences, for invariant 23). */
+int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def);
+/* A launched batch's groups array, in storage of its buffer set. */
+const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b);
+/* Outstanding steps (0 when off). */
+uint32_t bkv__ovl_outstanding(const bkv_sched *s);
+/* Lane l was appended to by a step that is outstanding. */
+int bkv__ovl_uncommitted(const bkv_sched *s, const bkv__lane *l);
 
 /* ---- sched/groups.c --------------------------------------------------------- */
 

@@ -74,7 +74,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	uint32_t i, first;
 	int rc;
 
-	fn = kind == BKV_CALL_MIXED ? s->ops.forward
+	fn = kind == BKV_CALL_MIXED ? (s->plan.launching ? s->ops.launch : s->ops.forward)
 	     : kind == BKV_CALL_PREFILL ? s->ops.prefill : s->ops.decode;
 	memset(&b, 0, sizeof(b));
 	first = rows == s->plan.dec ? s->plan.fill_rows : 0;
@@ -94,6 +94,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
 		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+	if (s->plan.launching) /* valid until the step completes */
+		b.groups = bkv__ovl_groups(s, &b);
 	t0 = bkv__clock_us(s);
 	rc = fn(s->host, &b, s->call.next_tokens);
 	t1 = bkv__clock_us(s);
@@ -101,7 +103,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	si->measured_us += us;
 	if (rc < 0)
 		return BKV_EHOST;
-	if (s->cfg.cost.observe)
+	if (s->cfg.cost.observe && !s->plan.launching) /* a launch returns
+								 before the step ran */
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
 	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
 		for (i = 0; i < n; i++)
@@ -169,7 +172,7 @@ static int run_prefill(bkv_sched *s, bkv_step_info *si)
 	return BKV_OK;
 }
 
-static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
+int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 {
 	int rc;
 
@@ -179,7 +182,7 @@ static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 		s->plan.fill_rows = 0; /* the written rows may be among them */
 		s->call.n_dirty = 0;
 	}
-	if (!s->split) {
+	if (!s->split || s->plan.launching) { /* a launch is one mixed call */
 		if (s->plan.n_dec + s->plan.n_pre == 0)
 			return BKV_OK;
 		memcpy(&s->plan.dec[s->plan.n_dec], s->plan.pre, (size_t)s->plan.n_pre * sizeof(bkv__row));
@@ -247,19 +250,31 @@ static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32
 	}
 }
 
-static void commit(bkv_sched *s, int called, bkv_step_info *si)
+void bkv__step_clear_copies(bkv_sched *s)
 {
 	uint32_t i;
 
-	if (called) {
-		/* every pending copy went out in this step's first call */
-		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
-		bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
-		bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
-		for (i = 0; i < s->plan.n_swap_pend; i++)
-			s->plan.swap_pend[i]->swap_unsent = 0;
-		s->plan.n_swap_pend = 0;
-	}
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
+	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+	bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
+	for (i = 0; i < s->plan.n_swap_pend; i++)
+		s->plan.swap_pend[i]->swap_unsent = 0;
+	s->plan.n_swap_pend = 0;
+}
+
+void bkv__step_commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n, const int32_t *outs,
+			   bkv_step_info *si)
+{
+	if (s->ops.on_token)
+		commit_rows(s, rows, n, 1, outs, s->ops.on_token, si);
+	else
+		commit_rows(s, rows, n, 1, outs, NULL, si);
+}
+
+static void commit(bkv_sched *s, int called, bkv_step_info *si)
+{
+	if (called) /* every pending copy went out in this step's first call */
+		bkv__step_clear_copies(s);
 	if (s->spec && s->spec->n_rows) /* keep the accepted drafts' KV only */
 		bkv__spec_commit_cut(s);
 	bkv__pool_txn_commit(s->pool);
@@ -271,6 +286,11 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, NULL, si);
 	if (s->spec && s->spec->n_rows)
 		bkv__spec_commit_deliver(s, si);
+	bkv__step_stats(s, si);
+}
+
+void bkv__step_stats(bkv_sched *s, const bkv_step_info *si)
+{
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
 	s->stats.decode_tokens += si->decode_tokens;
@@ -296,7 +316,7 @@ static void swapped_to_recompute(bkv_sched *s, bkv__req *r, uint64_t now)
 /* Swap-outs whose copies no host call carried yet become recompute
  * preemptions (their freed device blocks may hold other KV by the time a
  * call would carry them). */
-static void swaps_to_recompute(bkv_sched *s, uint64_t now)
+void bkv__swaps_to_recompute(bkv_sched *s, uint64_t now)
 {
 	uint32_t i;
 
@@ -321,7 +341,7 @@ static void lane_restore(bkv_sched *s, bkv__lane *l)
  * uncommitted blocks, and turn swap-outs whose copies a host may not have made
  * (their freed device blocks may since hold other KV) into recompute
  * preemptions. Device and swap-in copies stay pending for the next call. */
-static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
+void bkv__step_rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	uint32_t i;
 
@@ -336,7 +356,7 @@ static void rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		bkv__rows_rollback(s);
 	if (s->spec)
 		bkv__spec_rollback(s);
-	swaps_to_recompute(s, now);
+	bkv__swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
 	si->prefill_calls = si->decode_calls = 0;
@@ -380,7 +400,7 @@ static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 	s->plan.stalls = 0;
 	if (s->plan.n_swap_pend) {
-		swaps_to_recompute(s, now);
+		bkv__swaps_to_recompute(s, now);
 		return;
 	}
 	if (head->state == BKV__REQ_SWAPPED) {
@@ -411,21 +431,11 @@ static void forget_moot_copies(bkv_sched *s)
 	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
 }
 
-int bkv_step(bkv_sched *s, bkv_step_info *info)
+/* Drain and plan: everything of a step before its host calls. */
+void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 {
-	bkv_step_info si;
-	uint64_t now;
-	int rc, called = 0;
-
-	if (!s)
-		return BKV_EINVAL;
-	if (s->plan.in_step)
-		return BKV_ESTATE;
-	s->plan.in_step = 1;
-	memset(&si, 0, sizeof(si));
-	now = bkv__clock_us(s);
 	s->plan.step_us = now;
-	bkv__drain(s, now, &si);
+	bkv__drain(s, now, si);
 	if (s->rs.nr_run == 0)
 		forget_moot_copies(s);
 
@@ -435,36 +445,61 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	s->call.n_sent = 0;
 	bkv__auto_step_begin(s);
 	s->plan.budget_left = s->pol.budget(s);
-	bkv__pool_txn_begin(s->pool);
+	if (open_txn)
+		bkv__pool_txn_begin(s->pool);
 	bkv__plan_forks(s);
-	if (bkv__plan_decode(s, now, &si))
-		bkv__plan_continue(s, now, &si);
-	bkv__plan_admit(s, now, &si);
+	if (bkv__plan_decode(s, now, si))
+		bkv__plan_continue(s, now, si);
+	bkv__plan_admit(s, now, si);
 	bkv__auto_after_admit(s);
 	if (s->spec) /* drafts last: they never preempt (sched/spec.c) */
-		bkv__spec_plan(s, &si);
+		bkv__spec_plan(s, si);
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
-	    !si.admitted) {
+	    !si->admitted) {
 		if (++s->plan.stalls >= 2)
-			unstick(s, now, &si);
+			unstick(s, now, si);
 	} else {
 		s->plan.stalls = 0;
 	}
-	si.hit_tokens = s->plan.step_hits;
+	si->hit_tokens = s->plan.step_hits;
+}
 
-	rc = run_calls(s, &si, &called);
-	if (rc == BKV_OK)
-		commit(s, called, &si);
-	else
-		rollback(s, now, &si);
+void bkv__step_end(bkv_sched *s, uint64_t now, bkv_step_info *si, bkv_step_info *info,
+		   int observe)
+{
 	bkv__run_compact(s);
 	bkv__release_done(s);
 
-	si.running = s->rs.nr_run;
-	si.waiting = s->q.heap_n;
-	step_observe(s, bkv__clock_us(s) - now);
+	si->running = s->rs.nr_run;
+	si->waiting = s->q.heap_n;
+	if (observe) /* a two-phase step's launch is not its duration */
+		step_observe(s, bkv__clock_us(s) - now);
 	if (info)
-		*info = si;
+		*info = *si;
+}
+
+int bkv_step(bkv_sched *s, bkv_step_info *info)
+{
+	bkv_step_info si;
+	uint64_t now;
+	int rc, called = 0;
+
+	if (!s)
+		return BKV_EINVAL;
+	if (s->plan.in_step || s->plan.fenced || (s->ovl && !s->ops.forward && !s->split))
+		return BKV_ESTATE; /* overlap: a two-phase step is outstanding,
+				      or the host has only ops.launch */
+	s->plan.in_step = 1;
+	memset(&si, 0, sizeof(si));
+	now = bkv__clock_us(s);
+	bkv__step_plan(s, now, &si, 1);
+
+	rc = bkv__step_run_calls(s, &si, &called);
+	if (rc == BKV_OK)
+		commit(s, called, &si);
+	else
+		bkv__step_rollback(s, now, &si);
+	bkv__step_end(s, now, &si, info, 1);
 	s->plan.in_step = 0;
 	return rc;
 }

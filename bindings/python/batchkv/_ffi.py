@@ -360,6 +360,7 @@ class bkv_host_ops(Structure):
         ('now_us', CFUNCTYPE(c_uint64, c_void_p)),
         ('draft', CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint32, POINTER(c_int32), c_uint32,
                             POINTER(c_int32), c_uint32, c_void_p)),
+        ('launch', CFUNCTYPE(c_int, c_void_p, POINTER(bkv_batch), POINTER(c_int32))),
     ]
 
 
@@ -384,7 +385,8 @@ class bkv_sched_config(Structure):
         ('spec_max_k', c_uint32),
         ('spec_k_mode', c_int),
         ('spec_drafts', c_int),
-        ('reserved', c_uint32 * 1),
+        ('overlap', c_uint32),
+        ('reserved', c_uint32 * 4),
     ]
 
 
@@ -445,6 +447,9 @@ class bkv_sched_stats(Structure):
         ('spec_rows', c_uint64),
         ('spec_drafted', c_uint64),
         ('spec_accepted', c_uint64),
+        ('overlap_steps', c_uint64),
+        ('overlap_syncs', c_uint64),
+        ('overlap_wasted_tokens', c_uint64),
     ]
 
 
@@ -567,6 +572,8 @@ FUNCTIONS = {
     'bkv_submit': (c_int, [c_void_p, POINTER(bkv_request), POINTER(c_uint64)]),
     'bkv_abort': (c_int, [c_void_p, c_uint64]),
     'bkv_step': (c_int, [c_void_p, POINTER(bkv_step_info)]),
+    'bkv_step_launch': (c_int, [c_void_p, POINTER(c_uint64), POINTER(bkv_step_info)]),
+    'bkv_step_complete': (c_int, [c_void_p, c_uint64, c_int, POINTER(bkv_step_info)]),
     'bkv_sched_pending': (c_uint64, [c_void_p]),
     'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
     'bkv_sched_check': (c_int, [c_void_p]),
@@ -626,3 +633,11 @@ def load():
             fn.argtypes = argtypes
         return lib
     raise OSError("batchkv: cannot load libbatchkv: tried " + "; ".join(tried))
+
+# Functions of the header the safe layer does not wrap, with the reason (the
+# drift guard reads this table).
+UNBOUND = {
+    "bkv_step_launch": "overlapped scheduling needs a host whose launch returns before its "
+                       "tokens are sampled (a device queue); the safe Scheduler drives bkv_step",
+    "bkv_step_complete": "the second phase of bkv_step_launch (see there)",
+}

@@ -92,11 +92,11 @@ def test_a_function_no_safe_wrapper_uses_is_caught_unless_listed_with_a_reason(t
     rc, out = check(tree)
     assert rc == 1 and "python: bkv_pool_check is declared but no safe wrapper uses it" in out
     with open(tree / "bindings/python/batchkv/_ffi.py", "a") as f:
-        f.write('\nUNBOUND = {"bkv_pool_check": ""}\n')
+        f.write('\nUNBOUND = dict(UNBOUND, bkv_pool_check="")\n')
     rc, out = check(tree)
     assert rc == 1 and "python: UNBOUND[bkv_pool_check] gives no reason" in out
     with open(tree / "bindings/python/batchkv/_ffi.py", "a") as f:
-        f.write('\nUNBOUND = {"bkv_pool_check": "a debugging walk; tests use the C suite"}\n')
+        f.write('\nUNBOUND = dict(UNBOUND, bkv_pool_check="a debugging walk; tests use the C suite")\n')
     rc, out = check(tree)
     assert rc == 0, out
 

@@ -123,7 +123,13 @@ pub use sys::bkv_step_info as StepInfo;
 /// Functions of the header the safe layer does not wrap, with the reason.
 /// The drift guard reads this table (and fails on an entry that is wrapped
 /// after all).
-pub const UNBOUND: &[(&str, &str)] = &[];
+pub const UNBOUND: &[(&str, &str)] = &[
+    (
+        "bkv_step_launch",
+        "overlapped scheduling needs a host whose launch returns before its tokens are sampled (a device queue); the safe Scheduler drives bkv_step",
+    ),
+    ("bkv_step_complete", "the second phase of bkv_step_launch (see there)"),
+];
 
 // ------------------------------------------------------------------ errors --
 

@@ -370,6 +370,7 @@ pub struct bkv_host_ops {
     pub on_finish: Option<unsafe extern "C" fn(*mut c_void, u64, bkv_finish_reason, *mut c_void)>,
     pub now_us: Option<unsafe extern "C" fn(*mut c_void) -> u64>,
     pub draft: Option<unsafe extern "C" fn(*mut c_void, u64, u32, *const i32, u32, *mut i32, u32, *mut c_void) -> i32>,
+    pub launch: Option<unsafe extern "C" fn(*mut c_void, *const bkv_batch, *mut i32) -> c_int>,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -393,7 +394,8 @@ pub struct bkv_sched_config {
     pub spec_max_k: u32,
     pub spec_k_mode: bkv_spec_k_mode,
     pub spec_drafts: bkv_spec_drafts,
-    pub reserved: [u32; 1],
+    pub overlap: u32,
+    pub reserved: [u32; 4],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -451,6 +453,9 @@ pub struct bkv_sched_stats {
     pub spec_rows: u64,
     pub spec_drafted: u64,
     pub spec_accepted: u64,
+    pub overlap_steps: u64,
+    pub overlap_syncs: u64,
+    pub overlap_wasted_tokens: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -562,6 +567,8 @@ extern "C" {
     pub fn bkv_submit(sched: *mut bkv_sched, req: *const bkv_request, req_id: *mut u64) -> c_int;
     pub fn bkv_abort(sched: *mut bkv_sched, req_id: u64) -> c_int;
     pub fn bkv_step(sched: *mut bkv_sched, info: *mut bkv_step_info) -> c_int;
+    pub fn bkv_step_launch(sched: *mut bkv_sched, ticket: *mut u64, info: *mut bkv_step_info) -> c_int;
+    pub fn bkv_step_complete(sched: *mut bkv_sched, ticket: u64, status: c_int, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_sched_pending(sched: *mut bkv_sched) -> u64;
     pub fn bkv_sched_stats_get(sched: *const bkv_sched, stats: *mut bkv_sched_stats);
     pub fn bkv_sched_check(sched: *const bkv_sched) -> c_int;

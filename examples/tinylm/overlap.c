@@ -1,0 +1,195 @@
+/*
+ * overlap.c - tinylm's device thread for overlapped scheduling.
+ *
+ *   engine thread                          device thread
+ *   bkv_step_launch -> tlm_device_launch   (queue: batch struct copy, next)
+ *     returns at once                      takes the oldest step not run:
+ *   bkv_step_launch (plans on top)           placeholders <- its own copy of
+ *   tlm_device_wait (the oldest has run)       the step before's tokens
+ *   bkv_step_complete                        tlm_host_forward(batch, next)
+ *                                            keeps a copy of next, signals
+ *
+ * What a GPU runtime does with streams, on a thread: the device runs the
+ * steps in launch order, the sampled tokens of a step stay on the device for
+ * the next step's placeholders, and the engine synchronises once per step,
+ * when it needs that step's tokens. The library keeps the arrays of a launched
+ * step valid until it completes (two buffer sets), but not the bkv_batch
+ * struct itself, which the launch copies. The queue holds at most the two
+ * outstanding steps the library allows; one mutex guards it.
+ */
+#include "overlap.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEV_QUEUE 4u
+
+typedef struct dev_step {
+	bkv_batch b;      /* the launched batch (struct copied) */
+	int32_t *next;    /* the library's next_tokens for it */
+	int status;       /* after it ran */
+} dev_step;
+
+struct tlm_device {
+	tlm_host *host;
+	pthread_t th;
+	pthread_mutex_t mu;    /* guards the queue fields and quit */
+	pthread_cond_t cv;     /* work queued, a step done, quit */
+	dev_step q[DEV_QUEUE]; /* ring: [head, head + n) launched, the first
+				  n_run of them have run */
+	uint32_t head, n, n_run;
+	int quit;
+	int broken;            /* a step failed: the ones after it fail too
+				  until the queue drains */
+	/* device thread only */
+	int32_t *tok;          /* the running step's token ids, placeholders
+				  replaced */
+	uint32_t tok_cap;
+	int32_t *prev;         /* the previous step's sampled tokens */
+	uint32_t prev_n, prev_cap;
+	uint64_t placeholders; /* read after a wait (under mu) */
+};
+
+static int grow(int32_t **p, uint32_t *cap, uint32_t n)
+{
+	if (n <= *cap)
+		return 0;
+	int32_t *q = realloc(*p, (size_t)n * 2 * sizeof(int32_t));
+	if (!q)
+		return -1;
+	*p = q;
+	*cap = n * 2;
+	return 0;
+}
+
+/* Run one step on the device thread (outside the mutex). */
+static int dev_run(tlm_device *d, dev_step *st, int broken, uint64_t *subst)
+{
+	bkv_batch b = st->b;
+	if (broken || grow(&d->tok, &d->tok_cap, b.n_tokens ? b.n_tokens : 1) ||
+	    grow(&d->prev, &d->prev_cap, b.n_rows ? b.n_rows : 1))
+		return -1;
+	for (uint32_t t = 0; t < b.n_tokens; t++) {
+		int32_t v = b.token_ids[t];
+		if (BKV_TOKEN_IS_PENDING(v)) {
+			uint32_t row = BKV_TOKEN_PENDING_ROW(v);
+			if (row >= d->prev_n)
+				return -1; /* names no row of the step before */
+			v = d->prev[row];
+			(*subst)++;
+		}
+		d->tok[t] = v;
+	}
+	b.token_ids = d->tok;
+	int rc = tlm_host_forward(d->host, &b, st->next);
+	if (rc == 0) {
+		memcpy(d->prev, st->next, (size_t)b.n_rows * sizeof(int32_t));
+		d->prev_n = b.n_rows;
+	}
+	return rc;
+}
+
+static void *dev_main(void *arg)
+{
+	tlm_device *d = arg;
+	pthread_mutex_lock(&d->mu);
+	for (;;) {
+		while (!d->quit && d->n_run == d->n)
+			pthread_cond_wait(&d->cv, &d->mu);
+		if (d->quit && d->n_run == d->n)
+			break;
+		dev_step *st = &d->q[(d->head + d->n_run) % DEV_QUEUE];
+		const int broken = d->broken;
+		pthread_mutex_unlock(&d->mu);
+		uint64_t subst = 0;
+		int rc = dev_run(d, st, broken, &subst);
+		pthread_mutex_lock(&d->mu);
+		st->status = rc;
+		d->placeholders += subst;
+		if (rc)
+			d->broken = 1;
+		d->n_run++;
+		pthread_cond_broadcast(&d->cv);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return NULL;
+}
+
+tlm_device *tlm_device_create(tlm_host *host)
+{
+	tlm_device *d = calloc(1, sizeof(*d));
+	if (!d)
+		return NULL;
+	d->host = host;
+	pthread_mutex_init(&d->mu, NULL);
+	pthread_cond_init(&d->cv, NULL);
+	if (pthread_create(&d->th, NULL, dev_main, d) != 0) {
+		pthread_mutex_destroy(&d->mu);
+		pthread_cond_destroy(&d->cv);
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+void tlm_device_destroy(tlm_device *d)
+{
+	if (!d)
+		return;
+	pthread_mutex_lock(&d->mu);
+	d->quit = 1;
+	pthread_cond_broadcast(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+	pthread_join(d->th, NULL);
+	pthread_mutex_destroy(&d->mu);
+	pthread_cond_destroy(&d->cv);
+	free(d->tok);
+	free(d->prev);
+	free(d);
+}
+
+int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
+{
+	tlm_device *d = dev;
+	int rc = 0;
+	pthread_mutex_lock(&d->mu);
+	if (d->n == DEV_QUEUE) {
+		rc = -1;
+	} else {
+		dev_step *st = &d->q[(d->head + d->n++) % DEV_QUEUE];
+		st->b = *batch;
+		st->next = next_tokens;
+		st->status = 0;
+		pthread_cond_broadcast(&d->cv);
+	}
+	pthread_mutex_unlock(&d->mu);
+	return rc;
+}
+
+int tlm_device_wait(tlm_device *d)
+{
+	pthread_mutex_lock(&d->mu);
+	if (d->n == 0) {
+		pthread_mutex_unlock(&d->mu);
+		return -1;
+	}
+	while (d->n_run == 0)
+		pthread_cond_wait(&d->cv, &d->mu);
+	int rc = d->q[d->head].status;
+	d->head = (d->head + 1) % DEV_QUEUE;
+	d->n--;
+	d->n_run--;
+	if (d->n == 0)
+		d->broken = 0; /* drained: the next step starts afresh */
+	pthread_mutex_unlock(&d->mu);
+	return rc;
+}
+
+uint64_t tlm_device_placeholders(tlm_device *d)
+{
+	pthread_mutex_lock(&d->mu);
+	uint64_t n = d->placeholders;
+	pthread_mutex_unlock(&d->mu);
+	return n;
+}

@@ -1,0 +1,89 @@
+/*
+ * overlap.c - the pool's part of overlapped scheduling (sched/overlap.c).
+ *
+ * With two steps outstanding - one in flight on the device, the next planned
+ * on top of it - both steps' filled blocks wait in one transaction queue, in
+ * fill order: the older step's first. When the older step completes, its
+ * blocks (the queue's first `mark` entries) are indexed and the later step's
+ * stay queued, moved to the queue's front, in a transaction that stays open
+ * until that step completes in turn. A block filled by the later step can
+ * never be a parent of one filled by the older step (a sequence fills its
+ * blocks in order), so the older step's entries commit on their own. The
+ * older step's share is counted (`mark`) after its stale entries are
+ * squeezed out, when the later step's planning begins; while that step
+ * plans, none of the older step's blocks is released (the scheduler defers
+ * releases while a step is outstanding), so a squeeze the queue makes on its
+ * own then removes only the later step's entries and the count stays
+ * right.
+ *
+ * A decode row planned before the token it computes is sampled appends a
+ * placeholder; the token store gets the real token when the older step
+ * completes, before the block holding it can be hashed (at the later step's
+ * commit), so a prefix hit never compares against a placeholder.
+ */
+#include "pool/overlap.h"
+
+uint32_t bkv__pool_txn_queued(const bkv_pool *pool)
+{
+	return pool->kv.txn_n;
+}
+
+uint32_t bkv__pool_txn_compact(bkv_pool *pool)
+{
+	bkv__kv *kv = &pool->kv;
+	uint32_t i, j = 0;
+
+	for (i = 0; i < kv->txn_n; i++) {
+		int32_t b = kv->txn_pending[i];
+		bkv__block *k = &kv->blk[b];
+
+		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
+			continue; /* released since it was queued */
+		kv->txn_pending[j] = b;
+		kv->txn_owner[j] = kv->txn_owner[i];
+		k->prev = (int32_t)j++;
+	}
+	kv->txn_n = j;
+	return j;
+}
+
+uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
+{
+	bkv__kv *kv = &pool->kv;
+	uint32_t n = kv->txn_n, i, j = 0;
+
+	BKV_ASSERT(kv->txn_active && mark <= n && !pool->grouped);
+	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
+	bkv__kv_txn_end(kv, 1);
+	BKV_ASSERT(kv->txn_n == 0);
+	for (i = mark; i < n; i++) {
+		int32_t b = kv->txn_pending[i];
+		bkv__block *k = &kv->blk[b];
+
+		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
+			continue; /* released since it was queued */
+		kv->txn_pending[j] = b;
+		kv->txn_owner[j] = kv->txn_owner[i];
+		k->prev = (int32_t)j++;
+	}
+	kv->txn_n = j;
+	kv->txn_active = 1; /* bkv__kv_txn_begin, keeping the entries */
+	return j;
+}
+
+uint32_t bkv__pool_copies_pending(const bkv_pool *pool)
+{
+	return pool->copies[0].n + pool->copies[1].n + pool->copies[2].n;
+}
+
+void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token)
+{
+	bkv__seq *s = bkv__seq_get(pool, id);
+	int32_t b;
+
+	if (!s || s->state != BKV__SEQ_OPEN || pos >= s->len)
+		return;
+	b = s->table[pos >> pool->kv.bt_shift];
+	BKV_ASSERT(!(pool->kv.blk[b].flags & BKV__BLOCK_INDEXED));
+	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + (pos & (pool->kv.bt - 1))] = token;
+}

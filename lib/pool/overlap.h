@@ -1,0 +1,27 @@
+/*
+ * overlap.h - what overlapped scheduling (sched/overlap.c) needs of the pool
+ * beyond the one-step transaction: a transaction split between two steps,
+ * and the token store's placeholders. Owner: pool/overlap.c.
+ */
+#ifndef BKV_POOL_OVERLAP_H
+#define BKV_POOL_OVERLAP_H
+
+#include "pool/pool.h"
+
+/* Entries in the open transaction's queue (blocks filled, waiting to be
+ * indexed at commit); compact: after squeezing out stale entries (blocks
+ * released since they were queued), in order. */
+uint32_t bkv__pool_txn_queued(const bkv_pool *pool);
+uint32_t bkv__pool_txn_compact(bkv_pool *pool);
+/* Commit the queue's first mark entries (the oldest step's blocks) and keep
+ * the rest queued, in order, in a transaction that stays open (the later
+ * step's). Returns the entries left queued. */
+uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark);
+/* Copies pending, of every kind. */
+uint32_t bkv__pool_copies_pending(const bkv_pool *pool);
+/* Sequence id's token at position pos (a placeholder appended for a token
+ * not sampled yet) becomes token: the token store only, in a block only the
+ * sequence holds and not indexed (its KV is not committed). */
+void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token);
+
+#endif /* BKV_POOL_OVERLAP_H */

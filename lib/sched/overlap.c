@@ -1,0 +1,542 @@
+/*
+ * overlap.c - overlapped scheduling: the two-phase step (bkv_step_launch,
+ * bkv_step_complete), which plans step N+1 while the device runs step N.
+ *
+ *   launch N      plan, fill the batch, ops.launch (returns at once)
+ *   launch N+1    provisional commit of N: every sampling row's lane counts
+ *                 a placeholder token BKV_TOKEN_PENDING(row) as generated
+ *                 (a lane whose placeholder is its last token is
+ *                 provisionally done: no more rows); then plan N+1 on top,
+ *                 with the ordinary planner: its decode rows append the
+ *                 placeholders; no preemption, swap-in or fork from
+ *                 uncommitted KV (those wait for a launch with nothing in
+ *                 flight: the next launch answers BKV_EAGAIN)
+ *   complete N    the real tokens replace the placeholders (lane history and
+ *                 the pool's token store, before any block holding them can
+ *                 be hashed), the provisional commit is undone and N commits
+ *                 as bkv_step would: on_token, ends, its share of the pool's
+ *                 transaction queue indexed (pool/overlap.c)
+ *   complete N+1  rows of requests that ended at N are discarded (counted as
+ *                 waste), the rest commits
+ *
+ * Two sets of batch buffers alternate (s->call and alt), so the arrays of
+ * the step in flight stay valid while the next is filled; a larger set
+ * prepared by bkv_submit goes to a set not in flight. Nothing is allocated
+ * per step.
+ *
+ * Memory: while a step is outstanding (s->plan.fenced), a sequence released
+ * by an end or an abort is not closed: the lane moves it to the deferred
+ * list (intrusive through the lanes), with the length whose KV is committed,
+ * and requests that ended are held, not freed (tickets name their lanes).
+ * Both are released once every step outstanding at the time has completed,
+ * so no block an outstanding step reads or writes is reused before then.
+ *
+ * Failure: a failed completion or launch fails every outstanding step; the
+ * host completes each, and the last completion rolls all of them back,
+ * newest first, to the state before the oldest: lengths, the provisional
+ * commit, the transaction (nothing of theirs indexed).
+ */
+#include "sched/batch.h"
+#include "decide/decide.h"
+#include "pool/overlap.h"
+#include "sched/overlap.h"
+
+#include <string.h>
+
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+static void set_free(bkv_sched *s, bkv__ovl_set *x)
+{
+	const bkv_allocator *a = &s->alloc;
+	size_t rc = s->plan.row_cap;
+
+	bkv__bufs_free(a, &x->bufs);
+	bkv__free(a, x->qo_indptr, (rc + 1) * sizeof(int32_t));
+	bkv__free(a, x->kv_indptr, (rc + 1) * sizeof(int32_t));
+	bkv__free(a, x->last_page_len, rc * sizeof(int32_t));
+	bkv__free(a, x->row_sample, rc * sizeof(uint8_t));
+	bkv__free(a, x->row_req, rc * sizeof(uint64_t));
+	bkv__free(a, x->row_branch, rc * sizeof(uint32_t));
+	bkv__free(a, x->row_user, rc * sizeof(void *));
+	bkv__free(a, x->next_tokens, rc * sizeof(int32_t));
+	bkv__free(a, x->chunks, rc * sizeof(bkv_chunk_shape));
+	memset(x, 0, sizeof(*x));
+}
+
+static int set_alloc(bkv_sched *s, bkv__ovl_set *x)
+{
+	const bkv_allocator *a = &s->alloc;
+	size_t rc = s->plan.row_cap;
+
+	x->qo_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	x->kv_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	x->last_page_len = bkv__calloc(a, rc, sizeof(int32_t));
+	x->row_sample = bkv__calloc(a, rc, sizeof(uint8_t));
+	x->row_req = bkv__calloc(a, rc, sizeof(uint64_t));
+	x->row_branch = bkv__calloc(a, rc, sizeof(uint32_t));
+	x->row_user = bkv__calloc(a, rc, sizeof(void *));
+	x->next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
+	x->chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
+	if (!x->qo_indptr || !x->kv_indptr || !x->last_page_len || !x->row_sample || !x->row_req ||
+	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks ||
+	    bkv__bufs_alloc(a, &x->bufs, s->call.bufs.tok_cap, s->call.bufs.kv_cap, s->call.bufs.ng) !=
+		    BKV_OK)
+		return BKV_ENOMEM;
+	return BKV_OK;
+}
+
+int bkv__ovl_create(bkv_sched *s)
+{
+	bkv__ovl *o;
+	uint32_t i;
+
+	if (!s->cfg.overlap)
+		return BKV_OK;
+	o = bkv__calloc(&s->alloc, 1, sizeof(*o));
+	if (!o)
+		return BKV_ENOMEM;
+	s->ovl = o;
+	o->undo_cap = 3 * s->cfg.max_running + 2 * s->plan.row_cap;
+	for (i = 0; i < OVL_DEPTH; i++) {
+		o->t[i].rows = bkv__calloc(&s->alloc, 2 * (size_t)s->plan.row_cap, sizeof(bkv__row));
+		o->t[i].undo = bkv__calloc(&s->alloc, o->undo_cap, sizeof(bkv__ovl_undo));
+		if (!o->t[i].rows || !o->t[i].undo)
+			return BKV_ENOMEM;
+	}
+	o->set0 = s->call.next_tokens;
+	return set_alloc(s, &o->alt);
+}
+
+static void release_deferred(bkv_sched *s);
+static void free_held(bkv_sched *s);
+
+void bkv__ovl_destroy(bkv_sched *s)
+{
+	bkv__ovl *o = s->ovl;
+	bkv__lane *l;
+	uint32_t i;
+
+	if (!o)
+		return;
+	for (l = o->def_head; l; l = l->def_next)
+		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
+	release_deferred(s);
+	free_held(s);
+	for (i = 0; i < OVL_DEPTH; i++) {
+		bkv__free(&s->alloc, o->t[i].rows, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
+		bkv__free(&s->alloc, o->t[i].undo, (size_t)o->undo_cap * sizeof(bkv__ovl_undo));
+	}
+	set_free(s, &o->alt);
+	bkv__free(&s->alloc, o, sizeof(*o));
+	s->ovl = NULL;
+}
+
+/* ---- the two buffer sets -------------------------------------------------- */
+
+/* Exchange s->call's arrays with the other set. */
+static void set_swap(bkv_sched *s)
+{
+	bkv__ovl_set *x = &s->ovl->alt, t;
+	bkv__call *c = &s->call;
+
+	t = *x;
+	x->bufs = c->bufs;
+	x->qo_indptr = c->qo_indptr;
+	x->kv_indptr = c->kv_indptr;
+	x->last_page_len = c->last_page_len;
+	x->row_sample = c->row_sample;
+	x->row_req = c->row_req;
+	x->row_branch = c->row_branch;
+	x->row_user = c->row_user;
+	x->next_tokens = c->next_tokens;
+	x->chunks = c->chunks;
+	c->bufs = t.bufs;
+	c->qo_indptr = t.qo_indptr;
+	c->kv_indptr = t.kv_indptr;
+	c->last_page_len = t.last_page_len;
+	c->row_sample = t.row_sample;
+	c->row_req = t.row_req;
+	c->row_branch = t.row_branch;
+	c->row_user = t.row_user;
+	c->next_tokens = t.next_tokens;
+	c->chunks = t.chunks;
+}
+
+/* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
+
+/* Close (after truncating to the committed length) or drop the deferred
+ * sequences whose tag is at most done (all: UINT64_MAX). */
+static void release_deferred_upto(bkv_sched *s, uint64_t done)
+{
+	bkv__ovl *o = s->ovl;
+	bkv__lane *l, *next, **link = &o->def_head;
+
+	for (l = o->def_head; l; l = next) {
+		bkv_seq_info si;
+
+		next = l->def_next;
+		if (l->def_tag > done) {
+			link = &l->def_next;
+			continue;
+		}
+		*link = next;
+		o->n_def--;
+		l->def_next = NULL;
+		if (l->def_keep == UINT32_MAX) {
+			bkv_seq_drop(s->pool, l->def_seq);
+		} else {
+			if (bkv_seq_info_get(s->pool, l->def_seq, &si) == BKV_OK && si.len > l->def_keep)
+				bkv_seq_truncate(s->pool, l->def_seq, l->def_keep);
+			bkv_seq_close(s->pool, l->def_seq);
+		}
+		l->def_seq = BKV__SEQ_NONE;
+	}
+}
+
+static void release_deferred(bkv_sched *s)
+{
+	release_deferred_upto(s, UINT64_MAX);
+}
+
+static void free_held_upto(bkv_sched *s, uint64_t done)
+{
+	bkv__req *r, *next, **link = &s->ovl->hold_head;
+
+	for (r = s->ovl->hold_head; r; r = next) {
+		next = r->next;
+		if (r->hold_tag > done) {
+			link = &r->next;
+			continue;
+		}
+		*link = next;
+		bkv__req_free(s, r);
+	}
+}
+
+static void free_held(bkv_sched *s)
+{
+	free_held_upto(s, UINT64_MAX);
+}
+
+/* After step `done` completed: release what no outstanding step can read
+ * (everything once none is outstanding). Deferred sequences first: a held
+ * request's lanes may be among them. */
+static void release_after(bkv_sched *s, uint64_t done)
+{
+	bkv__ovl *o = s->ovl;
+
+	if (!o->n_out)
+		done = UINT64_MAX;
+	if (o->def_head)
+		release_deferred_upto(s, done);
+	if (o->hold_head)
+		free_held_upto(s, done);
+}
+
+/* ---- provisional commit --------------------------------------------------- */
+
+/* A later step is planned on t's tokens: each sampling row's lane counts a
+ * placeholder for its token. */
+static void provision(bkv_sched *s, bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+		bkv__req *r = l->req;
+
+		if (!t->rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
+			continue;
+		BKV_ASSERT(!l->ovl_pend && l->kv_len == LANE_KNOWN(l));
+		l->tok[LANE_KNOWN(l)] = BKV_TOKEN_PENDING(i);
+		l->n_gen++;
+		l->ovl_dec = l->decoding;
+		l->decoding = 1;
+		l->ovl_pend = 1;
+		if (l->n_gen >= r->max_new) { /* its last token: no more rows */
+			l->ovl_pend = 2;
+			l->done = 1;
+			l->decoding = 0;
+		}
+	}
+	t->provisional = 1;
+}
+
+/* Undo t's provisional commit; with outs, write its real tokens where the
+ * placeholders were (history and, where a later row appended it, the pool's
+ * token store). */
+static void unprovision(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+		uint32_t pos;
+
+		if (!t->rows[i].sample || !l->ovl_pend)
+			continue;
+		if (!REQ_IS_RUNNING(l->req)) { /* aborted meanwhile */
+			l->ovl_pend = 0;
+			continue;
+		}
+		if (l->ovl_pend == 2)
+			l->done = 0;
+		l->decoding = l->ovl_dec;
+		l->ovl_pend = 0;
+		l->n_gen--;
+		pos = LANE_KNOWN(l);
+		if (outs) {
+			l->tok[pos] = outs[i];
+			if (l->seq != BKV__SEQ_NONE && l->kv_len > pos)
+				bkv__pool_seq_set_token(s->pool, l->seq, pos, outs[i]);
+		}
+	}
+	t->provisional = 0;
+}
+
+/* ---- launch ---------------------------------------------------------------- */
+
+/* May a step be planned while one is in flight? Not when the plan would need
+ * that step's results or a known order of its copies. */
+static int overlap_ok(bkv_sched *s)
+{
+	int spare;
+
+	if (s->plan.need_sync) {
+		s->plan.need_sync = 0;
+		return 0;
+	}
+	if (bkv__pool_copies_pending(s->pool) || s->plan.n_swap_pend)
+		return 0;
+	LOCK(s);
+	spare = s->in.spare.tok_cap || s->in.spare2.tok_cap;
+	UNLOCK(s);
+	return !spare;
+}
+
+static bkv__ticket *oldest(bkv__ovl *o)
+{
+	return &o->t[o->head];
+}
+
+/* Record the planned step in the next ticket. */
+static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
+{
+	bkv__ovl *o = s->ovl;
+	bkv__ticket *t = &o->t[(o->head + o->n_out) % OVL_DEPTH];
+	uint32_t i, n = 0;
+
+	BKV_ASSERT(o->n_out < OVL_DEPTH);
+	o->n_out++;
+	t->id = s->plan.step_no;
+	t->host_done = 0;
+	t->provisional = 0;
+	t->copies = bkv__pool_copies_pending(s->pool) != 0;
+	t->mark = 0;
+	t->n_rows = s->plan.n_dec;
+	memcpy(t->rows, s->plan.dec, (size_t)s->plan.n_dec * sizeof(bkv__row));
+	for (i = 0; i < s->plan.n_touched; i++) {
+		t->undo[n].lane = s->plan.touched[i];
+		t->undo[n++].pre_len = s->plan.touched[i]->pre_len;
+	}
+	for (i = 0; i < s->plan.n_dec; i++) { /* the fused pass's lanes */
+		t->undo[n].lane = s->plan.dec[i].lane;
+		t->undo[n++].pre_len = s->plan.dec[i].lane->pre_len;
+	}
+	BKV_ASSERT(n <= o->undo_cap);
+	t->n_undo = n;
+	t->outs = s->call.next_tokens;
+	t->si = *si;
+	return t;
+}
+
+int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
+{
+	bkv__ovl *o;
+	bkv__ticket *prev = NULL;
+	bkv_step_info si;
+	uint64_t now;
+	int rc, called = 0;
+	uint32_t n_out;
+
+	if (!s || !ticket)
+		return BKV_EINVAL;
+	o = s->ovl;
+	if (!o || s->plan.in_step || o->failed || o->n_out >= OVL_DEPTH)
+		return BKV_ESTATE;
+	*ticket = 0;
+	n_out = o->n_out;
+	if (n_out && !overlap_ok(s)) {
+		s->stats.overlap_syncs++;
+		return BKV_EAGAIN;
+	}
+	if (!n_out)
+		s->plan.need_sync = 0;
+	s->plan.in_step = 1;
+	memset(&si, 0, sizeof(si));
+	now = bkv__clock_us(s);
+	if (n_out) {
+		prev = oldest(o);
+		if (!prev->provisional)
+			provision(s, prev);
+		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
+	}
+	set_swap(s); /* the set of the step in flight stays untouched */
+	s->plan.open_from = prev ? prev->id : 0;
+	s->plan.fenced = n_out > 0;
+	bkv__step_plan(s, now, &si, n_out == 0);
+	s->plan.launching = 1;
+	rc = bkv__step_run_calls(s, &si, &called);
+	s->plan.launching = 0;
+	s->plan.open_from = 0;
+	if (!called) { /* nothing to compute */
+		if (!n_out) { /* as bkv_step's empty step */
+			bkv__pool_txn_commit(s->pool);
+			bkv__step_stats(s, &si);
+		}
+	} else if (rc != BKV_OK) {
+		if (!n_out) {
+			bkv__step_rollback(s, now, &si);
+			o->committed = s->plan.step_no;
+		} else { /* rolled back with the step in flight */
+			bkv__ticket *t = ticket_push(s, &si);
+
+			t->host_done = 1; /* never launched: nothing to complete */
+			o->failed = 1;
+		}
+	} else {
+		*ticket = ticket_push(s, &si)->id;
+		if (n_out)
+			s->stats.overlap_steps++;
+	}
+	s->plan.fenced = o->n_out > 0;
+	/* before the step's ended requests are freed (with nothing outstanding
+	 * they are freed at once): their lanes may be deferred */
+	if (!o->n_out)
+		release_after(s, s->plan.step_no);
+	bkv__step_end(s, now, &si, info, 0);
+	s->plan.in_step = 0;
+	return rc;
+}
+
+/* ---- complete ---------------------------------------------------------------- */
+
+/* Roll back every outstanding step (none is in flight any more), newest
+ * first, to the state before the oldest. */
+static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
+{
+	bkv__ovl *o = s->ovl;
+	uint32_t k, i;
+
+	for (k = 0; k < o->n_out; k++) {
+		bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
+
+		if (t->provisional)
+			unprovision(s, t, NULL);
+	}
+	for (k = o->n_out; k-- > 0;) {
+		bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
+
+		for (i = t->n_undo; i-- > 0;) {
+			bkv__lane *l = t->undo[i].lane;
+
+			if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
+				continue;
+			if (l->kv_len != t->undo[i].pre_len)
+				bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
+			l->kv_len = t->undo[i].pre_len;
+		}
+		s->stats.failed_steps++;
+		if (t->id > o->committed)
+			o->committed = t->id;
+	}
+	bkv__pool_txn_abort(s->pool);
+	bkv__swaps_to_recompute(s, now);
+	o->n_out = 0;
+	o->head = 0;
+	o->failed = 0;
+	s->plan.fenced = 0;
+	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
+	si->prefill_calls = si->decode_calls = 0;
+}
+
+/* Commit the oldest outstanding step t with its sampled tokens. */
+static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
+{
+	bkv__ovl *o = s->ovl;
+	int32_t *outs = t->outs; /* the library's array */
+	uint64_t waste = 0;
+	uint32_t i, left;
+
+	for (i = 0; i < t->n_rows; i++) /* the host's own negative ids */
+		if (outs[i] < BKV_TOKEN_FAIL)
+			outs[i] = BKV_TOKEN_FAIL;
+	o->head = (o->head + 1) % OVL_DEPTH;
+	o->n_out--;
+	s->plan.fenced = o->n_out > 0;
+	if (t->provisional)
+		unprovision(s, t, outs); /* the later step's placeholders too */
+	for (i = 0; i < t->n_rows; i++) {
+		const bkv__lane *l = t->rows[i].lane;
+
+		if (!REQ_IS_RUNNING(l->req) || l->done)
+			waste += t->rows[i].end - t->rows[i].start;
+	}
+	if (t->copies)
+		bkv__step_clear_copies(s);
+	if (o->n_out) {
+		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
+		oldest(o)->mark = left;
+	} else {
+		bkv__pool_txn_commit(s->pool);
+	}
+	o->committed = t->id;
+	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
+	bkv__step_stats(s, si);
+	s->stats.overlap_wasted_tokens += waste;
+}
+
+int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *info)
+{
+	bkv__ovl *o;
+	bkv__ticket *t = NULL;
+	bkv_step_info si;
+	uint64_t now;
+	uint32_t k, waiting = 0;
+	int rc = BKV_OK;
+
+	if (!s)
+		return BKV_EINVAL;
+	o = s->ovl;
+	if (!o || s->plan.in_step)
+		return BKV_ESTATE;
+	for (k = 0; k < o->n_out && !t; k++) /* the oldest the host still owes */
+		if (!o->t[(o->head + k) % OVL_DEPTH].host_done)
+			t = &o->t[(o->head + k) % OVL_DEPTH];
+	if (!t || ticket != t->id)
+		return BKV_EINVAL;
+	s->plan.in_step = 1;
+	now = bkv__clock_us(s);
+	si = t->si;
+	si.finished = 0;
+	if (status < 0)
+		o->failed = 1;
+	if (o->failed) {
+		t->host_done = 1;
+		for (k = 0; k < o->n_out; k++)
+			waiting += !o->t[(o->head + k) % OVL_DEPTH].host_done;
+		if (!waiting)
+			rollback_all(s, now, &si);
+		rc = BKV_EHOST;
+	} else {
+		commit_oldest(s, t, &si);
+	}
+	/* before the step's ended requests are freed (with nothing outstanding
+	 * they are freed at once): their lanes may be deferred */
+	release_after(s, o->committed);
+	bkv__step_end(s, now, &si, info, 1);
+	s->plan.in_step = 0;
+	return rc;
+}
+

@@ -1,0 +1,910 @@
+/*
+ * test_overlap.c - overlapped scheduling (bkv_step_launch / bkv_step_complete):
+ * placeholders, ends in the step in flight, deferred release of memory,
+ * failed steps and launches, aborts from another thread, bad calls, no
+ * allocation in steady state, and a model check: every request delivers
+ * exactly the tokens (and ends with the reason) of a synchronous run.
+ *
+ * The host (ov_host) wraps the self-checking fake host (support/fakehost.h):
+ * its "device" runs each launched step at once, in launch order, on a copy
+ * of the batch whose placeholders it replaced with the tokens the previous
+ * step sampled, so the fake host's checks (input tokens, positions, slots,
+ * the KV cell model of every context position, callbacks) see every step
+ * as the device computes it. A step the device failed is reported at its
+ * completion (status -1), and the device computes nothing after it until
+ * the host has completed every outstanding step.
+ */
+#include "batchkv.h"
+#include "support/fakehost.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define OV_MAX_REQ 400u
+#define OV_DEPTH 4u
+
+typedef struct ov_host {
+	kh_host kh;               /* first: kh_ops' callbacks take the host */
+	int32_t *tok;             /* the batch's token ids, placeholders replaced */
+	uint32_t tok_cap;
+	const int32_t *prev_outs; /* next_tokens of the step launched before */
+	uint32_t prev_rows;       /* its rows */
+	int prev_failed;          /* the device failed it (or one before it) */
+	int dev_failed[OV_DEPTH]; /* FIFO: launched steps the device failed */
+	bkv_batch dev_batch[OV_DEPTH]; /* their batches (struct copied) */
+	uint64_t dev_sum[OV_DEPTH]; /* a digest of each one's arrays at launch */
+	uint32_t dev_head, dev_n;
+	uint64_t launches;        /* launch callbacks */
+	uint64_t fail_launch_at;  /* launch number refused at the door (0: none) */
+	uint64_t placeholders;    /* placeholder tokens replaced */
+	uint64_t bad_placeholders; /* naming no sampling row of the step before */
+	uint64_t max_row_pending; /* rows of one batch carrying a placeholder */
+} ov_host;
+
+/* A digest of everything a batch points to: the arrays of a launched step
+ * must hold the same until it completes. */
+static uint64_t batch_sum(const bkv_batch *b)
+{
+	uint64_t x = 1469598103934665603ull;
+	uint32_t i;
+
+#define MIX(v) (x = (x ^ (uint64_t)(uint32_t)(v)) * 1099511628211ull)
+	for (i = 0; i < b->n_tokens; i++) {
+		MIX(b->token_ids[i]);
+		MIX(b->positions[i]);
+		MIX(b->slot_mapping[i]);
+		MIX(b->groups[0].slot_mapping[i]);
+	}
+	for (i = 0; i <= b->n_rows; i++) {
+		MIX(b->qo_indptr[i]);
+		MIX(b->kv_indptr[i]);
+	}
+	for (i = 0; i < b->n_rows; i++) {
+		MIX(b->row_sample[i]);
+		MIX(b->row_req[i]);
+		MIX(b->kv_last_page_len[i]);
+	}
+	for (i = 0; i < (uint32_t)b->kv_indptr[b->n_rows]; i++)
+		MIX(b->kv_indices[i]);
+	MIX(b->n_groups);
+#undef MIX
+	return x;
+}
+
+static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
+{
+	ov_host *h = host;
+	bkv_batch c = *b;
+	uint32_t t, n_pend = 0;
+	int failed;
+
+	h->launches++;
+	if (h->fail_launch_at && h->launches == h->fail_launch_at)
+		return -1;
+	if (b->n_tokens > h->tok_cap) {
+		h->tok_cap = b->n_tokens * 2;
+		h->tok = realloc(h->tok, h->tok_cap * sizeof(int32_t));
+		cr_assert(h->tok);
+	}
+	for (t = 0; t < b->n_tokens; t++) {
+		int32_t v = b->token_ids[t];
+
+		if (BKV_TOKEN_IS_PENDING(v)) {
+			uint32_t row = BKV_TOKEN_PENDING_ROW(v);
+
+			n_pend++;
+			h->placeholders++;
+			if (!h->prev_outs || row >= h->prev_rows) {
+				h->bad_placeholders++;
+				v = 0;
+			} else {
+				v = h->prev_outs[row];
+			}
+		}
+		h->tok[t] = v;
+	}
+	if (n_pend > h->max_row_pending)
+		h->max_row_pending = n_pend;
+	c.token_ids = h->tok;
+	if (h->prev_failed) /* the device stopped at the failed step */
+		failed = 1;
+	else
+		failed = kh_compute(&h->kh, &c, next, BKV_CALL_MIXED) < 0;
+	cr_assert(h->dev_n < OV_DEPTH);
+	h->dev_batch[(h->dev_head + h->dev_n) % OV_DEPTH] = *b;
+	h->dev_sum[(h->dev_head + h->dev_n) % OV_DEPTH] = batch_sum(b);
+	h->dev_failed[(h->dev_head + h->dev_n++) % OV_DEPTH] = failed;
+	h->prev_outs = next;
+	h->prev_rows = b->n_rows;
+	h->prev_failed = failed;
+	return 0;
+}
+
+static int ov_forward(void *host, const bkv_batch *b, int32_t *next)
+{
+	return kh_compute(&((ov_host *)host)->kh, b, next, BKV_CALL_MIXED);
+}
+
+typedef struct ov_opts {
+	uint32_t bt, nb, nh;      /* pool geometry */
+	int prefix;               /* prefix cache */
+	bkv_sched_config cfg;
+	const bkv_allocator *alloc; /* the scheduler's */
+} ov_opts;
+
+static void ov_opts_init(ov_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->bt = 4;
+	o->nb = 256;
+	o->prefix = 1;
+	bkv_sched_config_init(&o->cfg);
+	o->cfg.max_running = 8;
+	o->cfg.admit_group = 1;
+	o->cfg.overlap = 1;
+}
+
+typedef struct ov_env {
+	ov_host h;
+	bkv_pool *pool;
+	bkv_sched *s;
+	uint64_t q[2];     /* outstanding tickets, oldest first */
+	uint32_t n_q;
+	uint64_t rng;
+	uint32_t abort_permille;  /* the driver aborts a random request per step */
+	kh_req *reqs;             /* the records the aborts pick from */
+	uint32_t n_reqs;
+} ov_env;
+
+static void ov_env_init(ov_env *e, const ov_opts *o)
+{
+	bkv_pool_config pc;
+	bkv_host_ops ops;
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	e->rng = 0x9e3779b97f4a7c15ull;
+	cr_assert_eq(kh_init(&e->h.kh, o->bt, o->nb, o->nh, 1), 0);
+	e->h.kh.garbage = 1;
+	e->h.kh.aborts_unrecorded = 1;
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = o->bt;
+	pc.device_blocks = o->nb;
+	pc.host_blocks = o->nh;
+	pc.max_seqs = 1024;
+	pc.prefix_cache = o->prefix;
+	rc = bkv_pool_create(&pc, NULL, &e->pool);
+	cr_assert_eq(rc, BKV_OK, "pool: %s", bkv_strerror(rc));
+	ops = kh_ops(0);
+	ops.forward = ov_forward;
+	ops.launch = ov_launch;
+	rc = bkv_sched_create(&o->cfg, e->pool, &ops, &e->h, o->alloc, &e->s);
+	cr_assert_eq(rc, BKV_OK, "sched: %s", bkv_strerror(rc));
+}
+
+static void ov_env_fini(ov_env *e)
+{
+	bkv_sched_destroy(e->s);
+	bkv_pool_destroy(e->pool);
+	kh_fini(&e->h.kh);
+	free(e->h.tok);
+}
+
+static uint64_t xs(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+static void ov_check(ov_env *e)
+{
+	int rc = bkv_sched_check(e->s);
+
+	cr_assert_eq(rc, 0, "bkv_sched_check: %d", rc);
+	cr_assert_eq(e->h.kh.violations, 0, "host: %s", e->h.kh.first);
+	cr_assert_eq(e->h.bad_placeholders, 0);
+}
+
+/* Complete the oldest outstanding ticket with the device's verdict. */
+static int ov_complete1(ov_env *e)
+{
+	int st, rc;
+
+	cr_assert(e->n_q > 0 && e->h.dev_n > 0);
+	st = e->h.dev_failed[e->h.dev_head] ? -1 : 0;
+	cr_assert_eq(batch_sum(&e->h.dev_batch[e->h.dev_head]), e->h.dev_sum[e->h.dev_head],
+		     "a launched step's arrays changed before it completed");
+	e->h.dev_head = (e->h.dev_head + 1) % OV_DEPTH;
+	e->h.dev_n--;
+	rc = bkv_step_complete(e->s, e->q[0], st, NULL);
+	if (st)
+		cr_assert_eq(rc, BKV_EHOST);
+	else
+		cr_assert(rc == BKV_OK || rc == BKV_EHOST, "complete: %d", rc);
+	e->q[0] = e->q[1];
+	e->n_q--;
+	if (e->n_q == 0) { /* nothing in flight: the device starts afresh */
+		e->h.prev_outs = NULL;
+		e->h.prev_failed = 0;
+	}
+	return rc;
+}
+
+static void ov_complete_all(ov_env *e)
+{
+	while (e->n_q)
+		ov_complete1(e);
+}
+
+static void ov_maybe_abort(ov_env *e)
+{
+	kh_req *r;
+
+	if (!e->abort_permille || !e->n_reqs || xs(&e->rng) % 1000 >= e->abort_permille)
+		return;
+	r = &e->reqs[xs(&e->rng) % e->n_reqs];
+	if (r->submitted && !r->finished)
+		(void)kh_abort(e->s, r, r->id);
+}
+
+/* One driver iteration of the overlapped loop: launch the next step, then
+ * complete the one before it. Returns 0 when nothing is left. */
+static int ov_iter(ov_env *e)
+{
+	uint64_t t = 0;
+	int rc;
+
+	if (bkv_sched_pending(e->s) == 0 && e->n_q == 0)
+		return 0;
+	rc = bkv_step_launch(e->s, &t, NULL);
+	if (rc == BKV_EAGAIN) {
+		cr_assert(e->n_q > 0);
+		ov_complete_all(e);
+		return 1;
+	}
+	if (rc == BKV_EHOST) { /* launch refused: everything rolls back */
+		cr_assert_eq(t, 0);
+		ov_complete_all(e);
+		ov_check(e);
+		return 1;
+	}
+	cr_assert_eq(rc, BKV_OK, "launch: %d", rc);
+	if (t)
+		e->q[e->n_q++] = t;
+	ov_check(e);
+	ov_maybe_abort(e);
+	if (e->n_q == 2 || (t == 0 && e->n_q)) {
+		if (ov_complete1(e) == BKV_EHOST && e->n_q)
+			cr_assert_eq(ov_complete1(e), BKV_EHOST);
+	}
+	ov_check(e);
+	return 1;
+}
+
+static void ov_run(ov_env *e, uint32_t max_iters)
+{
+	uint32_t i;
+
+	for (i = 0; i < max_iters && ov_iter(e); i++)
+		;
+	cr_assert(i < max_iters, "did not finish in %u iterations", max_iters);
+	cr_assert_eq(bkv_sched_pending(e->s), 0);
+	cr_assert_eq(e->n_q, 0);
+}
+
+static void sync_run(ov_env *e, uint32_t max_steps)
+{
+	uint32_t i;
+	int rc;
+
+	for (i = 0; i < max_steps && bkv_sched_pending(e->s); i++) {
+		rc = bkv_step(e->s, NULL);
+		cr_assert(rc == BKV_OK || rc == BKV_EHOST);
+		ov_check(e);
+	}
+	cr_assert_eq(bkv_sched_pending(e->s), 0);
+}
+
+/* ---- a workload ------------------------------------------------------------- */
+
+typedef struct ov_load {
+	uint32_t n;               /* requests */
+	int32_t *prompts;         /* [n * 64] */
+	kh_req *r;                /* [n] */
+} ov_load;
+
+/* Prompts that share prefixes (prefix hits), some with n > 1 branches,
+ * stop tokens and failing tokens by hash, lengths to chunk. */
+static uint32_t load_max_new = 24; /* outputs up to this many */
+static uint32_t load_stop_mod = 11; /* a stop token by hash, 1 in this */
+
+static void load_make(ov_load *L, uint32_t n, uint64_t seed, int forks, int fails)
+{
+	uint32_t i, j;
+	uint64_t x = seed | 1;
+
+	L->n = n;
+	L->prompts = calloc((size_t)n * 64, sizeof(int32_t));
+	L->r = calloc(n, sizeof(kh_req));
+	cr_assert(L->prompts && L->r);
+	for (i = 0; i < n; i++) {
+		int32_t *p = L->prompts + (size_t)i * 64;
+		uint32_t len = 1 + (uint32_t)(xs(&x) % 40), shared = (uint32_t)(xs(&x) % 3) * 8;
+		uint32_t nb = forks && xs(&x) % 4 == 0 ? 2 : 1;
+		kh_req *r = &L->r[i];
+
+		for (j = 0; j < len; j++)
+			p[j] = j < shared ? 100 + (int32_t)j : 200 + (int32_t)(xs(&x) % 700);
+		cr_assert_eq(kh_req_init(r, 1000 + i, p, len, 1 + (uint32_t)(xs(&x) % load_max_new), nb), 0);
+		r->stop_mod = load_stop_mod;
+		r->stop[0] = KH_STOP;
+		r->n_stop = 1;
+		if (fails && i % 7 == 3)
+			r->fail_mod = 19;
+		r->key = i % 5 == 4 ? 77 : 0;
+	}
+}
+
+static void load_submit(ov_env *e, ov_load *L)
+{
+	uint32_t i;
+
+	for (i = 0; i < L->n; i++)
+		cr_assert_eq(kh_submit(e->s, &L->r[i], (int32_t)(i % 3 == 0)), BKV_OK);
+	e->reqs = L->r;
+	e->n_reqs = L->n;
+}
+
+static void load_free(ov_load *L)
+{
+	uint32_t i;
+
+	for (i = 0; i < L->n; i++)
+		kh_req_fini(&L->r[i]);
+	free(L->r);
+	free(L->prompts);
+}
+
+/* Every request of b that was not aborted delivered a's tokens and ended
+ * for a's reason; every request ended exactly once. */
+static void load_same(const ov_load *a, const ov_load *b)
+{
+	uint32_t i, k, j;
+
+	for (i = 0; i < a->n; i++) {
+		const kh_req *x = &a->r[i], *y = &b->r[i];
+
+		cr_assert_eq(x->finished, 1);
+		cr_assert_eq(y->finished, 1, "req %u ended %u times", i, y->finished);
+		if (y->reason == BKV_FINISH_ABORT || x->reason == BKV_FINISH_ERROR ||
+		    y->reason == BKV_FINISH_ERROR)
+			continue; /* aborted: a prefix; errors: compared below */
+		cr_assert_eq(x->reason, y->reason, "req %u: reason %d, synchronous %d", i, y->reason,
+			     x->reason);
+		for (k = 0; k < x->n; k++) {
+			cr_assert_eq(x->n_out[k], y->n_out[k], "req %u branch %u: %u tokens, sync %u", i, k,
+				     y->n_out[k], x->n_out[k]);
+			for (j = 0; j < x->n_out[k]; j++)
+				cr_assert_eq(x->hist[k * x->max_new + j], y->hist[k * y->max_new + j]);
+		}
+	}
+	for (i = 0; i < a->n; i++) { /* an error ends both runs, at one token */
+		const kh_req *x = &a->r[i], *y = &b->r[i];
+
+		if (y->reason == BKV_FINISH_ABORT || (x->reason != BKV_FINISH_ERROR &&
+						      y->reason != BKV_FINISH_ERROR))
+			continue;
+		cr_assert_eq(x->reason, y->reason, "req %u: reason %d, synchronous %d", i, y->reason,
+			     x->reason);
+	}
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+Test(overlap, decode_rows_carry_placeholders_with_exact_positions_and_slots)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	bkv_sched_stats st;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 6, 5, 0, 0);
+	load_submit(&e, &L);
+	ov_run(&e, 2000);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	/* the fake host checked every substituted token, position and slot */
+	cr_assert_gt(e.h.placeholders, 20);
+	cr_assert_gt(e.h.max_row_pending, 1, "several rows of one batch");
+	cr_assert_gt(st.overlap_steps, 10);
+	cr_assert_eq(st.failed_steps, 0);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
+Test(overlap, a_stop_in_the_step_in_flight_discards_the_next_token_and_counts_it)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req r;
+	int32_t p[5] = {300, 301, 302, 303, 304};
+	bkv_sched_stats st;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&r, 9, p, 5, 20, 1), 0);
+	r.stop_after = 4;
+	r.stop[0] = KH_STOP;
+	r.n_stop = 1;
+	cr_assert_eq(kh_submit(e.s, &r, 0), BKV_OK);
+	ov_run(&e, 200);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(r.finished, 1);
+	cr_assert_eq(r.reason, BKV_FINISH_STOP);
+	cr_assert_eq(r.n_out[0], 4, "the stop token is the last delivered");
+	cr_assert_eq(st.overlap_wasted_tokens, 1, "one row after the stop was computed");
+	cr_assert_eq(st.decode_tokens + st.prefill_tokens, 5 + 3 + 1);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
+}
+
+Test(overlap, a_length_end_is_known_at_plan_time_and_wastes_nothing)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req r[3];
+	int32_t p[3] = {400, 401, 402};
+	bkv_sched_stats st;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	for (i = 0; i < 3; i++) {
+		cr_assert_eq(kh_req_init(&r[i], 20 + i, p, 3, 1 + 3 * i, 1), 0);
+		cr_assert_eq(kh_submit(e.s, &r[i], 0), BKV_OK);
+	}
+	ov_run(&e, 200);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	for (i = 0; i < 3; i++) {
+		cr_assert_eq(r[i].reason, BKV_FINISH_LENGTH);
+		cr_assert_eq(r[i].n_out[0], 1 + 3 * i);
+		kh_req_fini(&r[i]);
+	}
+	cr_assert_eq(st.overlap_wasted_tokens, 0);
+	cr_assert_gt(st.overlap_steps, 3);
+	ov_env_fini(&e);
+}
+
+/* The model check, one configuration: the same workload through bkv_step and
+ * through the two-phase loop delivers the same tokens and reasons. */
+static uint64_t preempted, swapped, aborted, failed; /* over model checks */
+
+static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
+			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
+{
+	ov_env a, b;
+	ov_load La, Lb;
+	bkv_sched_stats st;
+
+	o->cfg.overlap = 1;
+	ov_env_init(&a, o);
+	load_make(&La, n, seed, forks, fails);
+	load_submit(&a, &La);
+	sync_run(&a, 20000);
+
+	ov_env_init(&b, o);
+	b.h.kh.fail_permille = fail_permille;
+	b.h.kh.rng = seed * 2654435761u + 1;
+	b.abort_permille = abort_permille;
+	b.rng ^= seed;
+	load_make(&Lb, n, seed, forks, fails);
+	load_submit(&b, &Lb);
+	ov_run(&b, 40000);
+	load_same(&La, &Lb);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(b.s, &st);
+	cr_assert_eq(st.finished, n);
+	if (overlapped)
+		*overlapped += st.overlap_steps;
+	preempted += st.preemptions;
+	swapped += st.swaps;
+	aborted += st.aborted;
+	failed += st.failed_steps;
+	if (getenv("OV_DEBUG"))
+		fprintf(stderr, "seed %llu: steps %llu overlapped %llu syncs %llu wasted %llu failed %llu preempt %llu swaps %llu aborted %llu hits %llu\n",
+			(unsigned long long)seed, (unsigned long long)st.steps,
+			(unsigned long long)st.overlap_steps, (unsigned long long)st.overlap_syncs,
+			(unsigned long long)st.overlap_wasted_tokens, (unsigned long long)st.failed_steps,
+			(unsigned long long)st.preemptions, (unsigned long long)st.swaps,
+			(unsigned long long)st.aborted, (unsigned long long)st.hit_tokens);
+	ov_check(&b);
+	ov_env_fini(&a);
+	ov_env_fini(&b);
+	load_free(&La);
+	load_free(&Lb);
+}
+
+Test(overlap, delivers_the_tokens_of_a_synchronous_run)
+{
+	ov_opts o;
+	uint64_t ov = 0;
+
+	ov_opts_init(&o);
+	model_check(&o, 60, 1, 0, 0, 0, 0, &ov);
+	cr_assert_gt(ov, 50);
+}
+
+Test(overlap, forks_chunked_prefill_and_prefix_hits_deliver_the_synchronous_tokens)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed;
+
+	for (seed = 1; seed <= 6; seed++) {
+		ov_opts_init(&o);
+		o.cfg.chunked_prefill = 1;
+		o.cfg.token_budget = 24 + 8 * (uint32_t)seed;
+		o.bt = seed % 2 ? 4 : 1;
+		model_check(&o, 50, seed, 1, 0, 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 100);
+}
+
+Test(overlap, preemption_and_swap_in_a_small_pool_deliver_the_synchronous_tokens)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed;
+	bkv_preempt_mode modes[3] = {BKV_PREEMPT_RECOMPUTE, BKV_PREEMPT_SWAP, BKV_PREEMPT_AUTO};
+
+	load_max_new = 60; /* long decodes outgrow the pool */
+	load_stop_mod = 97;
+	for (seed = 1; seed <= 6; seed++) {
+		ov_opts_init(&o);
+		o.nb = 56 + 4 * (uint32_t)seed; /* a few requests' histories */
+		o.nh = 64;
+		o.cfg.preempt = modes[seed % 3];
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		model_check(&o, 40, seed + 10, 1, 0, 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(preempted, 20);
+	cr_assert_gt(swapped, 5);
+}
+
+Test(overlap, failed_steps_roll_back_every_outstanding_step_and_rerun)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed;
+
+	load_max_new = 48; /* with preemptions */
+	load_stop_mod = 31;
+	for (seed = 1; seed <= 6; seed++) {
+		ov_opts_init(&o);
+		o.nb = 48 + 4 * (uint32_t)seed;
+		o.nh = seed % 2 ? 32 : 0;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		model_check(&o, 40, seed + 20, 1, 1, 60, 0, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(failed, 20);
+	cr_assert_gt(preempted, 3);
+}
+
+Test(overlap, random_aborts_end_every_request_exactly_once)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed;
+
+	load_max_new = 48; /* with preemptions */
+	load_stop_mod = 31;
+	for (seed = 1; seed <= 6; seed++) {
+		ov_opts_init(&o);
+		o.nb = 48 + 4 * (uint32_t)seed;
+		o.nh = 32;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		model_check(&o, 40, seed + 30, 1, 1, 30, 300, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(aborted, 20);
+}
+
+Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t1 = 0, t2 = 7;
+	bkv_sched_stats st;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 4, 3, 0, 0);
+	load_submit(&e, &L);
+	for (i = 0; i < 3; i++) /* into decode */
+		cr_assert(ov_iter(&e));
+	cr_assert_eq(e.n_q, 1);
+	e.h.fail_launch_at = e.h.launches + 1;
+	cr_assert_eq(bkv_step_launch(e.s, &t2, NULL), BKV_EHOST);
+	cr_assert_eq(t2, 0);
+	cr_assert_eq(bkv_step_launch(e.s, &t1, NULL), BKV_ESTATE, "a failed step is outstanding");
+	ov_check(&e);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST, "the step in flight rolls back with it");
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 2);
+	ov_check(&e);
+	ov_run(&e, 2000);
+	for (i = 0; i < L.n; i++)
+		cr_assert_eq(L.r[i].finished, 1);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
+Test(overlap, an_abort_while_in_flight_ends_once_and_keeps_its_blocks_until_the_step_completes)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req r;
+	int32_t p[9] = {500, 501, 502, 503, 504, 505, 506, 507, 508};
+	uint64_t t = 0;
+	bkv_pool_stats ps;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&r, 31, p, 9, 30, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &r, 0), BKV_OK);
+	for (i = 0; i < 4; i++)
+		cr_assert(ov_iter(&e));
+	cr_assert_eq(e.n_q, 1);
+	cr_assert_eq(kh_abort(e.s, &r, r.id), BKV_OK);
+	/* the next launch ends it (ABORT) while its row of the step in flight
+	 * still writes its blocks: the sequence stays open until that step
+	 * completes */
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_eq(t, 0, "nothing else to compute");
+	cr_assert_eq(r.finished, 1);
+	cr_assert_eq(r.reason, BKV_FINISH_ABORT);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_eq(ps.nr_seqs, 1, "its sequence waits for the step in flight");
+	ov_check(&e);
+	ov_complete1(&e);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_eq(ps.nr_seqs, 0, "released once the step completed");
+	cr_assert_eq(r.finished, 1);
+	ov_check(&e);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
+}
+
+Test(overlap, bad_calls_are_refused_and_change_nothing)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t = 0, t2 = 0, t3 = 0;
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched *s = (bkv_sched *)0x1;
+	bkv_host_ops ops;
+	bkv_sched_config c;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 3, 4, 0, 0);
+	load_submit(&e, &L);
+	cr_assert_eq(bkv_step_launch(NULL, &t, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_launch(e.s, NULL, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_complete(NULL, 1, 0, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_complete(e.s, 1, 0, NULL), BKV_EINVAL, "nothing outstanding");
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_neq(t, 0);
+	cr_assert_eq(bkv_step(e.s, NULL), BKV_ESTATE, "bkv_step while a step is outstanding");
+	cr_assert_eq(bkv_step_complete(e.s, t + 1, 0, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_launch(e.s, &t2, NULL), BKV_OK);
+	cr_assert_eq(bkv_step_launch(e.s, &t3, NULL), BKV_ESTATE, "depth 1: two outstanding");
+	cr_assert_eq(bkv_step_complete(e.s, t2, 0, NULL), BKV_EINVAL, "out of order");
+	ov_check(&e);
+	e.q[0] = t;
+	e.q[1] = t2;
+	e.n_q = 2;
+	ov_complete_all(&e);
+	ov_run(&e, 2000);
+	ov_env_fini(&e);
+	load_free(&L);
+
+	/* overlap off: the two-phase calls are refused; overlap needs launch
+	 * and the flat layout */
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	ops = kh_ops(0);
+	bkv_sched_config_init(&c);
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	cr_assert_eq(bkv_step_launch(s, &t, NULL), BKV_ESTATE);
+	cr_assert_eq(bkv_step_complete(s, 1, 0, NULL), BKV_ESTATE);
+	bkv_sched_destroy(s);
+	s = (bkv_sched *)0x1;
+	c.overlap = 1;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL, "no launch");
+	ops.launch = ov_launch;
+	c.batch_layout = BKV_BATCH_PERSISTENT;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_eq(s, (bkv_sched *)0x1);
+	cr_assert_eq(bkv_pool_check(pool), 0);
+	bkv_pool_destroy(pool);
+}
+
+/* ---- no allocation in steady state -------------------------------------------- */
+
+typedef struct count_alloc {
+	uint64_t calls;
+} count_alloc;
+
+static void *ca_realloc(void *ud, void *p, size_t old, size_t size)
+{
+	(void)old;
+	((count_alloc *)ud)->calls++;
+	return realloc(p, size);
+}
+
+static void ca_free(void *ud, void *p, size_t size)
+{
+	(void)ud;
+	(void)size;
+	free(p);
+}
+
+Test(overlap, steady_state_launch_and_complete_allocate_nothing)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req r[8];
+	int32_t p[8][6];
+	count_alloc ca = {0};
+	bkv_allocator a;
+	uint64_t before;
+	uint32_t i, j;
+
+	memset(&a, 0, sizeof(a));
+	a.realloc = ca_realloc;
+	a.free = ca_free;
+	a.ud = &ca;
+	ov_opts_init(&o);
+	o.nb = 1024;
+	o.alloc = &a;
+	ov_env_init(&e, &o);
+	for (i = 0; i < 8; i++) {
+		for (j = 0; j < 6; j++)
+			p[i][j] = 600 + (int32_t)(i * 6 + j);
+		cr_assert_eq(kh_req_init(&r[i], 40 + i, p[i], 6, 400, 1), 0);
+		cr_assert_eq(kh_submit(e.s, &r[i], 0), BKV_OK);
+	}
+	for (i = 0; i < 20; i++)
+		cr_assert(ov_iter(&e));
+	before = ca.calls;
+	for (i = 0; i < 300; i++)
+		cr_assert(ov_iter(&e));
+	cr_assert_eq(ca.calls, before, "%llu allocations in 300 steady steps",
+		     (unsigned long long)(ca.calls - before));
+	ov_run(&e, 2000);
+	ov_env_fini(&e);
+	for (i = 0; i < 8; i++)
+		kh_req_fini(&r[i]);
+}
+
+/* ---- aborts from another thread ----------------------------------------------- */
+
+typedef struct abort_ctx {
+	ov_env *e;
+	kh_req *r;
+	uint32_t n;
+	int stop;
+} abort_ctx;
+
+static void *aborter(void *arg)
+{
+	abort_ctx *c = arg;
+	uint64_t x = 12345;
+
+	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+		kh_req *r = &c->r[xs(&x) % c->n];
+		uint64_t id = __atomic_load_n(&r->id, __ATOMIC_ACQUIRE);
+
+		if (id && xs(&x) % 4 == 0)
+			(void)kh_abort(c->e->s, r, id);
+		sched_yield();
+	}
+	return NULL;
+}
+
+Test(overlap, aborts_from_another_thread_end_every_request_once)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	abort_ctx c;
+	pthread_t th;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	o.nb = 96;
+	o.nh = 32;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 32;
+	ov_env_init(&e, &o);
+	load_make(&L, 120, 77, 1, 0);
+	c.e = &e;
+	c.r = L.r;
+	c.n = L.n;
+	c.stop = 0;
+	cr_assert_eq(pthread_create(&th, NULL, aborter, &c), 0);
+	load_submit(&e, &L);
+	ov_run(&e, 40000);
+	__atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
+	pthread_join(th, NULL);
+	for (i = 0; i < L.n; i++)
+		cr_assert_eq(L.r[i].finished, 1);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
+/* A placeholder's block gets the real token before it is hashed: a later
+ * prompt that repeats a finished request's generated tokens hits them. */
+Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req a, b;
+	int32_t pa[8] = {700, 701, 702, 703, 704, 705, 706, 707}, pb[20];
+	bkv_sched_stats st;
+	uint32_t i;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&a, 51, pa, 8, 12, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &a, 0), BKV_OK);
+	ov_run(&e, 200);
+	cr_assert_eq(a.n_out[0], 12);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_gt(st.overlap_steps, 5, "its generated tokens were placeholders first");
+	cr_assert_eq(st.hit_tokens, 0);
+	for (i = 0; i < 18; i++)
+		pb[i] = kh_token_at(&a, 0, i);
+	pb[18] = 900;
+	pb[19] = 901;
+	cr_assert_eq(kh_req_init(&b, 52, pb, 20, 2, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &b, 0), BKV_OK);
+	ov_run(&e, 200);
+	bkv_sched_stats_get(e.s, &st);
+	/* a's KV covers positions 0..18: four full blocks of 4 */
+	cr_assert_eq(st.hit_tokens, 16, "hits %llu", (unsigned long long)st.hit_tokens);
+	ov_check(&e);
+	ov_env_fini(&e);
+	kh_req_fini(&a);
+	kh_req_fini(&b);
+}
