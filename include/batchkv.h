@@ -1404,6 +1404,16 @@ typedef enum bkv_preempt_mode {
 	BKV_PREEMPT_SWAP = 2       /* move blocks to the host tier */
 } bkv_preempt_mode;
 
+/* Which cached block the pool's prefix cache evicts when it needs a frame
+ * (bkv_sched_config.evict; docs/design.md, "Eviction by value"). */
+typedef enum bkv_evict_policy {
+	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
+			       first (the default) */
+	BKV_EVICT_VALUE = 1 /* of the oldest cached leaves, the one whose
+			       expected saving (its recompute price at its
+			       depth x its decayed hit count) is lowest */
+} bkv_evict_policy;
+
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
@@ -1473,7 +1483,12 @@ typedef struct bkv_sched_config {
 				      company, by the batch cap's knee, or (on
 				      a split host) by tpot_target_us
 				      (docs/api-notes.md). */
-	uint32_t reserved[4];      /* zero (else EINVAL); room for later
+	bkv_evict_policy evict;    /* the pool's eviction policy while this
+				      scheduler runs it; default
+				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
+				      blocks with cost (taken at create)
+				      and allocates 12 bytes a device block */
+	uint32_t reserved[3];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

@@ -540,6 +540,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->max_queue = t->n > 65536 ? t->n : 65536;
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
+	sc->evict = cfg->evict;
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->preempt = cfg->preempt ? cfg->preempt
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;

@@ -92,6 +92,7 @@ typedef struct sim_config {
 				      kv_blocks is 0 (0 = slots): a preset
 				      with more running rows keeps the
 				      machine's memory */
+	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU) */
 	bkv_preempt_mode preempt;  /* bkv_sched_config.preempt; AUTO (0) keeps
 				      bkv-sim's rule: swap with a host tier,
 				      else recompute */

@@ -346,6 +346,8 @@ void bkv__lru_push(bkv__kv *kv, int32_t b)
 		lru_push_grow(kv, b);
 	else
 		lru_put(kv, b, c);
+	if (kv->val)
+		bkv__val_push(kv, b); /* kv/value.c */
 }
 
 /* Chunk c emptied (live 0, all -1): it leaves the list. Its neighbours,
@@ -382,6 +384,8 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 	int32_t *sl = kv->lru + (s & ~(SLOTS - 1));
 
 	BKV_ASSERT(kv->lru[s] == b);
+	if (kv->val)
+		bkv__val_unlink(kv, b); /* kv/value.c */
 	sl[i] = -1;
 	k->prev = -1;
 	kv->nr_cached--;
@@ -524,6 +528,8 @@ int32_t bkv__cache_add_hashed(bkv__kv *kv, int32_t b, uint64_t key, uint64_t h)
 	kv->nr_indexed++;
 	if (parent >= 0)
 		kv->blk[parent].kids++;
+	if (kv->val)
+		bkv__val_indexed(kv, b);
 	if (kv->ev)
 		bkv__event(kv, BKV_EVENT_STORED, b);
 	return -1;
@@ -570,6 +576,8 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 {
 	int32_t b;
 
+	if (kv->val)
+		return bkv__val_evict(kv); /* kv/value.c */
 	if (kv->lru_head < 0)
 		return -1;
 	b = kv->lru[kv->lru_head];

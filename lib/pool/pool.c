@@ -290,6 +290,20 @@ uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 	return bkv__kv_events(&pool->kv, out, max);
 }
 
+/* ---- the eviction policy (for the decision layer) -------------------------- */
+
+int bkv__pool_value_on(bkv_pool *pool, double p0, double p1)
+{
+	if (!pool->kv.index)
+		return BKV_OK; /* no prefix cache: nothing is ever evicted */
+	return bkv__kv_value_on(&pool->kv, &pool->alloc, p0, p1);
+}
+
+void bkv__pool_value_off(bkv_pool *pool)
+{
+	bkv__kv_value_off(&pool->kv, &pool->alloc);
+}
+
 /* ---- step transactions (for the scheduler) -------------------------------- */
 
 void bkv__pool_txn_begin(bkv_pool *pool)

@@ -670,6 +670,13 @@ void bkv__pool_txn_begin(bkv_pool *pool);
 void bkv__pool_txn_commit(bkv_pool *pool);
 void bkv__pool_txn_abort(bkv_pool *pool);
 
+/* ---- pool/pool.c: the eviction policy (for the decision layer) -------------
+ * Eviction by value on, with p0 + p1 x depth as a block's recompute price
+ * (kv/value.c), or one such call undone. BKV_OK or BKV_ENOMEM. The pool
+ * evicts by LRU while no call is in force. */
+int bkv__pool_value_on(bkv_pool *pool, double p0, double p1);
+void bkv__pool_value_off(bkv_pool *pool);
+
 /* ---- pool/check.c ---------------------------------------------------------- */
 /* bkv_pool_check is public; nothing more. */
 

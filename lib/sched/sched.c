@@ -66,6 +66,8 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->batch_layout != BKV_BATCH_FLAT && c->batch_layout != BKV_BATCH_PERSISTENT)
 		return 0;
+	if (c->evict != BKV_EVICT_LRU && c->evict != BKV_EVICT_VALUE)
+		return 0;
 	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
 			return 0;

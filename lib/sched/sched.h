@@ -338,6 +338,9 @@ typedef struct bkv__policy {
 	 * returns the number of calls (1: one call over rows as given) */
 	uint32_t (*pack)(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
 			 const uint32_t **order, const uint32_t **ends);
+	/* decide/evict.c: put the pool's eviction policy in force (on 1, at
+	 * create; BKV_OK or BKV_ENOMEM) or undo it (on 0, at destroy) */
+	int (*evict)(bkv_sched *s, int on);
 } bkv__policy;
 
 struct bkv_sched {
