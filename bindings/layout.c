@@ -232,6 +232,7 @@ int main(void)
 	F(bkv_sched_config, max_bypass_us);
 	F(bkv_sched_config, batch_layout);
 	F(bkv_sched_config, ttft_target_us);
+	F(bkv_sched_config, evict);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);

@@ -63,6 +63,8 @@ BKV_POLICY_STATIC = 1
 BKV_PREEMPT_AUTO = 0
 BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
+BKV_EVICT_LRU = 0
+BKV_EVICT_VALUE = 1
 BKV_BATCH_FLAT = 0
 BKV_BATCH_PERSISTENT = 1
 BKV_TABLE_OPENED = 0x1
@@ -369,7 +371,8 @@ class bkv_sched_config(Structure):
         ('max_bypass_us', c_uint64),
         ('batch_layout', c_int),
         ('ttft_target_us', c_uint32),
-        ('reserved', c_uint32 * 4),
+        ('evict', c_int),
+        ('reserved', c_uint32 * 3),
     ]
 
 

@@ -85,6 +85,9 @@ pub type bkv_preempt_mode = c_int;
 pub const BKV_PREEMPT_AUTO: bkv_preempt_mode = 0;
 pub const BKV_PREEMPT_RECOMPUTE: bkv_preempt_mode = 1;
 pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
+pub type bkv_evict_policy = c_int;
+pub const BKV_EVICT_LRU: bkv_evict_policy = 0;
+pub const BKV_EVICT_VALUE: bkv_evict_policy = 1;
 pub type bkv_batch_layout = c_int;
 pub const BKV_BATCH_FLAT: bkv_batch_layout = 0;
 pub const BKV_BATCH_PERSISTENT: bkv_batch_layout = 1;
@@ -377,7 +380,8 @@ pub struct bkv_sched_config {
     pub max_bypass_us: u64,
     pub batch_layout: bkv_batch_layout,
     pub ttft_target_us: u32,
-    pub reserved: [u32; 4],
+    pub evict: bkv_evict_policy,
+    pub reserved: [u32; 3],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
