@@ -338,7 +338,7 @@ static NOINLINE void lru_push_grow(bkv__kv *kv, int32_t b)
 }
 
 /* b to the newest end, in the newest chunk's next slot. */
-void bkv__lru_push(bkv__kv *kv, int32_t b)
+static inline void lru_push_plain(bkv__kv *kv, int32_t b)
 {
 	int32_t c = kv->lru_last;
 
@@ -346,8 +346,23 @@ void bkv__lru_push(bkv__kv *kv, int32_t b)
 		lru_push_grow(kv, b);
 	else
 		lru_put(kv, b, c);
-	if (kv->val)
-		bkv__val_push(kv, b); /* kv/value.c */
+}
+
+/* With eviction by value the block joins its class list too (kv/value.c);
+ * out of line, so the plain push keeps its short prologue. */
+static NOINLINE void lru_push_valued(bkv__kv *kv, int32_t b)
+{
+	lru_push_plain(kv, b);
+	bkv__val_push(kv, b);
+}
+
+void bkv__lru_push(bkv__kv *kv, int32_t b)
+{
+	if (kv->val) {
+		lru_push_valued(kv, b);
+		return;
+	}
+	lru_push_plain(kv, b);
 }
 
 /* Chunk c emptied (live 0, all -1): it leaves the list. Its neighbours,
@@ -376,7 +391,7 @@ static NOINLINE void lru_shrink(bkv__kv *kv, int32_t c)
  * the blocks left; an emptied chunk leaves the list and neighbours that
  * fit in one chunk merge (lru_shrink). A cached block's next is -1
  * already (bkv__block_take set it). */
-void bkv__lru_unlink(bkv__kv *kv, int32_t b)
+static inline void lru_unlink_plain(bkv__kv *kv, int32_t b)
 {
 	bkv__block *k = &kv->blk[b];
 	bkv__lru_chunk *chs = kv->lru_ch, *ch;
@@ -384,8 +399,6 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 	int32_t *sl = kv->lru + (s & ~(SLOTS - 1));
 
 	BKV_ASSERT(kv->lru[s] == b);
-	if (kv->val)
-		bkv__val_unlink(kv, b); /* kv/value.c */
 	sl[i] = -1;
 	k->prev = -1;
 	kv->nr_cached--;
@@ -411,6 +424,22 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 			return;
 	}
 	lru_shrink(kv, (int32_t)c);
+}
+
+/* With eviction by value the block leaves its class list too. */
+static NOINLINE void lru_unlink_valued(bkv__kv *kv, int32_t b)
+{
+	bkv__val_unlink(kv, b);
+	lru_unlink_plain(kv, b);
+}
+
+void bkv__lru_unlink(bkv__kv *kv, int32_t b)
+{
+	if (kv->val) {
+		lru_unlink_valued(kv, b);
+		return;
+	}
+	lru_unlink_plain(kv, b);
 }
 
 /* ---- KV events ----------------------------------------------------------- */

@@ -195,6 +195,7 @@ typedef struct bkv__kv {
 	bkv__val *val;         /* [nb] per-block records, or NULL */
 	double val_p0;         /* recompute price of a block at depth 0 */
 	double val_p1;         /* price added per block of depth */
+	double val_r1;         /* val_p1 / val_p0 */
 	uint32_t val_clock;    /* ticks on every hit taken from the cache and
 				  every eviction (wraps; only differences
 				  are read) */

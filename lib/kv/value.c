@@ -94,13 +94,15 @@ static inline uint32_t freq_now(const bkv__kv *kv, const bkv__val *v)
 static uint32_t class_of(const bkv__kv *kv, int32_t b)
 {
 	const bkv__val *v = &kv->val[b];
-	double x = (kv->val_p0 + kv->val_p1 * (double)v->depth) / kv->val_p0 *
-		   (1.0 + (double)freq_now(kv, v) / VAL_UNIT);
-	double c = 2.0 * log2(x);
+	double x = (1.0 + kv->val_r1 * (double)v->depth) *
+		   (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
+	int e;
+	double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
+	int c = 2 * (e - 1) + (m >= 0.70710678118654752); /* floor(2 log2 x) */
 
-	if (!(c > 0.0))
+	if (c <= 0)
 		return 0;
-	return c >= BKV__VAL_CLASSES - 1 ? BKV__VAL_CLASSES - 1 : (uint32_t)c;
+	return c >= (int)BKV__VAL_CLASSES - 1 ? BKV__VAL_CLASSES - 1 : (uint32_t)c;
 }
 
 /* ---- the class lists ----------------------------------------------------- */
@@ -185,6 +187,7 @@ int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1)
 {
 	kv->val_p0 = p0 > 0.0 ? p0 : 1.0;
 	kv->val_p1 = p1 > 0.0 ? p1 : 0.0;
+	kv->val_r1 = kv->val_p1 / kv->val_p0;
 	if (!kv->val) {
 		bkv__val *v = bkv__malloc(a, (size_t)kv->nb * sizeof(*v));
 		uint32_t c;
