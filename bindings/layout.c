@@ -233,6 +233,8 @@ int main(void)
 	F(bkv_sched_config, batch_layout);
 	F(bkv_sched_config, ttft_target_us);
 	F(bkv_sched_config, evict);
+	F(bkv_sched_config, victim);
+	F(bkv_sched_config, admit_reserve);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);

@@ -1414,6 +1414,31 @@ typedef enum bkv_evict_policy {
 			       depth x its decayed hit count) is lowest */
 } bkv_evict_policy;
 
+/* Which running request preemption takes when the pool is short
+ * (bkv_sched_config.victim; docs/design.md, "Victims by cost"). */
+typedef enum bkv_victim_policy {
+	BKV_VICTIM_RECENT = 0, /* lowest priority, then the most recently
+				  admitted (the default) */
+	BKV_VICTIM_COST = 1    /* lowest priority, then the least predicted
+				  loss (recomputing or swapping what it holds)
+				  per block freed and step of output it has
+				  left; a request preempted within the last
+				  64 steps only when no other can go */
+} bkv_victim_policy;
+
+/* What admission keeps room for (bkv_sched_config.admit_reserve;
+ * docs/design.md, "Admission by expected memory"). */
+typedef enum bkv_admit_reserve {
+	BKV_RESERVE_PROMPT = 0, /* the new request's prompt above the
+				   watermark (the default) */
+	BKV_RESERVE_OUTPUT = 1  /* also every running request's prompt and
+				   output as far as expected (its
+				   predicted_output, else the mean length of
+				   the requests that ended, at most
+				   max_new_tokens): admitted work the pool
+				   cannot hold to completion waits */
+} bkv_admit_reserve;
+
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
@@ -1488,7 +1513,12 @@ typedef struct bkv_sched_config {
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
 				      blocks with cost (taken at create)
 				      and allocates 12 bytes a device block */
-	uint32_t reserved[3];      /* zero (else EINVAL); room for later
+	bkv_victim_policy victim;  /* preemption's victim; default
+				      BKV_VICTIM_RECENT */
+	bkv_admit_reserve admit_reserve; /* what admission keeps room
+					    for; default
+					    BKV_RESERVE_PROMPT */
+	uint32_t reserved[1];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

@@ -209,9 +209,9 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fh_opts o;
 	fake_host *f;
 
-	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 3 * 4,
-		     "the bound took two reserved slots, batch_layout, ttft_target_us "
-		     "and evict one each: the size did not change");
+	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 1 * 4,
+		     "the bound took two reserved slots, batch_layout, ttft_target_us, "
+		     "evict, victim and admit_reserve one each: the size did not change");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];
@@ -867,8 +867,9 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(max_bypass_us, (1ull << 42) + 1); /* past the range, not UINT64_MAX */
 	BAD(max_bypass_us, UINT64_MAX - 1);
 	BAD(reserved[0], 1);
-	BAD(reserved[2], 1);
 	BAD(evict, (bkv_evict_policy)2);
+	BAD(victim, (bkv_victim_policy)2);
+	BAD(admit_reserve, (bkv_admit_reserve)2);
 	BAD(batch_layout, (bkv_batch_layout)2);
 #undef BAD
 	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");

@@ -541,6 +541,8 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
 	sc->evict = cfg->evict;
+	sc->victim = cfg->victim;
+	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->preempt = cfg->preempt ? cfg->preempt
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;

@@ -146,6 +146,13 @@ struct bkv__auto {
 	double *pack_best;       /* [+ 1] DP: the price of that partition */
 	int evict_on;            /* the table's evict policy is in force on
 				    the pool (undone at destroy) */
+	double out_sum;          /* decayed sum (AUTO_OUT_DECAY) of the
+				    generated tokens of the lanes that ended
+				    (LENGTH or STOP): / out_w is their mean */
+	uint64_t res_step;       /* step_no whose reserve res_need holds */
+	uint64_t res_need;       /* BKV_RESERVE_OUTPUT: blocks the running
+				    requests and this step's admissions are
+				    expected to need to complete */
 };
 
 /* ---- decide/decide.c -------------------------------------------------------- */

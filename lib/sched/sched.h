@@ -322,6 +322,9 @@ typedef struct bkv__policy {
 	int (*admit)(bkv_sched *s, uint64_t now, uint32_t free_slots);
 	/* decide/admit.c: within an admitting step, may r join the group */
 	int (*admit_ok)(bkv_sched *s, const bkv__req *r);
+	/* decide/admit.c: the policy's own admit_ok when admit_ok is the
+	 * memory reserve's wrapper (BKV_RESERVE_OUTPUT), else NULL */
+	int (*admit_ok_base)(bkv_sched *s, const bkv__req *r);
 	/* decide/admit.c: after a step's admissions (was_empty: nothing ran
 	 * before them; static batching fixes its group here) */
 	void (*admit_end)(bkv_sched *s, int was_empty);

@@ -219,6 +219,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* the eviction policy from the same byte's top bit: half the inputs
 	 * evict by value */
 	sc.evict = (bkv_evict_policy)((b >> 7) & 1);
+	/* and the victim policy from its next bit */
+	sc.victim = (bkv_victim_policy)((b >> 6) & 1);
+	/* and the memory reserve from the one after */
+	sc.admit_reserve = (bkv_admit_reserve)((b >> 5) & 1);
 	sc.tpot_target_us = fz_u8(&f) % 3 == 0 ? 0 : fz_u16(&f);
 	if (fz_u8(&f) & 1) {
 		sc.cost.step_us = cost_step;
@@ -232,7 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.reserved[2] = 1;
+		sc.reserved[0] = 1;
 
 	rc = bkv_pool_create(&pc, &a, &pool);
 	if (rc != BKV_OK) {

@@ -65,6 +65,10 @@ BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
 BKV_EVICT_LRU = 0
 BKV_EVICT_VALUE = 1
+BKV_VICTIM_RECENT = 0
+BKV_VICTIM_COST = 1
+BKV_RESERVE_PROMPT = 0
+BKV_RESERVE_OUTPUT = 1
 BKV_BATCH_FLAT = 0
 BKV_BATCH_PERSISTENT = 1
 BKV_TABLE_OPENED = 0x1
@@ -372,7 +376,9 @@ class bkv_sched_config(Structure):
         ('batch_layout', c_int),
         ('ttft_target_us', c_uint32),
         ('evict', c_int),
-        ('reserved', c_uint32 * 3),
+        ('victim', c_int),
+        ('admit_reserve', c_int),
+        ('reserved', c_uint32 * 1),
     ]
 
 

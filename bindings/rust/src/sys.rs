@@ -88,6 +88,12 @@ pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
 pub type bkv_evict_policy = c_int;
 pub const BKV_EVICT_LRU: bkv_evict_policy = 0;
 pub const BKV_EVICT_VALUE: bkv_evict_policy = 1;
+pub type bkv_victim_policy = c_int;
+pub const BKV_VICTIM_RECENT: bkv_victim_policy = 0;
+pub const BKV_VICTIM_COST: bkv_victim_policy = 1;
+pub type bkv_admit_reserve = c_int;
+pub const BKV_RESERVE_PROMPT: bkv_admit_reserve = 0;
+pub const BKV_RESERVE_OUTPUT: bkv_admit_reserve = 1;
 pub type bkv_batch_layout = c_int;
 pub const BKV_BATCH_FLAT: bkv_batch_layout = 0;
 pub const BKV_BATCH_PERSISTENT: bkv_batch_layout = 1;
@@ -381,7 +387,9 @@ pub struct bkv_sched_config {
     pub batch_layout: bkv_batch_layout,
     pub ttft_target_us: u32,
     pub evict: bkv_evict_policy,
-    pub reserved: [u32; 3],
+    pub victim: bkv_victim_policy,
+    pub admit_reserve: bkv_admit_reserve,
+    pub reserved: [u32; 1],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -46,7 +46,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_batch_group { kind, span, slot_mapping, kv_indptr, kv_indices, kv_first_block, row_tables, row_table_len, state_in, state_out, state_frames }),
         layout!(bkv_table_delta { slot, start, n, len, flags }),
         layout!(bkv_host_ops { forward, prefill, decode, on_token, on_finish, now_us }),
-        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, evict, reserved }),
+        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, evict, victim, admit_reserve, reserved }),
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user }),
         layout!(bkv_step_info { rows, prefill_tokens, decode_tokens, hit_tokens, prefill_calls, decode_calls, admitted, finished, preempted, running, waiting, predicted_us, measured_us }),
         layout!(bkv_sched_stats { size, waiting, running, swapped, steps, failed_steps, submitted, finished, aborted, prefill_tokens, decode_tokens, hit_tokens, preemptions, swaps, prefill_calls, decode_calls, busy_us, unadmittable }),
