@@ -605,10 +605,15 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 {
 	int32_t b;
 
-	if (kv->val)
-		return bkv__val_evict(kv); /* kv/value.c */
 	if (kv->lru_head < 0)
 		return -1;
+	if (kv->val) { /* by value: kv/value.c chooses */
+		b = bkv__val_pick(kv);
+		bkv__lru_unlink(kv, b); /* off its class list too */
+		bkv__cache_forget(kv, b);
+		kv->evictions++;
+		return b;
+	}
 	b = kv->lru[kv->lru_head];
 	bkv__lru_unlink(kv, b);
 	evict_prefetch(kv);

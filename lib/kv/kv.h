@@ -496,11 +496,11 @@ void bkv__val_hit(bkv__kv *kv, int32_t b);
 void bkv__val_push(bkv__kv *kv, int32_t b);
 /* b left the LRU (bkv__lru_unlink): off its class list. */
 void bkv__val_unlink(bkv__kv *kv, int32_t b);
-/* Evict by value: the head of the lowest class without indexed children
- * (a head with them moves up a class; at most 2 x BKV__VAL_CLASSES moves,
- * then the LRU head); it leaves the index, the LRU and its class. -1 when
- * the LRU is empty. */
-int32_t bkv__val_evict(bkv__kv *kv);
+/* Which block to evict by value (the LRU is not empty): the head of the
+ * lowest class without indexed children (a head with them moves up a
+ * class; at most 2 x BKV__VAL_CLASSES moves, then the LRU head). The caller
+ * (bkv__cache_evict) evicts it. */
+int32_t bkv__val_pick(bkv__kv *kv);
 /* Value records consistent (depths follow parents, every cached block on
  * the class list it records, once): 0 or CHECK_VALUE. */
 int bkv__val_check(const bkv__kv *kv);

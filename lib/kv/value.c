@@ -45,6 +45,10 @@
  * With every v equal (no cost model depth term and no hits) every block is
  * in class 0 in release order, and the policy evicts what LRU evicts.
  *
+ * kv/cache.c's bkv__cache_evict asks bkv__val_pick which block goes and
+ * evicts it (this file calls nothing of cache.c: the layers test keeps
+ * calls one way between files).
+ *
  * The decision layer turns the policy on (decide/evict.c, from
  * bkv_sched_config.evict) with prices from the scheduler's cost model; the
  * records (24 bytes a device block) exist only while it is on.
@@ -259,7 +263,7 @@ static void age_one(bkv__kv *kv)
 	}
 }
 
-int32_t bkv__val_evict(bkv__kv *kv)
+int32_t bkv__val_pick(bkv__kv *kv)
 {
 	int32_t b = -1;
 	uint32_t moves;
@@ -283,9 +287,6 @@ int32_t bkv__val_evict(bkv__kv *kv)
 	}
 	if (b < 0)
 		b = kv->lru[kv->lru_head]; /* never has indexed children */
-	bkv__lru_unlink(kv, b); /* off its class list too */
-	bkv__cache_forget(kv, b);
-	kv->evictions++;
 	kv->val_clock++;
 	return b;
 }
