@@ -41,6 +41,7 @@ int main(void)
 	F(bkv_pool_config, prefix_cache);
 	F(bkv_pool_config, hash_seed);
 	F(bkv_pool_config, event_capacity);
+	F(bkv_pool_config, pin_permille);
 	F(bkv_pool_config, reserved);
 	F(bkv_pool_config, n_groups);
 	F(bkv_pool_config, state_units);

@@ -266,3 +266,194 @@ Test(evict, chunked_prefix_forks_and_preemption_in_a_small_pool_by_value)
 		free(pr[i]);
 	free(base);
 }
+
+/* ---- prefix pins (bkv_pool_pin_prefix, lib/pool/pin.c) -------------------- */
+
+static bkv_pool *pin_pool(uint32_t permille)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = BT;
+	c.device_blocks = NB;
+	c.max_seqs = 64;
+	c.pin_permille = permille;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	return p;
+}
+
+/* S (the system prompt) is released before X, so LRU evicts S first;
+ * pinned, S stays and X goes. */
+static uint32_t system_prompt_after_pressure(int pinned, uint32_t *x_hits)
+{
+	bkv_pool *p = pin_pool(500);
+	int32_t t[4 * BT];
+	uint32_t pin = 0, got = 0, s;
+
+	cache_chain(p, 1000, 4);
+	cache_chain(p, 2000, 4);
+	if (pinned) {
+		fill_tokens(t, 4 * BT, 1000);
+		cr_assert_eq(bkv_pool_pin_prefix(p, 0, t, 4 * BT + 3, &pin, &got), BKV_OK);
+		cr_assert_eq(got, 4 * BT, "whole blocks only");
+	}
+	pressure(p, 12); /* 8 free: 4 evicted */
+	*x_hits = chain_hits(p, 2000, 4);
+	s = chain_hits(p, 1000, 4);
+	if (pinned)
+		cr_assert_eq(bkv_pool_unpin(p, pin), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+	return s;
+}
+
+Test(pin, a_pinned_system_prompt_outlives_the_eviction_that_takes_it_unpinned)
+{
+	uint32_t x;
+
+	cr_expect_eq(system_prompt_after_pressure(0, &x), 0, "unpinned, LRU takes it");
+	cr_expect_eq(x, 16);
+	cr_expect_eq(system_prompt_after_pressure(1, &x), 16, "pinned, it stays");
+	cr_expect_eq(x, 0, "the other chain went instead");
+}
+
+Test(pin, past_the_pin_share_the_pin_is_refused_and_nothing_changes)
+{
+	bkv_pool *p = pin_pool(250); /* 4 of 16 blocks */
+	int32_t a[3 * BT], b[2 * BT];
+	uint32_t pa, pb;
+	bkv_pool_stats before;
+
+	cache_chain(p, 1000, 3);
+	cache_chain(p, 2000, 2);
+	fill_tokens(a, 3 * BT, 1000);
+	fill_tokens(b, 2 * BT, 2000);
+	cr_assert_eq(bkv_pool_pin_prefix(p, 0, a, 3 * BT, &pa, NULL), BKV_OK);
+	before = pool_stats(p);
+	pb = 77;
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, b, 2 * BT, &pb, NULL), BKV_ENOSPC);
+	cr_expect_eq(pb, 77, "pin untouched on failure");
+	expect_same_stats(&before, p);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	cr_assert_eq(bkv_pool_unpin(p, pa), BKV_OK);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, b, 2 * BT, &pb, NULL), BKV_OK, "room again");
+	cr_assert_eq(bkv_pool_unpin(p, pb), BKV_OK);
+	cr_expect_eq(pool_stats(p).nr_used, 0);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
+Test(pin, a_pin_under_one_tenant_salt_never_holds_another_tenants_blocks)
+{
+	bkv_pool *p = pin_pool(1000);
+	int32_t t[2 * BT];
+	uint32_t s, hit, pin;
+
+	fill_tokens(t, 2 * BT, 1000);
+	cr_assert_eq(bkv_seq_open_keyed(p, 0xA, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, t, 2 * BT, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0xB, t, 2 * BT, &pin, NULL), BKV_ENOENT,
+		     "the same tokens under another salt are not cached");
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, &pin, NULL), BKV_ENOENT);
+	cr_assert_eq(bkv_pool_pin_prefix(p, 0xA, t, 2 * BT, &pin, NULL), BKV_OK);
+	cr_expect_eq(pool_stats(p).nr_used, 2);
+	cr_assert_eq(bkv_pool_unpin(p, pin), BKV_OK);
+	cr_expect_eq(pool_stats(p).nr_cached, 2, "back in the cache");
+	bkv_pool_destroy(p);
+}
+
+Test(pin, bad_input_gets_a_clear_error_and_changes_nothing)
+{
+	bkv_pool *p = pin_pool(1000), *q;
+	bkv_pool_config c;
+	int32_t t[2 * BT];
+	uint32_t pin, s;
+	bkv_pool_stats before;
+
+	fill_tokens(t, 2 * BT, 1000);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, &pin, NULL), BKV_ENOENT, "nothing cached");
+	cache_chain(p, 1000, 2);
+	before = pool_stats(p);
+	cr_expect_eq(bkv_pool_pin_prefix(NULL, 0, t, 2 * BT, &pin, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, NULL, 2 * BT, &pin, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, t, 0, &pin, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, NULL, NULL), BKV_EINVAL);
+	cr_expect_eq(bkv_pool_pin_prefix(p, 0, t, BT - 1, &pin, NULL), BKV_ENOENT, "no whole block");
+	cr_expect_eq(bkv_pool_unpin(p, 12345), BKV_ENOENT);
+	cr_expect_eq(bkv_pool_unpin(NULL, 1), BKV_EINVAL);
+	expect_same_stats(&before, p);
+	/* a sequence is not a pin, a pin is not a sequence to close */
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_expect_eq(bkv_pool_unpin(p, s), BKV_ENOENT);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, &pin, NULL), BKV_OK);
+	cr_expect_eq(bkv_seq_close(p, pin), BKV_EINVAL);
+	cr_expect_eq(bkv_seq_drop(p, pin), BKV_EINVAL);
+	cr_assert_eq(bkv_pool_unpin(p, pin), BKV_OK);
+	cr_expect_eq(bkv_pool_unpin(p, pin), BKV_ENOENT, "once");
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+	/* the share's range; a pool without prefix cache */
+	bkv_pool_config_init(&c);
+	c.block_tokens = BT;
+	c.device_blocks = NB;
+	c.pin_permille = 1001;
+	cr_expect_eq(bkv_pool_create(&c, NULL, &q), BKV_EINVAL);
+	c.pin_permille = 1000;
+	c.prefix_cache = 0;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &q), BKV_OK);
+	cr_expect_eq(bkv_pool_pin_prefix(q, 0, t, 2 * BT, &pin, NULL), BKV_ESTATE);
+	bkv_pool_destroy(q);
+}
+
+/* A scheduler serving requests that share a pinned system prompt in a pool
+ * small enough to evict and preempt, evicting by value: every request hits
+ * the pinned blocks, bkv_sched_check (which counts the pin among the pool's
+ * sequences) holds after every step, and the pin outlives the run. */
+Test(pin, requests_share_a_pinned_system_prompt_under_pressure)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *sys = fh_prompt(64, 3), *pr[16];
+	uint32_t i, pin, got;
+	uint64_t id;
+	bkv_pool_stats ps;
+
+	fh_opts_init(&o);
+	o.block_tokens = 8;
+	o.device_blocks = 48;
+	o.pin_permille = 200;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 48;
+	o.cfg.max_running = 4;
+	o.cfg.preempt = BKV_PREEMPT_RECOMPUTE;
+	o.cfg.evict = BKV_EVICT_VALUE;
+	f = fh_create(&o);
+	id = fh_submit(f, sys, 64, 4); /* computes the system prompt */
+	fh_run(f, 1000);
+	cr_assert_eq(f->finish_count[id], 1);
+	cr_assert_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 64, &pin, &got), BKV_OK);
+	cr_assert_eq(got, 64);
+	for (i = 0; i < 16; i++) {
+		uint32_t len = 64 + 20 + (i * 7) % 40;
+
+		pr[i] = fh_prompt(len, 50 + i);
+		memcpy(pr[i], sys, 64 * sizeof(int32_t));
+		fh_submit(f, pr[i], len, 16 + (i % 4) * 8);
+	}
+	cr_assert_lt(fh_run(f, 20000), 20000);
+	cr_expect_eq(f->finished_total, 17);
+	ps = pool_stats(f->pool);
+	cr_expect_geq(ps.hit_tokens, 16 * 64, "every request hit the pinned prompt");
+	cr_expect_gt(ps.evictions, 0);
+	cr_expect_eq(ps.nr_used, 8, "only the pin holds blocks after the run");
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(bkv_pool_unpin(f->pool, pin), BKV_OK);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	fh_destroy(f);
+	for (i = 0; i < 16; i++)
+		free(pr[i]);
+	free(sys);
+}

@@ -566,8 +566,8 @@ static inline void bkv__kv_txn_note(bkv__kv *kv, int32_t b, uint64_t owner)
 /* ---- kv/check.c ----------------------------------------------------------- */
 
 /* bkv_pool_check's answers, the first violated invariant: one numbering
- * for both layers. kv/check.c checks 1-10, 14 and 17; pool/check.c 11-13,
- * 15 and 16. */
+ * for both layers. kv/check.c checks 1-10, 14, 17 and (through
+ * kv/value.c) 18; pool/check.c 11-13, 15 and 16. */
 enum {
 	CHECK_OK = 0,
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */

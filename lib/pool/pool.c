@@ -62,6 +62,8 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->event_capacity > (1u << 24))
 		return 0;
+	if (c->pin_permille > 1000)
+		return 0;
 	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
 		if (c->reserved[i])
 			return 0;

@@ -129,7 +129,7 @@ int bkv_sched_check(const bkv_sched *s)
 	memset(&ps, 0, sizeof(ps));
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
-	if (ps.nr_seqs != n_seqs)
+	if (ps.nr_seqs != n_seqs + bkv__pool_nr_pins(s->pool)) /* pins: pool/pin.c */
 		return 23;
 	rc = bkv_pool_check(s->pool);
 	return rc > 0 ? 1000 + rc : rc;

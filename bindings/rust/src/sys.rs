@@ -159,7 +159,8 @@ pub struct bkv_pool_config {
     pub prefix_cache: c_int,
     pub hash_seed: u64,
     pub event_capacity: u32,
-    pub reserved: [u32; 3],
+    pub pin_permille: u32,
+    pub reserved: [u32; 2],
     pub n_groups: u32,
     pub state_units: u32,
     pub groups: *const bkv_kv_group,
@@ -529,6 +530,8 @@ extern "C" {
     pub fn bkv_pool_available(pool: *const bkv_pool) -> u32;
     pub fn bkv_pool_can_admit(pool: *const bkv_pool, n_tokens: u32) -> c_int;
     pub fn bkv_pool_reset_cache(pool: *mut bkv_pool) -> c_int;
+    pub fn bkv_pool_pin_prefix(pool: *mut bkv_pool, key: u64, tokens: *const i32, n: u32, pin: *mut u32, pinned: *mut u32) -> c_int;
+    pub fn bkv_pool_unpin(pool: *mut bkv_pool, pin: u32) -> c_int;
     pub fn bkv_pool_stats_get(pool: *const bkv_pool, stats: *mut bkv_pool_stats);
     pub fn bkv_pool_memory_get(pool: *const bkv_pool, mem: *mut bkv_pool_memory) -> c_int;
     pub fn bkv_block_info_get(pool: *const bkv_pool, block: i32, info: *mut bkv_block_info) -> c_int;
