@@ -15,6 +15,12 @@
  *                index probe, token-by-token verification, ref count. Both
  *                with the cached blocks pinned by another sequence and with
  *                them only on the LRU (each hit unlinks, each close relinks).
+ *   miss_evict   (with iterations only: for callgrind) a 2,048-token prompt
+ *                never seen (open, append, close) in a 1,024-block pool whose
+ *                cache is full, per block: an eviction, fill, hash, index
+ *                and release to the cache; miss_evict_value the same with
+ *                eviction by value (a scheduler holds the pool with
+ *                bkv_sched_config.evict = BKV_EVICT_VALUE).
  *   metadata     bytes of pool memory per block and per token slot, as the
  *                pool reports them (bkv_pool_memory_get).
  *   scale        (bench_pool scale [blocks...]) the pool size as a dimension:
@@ -140,6 +146,64 @@ static void op_prefix_hit(bkv_pool *p, uint64_t n)
 		if (r)
 			die("close", r);
 	}
+}
+
+/* A 2,048-token prompt never seen before (its first token is new), appended
+ * and closed: once the cache is full, each of its blocks is evicted from the
+ * cache, filled, indexed and cached again at the close. */
+static void op_miss_evict(bkv_pool *p, uint64_t n)
+{
+	static int32_t first = 1 << 30;
+	uint64_t i;
+	uint32_t seq, hit;
+	int r;
+
+	for (i = 0; i < n; i++) {
+		toks[0] = first++;
+		r = bkv_seq_open(p, &seq);
+		if (r)
+			die("open", r);
+		r = bkv_seq_append(p, seq, toks, PROMPT, &hit);
+		if (r || hit != 0)
+			die("append (miss)", r ? r : BKV_EINVAL);
+		r = bkv_seq_close(p, seq);
+		if (r)
+			die("close", r);
+	}
+	toks[0] = 0;
+}
+
+static int no_forward(void *host, const bkv_batch *b, int32_t *next)
+{
+	(void)host;
+	(void)b;
+	(void)next;
+	return 0;
+}
+
+/* A pool of 1,024 blocks whose cache is full of such prompts; with `value`
+ * a scheduler (never stepped) holds it with bkv_sched_config.evict =
+ * BKV_EVICT_VALUE (its default cost model prices the blocks), so the pool
+ * evicts by value; *s gets it (NULL for LRU). */
+static bkv_pool *evict_pool(int value, bkv_sched **s)
+{
+	bkv_pool *p = make(16, 1024, 1);
+	bkv_host_ops ops;
+	bkv_sched_config c;
+	int r;
+
+	*s = NULL;
+	if (value) {
+		memset(&ops, 0, sizeof(ops));
+		ops.forward = no_forward;
+		bkv_sched_config_init(&c);
+		c.evict = BKV_EVICT_VALUE;
+		r = bkv_sched_create(&c, p, &ops, NULL, NULL, s);
+		if (r)
+			die("sched create", r);
+	}
+	op_miss_evict(p, 16);
+	return p;
 }
 
 /* ---- timing -------------------------------------------------------------- */
@@ -412,9 +476,16 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[1], "prefix_hit_lru")) {
 			x = hit_ctx(0);
 			run_prefix_hit(&x, n);
+		} else if (!strcmp(argv[1], "miss_evict") || !strcmp(argv[1], "miss_evict_value")) {
+			bkv_sched *s;
+			bkv_pool *p = evict_pool(argv[1][10] != 0, &s);
+
+			op_miss_evict(p, n);
+			bkv_sched_destroy(s);
+			bkv_pool_destroy(p);
 		} else {
 			fprintf(stderr, "usage: bench_pool [alloc_free|alloc_free1|malloc_free|"
-					"prefix_hit|prefix_hit_lru iters]\n");
+					"prefix_hit|prefix_hit_lru|miss_evict|miss_evict_value iters]\n");
 			return 2;
 		}
 		printf("%llu\n", (unsigned long long)sink);

@@ -4,7 +4,7 @@
 #   sh bench/instr_counts.sh BUILD
 # bkv_step: inclusive Ir of bkv_step over 128 decode steps minus 64, per step
 # and per row. Pool ops: total Ir of 2,000 iterations minus 1,000, per block
-# (64 blocks per alloc iteration, 128 per prefix iteration).
+# (64 blocks per alloc iteration, 128 per prefix and miss iteration).
 B=${1:-build-rel}
 t=$(mktemp -d) || exit 1
 step_ir() { # running waiting steps
@@ -21,9 +21,9 @@ pool_ir() { # op iterations
 	valgrind --tool=callgrind --callgrind-out-file=/dev/null "$B/bench/bench_pool" "$1" "$2" 2>&1 |
 		awk '/refs:/ { gsub(",", "", $NF); print $NF }'
 }
-for op in alloc_free alloc_free1 prefix_hit prefix_hit_lru; do
+for op in alloc_free alloc_free1 prefix_hit prefix_hit_lru miss_evict miss_evict_value; do
 	per=64
-	case $op in prefix*) per=128 ;; esac
+	case $op in prefix* | miss*) per=128 ;; esac
 	a=$(pool_ir $op 1000)
 	b=$(pool_ir $op 2000)
 	echo "bench_pool $op: $(echo "scale=1; ($b - $a) / 1000 / $per" | bc) instr/block"

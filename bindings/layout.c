@@ -41,6 +41,7 @@ int main(void)
 	F(bkv_pool_config, prefix_cache);
 	F(bkv_pool_config, hash_seed);
 	F(bkv_pool_config, event_capacity);
+	F(bkv_pool_config, pin_permille);
 	F(bkv_pool_config, reserved);
 	F(bkv_pool_config, n_groups);
 	F(bkv_pool_config, state_units);
@@ -243,6 +244,9 @@ int main(void)
 	F(bkv_sched_config, spec_k_mode);
 	F(bkv_sched_config, spec_drafts);
 	F(bkv_sched_config, overlap);
+	F(bkv_sched_config, evict);
+	F(bkv_sched_config, victim);
+	F(bkv_sched_config, admit_reserve);
 	F(bkv_sched_config, reserved);
 	S(bkv_request);
 	F(bkv_request, size);

@@ -346,7 +346,11 @@ typedef struct bkv_pool_config {
 	uint32_t event_capacity;   /* KV events the ring holds between drains
 				      (bkv_pool_drain_events), 0..2^24; taken at
 				      create. 0 = no events. Default 0. */
-	uint32_t reserved[3];      /* zero; room for later fields */
+	uint32_t pin_permille;     /* most device blocks prefix pins may hold
+				      together (bkv_pool_pin_prefix), per
+				      mille of device_blocks, 0..1000.
+				      Default 0: no pins. */
+	uint32_t reserved[2];      /* zero; room for later fields */
 	uint32_t n_groups;         /* entries in groups, 0..BKV_MAX_GROUPS; 0 =
 				      one full-attention group (the pool of
 				      a plain transformer). Default 0. */
@@ -728,6 +732,46 @@ BKV_API uint32_t bkv_pool_available(const bkv_pool *pool);
  * of a scheduler that uses the pool).
  */
 BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
+
+/**
+ * Pin a prefix (a system prompt): the leading full blocks of tokens that the
+ * prefix cache holds under key (what a request with that cache key would
+ * hit) stay cached, out of eviction's reach, until bkv_pool_unpin. Pins of
+ * one pool together hold at most pin_permille / 1000 of its device blocks
+ * (a block two pins share counts twice). A pin takes one of the pool's
+ * max_seqs sequence slots; its id names it only to bkv_pool_unpin
+ * (bkv_seq_close and bkv_seq_drop refuse it). Nothing is computed: blocks
+ * not cached yet are not pinned (pin again once a request has computed
+ * them).
+ * @param pool   the pool.
+ * @param key    the cache key (tenant salt, LoRA id) the prefix is cached
+ *               under; 0 = none.
+ * @param tokens [n] the prefix's token ids.
+ * @param n      tokens in the prefix (its last partial block is ignored).
+ * @param pin    out: the pin's id.
+ * @param pinned out (nullable): tokens pinned, a multiple of block_tokens.
+ * @return BKV_OK; BKV_EINVAL (NULL pool, tokens or pin, n 0);
+ *         BKV_ENOENT (no full block of it is cached); BKV_ENOSPC (the
+ *         pins would hold more than pin_permille of the device blocks);
+ *         BKV_EAGAIN (no free sequence slot); BKV_ENOMEM; BKV_ESTATE (no
+ *         prefix cache, a pool with KV groups, or inside a scheduler's
+ *         step). On error nothing changed.
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
+ */
+BKV_API int bkv_pool_pin_prefix(bkv_pool *pool, uint64_t key, const int32_t *tokens, uint32_t n,
+				uint32_t *pin, uint32_t *pinned);
+
+/**
+ * End a pin: its blocks go back to the prefix cache (most recently used),
+ * evictable again.
+ * @param pool   the pool.
+ * @param pin    an id bkv_pool_pin_prefix returned.
+ * @return BKV_OK; BKV_EINVAL (NULL pool); BKV_ENOENT (not a live pin).
+ * Thread rules: the pool's thread (one at a time; not during a bkv_step
+ * of a scheduler that uses the pool).
+ */
+BKV_API int bkv_pool_unpin(bkv_pool *pool, uint32_t pin);
 
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
@@ -1490,6 +1534,41 @@ typedef enum bkv_spec_k_mode {
 /* Most drafts per row (bkv_sched_config.spec_max_k). */
 #define BKV_SPEC_MAX_K 16u
 
+/* Which cached block the pool's prefix cache evicts when it needs a frame
+ * (bkv_sched_config.evict; docs/design.md, "Eviction by value"). */
+typedef enum bkv_evict_policy {
+	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
+			       first (the default) */
+	BKV_EVICT_VALUE = 1 /* of the oldest cached leaves, the one whose
+			       expected saving (its recompute price at its
+			       depth x its decayed hit count) is lowest */
+} bkv_evict_policy;
+
+/* Which running request preemption takes when the pool is short
+ * (bkv_sched_config.victim; docs/design.md, "Victims by cost"). */
+typedef enum bkv_victim_policy {
+	BKV_VICTIM_RECENT = 0, /* lowest priority, then the most recently
+				  admitted (the default) */
+	BKV_VICTIM_COST = 1    /* lowest priority, then the least predicted
+				  loss (recomputing or swapping what it holds)
+				  per block freed and step of output it has
+				  left; a request preempted within the last
+				  64 steps only when no other can go */
+} bkv_victim_policy;
+
+/* What admission keeps room for (bkv_sched_config.admit_reserve;
+ * docs/design.md, "Admission by expected memory"). */
+typedef enum bkv_admit_reserve {
+	BKV_RESERVE_PROMPT = 0, /* the new request's prompt above the
+				   watermark (the default) */
+	BKV_RESERVE_OUTPUT = 1  /* also every running request's prompt and
+				   output as far as expected (its
+				   predicted_output, else the mean length of
+				   the requests that ended, at most
+				   max_new_tokens): admitted work the pool
+				   cannot hold to completion waits */
+} bkv_admit_reserve;
+
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
@@ -1576,7 +1655,17 @@ typedef struct bkv_sched_config {
 				      host ops.launch, the flat layout, a
 				      pool without KV groups and spec_max_k
 				      0 (else EINVAL). Default 0. */
-	uint32_t reserved[4];      /* zero (else EINVAL); room for later
+	bkv_evict_policy evict;    /* the pool's eviction policy while this
+				      scheduler runs it; default
+				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
+				      blocks with cost (taken at create)
+				      and allocates 12 bytes a device block */
+	bkv_victim_policy victim;  /* preemption's victim; default
+				      BKV_VICTIM_RECENT */
+	bkv_admit_reserve admit_reserve; /* what admission keeps room
+					    for; default
+					    BKV_RESERVE_PROMPT */
+	uint32_t reserved[1];      /* zero (else EINVAL); room for later
 				      fields */
 } bkv_sched_config;
 

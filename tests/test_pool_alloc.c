@@ -263,7 +263,8 @@ Test(pool_input, create_refuses_bad_configs)
 		{"max_seqs 0", offsetof(bkv_pool_config, max_seqs), 0},
 		{"max_seqs 2^20+1", offsetof(bkv_pool_config, max_seqs), (1u << 20) + 1},
 		{"watermark > blocks", offsetof(bkv_pool_config, watermark_blocks), 9},
-		{"reserved[2]", offsetof(bkv_pool_config, reserved) + 2 * sizeof(uint32_t), 1},
+		{"reserved[1]", offsetof(bkv_pool_config, reserved) + 1 * sizeof(uint32_t), 1},
+		{"pin_permille 1001", offsetof(bkv_pool_config, pin_permille), 1001},
 	};
 	size_t i;
 
@@ -304,7 +305,8 @@ Test(pool_input, config_init_fills_the_documented_defaults)
 	cr_assert_eq(c.prefix_cache, 1);
 	cr_assert_eq(c.hash_seed, 0);
 	cr_assert_eq(c.event_capacity, 0);
-	cr_assert_eq(c.reserved[2], 0);
+	cr_assert_eq(c.pin_permille, 0);
+	cr_assert_eq(c.reserved[1], 0);
 }
 
 Test(pool_input, null_pool_is_einval_everywhere)

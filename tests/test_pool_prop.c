@@ -319,6 +319,10 @@ static void one_op(model *m)
 	m->ok[op]++;
 }
 
+/* Eviction by value (kv/value.c) for the next run: prices p0 = 1 and this
+ * p1 per block of depth; 0 = LRU. */
+static double run_value_p1;
+
 static void run(uint32_t bt, uint32_t nb, uint32_t nh, int prefix, uint64_t seed, uint32_t ops,
 		int lazy)
 {
@@ -338,6 +342,10 @@ static void run(uint32_t bt, uint32_t nb, uint32_t nh, int prefix, uint64_t seed
 	m.kv_host = calloc((size_t)(nh ? nh : 1) * bt, sizeof(int32_t));
 	cr_assert(m.kv_dev && m.kv_host);
 	for (i = 0; i < ops; i++) {
+		/* the value policy goes on a tenth of the way in (cached blocks
+		 * join their classes then) */
+		if (run_value_p1 > 0.0 && i == ops / 10)
+			cr_assert_eq(bkv__pool_value_on(m.p, 1.0, run_value_p1), BKV_OK);
 		one_op(&m);
 		r = bkv_pool_check(m.p);
 		cr_assert_eq(r, 0, "check failed with %d after op %u (seed %llu)", r, i,
@@ -368,6 +376,12 @@ static void run(uint32_t bt, uint32_t nb, uint32_t nh, int prefix, uint64_t seed
 	}
 	if (nh)
 		cr_assert_gt(st.swap_in_blocks, 0);
+	if (run_value_p1 > 0.0) {
+		cr_assert(m.p->kv.val != NULL);
+		cr_assert_gt(m.p->kv.val_moves, 0, "no class head ever moved");
+		bkv__pool_value_off(m.p);
+		cr_assert(m.p->kv.val == NULL);
+	}
 	if (bt > 1)
 		cr_assert_gt(st.cow_copies, 0);
 	cr_log_info("bt %u: ok ops open %llu append %llu fork %llu close %llu drop %llu trunc %llu "
@@ -415,4 +429,19 @@ Test(pool_prop, random_ops_without_prefix_cache, .timeout = 120)
 Test(pool_prop, random_ops_without_host_tier, .timeout = 120)
 {
 	run(2, 48, 0, 1, 4242, 20000, 0);
+}
+
+/* The value policy's class lists beside the LRU, its chain rule (a head with
+ * indexed children moves up) and its aging hold every pool invariant,
+ * invariant 18 included, through the same random operations. */
+Test(pool_prop, random_ops_evicting_by_value_keep_every_invariant, .timeout = 120)
+{
+	run_value_p1 = 0.25;
+	run(4, 40, 24, 1, 0x5eed, 60000, 0);
+}
+
+Test(pool_prop, random_ops_evicting_by_value_one_token_blocks, .timeout = 120)
+{
+	run_value_p1 = 0.05;
+	run(1, 96, 64, 1, 99, 20000, 0);
 }

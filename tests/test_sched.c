@@ -209,10 +209,10 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fh_opts o;
 	fake_host *f;
 
-	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 4 * 4,
+	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 1 * 4,
 		     "the bound took two reserved slots, batch_layout and ttft_target_us "
-		     "one each, speculative decoding three and overlap one: the struct grew "
-		     "by four words and keeps four reserved");
+		     "one each, speculative decoding three, overlap, evict, victim and "
+		     "admit_reserve one each: the struct grew by four words");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];
@@ -871,8 +871,11 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(spec_max_k, BKV_SPEC_MAX_K + 1);
 	BAD(spec_k_mode, (bkv_spec_k_mode)2);
 	BAD(spec_drafts, (bkv_spec_drafts)2);
-	BAD(reserved[3], 1);
+	BAD(reserved[0], 1);
 	BAD(overlap, 1); /* overlap needs ops.launch */
+	BAD(evict, (bkv_evict_policy)2);
+	BAD(victim, (bkv_victim_policy)2);
+	BAD(admit_reserve, (bkv_admit_reserve)2);
 	BAD(batch_layout, (bkv_batch_layout)2);
 #undef BAD
 	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");

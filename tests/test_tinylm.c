@@ -900,6 +900,46 @@ Test(tinylm_serve, preemption_by_recompute_in_a_tight_pool_matches_reference,
 	cr_assert_eq(res.sched.swaps, 0);
 }
 
+/* Issue 22's rules together in a tight pool with chunked prefill: the
+ * cache evicts by value, preemption picks victims by cost; every request
+ * still matches the reference token for token. */
+Test(tinylm_serve, chunked_tight_pool_evicting_by_value_victims_by_cost_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 40);
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.sched.evict = BKV_EVICT_VALUE;
+	rc.sched.victim = BKV_VICTIM_COST;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
+	cr_assert_gt(res.pool.evictions, 0, "the cache was meant to evict");
+}
+
+/* Admission by expected memory takes fewer preemptions than admission by
+ * the prompt in the same tight pool, and stays token-exact. */
+Test(tinylm_serve, admission_by_expected_memory_preempts_less_and_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result by_prompt, by_output;
+
+	run_config(&rc, 40);
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	serve_and_verify(&rc, &by_prompt);
+	rc.sched.admit_reserve = BKV_RESERVE_OUTPUT;
+	serve_and_verify(&rc, &by_output);
+	cr_assert_gt(by_prompt.sched.preemptions, 0);
+	cr_assert_lt(by_output.sched.preemptions, by_prompt.sched.preemptions,
+		     "reserve output %llu, prompt %llu",
+		     (unsigned long long)by_output.sched.preemptions,
+		     (unsigned long long)by_prompt.sched.preemptions);
+}
+
 Test(tinylm_serve, preemption_by_swap_in_a_tight_pool_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
 {

@@ -360,6 +360,42 @@ static int set_gen(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+static int set_evict(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	if (!strcmp(v, "lru"))
+		a->c.evict = BKV_EVICT_LRU;
+	else if (!strcmp(v, "value"))
+		a->c.evict = BKV_EVICT_VALUE;
+	else
+		return SET_BAD;
+	return SET_OK;
+}
+
+static int set_victim(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	if (!strcmp(v, "recent"))
+		a->c.victim = BKV_VICTIM_RECENT;
+	else if (!strcmp(v, "cost"))
+		a->c.victim = BKV_VICTIM_COST;
+	else
+		return SET_BAD;
+	return SET_OK;
+}
+
+static int set_reserve(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	if (!strcmp(v, "prompt"))
+		a->c.admit_reserve = BKV_RESERVE_PROMPT;
+	else if (!strcmp(v, "output"))
+		a->c.admit_reserve = BKV_RESERVE_OUTPUT;
+	else
+		return SET_BAD;
+	return SET_OK;
+}
+
 /* --json, --csv: lo is the sim_format. */
 static int set_format(cli_args *a, const cli_option *opt, const char *v)
 {
@@ -535,6 +571,15 @@ static const cli_option options[] = {
 	      "                             states and checkpoints; default 2 x the\n"
 	      "                             pool's sequences)\n"),
 	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
+	VALUE("--evict", set_evict,
+	      "  --evict lru|value          the prefix cache's eviction policy\n"
+	      "                             (bkv_sched_config.evict; default lru)\n"),
+	VALUE("--victim", set_victim,
+	      "  --victim recent|cost       preemption's victim (bkv_sched_config.victim;\n"
+	      "                             default recent)\n"),
+	VALUE("--reserve", set_reserve,
+	      "  --reserve prompt|output    what admission keeps room for\n"
+	      "                             (bkv_sched_config.admit_reserve; default prompt)\n"),
 	HEADING("output:\n"),
 	{"--json", ARG_NONE, set_format, 0, SIM_JSON, 0,
 	 "  --json | --csv             instead of the table\n"},

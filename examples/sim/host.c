@@ -662,6 +662,9 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->max_queue = t->n > 65536 ? t->n : 65536;
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
+	sc->evict = cfg->evict;
+	sc->victim = cfg->victim;
+	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->spec_max_k = cfg->spec_k;
 	sc->spec_k_mode = cfg->spec_auto ? BKV_SPEC_K_AUTO : BKV_SPEC_K_FIXED;

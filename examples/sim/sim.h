@@ -92,6 +92,11 @@ typedef struct sim_config {
 				      kv_blocks is 0 (0 = slots): a preset
 				      with more running rows keeps the
 				      machine's memory */
+	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU) */
+	bkv_victim_policy victim;  /* bkv_sched_config.victim (default
+				      RECENT) */
+	bkv_admit_reserve admit_reserve; /* bkv_sched_config.admit_reserve
+					    (default PROMPT) */
 	bkv_preempt_mode preempt;  /* bkv_sched_config.preempt; AUTO (0) keeps
 				      bkv-sim's rule: swap with a host tier,
 				      else recompute */

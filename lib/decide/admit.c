@@ -465,7 +465,90 @@ static int admit_ok_continuous(bkv_sched *s, const bkv__req *r)
 	return 1;
 }
 
+/* ---- admission by expected memory (BKV_RESERVE_OUTPUT) ------------------- */
+
+/* Output tokens assumed for a request before any has ended. */
+#define RESERVE_DEFAULT_OUT 256.0
+
+/* Blocks lane l of r is expected to hold when it completes: its prompt and
+ * its output as far as expected (predicted_output, else the mean of the
+ * ended lanes, at most max_new), and at least one block past what it has
+ * generated. */
+static uint64_t lane_need(const bkv_sched *s, const bkv__req *r, const bkv__lane *l)
+{
+	const bkv__auto *a = s->autos;
+	double out = r->predicted_output          ? (double)r->predicted_output
+		     : a && a->out_w > 0.0 ? a->out_sum / a->out_w
+					    : RESERVE_DEFAULT_OUT;
+	uint64_t tok;
+
+	if (out > (double)r->max_new)
+		out = r->max_new;
+	tok = (uint64_t)r->prompt_len + (uint64_t)out;
+	if (tok < (uint64_t)r->prompt_len + l->n_gen + s->bt)
+		tok = (uint64_t)r->prompt_len + l->n_gen + s->bt;
+	return (tok + s->bt - 1) >> s->bt_shift;
+}
+
+static uint64_t req_need(const bkv_sched *s, const bkv__req *r)
+{
+	uint64_t n = 0;
+	uint32_t i;
+
+	for (i = 0; i < r->n; i++)
+		if (!r->lane[i].done)
+			n += lane_need(s, r, &r->lane[i]);
+	return n;
+}
+
+/* The policy's own rule, then room: the running requests' expected need
+ * (summed once a step over run[], O(running)) plus this step's admissions
+ * plus r's must fit in the device blocks. Nothing running: r goes (the
+ * progress rule). Prefix hits are counted as if private: conservative. */
+static int admit_ok_reserve(bkv_sched *s, const bkv__req *r)
+{
+	bkv__auto *a = s->autos;
+	uint64_t need;
+	uint32_t i, live = 0;
+
+	if (!s->pol.admit_ok_base(s, r))
+		return 0;
+	if (!a)
+		return 1;
+	if (a->res_step != s->plan.step_no) {
+		a->res_step = s->plan.step_no;
+		a->res_need = 0;
+		for (i = 0; i < s->rs.nr_run; i++) {
+			const bkv__req *q = s->rs.run[i];
+
+			if (q->state != BKV__REQ_RUNNING)
+				continue;
+			a->res_need += req_need(s, q);
+			live++;
+		}
+		if (!live)
+			a->res_need = 0;
+	}
+	need = req_need(s, r);
+	if (a->res_need > 0 && a->res_need + need > s->device_blocks)
+		return 0;
+	a->res_need += need;
+	return 1;
+}
+
+static void admit_choose_base(bkv__policy *p, const bkv_sched_config *user);
+
 void bkv__admit_choose(bkv__policy *p, const bkv_sched_config *user)
+{
+	admit_choose_base(p, user);
+	p->admit_ok_base = NULL;
+	if (user->admit_reserve == BKV_RESERVE_OUTPUT) {
+		p->admit_ok_base = p->admit_ok;
+		p->admit_ok = admit_ok_reserve;
+	}
+}
+
+static void admit_choose_base(bkv__policy *p, const bkv_sched_config *user)
 {
 	if (user->policy == BKV_POLICY_STATIC) {
 		p->admit = admit_static;

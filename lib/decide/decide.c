@@ -110,6 +110,8 @@ void bkv__decide_destroy(bkv_sched *s)
 
 	if (!a)
 		return;
+	if (a->evict_on)
+		s->pol.evict(s, 0);
 	bkv_cost_calib_destroy(a->calib);
 	if (a->chunks)
 		bkv__free(&s->alloc, a->chunks, (size_t)a->chunk_cap * sizeof(bkv_chunk_shape));
@@ -139,7 +141,10 @@ int bkv__decide_create(bkv_sched *s, const bkv_sched_config *user)
 	bkv__budget_choose(&s->pol, user);
 	bkv__preempt_choose(&s->pol, user);
 	bkv__pack_choose(&s->pol, user);
-	return BKV_OK;
+	bkv__evict_choose(&s->pol, user);
+	rc = s->pol.evict(s, 1);
+	s->autos->evict_on = rc == BKV_OK;
+	return rc;
 }
 
 /* ---- observations -------------------------------------------------------- */

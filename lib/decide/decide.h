@@ -14,6 +14,8 @@
  *   decide/preempt.c  the victim, and swap or recompute (RECOMPUTE, SWAP,
  *                     AUTO: the cost model compares the two)
  *   decide/pack.c     how a split host's prefill rows become calls
+ *   decide/evict.c    the prefix cache's eviction policy (LRU, or by value
+ *                     with the cost model's prices: kv/value.c)
  *   decide/price.c    pricing hypothetical calls with the cost model
  *   decide/decide.c   create/destroy (the default cost model, the table),
  *                     the observations every cost-model rule reads
@@ -142,6 +144,15 @@ struct bkv__auto {
 				    partition ending at cut j starts its last
 				    call at */
 	double *pack_best;       /* [+ 1] DP: the price of that partition */
+	int evict_on;            /* the table's evict policy is in force on
+				    the pool (undone at destroy) */
+	double out_sum;          /* decayed sum (AUTO_OUT_DECAY) of the
+				    generated tokens of the lanes that ended
+				    (LENGTH or STOP): / out_w is their mean */
+	uint64_t res_step;       /* step_no whose reserve res_need holds */
+	uint64_t res_need;       /* BKV_RESERVE_OUTPUT: blocks the running
+				    requests and this step's admissions are
+				    expected to need to complete */
 };
 
 /* ---- decide/decide.c -------------------------------------------------------- */
@@ -220,6 +231,10 @@ void bkv__preempt_choose(bkv__policy *p, const bkv_sched_config *user);
 /* Preempt AUTO: 1 swap, 0 recompute, -1 no opinion (KV size unknown, no
  * model, or not AUTO). */
 int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
+
+/* ---- decide/evict.c --------------------------------------------------------- */
+
+void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user);
 
 /* ---- decide/pack.c ---------------------------------------------------------- */
 

@@ -4,7 +4,10 @@
  * recomputed later.
  *
  * Victims: lowest priority first, then the most recently admitted, scanning
- * run[] (O(running), the scheduled work). Preempt mode: RECOMPUTE always
+ * run[] (O(running), the scheduled work); or, with BKV_VICTIM_COST, the
+ * lowest priority, then the least predicted loss per block freed and step
+ * of output left, a request preempted in the last 64 steps only when no
+ * other can go. Preempt mode: RECOMPUTE always
  * recomputes; SWAP and AUTO swap when the pool has a host tier with room for
  * the request's blocks and the request has one live lane (multi-lane requests
  * are recomputed, see docs/design.md); AUTO also asks the cost model
@@ -66,6 +69,91 @@ static bkv__req *victim_default(const bkv_sched *s)
 	return best;
 }
 
+/* BKV_VICTIM_COST: what preempting r loses, per block it frees and per
+ * step of output it still has to run. The loss is the cost model's price
+ * of recomputing each live lane's KV as one prefill at depth 0 (or, where
+ * r would be swapped - one lane, AUTO or SWAP, a host tier, a known KV
+ * size - the link's time to move it out and back, when less). The blocks
+ * are the ones it holds; the steps are max_new - generated of its
+ * longest-running lane (1 at least): a request about to finish gives its
+ * blocks back soon anyway. Lower goes first. */
+static double victim_score(const bkv_sched *s, const bkv__req *r)
+{
+	bkv_step_shape sh;
+	bkv_chunk_shape c;
+	double loss = 0.0, link = s->cfg.host_link_bytes_per_us > 0.0
+					  ? s->cfg.host_link_bytes_per_us
+					  : AUTO_LINK_BYTES_PER_US;
+	uint32_t i, left = 1;
+	uint64_t blocks = 0;
+
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_PREFILL : BKV_CALL_MIXED;
+	sh.n_chunks = 1;
+	sh.chunks = &c;
+	c.start = 0;
+	for (i = 0; i < r->n; i++) {
+		const bkv__lane *l = &r->lane[i];
+		double re;
+
+		if (l->done || l->seq == BKV__SEQ_NONE || l->kv_len == 0)
+			continue;
+		c.len = l->kv_len;
+		re = bkv__price(s, &sh);
+		if (r->n_live == 1 && s->host_blocks && s->cfg.kv_bytes_per_token &&
+		    s->cfg.preempt != BKV_PREEMPT_RECOMPUTE) {
+			double sw = 2.0 * (double)l->kv_len * (double)s->cfg.kv_bytes_per_token / link;
+
+			if (sw < re)
+				re = sw;
+		}
+		loss += re > 0.0 ? re : (double)l->kv_len; /* no model: tokens */
+		blocks += (l->kv_len + s->bt - 1) >> s->bt_shift;
+		if (r->max_new - l->n_gen > left)
+			left = r->max_new - l->n_gen;
+	}
+	return loss / ((double)(blocks ? blocks : 1) * (double)left);
+}
+
+/* Steps after its last preemption during which a request is taken again
+ * only when nothing else can go (BKV_VICTIM_COST). */
+#define VICTIM_PROTECT_STEPS 64u
+
+static int victim_protected(const bkv_sched *s, const bkv__req *r)
+{
+	return r->preempt_step && s->plan.step_no - r->preempt_step < VICTIM_PROTECT_STEPS;
+}
+
+/* Lowest priority; among those, unprotected before protected, then the
+ * lowest victim_score (ties: the most recently admitted). */
+static bkv__req *victim_cost(const bkv_sched *s)
+{
+	bkv__req *best = NULL;
+	double best_v = 0.0;
+	int best_p = 0;
+	uint32_t i;
+
+	for (i = s->rs.nr_run; i-- > 0;) {
+		bkv__req *r = s->rs.run[i];
+		double v;
+		int p;
+
+		if (r->state != BKV__REQ_RUNNING)
+			continue;
+		if (best && r->priority > best->priority)
+			continue;
+		p = victim_protected(s, r);
+		v = victim_score(s, r);
+		if (!best || r->priority < best->priority || p < best_p ||
+		    (p == best_p && (v < best_v || (v == best_v && r->admit_seq > best->admit_seq)))) {
+			best = r;
+			best_v = v;
+			best_p = p;
+		}
+	}
+	return best;
+}
+
 /* Swap (1) or recompute (0) this victim: swap when it has one live lane
  * with KV and the host tier has room for its blocks; with ask_cost (AUTO)
  * only when the cost model does not predict recomputing cheaper. */
@@ -113,7 +201,7 @@ static int want_swap_never(const bkv_sched *s, const bkv__req *r)
 
 void bkv__preempt_choose(bkv__policy *p, const bkv_sched_config *user)
 {
-	p->victim = victim_default;
+	p->victim = user->victim == BKV_VICTIM_COST ? victim_cost : victim_default;
 	if (user->preempt == BKV_PREEMPT_RECOMPUTE)
 		p->want_swap = want_swap_never;
 	else

@@ -208,6 +208,7 @@ void bkv__auto_ended(bkv_sched *s, const bkv__req *r)
 		uint32_t g = r->lane[i].n_gen;
 
 		a->out_w = a->out_w * AUTO_OUT_DECAY + 1.0;
+		a->out_sum = a->out_sum * AUTO_OUT_DECAY + (double)g;
 		a->len_w = a->len_w * AUTO_OUT_DECAY + (g >= r->max_new);
 		for (j = 0; j < AUTO_OUT_BUCKETS; j++)
 			a->out_hist[j] *= AUTO_OUT_DECAY;

@@ -338,7 +338,7 @@ static NOINLINE void lru_push_grow(bkv__kv *kv, int32_t b)
 }
 
 /* b to the newest end, in the newest chunk's next slot. */
-void bkv__lru_push(bkv__kv *kv, int32_t b)
+static inline void lru_push_plain(bkv__kv *kv, int32_t b)
 {
 	int32_t c = kv->lru_last;
 
@@ -346,6 +346,23 @@ void bkv__lru_push(bkv__kv *kv, int32_t b)
 		lru_push_grow(kv, b);
 	else
 		lru_put(kv, b, c);
+}
+
+/* With eviction by value the block joins its class list too (kv/value.c);
+ * out of line, so the plain push keeps its short prologue. */
+static NOINLINE void lru_push_valued(bkv__kv *kv, int32_t b)
+{
+	lru_push_plain(kv, b);
+	bkv__val_push(kv, b);
+}
+
+void bkv__lru_push(bkv__kv *kv, int32_t b)
+{
+	if (kv->val) {
+		lru_push_valued(kv, b);
+		return;
+	}
+	lru_push_plain(kv, b);
 }
 
 /* Chunk c emptied (live 0, all -1): it leaves the list. Its neighbours,
@@ -374,7 +391,7 @@ static NOINLINE void lru_shrink(bkv__kv *kv, int32_t c)
  * the blocks left; an emptied chunk leaves the list and neighbours that
  * fit in one chunk merge (lru_shrink). A cached block's next is -1
  * already (bkv__block_take set it). */
-void bkv__lru_unlink(bkv__kv *kv, int32_t b)
+static inline void lru_unlink_plain(bkv__kv *kv, int32_t b)
 {
 	bkv__block *k = &kv->blk[b];
 	bkv__lru_chunk *chs = kv->lru_ch, *ch;
@@ -407,6 +424,22 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 			return;
 	}
 	lru_shrink(kv, (int32_t)c);
+}
+
+/* With eviction by value the block leaves its class list too. */
+static NOINLINE void lru_unlink_valued(bkv__kv *kv, int32_t b)
+{
+	bkv__val_unlink(kv, b);
+	lru_unlink_plain(kv, b);
+}
+
+void bkv__lru_unlink(bkv__kv *kv, int32_t b)
+{
+	if (kv->val) {
+		lru_unlink_valued(kv, b);
+		return;
+	}
+	lru_unlink_plain(kv, b);
 }
 
 /* ---- KV events ----------------------------------------------------------- */
@@ -524,6 +557,8 @@ int32_t bkv__cache_add_hashed(bkv__kv *kv, int32_t b, uint64_t key, uint64_t h)
 	kv->nr_indexed++;
 	if (parent >= 0)
 		kv->blk[parent].kids++;
+	if (kv->val)
+		bkv__val_indexed(kv, b);
 	if (kv->ev)
 		bkv__event(kv, BKV_EVENT_STORED, b);
 	return -1;
@@ -572,6 +607,13 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 
 	if (kv->lru_head < 0)
 		return -1;
+	if (kv->val) { /* by value: kv/value.c chooses */
+		b = bkv__val_pick(kv);
+		bkv__lru_unlink(kv, b); /* off its class list too */
+		bkv__cache_forget(kv, b);
+		kv->evictions++;
+		return b;
+	}
 	b = kv->lru[kv->lru_head];
 	bkv__lru_unlink(kv, b);
 	evict_prefetch(kv);

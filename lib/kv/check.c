@@ -170,7 +170,7 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 	for (i = 0; i < nb; i++)
 		if (sc[i] != kv->blk[i].kids)
 			return CHECK_KIDS;
-	return CHECK_OK;
+	return bkv__val_check(kv);
 }
 
 int bkv__kv_check_txn(const bkv__kv *kv)

@@ -108,6 +108,26 @@ typedef struct bkv__islot {
  * owner is the note bkv__block_filled recorded for b. */
 typedef int (*bkv__kv_dedupe_fn)(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t *next);
 
+/* Value classes of the value policy (kv/value.c): half-octaves of a
+ * block's expected saving over a fresh depth-0 block's. */
+#define BKV__VAL_CLASSES 16u
+
+/* The value policy's record of one device block (kv/value.c; bkv__kv.val,
+ * 24 bytes a block, only while the policy is on). */
+typedef struct bkv__val {
+	uint32_t depth; /* logical position in its chain (0: the first
+			   block), set when it is indexed */
+	uint32_t freq;  /* hits taken from the cache, 1/256 units, halved
+			   every 2^val_shift clock ticks since stamp */
+	uint32_t stamp; /* val_clock at its indexing or last hit */
+	int32_t prev;   /* cached: the next older block of its class list
+			   (-1: its head); else -1 */
+	int32_t next;   /* cached: the next more recent one (-1: the tail) */
+	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES */
+	uint8_t on;     /* 1 while on a class list */
+	uint8_t pad[2]; /* zero */
+} bkv__val;
+
 typedef struct bkv__kv {
 	uint32_t bt;           /* block_tokens, a power of two */
 	uint32_t bt_shift;     /* log2(bt) */
@@ -171,6 +191,25 @@ typedef struct bkv__kv {
 	uint32_t ev_n;         /* pending events, <= ev_cap */
 	uint64_t ev_seq;       /* events emitted (the last event's seq) */
 	uint64_t ev_dropped;   /* events dropped on a full ring */
+	/* eviction by value (kv/value.c); val NULL: LRU (the default) */
+	bkv__val *val;         /* [nb] per-block records, or NULL */
+	double val_p0;         /* recompute price of a block at depth 0 */
+	double val_p1;         /* price added per block of depth */
+	double val_r1;         /* val_p1 / val_p0 */
+	uint32_t val_clock;    /* ticks on every hit taken from the cache and
+				  every eviction (wraps; only differences
+				  are read) */
+	uint32_t val_shift;    /* log2 of the hit count's half-life in ticks
+				  (about the pool's blocks) */
+	uint32_t val_users;    /* bkv__kv_value_on calls not yet undone */
+	int32_t val_head[BKV__VAL_CLASSES]; /* each class list's oldest
+				  cached block (evicted first), -1 */
+	int32_t val_tail[BKV__VAL_CLASSES]; /* and its most recent, -1 */
+	uint32_t val_mask;     /* bit c: class list c is not empty */
+	uint32_t val_rr;       /* the class whose head the next eviction
+				  re-prices (aging: round robin) */
+	uint64_t val_moves;    /* class heads moved up (a cached child) or
+				  down (decayed) by evictions */
 } bkv__kv;
 
 /* Index plus block-record bytes from which bkv__cache_lookup_run prefetches
@@ -440,6 +479,32 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit);
  * transaction). */
 void bkv__kv_txn_defer(bkv__kv *kv, int32_t b);
 
+/* ---- kv/value.c ----------------------------------------------------------- */
+
+/* Turn eviction by value on (or, when on already, count one more user and
+ * take the new prices): p0 + p1 x depth is a block's recompute price. The
+ * records of blocks indexed already get their depths now. BKV_OK or
+ * BKV_ENOMEM (nothing changed). */
+int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1);
+/* Undo one bkv__kv_value_on; the last one frees the records (LRU again). */
+void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
+/* b was just indexed: its depth from its parent's, no hits yet. */
+void bkv__val_indexed(bkv__kv *kv, int32_t b);
+/* b was taken back from the cache (a hit): its decayed count grows. */
+void bkv__val_hit(bkv__kv *kv, int32_t b);
+/* b joined the LRU (bkv__lru_push): to the tail of its value class. */
+void bkv__val_push(bkv__kv *kv, int32_t b);
+/* b left the LRU (bkv__lru_unlink): off its class list. */
+void bkv__val_unlink(bkv__kv *kv, int32_t b);
+/* Which block to evict by value (the LRU is not empty): the head of the
+ * lowest class without indexed children (a head with them moves up a
+ * class; at most 2 x BKV__VAL_CLASSES moves, then the LRU head). The caller
+ * (bkv__cache_evict) evicts it. */
+int32_t bkv__val_pick(bkv__kv *kv);
+/* Value records consistent (depths follow parents, every cached block on
+ * the class list it records, once): 0 or CHECK_VALUE. */
+int bkv__val_check(const bkv__kv *kv);
+
 /* ---- frames, inline ------------------------------------------------------- */
 
 /* Add a reference to a block found by a prefix lookup. */
@@ -451,6 +516,8 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
 		kv->tokens += k->fill;
+		if (kv->val)
+			bkv__val_hit(kv, b);
 	}
 }
 
@@ -499,8 +566,8 @@ static inline void bkv__kv_txn_note(bkv__kv *kv, int32_t b, uint64_t owner)
 /* ---- kv/check.c ----------------------------------------------------------- */
 
 /* bkv_pool_check's answers, the first violated invariant: one numbering
- * for both layers. kv/check.c checks 1-10, 14 and 17; pool/check.c 11-13,
- * 15 and 16. */
+ * for both layers. kv/check.c checks 1-10, 14, 17 and (through
+ * kv/value.c) 18; pool/check.c 11-13, 15 and 16. */
 enum {
 	CHECK_OK = 0,
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
@@ -536,6 +603,10 @@ enum {
 				  swapped tables (each exactly once), pending !=
 				  swap-in copy sources */
 	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
+	CHECK_VALUE = 18,      /* eviction by value: an indexed block's depth
+				  is not its parent's + 1 (0 without parent),
+				  or the class lists' links, masks or
+				  membership != the cached blocks */
 	CHECK_TXN = 17,        /* a TXN (queued) block not pinned, not full,
 				  indexed, or not at its queue slot (between
 				  transactions only the swapped-in blocks an

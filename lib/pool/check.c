@@ -9,8 +9,8 @@
 static int check_seqs(const bkv_pool *pool)
 {
 	uint32_t nb = pool->kv.nb, nh = pool->nh, ms = pool->cfg.max_seqs, i, j;
-	uint32_t open = 0, swapped = 0, *sc = pool->scratch;
-	uint64_t host_refs = 0;
+	uint32_t open = 0, swapped = 0, pins = 0, *sc = pool->scratch;
+	uint64_t host_refs = 0, pin_blocks = 0;
 
 	/* Slots and tables; device references counted into scratch. */
 	memset(sc, 0, (size_t)nb * sizeof *sc);
@@ -25,6 +25,12 @@ static int check_seqs(const bkv_pool *pool)
 			continue;
 		}
 		open++;
+		if (s->pin) { /* a prefix pin's holder: device-resident */
+			if (s->state != BKV__SEQ_OPEN)
+				return CHECK_SEQS;
+			pins++;
+			pin_blocks += s->n_blocks;
+		}
 		if (s->n_blocks != bkv__blocks_for(pool, s->len) || s->n_blocks > s->cap ||
 		    s->len > INT32_MAX)
 			return CHECK_SEQS;
@@ -46,6 +52,8 @@ static int check_seqs(const bkv_pool *pool)
 				return CHECK_SEQ_FILL;
 		}
 	}
+	if (pins != pool->nr_pins || pin_blocks != pool->pin_blocks)
+		return CHECK_SEQS;
 	if (open != pool->nr_seqs || swapped != pool->nr_swapped)
 		return CHECK_SEQS;
 	if (pool->grouped) {

@@ -62,6 +62,8 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->event_capacity > (1u << 24))
 		return 0;
+	if (c->pin_permille > 1000)
+		return 0;
 	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
 		if (c->reserved[i])
 			return 0;
@@ -290,6 +292,20 @@ uint32_t bkv_pool_drain_events(bkv_pool *pool, bkv_kv_event *out, uint32_t max)
 	if (!pool || !out)
 		return 0;
 	return bkv__kv_events(&pool->kv, out, max);
+}
+
+/* ---- the eviction policy (for the decision layer) -------------------------- */
+
+int bkv__pool_value_on(bkv_pool *pool, double p0, double p1)
+{
+	if (!pool->kv.index)
+		return BKV_OK; /* no prefix cache: nothing is ever evicted */
+	return bkv__kv_value_on(&pool->kv, &pool->alloc, p0, p1);
+}
+
+void bkv__pool_value_off(bkv_pool *pool)
+{
+	bkv__kv_value_off(&pool->kv, &pool->alloc);
 }
 
 /* ---- step transactions (for the scheduler) -------------------------------- */

@@ -37,6 +37,9 @@ typedef struct bkv__seq {
 			      truncate, swap, commit's duplicate swap) */
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
 	uint8_t state;     /* BKV__SEQ_* */
+	uint8_t pin;       /* 1: the holder of a prefix pin (pool/pin.c):
+			      its table holds the pinned blocks; close and
+			      drop refuse it */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -104,6 +107,9 @@ struct bkv_pool {
 	uint32_t *slot_ring;   /* [max_seqs] FIFO of free slot indices */
 	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
 	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
+	uint32_t nr_pins;      /* of which prefix pins' holders (pool/pin.c) */
+	uint64_t pin_blocks;   /* table entries of the pins' holders (a block
+				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
 	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
 	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
@@ -273,6 +279,7 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	pool->ring_head = pool->ring_head + 1 == pool->cfg.max_seqs ? 0 : pool->ring_head + 1;
 	pool->nr_seqs++;
 	s->state = BKV__SEQ_OPEN;
+	s->pin = 0;
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
@@ -556,6 +563,12 @@ static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 	return pool->nr_seqs;
 }
 
+/* Prefix pins held (pool/pin.c): each is an open sequence of the pool. */
+static inline uint32_t bkv__pool_nr_pins(const bkv_pool *pool)
+{
+	return pool->nr_pins;
+}
+
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 {
 	return pool->cfg.max_seqs;
@@ -675,6 +688,13 @@ static inline void bkv__seq_unsent(bkv_pool *pool, uint32_t seq, uint32_t from)
 void bkv__pool_txn_begin(bkv_pool *pool);
 void bkv__pool_txn_commit(bkv_pool *pool);
 void bkv__pool_txn_abort(bkv_pool *pool);
+
+/* ---- pool/pool.c: the eviction policy (for the decision layer) -------------
+ * Eviction by value on, with p0 + p1 x depth as a block's recompute price
+ * (kv/value.c), or one such call undone. BKV_OK or BKV_ENOMEM. The pool
+ * evicts by LRU while no call is in force. */
+int bkv__pool_value_on(bkv_pool *pool, double p0, double p1);
+void bkv__pool_value_off(bkv_pool *pool);
 
 /* ---- pool/check.c ---------------------------------------------------------- */
 /* bkv_pool_check is public; nothing more. */

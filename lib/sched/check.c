@@ -134,7 +134,7 @@ int bkv_sched_check(const bkv_sched *s)
 	memset(&ps, 0, sizeof(ps));
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
-	if (ps.nr_seqs != n_seqs + n_def)
+	if (ps.nr_seqs != n_seqs + n_def + bkv__pool_nr_pins(s->pool)) /* pins: pool/pin.c */
 		return 23;
 	if (s->spec && bkv__spec_check(s))
 		return 34; /* speculative decoding (sched/spec.c) */

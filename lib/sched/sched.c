@@ -72,6 +72,12 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->spec_drafts != BKV_SPEC_DRAFT_NGRAM && c->spec_drafts != BKV_SPEC_DRAFT_HOST)
 		return 0;
+	if (c->evict != BKV_EVICT_LRU && c->evict != BKV_EVICT_VALUE)
+		return 0;
+	if (c->victim != BKV_VICTIM_RECENT && c->victim != BKV_VICTIM_COST)
+		return 0;
+	if (c->admit_reserve != BKV_RESERVE_PROMPT && c->admit_reserve != BKV_RESERVE_OUTPUT)
+		return 0;
 	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
 		if (c->reserved[i])
 			return 0;

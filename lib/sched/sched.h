@@ -357,6 +357,9 @@ typedef struct bkv__policy {
 	int (*admit)(bkv_sched *s, uint64_t now, uint32_t free_slots);
 	/* decide/admit.c: within an admitting step, may r join the group */
 	int (*admit_ok)(bkv_sched *s, const bkv__req *r);
+	/* decide/admit.c: the policy's own admit_ok when admit_ok is the
+	 * memory reserve's wrapper (BKV_RESERVE_OUTPUT), else NULL */
+	int (*admit_ok_base)(bkv_sched *s, const bkv__req *r);
 	/* decide/admit.c: after a step's admissions (was_empty: nothing ran
 	 * before them; static batching fixes its group here) */
 	void (*admit_end)(bkv_sched *s, int was_empty);
@@ -373,6 +376,9 @@ typedef struct bkv__policy {
 	 * returns the number of calls (1: one call over rows as given) */
 	uint32_t (*pack)(bkv_sched *s, const bkv__row *rows, uint32_t n, bkv__row **sorted,
 			 const uint32_t **order, const uint32_t **ends);
+	/* decide/evict.c: put the pool's eviction policy in force (on 1, at
+	 * create; BKV_OK or BKV_ENOMEM) or undo it (on 0, at destroy) */
+	int (*evict)(bkv_sched *s, int on);
 } bkv__policy;
 
 struct bkv_sched {

@@ -214,7 +214,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sc.batch_layout = (bkv_batch_layout)((b >> 7) & 1);
 	b = fz_u8(&f);
 	sc.host_link_bytes_per_us = b == 1 ? NAN : b == 2 ? INFINITY : b == 3 ? -1.0 : (double)b;
-	sc.kv_bytes_per_token = fz_u8(&f) % 4 == 0 ? 0 : 1u << (fz_u8(&f) % 20);
+	b = fz_u8(&f);
+	sc.kv_bytes_per_token = b % 4 == 0 ? 0 : 1u << (fz_u8(&f) % 20);
+	/* the eviction policy from the same byte's top bit: half the inputs
+	 * evict by value */
+	sc.evict = (bkv_evict_policy)((b >> 7) & 1);
+	/* and the victim policy from its next bit */
+	sc.victim = (bkv_victim_policy)((b >> 6) & 1);
+	/* and the memory reserve from the one after */
+	sc.admit_reserve = (bkv_admit_reserve)((b >> 5) & 1);
 	sc.tpot_target_us = fz_u8(&f) % 3 == 0 ? 0 : fz_u16(&f);
 	if (fz_u8(&f) & 1) {
 		sc.cost.step_us = cost_step;

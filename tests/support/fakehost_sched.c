@@ -157,6 +157,7 @@ fake_host *fh_create(const fh_opts *o)
 	pc.max_seqs = o->max_seqs ? o->max_seqs : 4096;
 	pc.prefix_cache = o->prefix_cache;
 	pc.event_capacity = o->event_capacity;
+	pc.pin_permille = o->pin_permille;
 	rc = bkv_pool_create(&pc, o->pool_alloc, &f->pool);
 	cr_assert_eq(rc, BKV_OK, "pool create: %s", bkv_strerror(rc));
 	memset(&ops, 0, sizeof(ops));

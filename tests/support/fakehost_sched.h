@@ -79,6 +79,7 @@ typedef struct fh_opts {
 	uint32_t host_blocks;   /* pool host_blocks, the swap tier (default 0) */
 	uint32_t max_seqs;      /* pool max_seqs (0: 4096) */
 	int prefix_cache;       /* pool prefix_cache (default 1) */
+	uint32_t pin_permille;  /* pool pin_permille (default 0: no pins) */
 	int split;              /* prefill + decode callbacks instead of forward */
 	int no_fake_cost;       /* leave cfg.cost as given even when it has no
 				   step_us (default: the harness's cost model) */

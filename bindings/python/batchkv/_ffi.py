@@ -63,6 +63,12 @@ BKV_POLICY_STATIC = 1
 BKV_PREEMPT_AUTO = 0
 BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
+BKV_EVICT_LRU = 0
+BKV_EVICT_VALUE = 1
+BKV_VICTIM_RECENT = 0
+BKV_VICTIM_COST = 1
+BKV_RESERVE_PROMPT = 0
+BKV_RESERVE_OUTPUT = 1
 BKV_BATCH_FLAT = 0
 BKV_BATCH_PERSISTENT = 1
 BKV_SPEC_DRAFT_NGRAM = 0
@@ -123,7 +129,8 @@ class bkv_pool_config(Structure):
         ('prefix_cache', c_int),
         ('hash_seed', c_uint64),
         ('event_capacity', c_uint32),
-        ('reserved', c_uint32 * 3),
+        ('pin_permille', c_uint32),
+        ('reserved', c_uint32 * 2),
         ('n_groups', c_uint32),
         ('state_units', c_uint32),
         ('groups', POINTER(bkv_kv_group)),
@@ -386,7 +393,10 @@ class bkv_sched_config(Structure):
         ('spec_k_mode', c_int),
         ('spec_drafts', c_int),
         ('overlap', c_uint32),
-        ('reserved', c_uint32 * 4),
+        ('evict', c_int),
+        ('victim', c_int),
+        ('admit_reserve', c_int),
+        ('reserved', c_uint32 * 1),
     ]
 
 
@@ -546,6 +556,8 @@ FUNCTIONS = {
     'bkv_pool_available': (c_uint32, [c_void_p]),
     'bkv_pool_can_admit': (c_int, [c_void_p, c_uint32]),
     'bkv_pool_reset_cache': (c_int, [c_void_p]),
+    'bkv_pool_pin_prefix': (c_int, [c_void_p, c_uint64, POINTER(c_int32), c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
+    'bkv_pool_unpin': (c_int, [c_void_p, c_uint32]),
     'bkv_pool_stats_get': (None, [c_void_p, POINTER(bkv_pool_stats)]),
     'bkv_pool_memory_get': (c_int, [c_void_p, POINTER(bkv_pool_memory)]),
     'bkv_block_info_get': (c_int, [c_void_p, c_int32, POINTER(bkv_block_info)]),

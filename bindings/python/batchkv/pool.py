@@ -440,6 +440,22 @@ class Pool:
         (bkv_pool_can_admit)?"""
         return bool(_lib.bkv_pool_can_admit(self._p(), int(n_tokens)))
 
+    def pin_prefix(self, tokens, key=0):
+        """Pin the cached leading full blocks of tokens under key until
+        unpin (bkv_pool_pin_prefix); returns (pin, pinned_tokens). NotFoundError
+        (nothing cached), NoSpaceError (past the pool's pin_permille share)."""
+        t = _i32(tokens)
+        pin = ctypes.c_uint32()
+        got = ctypes.c_uint32()
+        check(_lib.bkv_pool_pin_prefix(self._p(), int(key), _ptr(t, ctypes.c_int32), len(t),
+                                       ctypes.byref(pin), ctypes.byref(got)),
+              "bkv_pool_pin_prefix")
+        return pin.value, got.value
+
+    def unpin(self, pin):
+        """End a pin (bkv_pool_unpin): its blocks go back to the cache."""
+        check(_lib.bkv_pool_unpin(self._p(), int(pin)), "bkv_pool_unpin")
+
     def reset_cache(self):
         """Empty the prefix cache (bkv_pool_reset_cache)."""
         check(_lib.bkv_pool_reset_cache(self._p()), "bkv_pool_reset_cache")

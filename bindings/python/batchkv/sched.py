@@ -373,7 +373,7 @@ class Scheduler:
     Keyword arguments are bkv_sched_config fields (policy, max_running,
     admit_group, max_wait_us, chunked_prefill, token_budget, max_queue,
     preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us,
-    max_bypass_us, ttft_target_us); unset ones keep bkv_sched_config_init's defaults. cost:
+    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT); unset ones keep bkv_sched_config_init's defaults. cost:
     a PolyCost, RooflineCost or CalibratedCost (default: the library's
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).

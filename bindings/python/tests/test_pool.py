@@ -341,3 +341,22 @@ def test_state_frames_out_of_place_and_committed_by_the_next_append():
             q.append(s, range(5))
             with pytest.raises(batchkv.InvalidArgumentError):
                 q.state_frames(s)
+
+
+def test_pin_prefix_keeps_a_system_prompt_and_unpin_releases_it():
+    sys_prompt = list(range(100, 108))  # two blocks of 4
+    with Pool(device_blocks=4, block_tokens=4, pin_permille=500) as p:
+        s = p.open()
+        p.append(s, sys_prompt)
+        p.close_seq(s)
+        pin, got = p.pin_prefix(sys_prompt + [1, 2])
+        assert got == 8
+        assert p.stats().nr_used == 2
+        with pytest.raises(batchkv.NoSpaceError):
+            p.pin_prefix(sys_prompt)  # a second pin of it passes the share
+        with pytest.raises(batchkv.NotFoundError):
+            p.pin_prefix(sys_prompt, key=7)  # another tenant's salt
+        p.unpin(pin)
+        assert p.stats().nr_cached == 2
+        with pytest.raises(batchkv.NotFoundError):
+            p.unpin(pin)

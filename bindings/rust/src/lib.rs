@@ -578,6 +578,22 @@ impl Pool {
         unsafe { sys::bkv_pool_can_admit(self.as_ptr(), n_tokens) != 0 }
     }
 
+    /// `bkv_pool_pin_prefix`: pin the cached leading full blocks of
+    /// `tokens` under `key`; returns (pin, pinned tokens).
+    pub fn pin_prefix(&mut self, key: u64, tokens: &[i32]) -> Result<(u32, u32)> {
+        let (mut pin, mut got) = (0u32, 0u32);
+        check(unsafe {
+            sys::bkv_pool_pin_prefix(self.as_ptr(), key, tokens.as_ptr(), tokens.len() as u32,
+                                     &mut pin, &mut got)
+        })?;
+        Ok((pin, got))
+    }
+
+    /// `bkv_pool_unpin`: end a pin; its blocks go back to the cache.
+    pub fn unpin(&mut self, pin: u32) -> Result<()> {
+        check(unsafe { sys::bkv_pool_unpin(self.as_ptr(), pin) }).map(|_| ())
+    }
+
     /// `bkv_pool_reset_cache`.
     pub fn reset_cache(&mut self) -> Result<()> {
         check(unsafe { sys::bkv_pool_reset_cache(self.as_ptr()) }).map(|_| ())

@@ -85,6 +85,15 @@ pub type bkv_preempt_mode = c_int;
 pub const BKV_PREEMPT_AUTO: bkv_preempt_mode = 0;
 pub const BKV_PREEMPT_RECOMPUTE: bkv_preempt_mode = 1;
 pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
+pub type bkv_evict_policy = c_int;
+pub const BKV_EVICT_LRU: bkv_evict_policy = 0;
+pub const BKV_EVICT_VALUE: bkv_evict_policy = 1;
+pub type bkv_victim_policy = c_int;
+pub const BKV_VICTIM_RECENT: bkv_victim_policy = 0;
+pub const BKV_VICTIM_COST: bkv_victim_policy = 1;
+pub type bkv_admit_reserve = c_int;
+pub const BKV_RESERVE_PROMPT: bkv_admit_reserve = 0;
+pub const BKV_RESERVE_OUTPUT: bkv_admit_reserve = 1;
 pub type bkv_batch_layout = c_int;
 pub const BKV_BATCH_FLAT: bkv_batch_layout = 0;
 pub const BKV_BATCH_PERSISTENT: bkv_batch_layout = 1;
@@ -157,7 +166,8 @@ pub struct bkv_pool_config {
     pub prefix_cache: c_int,
     pub hash_seed: u64,
     pub event_capacity: u32,
-    pub reserved: [u32; 3],
+    pub pin_permille: u32,
+    pub reserved: [u32; 2],
     pub n_groups: u32,
     pub state_units: u32,
     pub groups: *const bkv_kv_group,
@@ -395,7 +405,10 @@ pub struct bkv_sched_config {
     pub spec_k_mode: bkv_spec_k_mode,
     pub spec_drafts: bkv_spec_drafts,
     pub overlap: u32,
-    pub reserved: [u32; 4],
+    pub evict: bkv_evict_policy,
+    pub victim: bkv_victim_policy,
+    pub admit_reserve: bkv_admit_reserve,
+    pub reserved: [u32; 1],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -541,6 +554,8 @@ extern "C" {
     pub fn bkv_pool_available(pool: *const bkv_pool) -> u32;
     pub fn bkv_pool_can_admit(pool: *const bkv_pool, n_tokens: u32) -> c_int;
     pub fn bkv_pool_reset_cache(pool: *mut bkv_pool) -> c_int;
+    pub fn bkv_pool_pin_prefix(pool: *mut bkv_pool, key: u64, tokens: *const i32, n: u32, pin: *mut u32, pinned: *mut u32) -> c_int;
+    pub fn bkv_pool_unpin(pool: *mut bkv_pool, pin: u32) -> c_int;
     pub fn bkv_pool_stats_get(pool: *const bkv_pool, stats: *mut bkv_pool_stats);
     pub fn bkv_pool_memory_get(pool: *const bkv_pool, mem: *mut bkv_pool_memory) -> c_int;
     pub fn bkv_block_info_get(pool: *const bkv_pool, block: i32, info: *mut bkv_block_info) -> c_int;

@@ -1,0 +1,62 @@
+/*
+ * evict.c - which cached block the pool gives up: the prefix cache's
+ * eviction policy, chosen from bkv_sched_config.evict and put in force on
+ * the scheduler's pool for the scheduler's life.
+ *
+ * LRU (the default) leaves the pool as it is: the least recently released
+ * block goes first, deepest first (kv/cache.c). VALUE turns on the KV
+ * layer's eviction by value (kv/value.c) with a block's recompute price
+ * from the scheduler's cost model: the model's price of a prefill chunk of
+ * AUTO_VAL_BLOCKS blocks starting at depth 0 and at depth AUTO_VAL_DEPTH
+ * blocks, per block, as the line p0 + p1 x depth (attention over a deeper
+ * prefix costs more; a model without that term gives p1 = 0). A model that
+ * has no answer leaves p0 = 1 and p1 = 0: eviction by hit history alone.
+ */
+#include "decide/decide.h"
+
+#include <string.h>
+
+#define AUTO_VAL_BLOCKS 64u   /* blocks of the chunk priced per block */
+#define AUTO_VAL_DEPTH 1024u  /* the second depth priced, in blocks */
+
+/* The model's price of AUTO_VAL_BLOCKS blocks from depth d, per block. */
+static double block_price(const bkv_sched *s, uint32_t d)
+{
+	bkv_step_shape sh;
+	bkv_chunk_shape c;
+
+	c.len = AUTO_VAL_BLOCKS * s->bt;
+	c.start = d * s->bt;
+	memset(&sh, 0, sizeof(sh));
+	sh.kind = s->split ? BKV_CALL_PREFILL : BKV_CALL_MIXED;
+	sh.n_chunks = 1;
+	sh.chunks = &c;
+	return bkv__price(s, &sh) / AUTO_VAL_BLOCKS;
+}
+
+static int evict_lru(bkv_sched *s, int on)
+{
+	(void)s;
+	(void)on;
+	return BKV_OK;
+}
+
+static int evict_value(bkv_sched *s, int on)
+{
+	double p0, pd;
+
+	if (!on) {
+		bkv__pool_value_off(s->pool);
+		return BKV_OK;
+	}
+	p0 = block_price(s, 0);
+	pd = block_price(s, AUTO_VAL_DEPTH);
+	if (!(p0 > 0.0))
+		return bkv__pool_value_on(s->pool, 1.0, 0.0);
+	return bkv__pool_value_on(s->pool, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0);
+}
+
+void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)
+{
+	p->evict = user->evict == BKV_EVICT_VALUE ? evict_value : evict_lru;
+}

@@ -1,0 +1,328 @@
+/*
+ * value.c - eviction by value: which cached block the prefix cache gives up
+ * when a take finds the free list empty, priced instead of aged.
+ *
+ * A cached block is worth what it would save if it were hit again: the
+ * recompute it avoids, which is the cost model's price of prefilling it at
+ * its depth (p0 + p1 x depth: attention over a deeper prefix costs more),
+ * times the chance it is hit, read from its hit history (a count of hits
+ * taken from the cache that halves every 2^val_shift clock ticks, about the
+ * pool's size in hits and evictions), against the memory it holds: one
+ * frame (with KV groups every group's block is a frame on the same LRU,
+ * so each group's blocks are weighed and counted, none forgotten). Its
+ * expected saving per frame, over a never-hit depth-0 block's, is
+ *
+ *     v = (p0 + p1 x depth) / p0 x (1 + decayed hits)  >= 1
+ *
+ * Classes, not a heap. Keeping every cached block in order of v would cost
+ * O(log n) a release and a hit. Instead a block joins, when it is released
+ * to the LRU, the tail of one of BKV__VAL_CLASSES doubly linked lists by
+ * half-octave of v (class floor(2 log2 v)), and eviction takes the head of
+ * the lowest non-empty class (a bit mask finds it): LRU order within a
+ * class, value order across them, O(1) a push, an unlink and an eviction.
+ * The chunked LRU of kv/cache.c still holds every cached block (its
+ * membership, counts and checker stay as they are); the class lists are
+ * kept beside it by hooks in bkv__lru_push and bkv__lru_unlink, so they
+ * hold exactly the LRU's blocks.
+ *
+ * Chains. A block with indexed children cannot go (a cached child would
+ * lose its parent). Within a class a parent is released after its children
+ * (tables release last to first, late releases lift their ancestors), so it
+ * is more recent; but a parent may land in a lower class than its child
+ * (deeper blocks are dearer, and hits differ along a chain). When the
+ * lowest class's head has indexed children it moves to the tail of the
+ * next class up: at the tail it is more recent than any child there, so the
+ * order within every class still holds, and it is evicted after them. Each
+ * eviction makes at most 2 x BKV__VAL_CLASSES such moves and then takes the
+ * LRU's own head, which never has indexed children (kv/cache.c), so an
+ * eviction always succeeds in bounded work.
+ *
+ * Aging. A class is fixed when a block joins it; its hits decay after. Each
+ * eviction re-prices one class head (round robin over the classes) and
+ * moves it down to the tail of the class it has decayed to: O(1), and
+ * a block that was popular long ago does not stay in a high class.
+ *
+ * With every v equal (no cost model depth term and no hits) every block is
+ * in class 0 in release order, and the policy evicts what LRU evicts.
+ *
+ * kv/cache.c's bkv__cache_evict asks bkv__val_pick which block goes and
+ * evicts it (this file calls nothing of cache.c: the layers test keeps
+ * calls one way between files).
+ *
+ * The decision layer turns the policy on (decide/evict.c, from
+ * bkv_sched_config.evict) with prices from the scheduler's cost model; the
+ * records (24 bytes a device block) exist only while it is on.
+ */
+#include "kv/kv.h"
+
+#include <math.h>
+#include <string.h>
+
+#define VAL_UNIT 256u           /* one hit in bkv__val.freq */
+#define VAL_FREQ_MAX (1u << 24) /* the count saturates here */
+#define DEPTH_UNKNOWN UINT32_MAX
+
+static uint32_t ilog2(uint32_t x)
+{
+	uint32_t r = 0;
+
+	while (x >>= 1)
+		r++;
+	return r;
+}
+
+static inline uint32_t ctz32(uint32_t x)
+{
+#if defined(__GNUC__) || defined(__clang__)
+	return (uint32_t)__builtin_ctz(x);
+#else
+	uint32_t r = 0;
+
+	while (!(x & 1u)) {
+		x >>= 1;
+		r++;
+	}
+	return r;
+#endif
+}
+
+/* b's count decayed to now. */
+static inline uint32_t freq_now(const bkv__kv *kv, const bkv__val *v)
+{
+	uint32_t halvings = (kv->val_clock - v->stamp) >> kv->val_shift;
+
+	return halvings >= 32 ? 0 : v->freq >> halvings;
+}
+
+/* The class of b's expected saving now. */
+static uint32_t class_of(const bkv__kv *kv, int32_t b)
+{
+	const bkv__val *v = &kv->val[b];
+	double x = (1.0 + kv->val_r1 * (double)v->depth) *
+		   (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
+	int e;
+	double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
+	int c = 2 * (e - 1) + (m >= 0.70710678118654752); /* floor(2 log2 x) */
+
+	if (c <= 0)
+		return 0;
+	return c >= (int)BKV__VAL_CLASSES - 1 ? BKV__VAL_CLASSES - 1 : (uint32_t)c;
+}
+
+/* ---- the class lists ----------------------------------------------------- */
+
+static void list_append(bkv__kv *kv, int32_t b, uint32_t c)
+{
+	bkv__val *v = &kv->val[b];
+	int32_t t = kv->val_tail[c];
+
+	v->cls = (uint8_t)c;
+	v->on = 1;
+	v->next = -1;
+	v->prev = t;
+	if (t >= 0)
+		kv->val[t].next = b;
+	else
+		kv->val_head[c] = b;
+	kv->val_tail[c] = b;
+	kv->val_mask |= 1u << c;
+}
+
+static void list_remove(bkv__kv *kv, int32_t b)
+{
+	bkv__val *v = &kv->val[b];
+	uint32_t c = v->cls;
+
+	if (v->prev >= 0)
+		kv->val[v->prev].next = v->next;
+	else
+		kv->val_head[c] = v->next;
+	if (v->next >= 0)
+		kv->val[v->next].prev = v->prev;
+	else
+		kv->val_tail[c] = v->prev;
+	if (kv->val_head[c] < 0)
+		kv->val_mask &= ~(1u << c);
+	v->prev = v->next = -1;
+	v->on = 0;
+}
+
+void bkv__val_push(bkv__kv *kv, int32_t b)
+{
+	list_append(kv, b, class_of(kv, b));
+}
+
+void bkv__val_unlink(bkv__kv *kv, int32_t b)
+{
+	if (kv->val[b].on)
+		list_remove(kv, b);
+}
+
+/* ---- on / off ------------------------------------------------------------ */
+
+/* Depths of every indexed block, each chain walked once: up to the first
+ * ancestor whose depth is known (or the root), then down again. */
+static void depths_fill(bkv__kv *kv)
+{
+	uint32_t i;
+
+	for (i = 0; i < kv->nb; i++) {
+		memset(&kv->val[i], 0, sizeof(kv->val[i]));
+		kv->val[i].depth = DEPTH_UNKNOWN;
+		kv->val[i].stamp = kv->val_clock;
+		kv->val[i].prev = kv->val[i].next = -1;
+	}
+	for (i = 0; i < kv->nb; i++) {
+		int32_t b = (int32_t)i, p;
+		uint32_t up = 0, base;
+
+		if (!BLOCK_IS_INDEXED(&kv->blk[i]) || kv->val[i].depth != DEPTH_UNKNOWN)
+			continue;
+		for (p = kv->blk[b].parent; p >= 0 && kv->val[p].depth == DEPTH_UNKNOWN;
+		     p = kv->blk[p].parent)
+			up++;
+		base = p >= 0 ? kv->val[p].depth + 1 : 0;
+		for (; b != p; b = kv->blk[b].parent)
+			kv->val[b].depth = base + up--;
+	}
+}
+
+int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1)
+{
+	kv->val_p0 = p0 > 0.0 ? p0 : 1.0;
+	kv->val_p1 = p1 > 0.0 ? p1 : 0.0;
+	kv->val_r1 = kv->val_p1 / kv->val_p0;
+	if (!kv->val) {
+		bkv__val *v = bkv__malloc(a, (size_t)kv->nb * sizeof(*v));
+		uint32_t c;
+		int32_t s;
+
+		if (!v)
+			return BKV_ENOMEM;
+		kv->val = v;
+		kv->val_clock = 0;
+		kv->val_shift = ilog2(kv->nb > 16 ? kv->nb : 16);
+		kv->val_mask = 0;
+		kv->val_rr = 0;
+		for (c = 0; c < BKV__VAL_CLASSES; c++)
+			kv->val_head[c] = kv->val_tail[c] = -1;
+		depths_fill(kv);
+		/* the cached blocks, oldest first, onto their classes */
+		for (s = kv->lru_head; s >= 0; s = bkv__lru_next(kv, s))
+			bkv__val_push(kv, kv->lru[s]);
+	}
+	kv->val_users++;
+	return BKV_OK;
+}
+
+void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a)
+{
+	if (!kv->val || --kv->val_users)
+		return;
+	bkv__free(a, kv->val, (size_t)kv->nb * sizeof(*kv->val));
+	kv->val = NULL;
+}
+
+/* ---- records ------------------------------------------------------------- */
+
+void bkv__val_indexed(bkv__kv *kv, int32_t b)
+{
+	bkv__val *v = &kv->val[b];
+	int32_t p = kv->blk[b].parent;
+
+	v->depth = p >= 0 ? kv->val[p].depth + 1 : 0;
+	v->freq = 0;
+	v->stamp = kv->val_clock;
+}
+
+void bkv__val_hit(bkv__kv *kv, int32_t b)
+{
+	bkv__val *v = &kv->val[b];
+	uint32_t f = freq_now(kv, v) + VAL_UNIT;
+
+	v->freq = f < VAL_FREQ_MAX ? f : VAL_FREQ_MAX;
+	v->stamp = kv->val_clock++;
+}
+
+/* ---- eviction ------------------------------------------------------------ */
+
+/* Aging: one class head re-priced; to the tail of a lower class when its
+ * hits have decayed below its class. */
+static void age_one(bkv__kv *kv)
+{
+	uint32_t c = kv->val_rr, n;
+	int32_t h;
+
+	kv->val_rr = (c + 1) % BKV__VAL_CLASSES;
+	if (c == 0 || (h = kv->val_head[c]) < 0)
+		return;
+	if ((n = class_of(kv, h)) < c) {
+		list_remove(kv, h);
+		list_append(kv, h, n);
+		kv->val_moves++;
+	}
+}
+
+int32_t bkv__val_pick(bkv__kv *kv)
+{
+	int32_t b = -1;
+	uint32_t moves;
+
+	if (kv->lru_head < 0)
+		return -1;
+	age_one(kv);
+	for (moves = 0; moves < 2 * BKV__VAL_CLASSES; moves++) {
+		uint32_t c = ctz32(kv->val_mask);
+		int32_t h = kv->val_head[c];
+
+		if (!kv->blk[h].kids) {
+			b = h;
+			break;
+		}
+		if (c + 1 == BKV__VAL_CLASSES)
+			break; /* (not reached while the order holds) */
+		list_remove(kv, h);
+		list_append(kv, h, c + 1);
+		kv->val_moves++;
+	}
+	if (b < 0)
+		b = kv->lru[kv->lru_head]; /* never has indexed children */
+	kv->val_clock++;
+	return b;
+}
+
+/* ---- checker ------------------------------------------------------------- */
+
+int bkv__val_check(const bkv__kv *kv)
+{
+	uint32_t i, c, n = 0, mask = 0;
+
+	if (!kv->val)
+		return CHECK_OK;
+	for (i = 0; i < kv->nb; i++) {
+		const bkv__block *k = &kv->blk[i];
+		const bkv__val *v = &kv->val[i];
+
+		if (v->on != BLOCK_IS_CACHED(k) || (v->on && v->cls >= BKV__VAL_CLASSES))
+			return CHECK_VALUE;
+		if (BLOCK_IS_INDEXED(k) &&
+		    v->depth != (k->parent >= 0 ? kv->val[k->parent].depth + 1 : 0))
+			return CHECK_VALUE;
+	}
+	for (c = 0; c < BKV__VAL_CLASSES; c++) {
+		int32_t b = kv->val_head[c], prev = -1;
+		uint32_t len = 0;
+
+		if (b >= 0)
+			mask |= 1u << c;
+		for (; b >= 0; prev = b, b = kv->val[b].next) {
+			if ((uint32_t)b >= kv->nb || ++len > kv->nr_cached || !kv->val[b].on ||
+			    kv->val[b].cls != c || kv->val[b].prev != prev)
+				return CHECK_VALUE;
+		}
+		if (kv->val_tail[c] != prev)
+			return CHECK_VALUE;
+		n += len;
+	}
+	return n == kv->nr_cached && mask == kv->val_mask ? CHECK_OK : CHECK_VALUE;
+}
