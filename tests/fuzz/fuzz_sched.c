@@ -236,7 +236,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.reserved[0] = 1;
+		sc.evict = (bkv_evict_policy)2; /* out of range: EINVAL */
+	else if (b & 1)
+		sc.retention = 1; /* retention bands or factors (no ranges given) */
 
 	rc = bkv_pool_create(&pc, &a, &pool);
 	if (rc != BKV_OK) {
