@@ -1842,7 +1842,8 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
  * @param sched   the scheduler.
  * @param req     the request; it and its arrays are copied.
  * @param req_id  receives its id (never 0); may be NULL.
- * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
+ * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, bad
+ *         retention ranges or ranges without bkv_sched_config.retention, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
  *         prompt + max_new_tokens > INT32_MAX, n > max_running, n > the
  *         pool's max_seqs, or max_running such histories would need more
