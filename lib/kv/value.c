@@ -52,6 +52,15 @@
  * The decision layer turns the policy on (decide/evict.c, from
  * bkv_sched_config.evict) with prices from the scheduler's cost model; the
  * records (24 bytes a device block) exist only while it is on.
+ *
+ * Retention priorities (bkv__kv.val_ret, pool/retain.c). A request's range
+ * gives an indexed block a priority (rprio) until a clock (val_exp). By
+ * bands (the scheduler's LRU with retention) a block's class is its
+ * priority's band instead of its value: LRU within a band, a lower band
+ * first, the chain rule above unchanged. By value the priority multiplies
+ * v by priority / default. An expired priority is seen lazily: each
+ * eviction looks at every class head (expire_heads) and moves an expired
+ * one to its class as the default; the aging re-prices class 0's head too.
  */
 #include "kv/kv.h"
 
