@@ -247,7 +247,13 @@ int main(void)
 	F(bkv_sched_config, evict);
 	F(bkv_sched_config, victim);
 	F(bkv_sched_config, admit_reserve);
-	F(bkv_sched_config, reserved);
+	F(bkv_sched_config, retention);
+	S(bkv_retention_range);
+	F(bkv_retention_range, token_start);
+	F(bkv_retention_range, token_end);
+	F(bkv_retention_range, priority);
+	F(bkv_retention_range, pad);
+	F(bkv_retention_range, duration_us);
 	S(bkv_request);
 	F(bkv_request, size);
 	F(bkv_request, prompt);
@@ -260,6 +266,9 @@ int main(void)
 	F(bkv_request, n);
 	F(bkv_request, predicted_output);
 	F(bkv_request, user);
+	F(bkv_request, retention);
+	F(bkv_request, n_retention);
+	F(bkv_request, pad);
 	S(bkv_step_info);
 	F(bkv_step_info, rows);
 	F(bkv_step_info, prefill_tokens);

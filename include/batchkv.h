@@ -1665,9 +1665,43 @@ typedef struct bkv_sched_config {
 	bkv_admit_reserve admit_reserve; /* what admission keeps room
 					    for; default
 					    BKV_RESERVE_PROMPT */
-	uint32_t reserved[1];      /* zero (else EINVAL); room for later
-				      fields */
+	uint32_t retention;        /* nonzero: requests' retention ranges
+				      (bkv_request.retention) order the
+				      prefix cache's evictions: with
+				      BKV_EVICT_LRU by priority band (then
+				      LRU; allocates 32 bytes a device block),
+				      with BKV_EVICT_VALUE as a factor of a
+				      block's value (8 bytes a block). 0 (the
+				      default): a request giving ranges gets
+				      BKV_EINVAL (docs/design.md, "Retention
+				      from the request"). Took the last
+				      reserved slot; later fields are appended
+				      under the size convention. */
 } bkv_sched_config;
+
+/* Retention priorities of bkv_retention_range (TensorRT-LLM's scale). */
+#define BKV_RETENTION_PRIORITY_MAX 100u    /* highest priority */
+#define BKV_RETENTION_PRIORITY_DEFAULT 35u /* a block no range covers, or
+					      whose range's duration ran
+					      out */
+#define BKV_RETENTION_MAX_RANGES 16u       /* most ranges per request */
+
+/* A token range of a request's prompt and how long the prefix cache should
+ * keep its full blocks (bkv_request.retention). A full block takes the
+ * highest priority among the ranges overlapping its tokens when its
+ * sequence releases it. */
+typedef struct bkv_retention_range {
+	uint32_t token_start; /* first prompt token of the range */
+	uint32_t token_end;   /* one past its last; token_start < token_end
+				 <= prompt_len */
+	uint32_t priority;    /* 0..BKV_RETENTION_PRIORITY_MAX; higher is
+				 evicted later */
+	uint32_t pad;         /* zero */
+	uint64_t duration_us; /* after this long from the release (on the
+				 scheduler's clock) the block counts as
+				 BKV_RETENTION_PRIORITY_DEFAULT; 0 = no
+				 expiry */
+} bkv_retention_range;
 
 /* One request. Arrays are copied by bkv_submit. */
 typedef struct bkv_request {
@@ -1691,6 +1725,15 @@ typedef struct bkv_request {
 				       within bkv_sched_config.max_bypass_us */
 	void *user;                 /* handed back in callbacks and batches;
 				       never read */
+	const bkv_retention_range *retention; /* [n_retention] retention
+				       ranges of the prompt, copied; needs
+				       bkv_sched_config.retention. Ranges
+				       may not overlap (else BKV_EINVAL).
+				       Appended: a caller whose size ends
+				       before it gives none */
+	uint32_t n_retention;       /* entries in retention,
+				       0..BKV_RETENTION_MAX_RANGES */
+	uint32_t pad;               /* zero */
 } bkv_request;
 
 /* What one bkv_step did. */
@@ -1799,7 +1842,8 @@ BKV_API void bkv_sched_destroy(bkv_sched *sched);
  * @param sched   the scheduler.
  * @param req     the request; it and its arrays are copied.
  * @param req_id  receives its id (never 0); may be NULL.
- * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, ...);
+ * @return BKV_OK; BKV_EINVAL (NULL, empty prompt, max_new_tokens 0, n 0, bad
+ *         retention ranges or ranges without bkv_sched_config.retention, ...);
  *         BKV_E2BIG (n x (prompt + max_new_tokens) can never fit the pool,
  *         prompt + max_new_tokens > INT32_MAX, n > max_running, n > the
  *         pool's max_seqs, or max_running such histories would need more

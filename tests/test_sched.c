@@ -209,10 +209,10 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fh_opts o;
 	fake_host *f;
 
-	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, reserved) + 1 * 4,
+	cr_assert_eq(sizeof(bkv_sched_config), offsetof(bkv_sched_config, retention) + 1 * 4,
 		     "the bound took two reserved slots, batch_layout and ttft_target_us "
-		     "one each, speculative decoding three, overlap, evict, victim and "
-		     "admit_reserve one each: the struct grew by four words");
+		     "one each, speculative decoding three, overlap, evict, victim, "
+		     "admit_reserve and retention one each: the struct grew by four words");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];
@@ -867,11 +867,9 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(host_link_bytes_per_us, -1.0);
 	BAD(max_bypass_us, (1ull << 42) + 1); /* past the range, not UINT64_MAX */
 	BAD(max_bypass_us, UINT64_MAX - 1);
-	BAD(reserved[0], 1);
 	BAD(spec_max_k, BKV_SPEC_MAX_K + 1);
 	BAD(spec_k_mode, (bkv_spec_k_mode)2);
 	BAD(spec_drafts, (bkv_spec_drafts)2);
-	BAD(reserved[0], 1);
 	BAD(overlap, 1); /* overlap needs ops.launch */
 	BAD(evict, (bkv_evict_policy)2);
 	BAD(victim, (bkv_victim_policy)2);

@@ -11,6 +11,11 @@
  * blocks, per block, as the line p0 + p1 x depth (attention over a deeper
  * prefix costs more; a model without that term gives p1 = 0). A model that
  * has no answer leaves p0 = 1 and p1 = 0: eviction by hit history alone.
+ *
+ * With bkv_sched_config.retention the requests' retention priorities order
+ * it too (pool/retain.c): LRU becomes LRU within priority bands (the value
+ * records on, every block at the same value, its class its band), VALUE
+ * multiplies a block's value by priority / BKV_RETENTION_PRIORITY_DEFAULT.
  */
 #include "decide/decide.h"
 
@@ -34,26 +39,46 @@ static double block_price(const bkv_sched *s, uint32_t d)
 	return bkv__price(s, &sh) / AUTO_VAL_BLOCKS;
 }
 
+/* LRU; with bkv_sched_config.retention, LRU within retention bands
+ * (pool/retain.c). */
 static int evict_lru(bkv_sched *s, int on)
 {
-	(void)s;
-	(void)on;
-	return BKV_OK;
-}
-
-static int evict_value(bkv_sched *s, int on)
-{
-	double p0, pd;
-
+	if (!s->cfg.retention)
+		return BKV_OK;
 	if (!on) {
-		bkv__pool_value_off(s->pool);
+		bkv__pool_retain_off(s->pool, BKV__RET_BANDS);
 		return BKV_OK;
 	}
-	p0 = block_price(s, 0);
-	pd = block_price(s, AUTO_VAL_DEPTH);
+	return bkv__pool_retain_on(s->pool, BKV__RET_BANDS);
+}
+
+static int value_on(bkv_sched *s)
+{
+	double p0 = block_price(s, 0), pd = block_price(s, AUTO_VAL_DEPTH);
+
 	if (!(p0 > 0.0))
 		return bkv__pool_value_on(s->pool, 1.0, 0.0);
 	return bkv__pool_value_on(s->pool, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0);
+}
+
+/* By value; with retention, the priority a factor of the value. */
+static int evict_value(bkv_sched *s, int on)
+{
+	int rc;
+
+	if (!on) {
+		if (s->cfg.retention)
+			bkv__pool_retain_off(s->pool, BKV__RET_VALUE);
+		bkv__pool_value_off(s->pool);
+		return BKV_OK;
+	}
+	rc = value_on(s);
+	if (rc != BKV_OK || !s->cfg.retention)
+		return rc;
+	rc = bkv__pool_retain_on(s->pool, BKV__RET_VALUE);
+	if (rc != BKV_OK)
+		bkv__pool_value_off(s->pool);
+	return rc;
 }
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)

@@ -203,6 +203,7 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->lru_mem, bkv__kv_lru_bytes(kv));
 	bkv__free(a, kv->tok_mem, kv->tok_mem ? bkv__kv_tok_bytes(nb, bt) : 0);
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
+	bkv__kv_retain_off(kv, a); /* a scheduler with retention outlived it */
 	if (kv->val) { /* a scheduler that set the value policy outlived it */
 		kv->val_users = 1;
 		bkv__kv_value_off(kv, a);

@@ -125,8 +125,16 @@ typedef struct bkv__val {
 	int32_t next;   /* cached: the next more recent one (-1: the tail) */
 	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES */
 	uint8_t on;     /* 1 while on a class list */
-	uint8_t pad[2]; /* zero */
+	uint8_t rprio;  /* retention (bkv__kv.val_ret): a request's
+			   retention priority + 1 given to it while indexed,
+			   0 = none (BKV_RETENTION_PRIORITY_DEFAULT) */
+	uint8_t pad;    /* zero */
 } bkv__val;
+
+/* bkv__kv.val_ret: how retention priorities place a cached block. */
+#define BKV__RET_OFF 0u   /* no priorities (every block the default) */
+#define BKV__RET_BANDS 1u /* LRU by band: the class is the priority's band */
+#define BKV__RET_VALUE 2u /* by value: priority / default times the value */
 
 typedef struct bkv__kv {
 	uint32_t bt;           /* block_tokens, a power of two */
@@ -210,6 +218,13 @@ typedef struct bkv__kv {
 				  re-prices (aging: round robin) */
 	uint64_t val_moves;    /* class heads moved up (a cached child) or
 				  down (decayed) by evictions */
+	uint32_t val_ret;      /* BKV__RET_*: retention priorities in force
+				  (kv/value.c); needs val */
+	uint64_t *val_exp;     /* [nb] with val_ret: the clock (us) after
+				  which a block's rprio counts as the
+				  default; UINT64_MAX = never (also rprio 0) */
+	uint64_t val_now;      /* the owner's clock, us, as last told
+				  (bkv__kv_retain_now) */
 } bkv__kv;
 
 /* Index plus block-record bytes from which bkv__cache_lookup_run prefetches
@@ -488,6 +503,15 @@ void bkv__kv_txn_defer(bkv__kv *kv, int32_t b);
 int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1);
 /* Undo one bkv__kv_value_on; the last one frees the records (LRU again). */
 void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
+/* Retention priorities (needs the value records on): mode BKV__RET_BANDS or
+ * BKV__RET_VALUE; allocates the expiry clocks. BKV_OK or BKV_ENOMEM. */
+int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);
+/* Retention off (before bkv__kv_value_off); frees the expiry clocks. */
+void bkv__kv_retain_off(bkv__kv *kv, const bkv_allocator *a);
+/* Indexed block b is given priority prio (0..BKV_RETENTION_PRIORITY_MAX)
+ * until clock exp (UINT64_MAX: no expiry): kept when it has a higher one in
+ * force, expiry extended on an equal one. A no-op with retention off. */
+void bkv__kv_retain(bkv__kv *kv, int32_t b, uint32_t prio, uint64_t exp);
 /* b was just indexed: its depth from its parent's, no hits yet. */
 void bkv__val_indexed(bkv__kv *kv, int32_t b);
 /* b was taken back from the cache (a hit): its decayed count grows. */

@@ -52,6 +52,15 @@
  * The decision layer turns the policy on (decide/evict.c, from
  * bkv_sched_config.evict) with prices from the scheduler's cost model; the
  * records (24 bytes a device block) exist only while it is on.
+ *
+ * Retention priorities (bkv__kv.val_ret, pool/retain.c). A request's range
+ * gives an indexed block a priority (rprio) until a clock (val_exp). By
+ * bands (the scheduler's LRU with retention) a block's class is its
+ * priority's band instead of its value: LRU within a band, a lower band
+ * first, the chain rule above unchanged. By value the priority multiplies
+ * v by priority / default. An expired priority is seen lazily: each
+ * eviction looks at every class head (expire_heads) and moves an expired
+ * one to its class as the default; the aging re-prices class 0's head too.
  */
 #include "kv/kv.h"
 
@@ -94,15 +103,48 @@ static inline uint32_t freq_now(const bkv__kv *kv, const bkv__val *v)
 	return halvings >= 32 ? 0 : v->freq >> halvings;
 }
 
-/* The class of b's expected saving now. */
+/* b's retention priority in force now: the default when none was given or
+ * its duration has run out (read lazily: when b is pushed or re-priced). */
+static inline uint32_t prio_now(const bkv__kv *kv, int32_t b)
+{
+	uint32_t r = kv->val[b].rprio;
+
+	if (!r || kv->val_exp[b] <= kv->val_now)
+		return BKV_RETENTION_PRIORITY_DEFAULT;
+	return r - 1;
+}
+
+/* The band of a retention priority: 0..4 below the default (seven
+ * priorities each), the default alone in 5, 6..15 above it. */
+static uint32_t prio_band(uint32_t p)
+{
+	if (p < BKV_RETENTION_PRIORITY_DEFAULT)
+		return p / 7u;
+	if (p == BKV_RETENTION_PRIORITY_DEFAULT)
+		return 5;
+	return 6u + (p - BKV_RETENTION_PRIORITY_DEFAULT - 1u) * 10u /
+			    (BKV_RETENTION_PRIORITY_MAX - BKV_RETENTION_PRIORITY_DEFAULT);
+}
+
+/* The class of b's expected saving now (with retention by bands: of its
+ * priority's band). */
 static uint32_t class_of(const bkv__kv *kv, int32_t b)
 {
 	const bkv__val *v = &kv->val[b];
-	double x = (1.0 + kv->val_r1 * (double)v->depth) *
-		   (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
-	int e;
-	double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
-	int c = 2 * (e - 1) + (m >= 0.70710678118654752); /* floor(2 log2 x) */
+	double x;
+	int e, c;
+	double m;
+
+	if (kv->val_ret == BKV__RET_BANDS)
+		return prio_band(prio_now(kv, b));
+	x = (1.0 + kv->val_r1 * (double)v->depth) *
+	    (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
+	if (kv->val_ret == BKV__RET_VALUE)
+		x *= (double)prio_now(kv, b) / BKV_RETENTION_PRIORITY_DEFAULT;
+	if (!(x > 0.0))
+		return 0;
+	m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
+	c = 2 * (e - 1) + (m >= 0.70710678118654752); /* floor(2 log2 x) */
 
 	if (c <= 0)
 		return 0;
@@ -233,6 +275,9 @@ void bkv__val_indexed(bkv__kv *kv, int32_t b)
 	v->depth = p >= 0 ? kv->val[p].depth + 1 : 0;
 	v->freq = 0;
 	v->stamp = kv->val_clock;
+	v->rprio = 0;
+	if (kv->val_exp)
+		kv->val_exp[b] = UINT64_MAX;
 }
 
 void bkv__val_hit(bkv__kv *kv, int32_t b)
@@ -242,6 +287,57 @@ void bkv__val_hit(bkv__kv *kv, int32_t b)
 
 	v->freq = f < VAL_FREQ_MAX ? f : VAL_FREQ_MAX;
 	v->stamp = kv->val_clock++;
+}
+
+/* ---- retention priorities ------------------------------------------------ */
+
+int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode)
+{
+	uint32_t i;
+
+	if (!kv->val)
+		return BKV_EINVAL;
+	if (!kv->val_exp) {
+		kv->val_exp = bkv__malloc(a, (size_t)kv->nb * sizeof(uint64_t));
+		if (!kv->val_exp)
+			return BKV_ENOMEM;
+	}
+	for (i = 0; i < kv->nb; i++) {
+		kv->val[i].rprio = 0;
+		kv->val_exp[i] = UINT64_MAX;
+	}
+	kv->val_ret = mode;
+	return BKV_OK;
+}
+
+void bkv__kv_retain_off(bkv__kv *kv, const bkv_allocator *a)
+{
+	uint32_t i;
+
+	if (!kv->val_exp)
+		return;
+	for (i = 0; kv->val && i < kv->nb; i++)
+		kv->val[i].rprio = 0;
+	bkv__free(a, kv->val_exp, (size_t)kv->nb * sizeof(uint64_t));
+	kv->val_exp = NULL;
+	kv->val_ret = BKV__RET_OFF;
+}
+
+void bkv__kv_retain(bkv__kv *kv, int32_t b, uint32_t prio, uint64_t exp)
+{
+	bkv__val *v;
+	uint32_t cur;
+
+	if (!kv->val_ret || !BLOCK_IS_INDEXED(&kv->blk[b]))
+		return;
+	v = &kv->val[b];
+	cur = v->rprio && kv->val_exp[b] > kv->val_now ? v->rprio - 1u : UINT32_MAX;
+	if (cur == UINT32_MAX || prio > cur) {
+		v->rprio = (uint8_t)(prio + 1u);
+		kv->val_exp[b] = exp;
+	} else if (prio == cur && exp > kv->val_exp[b]) {
+		kv->val_exp[b] = exp;
+	}
 }
 
 /* ---- eviction ------------------------------------------------------------ */
@@ -254,12 +350,39 @@ static void age_one(bkv__kv *kv)
 	int32_t h;
 
 	kv->val_rr = (c + 1) % BKV__VAL_CLASSES;
-	if (c == 0 || (h = kv->val_head[c]) < 0)
+	if ((c == 0 && !kv->val_ret) || (h = kv->val_head[c]) < 0)
 		return;
-	if ((n = class_of(kv, h)) < c) {
+	n = class_of(kv, h);
+	if (n < c || (kv->val_ret && n > c)) { /* up: a low priority expired */
 		list_remove(kv, h);
 		list_append(kv, h, n);
 		kv->val_moves++;
+	}
+}
+
+/* Retention: a class head whose priority's duration has run out goes to
+ * the tail of the class it now has (each class's head, one look each: a
+ * range's blocks reach their head in turn, so expiries take effect at the
+ * pace of evictions). */
+static void expire_heads(bkv__kv *kv)
+{
+	uint32_t m = kv->val_mask;
+
+	while (m) {
+		uint32_t c = ctz32(m), n;
+		int32_t h = kv->val_head[c];
+
+		m &= m - 1;
+		if (!kv->val[h].rprio || kv->val_exp[h] > kv->val_now)
+			continue;
+		n = class_of(kv, h);
+		kv->val[h].rprio = 0; /* the default from now on */
+		kv->val_exp[h] = UINT64_MAX;
+		if (n != c) {
+			list_remove(kv, h);
+			list_append(kv, h, n);
+			kv->val_moves++;
+		}
 	}
 }
 
@@ -270,6 +393,8 @@ int32_t bkv__val_pick(bkv__kv *kv)
 
 	if (kv->lru_head < 0)
 		return -1;
+	if (kv->val_ret)
+		expire_heads(kv);
 	age_one(kv);
 	for (moves = 0; moves < 2 * BKV__VAL_CLASSES; moves++) {
 		uint32_t c = ctz32(kv->val_mask);
@@ -298,12 +423,21 @@ int bkv__val_check(const bkv__kv *kv)
 	uint32_t i, c, n = 0, mask = 0;
 
 	if (!kv->val)
-		return CHECK_OK;
+		return kv->val_exp || kv->val_ret ? CHECK_VALUE : CHECK_OK;
+	if ((kv->val_ret != BKV__RET_OFF) != (kv->val_exp != NULL) || kv->val_ret > BKV__RET_VALUE)
+		return CHECK_VALUE;
 	for (i = 0; i < kv->nb; i++) {
 		const bkv__block *k = &kv->blk[i];
 		const bkv__val *v = &kv->val[i];
 
 		if (v->on != BLOCK_IS_CACHED(k) || (v->on && v->cls >= BKV__VAL_CLASSES))
+			return CHECK_VALUE;
+		/* retention: priorities only with it on and in scale (a block
+		 * keeps its own until it is indexed again); no expiry without
+		 * one */
+		if (v->rprio && (!kv->val_exp || v->rprio > BKV_RETENTION_PRIORITY_MAX + 1u))
+			return CHECK_VALUE;
+		if (kv->val_exp && !v->rprio && kv->val_exp[i] != UINT64_MAX)
 			return CHECK_VALUE;
 		if (BLOCK_IS_INDEXED(k) &&
 		    v->depth != (k->parent >= 0 ? kv->val[k->parent].depth + 1 : 0))

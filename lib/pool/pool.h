@@ -696,6 +696,19 @@ void bkv__pool_txn_abort(bkv_pool *pool);
 int bkv__pool_value_on(bkv_pool *pool, double p0, double p1);
 void bkv__pool_value_off(bkv_pool *pool);
 
+/* ---- pool/retain.c: retention from the request (for the layers above) -----
+ * Retention priorities on (mode BKV__RET_BANDS: with LRU, turns the value
+ * records on too; BKV__RET_VALUE: over eviction by value, already on) or
+ * off (the same mode). BKV_OK or BKV_ENOMEM. A no-op without prefix cache.
+ * _now gives the KV layer the scheduler's clock (expiries are read against
+ * it). _seq_retain gives seq's full indexed blocks the highest priority of
+ * the n ranges overlapping each, before the scheduler releases it. */
+int bkv__pool_retain_on(bkv_pool *pool, uint32_t mode);
+void bkv__pool_retain_off(bkv_pool *pool, uint32_t mode);
+void bkv__pool_retain_now(bkv_pool *pool, uint64_t now_us);
+void bkv__pool_seq_retain(bkv_pool *pool, uint32_t seq, const bkv_retention_range *r, uint32_t n,
+			  uint64_t now_us);
+
 /* ---- pool/check.c ---------------------------------------------------------- */
 /* bkv_pool_check is public; nothing more. */
 

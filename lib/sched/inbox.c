@@ -16,6 +16,7 @@
 #include "sched/batch.h"
 #include "decide/decide.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* ---- buffers ------------------------------------------------------------- */
@@ -74,15 +75,50 @@ int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *k
 
 /* ---- submit / abort (any thread) ----------------------------------------- */
 
-static int request_valid(const bkv_request *q)
+/* The request's retention ranges: none when its size ends before them
+ * (a caller built against the struct without them). */
+static uint32_t ret_count(const bkv_request *q)
 {
-	if (q->size < sizeof(bkv_request))
+	if (q->size < offsetof(bkv_request, pad) + sizeof(q->pad))
+		return 0;
+	return q->n_retention;
+}
+
+/* Ranges inside the prompt, priorities in scale, no two overlapping, and
+ * only on a scheduler with retention on. */
+static int ret_valid(const bkv_sched *s, const bkv_request *q)
+{
+	uint32_t n = ret_count(q), i, j;
+
+	if (!n)
+		return 1;
+	if (!s->cfg.retention || n > BKV_RETENTION_MAX_RANGES || !q->retention)
+		return 0;
+	for (i = 0; i < n; i++) {
+		const bkv_retention_range *a = &q->retention[i];
+
+		if (a->token_start >= a->token_end || a->token_end > q->prompt_len ||
+		    a->priority > BKV_RETENTION_PRIORITY_MAX || a->pad)
+			return 0;
+		for (j = 0; j < i; j++) {
+			const bkv_retention_range *b = &q->retention[j];
+
+			if (a->token_start < b->token_end && b->token_start < a->token_end)
+				return 0;
+		}
+	}
+	return 1;
+}
+
+static int request_valid(const bkv_sched *s, const bkv_request *q)
+{
+	if (q->size < offsetof(bkv_request, retention))
 		return 0;
 	if (!q->prompt || q->prompt_len == 0 || q->max_new_tokens == 0 || q->n == 0)
 		return 0;
 	if (q->n_stop && !q->stop_tokens)
 		return 0;
-	return 1;
+	return ret_valid(s, q);
 }
 
 /* Copy q into one allocation: the request, its lanes, its stop tokens,
@@ -95,7 +131,10 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 	uint32_t i;
 	bkv__req *r;
 
+	uint32_t n_ret = ret_count(q);
+
 	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
+		(uint64_t)n_ret * sizeof(bkv_retention_range) +
 		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
 	if (bytes > SIZE_MAX / 2)
 		return NULL;
@@ -117,7 +156,12 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 	r->state = BKV__REQ_INBOX;
 	r->heap_idx = UINT32_MAX;
 	r->age_idx = UINT32_MAX;
-	r->stop = (int32_t *)(void *)&r->lane[q->n];
+	r->n_ret = n_ret;
+	r->ret = n_ret ? (bkv_retention_range *)(void *)&r->lane[q->n] : NULL;
+	if (n_ret)
+		memcpy(r->ret, q->retention, (size_t)n_ret * sizeof(bkv_retention_range));
+	r->stop = (int32_t *)(void *)((char *)&r->lane[q->n] +
+				      (size_t)n_ret * sizeof(bkv_retention_range));
 	if (q->n_stop)
 		memcpy(r->stop, q->stop_tokens, (size_t)q->n_stop * sizeof(int32_t));
 	for (i = 0; i < q->n; i++) {
@@ -192,7 +236,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	bkv__req *r;
 	int rc = BKV_OK;
 
-	if (!s || !q || !request_valid(q))
+	if (!s || !q || !request_valid(s, q))
 		return BKV_EINVAL;
 	/* Each of the n lanes may have to be recomputed on its own, so all n
 	 * whole histories must fit at once for the request to finish alone. */
@@ -258,6 +302,8 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 	memset(&old, 0, sizeof(old));
 	memset(&old2, 0, sizeof(old2));
+	if (s->cfg.retention)
+		bkv__pool_retain_now(s->pool, now); /* retention expiries */
 	LOCK(s);
 	in = s->in.inbox_head;
 	s->in.inbox_head = s->in.inbox_tail = NULL;

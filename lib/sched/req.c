@@ -89,6 +89,16 @@ void bkv__req_free(bkv_sched *s, bkv__req *r)
 	bkv__free(&s->alloc, r, r->alloc_size);
 }
 
+/* Before a lane's sequence is released into the cache: its request's
+ * retention ranges onto its full blocks (pool/retain.c). */
+static void lane_retain(bkv_sched *s, const bkv__lane *l)
+{
+	const bkv__req *r = l->req;
+
+	if (r->n_ret && l->seq != BKV__SEQ_NONE)
+		bkv__pool_seq_retain(s->pool, l->seq, r->ret, r->n_ret, bkv__clock_us(s));
+}
+
 /* Release a request's sequences without callbacks (destroy). */
 void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r)
 {
@@ -111,6 +121,7 @@ void bkv__req_close_lanes(bkv_sched *s, bkv__req *r)
 	for (i = 0; i < r->n; i++) {
 		bkv__lane *l = &r->lane[i];
 
+		lane_retain(s, l);
 		if (l->seq != BKV__SEQ_NONE)
 			bkv_seq_close(s->pool, l->seq);
 		bkv__slot_release(s, l);
@@ -146,6 +157,8 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 		bkv__lane *l = &r->lane[i];
 
 		if (l->seq != BKV__SEQ_NONE) {
+			if (why != BKV_FINISH_ABORT)
+				lane_retain(s, l);
 			bkv__lane_release_seq(s, l, why == BKV_FINISH_ABORT);
 			bkv__slot_release(s, l);
 			l->seq = BKV__SEQ_NONE;
@@ -185,8 +198,10 @@ void bkv__lane_done(bkv_sched *s, bkv__lane *l, bkv_finish_reason why, bkv_step_
 
 	l->done = 1;
 	l->reason = (uint8_t)why;
-	if (l->seq != BKV__SEQ_NONE)
+	if (l->seq != BKV__SEQ_NONE) {
+		lane_retain(s, l);
 		bkv__lane_release_seq(s, l, 0);
+	}
 	bkv__slot_release(s, l);
 	l->seq = BKV__SEQ_NONE;
 	r->n_live--;

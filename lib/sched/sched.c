@@ -43,7 +43,6 @@ void bkv_request_init(bkv_request *req)
 
 static int config_valid(const bkv_sched_config *c)
 {
-	uint32_t i;
 
 	if (c->size < sizeof(bkv_sched_config))
 		return 0;
@@ -78,9 +77,6 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->admit_reserve != BKV_RESERVE_PROMPT && c->admit_reserve != BKV_RESERVE_OUTPUT)
 		return 0;
-	for (i = 0; i < sizeof(c->reserved) / sizeof(c->reserved[0]); i++)
-		if (c->reserved[i])
-			return 0;
 	return 1;
 }
 

@@ -143,6 +143,10 @@ typedef struct bkv__req {
 	size_t alloc_size;     /* bytes of this allocation */
 	uint64_t hold_tag;     /* overlap: ended, freed once the step with this
 				  number has completed (sched/overlap.c) */
+	bkv_retention_range *ret; /* [n_ret] the request's retention ranges,
+				  inside the allocation (after lane[]);
+				  NULL when none */
+	uint32_t n_ret;        /* entries in ret */
 	bkv__lane lane[];      /* [n] */
 } bkv__req;
 

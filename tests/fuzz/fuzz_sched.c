@@ -236,7 +236,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.reserved[0] = 1;
+		sc.evict = (bkv_evict_policy)2; /* out of range: EINVAL */
+	else if (b & 1)
+		sc.retention = 1; /* retention bands or factors (no ranges given) */
 
 	rc = bkv_pool_create(&pc, &a, &pool);
 	if (rc != BKV_OK) {
@@ -288,6 +290,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (op < 4) { /* submit */
 			kh_req *q;
 			bkv_request rq;
+			bkv_retention_range rr[2];
 			uint32_t len, j, max_new, n;
 			uint64_t refusals = mem.failures, hist;
 			uint8_t shape = fz_u8(&f), bad = 0;
@@ -345,6 +348,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			} else if (b == 0xF3) {
 				rq.size = 4;
 				bad = 1;
+			} else if (sc.retention && (b & 3) && len >= 2) {
+				/* retention ranges: halves of the prompt, one
+				 * with a duration; past the scale from 0xE8 */
+				rr[0] = (bkv_retention_range){0, len / 2, b % 101u, 0, (b & 4) ? 300u : 0u};
+				rr[1] = (bkv_retention_range){len / 2, len, (b * 7u) % 101u, 0, 0};
+				if (b >= 0xE8) {
+					rr[0].priority = BKV_RETENTION_PRIORITY_MAX + 1;
+					bad = 1;
+				}
+				rq.retention = rr;
+				rq.n_retention = (b & 3) == 3 ? 2 : 1;
 			}
 			bad |= max_new == 0 || n == 0;
 			hist = (uint64_t)len + max_new;

@@ -396,7 +396,17 @@ class bkv_sched_config(Structure):
         ('evict', c_int),
         ('victim', c_int),
         ('admit_reserve', c_int),
-        ('reserved', c_uint32 * 1),
+        ('retention', c_uint32),
+    ]
+
+
+class bkv_retention_range(Structure):
+    _fields_ = [
+        ('token_start', c_uint32),
+        ('token_end', c_uint32),
+        ('priority', c_uint32),
+        ('pad', c_uint32),
+        ('duration_us', c_uint64),
     ]
 
 
@@ -413,6 +423,9 @@ class bkv_request(Structure):
         ('n', c_uint32),
         ('predicted_output', c_uint32),
         ('user', c_void_p),
+        ('retention', POINTER(bkv_retention_range)),
+        ('n_retention', c_uint32),
+        ('pad', c_uint32),
     ]
 
 

@@ -408,7 +408,7 @@ pub struct bkv_sched_config {
     pub evict: bkv_evict_policy,
     pub victim: bkv_victim_policy,
     pub admit_reserve: bkv_admit_reserve,
-    pub reserved: [u32; 1],
+    pub retention: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -424,6 +424,18 @@ pub struct bkv_request {
     pub n: u32,
     pub predicted_output: u32,
     pub user: *mut c_void,
+    pub retention: *const bkv_retention_range,
+    pub n_retention: u32,
+    pub pad: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_retention_range {
+    pub token_start: u32,
+    pub token_end: u32,
+    pub priority: u32,
+    pub pad: u32,
+    pub duration_us: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
