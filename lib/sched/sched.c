@@ -202,6 +202,10 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		bkv__free(&a, s, sizeof(*s)); /* overlap: a pool without KV groups */
 		return BKV_EINVAL;
 	}
+	if (cfg->spec_max_k && s->call.has_state) {
+		bkv__free(&a, s, sizeof(*s)); /* drafts: no STATE group (spec.c) */
+		return BKV_EINVAL;
+	}
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||

@@ -220,8 +220,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
-	if (s->call.n_lanes || s->call.has_state)
-		return; /* KV groups: never (docs/design.md) */
+	BKV_ASSERT(!s->call.has_state); /* refused at create (sched.c) */
 	if (si->preempted) { /* drafts index plan.dec as the call will see it */
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
