@@ -236,7 +236,7 @@ Test(tinylm_spec_hybrid, chunked_prefill_prefix_hits_and_recompute_in_a_tight_po
 {
 	tlm_run_config rc;
 	tlm_run_result res;
-	hybrid_config(&rc, 150, 6, 1);
+	hybrid_config(&rc, 150, 6, 2);
 	rc.sched.chunked_prefill = 1;
 	rc.sched.token_budget = 48;
 	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
@@ -252,7 +252,7 @@ Test(tinylm_spec_hybrid, split_host_swap_and_failures_in_a_tight_pool, .init = h
 {
 	tlm_run_config rc;
 	tlm_run_result res;
-	hybrid_config(&rc, 150, 5, 0);
+	hybrid_config(&rc, 200, 5, 0);
 	rc.host_blocks = 600;
 	rc.split = 1;
 	rc.sched.preempt = BKV_PREEMPT_SWAP;
@@ -270,7 +270,7 @@ Test(tinylm_spec_hybrid, persistent_layout_chunks_and_failures_match_reference,
 {
 	tlm_run_config rc;
 	tlm_run_result res;
-	hybrid_config(&rc, 240, 6, 1);
+	hybrid_config(&rc, 400, 6, 2);
 	rc.host_blocks = 400;
 	rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
 	rc.sched.chunked_prefill = 1;
