@@ -30,6 +30,13 @@
  * only verified blocks. A failed call rolls the drafts back with everything
  * else (lane_restore truncates to the length before the step).
  *
+ * KV groups: window and chunked lanes trim only at the transaction's commit
+ * (pool/lanes.c), after the cut, so every lane still holds what the row's
+ * first token reads and the cut always succeeds; the batch's per-group
+ * arrays (sched/groups.c) cover a speculated row like any row of 1 + k
+ * tokens. A STATE group keeps one state per row, not one per draft: such a
+ * pool is refused at create (sched.c) when spec_max_k > 0.
+ *
  * N-gram lookup: each lane that speculates takes one of max_running tables
  * (a direct-mapped hash from the n-gram ending at a position to that
  * position, BKV__NGRAM_SLOTS entries, n = 1..BKV__NGRAM_MAX, allocated at
