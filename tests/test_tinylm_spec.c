@@ -252,7 +252,7 @@ Test(tinylm_spec_hybrid, split_host_swap_and_failures_in_a_tight_pool, .init = h
 {
 	tlm_run_config rc;
 	tlm_run_result res;
-	hybrid_config(&rc, 200, 5, 0);
+	hybrid_config(&rc, 120, 5, 0);
 	rc.host_blocks = 600;
 	rc.split = 1;
 	rc.sched.preempt = BKV_PREEMPT_SWAP;
