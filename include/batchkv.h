@@ -1641,9 +1641,12 @@ typedef struct bkv_sched_config {
 	uint32_t spec_max_k;       /* speculative decoding: most drafts a
 				      decode row verifies, 0..BKV_SPEC_MAX_K;
 				      0 = off (the default; every batch as
-				      without it). A pool with KV groups
-				      never speculates (docs/design.md,
-				      "Speculative decoding") */
+				      without it). Works with FULL, WINDOW
+				      and CHUNKED KV groups; a pool with a
+				      STATE (recurrent) group gives
+				      BKV_EINVAL at create when it is > 0
+				      (docs/design.md, "Speculative
+				      decoding") */
 	bkv_spec_k_mode spec_k_mode; /* BKV_SPEC_K_AUTO (the default) or
 				      BKV_SPEC_K_FIXED */
 	bkv_spec_drafts spec_drafts; /* BKV_SPEC_DRAFT_NGRAM (the default) or

@@ -64,13 +64,17 @@ static void fill_state(bkv_sched *s, const bkv__row *rows, uint32_t n_rows, uint
 	s->call.gctx[g] = 0;
 }
 
-/* Context tokens a decode row of end tokens reads in group g. */
-static uint64_t group_ctx(const bkv_kv_group *g, uint32_t end)
+/* Context tokens a decode row of new tokens [start, end) reads in group g:
+ * the union of what its queries read (one query, or a speculated row's
+ * token and its drafts, sched/spec.c). A window reads from the first
+ * position its first query reads, start + 1 - W; a chunk from the start of
+ * its first query's chunk. */
+static uint64_t group_ctx(const bkv_kv_group *g, uint32_t start, uint32_t end)
 {
 	if (g->kind == BKV_GROUP_WINDOW)
-		return BKV_MIN(end, g->span);
+		return end - (start + 1 > g->span ? start + 1 - g->span : 0);
 	if (g->kind == BKV_GROUP_CHUNKED)
-		return end - (end - 1) / g->span * g->span;
+		return end - start / g->span * g->span;
 	return end;
 }
 
@@ -102,7 +106,7 @@ static void fill_group(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 		for (p = start; p < end; p++)
 			slots[t++] = (table[p >> shift] << shift) + (int32_t)(p & mask);
 		if (r < n_decode)
-			ctx += group_ctx(kg, end);
+			ctx += group_ctx(kg, start, end);
 		if (s->call.persistent) {
 			rt[b->row_slot[r]] = table;
 			rtl[b->row_slot[r]] = nb;

@@ -30,6 +30,13 @@
  * only verified blocks. A failed call rolls the drafts back with everything
  * else (lane_restore truncates to the length before the step).
  *
+ * KV groups: window and chunked lanes trim only at the transaction's commit
+ * (pool/lanes.c), after the cut, so every lane still holds what the row's
+ * first token reads and the cut always succeeds; the batch's per-group
+ * arrays (sched/groups.c) cover a speculated row like any row of 1 + k
+ * tokens. A STATE group keeps one state per row, not one per draft: such a
+ * pool is refused at create (sched.c) when spec_max_k > 0.
+ *
  * N-gram lookup: each lane that speculates takes one of max_running tables
  * (a direct-mapped hash from the n-gram ending at a position to that
  * position, BKV__NGRAM_SLOTS entries, n = 1..BKV__NGRAM_MAX, allocated at
@@ -220,8 +227,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
-	if (s->call.n_lanes || s->call.has_state)
-		return; /* KV groups: never (docs/design.md) */
+	BKV_ASSERT(!s->call.has_state); /* refused at create (sched.c) */
 	if (si->preempted) { /* drafts index plan.dec as the call will see it */
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
@@ -355,7 +361,12 @@ void bkv__spec_commit_cut(bkv_sched *s)
 		}
 		keep = row->start + 1 + BKV_MIN(m, c);
 		if (keep < l->kv_len) {
-			bkv_seq_truncate(s->pool, l->seq, keep);
+			/* never refused: with KV groups, no lane trimmed in
+			 * the open transaction (docs/design.md) */
+			int rc = bkv_seq_truncate(s->pool, l->seq, keep);
+
+			BKV_ASSERT(rc == BKV_OK);
+			(void)rc;
 			l->kv_len = keep;
 		}
 		sp->want[i] = c | fail;

@@ -6,7 +6,9 @@
  * with its extremes (policy, batch layout, max_running, admission group, max wait, chunked
  * prefill and a token budget down to 1, queue length, preemption mode, swap
  * bandwidth including NaN, infinity and negative, a cost model that may
- * answer NaN, negative or huge times), a mixed or split host, and which
+ * answer NaN, negative or huge times), KV groups (a window, a chunk, a
+ * recurrent state), speculative decoding (with KV groups too), a mixed or
+ * split host, and which
  * allocation to refuse. Then, until the bytes run out: submit (odd prompts:
  * one token, longer than the pool, shared prefixes, negative and extreme token
  * ids, n samples, stop tokens, priorities, cache keys, and invalid requests),
@@ -265,6 +267,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			sc.spec_drafts = (bkv_spec_drafts)((hs >> 6) & 1);
 			h.spec_accept_permille = (uint32_t)(hs >> 8) % 1001;
 			h.spec_host_accepts = (int)((hs >> 20) & 1);
+			/* with KV groups too (drawn apart, above): windows and
+			 * chunks speculate; a STATE group refuses it at create,
+			 * which an eighth of those inputs check */
+			if (pc.n_groups == 3 && ((hs >> 21) & 7))
+				sc.spec_max_k = 0;
+			else if (pc.n_groups == 3)
+				expect_einval = 1;
 		}
 	}
 	h.fail_hook = fail_hook;

@@ -35,6 +35,8 @@ static int fh_call_host(fake_host *f, const bkv_batch *b, int32_t *next, bkv_cal
 	uint32_t r;
 
 	f->n_calls++;
+	if (f->batch_hook)
+		f->batch_hook(f, b);
 	if (c) {
 		c->kind = b->kind;
 		c->n_rows = b->n_rows;
@@ -158,6 +160,8 @@ fake_host *fh_create(const fh_opts *o)
 	pc.prefix_cache = o->prefix_cache;
 	pc.event_capacity = o->event_capacity;
 	pc.pin_permille = o->pin_permille;
+	pc.n_groups = o->n_groups;
+	pc.groups = o->groups;
 	rc = bkv_pool_create(&pc, o->pool_alloc, &f->pool);
 	cr_assert_eq(rc, BKV_OK, "pool create: %s", bkv_strerror(rc));
 	memset(&ops, 0, sizeof(ops));

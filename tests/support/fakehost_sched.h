@@ -71,6 +71,11 @@ typedef struct fake_host {
 	uint64_t abort_on_token;  /* on_token of this id aborts it (0: none) */
 	uint64_t abort_on_finish; /* on_finish of any request aborts this id */
 	int abort_rc;             /* what that bkv_abort answered */
+	/* called with every compute call's batch before the host computes it
+	 * (NULL: none); a test's extra checks, which count what they find in
+	 * batch_bad */
+	void (*batch_hook)(struct fake_host *f, const bkv_batch *b);
+	uint32_t batch_bad;       /* what batch_hook found wrong */
 } fake_host;
 
 typedef struct fh_opts {
@@ -84,6 +89,8 @@ typedef struct fh_opts {
 	int no_fake_cost;       /* leave cfg.cost as given even when it has no
 				   step_us (default: the harness's cost model) */
 	uint32_t event_capacity; /* pool event_capacity (default 0: no events) */
+	uint32_t n_groups;      /* pool n_groups (default 0: one full group) */
+	const bkv_kv_group *groups; /* pool groups, [n_groups] */
 	bkv_sched_config cfg;   /* scheduler config (bkv_sched_config_init) */
 	const bkv_allocator *sched_alloc, *pool_alloc; /* NULL: the library's */
 } fh_opts;
