@@ -34,7 +34,13 @@
  * Failure: a failed completion or launch fails every outstanding step; the
  * host completes each, and the last completion rolls all of them back,
  * newest first, to the state before the oldest: lengths, the provisional
- * commit, the transaction (nothing of theirs indexed).
+ * commit, the transaction (nothing of theirs indexed), and in the persistent
+ * layout the clean marks of the lanes their deltas went to (each ticket's
+ * sent list), so the next launch rewrites whatever their deltas wrote.
+ *
+ * Persistent layout: row_slot and the delta array alternate with the other
+ * buffers; a slot released while a step is outstanding waits with the
+ * deferred sequences (sched/rows.c's pending list, freed by release_after).
  */
 #include "sched/batch.h"
 #include "decide/decide.h"

@@ -156,7 +156,8 @@ void bkv__rows_call_begin(bkv_sched *s)
 }
 
 /* Take a free slot for l (one exists: slots are held by the running
- * requests' live lanes only, at most max_running). */
+ * requests' live lanes only, at most max_running, or pending, with overlap
+ * at most 2 x max_running more; see the opening comment). */
 static uint32_t slot_take(bkv_sched *s, bkv__lane *l)
 {
 	bkv__call *c = &s->call;
