@@ -550,7 +550,7 @@ static uint64_t preempted, swapped, aborted, failed; /* over model checks */
 /* persistent layout, over model checks: deltas the fake host mirrored,
  * failed calls whose deltas it undid (a host that discards them; the others
  * it keeps, and launches after a device failure it never applies) */
-static uint64_t mirrored, undone;
+static uint64_t mirrored, undone, opened;
 
 static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
 			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
@@ -594,6 +594,7 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 	ov_check(&b);
 	mirrored += b.h.kh.deltas_applied;
 	undone += b.h.kh.undone_calls;
+	opened += b.h.slots_opened;
 	if (o->cfg.batch_layout == BKV_BATCH_PERSISTENT)
 		cr_assert_gt(b.h.kh.deltas_applied, 0, "the host mirrored no delta");
 	ov_env_fini(&a);
@@ -669,6 +670,31 @@ Test(overlap, failed_steps_roll_back_every_outstanding_step_and_rerun)
 	cr_assert_gt(preempted, 3);
 	if (o.cfg.batch_layout == BKV_BATCH_PERSISTENT)
 		cr_assert_gt(undone, 3); /* both host behaviours after a failure */
+}
+
+Test(overlap, persistent_layout_reopens_a_released_slot_only_after_the_steps_that_read_it)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, m0 = mirrored;
+
+	load_max_new = 12; /* short requests: slots churn */
+	load_stop_mod = 5;
+	for (seed = 1; seed <= 4; seed++) {
+		ov_opts_init(&o);
+		o.cfg.batch_layout = BKV_BATCH_PERSISTENT;
+		o.cfg.max_running = 2 + (uint32_t)seed % 2;
+		o.nb = 64;
+		o.nh = seed % 2 ? 16 : 0;
+		o.cfg.chunked_prefill = 1;
+		o.cfg.token_budget = 16;
+		/* tokens equal a synchronous run's, the mirror equals the
+		 * library's tables at every launch, no OPENED delta names a slot
+		 * a step in flight reads (ov_check) */
+		model_check(&o, 60, seed + 40, 1, 0, seed % 2 ? 20 : 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(opened, 100, "slots reopened: %llu", (unsigned long long)opened);
+	cr_assert_gt(mirrored, m0);
 }
 
 Test(overlap, random_aborts_end_every_request_exactly_once)
