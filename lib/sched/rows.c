@@ -259,6 +259,8 @@ int bkv__rows_check(const bkv_sched *s)
 		return 0;
 	if (c->n_slot_free + c->n_slot_pend > m || c->n_closed > m)
 		return 1;
+	if (c->n_slot_pend && !s->plan.fenced && !s->plan.in_step)
+		return 1; /* nothing pending with nothing outstanding */
 	for (i = 0; i < c->n_slot_pend; i++)
 		if (c->slot_pend[i] >= m || c->slot_lane[c->slot_pend[i]] ||
 		    c->slot_pend_tag[i] > s->plan.step_no)

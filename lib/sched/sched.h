@@ -561,8 +561,8 @@ void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *tab
 /* The fused decode pass's dirty rows of rows[] (plan.dec): their deltas. */
 void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows);
 /* Invariant 33: every held slot's lane holds it, runs and has a device
- * sequence; pending slots are held by none; held + free + pending ==
- * n_slots. 0 or 1. */
+ * sequence; pending slots are held by none, and only while a step is
+ * outstanding; held + free + pending == n_slots. 0 or 1. */
 int bkv__rows_check(const bkv_sched *s);
 /* The step is rolled back: every delta it sent is void. */
 void bkv__rows_rollback(bkv_sched *s);
