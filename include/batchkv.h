@@ -1404,14 +1404,19 @@ typedef struct bkv_batch {
 	const bkv_copy *swap_in;
 	bkv_batch_layout layout;          /* the scheduler's batch_layout */
 	uint32_t n_row_slots;             /* persistent: row slots 0..n-1 exist
-					     (max_running); 0 when flat */
+					     (max_running; 3 x max_running
+					     with overlap, whose released
+					     slots wait for the steps that
+					     read them); 0 when flat */
 	const uint32_t *row_slot;         /* [n_rows] persistent: each row's row
 					     slot; NULL when flat */
 	const int32_t *const *row_tables; /* [n_row_slots] persistent: the
 					     library's table of each slot, valid
 					     for the slots of this call's rows
 					     (others may be stale); NULL when
-					     flat */
+					     flat. Overlap: valid only during
+					     the launch callback (copy what
+					     you check) */
 	const uint32_t *row_table_len;    /* [n_row_slots] entries of each
 					     row_tables[slot], as row_tables */
 	uint32_t n_table_deltas;          /* persistent: changes to apply */
@@ -1497,10 +1502,14 @@ typedef struct bkv_host_ops {
 	 * the sampled tokens into next_tokens (the library's, valid until the
 	 * step is completed) before it calls bkv_step_complete. Every array
 	 * the batch points to stays valid until then; the bkv_batch struct
-	 * itself only during the call (copy it). Placeholders
-	 * (BKV_TOKEN_PENDING) in token_ids name rows of the step launched
-	 * before. 0 on success, negative on failure (the step fails:
-	 * bkv_step_launch answers BKV_EHOST). NULL when overlap is off. */
+	 * itself only during the call (copy it), and in the persistent
+	 * layout row_tables/row_table_len only during the call too.
+	 * Placeholders (BKV_TOKEN_PENDING) in token_ids name rows of the step
+	 * launched before. Persistent layout: apply each launch's table_deltas
+	 * in launch order (they are relative to the previous launch's); a
+	 * failed step's deltas may be kept or discarded (bkv_step_complete).
+	 * 0 on success, negative on failure (the step fails: bkv_step_launch
+	 * answers BKV_EHOST). NULL when overlap is off. */
 	int (*launch)(void *host, const bkv_batch *batch, int32_t *next_tokens);
 } bkv_host_ops;
 
@@ -1655,9 +1664,10 @@ typedef struct bkv_sched_config {
 				      two-phase step (bkv_step_launch,
 				      bkv_step_complete; docs/integration.md,
 				      "Overlapped scheduling"). Needs
-				      host ops.launch, the flat layout, a
-				      pool without KV groups and spec_max_k
-				      0 (else EINVAL). Default 0. */
+				      host ops.launch, a pool without KV
+				      groups and spec_max_k 0 (else
+				      EINVAL); either batch_layout.
+				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
@@ -1914,7 +1924,11 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * requests that end when the in-flight step completes (stop, error, abort)
  * are computed and discarded (bkv_sched_stats.overlap_wasted_tokens).
  * Blocks released while a step is outstanding are reused only after every
- * step outstanding then has completed.
+ * step outstanding then has completed, and so are row slots in the
+ * persistent layout (a slot closed by this launch's deltas is opened for
+ * another row only after the steps that read it completed). The persistent
+ * layout's table deltas of a launch are relative to the previous launch's:
+ * the host applies them in launch order.
  *
  * With a step in flight the library declines (BKV_EAGAIN, nothing done)
  * when the plan would need that step's results or ordering: pending copies
@@ -1950,7 +1964,12 @@ BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *i
  * Each failed step must still be completed (in order; its tokens are not
  * read); the last completion rolls every one of them back: no token reached
  * any request, every sequence is back at its length before the oldest, and
- * the requests run again. Steps complete in launch order.
+ * the requests run again. Steps complete in launch order. In the persistent
+ * layout the rollback voids the failed steps' table deltas: the host may
+ * have applied them (at launch) or discard them (as if never launched, back
+ * to its tables after the last completed step); either way the next launch's
+ * deltas rewrite every entry and length they wrote, so after applying them
+ * its tables equal the library's for every row of that launch.
  * @param sched   the scheduler.
  * @param ticket  the oldest outstanding ticket.
  * @param status  0: the step ran and next_tokens holds its tokens; negative:

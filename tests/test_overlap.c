@@ -42,7 +42,35 @@ typedef struct ov_host {
 	uint64_t placeholders;    /* placeholder tokens replaced */
 	uint64_t bad_placeholders; /* naming no sampling row of the step before */
 	uint64_t max_row_pending; /* rows of one batch carrying a placeholder */
+	uint64_t slot_reuse_in_flight; /* persistent: deltas that opened or
+				      closed a slot a step in flight reads */
+	uint64_t slots_opened;    /* persistent: OPENED deltas seen */
 } ov_host;
+
+/* Persistent layout: a launch's deltas may close a slot a step in flight
+ * reads (the host closes its mirror of it in launch order), but must not
+ * open it for another row before that step completed. */
+static void check_slots_in_flight(ov_host *h, const bkv_batch *b)
+{
+	uint32_t i, k, r;
+
+	if (b->layout != BKV_BATCH_PERSISTENT)
+		return;
+	for (i = 0; i < b->n_table_deltas; i++) {
+		const bkv_table_delta *d = &b->table_deltas[i];
+
+		if (!(d->flags & BKV_TABLE_OPENED))
+			continue;
+		h->slots_opened++;
+		for (k = 0; k < h->dev_n; k++) {
+			const bkv_batch *f = &h->dev_batch[(h->dev_head + k) % OV_DEPTH];
+
+			for (r = 0; r < f->n_rows; r++)
+				if (f->row_slot[r] == d->slot)
+					h->slot_reuse_in_flight++;
+		}
+	}
+}
 
 /* A digest of everything a batch points to: the arrays of a launched step
  * must hold the same until it completes. */
@@ -60,15 +88,35 @@ static uint64_t batch_sum(const bkv_batch *b)
 	}
 	for (i = 0; i <= b->n_rows; i++) {
 		MIX(b->qo_indptr[i]);
-		MIX(b->kv_indptr[i]);
+		if (b->layout == BKV_BATCH_FLAT)
+			MIX(b->kv_indptr[i]);
 	}
 	for (i = 0; i < b->n_rows; i++) {
 		MIX(b->row_sample[i]);
 		MIX(b->row_req[i]);
 		MIX(b->kv_last_page_len[i]);
+		if (b->layout == BKV_BATCH_PERSISTENT)
+			MIX(b->row_slot[i]);
 	}
-	for (i = 0; i < (uint32_t)b->kv_indptr[b->n_rows]; i++)
-		MIX(b->kv_indices[i]);
+	if (b->layout == BKV_BATCH_FLAT) {
+		for (i = 0; i < (uint32_t)b->kv_indptr[b->n_rows]; i++)
+			MIX(b->kv_indices[i]);
+	} else { /* the deltas, the host applied at launch */
+		uint32_t n = 0;
+
+		for (i = 0; i < b->n_table_deltas; i++) {
+			const bkv_table_delta *d = &b->table_deltas[i];
+
+			MIX(d->slot);
+			MIX(d->start);
+			MIX(d->n);
+			MIX(d->len);
+			MIX(d->flags);
+			n += d->n;
+		}
+		for (i = 0; i < n; i++)
+			MIX(b->delta_blocks[i]);
+	}
 	MIX(b->n_groups);
 #undef MIX
 	return x;
@@ -82,6 +130,7 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 	int failed;
 
 	h->launches++;
+	check_slots_in_flight(h, b);
 	if (h->fail_launch_at && h->launches == h->fail_launch_at)
 		return -1;
 	if (b->n_tokens > h->tok_cap) {
@@ -145,6 +194,12 @@ static void ov_opts_init(ov_opts *o)
 	o->cfg.max_running = 8;
 	o->cfg.admit_group = 1;
 	o->cfg.overlap = 1;
+	/* BKV_TEST_LAYOUT=persistent runs the suite in the persistent batch
+	 * layout: the fake host mirrors each launch's table deltas, in launch
+	 * order, and checks its mirror against the library's tables and every
+	 * KV cell through it (the overlap_persistent test) */
+	if (getenv("BKV_TEST_LAYOUT") && strcmp(getenv("BKV_TEST_LAYOUT"), "persistent") == 0)
+		o->cfg.batch_layout = BKV_BATCH_PERSISTENT;
 }
 
 typedef struct ov_env {
@@ -208,6 +263,7 @@ static void ov_check(ov_env *e)
 	cr_assert_eq(rc, 0, "bkv_sched_check: %d", rc);
 	cr_assert_eq(e->h.kh.violations, 0, "host: %s", e->h.kh.first);
 	cr_assert_eq(e->h.bad_placeholders, 0);
+	cr_assert_eq(e->h.slot_reuse_in_flight, 0, "a slot was reopened while a step read it");
 }
 
 /* Complete the oldest outstanding ticket with the device's verdict. */
@@ -491,6 +547,10 @@ Test(overlap, a_length_end_is_known_at_plan_time_and_wastes_nothing)
 /* The model check, one configuration: the same workload through bkv_step and
  * through the two-phase loop delivers the same tokens and reasons. */
 static uint64_t preempted, swapped, aborted, failed; /* over model checks */
+/* persistent layout, over model checks: deltas the fake host mirrored,
+ * failed calls whose deltas it undid (a host that discards them; the others
+ * it keeps, and launches after a device failure it never applies) */
+static uint64_t mirrored, undone, opened;
 
 static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
 			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
@@ -532,6 +592,11 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 			(unsigned long long)st.preemptions, (unsigned long long)st.swaps,
 			(unsigned long long)st.aborted, (unsigned long long)st.hit_tokens);
 	ov_check(&b);
+	mirrored += b.h.kh.deltas_applied;
+	undone += b.h.kh.undone_calls;
+	opened += b.h.slots_opened;
+	if (o->cfg.batch_layout == BKV_BATCH_PERSISTENT)
+		cr_assert_gt(b.h.kh.deltas_applied, 0, "the host mirrored no delta");
 	ov_env_fini(&a);
 	ov_env_fini(&b);
 	load_free(&La);
@@ -603,6 +668,33 @@ Test(overlap, failed_steps_roll_back_every_outstanding_step_and_rerun)
 	cr_assert_gt(ov, 50);
 	cr_assert_gt(failed, 20);
 	cr_assert_gt(preempted, 3);
+	if (o.cfg.batch_layout == BKV_BATCH_PERSISTENT)
+		cr_assert_gt(undone, 3); /* both host behaviours after a failure */
+}
+
+Test(overlap, persistent_layout_reopens_a_released_slot_only_after_the_steps_that_read_it)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, m0 = mirrored;
+
+	load_max_new = 12; /* short requests: slots churn */
+	load_stop_mod = 5;
+	for (seed = 1; seed <= 4; seed++) {
+		ov_opts_init(&o);
+		o.cfg.batch_layout = BKV_BATCH_PERSISTENT;
+		o.cfg.max_running = 2 + (uint32_t)seed % 2;
+		o.nb = 64;
+		o.nh = seed % 2 ? 16 : 0;
+		o.cfg.chunked_prefill = 1;
+		o.cfg.token_budget = 16;
+		/* tokens equal a synchronous run's, the mirror equals the
+		 * library's tables at every launch, no OPENED delta names a slot
+		 * a step in flight reads (ov_check) */
+		model_check(&o, 60, seed + 40, 1, 0, seed % 2 ? 20 : 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(opened, 100, "slots reopened: %llu", (unsigned long long)opened);
+	cr_assert_gt(mirrored, m0);
 }
 
 Test(overlap, random_aborts_end_every_request_exactly_once)
@@ -749,9 +841,13 @@ Test(overlap, bad_calls_are_refused_and_change_nothing)
 	c.overlap = 1;
 	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL, "no launch");
 	ops.launch = ov_launch;
-	c.batch_layout = BKV_BATCH_PERSISTENT;
+	c.spec_max_k = 2; /* speculation: refused */
 	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
 	cr_assert_eq(s, (bkv_sched *)0x1);
+	c.spec_max_k = 0; /* the persistent layout: accepted */
+	c.batch_layout = BKV_BATCH_PERSISTENT;
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
 	cr_assert_eq(bkv_pool_check(pool), 0);
 	bkv_pool_destroy(pool);
 }

@@ -1010,6 +1010,32 @@ Test(tinylm_serve, overlapped_with_a_device_thread_matches_reference, .init = se
 	cr_assert_gt(res.sched.overlap_wasted_tokens, 0, "stops and aborts in the step in flight");
 }
 
+Test(tinylm_serve, overlapped_in_the_persistent_layout_mirrors_the_tables_and_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	run_config(&rc, 64);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 96;
+	rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	tlm_run_result res;
+	int st = tlm_threaded_serve_overlap(&g_w, g_model, &rc, 4, 6, &res);
+	cr_assert_eq(st, 0, "overlapped serve failed: %s (%d); host: %s", bkv_strerror(st), st,
+		     res.host_error);
+	char msg[512];
+	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u requests differ; first: %s", bad, msg);
+	cr_assert_eq(res.check, 0);
+	cr_assert_eq(res.sched.finished, g_w.n_jobs);
+	cr_assert_gt(res.sched.overlap_steps, res.steps / 4, "%llu of %llu steps overlapped",
+		     (unsigned long long)res.sched.overlap_steps, (unsigned long long)res.steps);
+	cr_assert_gt(res.host.deltas, 0);
+	cr_assert_gt(res.host.mirror_rows, 0);
+	cr_assert_eq(res.host.mirror_mismatches, 0, "%llu rows' mirrored tables differ",
+		     (unsigned long long)res.host.mirror_mismatches);
+}
+
 Test(tinylm_serve, measured_host_calls_calibrate_the_cost_model, .init = serve_setup,
      .fini = serve_teardown)
 {

@@ -16,6 +16,14 @@
  * step valid until it completes (two buffer sets), but not the bkv_batch
  * struct itself, which the launch copies. The queue holds at most the two
  * outstanding steps the library allows; one mutex guards it.
+ *
+ * In the persistent layout the device thread applies each step's table
+ * deltas to the host's mirror as it runs the step: in launch order, each
+ * launch's deltas relative to the one before (what a runtime's stream-
+ * ordered copy of its block tables does). The library's row_tables (the
+ * host's self-check of its mirror) are valid only during the launch
+ * callback, so the launch copies the tables of the call's rows with the
+ * batch, and the device thread compares its mirror with that copy.
  */
 #include "overlap.h"
 
@@ -29,6 +37,13 @@ typedef struct dev_step {
 	bkv_batch b;      /* the launched batch (struct copied) */
 	int32_t *next;    /* the library's next_tokens for it */
 	int status;       /* after it ran */
+	/* persistent: the call's rows' tables at launch (b.row_tables and
+	 * b.row_table_len point here) */
+	const int32_t **tabs; /* [tabs_cap] each slot's copied table */
+	uint32_t *tlen;       /* [tabs_cap] its entries */
+	uint32_t tabs_cap;
+	int32_t *blk;         /* the copied entries */
+	uint32_t blk_cap;
 } dev_step;
 
 struct tlm_device {
@@ -144,9 +159,52 @@ void tlm_device_destroy(tlm_device *d)
 	pthread_join(d->th, NULL);
 	pthread_mutex_destroy(&d->mu);
 	pthread_cond_destroy(&d->cv);
+	for (uint32_t i = 0; i < DEV_QUEUE; i++) {
+		free(d->q[i].tabs);
+		free(d->q[i].tlen);
+		free(d->q[i].blk);
+	}
 	free(d->tok);
 	free(d->prev);
 	free(d);
+}
+
+/* Persistent layout: copy the tables of b's rows (valid during the launch
+ * callback only) into st and point its batch at the copy. -1 without
+ * memory. */
+static int copy_tables(dev_step *st, const bkv_batch *b)
+{
+	uint32_t need = 0, off = 0, r;
+
+	if (b->layout != BKV_BATCH_PERSISTENT || !b->row_tables || !b->row_table_len)
+		return 0;
+	for (r = 0; r < b->n_rows; r++)
+		if (b->row_slot[r] < b->n_row_slots)
+			need += b->row_table_len[b->row_slot[r]];
+	if (b->n_row_slots > st->tabs_cap) {
+		free(st->tabs);
+		free(st->tlen);
+		st->tabs_cap = b->n_row_slots;
+		st->tabs = calloc(st->tabs_cap, sizeof(*st->tabs));
+		st->tlen = calloc(st->tabs_cap, sizeof(*st->tlen));
+		if (!st->tabs || !st->tlen)
+			return -1;
+	}
+	if (grow(&st->blk, &st->blk_cap, need ? need : 1))
+		return -1;
+	for (r = 0; r < b->n_rows; r++) {
+		const uint32_t slot = b->row_slot[r];
+		if (slot >= b->n_row_slots)
+			continue; /* the host reports it */
+		const uint32_t n = b->row_table_len[slot];
+		memcpy(st->blk + off, b->row_tables[slot], (size_t)n * sizeof(int32_t));
+		st->tabs[slot] = st->blk + off;
+		st->tlen[slot] = n;
+		off += n;
+	}
+	st->b.row_tables = st->tabs;
+	st->b.row_table_len = st->tlen;
+	return 0;
 }
 
 int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
@@ -157,11 +215,16 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
 	if (d->n == DEV_QUEUE) {
 		rc = -1;
 	} else {
-		dev_step *st = &d->q[(d->head + d->n++) % DEV_QUEUE];
+		dev_step *st = &d->q[(d->head + d->n) % DEV_QUEUE];
 		st->b = *batch;
 		st->next = next_tokens;
 		st->status = 0;
-		pthread_cond_broadcast(&d->cv);
+		if (copy_tables(st, batch)) {
+			rc = -1;
+		} else {
+			d->n++;
+			pthread_cond_broadcast(&d->cv);
+		}
 	}
 	pthread_mutex_unlock(&d->mu);
 	return rc;

@@ -7,9 +7,13 @@
  *
  * --overlap serves it overlapped instead (bkv_step_launch/bkv_step_complete
  * with a device thread, overlap.c); the TSan build of CI runs it that way
- * (tests/meson.build: tinylm_overlap_plain).
+ * (tests/meson.build: tinylm_overlap_plain). --persistent uses the
+ * persistent batch layout (the host mirrors the calls' table deltas; with
+ * --overlap its device thread applies them in launch order) and fails when
+ * a mirrored table differs from the library's.
  *
  * Usage: tinylm-threaded [--jobs N] [--clients C] [--small] [--overlap]
+ *                        [--persistent]
  */
 #include "threaded.h"
 
@@ -20,7 +24,7 @@
 int main(int argc, char **argv)
 {
 	uint32_t jobs = 200, clients = 4;
-	int small = 0, overlap = 0;
+	int small = 0, overlap = 0, persistent = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
 			jobs = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -30,8 +34,10 @@ int main(int argc, char **argv)
 			small = 1;
 		else if (!strcmp(argv[i], "--overlap"))
 			overlap = 1;
+		else if (!strcmp(argv[i], "--persistent"))
+			persistent = 1;
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--clients C] [--small] [--overlap]\n",
+			fprintf(stderr, "usage: %s [--jobs N] [--clients C] [--small] [--overlap] [--persistent]\n",
 				argv[0]);
 			return 2;
 		}
@@ -58,6 +64,8 @@ int main(int argc, char **argv)
 	rc.sched.token_budget = 256;
 	rc.block_tokens = 16;
 	rc.device_blocks = 1024;
+	if (persistent)
+		rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
 	tlm_run_result res;
 	int st = overlap ? tlm_threaded_serve_overlap(&w, m, &rc, clients, 8, &res)
 			 : tlm_threaded_serve(&w, m, &rc, clients, 8, &res);
@@ -80,6 +88,13 @@ int main(int argc, char **argv)
 	       bad ? msg : "");
 	if (overlap && !bad && !st && res.sched.overlap_steps == 0)
 		bad = 1; /* nothing overlapped: the mode did not run */
+	if (persistent) {
+		printf("persistent: %llu deltas; %llu rows' mirrored tables compared, %llu differ\n",
+		       (unsigned long long)res.host.deltas, (unsigned long long)res.host.mirror_rows,
+		       (unsigned long long)res.host.mirror_mismatches);
+		if (!st && (res.host.mirror_mismatches || !res.host.mirror_rows))
+			bad = 1;
+	}
 	tlm_workload_destroy(&w);
 	tlm_model_destroy(m);
 	return bad || res.check ? 1 : 0;

@@ -84,7 +84,7 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, ui
 		b->layout = BKV_BATCH_PERSISTENT;
 		b->kv_indptr = NULL;
 		b->kv_indices = NULL;
-		b->n_row_slots = s->cfg.max_running;
+		b->n_row_slots = s->call.n_slots;
 		b->row_slot = s->call.row_slot;
 		b->row_tables = s->call.row_tables;
 		b->row_table_len = s->call.row_table_len;

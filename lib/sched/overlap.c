@@ -34,7 +34,13 @@
  * Failure: a failed completion or launch fails every outstanding step; the
  * host completes each, and the last completion rolls all of them back,
  * newest first, to the state before the oldest: lengths, the provisional
- * commit, the transaction (nothing of theirs indexed).
+ * commit, the transaction (nothing of theirs indexed), and in the persistent
+ * layout the clean marks of the lanes their deltas went to (each ticket's
+ * sent list), so the next launch rewrites whatever their deltas wrote.
+ *
+ * Persistent layout: row_slot and the delta array alternate with the other
+ * buffers; a slot released while a step is outstanding waits with the
+ * deferred sequences (sched/rows.c's pending list, freed by release_after).
  */
 #include "sched/batch.h"
 #include "decide/decide.h"
@@ -61,6 +67,9 @@ static void set_free(bkv_sched *s, bkv__ovl_set *x)
 	bkv__free(a, x->row_user, rc * sizeof(void *));
 	bkv__free(a, x->next_tokens, rc * sizeof(int32_t));
 	bkv__free(a, x->chunks, rc * sizeof(bkv_chunk_shape));
+	bkv__free(a, x->row_slot, x->row_slot ? rc * sizeof(uint32_t) : 0);
+	bkv__free(a, x->deltas,
+		  x->deltas ? (rc + s->call.n_slots) * sizeof(bkv_table_delta) : 0);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -78,6 +87,12 @@ static int set_alloc(bkv_sched *s, bkv__ovl_set *x)
 	x->row_user = bkv__calloc(a, rc, sizeof(void *));
 	x->next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
 	x->chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
+	if (s->call.persistent) {
+		x->row_slot = bkv__calloc(a, rc, sizeof(uint32_t));
+		x->deltas = bkv__calloc(a, rc + s->call.n_slots, sizeof(bkv_table_delta));
+		if (!x->row_slot || !x->deltas)
+			return BKV_ENOMEM;
+	}
 	if (!x->qo_indptr || !x->kv_indptr || !x->last_page_len || !x->row_sample || !x->row_req ||
 	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks ||
 	    bkv__bufs_alloc(a, &x->bufs, s->call.bufs.tok_cap, s->call.bufs.kv_cap, s->call.bufs.ng) !=
@@ -103,6 +118,9 @@ int bkv__ovl_create(bkv_sched *s)
 		o->t[i].undo = bkv__calloc(&s->alloc, o->undo_cap, sizeof(bkv__ovl_undo));
 		if (!o->t[i].rows || !o->t[i].undo)
 			return BKV_ENOMEM;
+		if (s->call.persistent &&
+		    !(o->t[i].sent = bkv__calloc(&s->alloc, s->plan.row_cap, sizeof(bkv__ovl_sent))))
+			return BKV_ENOMEM;
 	}
 	o->set0 = s->call.next_tokens;
 	return set_alloc(s, &o->alt);
@@ -126,6 +144,8 @@ void bkv__ovl_destroy(bkv_sched *s)
 	for (i = 0; i < OVL_DEPTH; i++) {
 		bkv__free(&s->alloc, o->t[i].rows, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
 		bkv__free(&s->alloc, o->t[i].undo, (size_t)o->undo_cap * sizeof(bkv__ovl_undo));
+		bkv__free(&s->alloc, o->t[i].sent,
+			  o->t[i].sent ? s->plan.row_cap * sizeof(bkv__ovl_sent) : 0);
 	}
 	set_free(s, &o->alt);
 	bkv__free(&s->alloc, o, sizeof(*o));
@@ -151,6 +171,8 @@ static void set_swap(bkv_sched *s)
 	x->row_user = c->row_user;
 	x->next_tokens = c->next_tokens;
 	x->chunks = c->chunks;
+	x->row_slot = c->row_slot;
+	x->deltas = c->deltas;
 	c->bufs = t.bufs;
 	c->qo_indptr = t.qo_indptr;
 	c->kv_indptr = t.kv_indptr;
@@ -161,6 +183,8 @@ static void set_swap(bkv_sched *s)
 	c->row_user = t.row_user;
 	c->next_tokens = t.next_tokens;
 	c->chunks = t.chunks;
+	c->row_slot = t.row_slot;
+	c->deltas = t.deltas;
 }
 
 /* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
@@ -232,6 +256,8 @@ static void release_after(bkv_sched *s, uint64_t done)
 		release_deferred_upto(s, done);
 	if (o->hold_head)
 		free_held_upto(s, done);
+	if (s->call.n_slot_pend)
+		bkv__rows_release_upto(s, done);
 }
 
 /* ---- provisional commit --------------------------------------------------- */
@@ -348,6 +374,14 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	t->n_undo = n;
 	t->outs = s->call.next_tokens;
 	t->si = *si;
+	t->n_sent = 0;
+	for (i = 0; t->sent && i < s->call.n_sent; i++) { /* persistent */
+		bkv__lane *l = s->call.sent[i];
+
+		t->sent[t->n_sent].lane = l;
+		t->sent[t->n_sent].pre_clean = l->pre_clean;
+		t->sent[t->n_sent++].pre_fresh = l->pre_fresh;
+	}
 	return t;
 }
 
@@ -447,6 +481,9 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 				bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
 			l->kv_len = t->undo[i].pre_len;
 		}
+		for (i = 0; i < t->n_sent; i++) /* persistent: its deltas are void */
+			bkv__rows_unsend(s, t->sent[i].lane, t->sent[i].pre_clean,
+					 (int)t->sent[i].pre_fresh);
 		s->stats.failed_steps++;
 		if (t->id > o->committed)
 			o->committed = t->id;

@@ -27,6 +27,8 @@ typedef struct bkv__ovl_set {
 	void **row_user;           /* [row_cap] */
 	int32_t *next_tokens;      /* [row_cap] */
 	bkv_chunk_shape *chunks;   /* [row_cap] */
+	uint32_t *row_slot;        /* persistent: [row_cap] (NULL when flat) */
+	bkv_table_delta *deltas;   /* persistent: [row_cap + n_slots] */
 } bkv__ovl_set;
 
 /* A lane a step appended to, with its length before the step (rollback). */
@@ -34,6 +36,14 @@ typedef struct bkv__ovl_undo {
 	bkv__lane *lane;           /* the lane (its request outlives the ticket) */
 	uint32_t pre_len;          /* kv_len before the step */
 } bkv__ovl_undo;
+
+/* A lane a step sent a table delta to, with what its first one found
+ * (persistent layout: the rollback lowers the mark back, sched/rows.c). */
+typedef struct bkv__ovl_sent {
+	bkv__lane *lane;           /* the lane */
+	uint32_t pre_clean;        /* its sequence's clean mark before */
+	uint32_t pre_fresh;        /* its slot was fresh before */
+} bkv__ovl_sent;
 
 /* An outstanding step. */
 typedef struct bkv__ticket {
@@ -52,6 +62,9 @@ typedef struct bkv__ticket {
 	bkv__ovl_undo *undo;       /* [undo_cap] lanes it appended to */
 	uint32_t n_undo;
 	int32_t *outs;             /* its next_tokens (in its buffer set) */
+	bkv__ovl_sent *sent;       /* persistent: [row_cap] lanes its call sent
+				      deltas to (NULL when flat) */
+	uint32_t n_sent;
 	bkv_step_info si;          /* what its plan did */
 } bkv__ticket;
 

@@ -24,6 +24,20 @@
  * recompute, or swaps out, and announced as CLOSED in the next call; the
  * free slots are a stack, so a new row takes the most recently freed slot.
  *
+ * Overlapped scheduling (sched/overlap.c): each launch's deltas are relative
+ * to the previous launch's (the marks were raised when that one was filled),
+ * so a host applies them in launch order. A slot released while a step is
+ * outstanding may still be read by it: it waits on the pending list, tagged
+ * with the newest step number, and becomes free when the steps up to that
+ * one completed (bkv__rows_release_upto). Live lanes hold at most
+ * max_running slots and the slots pending were held by lanes live since the
+ * oldest outstanding step's plan began: up to two plans' admissions on top
+ * of the lanes live then, so 3 x max_running slots never run out. A
+ * rollback of the outstanding steps lowers each lane's mark to the lowest
+ * it had before any of their sends (bkv__rows_unsend; the pool's
+ * bkv__seq_dirty only lowers), so whether a host applied or discarded the
+ * failed steps' deltas, the next launch's rewrite every entry they touched.
+ *
  * Cost: O(rows + changed entries) per call. A decode row changes its table
  * once every block_tokens tokens (one entry), a prefill chunk once per block
  * it fills; copy-on-write, a cached block replacing a private one, commit's
@@ -37,12 +51,19 @@
 int bkv__rows_alloc(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
-	uint32_t m = s->cfg.max_running, i;
+	uint32_t m = s->cfg.max_running * (s->cfg.overlap ? 3 : 1), i;
 	bkv__call *c = &s->call;
 
 	if (s->cfg.batch_layout != BKV_BATCH_PERSISTENT)
 		return BKV_OK;
 	c->persistent = 1;
+	c->n_slots = m;
+	if (s->cfg.overlap) {
+		c->slot_pend = bkv__calloc(a, m, sizeof(uint32_t));
+		c->slot_pend_tag = bkv__calloc(a, m, sizeof(uint64_t));
+		if (!c->slot_pend || !c->slot_pend_tag)
+			return BKV_ENOMEM;
+	}
 	c->row_slot = bkv__calloc(a, s->plan.row_cap, sizeof(uint32_t));
 	c->row_tables = bkv__calloc(a, m, sizeof(int32_t *));
 	c->row_table_len = bkv__calloc(a, m, sizeof(uint32_t));
@@ -65,8 +86,8 @@ int bkv__rows_alloc(bkv_sched *s)
 void bkv__rows_free(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
-	size_t m = s->cfg.max_running, rc = s->plan.row_cap;
 	bkv__call *c = &s->call;
+	size_t m = c->n_slots, rc = s->plan.row_cap;
 
 	bkv__free(a, c->row_slot, c->row_slot ? rc * sizeof(uint32_t) : 0);
 	bkv__free(a, (void *)c->row_tables, c->row_tables ? m * sizeof(int32_t *) : 0);
@@ -77,6 +98,8 @@ void bkv__rows_free(bkv_sched *s)
 	bkv__free(a, c->deltas, c->deltas ? (rc + m) * sizeof(bkv_table_delta) : 0);
 	bkv__free(a, c->sent, c->sent ? rc * sizeof(bkv__lane *) : 0);
 	bkv__free(a, c->dirty, c->dirty ? rc * sizeof(uint32_t) : 0);
+	bkv__free(a, c->slot_pend, c->slot_pend ? m * sizeof(uint32_t) : 0);
+	bkv__free(a, c->slot_pend_tag, c->slot_pend_tag ? m * sizeof(uint64_t) : 0);
 }
 
 void bkv__slot_release_slow(bkv_sched *s, bkv__lane *l)
@@ -84,14 +107,35 @@ void bkv__slot_release_slow(bkv_sched *s, bkv__lane *l)
 	bkv__call *c = &s->call;
 	uint32_t slot = l->row_slot;
 
-	BKV_ASSERT(c->persistent && slot < s->cfg.max_running && c->slot_lane[slot] == l);
-	BKV_ASSERT(c->n_slot_free < s->cfg.max_running && c->n_closed < s->cfg.max_running);
+	BKV_ASSERT(c->persistent && slot < c->n_slots && c->slot_lane[slot] == l);
+	BKV_ASSERT(c->n_slot_free + c->n_slot_pend < c->n_slots && c->n_closed < c->n_slots);
 	c->slot_lane[slot] = NULL;
 	c->row_tables[slot] = NULL;
 	c->row_table_len[slot] = 0;
-	c->slot_free[c->n_slot_free++] = slot;
+	if (s->plan.fenced) { /* an outstanding step may read it */
+		c->slot_pend_tag[c->n_slot_pend] = s->plan.step_no;
+		c->slot_pend[c->n_slot_pend++] = slot;
+	} else {
+		c->slot_free[c->n_slot_free++] = slot;
+	}
 	c->closed[c->n_closed++] = slot;
 	l->row_slot = BKV__SLOT_NONE;
+}
+
+void bkv__rows_release_upto(bkv_sched *s, uint64_t done)
+{
+	bkv__call *c = &s->call;
+	uint32_t i, k = 0;
+
+	for (i = 0; i < c->n_slot_pend; i++) { /* in release order */
+		if (c->slot_pend_tag[i] <= done) {
+			c->slot_free[c->n_slot_free++] = c->slot_pend[i];
+		} else {
+			c->slot_pend_tag[k] = c->slot_pend_tag[i];
+			c->slot_pend[k++] = c->slot_pend[i];
+		}
+	}
+	c->n_slot_pend = k;
 }
 
 void bkv__rows_call_begin(bkv_sched *s)
@@ -112,7 +156,8 @@ void bkv__rows_call_begin(bkv_sched *s)
 }
 
 /* Take a free slot for l (one exists: slots are held by the running
- * requests' live lanes only, at most max_running). */
+ * requests' live lanes only, at most max_running, or pending, with overlap
+ * at most 2 x max_running more; see the opening comment). */
 static uint32_t slot_take(bkv_sched *s, bkv__lane *l)
 {
 	bkv__call *c = &s->call;
@@ -186,45 +231,54 @@ void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows)
 	c->n_dirty = 0;
 }
 
+void bkv__rows_unsend(bkv_sched *s, bkv__lane *l, uint32_t pre_clean, int pre_fresh)
+{
+	if (l->row_slot == BKV__SLOT_NONE || l->seq == BKV__SEQ_NONE)
+		return; /* released since: its slot was announced CLOSED */
+	bkv__seq_unsent(s->pool, l->seq, pre_clean);
+	l->sent_len = UINT32_MAX;
+	l->fresh |= (uint8_t)pre_fresh; /* fresh now: retaken since */
+}
+
 void bkv__rows_rollback(bkv_sched *s)
 {
 	bkv__call *c = &s->call;
 	uint32_t i;
 
-	for (i = 0; i < c->n_sent; i++) {
-		bkv__lane *l = c->sent[i];
-
-		if (l->row_slot == BKV__SLOT_NONE || l->seq == BKV__SEQ_NONE)
-			continue; /* released since: its slot was announced CLOSED */
-		bkv__seq_unsent(s->pool, l->seq, l->pre_clean);
-		l->sent_len = UINT32_MAX;
-		l->fresh = l->pre_fresh;
-	}
+	for (i = 0; i < c->n_sent; i++)
+		bkv__rows_unsend(s, c->sent[i], c->sent[i]->pre_clean, c->sent[i]->pre_fresh);
 	c->n_sent = 0;
 }
 
 int bkv__rows_check(const bkv_sched *s)
 {
 	const bkv__call *c = &s->call;
-	uint32_t m = s->cfg.max_running, i, held = 0;
+	uint32_t m = c->n_slots, i, held = 0;
 
 	if (!c->persistent)
 		return 0;
-	if (c->n_slot_free > m || c->n_closed > m)
+	if (c->n_slot_free + c->n_slot_pend > m || c->n_closed > m)
 		return 1;
+	if (c->n_slot_pend && !s->plan.fenced && !s->plan.in_step)
+		return 1; /* nothing pending with nothing outstanding */
+	for (i = 0; i < c->n_slot_pend; i++)
+		if (c->slot_pend[i] >= m || c->slot_lane[c->slot_pend[i]] ||
+		    c->slot_pend_tag[i] > s->plan.step_no)
+			return 1;
 	for (i = 0; i < m; i++) {
 		const bkv__lane *l = c->slot_lane[i];
 
 		if (!l)
 			continue;
 		held++;
-		/* a slot's lane holds it, runs, and has a device sequence */
-		if (l->row_slot != i || l->seq == BKV__SEQ_NONE || l->done ||
+		/* a slot's lane holds it, runs, and has a device sequence (and
+		 * is not done, unless provisionally: overlap's placeholder) */
+		if (l->row_slot != i || l->seq == BKV__SEQ_NONE || (l->done && l->ovl_pend != 2) ||
 		    l->req->state != BKV__REQ_RUNNING)
 			return 1;
 	}
 	for (i = 0; i < c->n_slot_free; i++)
 		if (c->slot_free[i] >= m || c->slot_lane[c->slot_free[i]])
 			return 1;
-	return held + c->n_slot_free == m ? 0 : 1;
+	return held + c->n_slot_free + c->n_slot_pend == m ? 0 : 1;
 }

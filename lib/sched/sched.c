@@ -91,8 +91,8 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 		return BKV_EINVAL;
 	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
 		return BKV_EINVAL;
-	if (cfg->overlap && (!ops->launch || cfg->batch_layout != BKV_BATCH_FLAT || cfg->spec_max_k))
-		return BKV_EINVAL; /* overlap: the flat layout's mixed
+	if (cfg->overlap && (!ops->launch || cfg->spec_max_k))
+		return BKV_EINVAL; /* overlap: one mixed
 				     launch, without speculation */
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);

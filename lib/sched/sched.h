@@ -310,15 +310,23 @@ typedef struct bkv__call {
 	/* the persistent layout (sched/rows.c); NULL arrays when flat */
 	int persistent;        /* cfg.batch_layout == BKV_BATCH_PERSISTENT */
 	uint32_t *row_slot;    /* [row_cap] each row's slot in this call */
-	const int32_t **row_tables; /* [max_running] each slot's table */
-	uint32_t *row_table_len; /* [max_running] its entries */
-	bkv__lane **slot_lane; /* [max_running] the lane holding each slot */
-	uint32_t *slot_free;   /* [max_running] stack of free slots */
+	uint32_t n_slots;      /* row slots: max_running, 3 x max_running
+				  with overlap (released slots wait for the
+				  steps that read them, sched/rows.c) */
+	const int32_t **row_tables; /* [n_slots] each slot's table */
+	uint32_t *row_table_len; /* [n_slots] its entries */
+	bkv__lane **slot_lane; /* [n_slots] the lane holding each slot */
+	uint32_t *slot_free;   /* [n_slots] stack of free slots */
 	uint32_t n_slot_free;
-	uint32_t *closed;      /* [max_running] slots released since the last
+	uint32_t *slot_pend;   /* [n_slots] overlap: released while a step
+				  was outstanding, not yet free; NULL without */
+	uint64_t *slot_pend_tag; /* [n_slots] each one's release step: free
+				  once the steps up to it completed */
+	uint32_t n_slot_pend;
+	uint32_t *closed;      /* [n_slots] slots released since the last
 				  call (sent as CLOSED deltas) */
 	uint32_t n_closed;
-	bkv_table_delta *deltas; /* [row_cap + max_running] this call's */
+	bkv_table_delta *deltas; /* [row_cap + n_slots] this call's */
 	uint32_t n_deltas;
 	uint32_t n_delta_blocks; /* entries of bufs.kv_indices the deltas use */
 	bkv__lane **sent;      /* [row_cap] lanes sent a delta this step */
@@ -557,10 +565,17 @@ void bkv__row_persist(bkv_sched *s, uint32_t r, bkv__lane *l, const int32_t *tab
 /* The fused decode pass's dirty rows of rows[] (plan.dec): their deltas. */
 void bkv__rows_dirty(bkv_sched *s, const bkv__row *rows);
 /* Invariant 33: every held slot's lane holds it, runs and has a device
- * sequence; held + free == max_running. 0 or 1. */
+ * sequence; pending slots are held by none, and only while a step is
+ * outstanding; held + free + pending == n_slots. 0 or 1. */
 int bkv__rows_check(const bkv_sched *s);
 /* The step is rolled back: every delta it sent is void. */
 void bkv__rows_rollback(bkv_sched *s);
+/* Overlap's rollback: lane l's deltas since its clean mark was pre_clean
+ * (and its slot was fresh if pre_fresh) are void. */
+void bkv__rows_unsend(bkv_sched *s, bkv__lane *l, uint32_t pre_clean, int pre_fresh);
+/* Overlap: the slots released while steps up to `done` were outstanding
+ * become free (all with UINT64_MAX). */
+void bkv__rows_release_upto(bkv_sched *s, uint64_t done);
 
 /* ---- sched/spec.c: speculative decoding ------------------------------------ */
 
