@@ -234,7 +234,7 @@ uint32_t bkv__auto_chunk_fit(bkv_sched *s, uint32_t start, uint32_t c)
  * unless it does not fit). */
 static uint32_t budget_whole(bkv_sched *s)
 {
-	return s->call.bufs.tok_cap;
+	return s->call.arr.bufs.tok_cap;
 }
 
 static uint32_t budget_fixed(bkv_sched *s)
@@ -244,7 +244,7 @@ static uint32_t budget_fixed(bkv_sched *s)
 
 static uint32_t budget_auto(bkv_sched *s)
 {
-	return auto_budget(s, s->cfg.token_budget, s->call.bufs.tok_cap);
+	return auto_budget(s, s->cfg.token_budget, s->call.arr.bufs.tok_cap);
 }
 
 void bkv__budget_choose(bkv__policy *p, const bkv_sched_config *user)

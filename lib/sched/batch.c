@@ -69,17 +69,17 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, ui
 	b->n_decode_rows = n_decode;
 	b->n_tokens = n_tokens;
 	b->block_tokens = s->bt;
-	b->token_ids = s->call.bufs.token_ids;
-	b->positions = s->call.bufs.positions;
-	b->qo_indptr = s->call.qo_indptr;
-	b->kv_indptr = s->call.kv_indptr;
-	b->kv_indices = s->call.bufs.kv_indices;
-	b->kv_last_page_len = s->call.last_page_len;
-	b->slot_mapping = s->call.bufs.slot_mapping;
-	b->row_sample = s->call.row_sample;
-	b->row_req = s->call.row_req;
-	b->row_branch = s->call.row_branch;
-	b->row_user = s->call.row_user;
+	b->token_ids = s->call.arr.bufs.token_ids;
+	b->positions = s->call.arr.bufs.positions;
+	b->qo_indptr = s->call.arr.qo_indptr;
+	b->kv_indptr = s->call.arr.kv_indptr;
+	b->kv_indices = s->call.arr.bufs.kv_indices;
+	b->kv_last_page_len = s->call.arr.last_page_len;
+	b->slot_mapping = s->call.arr.bufs.slot_mapping;
+	b->row_sample = s->call.arr.row_sample;
+	b->row_req = s->call.arr.row_req;
+	b->row_branch = s->call.arr.row_branch;
+	b->row_user = s->call.arr.row_user;
 	if (s->call.persistent) {
 		b->layout = BKV_BATCH_PERSISTENT;
 		b->kv_indptr = NULL;
@@ -90,7 +90,7 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, ui
 		b->row_table_len = s->call.row_table_len;
 		b->n_table_deltas = s->call.n_deltas;
 		b->table_deltas = s->call.deltas;
-		b->delta_blocks = s->call.bufs.kv_indices;
+		b->delta_blocks = s->call.arr.bufs.kv_indices;
 	} else {
 		b->layout = BKV_BATCH_FLAT;
 	}
@@ -128,14 +128,14 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	const uint32_t mask = s->bt - 1, shift = s->bt_shift;
 	/* the arrays, hoisted: the uint8_t stores would otherwise make the
 	 * compiler reload every pointer from s on each row */
-	int32_t *const tok_ids = s->call.bufs.token_ids, *const pos = s->call.bufs.positions;
-	int32_t *const slots = s->call.bufs.slot_mapping, *const kvi = s->call.bufs.kv_indices;
-	int32_t *const qo = s->call.qo_indptr, *const kvp = s->call.kv_indptr;
-	int32_t *const lpl = s->call.last_page_len, *const next = s->call.next_tokens;
-	uint8_t *const smp = s->call.row_sample;
-	uint64_t *const rid = s->call.row_req;
-	uint32_t *const rbr = s->call.row_branch;
-	void **const rus = s->call.row_user;
+	int32_t *const tok_ids = s->call.arr.bufs.token_ids, *const pos = s->call.arr.bufs.positions;
+	int32_t *const slots = s->call.arr.bufs.slot_mapping, *const kvi = s->call.arr.bufs.kv_indices;
+	int32_t *const qo = s->call.arr.qo_indptr, *const kvp = s->call.arr.kv_indptr;
+	int32_t *const lpl = s->call.arr.last_page_len, *const next = s->call.arr.next_tokens;
+	uint8_t *const smp = s->call.arr.row_sample;
+	uint64_t *const rid = s->call.arr.row_req;
+	uint32_t *const rbr = s->call.arr.row_branch;
+	void **const rus = s->call.arr.row_user;
 	const bkv_pool *pool = s->pool;
 	const int persistent = s->call.persistent;
 	uint32_t r = 0, t = 0, k = 0, n_chunks = 0;
@@ -159,8 +159,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 		const int32_t *table = bkv_seq_blocks(pool, l->seq, &nb);
 
 		BKV_ASSERT(table && nb == need);
-		BKV_ASSERT(t + (end - start) <= s->call.bufs.tok_cap);
-		BKV_ASSERT(k + need <= s->call.bufs.kv_cap);
+		BKV_ASSERT(t + (end - start) <= s->call.arr.bufs.tok_cap);
+		BKV_ASSERT(k + need <= s->call.arr.bufs.kv_cap);
 		smp[r] = rows[r].sample;
 		rid[r] = q->id;
 		rbr[r] = l->branch;
@@ -184,8 +184,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 		if (r < n_decode) {
 			ctx += end;
 		} else {
-			s->call.chunks[n_chunks].len = end - start;
-			s->call.chunks[n_chunks].start = start;
+			s->call.arr.chunks[n_chunks].len = end - start;
+			s->call.arr.chunks[n_chunks].start = start;
 			n_chunks++;
 		}
 	}
@@ -195,7 +195,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 	shape->decode_rows = n_decode;
 	shape->decode_context = ctx;
 	shape->n_chunks = n_chunks;
-	shape->chunks = n_chunks ? s->call.chunks : NULL;
+	shape->chunks = n_chunks ? s->call.arr.chunks : NULL;
 	shape->padded_rows = s->pol.padded_rows(s, n_decode);
 	shape->decode_drafts = 0; /* speculated rows: sched/spec.c sets it */
 	bkv__batch_groups(s, b, rows, n_rows, n_decode, shape);

@@ -25,20 +25,20 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 #define BKV__KV_SLACK 3
 
 typedef struct bkv__fill {
-	int32_t *tok_ids;   /* s->call.bufs.token_ids */
-	int32_t *pos;       /* s->call.bufs.positions */
-	int32_t *slots;     /* s->call.bufs.slot_mapping */
-	int32_t *kvi;       /* s->call.bufs.kv_indices */
-	int32_t *qo;        /* s->call.qo_indptr */
-	int32_t *kvp;       /* s->call.kv_indptr */
-	int32_t *lpl;       /* s->call.last_page_len */
-	int32_t *next;      /* s->call.next_tokens */
-	uint8_t *smp;       /* s->call.row_sample */
-	uint64_t *rid;      /* s->call.row_req */
-	uint32_t *rbr;      /* s->call.row_branch */
-	void **rus;         /* s->call.row_user */
+	int32_t *tok_ids;   /* s->call.arr.bufs.token_ids */
+	int32_t *pos;       /* s->call.arr.bufs.positions */
+	int32_t *slots;     /* s->call.arr.bufs.slot_mapping */
+	int32_t *kvi;       /* s->call.arr.bufs.kv_indices */
+	int32_t *qo;        /* s->call.arr.qo_indptr */
+	int32_t *kvp;       /* s->call.arr.kv_indptr */
+	int32_t *lpl;       /* s->call.arr.last_page_len */
+	int32_t *next;      /* s->call.arr.next_tokens */
+	uint8_t *smp;       /* s->call.arr.row_sample */
+	uint64_t *rid;      /* s->call.arr.row_req */
+	uint32_t *rbr;      /* s->call.arr.row_branch */
+	void **rus;         /* s->call.arr.row_user */
 	uint32_t shift;     /* log2(block_tokens) */
-	uint32_t kv_cap;    /* s->call.bufs.kv_cap; k <= kv_cap (asserted once per
+	uint32_t kv_cap;    /* s->call.arr.bufs.kv_cap; k <= kv_cap (asserted once per
 			       pass: k only grows) */
 	uint32_t r;         /* rows (= tokens) written */
 	uint32_t k;         /* kv_indices entries written */
@@ -101,20 +101,20 @@ static inline uint32_t bkv__fill_slot(const bkv__fill *f, uint32_t start, const 
 /* Start writing this step's decode rows at row 0 (bkv__fill). */
 static inline void bkv__fill_begin(bkv_sched *s, bkv__fill *f)
 {
-	f->tok_ids = s->call.bufs.token_ids;
-	f->pos = s->call.bufs.positions;
-	f->slots = s->call.bufs.slot_mapping;
-	f->kvi = s->call.bufs.kv_indices;
-	f->qo = s->call.qo_indptr;
-	f->kvp = s->call.kv_indptr;
-	f->lpl = s->call.last_page_len;
-	f->next = s->call.next_tokens;
-	f->smp = s->call.row_sample;
-	f->rid = s->call.row_req;
-	f->rbr = s->call.row_branch;
-	f->rus = s->call.row_user;
+	f->tok_ids = s->call.arr.bufs.token_ids;
+	f->pos = s->call.arr.bufs.positions;
+	f->slots = s->call.arr.bufs.slot_mapping;
+	f->kvi = s->call.arr.bufs.kv_indices;
+	f->qo = s->call.arr.qo_indptr;
+	f->kvp = s->call.arr.kv_indptr;
+	f->lpl = s->call.arr.last_page_len;
+	f->next = s->call.arr.next_tokens;
+	f->smp = s->call.arr.row_sample;
+	f->rid = s->call.arr.row_req;
+	f->rbr = s->call.arr.row_branch;
+	f->rus = s->call.arr.row_user;
 	f->shift = s->bt_shift;
-	f->kv_cap = s->call.bufs.kv_cap;
+	f->kv_cap = s->call.arr.bufs.kv_cap;
 	f->r = f->k = 0;
 	f->ctx = 0;
 	f->qo[0] = 0;

@@ -48,14 +48,14 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
 	for (i = 0; i < 2; i++) {
 		if (!sp[i]->tok_cap)
 			continue;
-		if (bufs_smaller(&s->call.bufs, sp[i])) {
-			old_push(old, old2, &s->call.bufs);
-			s->call.bufs = *sp[i];
+		if (bufs_smaller(&s->call.arr.bufs, sp[i])) {
+			old_push(old, old2, &s->call.arr.bufs);
+			s->call.arr.bufs = *sp[i];
 		} else if (o->n_out) {
 			continue; /* alt is in flight */
-		} else if (bufs_smaller(&o->alt.bufs, sp[i])) {
-			old_push(old, old2, &o->alt.bufs);
-			o->alt.bufs = *sp[i];
+		} else if (bufs_smaller(&o->alt.arr.bufs, sp[i])) {
+			old_push(old, old2, &o->alt.arr.bufs);
+			o->alt.arr.bufs = *sp[i];
 		} else {
 			old_push(old, old2, sp[i]); /* both sets are as large */
 		}
@@ -68,7 +68,7 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
 const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b)
 {
 	bkv__ovl *o = s->ovl;
-	bkv_batch_group *g = o->grp[s->call.next_tokens == o->set0 ? 0 : 1];
+	bkv_batch_group *g = o->grp[s->call.arr.next_tokens == o->set0 ? 0 : 1];
 
 	memcpy(g, b->groups, (size_t)b->n_groups * sizeof(*g));
 	return g;

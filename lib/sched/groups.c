@@ -85,7 +85,7 @@ static void fill_group(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	const uint32_t shift = s->bt_shift, mask = s->bt - 1, rc = s->plan.row_cap;
 	const uint32_t l = g - 1, m = s->cfg.max_running;
 	const bkv_kv_group *kg = bkv__pool_group(s->pool, g);
-	bkv__bufs *bf = &s->call.bufs;
+	bkv__bufs *bf = &s->call.arr.bufs;
 	int32_t *slots = bf->slot_mapping + (size_t)g * bf->tok_cap;
 	int32_t *kvi = bf->kv_indices + (size_t)g * (bf->kv_cap + BKV__KV_SLACK);
 	int32_t *kvp = s->call.g_kv_indptr + (size_t)l * (rc + 1);

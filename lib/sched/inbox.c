@@ -50,6 +50,39 @@ int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint
 	return BKV_OK;
 }
 
+void bkv__call_arrays_free(const bkv_allocator *a, size_t rc, bkv__call_arrays *x)
+{
+	bkv__bufs_free(a, &x->bufs);
+	bkv__free(a, x->qo_indptr, (rc + 1) * sizeof(int32_t));
+	bkv__free(a, x->kv_indptr, (rc + 1) * sizeof(int32_t));
+	bkv__free(a, x->last_page_len, rc * sizeof(int32_t));
+	bkv__free(a, x->row_sample, rc * sizeof(uint8_t));
+	bkv__free(a, x->row_req, rc * sizeof(uint64_t));
+	bkv__free(a, x->row_branch, rc * sizeof(uint32_t));
+	bkv__free(a, x->row_user, rc * sizeof(void *));
+	bkv__free(a, x->next_tokens, rc * sizeof(int32_t));
+	bkv__free(a, x->chunks, rc * sizeof(bkv_chunk_shape));
+	memset(x, 0, sizeof(*x));
+}
+
+int bkv__call_arrays_alloc(const bkv_allocator *a, size_t rc, uint32_t tok_cap, uint32_t kv_cap,
+			   uint32_t ng, bkv__call_arrays *x)
+{
+	x->qo_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	x->kv_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
+	x->last_page_len = bkv__calloc(a, rc, sizeof(int32_t));
+	x->row_sample = bkv__calloc(a, rc, sizeof(uint8_t));
+	x->row_req = bkv__calloc(a, rc, sizeof(uint64_t));
+	x->row_branch = bkv__calloc(a, rc, sizeof(uint32_t));
+	x->row_user = bkv__calloc(a, rc, sizeof(void *));
+	x->next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
+	x->chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
+	if (!x->qo_indptr || !x->kv_indptr || !x->last_page_len || !x->row_sample || !x->row_req ||
+	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks)
+		return BKV_ENOMEM;
+	return bkv__bufs_alloc(a, &x->bufs, tok_cap, kv_cap, ng);
+}
+
 /* Token and block entries one call may need for requests whose history (prompt
  * + max_new) is hist: every row is at most one lane's whole history. Returns
  * nonzero when the kv_indices entries would pass KV_CAP_LIMIT (then *kv is
@@ -314,8 +347,8 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	if (s->ovl) {
 		bkv__ovl_spares(s, &old, &old2); /* two sets, one maybe in flight */
 	} else if (s->in.spare.tok_cap) {
-		old = s->call.bufs;
-		s->call.bufs = s->in.spare;
+		old = s->call.arr.bufs;
+		s->call.arr.bufs = s->in.spare;
 		memset(&s->in.spare, 0, sizeof(s->in.spare));
 	}
 	UNLOCK(s);

@@ -57,16 +57,7 @@ static void set_free(bkv_sched *s, bkv__ovl_set *x)
 	const bkv_allocator *a = &s->alloc;
 	size_t rc = s->plan.row_cap;
 
-	bkv__bufs_free(a, &x->bufs);
-	bkv__free(a, x->qo_indptr, (rc + 1) * sizeof(int32_t));
-	bkv__free(a, x->kv_indptr, (rc + 1) * sizeof(int32_t));
-	bkv__free(a, x->last_page_len, rc * sizeof(int32_t));
-	bkv__free(a, x->row_sample, rc * sizeof(uint8_t));
-	bkv__free(a, x->row_req, rc * sizeof(uint64_t));
-	bkv__free(a, x->row_branch, rc * sizeof(uint32_t));
-	bkv__free(a, x->row_user, rc * sizeof(void *));
-	bkv__free(a, x->next_tokens, rc * sizeof(int32_t));
-	bkv__free(a, x->chunks, rc * sizeof(bkv_chunk_shape));
+	bkv__call_arrays_free(a, rc, &x->arr);
 	bkv__free(a, x->row_slot, x->row_slot ? rc * sizeof(uint32_t) : 0);
 	bkv__free(a, x->deltas,
 		  x->deltas ? (rc + s->call.n_slots) * sizeof(bkv_table_delta) : 0);
@@ -78,27 +69,14 @@ static int set_alloc(bkv_sched *s, bkv__ovl_set *x)
 	const bkv_allocator *a = &s->alloc;
 	size_t rc = s->plan.row_cap;
 
-	x->qo_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
-	x->kv_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
-	x->last_page_len = bkv__calloc(a, rc, sizeof(int32_t));
-	x->row_sample = bkv__calloc(a, rc, sizeof(uint8_t));
-	x->row_req = bkv__calloc(a, rc, sizeof(uint64_t));
-	x->row_branch = bkv__calloc(a, rc, sizeof(uint32_t));
-	x->row_user = bkv__calloc(a, rc, sizeof(void *));
-	x->next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
-	x->chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
 	if (s->call.persistent) {
 		x->row_slot = bkv__calloc(a, rc, sizeof(uint32_t));
 		x->deltas = bkv__calloc(a, rc + s->call.n_slots, sizeof(bkv_table_delta));
 		if (!x->row_slot || !x->deltas)
 			return BKV_ENOMEM;
 	}
-	if (!x->qo_indptr || !x->kv_indptr || !x->last_page_len || !x->row_sample || !x->row_req ||
-	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks ||
-	    bkv__bufs_alloc(a, &x->bufs, s->call.bufs.tok_cap, s->call.bufs.kv_cap, s->call.bufs.ng) !=
-		    BKV_OK)
-		return BKV_ENOMEM;
-	return BKV_OK;
+	return bkv__call_arrays_alloc(a, rc, s->call.arr.bufs.tok_cap, s->call.arr.bufs.kv_cap,
+				      s->call.arr.bufs.ng, &x->arr);
 }
 
 int bkv__ovl_create(bkv_sched *s)
@@ -122,7 +100,7 @@ int bkv__ovl_create(bkv_sched *s)
 		    !(o->t[i].sent = bkv__calloc(&s->alloc, s->plan.row_cap, sizeof(bkv__ovl_sent))))
 			return BKV_ENOMEM;
 	}
-	o->set0 = s->call.next_tokens;
+	o->set0 = s->call.arr.next_tokens;
 	return set_alloc(s, &o->alt);
 }
 
@@ -157,32 +135,13 @@ void bkv__ovl_destroy(bkv_sched *s)
 /* Exchange s->call's arrays with the other set. */
 static void set_swap(bkv_sched *s)
 {
-	bkv__ovl_set *x = &s->ovl->alt, t;
+	bkv__ovl_set *x = &s->ovl->alt, t = *x;
 	bkv__call *c = &s->call;
 
-	t = *x;
-	x->bufs = c->bufs;
-	x->qo_indptr = c->qo_indptr;
-	x->kv_indptr = c->kv_indptr;
-	x->last_page_len = c->last_page_len;
-	x->row_sample = c->row_sample;
-	x->row_req = c->row_req;
-	x->row_branch = c->row_branch;
-	x->row_user = c->row_user;
-	x->next_tokens = c->next_tokens;
-	x->chunks = c->chunks;
+	x->arr = c->arr;
 	x->row_slot = c->row_slot;
 	x->deltas = c->deltas;
-	c->bufs = t.bufs;
-	c->qo_indptr = t.qo_indptr;
-	c->kv_indptr = t.kv_indptr;
-	c->last_page_len = t.last_page_len;
-	c->row_sample = t.row_sample;
-	c->row_req = t.row_req;
-	c->row_branch = t.row_branch;
-	c->row_user = t.row_user;
-	c->next_tokens = t.next_tokens;
-	c->chunks = t.chunks;
+	c->arr = t.arr;
 	c->row_slot = t.row_slot;
 	c->deltas = t.deltas;
 }
@@ -372,7 +331,7 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	}
 	BKV_ASSERT(n <= o->undo_cap);
 	t->n_undo = n;
-	t->outs = s->call.next_tokens;
+	t->outs = s->call.arr.next_tokens;
 	t->si = *si;
 	t->n_sent = 0;
 	for (i = 0; t->sent && i < s->call.n_sent; i++) { /* persistent */

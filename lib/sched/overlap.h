@@ -17,16 +17,7 @@ typedef struct bkv__ovl bkv__ovl;
 
 /* One set of the host call's row- and token-sized arrays (s->call's). */
 typedef struct bkv__ovl_set {
-	bkv__bufs bufs;            /* token- and block-sized arrays */
-	int32_t *qo_indptr;        /* [row_cap + 1] */
-	int32_t *kv_indptr;        /* [row_cap + 1] */
-	int32_t *last_page_len;    /* [row_cap] */
-	uint8_t *row_sample;       /* [row_cap] */
-	uint64_t *row_req;         /* [row_cap] */
-	uint32_t *row_branch;      /* [row_cap] */
-	void **row_user;           /* [row_cap] */
-	int32_t *next_tokens;      /* [row_cap] */
-	bkv_chunk_shape *chunks;   /* [row_cap] */
+	bkv__call_arrays arr;      /* the row- and token-sized arrays */
 	uint32_t *row_slot;        /* persistent: [row_cap] (NULL when flat) */
 	bkv_table_delta *deltas;   /* persistent: [row_cap + n_slots] */
 } bkv__ovl_set;

@@ -188,13 +188,13 @@ static void row_delta(bkv_sched *s, bkv__lane *l, const int32_t *table, uint32_t
 		l->pre_fresh = l->fresh;
 		c->sent[c->n_sent++] = l;
 	}
-	BKV_ASSERT(c->n_delta_blocks + (nb - start) <= c->bufs.kv_cap);
+	BKV_ASSERT(c->n_delta_blocks + (nb - start) <= c->arr.bufs.kv_cap);
 	d->slot = l->row_slot;
 	d->start = start;
 	d->n = nb - start;
 	d->len = nb;
 	d->flags = l->fresh ? BKV_TABLE_OPENED : 0;
-	memcpy(c->bufs.kv_indices + c->n_delta_blocks, table + start,
+	memcpy(c->arr.bufs.kv_indices + c->n_delta_blocks, table + start,
 	       (size_t)(nb - start) * sizeof(int32_t));
 	c->n_delta_blocks += nb - start;
 	bkv__seq_sent(s->pool, l->seq);

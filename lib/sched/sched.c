@@ -158,22 +158,10 @@ static int arrays_alloc(bkv_sched *s, uint32_t *tok, uint32_t *kv)
 	s->plan.dec = bkv__calloc(a, 2 * rc, sizeof(bkv__row));
 	s->plan.touched = bkv__calloc(a, 3 * (size_t)m, sizeof(bkv__lane *));
 	s->plan.swap_pend = bkv__calloc(a, m, sizeof(bkv__req *));
-	s->call.qo_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
-	s->call.kv_indptr = bkv__calloc(a, rc + 1, sizeof(int32_t));
-	s->call.last_page_len = bkv__calloc(a, rc, sizeof(int32_t));
-	s->call.row_sample = bkv__calloc(a, rc, sizeof(uint8_t));
-	s->call.row_req = bkv__calloc(a, rc, sizeof(uint64_t));
-	s->call.row_branch = bkv__calloc(a, rc, sizeof(uint32_t));
-	s->call.row_user = bkv__calloc(a, rc, sizeof(void *));
-	s->call.next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
-	s->call.chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
 	(void)bkv__bufs_need(s, 256, tok, kv);
 	if (!s->in.lock || !s->in.map || !s->q.heap || !s->q.age || !s->rs.run || !s->plan.pre ||
-	    !s->plan.dec || !s->plan.touched || !s->plan.swap_pend || !s->call.qo_indptr ||
-	    !s->call.kv_indptr || !s->call.last_page_len || !s->call.row_sample ||
-	    !s->call.row_req || !s->call.row_branch || !s->call.row_user || !s->call.next_tokens ||
-	    !s->call.chunks ||
-	    bkv__bufs_alloc(a, &s->call.bufs, *tok, *kv, 1 + s->call.n_lanes) != BKV_OK)
+	    !s->plan.dec || !s->plan.touched || !s->plan.swap_pend ||
+	    bkv__call_arrays_alloc(a, rc, *tok, *kv, 1 + s->call.n_lanes, &s->call.arr) != BKV_OK)
 		return BKV_ENOMEM;
 	if (s->call.n_lanes)
 		return bkv__groups_alloc(s);
@@ -259,19 +247,10 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->plan.dec, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
 	bkv__free(a, s->plan.touched, 3 * (size_t)m * sizeof(bkv__lane *));
 	bkv__free(a, s->plan.swap_pend, (size_t)m * sizeof(bkv__req *));
-	bkv__free(a, s->call.qo_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
-	bkv__free(a, s->call.kv_indptr, ((size_t)s->plan.row_cap + 1) * sizeof(int32_t));
-	bkv__free(a, s->call.last_page_len, (size_t)s->plan.row_cap * sizeof(int32_t));
-	bkv__free(a, s->call.row_sample, (size_t)s->plan.row_cap * sizeof(uint8_t));
-	bkv__free(a, s->call.row_req, (size_t)s->plan.row_cap * sizeof(uint64_t));
-	bkv__free(a, s->call.row_branch, (size_t)s->plan.row_cap * sizeof(uint32_t));
-	bkv__free(a, s->call.row_user, (size_t)s->plan.row_cap * sizeof(void *));
-	bkv__free(a, s->call.next_tokens, (size_t)s->plan.row_cap * sizeof(int32_t));
-	bkv__free(a, s->call.chunks, (size_t)s->plan.row_cap * sizeof(bkv_chunk_shape));
 	bkv__rows_free(s);
 	bkv__spec_free(s);
 	bkv__groups_free(s);
-	bkv__bufs_free(a, &s->call.bufs);
+	bkv__call_arrays_free(a, s->plan.row_cap, &s->call.arr);
 	bkv__bufs_free(a, &s->in.spare);
 	bkv__bufs_free(a, &s->in.spare2);
 	bkv__decide_destroy(s);

@@ -294,7 +294,7 @@ typedef struct bkv__plan {
 
 /* The host call's arrays: the memory behind bkv_batch (sched/batch.c owns
  * the layout). */
-typedef struct bkv__call {
+typedef struct bkv__call_arrays {
 	bkv__bufs bufs;        /* token- and block-sized arrays */
 	int32_t *qo_indptr;    /* [row_cap + 1] */
 	int32_t *kv_indptr;    /* [row_cap + 1] */
@@ -305,6 +305,12 @@ typedef struct bkv__call {
 	void **row_user;       /* [row_cap] */
 	int32_t *next_tokens;  /* [row_cap] */
 	bkv_chunk_shape *chunks; /* [row_cap] */
+} bkv__call_arrays;
+
+typedef struct bkv__call {
+	bkv__call_arrays arr;  /* the row- and token-sized arrays of the call
+				  (with overlap, one of two sets that
+				  alternate: sched/overlap.c) */
 	uint32_t copies_sent[3]; /* copies of each kind already in a call of
 				    this step */
 	/* the persistent layout (sched/rows.c); NULL arrays when flat */
@@ -524,6 +530,12 @@ void bkv__batch_groups(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 int bkv__bufs_alloc(const bkv_allocator *a, bkv__bufs *b, uint32_t tok_cap, uint32_t kv_cap,
 		    uint32_t ng);
 void bkv__bufs_free(const bkv_allocator *a, bkv__bufs *b);
+/* One call's arrays for rc rows and the buffers for tok_cap tokens and
+ * kv_cap block entries in ng groups. BKV_OK or BKV_ENOMEM (then free what
+ * was taken with bkv__call_arrays_free, which takes a zeroed set too). */
+int bkv__call_arrays_alloc(const bkv_allocator *a, size_t rc, uint32_t tok_cap, uint32_t kv_cap,
+			   uint32_t ng, bkv__call_arrays *x);
+void bkv__call_arrays_free(const bkv_allocator *a, size_t rc, bkv__call_arrays *x);
 int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *kv);
 void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si);
 

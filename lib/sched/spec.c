@@ -304,7 +304,7 @@ void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__
 	for (i = 0; i < n; i++) {
 		sp->accepted[i] = -1;
 		if (sp->drafts[i]) {
-			int32_t q0 = s->call.qo_indptr[i];
+			int32_t q0 = s->call.arr.qo_indptr[i];
 			uint32_t j;
 
 			for (j = 0; j <= sp->drafts[i]; j++)
@@ -339,7 +339,7 @@ void bkv__spec_commit_cut(bkv_sched *s)
 		sp->want[i] = 0;
 		if (!REQ_IS_RUNNING(r) || l->done)
 			continue;
-		t = sp->tokens + s->call.qo_indptr[i];
+		t = sp->tokens + s->call.arr.qo_indptr[i];
 		d = l->tok + row->start + 1; /* the drafts */
 		m = sp->accepted[i] < 0 ? k : BKV_MIN((uint32_t)sp->accepted[i], k);
 		for (j = 0; j < m; j++)
@@ -387,7 +387,7 @@ void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
 
 		if (!sp->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
 			continue;
-		t = sp->tokens + s->call.qo_indptr[i];
+		t = sp->tokens + s->call.arr.qo_indptr[i];
 		c = sp->want[i] & ~CUT_FAIL;
 		for (j = 0; j < c; j++) {
 			l->tok[LANE_KNOWN(l)] = t[j];

@@ -97,7 +97,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	if (s->plan.launching) /* valid until the step completes */
 		b.groups = bkv__ovl_groups(s, &b);
 	t0 = bkv__clock_us(s);
-	rc = fn(s->host, &b, s->call.next_tokens);
+	rc = fn(s->host, &b, s->call.arr.next_tokens);
 	t1 = bkv__clock_us(s);
 	us = t1 >= t0 ? (double)(t1 - t0) : 0.0;
 	si->measured_us += us;
@@ -108,7 +108,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		s->cfg.cost.observe(s->cfg.cost.ctx, &sh, us);
 	if (kind == BKV_CALL_PREFILL) /* the decode call reuses next_tokens */
 		for (i = 0; i < n; i++)
-			rows[i].out = s->call.next_tokens[i];
+			rows[i].out = s->call.arr.next_tokens[i];
 	si->decode_tokens += n_decode;
 	for (i = n_decode; i < n; i++)
 		si->prefill_tokens += rows[i].end - rows[i].start;
@@ -281,9 +281,9 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	if (s->split)
 		commit_rows(s, s->plan.pre, s->plan.n_pre, 0, NULL, s->ops.on_token, si);
 	if (s->ops.on_token)
-		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, s->ops.on_token, si);
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.arr.next_tokens, s->ops.on_token, si);
 	else
-		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.next_tokens, NULL, si);
+		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.arr.next_tokens, NULL, si);
 	if (s->spec && s->spec->n_rows)
 		bkv__spec_commit_deliver(s, si);
 	bkv__step_stats(s, si);
