@@ -1672,7 +1672,7 @@ typedef struct bkv_sched_config {
 				      scheduler runs it; default
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
 				      blocks with cost (taken at create)
-				      and allocates 12 bytes a device block */
+				      and allocates 24 bytes a device block */
 	bkv_victim_policy victim;  /* preemption's victim; default
 				      BKV_VICTIM_RECENT */
 	bkv_admit_reserve admit_reserve; /* what admission keeps room
