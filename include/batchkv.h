@@ -350,7 +350,17 @@ typedef struct bkv_pool_config {
 				      together (bkv_pool_pin_prefix), per
 				      mille of device_blocks, 0..1000.
 				      Default 0: no pins. */
-	uint32_t reserved[2];      /* zero; room for later fields */
+	uint32_t host_cache;       /* 1: the host tier also keeps prefix-cache
+				      blocks the device evicts, and a later
+				      prefix hit reloads them with swap-in
+				      copies instead of recomputing (docs/
+				      design.md, "The host cache"). Needs
+				      host_blocks > 0 and prefix_cache, and
+				      no n_groups (else BKV_EINVAL). Swapped
+				      sequences take precedence: the host
+				      cache gives up its blocks to them.
+				      Default 0. */
+	uint32_t reserved;         /* zero; room for a later field */
 	uint32_t n_groups;         /* entries in groups, 0..BKV_MAX_GROUPS; 0 =
 				      one full-attention group (the pool of
 				      a plain transformer). Default 0. */
@@ -380,8 +390,9 @@ typedef struct bkv_pool_stats {
 				     cached) */
 	uint32_t host_free;       /* host blocks free */
 	uint32_t host_used;       /* host blocks not free: holding a swapped
-				     sequence, or read by a pending swap-in
-				     copy (host_blocks - host_free) */
+				     sequence, read by a pending swap-in
+				     copy, or held by the host cache
+				     (host_blocks - host_free) */
 	uint32_t nr_seqs;         /* open sequences */
 	uint32_t nr_swapped;      /* open sequences currently on the host tier */
 	uint64_t tokens;          /* tokens held in used device blocks (each
@@ -409,6 +420,21 @@ typedef struct bkv_pool_stats {
 	uint32_t state_frames;    /* frames per unit */
 	uint64_t state_hits;      /* prefix hits that read a checkpoint */
 	uint64_t state_evictions; /* checkpoints evicted for other states */
+	uint32_t host_cached;     /* host cache (cfg.host_cache): host blocks
+				     holding an evicted block's KV, findable
+				     by a prefix hit */
+	uint32_t host_demoting;   /* host blocks whose swap-out copy from an
+				     evicted device block is pending */
+	uint64_t host_demoted;    /* evicted device blocks copied to the host
+				     cache (swap-out copies recorded) */
+	uint64_t host_kept;       /* evicted device blocks the host cache
+				     held already (no copy) */
+	uint64_t host_skipped;    /* evicted device blocks not kept: cheaper
+				     to recompute, unsafe to copy yet, or no
+				     host block to spare */
+	uint64_t host_hit_blocks; /* prefix-hit blocks reloaded from the host
+				     cache (swap-in copies recorded) */
+	uint64_t host_evictions;  /* host cache blocks dropped for room */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the
@@ -2029,8 +2055,18 @@ typedef enum bkv_kv_event_kind {
 	BKV_EVENT_CLEARED = 2  /* bkv_pool_reset_cache: the index is empty */
 } bkv_kv_event_kind;
 
-/* One KV event. Replaying a pool's events in order, starting from an empty
- * set, gives exactly the set of hashes in its prefix-cache index. */
+/* Where the block of a KV event lives (bkv_kv_event.medium). */
+typedef enum bkv_kv_medium {
+	BKV_MEDIUM_DEVICE = 0, /* the device tier (block is a device block id) */
+	BKV_MEDIUM_HOST = 1    /* the host cache (bkv_pool_config.host_cache;
+				  block is a host block id) */
+} bkv_kv_medium;
+
+/* One KV event. Replaying a pool's events of one medium in order, starting
+ * from an empty set, gives exactly the set of hashes that tier caches: the
+ * device tier's prefix-cache index (BKV_MEDIUM_DEVICE), or the host cache's
+ * blocks, including those whose copy to the host is still pending
+ * (BKV_MEDIUM_HOST). A CLEARED event empties both. */
 typedef struct bkv_kv_event {
 	uint64_t seq;         /* event number, 1, 2, ... per pool; a gap
 				 between two drained events is where dropped
@@ -2042,9 +2078,13 @@ typedef struct bkv_kv_event {
 	uint64_t key;         /* STORED: the sequence's prefix-cache key */
 	uint32_t kind;        /* a bkv_kv_event_kind */
 	uint32_t token_count; /* STORED: tokens in the block (block_tokens) */
-	int32_t block;        /* STORED, REMOVED: device block id; else -1 */
+	int32_t block;        /* STORED, REMOVED: device block id (host block
+				 id for BKV_MEDIUM_HOST); else -1 */
 	uint32_t has_parent;  /* STORED: 1 unless the block is a sequence's
 				 first */
+	uint32_t medium;      /* STORED, REMOVED: a bkv_kv_medium; CLEARED:
+				 0 */
+	uint32_t reserved;    /* zero */
 } bkv_kv_event;
 
 /**

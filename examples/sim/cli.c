@@ -571,6 +571,13 @@ static const cli_option options[] = {
 	      "                             states and checkpoints; default 2 x the\n"
 	      "                             pool's sequences)\n"),
 	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
+	FLAG("--host-cache", CFG(host_cache), 1,
+	     "  --host-cache               the host tier (--host-blocks) also keeps the\n"
+	     "                             blocks the device cache evicts; hits reload\n"
+	     "                             them (bkv_pool_config.host_cache)\n"),
+	COUNT("--host-link-gbps", CFG(host_link_gbps), 1, 100000,
+	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
+	      "                             swap copy costs its KV over it (roofline)\n"),
 	VALUE("--evict", set_evict,
 	      "  --evict lru|value          the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),

@@ -16,6 +16,10 @@
  * it too (pool/retain.c): LRU becomes LRU within priority bands (the value
  * records on, every block at the same value, its class its band), VALUE
  * multiplies a block's value by priority / BKV_RETENTION_PRIORITY_DEFAULT.
+ *
+ * A pool with a host cache (bkv_pool_config.host_cache) is told from which
+ * depth an evicted block is worth its copy to the host
+ * (bkv__evict_host_cache).
  */
 #include "decide/decide.h"
 
@@ -79,6 +83,34 @@ static int evict_value(bkv_sched *s, int on)
 	if (rc != BKV_OK)
 		bkv__pool_value_off(s->pool);
 	return rc;
+}
+
+/* The host cache's rule (pool/hcache.c): demote an evicted block only
+ * where reloading it (its KV over the host link) costs less than
+ * recomputing it (block_price at its depth, the line p0 + p1 x depth):
+ * from the least such depth on. Without a KV size or a cost model every
+ * block is demoted (the link is assumed the cheaper: it is by tens of
+ * times on GPUs). UINT32_MAX: no depth is worth it. */
+static uint32_t host_cache_depth(const bkv_sched *s)
+{
+	double reload = bkv__link_us(s, 1), p0, pd, p1;
+
+	if (!(reload > 0.0) || !s->cfg.cost.step_us)
+		return 0;
+	p0 = block_price(s, 0);
+	pd = block_price(s, AUTO_VAL_DEPTH);
+	if (!(p0 > 0.0) || reload < p0)
+		return 0;
+	p1 = pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0;
+	if (!(p1 > 0.0) || (reload - p0) / p1 >= (double)(UINT32_MAX - 1))
+		return UINT32_MAX;
+	return (uint32_t)((reload - p0) / p1) + 1;
+}
+
+void bkv__evict_host_cache(bkv_sched *s, int on)
+{
+	if (bkv__pool_host_cache(s->pool))
+		bkv__pool_host_cache_depth(s->pool, on ? host_cache_depth(s) : 0);
 }
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)

@@ -542,6 +542,8 @@ static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
 	const bkv_pool *pool = e->pool;
 	int32_t b = ev->block;
 
+	if (ev->medium == BKV_MEDIUM_HOST && ev->kind != BKV_EVENT_CLEARED)
+		return 0; /* the host cache's blocks are not published (yet) */
 	switch (ev->kind) {
 	case BKV_EVENT_STORED:
 		if (b < 0 || (uint32_t)b >= e->nb)

@@ -92,8 +92,9 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 #endif
 	if (n_decode)
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
-	if (s->cfg.cost.step_us)
-		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+	if (s->cfg.cost.step_us) /* and the host link's time for the swaps */
+		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh) +
+				    bkv__link_us(s, (uint64_t)b.n_swap_out + b.n_swap_in);
 	if (s->plan.launching) /* valid until the step completes */
 		b.groups = bkv__ovl_groups(s, &b);
 	t0 = bkv__clock_us(s);
@@ -323,6 +324,7 @@ void bkv__swaps_to_recompute(bkv_sched *s, uint64_t now)
 	for (i = 0; i < s->plan.n_swap_pend; i++)
 		swapped_to_recompute(s, s->plan.swap_pend[i], now);
 	s->plan.n_swap_pend = 0;
+	bkv__hc_forget_demotions(s->pool); /* their copies were not made either */
 	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
 }
 
