@@ -1716,6 +1716,14 @@ typedef struct bkv_sched_config {
 				      from the request"). Took the last
 				      reserved slot; later fields are appended
 				      under the size convention. */
+	uint32_t copy_overlap;     /* 1: the host performs the swap copies
+				      alongside its kernels (a copy engine,
+				      layer by layer), so a call takes the
+				      longer of its compute and its link
+				      time; 0 (the default): before them, so
+				      the two add. Prices the steps and the
+				      host cache's copies (docs/design.md,
+				      "The host cache"); nothing else. */
 } bkv_sched_config;
 
 /* Retention priorities of bkv_retention_range (TensorRT-LLM's scale). */

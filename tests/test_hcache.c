@@ -344,3 +344,80 @@ Test(hcache, random_appends_closes_swaps_and_clears_keep_every_invariant)
 	cr_assert_gt(pool_stats(p).host_demoted, 0);
 	bkv_pool_destroy(p);
 }
+
+/* The scheduler's prices (decide/evict.c) weigh each copy: a block whose
+ * reload saves less than its copy costs stays on the free list, outside
+ * the probe runs that keep the estimate learning. */
+Test(hcache, prices_refuse_a_copy_that_costs_more_than_a_reload_saves)
+{
+	bkv_pool *p = make_hc_pool(4, 8, 0);
+	uint32_t s;
+
+	/* recompute 100 us, reload 80 us, copy 80 us: half a chance of a
+	 * reload saves 10 us, less than the copy */
+	bkv__pool_host_cache_prices(p, 1, 100.0, 0.0, 80.0, 80.0);
+	p->kv.evictions = BKV__HC_PROBE; /* past the first probe run */
+	s = seq_with(p, 100, 2 * BT, NULL);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	s = seq_with(p, 500, 4 * BT, NULL);
+	cr_assert_eq(pending(p, BKV_COPY_SWAP_OUT, NULL), 0);
+	cr_assert_eq(pool_stats(p).host_skipped, 2);
+	cr_assert_eq(pool_stats(p).host_demoted, 0);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	/* inside a probe run the same blocks are demoted */
+	p->kv.evictions = 0;
+	s = seq_with(p, 900, 4 * BT, NULL);
+	cr_assert_eq(pool_stats(p).host_demoted, 4);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
+Test(hcache, overlapped_copies_demote_whenever_a_reload_beats_recomputing)
+{
+	bkv_pool *p = make_hc_pool(4, 8, 0);
+	uint32_t s;
+
+	bkv__pool_host_cache_prices(p, 1, 100.0, 0.0, 80.0, 0.0); /* copies overlap */
+	p->kv.evictions = BKV__HC_PROBE;
+	s = seq_with(p, 100, 2 * BT, NULL);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	s = seq_with(p, 500, 4 * BT, NULL);
+	cr_assert_eq(pool_stats(p).host_demoted, 2);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	/* a reload dearer than recomputing: nothing is demoted */
+	bkv__pool_host_cache_prices(p, 1, 50.0, 0.0, 80.0, 0.0);
+	s = seq_with(p, 900, 4 * BT, NULL);
+	cr_assert_eq(pool_stats(p).host_demoted, 2);
+	cr_assert_eq(pool_stats(p).host_skipped, 4);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	bkv_pool_destroy(p);
+}
+
+static int fwd_nop(void *host, const bkv_batch *b, int32_t *next)
+{
+	(void)host;
+	(void)b;
+	(void)next;
+	return 0;
+}
+
+Test(hcache, a_scheduler_config_with_copy_overlap_out_of_range_is_refused)
+{
+	bkv_pool *p = make_hc_pool(16, 8, 0);
+	bkv_host_ops ops;
+	bkv_sched_config c;
+	bkv_sched *s = NULL;
+
+	memset(&ops, 0, sizeof ops);
+	ops.forward = fwd_nop;
+	bkv_sched_config_init(&c);
+	cr_assert_eq(c.copy_overlap, 0);
+	c.copy_overlap = 2;
+	cr_assert_eq(bkv_sched_create(&c, p, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_null(s);
+	c.copy_overlap = 1;
+	cr_assert_eq(bkv_sched_create(&c, p, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(p);
+}

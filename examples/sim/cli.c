@@ -575,6 +575,10 @@ static const cli_option options[] = {
 	     "  --host-cache               the host tier (--host-blocks) also keeps the\n"
 	     "                             blocks the device cache evicts; hits reload\n"
 	     "                             them (bkv_pool_config.host_cache)\n"),
+	FLAG("--copy-overlap", CFG(copy_overlap), 1,
+	     "  --copy-overlap             the host runs swap copies beside its kernels:\n"
+	     "                             a call takes max(compute, copies out, copies\n"
+	     "                             in) instead of their sum\n"),
 	COUNT("--host-link-gbps", CFG(host_link_gbps), 1, 100000,
 	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
 	      "                             swap copy costs its KV over it (roofline)\n"),

@@ -303,10 +303,18 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 	/* the copies run over the host link before the call computes: priced
 	 * when the model knows the KV size (roofline) */
 	double link = 0.0;
-	if (h->cfg->cost_kind == SIM_COST_ROOFLINE && (b->n_swap_out || b->n_swap_in))
-		link = (double)(b->n_swap_out + b->n_swap_in) * b->block_tokens *
-		       h->cfg->roofline.kv_bytes_per_token / (h->cfg->host_link_gbps * 1e3);
-	h->res->link_us += link;
+	if (h->cfg->cost_kind == SIM_COST_ROOFLINE && (b->n_swap_out || b->n_swap_in)) {
+		double per = b->block_tokens * h->cfg->roofline.kv_bytes_per_token /
+			     (h->cfg->host_link_gbps * 1e3);
+		double out = b->n_swap_out * per, in = b->n_swap_in * per;
+		h->res->link_us += out + in;
+		/* --copy-overlap: a copy engine per direction beside the
+		 * kernels, so the call takes the longest of the three */
+		if (!h->cfg->copy_overlap)
+			link = out + in;
+		else if (out > t || in > t)
+			link = (out > in ? out : in) - t;
+	}
 	if (kind == BKV_CALL_PREFILL) {
 		t_prefill = t;
 	} else if (kind == BKV_CALL_MIXED && n_chunks) {
@@ -674,6 +682,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->ttft_target_us = cfg->ttft_us;
 	sc->evict = cfg->evict;
 	sc->host_link_bytes_per_us = cfg->host_link_gbps * 1e3;
+	sc->copy_overlap = (uint32_t)cfg->copy_overlap;
 	sc->victim = cfg->victim;
 	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;

@@ -52,6 +52,9 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(state_ckpt_bytes);
 	MED_U(state_hits);
 	MED_U(preemptions);
+	MED_U(host_hit_tokens);
+	MED_U(host_demoted);
+	MED_D(link_us);
 	MED_D(kv_waste);
 	MED_D(ttft_mean);
 	MED_D(ttft_p50);

@@ -77,6 +77,11 @@ typedef struct sim_config {
 				      prices every swap copy with it, and
 				      the scheduler is told
 				      (host_link_bytes_per_us) */
+	int copy_overlap;          /* 1: the host runs swap copies beside its
+				      kernels (a call takes the longest of
+				      compute and each direction's copies;
+				      bkv_sched_config.copy_overlap); 0: they
+				      add */
 	int prefix_cache;          /* pool prefix cache on/off */
 	sim_gen_convention gen;    /* output length convention */
 	sim_cost_kind cost_kind;   /* which model */
@@ -168,8 +173,9 @@ typedef struct sim_result {
 				      .host_hit_blocks x block_tokens) */
 	uint64_t host_demoted;     /* blocks the device demoted to the host */
 	double link_us;            /* time the host link spent on swap copies
-				      (in prefill_us + decode_us: a copy runs
-				      before its call computes) */
+				      (added to prefill_us + decode_us, or
+				      with copy_overlap only where it
+				      outlasts the call's compute) */
 	double kv_waste;           /* mean over steps of waste slots / used
 				      slots in the pool */
 	double ttft_mean, ttft_p50, ttft_p99; /* ms */

@@ -238,9 +238,9 @@ int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
 /* ---- decide/evict.c --------------------------------------------------------- */
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user);
-/* Tell a pool with a host cache from which depth an evicted block is worth
- * its copy to the host (on), or that every one is (off: the pool's own
- * default, at the scheduler's end). */
+/* Give a pool with a host cache the prices that weigh an evicted block's
+ * copy to the host (on), or take them back (off, at the scheduler's end:
+ * the pool demotes every block again). */
 void bkv__evict_host_cache(bkv_sched *s, int on);
 
 /* ---- decide/pack.c ---------------------------------------------------------- */

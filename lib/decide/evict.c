@@ -17,8 +17,8 @@
  * records on, every block at the same value, its class its band), VALUE
  * multiplies a block's value by priority / BKV_RETENTION_PRIORITY_DEFAULT.
  *
- * A pool with a host cache (bkv_pool_config.host_cache) is told from which
- * depth an evicted block is worth its copy to the host
+ * A pool with a host cache (bkv_pool_config.host_cache) gets the same
+ * prices and the link's, to weigh each evicted block's copy to the host
  * (bkv__evict_host_cache).
  */
 #include "decide/decide.h"
@@ -85,32 +85,26 @@ static int evict_value(bkv_sched *s, int on)
 	return rc;
 }
 
-/* The host cache's rule (pool/hcache.c): demote an evicted block only
- * where reloading it (its KV over the host link) costs less than
- * recomputing it (block_price at its depth, the line p0 + p1 x depth):
- * from the least such depth on. Without a KV size or a cost model every
- * block is demoted (the link is assumed the cheaper: it is by tens of
- * times on GPUs). UINT32_MAX: no depth is worth it. */
-static uint32_t host_cache_depth(const bkv_sched *s)
-{
-	double reload = bkv__link_us(s, 1), p0, pd, p1;
-
-	if (!(reload > 0.0) || !s->cfg.cost.step_us)
-		return 0;
-	p0 = block_price(s, 0);
-	pd = block_price(s, AUTO_VAL_DEPTH);
-	if (!(p0 > 0.0) || reload < p0)
-		return 0;
-	p1 = pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0;
-	if (!(p1 > 0.0) || (reload - p0) / p1 >= (double)(UINT32_MAX - 1))
-		return UINT32_MAX;
-	return (uint32_t)((reload - p0) / p1) + 1;
-}
-
+/* The host cache's prices (pool/hcache.c): a block's recompute price at
+ * depth d as the line p0 + p1 x d (block_price, as eviction by value), a
+ * reload's link time, and a demotion's (0 when the host overlaps copies
+ * with its kernels: bkv_sched_config.copy_overlap). Without a KV size or a
+ * cost model the pool gets none and demotes every evicted block (the link
+ * is assumed the cheaper: on GPUs it is by several times). */
 void bkv__evict_host_cache(bkv_sched *s, int on)
 {
-	if (bkv__pool_host_cache(s->pool))
-		bkv__pool_host_cache_depth(s->pool, on ? host_cache_depth(s) : 0);
+	double link = bkv__link_us(s, 1), p0, pd;
+
+	if (!bkv__pool_host_cache(s->pool))
+		return;
+	if (!on || !(link > 0.0) || !s->cfg.cost.step_us) {
+		bkv__pool_host_cache_prices(s->pool, 0, 0.0, 0.0, 0.0, 0.0);
+		return;
+	}
+	p0 = block_price(s, 0);
+	pd = block_price(s, AUTO_VAL_DEPTH);
+	bkv__pool_host_cache_prices(s->pool, p0 > 0.0, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0,
+				    link, s->cfg.copy_overlap ? 0.0 : link);
 }
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)

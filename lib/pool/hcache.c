@@ -16,9 +16,9 @@
  * bkv__hc_demote through bkv__kv.demote), the pool records a swap-out copy
  * b -> h into a host block h, unless the host holds b's content already
  * (inclusive: a reload leaves its host copy in place, so a block reloaded
- * and evicted again costs no second copy), or b is shallower than
- * hc_min_depth (the scheduler's cost model finds recomputing such a block
- * cheaper than reloading it: decide/evict.c), or b's content is not yet
+ * and evicted again costs no second copy), or b is not worth the copy by
+ * the scheduler's prices (worth_keeping: its chance of coming back times
+ * what a reload saves, against what the copy costs), or b's content is not yet
  * safe to copy (b is still the destination of a pending copy, or the source
  * of an earlier demotion). The copy list order (swap_out, swap_in, device)
  * makes the host read b before anything the same call writes into it: the
@@ -60,15 +60,17 @@ int bkv__hc_init(bkv_pool *pool)
 		return BKV_OK;
 	while (cap < 2 * nh)
 		cap *= 2;
+	pool->hc_mask = (uint32_t)(cap - 1); /* the index's size, also for a free */
 	pool->hc_hash = bkv__malloc(a, nh * sizeof(uint64_t));
 	pool->hc_key = bkv__malloc(a, nh * sizeof(uint64_t));
 	pool->hc_phash = bkv__malloc(a, nh * sizeof(uint64_t));
 	pool->hc_prev = bkv__malloc(a, nh * sizeof(int32_t));
 	pool->hc_next = bkv__malloc(a, nh * sizeof(int32_t));
 	pool->hc_reads = bkv__malloc(a, nh * sizeof(uint32_t));
+	pool->hc_reused = bkv__calloc(a, nh, 1);
 	pool->hc_index = bkv__malloc(a, cap * sizeof(bkv__islot));
 	if (!pool->hc_hash || !pool->hc_key || !pool->hc_phash || !pool->hc_prev ||
-	    !pool->hc_next || !pool->hc_reads || !pool->hc_index)
+	    !pool->hc_next || !pool->hc_reads || !pool->hc_reused || !pool->hc_index)
 		return BKV_ENOMEM;
 	for (i = 0; i < nh; i++) {
 		pool->hc_prev[i] = pool->hc_next[i] = -1;
@@ -76,7 +78,6 @@ int bkv__hc_init(bkv_pool *pool)
 	}
 	for (i = 0; i < cap; i++)
 		pool->hc_index[i].b = -1, pool->hc_index[i].tag = 0;
-	pool->hc_mask = (uint32_t)(cap - 1);
 	pool->hc_on = 1;
 	return BKV_OK;
 }
@@ -94,6 +95,7 @@ void bkv__hc_free(bkv_pool *pool)
 	bkv__free(a, pool->hc_prev, nh * sizeof(int32_t));
 	bkv__free(a, pool->hc_next, nh * sizeof(int32_t));
 	bkv__free(a, pool->hc_reads, nh * sizeof(uint32_t));
+	bkv__free(a, pool->hc_reused, nh);
 }
 
 /* ---- index and LRU -------------------------------------------------------- */
@@ -159,17 +161,44 @@ void bkv__hc_evict(bkv_pool *pool)
 
 /* ---- demotion -------------------------------------------------------------- */
 
-/* Is evicted block b worth a host copy? Its depth against the cost
- * model's threshold: the value records know a block's depth (eviction by
- * value); without them only a threshold of 0 (reload always cheaper)
- * demotes. */
+/* Is evicted block b worth a host copy? With the scheduler's prices: when
+ * the chance that it comes back times what a reload saves - recomputing b
+ * at its depth, less the reload's link time - exceeds what the copy costs
+ * (the link's time, or 0 when the host overlaps copies with its kernels).
+ * The chance is the host cache's own record: the share of its demotions
+ * reloaded at least once, decayed, from a prior of 1/2; while the rule
+ * refuses, a probe run of evictions is demoted anyway so that it can
+ * learn. The depth is known with the value records
+ * (eviction by value), else taken as 0, which undervalues deep blocks.
+ * Without prices every block is demoted. */
 static int worth_keeping(const bkv_pool *pool, int32_t b)
 {
-	if (pool->hc_min_depth == 0)
+	double save, p;
+
+	if (!pool->hc_priced)
 		return 1;
-	if (pool->hc_min_depth == UINT32_MAX || !pool->kv.val)
-		return 0;
-	return pool->kv.val[b].depth >= pool->hc_min_depth;
+	save = pool->hc_p0 - pool->hc_load;
+	if (pool->kv.val)
+		save += pool->hc_p1 * pool->kv.val[b].depth;
+	p = (pool->hc_rel + 1.0) / (pool->hc_dem + 2.0);
+	if (p * save > pool->hc_store)
+		return 1;
+	/* explore: one run of BKV__HC_PROBE consecutive evictions in
+	 * BKV__HC_PROBE_EVERY is demoted anyway (whole runs, because the LRU
+	 * gives up a chain's blocks together and a reload needs the run from
+	 * the device's last hit on), so the estimate can learn */
+	return (pool->kv.evictions / BKV__HC_PROBE) % BKV__HC_PROBE_EVERY == 0;
+}
+
+/* A demotion is counted; the counts halve every nh demotions, so the
+ * chance follows the traffic. */
+static void count_demotion(bkv_pool *pool, int32_t h)
+{
+	pool->hc_reused[h] = 0;
+	if ((pool->hc_dem += 1.0) >= 2.0 * pool->nh) {
+		pool->hc_dem *= 0.5;
+		pool->hc_rel *= 0.5;
+	}
 }
 
 void bkv__hc_demote(void *arg, int32_t b)
@@ -209,6 +238,7 @@ void bkv__hc_demote(void *arg, int32_t b)
 	pool->hc_hash[h] = k->hash;
 	pool->hc_key[h] = k->key;
 	pool->hc_phash[h] = k->parent >= 0 ? kv->blk[k->parent].hash : BKV__HASH_ROOT;
+	count_demotion(pool, h);
 	bkv__copy_push(pool, BKV_COPY_SWAP_OUT, b, h);
 	k->flags |= BKV__BLOCK_PEND_DEMOTE;
 	pool->hc_demoted++;
@@ -287,6 +317,10 @@ uint32_t bkv__hc_lookup_run(const bkv_pool *pool, uint64_t ph, uint64_t key,
 static void hc_hold(bkv_pool *pool, int32_t h)
 {
 	BKV_ASSERT(pool->host_state[h] == BKV__HOST_CACHED);
+	if (!pool->hc_reused[h]) { /* a demotion that paid off */
+		pool->hc_reused[h] = 1;
+		pool->hc_rel += 1.0;
+	}
 	if (pool->hc_reads[h]++ == 0)
 		lru_unlink(pool, h);
 }

@@ -83,6 +83,12 @@ typedef struct bkv__copy_list {
 	uint32_t cap; /* allocated entries; grows, never shrinks */
 } bkv__copy_list;
 
+/* The host cache's probe runs (pool/hcache.c): BKV__HC_PROBE consecutive
+ * evictions in every BKV__HC_PROBE x BKV__HC_PROBE_EVERY are demoted
+ * whatever the prices say. */
+#define BKV__HC_PROBE 4096u
+#define BKV__HC_PROBE_EVERY 8u
+
 /* bkv_pool.host_state[] */
 #define BKV__HOST_FREE 0    /* on the host free list */
 #define BKV__HOST_USED 1    /* in the table of a swapped sequence */
@@ -112,9 +118,21 @@ struct bkv_pool {
 	/* the host cache (pool/hcache.c); hc_on 0 without one */
 	int hc_on;             /* cfg.host_cache with a host tier and the
 				  prefix cache, no KV groups */
-	uint32_t hc_min_depth; /* demote an evicted block only at this depth
-				  or deeper (0: every one; UINT32_MAX:
-				  none); the scheduler's cost model sets it */
+	int hc_priced;         /* the scheduler gave prices: demote by them
+				  (else every block) */
+	double hc_p0, hc_p1;   /* recompute price of a block at depth d:
+				  p0 + p1 x d, us */
+	double hc_load;        /* a reload's cost to its step, us (the
+				  link's time per block) */
+	double hc_store;       /* a demotion's cost to its step, us: the
+				  link's time, or 0 when the host overlaps
+				  copies with its kernels */
+	double hc_dem;         /* demotions, decayed (halved every nh) */
+	double hc_rel;         /* of those, reloaded at least once: hc_rel /
+				  hc_dem estimates a demotion's chance of
+				  paying off */
+	uint8_t *hc_reused;    /* [nh] 1 once a cached block was reloaded
+				  since its demotion */
 	uint64_t *hc_hash;     /* [nh] a cached or demoting block's chain hash */
 	uint64_t *hc_key;      /* [nh] its caller key */
 	uint64_t *hc_phash;    /* [nh] its parent's chain hash
@@ -794,11 +812,18 @@ static inline int bkv__pool_host_cache(const bkv_pool *pool)
 	return pool->hc_on;
 }
 
-/* Demote only blocks at depth d or deeper (0: all; UINT32_MAX: none): the
- * scheduler's cost model compares reloading a block with recomputing it. */
-static inline void bkv__pool_host_cache_depth(bkv_pool *pool, uint32_t d)
+/* The scheduler's prices for the host cache's rule (pool/hcache.c): a
+ * block's recompute price p0 + p1 x depth, and what a reload and a
+ * demotion cost the steps that carry them, us; on 0 forgets them (every
+ * evicted block is demoted). */
+static inline void bkv__pool_host_cache_prices(bkv_pool *pool, int on, double p0, double p1,
+					       double load, double store)
 {
-	pool->hc_min_depth = d;
+	pool->hc_priced = on;
+	pool->hc_p0 = p0;
+	pool->hc_p1 = p1;
+	pool->hc_load = load;
+	pool->hc_store = store;
 }
 
 /* ---- pool/check.c ---------------------------------------------------------- */

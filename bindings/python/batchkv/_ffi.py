@@ -407,6 +407,7 @@ class bkv_sched_config(Structure):
         ('victim', c_int),
         ('admit_reserve', c_int),
         ('retention', c_uint32),
+        ('copy_overlap', c_uint32),
     ]
 
 

@@ -420,6 +420,7 @@ pub struct bkv_sched_config {
     pub victim: bkv_victim_policy,
     pub admit_reserve: bkv_admit_reserve,
     pub retention: u32,
+    pub copy_overlap: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
