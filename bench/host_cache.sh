@@ -22,7 +22,7 @@ agent)
 	A=${TMPDIR:-/tmp}/bkv-agent-trace.jsonl
 	python3 "$(dirname "$0")/agent_trace.py" "$T/mooncake_conversation_trace.jsonl" "$A" 150 8 10 >&2
 	TR="mooncake:$A"; WS=189408 ;;
-azure) TR="azure:$T/AzureLLMInferenceTrace_conv.csv --limit 6000"; WS=80000 ;;
+azure) TR="azure:$T/AzureLLMInferenceTrace_conv.csv --limit 6000"; WS=434367 ;;
 *) echo "unknown workload $W" >&2; exit 2 ;;
 esac
 run() { # kv-blocks extra...
