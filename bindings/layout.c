@@ -360,6 +360,7 @@ int main(void)
 	F(bkv_vllm_config, extra_keys);
 	F(bkv_vllm_config, key_name);
 	F(bkv_vllm_config, key_name_ud);
+	F(bkv_vllm_config, host_medium);
 	F(bkv_vllm_config, reserved);
 	return 0;
 }

@@ -2347,9 +2347,9 @@ typedef struct bkv_vllm_config {
 				       block's parent is hash(hash_seed)
 				       (vLLM's NONE_HASH). Copied at create;
 				       at most 255 bytes. Default "0". */
-	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium;
-				       NULL sends nil. Copied. Default "GPU"
-				       (the index holds device blocks only). */
+	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium
+				       of device blocks; NULL sends nil.
+				       Copied. Default "GPU". */
 	int32_t data_parallel_rank; /* MAP, ARRAY: KVEventBatch.data_parallel_rank;
 				       -1 omits it. Default -1. */
 	int32_t group_idx;          /* MAP: the KV-cache group index of every
@@ -2367,7 +2367,12 @@ typedef struct bkv_vllm_config {
 				       a name. A nonzero key is sent as
 				       lora_id either way. */
 	void *key_name_ud;          /* handed to key_name; never read */
-	uint32_t reserved[4];       /* zero; room for later fields */
+	const char *host_medium;    /* MAP, ARRAY: the medium of the host
+				       cache's blocks (bkv_pool_config.
+				       host_cache; vLLM's CPU offloading
+				       says "CPU"); NULL sends nil. Copied.
+				       Default "CPU". */
+	uint32_t reserved[2];       /* zero; room for later fields */
 } bkv_vllm_config;
 
 typedef struct bkv_vllm_encoder bkv_vllm_encoder;

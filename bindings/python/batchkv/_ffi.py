@@ -546,7 +546,8 @@ class bkv_vllm_config(Structure):
         ('extra_keys', c_uint32),
         ('key_name', bkv_vllm_key_name_fn),
         ('key_name_ud', c_void_p),
-        ('reserved', c_uint32 * 4),
+        ('host_medium', c_char_p),
+        ('reserved', c_uint32 * 2),
     ]
 
 FUNCTIONS = {

@@ -545,7 +545,8 @@ pub struct bkv_vllm_config {
     pub extra_keys: u32,
     pub key_name: bkv_vllm_key_name_fn,
     pub key_name_ud: *mut c_void,
-    pub reserved: [u32; 4],
+    pub host_medium: *const c_char,
+    pub reserved: [u32; 2],
 }
 extern "C" {
     pub fn bkv_strerror(status: c_int) -> *const c_char;
