@@ -28,12 +28,14 @@ uint32_t bkv__pool_txn_queued(const bkv_pool *pool)
 	return pool->kv.txn_n;
 }
 
-uint32_t bkv__pool_txn_compact(bkv_pool *pool)
+/* Move the queue's live entries of [from, n) to its front, in order (an
+ * entry whose block was released since it was queued is dropped), and
+ * make them the whole queue. Returns how many are left. */
+static uint32_t squeeze(bkv__kv *kv, uint32_t from, uint32_t n)
 {
-	bkv__kv *kv = &pool->kv;
 	uint32_t i, j = 0;
 
-	for (i = 0; i < kv->txn_n; i++) {
+	for (i = from; i < n; i++) {
 		int32_t b = kv->txn_pending[i];
 		bkv__block *k = &kv->blk[b];
 
@@ -47,26 +49,21 @@ uint32_t bkv__pool_txn_compact(bkv_pool *pool)
 	return j;
 }
 
+uint32_t bkv__pool_txn_compact(bkv_pool *pool)
+{
+	return squeeze(&pool->kv, 0, pool->kv.txn_n);
+}
+
 uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 {
 	bkv__kv *kv = &pool->kv;
-	uint32_t n = kv->txn_n, i, j = 0;
+	uint32_t n = kv->txn_n, j;
 
 	BKV_ASSERT(kv->txn_active && mark <= n && !pool->grouped);
 	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
 	bkv__kv_txn_end(kv, 1);
 	BKV_ASSERT(kv->txn_n == 0);
-	for (i = mark; i < n; i++) {
-		int32_t b = kv->txn_pending[i];
-		bkv__block *k = &kv->blk[b];
-
-		if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
-			continue; /* released since it was queued */
-		kv->txn_pending[j] = b;
-		kv->txn_owner[j] = kv->txn_owner[i];
-		k->prev = (int32_t)j++;
-	}
-	kv->txn_n = j;
+	j = squeeze(kv, mark, n);
 	kv->txn_active = 1; /* bkv__kv_txn_begin, keeping the entries */
 	return j;
 }
