@@ -152,7 +152,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	kh_host h;
 	ctx x = {&f, 0, 0};
 	uint32_t n_req = 0, i, op_count = 0;
-	uint8_t b;
+	uint8_t b, hc;
 	int rc, split, expect_einval = 0;
 
 	memset(&mem, 0, sizeof(mem));
@@ -172,7 +172,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	b = fz_u8(&f);
 	/* tiny slot counts with forked requests (issue 13's livelock) often */
 	pc.max_seqs = (b & 0x80) ? 1 + b % 4 : 1 + b % 43;
-	pc.watermark_blocks = fz_u8(&f) % 3;
+	hc = fz_u8(&f);
+	pc.watermark_blocks = hc % 3;
 	if (pc.watermark_blocks > pc.device_blocks)
 		pc.watermark_blocks = 0;
 	pc.prefix_cache = (b & 0x40) == 0;
@@ -194,6 +195,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (pc.n_groups == 3 && pc.state_units >= pc.device_blocks)
 			pc.n_groups = 2; /* the arena must leave attention frames */
 	}
+	/* a host cache (issue 22) where the pool can have one, half the time,
+	 * its copies priced beside the kernels or before them */
+	pc.host_cache = ((hc >> 4) & 1) && pc.host_blocks && pc.prefix_cache && !pc.n_groups;
 
 	/* the scheduler, extremes included */
 	bkv_sched_config_init(&sc);
@@ -225,6 +229,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	sc.victim = (bkv_victim_policy)((b >> 6) & 1);
 	/* and the memory reserve from the one after */
 	sc.admit_reserve = (bkv_admit_reserve)((b >> 5) & 1);
+	sc.copy_overlap = (hc >> 5) & 1;
 	sc.tpot_target_us = fz_u8(&f) % 3 == 0 ? 0 : fz_u16(&f);
 	if (fz_u8(&f) & 1) {
 		sc.cost.step_us = cost_step;
