@@ -1048,6 +1048,34 @@ Test(tinylm_serve, overlapped_with_a_device_thread_matches_reference, .init = se
 	cr_assert_gt(res.sched.overlap_wasted_tokens, 0, "stops and aborts in the step in flight");
 }
 
+/* Overlapped scheduling with a host cache in a tight pool: demotions and
+ * reloads planned while a step is in flight go out with the next launch,
+ * and every request still matches the reference. */
+Test(tinylm_serve, overlapped_with_a_host_cache_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+	char msg[512];
+	uint32_t bad;
+	int st;
+
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.host_cache = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	st = tlm_threaded_serve_overlap(&g_w, g_model, &rc, 4, 6, &res);
+	cr_assert_eq(st, 0, "overlapped serve failed: %s (%d); host: %s", bkv_strerror(st), st,
+		     res.host_error);
+	bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
+	cr_assert_eq(bad, 0, "%u requests differ; first: %s", bad, msg);
+	cr_assert_eq(res.check, 0);
+	cr_assert_eq(res.sched.finished, g_w.n_jobs);
+	cr_assert_gt(res.sched.overlap_steps, 0);
+	cr_assert_gt(res.pool.host_hit_blocks, 0, "no prefix hit reloaded from the host");
+}
+
 Test(tinylm_serve, overlapped_in_the_persistent_layout_mirrors_the_tables_and_matches_reference,
      .init = serve_setup, .fini = serve_teardown)
 {

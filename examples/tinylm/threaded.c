@@ -285,6 +285,7 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 	pc.block_tokens = rc->block_tokens;
 	pc.device_blocks = rc->device_blocks;
 	pc.host_blocks = rc->host_blocks;
+	pc.host_cache = rc->host_cache;
 	pc.max_seqs = 4096;
 	bkv_pool *pool = NULL;
 	engine e = {.res = res, .clients_left = n_clients,
