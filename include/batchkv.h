@@ -361,6 +361,18 @@ typedef struct bkv_pool_config {
 				      Default 0. */
 	const bkv_kv_group *groups; /* [n_groups], copied at create; NULL when
 				      n_groups is 0. At most one STATE group. */
+	uint32_t state_share;      /* with a STATE group, nonzero: its units
+				      and the attention blocks share every
+				      device frame. A unit is then an aligned
+				      chunk of bkv_kv_state_frames frames,
+				      lent to the group when it needs one and
+				      given back when it no longer does;
+				      state_units is the floor it keeps
+				      (0 = none), and device_blocks counts
+				      every frame. 0: the fixed arena above.
+				      Ignored without a STATE group. Default
+				      0. */
+	uint32_t state_pad;        /* zero */
 } bkv_pool_config;
 
 /* Live counters of a pool. free + used + cached = device_blocks always. */
@@ -402,7 +414,11 @@ typedef struct bkv_pool_stats {
 				     scheduler step (two requests, same
 				     content): the commit keeps the cached
 				     copy and frees the other */
-	uint32_t state_units;     /* a STATE group's units (0 without one) */
+	uint32_t state_units;     /* a STATE group's units (0 without one);
+				     with state_share, those it holds now
+				     (its frames are then not in
+				     device_blocks, which counts the
+				     frames attention holds now) */
 	uint32_t state_free;      /* of which free */
 	uint32_t state_checkpoints; /* of which checkpoints in the prefix
 				     cache (referenced by a sequence or not) */

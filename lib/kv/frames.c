@@ -203,6 +203,7 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->lru_mem, bkv__kv_lru_bytes(kv));
 	bkv__free(a, kv->tok_mem, kv->tok_mem ? bkv__kv_tok_bytes(nb, bt) : 0);
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
+	bkv__ck_free(kv, a);
 	bkv__kv_retain_off(kv, a); /* a scheduler with retention outlived it */
 	if (kv->val) { /* a scheduler that set the value policy outlived it */
 		kv->val_users = 1;
@@ -260,6 +261,8 @@ void bkv__block_release(bkv__kv *kv, int32_t b, int drop)
 
 	kv->nr_used--;
 	kv->tokens -= k->fill;
+	if (k->flags & BKV__BLOCK_CHUNKED)
+		bkv__ck_unpinned(kv, b);
 	if (BLOCK_IS_INDEXED(k)) {
 		if (!drop || k->kids > 0) {
 			bkv__lru_push(kv, b);
@@ -268,9 +271,7 @@ void bkv__block_release(bkv__kv *kv, int32_t b, int drop)
 		}
 		bkv__cache_forget(kv, b);
 	}
-	k->next = kv->free_head;
-	kv->free_head = b;
-	kv->nr_free++;
+	bkv__kv_free_push(kv, b);
 }
 
 void bkv__block_copy_cleared(bkv__kv *kv, int32_t src)
@@ -301,9 +302,7 @@ void bkv__kv_reset_cache(bkv__kv *kv)
 		int32_t b = kv->lru[kv->lru_head];
 
 		bkv__lru_unlink(kv, b);
-		kv->blk[b].next = kv->free_head;
-		kv->free_head = b;
-		kv->nr_free++;
+		bkv__kv_free_push(kv, b);
 	}
 	for (i = 0; i < kv->nb; i++) {
 		kv->blk[i].flags &= ~BKV__BLOCK_INDEXED;

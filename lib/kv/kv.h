@@ -39,6 +39,11 @@
 				       block's chain hash, computed ahead
 				       so the index slots could be
 				       prefetched */
+#define BKV__BLOCK_CHUNKED 0x80u    /* a frame of a pool whose frames are
+				       shared with a STATE group (kv/chunks.c):
+				       its free-list pushes and pin changes
+				       take the slow paths, which keep the
+				       chunk counts */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -225,6 +230,24 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
+	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
+	   off, and none of these is used */
+	uint32_t ck_k;         /* frames per chunk (one state unit's) */
+	uint32_t ck_n;         /* whole chunks, nb / ck_k (frames past the
+				  last whole one are attention's always) */
+	uint32_t *ck_pin;      /* [ck_n] an attention chunk's pinned frames */
+	uint8_t *ck_lent;      /* [ck_n] 1: the chunk is a state unit */
+	int32_t *ck_next;      /* [ck_n] idle list: next chunk (-1 none) */
+	int32_t *ck_prev;      /* [ck_n] idle list: previous chunk (-1: the
+				  head) */
+	int32_t ck_idle;       /* the idle list's head: attention chunks with
+				  no pinned frame (every frame free or
+				  cached), most recently idle first; -1 */
+	uint32_t nr_idle;      /* chunks on the idle list */
+	uint32_t nr_lent;      /* frames in chunks lent to the state group;
+				  free + used + cached + lent == nb */
+	uint64_t ck_lends;     /* chunks lent to the state group */
+	uint64_t ck_returns;   /* chunks it gave back */
 } bkv__kv;
 
 /* Index plus block-record bytes from which bkv__cache_lookup_run prefetches
@@ -409,6 +432,90 @@ void bkv__kv_reset_cache(bkv__kv *kv);
 /* Drain up to max pending events into out. */
 uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max);
 
+/* ---- kv/chunks.c ---------------------------------------------------------- */
+
+/* Share the frames with a STATE group of k frames a unit: every frame is
+ * flagged CHUNKED and the top `lent` whole chunks are lent to the group
+ * now. Right after bkv__kv_init. BKV_OK or BKV_ENOMEM. */
+int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent);
+void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a);
+/* Idle chunk c joins the idle list's head / leaves it. */
+static inline void bkv__ck_idle_push(bkv__kv *kv, int32_t c)
+{
+	kv->ck_prev[c] = -1;
+	kv->ck_next[c] = kv->ck_idle;
+	if (kv->ck_idle >= 0)
+		kv->ck_prev[kv->ck_idle] = c;
+	kv->ck_idle = c;
+	kv->nr_idle++;
+}
+
+static inline void bkv__ck_idle_unlink(bkv__kv *kv, int32_t c)
+{
+	int32_t p = kv->ck_prev[c], n = kv->ck_next[c];
+
+	if (p >= 0)
+		kv->ck_next[p] = n;
+	else
+		kv->ck_idle = n;
+	if (n >= 0)
+		kv->ck_prev[n] = p;
+	kv->ck_prev[c] = kv->ck_next[c] = -1;
+	kv->nr_idle--;
+}
+
+/* Frame b (CHUNKED) was just pinned (taken, or a cached frame hit). */
+static inline void bkv__ck_pinned(bkv__kv *kv, int32_t b)
+{
+	uint32_t c = (uint32_t)b / kv->ck_k;
+
+	if (c < kv->ck_n && kv->ck_pin[c]++ == 0)
+		bkv__ck_idle_unlink(kv, (int32_t)c);
+}
+
+/* Frame b's last pin went (it is cached or free now). */
+static inline void bkv__ck_unpinned(bkv__kv *kv, int32_t b)
+{
+	uint32_t c = (uint32_t)b / kv->ck_k;
+
+	if (c < kv->ck_n) {
+		BKV_ASSERT(kv->ck_pin[c] > 0);
+		if (--kv->ck_pin[c] == 0)
+			bkv__ck_idle_push(kv, (int32_t)c);
+	}
+}
+
+/* Push b (ref 0, not indexed) on the free list head, keeping the back
+ * links of a chunked pool's list. */
+static inline void bkv__kv_free_push(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	k->next = kv->free_head;
+	k->prev = -1;
+	if (kv->ck_k && kv->free_head >= 0)
+		kv->blk[kv->free_head].prev = b;
+	kv->free_head = b;
+	kv->nr_free++;
+}
+/* An idle chunk to lend: with clean, one whose frames are all free (-1:
+ * none among the first few idle ones); else the idle chunk whose lending
+ * costs the fewest evictions among those (-1: no idle chunk). */
+int32_t bkv__ck_pick(const bkv__kv *kv, int clean);
+/* Lend idle chunk c to the state group: its cached frames are evicted
+ * (after the older cached blocks that hold children of them, in the
+ * cache's order), its free frames leave the free list. */
+void bkv__ck_lend(bkv__kv *kv, int32_t c);
+/* Chunk c comes back from the state group: its frames go free. */
+void bkv__ck_return(bkv__kv *kv, int32_t c);
+/* Is frame f in a chunk lent to the state group? */
+static inline int bkv__ck_is_lent(const bkv__kv *kv, uint32_t f)
+{
+	return kv->ck_k && f / kv->ck_k < kv->ck_n && kv->ck_lent[f / kv->ck_k];
+}
+/* The chunk accounting's invariants (CHECK_CHUNKS); 0 when off. */
+int bkv__ck_check(const bkv__kv *kv);
+
 /* Take a block for a sequence whose previous block is `parent` (-1: none):
  * pop the free list, or evict the oldest cached block. The caller has made
  * sure one exists. Returns it pinned (ref 1, fill 0). */
@@ -426,6 +533,8 @@ static inline int32_t bkv__block_take(bkv__kv *kv, int32_t parent)
 		k = &kv->blk[b];
 	}
 	BKV_ASSERT(k->ref == 0 && !BLOCK_IS_INDEXED(k) && k->kids == 0);
+	if (UNLIKELY(k->flags & BKV__BLOCK_CHUNKED))
+		bkv__ck_pinned(kv, b);
 	k->ref = 1;
 	k->fill = 0;
 	k->parent = parent;
@@ -537,6 +646,8 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 	bkv__block *k = &kv->blk[b];
 
 	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
+		if (UNLIKELY(k->flags & BKV__BLOCK_CHUNKED))
+			bkv__ck_pinned(kv, b);
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
 		kv->tokens += k->fill;
@@ -554,7 +665,8 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	BKV_ASSERT(k->ref > 0);
 	if (--k->ref)
 		return;
-	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)))) {
+	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN |
+				 BKV__BLOCK_CHUNKED)))) {
 		kv->nr_used--;
 		kv->tokens -= k->fill;
 		k->next = kv->free_head;
@@ -562,7 +674,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 		kv->nr_free++;
 		return;
 	}
-	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
+	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN | BKV__BLOCK_CHUNKED))) {
 		/* indexed: cached on the LRU tail */
 		kv->nr_used--;
 		kv->tokens -= k->fill;
@@ -631,6 +743,11 @@ enum {
 				  is not its parent's + 1 (0 without parent),
 				  or the class lists' links, masks or
 				  membership != the cached blocks */
+	CHECK_CHUNKS = 19,     /* frames shared with a STATE group: a chunk's
+				  pinned count, its idle-list membership or
+				  its lent state wrong, nr_lent wrong, a lent
+				  frame not clean, or the free list's back
+				  links broken */
 	CHECK_TXN = 17,        /* a TXN (queued) block not pinned, not full,
 				  indexed, or not at its queue slot (between
 				  transactions only the swapped-in blocks an
