@@ -599,6 +599,14 @@ static inline uint32_t bkv__pool_nr_pins(const bkv_pool *pool)
 	return pool->nr_pins;
 }
 
+/* The frames attention may ever hold: the device blocks less a fixed
+ * state arena (with a shared STATE group, every frame: the stats' count
+ * is what it holds now). */
+static inline uint32_t bkv__pool_blocks(const bkv_pool *pool)
+{
+	return pool->kv.nb;
+}
+
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)
 {
 	return pool->cfg.max_seqs;
