@@ -100,7 +100,7 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 		if ((uint32_t)b >= nb || n >= nb || !BLOCK_IS_FREE(&kv->blk[b]))
 			return CHECK_FREE_LIST;
 	}
-	if (n != kv->nr_free)
+	if (n != kv->nr_free && !kv->ck_k) /* chunked: per chunk (kv/chunks.c) */
 		return CHECK_FREE_LIST;
 	/* LRU: scratch[b] = 1-based position from the head (older = smaller). */
 	memset(sc, 0, (size_t)nb * sizeof *sc);

@@ -213,7 +213,11 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 
 NOINLINE int32_t bkv__block_take_evict(bkv__kv *kv)
 {
-	int32_t b = bkv__cache_evict(kv);
+	int32_t b;
+
+	if (kv->ck_k) /* frames shared with a STATE group (kv/chunks.c) */
+		return bkv__ck_take(kv);
+	b = bkv__cache_evict(kv);
 
 	BKV_ASSERT(b >= 0);
 	return b;

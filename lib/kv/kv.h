@@ -233,17 +233,31 @@ typedef struct bkv__kv {
 	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
 	   off, and none of these is used */
 	uint32_t ck_k;         /* frames per chunk (one state unit's) */
-	uint32_t ck_n;         /* whole chunks, nb / ck_k (frames past the
-				  last whole one are attention's always) */
+	uint32_t ck_n;         /* whole chunks, nb / ck_k; "chunk" ck_n is
+				  the frames past the last whole one, which
+				  are attention's always */
 	uint32_t *ck_pin;      /* [ck_n] an attention chunk's pinned frames */
+	uint32_t *ck_nfree;    /* [ck_n + 1] its free frames */
+	int32_t *ck_free;      /* [ck_n + 1] its free frames' list (LIFO,
+				  linked through bkv__block.next), -1 */
 	uint8_t *ck_lent;      /* [ck_n] 1: the chunk is a state unit */
+	uint8_t *ck_on;        /* [ck_n + 1] the lists it is on:
+				  BKV__CK_ON_* */
 	int32_t *ck_next;      /* [ck_n] idle list: next chunk (-1 none) */
 	int32_t *ck_prev;      /* [ck_n] idle list: previous chunk (-1: the
 				  head) */
+	int32_t *ck_anext;     /* [ck_n + 1] its allocation list: next */
+	int32_t *ck_aprev;     /* [ck_n + 1] and previous (-1: the head) */
 	int32_t ck_idle;       /* the idle list's head: attention chunks with
 				  no pinned frame (every frame free or
 				  cached), most recently idle first; -1 */
 	uint32_t nr_idle;      /* chunks on the idle list */
+	int32_t ck_part;       /* allocation list of the chunks with pinned
+				  and free frames (and the tail's), popped
+				  first so that whole chunks stay idle; -1 */
+	int32_t ck_empty;      /* allocation list of the idle chunks with
+				  free frames, popped when ck_part is
+				  empty; -1 */
 	uint32_t nr_lent;      /* frames in chunks lent to the state group;
 				  free + used + cached + lent == nb */
 	uint64_t ck_lends;     /* chunks lent to the state group */
@@ -439,65 +453,123 @@ uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max);
  * now. Right after bkv__kv_init. BKV_OK or BKV_ENOMEM. */
 int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent);
 void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a);
-/* Idle chunk c joins the idle list's head / leaves it. */
-static inline void bkv__ck_idle_push(bkv__kv *kv, int32_t c)
+#define BKV__CK_ON_PART 1u  /* on ck_part */
+#define BKV__CK_ON_EMPTY 2u /* on ck_empty */
+#define BKV__CK_ON_IDLE 4u  /* on the idle list */
+
+/* The chunk frame f lies in (ck_n: past the last whole one). */
+static inline uint32_t bkv__ck_of(const bkv__kv *kv, int32_t f)
 {
-	kv->ck_prev[c] = -1;
-	kv->ck_next[c] = kv->ck_idle;
-	if (kv->ck_idle >= 0)
-		kv->ck_prev[kv->ck_idle] = c;
-	kv->ck_idle = c;
-	kv->nr_idle++;
+	uint32_t c = (uint32_t)f / kv->ck_k;
+
+	return c < kv->ck_n ? c : kv->ck_n;
 }
 
-static inline void bkv__ck_idle_unlink(bkv__kv *kv, int32_t c)
+/* Put chunk c on the lists its counts name, O(1): idle when lendable
+ * with no pinned frame; on ck_part when it has free frames and pinned ones
+ * (or is the tail), on ck_empty when it has free frames and none pinned. */
+static inline void bkv__ck_fix(bkv__kv *kv, uint32_t c)
 {
-	int32_t p = kv->ck_prev[c], n = kv->ck_next[c];
+	const int whole = c < kv->ck_n, lent = whole && kv->ck_lent[c];
+	const unsigned idle = whole && !lent && kv->ck_pin[c] == 0 ? BKV__CK_ON_IDLE : 0;
+	const unsigned alloc = lent || !kv->ck_nfree[c] ? 0
+			       : !whole || kv->ck_pin[c] ? BKV__CK_ON_PART
+							 : BKV__CK_ON_EMPTY;
+	const int32_t ci = (int32_t)c;
+	unsigned on = kv->ck_on[c];
+	int32_t *head;
 
-	if (p >= 0)
-		kv->ck_next[p] = n;
-	else
-		kv->ck_idle = n;
-	if (n >= 0)
-		kv->ck_prev[n] = p;
-	kv->ck_prev[c] = kv->ck_next[c] = -1;
-	kv->nr_idle--;
+	if ((on & BKV__CK_ON_IDLE) != idle) {
+		if (idle) {
+			kv->ck_prev[c] = -1;
+			kv->ck_next[c] = kv->ck_idle;
+			if (kv->ck_idle >= 0)
+				kv->ck_prev[kv->ck_idle] = ci;
+			kv->ck_idle = ci;
+			kv->nr_idle++;
+		} else {
+			if (kv->ck_prev[c] >= 0)
+				kv->ck_next[kv->ck_prev[c]] = kv->ck_next[c];
+			else
+				kv->ck_idle = kv->ck_next[c];
+			if (kv->ck_next[c] >= 0)
+				kv->ck_prev[kv->ck_next[c]] = kv->ck_prev[c];
+			kv->ck_prev[c] = kv->ck_next[c] = -1;
+			kv->nr_idle--;
+		}
+	}
+	if ((on & 3u) != alloc) {
+		if (on & 3u) {
+			head = (on & BKV__CK_ON_PART) ? &kv->ck_part : &kv->ck_empty;
+			if (kv->ck_aprev[c] >= 0)
+				kv->ck_anext[kv->ck_aprev[c]] = kv->ck_anext[c];
+			else
+				*head = kv->ck_anext[c];
+			if (kv->ck_anext[c] >= 0)
+				kv->ck_aprev[kv->ck_anext[c]] = kv->ck_aprev[c];
+			kv->ck_aprev[c] = kv->ck_anext[c] = -1;
+		}
+		if (alloc) {
+			head = alloc == BKV__CK_ON_PART ? &kv->ck_part : &kv->ck_empty;
+			kv->ck_aprev[c] = -1;
+			kv->ck_anext[c] = *head;
+			if (*head >= 0)
+				kv->ck_aprev[*head] = ci;
+			*head = ci;
+		}
+	}
+	kv->ck_on[c] = (uint8_t)(idle | alloc);
 }
 
-/* Frame b (CHUNKED) was just pinned (taken, or a cached frame hit). */
+/* Frame b (CHUNKED) was just pinned: a cached frame hit. */
 static inline void bkv__ck_pinned(bkv__kv *kv, int32_t b)
 {
-	uint32_t c = (uint32_t)b / kv->ck_k;
+	uint32_t c = bkv__ck_of(kv, b);
 
-	if (c < kv->ck_n && kv->ck_pin[c]++ == 0)
-		bkv__ck_idle_unlink(kv, (int32_t)c);
+	if (c < kv->ck_n) {
+		kv->ck_pin[c]++;
+		bkv__ck_fix(kv, c);
+	}
 }
 
 /* Frame b's last pin went (it is cached or free now). */
 static inline void bkv__ck_unpinned(bkv__kv *kv, int32_t b)
 {
-	uint32_t c = (uint32_t)b / kv->ck_k;
+	uint32_t c = bkv__ck_of(kv, b);
 
 	if (c < kv->ck_n) {
 		BKV_ASSERT(kv->ck_pin[c] > 0);
-		if (--kv->ck_pin[c] == 0)
-			bkv__ck_idle_push(kv, (int32_t)c);
+		kv->ck_pin[c]--;
+		bkv__ck_fix(kv, c);
 	}
 }
 
-/* Push b (ref 0, not indexed) on the free list head, keeping the back
- * links of a chunked pool's list. */
+/* Push b (ref 0, not indexed) on the free list head: a chunked pool's
+ * frame on its chunk's list. */
 static inline void bkv__kv_free_push(bkv__kv *kv, int32_t b)
 {
 	bkv__block *k = &kv->blk[b];
 
-	k->next = kv->free_head;
 	k->prev = -1;
-	if (kv->ck_k && kv->free_head >= 0)
-		kv->blk[kv->free_head].prev = b;
-	kv->free_head = b;
 	kv->nr_free++;
+	if (kv->ck_k) {
+		uint32_t c = bkv__ck_of(kv, b);
+
+		k->next = kv->ck_free[c];
+		kv->ck_free[c] = b;
+		if (kv->ck_nfree[c]++ == 0)
+			bkv__ck_fix(kv, c);
+		return;
+	}
+	k->next = kv->free_head;
+	kv->free_head = b;
 }
+
+/* A chunked pool's take (bkv__block_take finds free_head -1 always): a
+ * free frame of a partly pinned chunk, else of an idle one, else the
+ * cache's victim; its chunk counts the pin. */
+int32_t bkv__ck_take(bkv__kv *kv);
+
 /* An idle chunk to lend: with clean, one whose frames are all free (-1:
  * none among the first few idle ones); else the idle chunk whose lending
  * costs the fewest evictions among those (-1: no idle chunk). */
@@ -533,8 +605,6 @@ static inline int32_t bkv__block_take(bkv__kv *kv, int32_t parent)
 		k = &kv->blk[b];
 	}
 	BKV_ASSERT(k->ref == 0 && !BLOCK_IS_INDEXED(k) && k->kids == 0);
-	if (UNLIKELY(k->flags & BKV__BLOCK_CHUNKED))
-		bkv__ck_pinned(kv, b);
 	k->ref = 1;
 	k->fill = 0;
 	k->parent = parent;
