@@ -11,7 +11,8 @@
  *
  * Counts, O(1) at every transition. Per attention chunk, the frames that
  * are pinned (ck_pin) and free (ck_nfree). bkv__block_pin calls
- * bkv__ck_pinned for a CHUNKED frame it takes from the cache, and every
+ * bkv__ck_pinned for a CHUNKED frame it takes from the cache (through
+ * bkv__block_hit_slow, behind the test the value policy's hit had), and every
  * release of one runs the slow path (bkv__block_release, flagged CHUNKED),
  * which calls bkv__ck_unpinned. A chunk with no pinned frame is idle, on a
  * doubly linked list (most recently idle first): each of its frames is
@@ -73,6 +74,7 @@ int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent)
 
 	kv->ck_k = k;
 	kv->ck_n = n;
+	kv->hit_slow = 1;
 	kv->ck_idle = kv->ck_part = kv->ck_empty = -1;
 	kv->ck_pin = bkv__calloc(a, n, sizeof(uint32_t));
 	kv->ck_nfree = bkv__calloc(a, (size_t)n + 1, sizeof(uint32_t));
@@ -123,6 +125,7 @@ void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->ck_anext, (n + 1) * sizeof(int32_t));
 	bkv__free(a, kv->ck_aprev, (n + 1) * sizeof(int32_t));
 	kv->ck_k = 0;
+	kv->hit_slow = kv->val != NULL;
 }
 
 /* What lending idle chunk c costs: 0 all free, 1 cached leaves to evict,

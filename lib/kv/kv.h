@@ -260,6 +260,8 @@ typedef struct bkv__kv {
 				  empty; -1 */
 	uint32_t nr_lent;      /* frames in chunks lent to the state group;
 				  free + used + cached + lent == nb */
+	int hit_slow;          /* val or ck_k: a hit calls bkv__block_hit_slow
+				  (one test on the plain hit path for both) */
 	uint64_t ck_lends;     /* chunks lent to the state group */
 	uint64_t ck_returns;   /* chunks it gave back */
 } bkv__kv;
@@ -695,6 +697,9 @@ void bkv__kv_retain(bkv__kv *kv, int32_t b, uint32_t prio, uint64_t exp);
 void bkv__val_indexed(bkv__kv *kv, int32_t b);
 /* b was taken back from the cache (a hit): its decayed count grows. */
 void bkv__val_hit(bkv__kv *kv, int32_t b);
+/* A cached block was taken back (bkv__block_pin, with hit_slow): its value
+ * record's hit (val) and a chunked frame's pin (kv/chunks.c). */
+void bkv__block_hit_slow(bkv__kv *kv, int32_t b);
 /* b joined the LRU (bkv__lru_push): to the tail of its value class. */
 void bkv__val_push(bkv__kv *kv, int32_t b);
 /* b left the LRU (bkv__lru_unlink): off its class list. */
@@ -716,13 +721,11 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 	bkv__block *k = &kv->blk[b];
 
 	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
-		if (UNLIKELY(k->flags & BKV__BLOCK_CHUNKED))
-			bkv__ck_pinned(kv, b);
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
 		kv->tokens += k->fill;
-		if (kv->val)
-			bkv__val_hit(kv, b);
+		if (kv->hit_slow)
+			bkv__block_hit_slow(kv, b);
 	}
 }
 
