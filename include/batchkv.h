@@ -925,11 +925,14 @@ BKV_API int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem);
  * tokens. Walking the parents of an indexed block reaches logical block 0 of
  * its chain through indexed blocks only (bkv_pool_check verifies it). O(1).
  * @param pool   the pool.
- * @param block  a device block id, 0..device_blocks - 1.
+ * @param block  a device block id, 0..device_blocks - 1; with
+ *               state_share, a frame id of the whole pool.
  * @param info   filled up to min(info->size, sizeof(bkv_block_info)); set
  *               info->size first (0 is taken as sizeof(bkv_block_info)).
  *               Untouched on error.
- * @return BKV_OK; BKV_EINVAL (NULL pool or info, block out of range).
+ * @return BKV_OK; BKV_EINVAL (NULL pool or info, block out of range, or
+ *         with state_share a frame lent to the STATE group now: a state
+ *         unit's, not a block).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */

@@ -796,6 +796,17 @@ Test(pool_groups, shared_state_units_and_blocks_trade_frames_under_load)
 	bkv_pool_stats_get(p, &st);
 	cr_assert_eq(st.state_units, 10);
 	cr_assert_eq(st.state_checkpoints, 10);
+	{ /* a lent frame is a state unit's, not a block */
+		bkv_block_info bi = {.size = sizeof(bi)};
+		int32_t in, out;
+
+		cr_assert_eq(bkv_seq_state_frames(p, s[0], &in, &out), BKV_OK);
+		cr_assert(in >= 0 && in % 4 == 0 && out == -1);
+		cr_assert_eq(bkv_block_info_get(p, in + 3, &bi), BKV_EINVAL);
+		cr_assert_eq(bkv_block_info_get(p, (int32_t)bkv_seq_blocks(p, s[0], &i)[0], &bi),
+			     BKV_OK);
+		cr_assert_eq(bi.state, BKV_BLOCK_PINNED);
+	}
 	trade_close_all(p, s, 10);
 	trade_close_all(fx, f, 10);
 	/* closed, their states are cached checkpoints still holding 40

@@ -12,7 +12,9 @@
  *
  * Owners: kv/frames.c (create/destroy, the slow release paths, the copy-
  * source release, reset), kv/cache.c (chained hashes, index, LRU, events,
- * the transaction queue), kv/check.c (the block invariants). The fast frame
+ * the transaction queue), kv/chunks.c (frames shared with a STATE group in
+ * chunks: their counts, free lists, lending), kv/check.c (the block
+ * invariants). The fast frame
  * operations are inline below: every append and release of the pool layer
  * runs them.
  */
@@ -776,7 +778,8 @@ static inline void bkv__kv_txn_note(bkv__kv *kv, int32_t b, uint64_t owner)
 
 /* bkv_pool_check's answers, the first violated invariant: one numbering
  * for both layers. kv/check.c checks 1-10, 14, 17 and (through
- * kv/value.c) 18; pool/check.c 11-13, 15 and 16. */
+ * kv/value.c) 18 and (through kv/chunks.c) 19; pool/check.c 11-13, 15 and
+ * 16 (and pool/state.c 19 for the units). */
 enum {
 	CHECK_OK = 0,
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */

@@ -8,8 +8,13 @@
  * device frames at create: unit u is the st_frames consecutive frames from
  * st_first + u * st_frames (above the attention frames, kv.nb), so a state
  * kernel addresses a unit by its first frame as if it were one contiguous
- * state tensor. Contiguity is why the arena's size is fixed at create
- * (bkv_pool_config.state_units) rather than taken from the free list.
+ * state tensor (bkv_pool_config.state_units of them). With state_share the
+ * units and the attention blocks share every frame instead: unit u is
+ * chunk u of the KV layer's aligned chunks (kv/chunks.c, st_first 0), lent
+ * when the group needs a unit and given back when it holds more than its
+ * floor (state_units) and one goes free; "sharing frames with attention"
+ * below decides between a chunk and a checkpoint, and an append's room
+ * counts both sides together.
  *
  * Out of place. A call reads each row's state from its live unit (or from
  * zero at position 0) and writes the new state into the row's scratch
