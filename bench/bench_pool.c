@@ -21,6 +21,11 @@
  *                and release to the cache; miss_evict_value the same with
  *                eviction by value (a scheduler holds the pool with
  *                bkv_sched_config.evict = BKV_EVICT_VALUE).
+ *   miss_demote  (with iterations only) miss_evict with a full host cache
+ *                (bkv_pool_config.host_cache) taking every evicted block;
+ *   host_hit     (with iterations only) a full prefix hit from the host
+ *                cache, per block a reload, evicting blocks the host holds
+ *                already.
  *   state_OP, state_OP_shared (with iterations only) OP in a pool that
  *                also has a recurrent-state group of 4 frames a unit: a
  *                fixed arena of 64 units, or (_shared) units sharing the
@@ -225,6 +230,76 @@ static bkv_pool *evict_pool(int value, bkv_sched **s)
 	}
 	op_miss_evict(p, 16);
 	return p;
+}
+
+/* ---- the host cache (pool/hcache.c) ---------------------------------------- */
+
+/* A pool of nb device blocks with a host cache of nh host blocks (no
+ * scheduler: every evicted block is demoted). */
+static bkv_pool *hc_make(uint32_t nb, uint32_t nh)
+{
+	bkv_pool_config c;
+	bkv_pool *p;
+	int r;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 16;
+	c.device_blocks = nb;
+	c.host_blocks = nh;
+	c.host_cache = 1;
+	r = bkv_pool_create(&c, NULL, &p);
+	if (r)
+		die("create (host cache)", r);
+	return p;
+}
+
+/* The host performed the copies. */
+static void hc_clear(bkv_pool *p)
+{
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
+}
+
+/* miss_demote: op_miss_evict in a 1,024-block pool whose full host cache
+ * (2,048 blocks) takes every evicted block, dropping its own oldest: per
+ * block an eviction, a swap-out copy, a host index insert and a host LRU
+ * drop, besides the miss's fill, hash and index. */
+static void run_miss_demote(uint64_t n)
+{
+	bkv_pool *p = hc_make(1024, 2048);
+	uint64_t i;
+
+	for (i = 0; i < 32 + n; i++) {
+		op_miss_evict(p, 1);
+		hc_clear(p);
+	}
+	bkv_pool_destroy(p);
+}
+
+/* host_hit: two 2,048-token prompts in a pool with room for one (128
+ * device blocks), taken in turn: each append is a full hit from the host
+ * cache (a reload per block: a swap-in copy and a device block) whose
+ * takes evict the other prompt, which the host holds already (no copy). */
+static void run_host_hit(uint64_t n)
+{
+	bkv_pool *p = hc_make(128, 1024);
+	uint32_t seq, hit;
+	uint64_t i;
+	int r;
+
+	for (i = 0; i < 4 + n; i++) {
+		toks[0] = (int32_t)(i & 1);
+		if ((r = bkv_seq_open(p, &seq)) || (r = bkv_seq_append(p, seq, toks, PROMPT, &hit)))
+			die("append (host hit)", r);
+		if (i >= 4 && hit != PROMPT)
+			die("append (host hit): not every block came from the host", BKV_EINVAL);
+		sink += hit;
+		if ((r = bkv_seq_close(p, seq)))
+			die("close", r);
+		hc_clear(p);
+	}
+	toks[0] = 0;
+	bkv_pool_destroy(p);
 }
 
 /* ---- timing -------------------------------------------------------------- */
@@ -514,10 +589,14 @@ int main(int argc, char **argv)
 			op_miss_evict(p, n);
 			bkv_sched_destroy(s);
 			bkv_pool_destroy(p);
+		} else if (!strcmp(argv[1], "miss_demote")) {
+			run_miss_demote(n);
+		} else if (!strcmp(argv[1], "host_hit")) {
+			run_host_hit(n);
 		} else {
 			fprintf(stderr, "usage: bench_pool [[state_]alloc_free[_shared]|alloc_free1|"
-					"malloc_free|prefix_hit|prefix_hit_lru|miss_evict|"
-					"miss_evict_value iters]\n");
+					"malloc_free|prefix_hit|prefix_hit_lru|miss_evict|miss_evict_value|"
+					"miss_demote|host_hit iters]\n");
 			return 2;
 		}
 		printf("%llu\n", (unsigned long long)sink);

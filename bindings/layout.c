@@ -42,6 +42,7 @@ int main(void)
 	F(bkv_pool_config, hash_seed);
 	F(bkv_pool_config, event_capacity);
 	F(bkv_pool_config, pin_permille);
+	F(bkv_pool_config, host_cache);
 	F(bkv_pool_config, reserved);
 	F(bkv_pool_config, n_groups);
 	F(bkv_pool_config, state_units);
@@ -78,6 +79,13 @@ int main(void)
 	F(bkv_pool_stats, state_frames);
 	F(bkv_pool_stats, state_hits);
 	F(bkv_pool_stats, state_evictions);
+	F(bkv_pool_stats, host_cached);
+	F(bkv_pool_stats, host_demoting);
+	F(bkv_pool_stats, host_demoted);
+	F(bkv_pool_stats, host_kept);
+	F(bkv_pool_stats, host_skipped);
+	F(bkv_pool_stats, host_hit_blocks);
+	F(bkv_pool_stats, host_evictions);
 	S(bkv_copy);
 	F(bkv_copy, src);
 	F(bkv_copy, dst);
@@ -250,6 +258,7 @@ int main(void)
 	F(bkv_sched_config, victim);
 	F(bkv_sched_config, admit_reserve);
 	F(bkv_sched_config, retention);
+	F(bkv_sched_config, copy_overlap);
 	S(bkv_retention_range);
 	F(bkv_retention_range, token_start);
 	F(bkv_retention_range, token_end);
@@ -319,6 +328,8 @@ int main(void)
 	F(bkv_kv_event, token_count);
 	F(bkv_kv_event, block);
 	F(bkv_kv_event, has_parent);
+	F(bkv_kv_event, medium);
+	F(bkv_kv_event, reserved);
 	S(bkv_seq_image);
 	F(bkv_seq_image, size);
 	F(bkv_seq_image, block_tokens);
@@ -351,6 +362,7 @@ int main(void)
 	F(bkv_vllm_config, extra_keys);
 	F(bkv_vllm_config, key_name);
 	F(bkv_vllm_config, key_name_ud);
+	F(bkv_vllm_config, host_medium);
 	F(bkv_vllm_config, reserved);
 	return 0;
 }

@@ -350,7 +350,17 @@ typedef struct bkv_pool_config {
 				      together (bkv_pool_pin_prefix), per
 				      mille of device_blocks, 0..1000.
 				      Default 0: no pins. */
-	uint32_t reserved[2];      /* zero; room for later fields */
+	uint32_t host_cache;       /* 1: the host tier also keeps prefix-cache
+				      blocks the device evicts, and a later
+				      prefix hit reloads them with swap-in
+				      copies instead of recomputing (docs/
+				      design.md, "The host cache"). Needs
+				      host_blocks > 0 and prefix_cache, and
+				      no n_groups (else BKV_EINVAL). Swapped
+				      sequences take precedence: the host
+				      cache gives up its blocks to them.
+				      Default 0. */
+	uint32_t reserved;         /* zero; room for a later field */
 	uint32_t n_groups;         /* entries in groups, 0..BKV_MAX_GROUPS; 0 =
 				      one full-attention group (the pool of
 				      a plain transformer). Default 0. */
@@ -392,8 +402,9 @@ typedef struct bkv_pool_stats {
 				     cached) */
 	uint32_t host_free;       /* host blocks free */
 	uint32_t host_used;       /* host blocks not free: holding a swapped
-				     sequence, or read by a pending swap-in
-				     copy (host_blocks - host_free) */
+				     sequence, read by a pending swap-in
+				     copy, or held by the host cache
+				     (host_blocks - host_free) */
 	uint32_t nr_seqs;         /* open sequences */
 	uint32_t nr_swapped;      /* open sequences currently on the host tier */
 	uint64_t tokens;          /* tokens held in used device blocks (each
@@ -425,6 +436,21 @@ typedef struct bkv_pool_stats {
 	uint32_t state_frames;    /* frames per unit */
 	uint64_t state_hits;      /* prefix hits that read a checkpoint */
 	uint64_t state_evictions; /* checkpoints evicted for other states */
+	uint32_t host_cached;     /* host cache (cfg.host_cache): host blocks
+				     holding an evicted block's KV, findable
+				     by a prefix hit */
+	uint32_t host_demoting;   /* host blocks whose swap-out copy from an
+				     evicted device block is pending */
+	uint64_t host_demoted;    /* evicted device blocks copied to the host
+				     cache (swap-out copies recorded) */
+	uint64_t host_kept;       /* evicted device blocks the host cache
+				     held already (no copy) */
+	uint64_t host_skipped;    /* evicted device blocks not kept: cheaper
+				     to recompute, unsafe to copy yet, or no
+				     host block to spare */
+	uint64_t host_hit_blocks; /* prefix-hit blocks reloaded from the host
+				     cache (swap-in copies recorded) */
+	uint64_t host_evictions;  /* host cache blocks dropped for room */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the
@@ -855,7 +881,9 @@ typedef struct bkv_pool_memory {
 				    the larger tier */
 	uint64_t host;           /* the host tier: per host block a free-list
 				    link (4 B), a state byte and its token ids
-				    (4 B per token slot); 0 without one */
+				    (4 B per token slot), and with a host
+				    cache 37 B more and its index's 8-byte
+				    slots; 0 without one */
 	uint64_t seq_slots;      /* max_seqs x seq_slot_bytes */
 	uint64_t block_tables;   /* block table entries allocated over every
 				    sequence slot, 4 B each (a closed slot keeps
@@ -1709,6 +1737,14 @@ typedef struct bkv_sched_config {
 				      from the request"). Took the last
 				      reserved slot; later fields are appended
 				      under the size convention. */
+	uint32_t copy_overlap;     /* 1: the host performs the swap copies
+				      alongside its kernels (a copy engine,
+				      layer by layer), so a call takes the
+				      longer of its compute and its link
+				      time; 0 (the default): before them, so
+				      the two add. Prices the steps and the
+				      host cache's copies (docs/design.md,
+				      "The host cache"); nothing else. */
 } bkv_sched_config;
 
 /* Retention priorities of bkv_retention_range (TensorRT-LLM's scale). */
@@ -2048,8 +2084,18 @@ typedef enum bkv_kv_event_kind {
 	BKV_EVENT_CLEARED = 2  /* bkv_pool_reset_cache: the index is empty */
 } bkv_kv_event_kind;
 
-/* One KV event. Replaying a pool's events in order, starting from an empty
- * set, gives exactly the set of hashes in its prefix-cache index. */
+/* Where the block of a KV event lives (bkv_kv_event.medium). */
+typedef enum bkv_kv_medium {
+	BKV_MEDIUM_DEVICE = 0, /* the device tier (block is a device block id) */
+	BKV_MEDIUM_HOST = 1    /* the host cache (bkv_pool_config.host_cache;
+				  block is a host block id) */
+} bkv_kv_medium;
+
+/* One KV event. Replaying a pool's events of one medium in order, starting
+ * from an empty set, gives exactly the set of hashes that tier caches: the
+ * device tier's prefix-cache index (BKV_MEDIUM_DEVICE), or the host cache's
+ * blocks, including those whose copy to the host is still pending
+ * (BKV_MEDIUM_HOST). A CLEARED event empties both. */
 typedef struct bkv_kv_event {
 	uint64_t seq;         /* event number, 1, 2, ... per pool; a gap
 				 between two drained events is where dropped
@@ -2061,9 +2107,13 @@ typedef struct bkv_kv_event {
 	uint64_t key;         /* STORED: the sequence's prefix-cache key */
 	uint32_t kind;        /* a bkv_kv_event_kind */
 	uint32_t token_count; /* STORED: tokens in the block (block_tokens) */
-	int32_t block;        /* STORED, REMOVED: device block id; else -1 */
+	int32_t block;        /* STORED, REMOVED: device block id (host block
+				 id for BKV_MEDIUM_HOST); else -1 */
 	uint32_t has_parent;  /* STORED: 1 unless the block is a sequence's
 				 first */
+	uint32_t medium;      /* STORED, REMOVED: a bkv_kv_medium; CLEARED:
+				 0 */
+	uint32_t reserved;    /* zero */
 } bkv_kv_event;
 
 /**
@@ -2316,9 +2366,9 @@ typedef struct bkv_vllm_config {
 				       block's parent is hash(hash_seed)
 				       (vLLM's NONE_HASH). Copied at create;
 				       at most 255 bytes. Default "0". */
-	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium;
-				       NULL sends nil. Copied. Default "GPU"
-				       (the index holds device blocks only). */
+	const char *medium;         /* MAP, ARRAY: BlockStored/BlockRemoved.medium
+				       of device blocks; NULL sends nil.
+				       Copied. Default "GPU". */
 	int32_t data_parallel_rank; /* MAP, ARRAY: KVEventBatch.data_parallel_rank;
 				       -1 omits it. Default -1. */
 	int32_t group_idx;          /* MAP: the KV-cache group index of every
@@ -2336,7 +2386,12 @@ typedef struct bkv_vllm_config {
 				       a name. A nonzero key is sent as
 				       lora_id either way. */
 	void *key_name_ud;          /* handed to key_name; never read */
-	uint32_t reserved[4];       /* zero; room for later fields */
+	const char *host_medium;    /* MAP, ARRAY: the medium of the host
+				       cache's blocks (bkv_pool_config.
+				       host_cache; vLLM's CPU offloading
+				       says "CPU"); NULL sends nil. Copied.
+				       Default "CPU". */
+	uint32_t reserved[2];       /* zero; room for later fields */
 } bkv_vllm_config;
 
 typedef struct bkv_vllm_encoder bkv_vllm_encoder;

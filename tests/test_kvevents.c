@@ -192,6 +192,72 @@ Test(kvevents, block_stored_and_evicted_between_drains_is_left_out)
 	bkv_pool_destroy(p);
 }
 
+/* Occurrences of the n bytes at pat in msg. */
+static uint32_t count_bytes(const uint8_t *msg, size_t len, const void *pat, size_t n)
+{
+	uint32_t c = 0;
+
+	for (size_t i = 0; i + n <= len; i++)
+		c += memcmp(msg + i, pat, n) == 0;
+	return c;
+}
+
+/* A host cache (bkv_pool_config.host_cache): a block the device evicts is
+ * published again on the host medium ("CPU") under the hash its device
+ * copy had, and the host's drops are BlockRemoved on that medium. */
+Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 10, 11, 12};
+	uint64_t ha[2];
+	uint8_t h8[9];
+	uint32_t s, hit;
+	const uint8_t *msg;
+	size_t len;
+	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu_rm[] = "\xac" "BlockRemoved";
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 2;
+	c.device_blocks = 2;
+	c.host_blocks = 2;
+	c.host_cache = 1;
+	c.max_seqs = 8;
+	c.event_capacity = 64;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
+	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, a, 4, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1); /* a on GPU */
+	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 0);
+	/* b evicts a: each of a's blocks removed from GPU, stored on CPU */
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, b, 4, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
+	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 2);
+	cr_assert_eq(count_bytes(msg, len, gpu_rm, sizeof gpu_rm - 1), 2);
+	for (int i = 0; i < 2; i++) { /* each of a's hashes: GPU removed, CPU stored */
+		h8[0] = 0xcf;
+		for (int j = 0; j < 8; j++)
+			h8[1 + j] = (uint8_t)(ha[i] >> (56 - 8 * j));
+		cr_assert_eq(count_bytes(msg, len, h8, 9), 2 + (i == 0), "hash of a%d", i);
+	}
+	/* d evicts b: b goes to the host, which drops a for it (CPU removed) */
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, d, 4, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
+	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 4, "2 CPU stores, 2 CPU removals");
+	cr_assert_eq(count_bytes(msg, len, gpu_rm, sizeof gpu_rm - 1), 4);
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
 Test(kvevents, ring_overflow_becomes_a_snapshot)
 {
 	bkv_pool *p = ev_pool(2, 4, 1);

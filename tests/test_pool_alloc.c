@@ -263,7 +263,9 @@ Test(pool_input, create_refuses_bad_configs)
 		{"max_seqs 0", offsetof(bkv_pool_config, max_seqs), 0},
 		{"max_seqs 2^20+1", offsetof(bkv_pool_config, max_seqs), (1u << 20) + 1},
 		{"watermark > blocks", offsetof(bkv_pool_config, watermark_blocks), 9},
-		{"reserved[1]", offsetof(bkv_pool_config, reserved) + 1 * sizeof(uint32_t), 1},
+		{"reserved", offsetof(bkv_pool_config, reserved), 1},
+		{"host_cache 2", offsetof(bkv_pool_config, host_cache), 2},
+		{"host_cache without a host tier", offsetof(bkv_pool_config, host_cache), 1},
 		{"pin_permille 1001", offsetof(bkv_pool_config, pin_permille), 1001},
 	};
 	size_t i;
@@ -306,7 +308,8 @@ Test(pool_input, config_init_fills_the_documented_defaults)
 	cr_assert_eq(c.hash_seed, 0);
 	cr_assert_eq(c.event_capacity, 0);
 	cr_assert_eq(c.pin_permille, 0);
-	cr_assert_eq(c.reserved[1], 0);
+	cr_assert_eq(c.host_cache, 0);
+	cr_assert_eq(c.reserved, 0);
 }
 
 Test(pool_input, null_pool_is_einval_everywhere)

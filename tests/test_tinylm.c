@@ -940,6 +940,47 @@ Test(tinylm_serve, admission_by_expected_memory_preempts_less_and_matches_refere
 		     (unsigned long long)by_prompt.sched.preemptions);
 }
 
+/* The host cache (bkv_pool_config.host_cache) in a tight pool with
+ * chunked prefill and swapping: blocks the device evicts are copied to the
+ * host and reloaded by later prefix hits, and every request still matches
+ * the reference token for token (the host performs the demotions' and
+ * reloads' copies as it does swaps'). */
+Test(tinylm_serve, host_cache_reloads_evicted_prefixes_and_matches_reference,
+     .init = serve_setup, .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.host_cache = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.pool.host_demoted, 0, "the device cache was meant to demote");
+	cr_assert_gt(res.pool.host_hit_blocks, 0, "no prefix hit reloaded from the host");
+}
+
+/* The same with host failures: a failed call forgets the demotions it
+ * carried (their copies may not have been made), and the retried steps
+ * still match the reference. */
+Test(tinylm_serve, host_cache_with_host_failures_matches_reference, .init = serve_setup,
+     .fini = serve_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 40);
+	rc.host_blocks = 256;
+	rc.host_cache = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 5;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+	cr_assert_gt(res.pool.host_hit_blocks, 0, "no prefix hit reloaded from the host");
+}
+
 Test(tinylm_serve, preemption_by_swap_in_a_tight_pool_matches_reference, .init = serve_setup,
      .fini = serve_teardown)
 {

@@ -574,6 +574,17 @@ static const cli_option options[] = {
 	     "  --state-share              its units share the frames with attention\n"
 	     "                             (--state-units is then their floor)\n"),
 	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
+	FLAG("--host-cache", CFG(host_cache), 1,
+	     "  --host-cache               the host tier (--host-blocks) also keeps the\n"
+	     "                             blocks the device cache evicts; hits reload\n"
+	     "                             them (bkv_pool_config.host_cache)\n"),
+	FLAG("--copy-overlap", CFG(copy_overlap), 1,
+	     "  --copy-overlap             the host runs swap copies beside its kernels:\n"
+	     "                             a call takes max(compute, copies out, copies\n"
+	     "                             in) instead of their sum\n"),
+	COUNT("--host-link-gbps", CFG(host_link_gbps), 1, 100000,
+	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
+	      "                             swap copy costs its KV over it (roofline)\n"),
 	VALUE("--evict", set_evict,
 	      "  --evict lru|value          the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),

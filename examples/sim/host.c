@@ -300,6 +300,21 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 
 	double t = price(h->cfg, &s);
 	double t_prefill = 0.0;
+	/* the copies run over the host link before the call computes: priced
+	 * when the model knows the KV size (roofline) */
+	double link = 0.0;
+	if (h->cfg->cost_kind == SIM_COST_ROOFLINE && (b->n_swap_out || b->n_swap_in)) {
+		double per = b->block_tokens * h->cfg->roofline.kv_bytes_per_token /
+			     (h->cfg->host_link_gbps * 1e3);
+		double out = b->n_swap_out * per, in = b->n_swap_in * per;
+		h->res->link_us += out + in;
+		/* --copy-overlap: a copy engine per direction beside the
+		 * kernels, so the call takes the longest of the three */
+		if (!h->cfg->copy_overlap)
+			link = out + in;
+		else if (out > t || in > t)
+			link = (out > in ? out : in) - t;
+	}
 	if (kind == BKV_CALL_PREFILL) {
 		t_prefill = t;
 	} else if (kind == BKV_CALL_MIXED && n_chunks) {
@@ -313,6 +328,7 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		}
 	}
 	sim_result *res = h->res;
+	t += link;
 	res->prefill_us += t_prefill;
 	res->decode_us += t - t_prefill;
 	if (n_chunks)
@@ -568,6 +584,7 @@ void sim_config_init(sim_config *c)
 	c->slots = 32;
 	c->block_tokens = 16;
 	c->prefix_cache = 1;
+	c->host_link_gbps = 25;
 	c->give_model = 1;
 	c->cost_kind = SIM_COST_POLY;
 	c->max_tokens = SIM_MAX_TOKENS;
@@ -634,6 +651,7 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 		return BKV_E2BIG;
 	}
 	pc->host_blocks = cfg->host_blocks;
+	pc->host_cache = (uint32_t)cfg->host_cache;
 	pc->max_seqs = cfg->slots * 2 + 64;
 	pc->prefix_cache = cfg->prefix_cache;
 	pc->n_groups = cfg->n_groups;
@@ -664,6 +682,8 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
 	sc->evict = cfg->evict;
+	sc->host_link_bytes_per_us = cfg->host_link_gbps * 1e3;
+	sc->copy_overlap = (uint32_t)cfg->copy_overlap;
 	sc->victim = cfg->victim;
 	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;
@@ -894,6 +914,8 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(r->pool, &ps);
 	res->dup_tokens = ps.dup_blocks * r->pc.block_tokens;
+	res->host_hit_tokens = ps.host_hit_blocks * r->pc.block_tokens;
+	res->host_demoted = ps.host_demoted;
 	if (ps.state_units && r->pc.n_groups) {
 		uint64_t frame = bkv_kv_frame_bytes(r->pc.groups, r->pc.n_groups, r->pc.block_tokens);
 

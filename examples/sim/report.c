@@ -52,6 +52,9 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(state_ckpt_bytes);
 	MED_U(state_hits);
 	MED_U(preemptions);
+	MED_U(host_hit_tokens);
+	MED_U(host_demoted);
+	MED_D(link_us);
 	MED_D(kv_waste);
 	MED_D(ttft_mean);
 	MED_D(ttft_p50);
@@ -168,6 +171,11 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 			(unsigned long long)r->dup_tokens, r->kv_waste);
 		if (roofline)
 			fprintf(out, ", \"mfu\": %.10g, \"mbu\": %.10g", r->mfu, r->mbu);
+		if (r->host_hit_tokens || r->host_demoted || r->link_us > 0.0)
+			fprintf(out, ", \"host_hit_tokens\": %llu, \"host_demoted\": %llu, "
+				     "\"link_us\": %.10g",
+				(unsigned long long)r->host_hit_tokens,
+				(unsigned long long)r->host_demoted, r->link_us);
 		if (r->state_ckpt_bytes || r->state_hits)
 			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
 				(unsigned long long)r->state_ckpt_bytes,

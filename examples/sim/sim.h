@@ -73,6 +73,18 @@ typedef struct sim_config {
 				      frames with attention (state_units is
 				      then their floor) */
 	uint32_t host_blocks;      /* swap tier blocks */
+	int host_cache;            /* bkv_pool_config.host_cache: the host
+				      tier keeps evicted prefix blocks */
+	uint32_t host_link_gbps;   /* device<->host link, GB/s (default 25,
+				      the library's own default): the host
+				      prices every swap copy with it, and
+				      the scheduler is told
+				      (host_link_bytes_per_us) */
+	int copy_overlap;          /* 1: the host runs swap copies beside its
+				      kernels (a call takes the longest of
+				      compute and each direction's copies;
+				      bkv_sched_config.copy_overlap); 0: they
+				      add */
 	int prefix_cache;          /* pool prefix cache on/off */
 	sim_gen_convention gen;    /* output length convention */
 	sim_cost_kind cost_kind;   /* which model */
@@ -159,6 +171,14 @@ typedef struct sim_result {
 				      bytes; 0 without one) */
 	uint64_t state_hits;       /* prefix hits that read a checkpoint */
 	uint64_t preemptions;      /* scheduler preemptions */
+	uint64_t host_hit_tokens;  /* of hit_tokens, those reloaded from the
+				      host cache (bkv_pool_stats
+				      .host_hit_blocks x block_tokens) */
+	uint64_t host_demoted;     /* blocks the device demoted to the host */
+	double link_us;            /* time the host link spent on swap copies
+				      (added to prefill_us + decode_us, or
+				      with copy_overlap only where it
+				      outlasts the call's compute) */
 	double kv_waste;           /* mean over steps of waste slots / used
 				      slots in the pool */
 	double ttft_mean, ttft_p50, ttft_p99; /* ms */

@@ -308,6 +308,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	pc.block_tokens = rc->block_tokens;
 	pc.device_blocks = rc->device_blocks;
 	pc.host_blocks = rc->host_blocks;
+	pc.host_cache = rc->host_cache;
 	pc.max_seqs = 4096;
 	/* a hybrid model: one KV group per kind of layer (tlm_layer_group) */
 	bkv_kv_group groups[TLM_MAX_GROUPS];

@@ -175,6 +175,9 @@ typedef struct tlm_run_config {
 				    (a recurrent model's state arena comes
 				    on top: state_units) */
 	uint32_t host_blocks;    /* host (swap) tier; 0 = none */
+	uint32_t host_cache;     /* 1: the host tier also keeps evicted
+				    prefix-cache blocks
+				    (bkv_pool_config.host_cache) */
 	int split;               /* 1: prefill/decode callbacks; 0: forward */
 	uint32_t submit_per_step; /* jobs submitted before each step (0 = all
 				     up front) */

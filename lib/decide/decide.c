@@ -112,6 +112,7 @@ void bkv__decide_destroy(bkv_sched *s)
 		return;
 	if (a->evict_on)
 		s->pol.evict(s, 0);
+	bkv__evict_host_cache(s, 0);
 	bkv_cost_calib_destroy(a->calib);
 	if (a->chunks)
 		bkv__free(&s->alloc, a->chunks, (size_t)a->chunk_cap * sizeof(bkv_chunk_shape));
@@ -144,6 +145,8 @@ int bkv__decide_create(bkv_sched *s, const bkv_sched_config *user)
 	bkv__evict_choose(&s->pol, user);
 	rc = s->pol.evict(s, 1);
 	s->autos->evict_on = rc == BKV_OK;
+	if (rc == BKV_OK)
+		bkv__evict_host_cache(s, 1);
 	return rc;
 }
 

@@ -180,6 +180,9 @@ void bkv__auto_state(const bkv_sched *s, uint32_t *k_star, uint32_t *cap, double
 
 /* The model's price of a call in us; 0 when it has no answer. */
 double bkv__price(const bkv_sched *s, const bkv_step_shape *sh);
+/* The host link's time, us, to copy n blocks one way (kv_bytes_per_token
+ * and host_link_bytes_per_us, or its default); 0 with no KV size. */
+double bkv__link_us(const bkv_sched *s, uint64_t n);
 void bkv__prompt_stats(const bkv__auto *a, double *mean, double *sd);
 double bkv__price_decode(const bkv_sched *s, uint32_t n, double mean);
 double bkv__expected_max(double mean, double sd, uint32_t k);
@@ -235,6 +238,10 @@ int bkv__auto_want_swap(const bkv_sched *s, uint32_t kv_len);
 /* ---- decide/evict.c --------------------------------------------------------- */
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user);
+/* Give a pool with a host cache the prices that weigh an evicted block's
+ * copy to the host (on), or take them back (off, at the scheduler's end:
+ * the pool demotes every block again). */
+void bkv__evict_host_cache(bkv_sched *s, int on);
 
 /* ---- decide/pack.c ---------------------------------------------------------- */
 

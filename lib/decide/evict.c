@@ -16,6 +16,10 @@
  * it too (pool/retain.c): LRU becomes LRU within priority bands (the value
  * records on, every block at the same value, its class its band), VALUE
  * multiplies a block's value by priority / BKV_RETENTION_PRIORITY_DEFAULT.
+ *
+ * A pool with a host cache (bkv_pool_config.host_cache) gets the same
+ * prices and the link's, to weigh each evicted block's copy to the host
+ * (bkv__evict_host_cache).
  */
 #include "decide/decide.h"
 
@@ -79,6 +83,28 @@ static int evict_value(bkv_sched *s, int on)
 	if (rc != BKV_OK)
 		bkv__pool_value_off(s->pool);
 	return rc;
+}
+
+/* The host cache's prices (pool/hcache.c): a block's recompute price at
+ * depth d as the line p0 + p1 x d (block_price, as eviction by value), a
+ * reload's link time, and a demotion's (0 when the host overlaps copies
+ * with its kernels: bkv_sched_config.copy_overlap). Without a KV size or a
+ * cost model the pool gets none and demotes every evicted block (the link
+ * is assumed the cheaper: on GPUs it is by several times). */
+void bkv__evict_host_cache(bkv_sched *s, int on)
+{
+	double link = bkv__link_us(s, 1), p0, pd;
+
+	if (!bkv__pool_host_cache(s->pool))
+		return;
+	if (!on || !(link > 0.0) || !s->cfg.cost.step_us) {
+		bkv__pool_host_cache_prices(s->pool, 0, 0.0, 0.0, 0.0, 0.0);
+		return;
+	}
+	p0 = block_price(s, 0);
+	pd = block_price(s, AUTO_VAL_DEPTH);
+	bkv__pool_host_cache_prices(s->pool, p0 > 0.0, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0,
+				    link, s->cfg.copy_overlap ? 0.0 : link);
 }
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)

@@ -159,7 +159,6 @@ static bkv__req *victim_cost(const bkv_sched *s)
  * only when the cost model does not predict recomputing cheaper. */
 static int swap_fits(const bkv_sched *s, const bkv__req *r, int ask_cost)
 {
-	bkv_pool_stats ps;
 	const bkv__lane *l = NULL;
 	uint32_t i, n_blocks = 0;
 
@@ -175,11 +174,10 @@ static int swap_fits(const bkv_sched *s, const bkv__req *r, int ask_cost)
 	n_blocks = bkv__pool_swap_blocks(s->pool, l->seq); /* every group's */
 	if (ask_cost && bkv__auto_want_swap(s, l->kv_len) == 0)
 		return 0; /* recomputing is predicted cheaper */
-	ps.size = sizeof(ps);
-	bkv_pool_stats_get(s->pool, &ps);
 	/* SWAP, and AUTO when swapping is cheaper or the KV size is unknown:
-	 * swap when the host tier has room, else recompute. */
-	return ps.host_free >= n_blocks;
+	 * swap when the host tier has room (the host cache gives way), else
+	 * recompute. */
+	return bkv__pool_host_room(s->pool) >= n_blocks;
 }
 
 static int want_swap_room(const bkv_sched *s, const bkv__req *r)

@@ -28,6 +28,14 @@ double bkv__price(const bkv_sched *s, const bkv_step_shape *sh)
 	return t < AUTO_CLOCK_US ? AUTO_CLOCK_US : t;
 }
 
+double bkv__link_us(const bkv_sched *s, uint64_t n)
+{
+	double link = s->cfg.host_link_bytes_per_us > 0.0 ? s->cfg.host_link_bytes_per_us
+							   : AUTO_LINK_BYTES_PER_US;
+
+	return (double)n * s->bt * (double)s->cfg.kv_bytes_per_token / link;
+}
+
 void bkv__prompt_stats(const bkv__auto *a, double *mean, double *sd)
 {
 	double m, v;

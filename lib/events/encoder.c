@@ -150,6 +150,24 @@ struct bkv_vllm_encoder {
 				 computed: dig[b] stands for nat[b] */
 	uint8_t *valid;       /* [nb] dig[b]/nat[b] describe a block that is
 				 published as stored (1) or not (0) */
+	int32_t *ppid;        /* [nb] the parent block b had when published
+				 (-1: a first block): a demoted block's
+				 parent digest is dig[ppid[b]] */
+	uint32_t nh;          /* the pool's host blocks with a host cache, 0
+				 without one (its blocks are not published) */
+	uint8_t (*hdig)[32];  /* [nh] a host-cache block's published digest */
+	uint8_t (*hpdig)[32]; /* [nh] its parent's digest (hpar[h]) */
+	uint64_t *hnat;       /* [nh] the pool hash hdig stands for */
+	uint8_t *hvalid;      /* [nh] 1: published as stored on the host */
+	uint8_t *hpar;        /* [nh] 1: it has a parent (hpdig is set) */
+	char *host_medium;    /* cfg.host_medium copied, or NULL */
+	int rm_ok;            /* the last translated event was the REMOVED of
+				 a published device block: rm_* describe it,
+				 for the host STORED that follows a demotion */
+	uint64_t rm_nat;      /* its pool hash */
+	uint8_t rm_dig[32];   /* its digest */
+	uint8_t rm_pdig[32];  /* its parent's digest (rm_par) */
+	int rm_par;           /* it had a parent */
 	int32_t *path;        /* [nb] snapshot scratch: a chain walked up */
 	int32_t *group;       /* [nb] the open BlockStored's blocks, a chain */
 	uint32_t n_group;     /* blocks in group */
@@ -175,6 +193,7 @@ void bkv_vllm_config_init(bkv_vllm_config *cfg)
 	cfg->int_hashes = 1;
 	cfg->hash_seed = "0";
 	cfg->medium = "GPU";
+	cfg->host_medium = "CPU";
 	cfg->data_parallel_rank = -1;
 	cfg->group_idx = -1;
 }
@@ -210,6 +229,13 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	nb = enc->nb;
 	free_str(&a, enc->medium);
 	free_str(&a, enc->spec_kind);
+	free_str(&a, enc->host_medium);
+	bkv__free(&a, enc->hdig, (size_t)enc->nh * 32);
+	bkv__free(&a, enc->hpdig, (size_t)enc->nh * 32);
+	bkv__free(&a, enc->hnat, (size_t)enc->nh * sizeof(uint64_t));
+	bkv__free(&a, enc->hvalid, enc->nh);
+	bkv__free(&a, enc->hpar, enc->nh);
+	bkv__free(&a, enc->ppid, nb * sizeof(int32_t));
 	bkv__free(&a, enc->dig, nb * 32);
 	bkv__free(&a, enc->nat, nb * sizeof(uint64_t));
 	bkv__free(&a, enc->valid, nb);
@@ -219,6 +245,31 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	bkv__free(&a, enc->msg.p, enc->msg.cap);
 	bkv__free(&a, enc->scratch.p, enc->scratch.cap);
 	bkv__free(&a, enc, sizeof *enc);
+}
+
+/* The host cache's records (a pool with one), and every device block's
+ * published parent. -1 when an allocation failed. */
+static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
+{
+	size_t nh;
+
+	e->ppid = bkv__calloc(&e->alloc, e->nb, sizeof(int32_t));
+	if (!e->ppid)
+		return -1;
+	e->host_medium = dup_str(&e->alloc, cfg->host_medium);
+	e->cfg.host_medium = e->host_medium;
+	if (cfg->host_medium && !e->host_medium)
+		return -1;
+	if (!e->pool->hc_on)
+		return 0;
+	e->nh = e->pool->nh;
+	nh = e->nh;
+	e->hdig = bkv__calloc(&e->alloc, nh, 32);
+	e->hpdig = bkv__calloc(&e->alloc, nh, 32);
+	e->hnat = bkv__calloc(&e->alloc, nh, sizeof(uint64_t));
+	e->hvalid = bkv__calloc(&e->alloc, nh, 1);
+	e->hpar = bkv__calloc(&e->alloc, nh, 1);
+	return e->hdig && e->hpdig && e->hnat && e->hvalid && e->hpar ? 0 : -1;
 }
 
 int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
@@ -256,7 +307,8 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 	e->valid = bkv__calloc(&e->alloc, nb, 1);
 	e->path = bkv__calloc(&e->alloc, nb, sizeof(int32_t));
 	e->group = bkv__calloc(&e->alloc, nb, sizeof(int32_t));
-	if ((cfg->medium && !e->medium) || (cfg->spec_kind && !e->spec_kind) || !e->dig ||
+	if (host_arrays(e, cfg) ||
+	    (cfg->medium && !e->medium) || (cfg->spec_kind && !e->spec_kind) || !e->dig ||
 	    !e->nat || !e->valid || !e->path || !e->group ||
 	    (cfg->hash != BKV_VLLM_HASH_NATIVE &&
 	     bkv__vllm_none_hash(cfg->hash, e->seed, &e->alloc, e->none))) {
@@ -317,6 +369,7 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 	}
 	e->nat[b] = k->hash;
 	e->valid[b] = 1;
+	e->ppid[b] = k->parent;
 	return 0;
 }
 
@@ -386,32 +439,34 @@ static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	mp_uint(w, e->bt);
 }
 
-/* BlockStored's lora_id, then (not in ARRAY_V0) medium and lora_name. */
-static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *name)
+/* BlockStored's lora_id (key), then (not in ARRAY_V0) medium and
+ * lora_name. */
+static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *name,
+			uint64_t key, const char *medium)
 {
 	field(w, map, "lora_id");
-	if (e->group_key)
-		mp_uint(w, e->group_key);
+	if (key)
+		mp_uint(w, key);
 	else
 		mp_nil(w);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
-		str_or_nil(w, e->cfg.medium);
+		str_or_nil(w, medium);
 		field(w, map, "lora_name");
 		str_or_nil(w, name);
 	}
 }
 
-/* BlockStored's optional fields, map layout only: each one present when
- * the config asks for it (the count is in flush_group's event_head). */
-static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name)
+/* BlockStored's optional fields for n blocks, map layout only: each one
+ * present when the config asks for it (stored_head counts them). */
+static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, uint32_t n)
 {
 	uint32_t i;
 
 	if (e->cfg.extra_keys) {
 		mp_str(w, "extra_keys");
-		mp_array(w, e->n_group);
-		for (i = 0; i < e->n_group; i++) {
+		mp_array(w, n);
+		for (i = 0; i < n; i++) {
 			if (name) {
 				mp_array(w, 1);
 				mp_str(w, name);
@@ -434,6 +489,16 @@ static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name)
 	}
 }
 
+/* A BlockStored's head: in the map layout 8 fields and the optional ones,
+ * in ARRAY the tag and 7 fields, in ARRAY_V0 the tag and 5. */
+static void stored_head(bkv_vllm_encoder *e)
+{
+	event_head(e, "BlockStored",
+		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
+			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
+		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
+}
+
 /* Write the open BlockStored (the chain in group) into body: in the map
  * layout 8 fields and the optional ones, in ARRAY the tag and 7 fields, in
  * ARRAY_V0 the tag and 5 (no medium, no lora_name). */
@@ -446,17 +511,47 @@ static void flush_group(bkv_vllm_encoder *e)
 	if (e->n_group == 0)
 		return;
 	name = key_name(e, e->group_key);
-	event_head(e, "BlockStored",
-		   8 + (e->cfg.extra_keys != 0) + (e->cfg.group_idx >= 0) +
-			   (e->cfg.spec_kind != NULL) + (e->cfg.sliding_window != 0),
-		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 8 : 6);
+	stored_head(e);
 	stored_hashes(e, w, map);
 	stored_tokens(e, w, map);
-	stored_lora(e, w, map, name);
+	stored_lora(e, w, map, name, e->group_key, e->cfg.medium);
 	if (map)
-		stored_options(e, w, name);
+		stored_options(e, w, name, e->n_group);
 	e->n_events++;
 	e->n_group = 0;
+}
+
+/* A host-cache block h as a BlockStored of its own (host_medium): its
+ * digest and its parent's recorded at its demotion, the host's token ids. */
+static void put_host_stored(bkv_vllm_encoder *e, int32_t h)
+{
+	bkv__wbuf *w = &e->body;
+	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
+	uint64_t key = e->pool->hc_key[h];
+	const char *name = key_name(e, key);
+	const int32_t *t = e->pool->host_tok + (size_t)h * e->bt;
+	uint32_t j;
+
+	flush_group(e);
+	stored_head(e);
+	field(w, map, "block_hashes");
+	mp_array(w, 1);
+	put_hash(e, w, e->hdig[h]);
+	field(w, map, "parent_block_hash");
+	if (e->hpar[h])
+		put_hash(e, w, e->hpdig[h]);
+	else
+		mp_nil(w);
+	field(w, map, "token_ids");
+	mp_array(w, e->bt);
+	for (j = 0; j < e->bt; j++)
+		mp_int(w, t[j]);
+	field(w, map, "block_size");
+	mp_uint(w, e->bt);
+	stored_lora(e, w, map, name, key, e->cfg.host_medium);
+	if (map)
+		stored_options(e, w, name, 1);
+	e->n_events++;
 }
 
 /* Add stored block b (digest already published) to the open BlockStored, or
@@ -473,7 +568,7 @@ static void add_stored(bkv_vllm_encoder *e, int32_t b)
 	e->group[e->n_group++] = b;
 }
 
-static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
+static void put_removed(bkv_vllm_encoder *e, const uint8_t *d, const char *medium)
 {
 	bkv__wbuf *w = &e->body;
 	int map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
@@ -486,7 +581,7 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d)
 	put_hash(e, w, d);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
-		str_or_nil(w, e->cfg.medium);
+		str_or_nil(w, medium);
 	}
 	if (map && e->cfg.group_idx >= 0) {
 		mp_str(w, "group_idx");
@@ -502,6 +597,15 @@ static void put_cleared(bkv_vllm_encoder *e)
 	e->n_events++;
 }
 
+/* Every published block forgotten (a CLEARED event or a snapshot). */
+static void forget_all(bkv_vllm_encoder *e)
+{
+	memset(e->valid, 0, e->nb);
+	if (e->nh)
+		memset(e->hvalid, 0, e->nh);
+	e->rm_ok = 0;
+}
+
 /* Body := AllBlocksCleared + every indexed block, parents first. */
 static int snapshot(bkv_vllm_encoder *e)
 {
@@ -512,7 +616,7 @@ static int snapshot(bkv_vllm_encoder *e)
 	e->body.oom = 0;
 	e->n_events = 0;
 	e->n_group = 0;
-	memset(e->valid, 0, e->nb);
+	forget_all(e); /* the host cache's blocks are not re-announced */
 	put_cleared(e);
 	for (b = 0; b < e->nb; b++) {
 		uint32_t depth = 0;
@@ -536,12 +640,63 @@ static int snapshot(bkv_vllm_encoder *e)
 	return e->body.oom ? -1 : 0;
 }
 
+/* A published device block b leaves the index: remember it (digest and
+ * parent digest) for the host STORED a demotion writes next. */
+static void note_removed(bkv_vllm_encoder *e, int32_t b)
+{
+	int32_t p = e->ppid[b];
+
+	e->rm_ok = 1;
+	e->rm_nat = e->nat[b];
+	memcpy(e->rm_dig, e->dig[b], 32);
+	e->rm_par = p >= 0;
+	if (p >= 0)
+		memcpy(e->rm_pdig, e->valid[p] ? e->dig[p] : e->none, 32);
+}
+
+/* A host-cache event. A demoted block is published under the digest its
+ * device copy had (the same content and chain), which the device REMOVED
+ * just before it carried (only a host REMOVED, the block the demotion
+ * dropped for room, may come between); one whose device copy was never
+ * published, or that left the host before the drain, is left out with its
+ * removal. */
+static int translate_host(bkv_vllm_encoder *e, const bkv_kv_event *ev)
+{
+	const bkv_pool *pool = e->pool;
+	int32_t h = ev->block;
+	int was_rm = e->rm_ok;
+
+	if (!e->nh || h < 0 || (uint32_t)h >= e->nh)
+		return e->nh ? -1 : 0;
+	if (ev->kind == BKV_EVENT_REMOVED) { /* (a demotion may drop one first) */
+		if (e->hvalid[h] && e->hnat[h] == ev->hash) {
+			e->hvalid[h] = 0;
+			put_removed(e, e->hdig[h], e->cfg.host_medium);
+		}
+		return 0;
+	}
+	e->rm_ok = 0;
+	if (!was_rm || e->rm_nat != ev->hash || pool->hc_hash[h] != ev->hash ||
+	    (pool->host_state[h] != BKV__HOST_DEMOTING && pool->host_state[h] != BKV__HOST_CACHED))
+		return 0;
+	memcpy(e->hdig[h], e->rm_dig, 32);
+	memcpy(e->hpdig[h], e->rm_pdig, 32);
+	e->hpar[h] = (uint8_t)e->rm_par;
+	e->hnat[h] = ev->hash;
+	e->hvalid[h] = 1;
+	put_host_stored(e, h);
+	return 0;
+}
+
 /* Translate one drained pool event into body. -1: a snapshot is needed. */
 static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
 {
 	const bkv_pool *pool = e->pool;
 	int32_t b = ev->block;
 
+	if (ev->medium == BKV_MEDIUM_HOST && ev->kind != BKV_EVENT_CLEARED)
+		return translate_host(e, ev);
+	e->rm_ok = 0;
 	switch (ev->kind) {
 	case BKV_EVENT_STORED:
 		if (b < 0 || (uint32_t)b >= e->nb)
@@ -560,11 +715,12 @@ static int translate(bkv_vllm_encoder *e, const bkv_kv_event *ev)
 			return -1;
 		if (!e->valid[b] || e->nat[b] != ev->hash)
 			return 0; /* its store was left out */
+		note_removed(e, b);
 		e->valid[b] = 0;
-		put_removed(e, e->dig[b]);
+		put_removed(e, e->dig[b], e->cfg.medium);
 		return 0;
 	case BKV_EVENT_CLEARED:
-		memset(e->valid, 0, e->nb);
+		forget_all(e);
 		put_cleared(e);
 		return 0;
 	default:

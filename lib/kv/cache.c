@@ -168,41 +168,12 @@ int32_t bkv__index_find(const bkv__kv *kv, uint64_t hash)
 
 void bkv__index_insert(bkv__kv *kv, int32_t b)
 {
-	uint32_t mask = kv->index_mask, tag = bkv__index_tag(kv->blk[b].hash), i = tag & mask;
-
-	while (kv->index[i].b >= 0)
-		i = (i + 1) & mask;
-	kv->index[i].b = b;
-	kv->index[i].tag = tag;
+	bkv__islot_insert(kv->index, kv->index_mask, b, bkv__index_tag(kv->blk[b].hash));
 }
 
-/* Remove b; backward-shift the entries after it so that no tombstones are
- * needed and every probe sequence stays unbroken. */
 void bkv__index_remove(bkv__kv *kv, int32_t b)
 {
-	uint32_t mask = kv->index_mask, i = home(kv, kv->blk[b].hash), j;
-
-	while (kv->index[i].b != b) {
-		BKV_ASSERT(kv->index[i].b >= 0);
-		i = (i + 1) & mask;
-	}
-	j = i;
-	for (;;) {
-		bkv__islot e;
-		uint32_t k;
-
-		j = (j + 1) & mask;
-		e = kv->index[j];
-		if (e.b < 0)
-			break;
-		k = e.tag & mask;
-		/* e may move back to i unless its home lies in (i, j]. */
-		if (((j - k) & mask) >= ((j - i) & mask)) {
-			kv->index[i] = e;
-			i = j;
-		}
-	}
-	kv->index[i].b = -1;
+	bkv__islot_remove(kv->index, kv->index_mask, b, bkv__index_tag(kv->blk[b].hash));
 }
 
 /* ---- the LRU ------------------------------------------------------------- */
@@ -447,41 +418,63 @@ void bkv__lru_unlink(bkv__kv *kv, int32_t b)
 /* The ring is written here and drained by bkv__kv_events (kv/frames.c). A full
  * ring drops the new event (the host keeps the ones it has not read) and
  * counts it; seq still advances, so the drained stream shows the gap. */
-void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b)
+/* The ring's next event, numbered and zeroed but for kind and block; NULL
+ * when the ring is full (counted as dropped). */
+static bkv_kv_event *event_slot(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b)
 {
-	uint32_t cap = kv->ev_cap, i;
+	uint32_t i;
 	bkv_kv_event *e;
 
-	if (!kv->ev)
-		return;
 	kv->ev_seq++;
-	if (kv->ev_n == cap) {
+	if (kv->ev_n == kv->ev_cap) {
 		kv->ev_dropped++;
-		return;
+		return NULL;
 	}
 	i = kv->ev_head + kv->ev_n;
-	if (i >= cap)
-		i -= cap;
+	if (i >= kv->ev_cap)
+		i -= kv->ev_cap;
 	kv->ev_n++;
 	e = &kv->ev[i];
+	memset(e, 0, sizeof *e);
 	e->seq = kv->ev_seq;
 	e->kind = (uint32_t)kind;
 	e->block = b;
-	e->hash = e->parent_hash = e->key = 0;
-	e->token_count = 0;
-	e->has_parent = 0;
-	if (b >= 0) {
+	return e;
+}
+
+void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b)
+{
+	bkv_kv_event *e;
+
+	if (!kv->ev || !(e = event_slot(kv, kind, b)) || b < 0)
+		return;
+	e->hash = kv->blk[b].hash;
+	if (kind == BKV_EVENT_STORED) {
 		const bkv__block *k = &kv->blk[b];
 
-		e->hash = k->hash;
-		if (kind == BKV_EVENT_STORED) {
-			e->key = k->key;
-			e->token_count = kv->bt;
-			if (k->parent >= 0) {
-				e->has_parent = 1;
-				e->parent_hash = kv->blk[k->parent].hash;
-			}
+		e->key = k->key;
+		e->token_count = kv->bt;
+		if (k->parent >= 0) {
+			e->has_parent = 1;
+			e->parent_hash = kv->blk[k->parent].hash;
 		}
+	}
+}
+
+void bkv__event_host(bkv__kv *kv, bkv_kv_event_kind kind, int32_t h, uint64_t hash,
+		     uint64_t parent_hash, int has_parent, uint64_t key)
+{
+	bkv_kv_event *e;
+
+	if (!kv->ev || !(e = event_slot(kv, kind, h)))
+		return;
+	e->medium = BKV_MEDIUM_HOST;
+	e->hash = hash;
+	if (kind == BKV_EVENT_STORED) {
+		e->key = key;
+		e->token_count = kv->bt;
+		e->has_parent = (uint32_t)(has_parent != 0);
+		e->parent_hash = has_parent ? parent_hash : 0;
 	}
 }
 
@@ -612,6 +605,8 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 		bkv__lru_unlink(kv, b); /* off its class list too */
 		bkv__cache_forget(kv, b);
 		kv->evictions++;
+		if (kv->demote)
+			kv->demote(kv->demote_arg, b);
 		return b;
 	}
 	b = kv->lru[kv->lru_head];
@@ -619,6 +614,8 @@ int32_t bkv__cache_evict(bkv__kv *kv)
 	evict_prefetch(kv);
 	bkv__cache_forget(kv, b);
 	kv->evictions++;
+	if (kv->demote)
+		kv->demote(kv->demote_arg, b);
 	return b;
 }
 

@@ -41,7 +41,11 @@
 				       block's chain hash, computed ahead
 				       so the index slots could be
 				       prefetched */
-#define BKV__BLOCK_CHUNKED 0x80u    /* a frame of a pool whose frames are
+#define BKV__BLOCK_PEND_DEMOTE 0x80u /* source of a pending swap-out copy
+				       that demotes its old content to the
+				       host cache (pool/hcache.c): not
+				       demoted again until the copy clears */
+#define BKV__BLOCK_CHUNKED 0x100u   /* a frame of a pool whose frames are
 				       shared with a STATE group (kv/chunks.c):
 				       its free-list pushes and pin changes
 				       take the slow paths, which keep the
@@ -63,9 +67,9 @@ typedef struct bkv__block {
 			   that took it (-1: it was logical block 0) */
 	uint32_t ref;   /* table references over device-resident sequences */
 	uint32_t kids;  /* indexed blocks whose parent is this one */
-	unsigned int fill : 24; /* tokens written, 0..block_tokens; a full
+	unsigned int fill : 23; /* tokens written, 0..block_tokens; a full
 				   block has fill == block_tokens */
-	unsigned int flags : 8; /* BKV__BLOCK_* */
+	unsigned int flags : 9; /* BKV__BLOCK_* */
 } bkv__block;
 
 #define BLOCK_IS_PINNED(b) ((b)->ref > 0 || ((b)->flags & BKV__BLOCK_COPY_SRC) != 0)
@@ -114,6 +118,12 @@ typedef struct bkv__islot {
  * the parent d. 0: nothing changed (the table no longer holds b there).
  * owner is the note bkv__block_filled recorded for b. */
 typedef int (*bkv__kv_dedupe_fn)(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t *next);
+
+/* An eviction just took cached block b out of the index (its hash, key,
+ * parent and tokens are still as they were, its parent still indexed): the
+ * owner may keep a copy of it elsewhere (the host cache, pool/hcache.c)
+ * before the taker rewrites it. */
+typedef void (*bkv__kv_demote_fn)(void *arg, int32_t b);
 
 /* Value classes of the value policy (kv/value.c): half-octaves of a
  * block's expected saving over a fresh depth-0 block's. */
@@ -196,6 +206,9 @@ typedef struct bkv__kv {
 				  (UINT64_MAX: unknown), for dedupe */
 	bkv__kv_dedupe_fn dedupe; /* the owner's duplicate hook (or NULL) */
 	void *dedupe_arg;      /* its argument (the pool) */
+	bkv__kv_demote_fn demote; /* the owner's eviction hook (or NULL: an
+				  evicted block's content is dropped) */
+	void *demote_arg;      /* its argument (the pool) */
 	uint64_t dedup_blocks; /* blocks commit swapped for the indexed copy
 				  of their content */
 	bkv_kv_event *ev;      /* [ev_cap] KV event ring; NULL when events are
@@ -284,6 +297,47 @@ static inline uint32_t bkv__index_tag(uint64_t hash)
 static inline size_t bkv__index_cap(const bkv__kv *kv)
 {
 	return kv->index ? (size_t)kv->index_mask + 1 : 0;
+}
+
+/* Open-addressing slots shared by the device index (kv/cache.c) and the
+ * host cache's (pool/hcache.c): insert id b with tag at the first empty
+ * slot from its home, and remove it with a backward shift, so no probe
+ * ever needs a tombstone. mask = capacity - 1. */
+static inline void bkv__islot_insert(bkv__islot *ix, uint32_t mask, int32_t b, uint32_t tag)
+{
+	uint32_t i = tag & mask;
+
+	while (ix[i].b >= 0)
+		i = (i + 1) & mask;
+	ix[i].b = b;
+	ix[i].tag = tag;
+}
+
+static inline void bkv__islot_remove(bkv__islot *ix, uint32_t mask, int32_t b, uint32_t tag)
+{
+	uint32_t i = tag & mask, j;
+
+	while (ix[i].b != b) {
+		BKV_ASSERT(ix[i].b >= 0);
+		i = (i + 1) & mask;
+	}
+	j = i;
+	for (;;) {
+		bkv__islot e;
+		uint32_t k;
+
+		j = (j + 1) & mask;
+		e = ix[j];
+		if (e.b < 0)
+			break;
+		k = e.tag & mask;
+		/* e may move back to i unless its home lies in (i, j]. */
+		if (((j - k) & mask) >= ((j - i) & mask)) {
+			ix[i] = e;
+			i = j;
+		}
+	}
+	ix[i].b = -1;
 }
 
 /* A prefetch for writing (the line is about to be stored to). */
@@ -648,6 +702,11 @@ void bkv__cache_forget(bkv__kv *kv, int32_t b);
  * into the ring, or counted as dropped when it is full. No-op when events
  * are off. */
 void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b);
+/* The same for host block h of the host cache (medium BKV_MEDIUM_HOST):
+ * STORED with its hash, parent hash (has_parent 0: none) and key, REMOVED
+ * with its hash. */
+void bkv__event_host(bkv__kv *kv, bkv_kv_event_kind kind, int32_t h, uint64_t hash,
+		     uint64_t parent_hash, int has_parent, uint64_t key);
 /* Evict the LRU head: it leaves the index and the LRU; returns it (ref 0,
  * in no list), or -1 when the LRU is empty. */
 int32_t bkv__cache_evict(bkv__kv *kv);

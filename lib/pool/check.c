@@ -93,7 +93,7 @@ static int check_seqs(const bkv_pool *pool)
 
 	/* Host tier: scratch[h] = references from swapped tables. */
 	if (nh) {
-		uint32_t n, used = 0, pending = 0;
+		uint32_t n, used = 0, pending = 0, reads = 0;
 		const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_IN];
 		int32_t h;
 
@@ -117,6 +117,10 @@ static int check_seqs(const bkv_pool *pool)
 			return CHECK_HOST;
 		for (i = 0; i < l->n; i++) {
 			h = l->v[i].src;
+			if (h >= 0 && (uint32_t)h < nh && pool->host_state[h] == BKV__HOST_CACHED) {
+				reads++; /* a host-cache reload (pool/hcache.c) */
+				continue;
+			}
 			if (h < 0 || (uint32_t)h >= nh || pool->host_state[h] != BKV__HOST_PENDING ||
 			    sc[h] != 0)
 				return CHECK_HOST;
@@ -128,11 +132,15 @@ static int check_seqs(const bkv_pool *pool)
 			used += st == BKV__HOST_USED;
 			pending += st == BKV__HOST_PENDING;
 			if ((st == BKV__HOST_USED) != (sc[i] == 1) ||
-			    (st == BKV__HOST_PENDING) != (sc[i] == UINT32_MAX))
+			    (st == BKV__HOST_PENDING) != (sc[i] == UINT32_MAX) ||
+			    (st > BKV__HOST_PENDING && (!pool->hc_on || st > BKV__HOST_CACHED)))
 				return CHECK_HOST;
 		}
-		if (used != host_refs || pending != pool->host_pending || pending != l->n ||
-		    (uint64_t)pool->host_free + used + pending != nh)
+		if (used != host_refs || pending != pool->host_pending ||
+		    pending + reads != l->n ||
+		    (uint64_t)pool->host_free + used + pending + pool->hc_cached + pool->hc_demoting != nh)
+			return CHECK_HOST;
+		if (bkv__hc_check(pool, sc) != CHECK_OK)
 			return CHECK_HOST;
 	} else if (host_refs || pool->host_free || pool->host_pending) {
 		return CHECK_HOST;

@@ -41,8 +41,6 @@ void bkv_pool_config_init(bkv_pool_config *cfg)
 
 static int config_valid(const bkv_pool_config *c)
 {
-	uint32_t i;
-
 	if (c->size < sizeof *c)
 		return 0;
 	if (c->block_tokens == 0 || c->block_tokens > 65536 ||
@@ -64,9 +62,13 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->pin_permille > 1000 || c->state_pad)
 		return 0;
-	for (i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; i++)
-		if (c->reserved[i])
-			return 0;
+	if (c->reserved)
+		return 0;
+	/* a host cache keeps prefix-cache blocks on the host tier; KV groups
+	 * are not kept there (docs/design.md, "The host cache") */
+	if (c->host_cache > 1 ||
+	    (c->host_cache && (!c->host_blocks || !c->prefix_cache || c->n_groups)))
+		return 0;
 	return bkv__lanes_valid(c);
 }
 
@@ -92,6 +94,7 @@ static void pool_free_all(bkv_pool *pool)
 		  BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) * sizeof(uint32_t));
 	bkv__lanes_free(pool);
 	bkv__state_free(pool);
+	bkv__hc_free(pool);
 	bkv__kv_free(&pool->kv, a);
 	bkv__free(a, pool, sizeof *pool);
 }
@@ -140,7 +143,9 @@ static int pool_alloc_rest(bkv_pool *pool)
 		pool->seqs[i].gen = 1;
 		pool->slot_ring[i] = i;
 	}
-	return bkv__lanes_init(pool);
+	if (bkv__lanes_init(pool) != BKV_OK)
+		return BKV_ENOMEM;
+	return bkv__hc_init(pool);
 }
 
 int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_pool **out)
@@ -169,6 +174,10 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 	}
 	pool->kv.dedupe = pool_dedupe;
 	pool->kv.dedupe_arg = pool;
+	if (pool->hc_on) {
+		pool->kv.demote = bkv__hc_demote;
+		pool->kv.demote_arg = pool;
+	}
 	*out = pool;
 	return BKV_OK;
 }
@@ -210,9 +219,15 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 			/* a state unit's frames lie above the blocks */
 			if ((uint32_t)l->v[i].dst < pool->kv.nb)
 				pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			if (pool->host_state[l->v[i].src] == BKV__HOST_CACHED) {
+				bkv__hc_swap_in_cleared(pool, l->v[i].src);
+				continue;
+			}
 			BKV_ASSERT(pool->host_state[l->v[i].src] == BKV__HOST_PENDING);
 			pool->host_pending--;
 			bkv__host_push(pool, l->v[i].src);
+		} else if (pool->hc_on) { /* SWAP_OUT: a demotion is cached */
+			bkv__hc_swap_out_cleared(pool, l->v[i].src, l->v[i].dst);
 		}
 	}
 	l->n = 0;
@@ -240,6 +255,8 @@ int bkv_pool_reset_cache(bkv_pool *pool)
 	if (!pool)
 		return BKV_EINVAL;
 	bkv__kv_reset_cache(&pool->kv);
+	if (pool->hc_on)
+		bkv__hc_reset(pool);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;
 }
@@ -282,6 +299,13 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.state_frames = pool->st_units ? pool->st_frames : 0;
 		st.state_hits = pool->st_ckpt_hits;
 		st.state_evictions = pool->st_evictions;
+		st.host_cached = pool->hc_cached;
+		st.host_demoting = pool->hc_demoting;
+		st.host_demoted = pool->hc_demoted;
+		st.host_kept = pool->hc_kept;
+		st.host_skipped = pool->hc_skipped;
+		st.host_hit_blocks = pool->hc_hits;
+		st.host_evictions = pool->hc_evictions;
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);

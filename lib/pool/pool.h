@@ -83,11 +83,23 @@ typedef struct bkv__copy_list {
 	uint32_t cap; /* allocated entries; grows, never shrinks */
 } bkv__copy_list;
 
+/* The host cache's probe runs (pool/hcache.c): BKV__HC_PROBE consecutive
+ * evictions in every BKV__HC_PROBE x BKV__HC_PROBE_EVERY are demoted
+ * whatever the prices say. */
+#define BKV__HC_PROBE 4096u
+#define BKV__HC_PROBE_EVERY 8u
+
 /* bkv_pool.host_state[] */
 #define BKV__HOST_FREE 0    /* on the host free list */
 #define BKV__HOST_USED 1    /* in the table of a swapped sequence */
 #define BKV__HOST_PENDING 2 /* source of a pending swap-in copy; freed when
 			       the swap-in copies are cleared */
+#define BKV__HOST_DEMOTING 3 /* host cache: destination of a pending
+				swap-out copy of an evicted device block;
+				cached when the copy clears (pool/hcache.c) */
+#define BKV__HOST_CACHED 4  /* host cache: a block's KV, in the host index;
+			       on the host LRU unless a pending swap-in
+			       copy reads it (hc_reads) */
 
 struct bkv_pool {
 	bkv__kv kv;            /* the KV layer: frames, free list, prefix cache,
@@ -103,6 +115,46 @@ struct bkv_pool {
 	int32_t host_free_head; /* host free list head (LIFO), -1 empty */
 	uint32_t host_free;    /* host blocks free */
 	uint32_t host_pending; /* host blocks BKV__HOST_PENDING */
+	/* the host cache (pool/hcache.c); hc_on 0 without one */
+	int hc_on;             /* cfg.host_cache with a host tier and the
+				  prefix cache, no KV groups */
+	int hc_priced;         /* the scheduler gave prices: demote by them
+				  (else every block) */
+	double hc_p0, hc_p1;   /* recompute price of a block at depth d:
+				  p0 + p1 x d, us */
+	double hc_load;        /* a reload's cost to its step, us (the
+				  link's time per block) */
+	double hc_store;       /* a demotion's cost to its step, us: the
+				  link's time, or 0 when the host overlaps
+				  copies with its kernels */
+	double hc_dem;         /* demotions, decayed (halved every nh) */
+	double hc_rel;         /* of those, reloaded at least once: hc_rel /
+				  hc_dem estimates a demotion's chance of
+				  paying off */
+	uint8_t *hc_reused;    /* [nh] 1 once a cached block was reloaded
+				  since its demotion */
+	uint64_t *hc_hash;     /* [nh] a cached or demoting block's chain hash */
+	uint64_t *hc_key;      /* [nh] its caller key */
+	uint64_t *hc_phash;    /* [nh] its parent's chain hash
+				  (BKV__HASH_ROOT: a first block) */
+	int32_t *hc_prev;      /* [nh] host LRU: the next older cached block,
+				  -1 (also off the LRU) */
+	int32_t *hc_next;      /* [nh] the next more recent one, -1 */
+	uint32_t *hc_reads;    /* [nh] pending swap-in copies reading it */
+	bkv__islot *hc_index;  /* [hc_mask + 1] hash -> cached host block */
+	uint32_t hc_mask;      /* index capacity - 1 (>= 2 x nh, pow2) */
+	int32_t hc_head;       /* oldest cached block on the LRU, -1 */
+	int32_t hc_tail;       /* newest, -1 */
+	uint32_t hc_lru;       /* blocks on the host LRU */
+	uint32_t hc_cached;    /* blocks BKV__HOST_CACHED (indexed) */
+	uint32_t hc_demoting;  /* blocks BKV__HOST_DEMOTING */
+	uint64_t hc_demoted;   /* evicted device blocks copied to the host */
+	uint64_t hc_kept;      /* evicted device blocks the host held already */
+	uint64_t hc_skipped;   /* evicted device blocks not kept (shallower
+				  than hc_min_depth, a pending copy, or no
+				  host block to spare) */
+	uint64_t hc_hits;      /* prefix-hit blocks reloaded from the host */
+	uint64_t hc_evictions; /* host cache blocks dropped for room */
 	bkv__seq *seqs;        /* [max_seqs] slots */
 	uint32_t *slot_ring;   /* [max_seqs] FIFO of free slot indices */
 	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
@@ -428,9 +480,46 @@ static inline void bkv__host_push(bkv_pool *pool, int32_t h)
 	pool->host_free++;
 }
 
+/* ---- pool/hcache.c: the host cache ---------------------------------------- */
+
+/* Allocate the host cache when cfg.host_cache asks for one (a host tier,
+ * the prefix cache, no KV groups); sets hc_on. BKV_OK or BKV_ENOMEM. */
+int bkv__hc_init(bkv_pool *pool);
+void bkv__hc_free(bkv_pool *pool);
+/* bkv__kv.demote: copy evicted block b to the host cache when worth it. */
+void bkv__hc_demote(void *arg, int32_t b);
+/* Drop the host cache's oldest unread block to the host free list (one is
+ * on the LRU). */
+void bkv__hc_evict(bkv_pool *pool);
+/* The host performed swap-out copy src -> h: a demotion's h is cached. */
+void bkv__hc_swap_out_cleared(bkv_pool *pool, int32_t src, int32_t h);
+/* The host performed a swap-in copy from cached block h. */
+void bkv__hc_swap_in_cleared(bkv_pool *pool, int32_t h);
+/* A host call failed: pending demotions are forgotten (their host blocks
+ * freed); call before the swap-out list is cleared. */
+void bkv__hc_forget_demotions(bkv_pool *pool);
+/* Verified host hits after a block whose chain hash is ph: the leading
+ * whole blocks of tokens[0, max * bt) the host cache holds, their host ids
+ * into out; returns how many. None while a device copy is pending. */
+uint32_t bkv__hc_lookup_run(const bkv_pool *pool, uint64_t ph, uint64_t key,
+			    const int32_t *tokens, uint32_t max, int32_t *out);
+/* Reload the n host hits stashed at s->table[n_blocks ..): each becomes a
+ * device block with a host->device copy, in the table and offered to the
+ * cache; n_blocks moves past them. Room for the blocks and copies is
+ * reserved. */
+void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n);
+/* Every unread cached host block dropped (bkv_pool_reset_cache). */
+void bkv__hc_reset(bkv_pool *pool);
+/* The host cache's invariants: CHECK_OK or CHECK_HOST. sc: nh entries. */
+int bkv__hc_check(const bkv_pool *pool, uint32_t *sc);
+
 static inline int32_t bkv__host_pop(bkv_pool *pool)
 {
-	int32_t h = pool->host_free_head;
+	int32_t h;
+
+	if (pool->host_free_head < 0)
+		bkv__hc_evict(pool);
+	h = pool->host_free_head;
 
 	BKV_ASSERT(h >= 0);
 	pool->host_free_head = pool->host_next[h];
@@ -746,6 +835,34 @@ void bkv__pool_retain_off(bkv_pool *pool, uint32_t mode);
 void bkv__pool_retain_now(bkv_pool *pool, uint64_t now_us);
 void bkv__pool_seq_retain(bkv_pool *pool, uint32_t seq, const bkv_retention_range *r, uint32_t n,
 			  uint64_t now_us);
+
+/* ---- pool/hcache.c: the host cache (for the decision layer) ---------------
+ * Host blocks a swap-out may take now: free ones and the host cache's
+ * unread ones (dropped for it). */
+static inline uint32_t bkv__pool_host_room(const bkv_pool *pool)
+{
+	return pool->host_free + pool->hc_lru;
+}
+
+/* Does the pool keep evicted blocks in a host cache? */
+static inline int bkv__pool_host_cache(const bkv_pool *pool)
+{
+	return pool->hc_on;
+}
+
+/* The scheduler's prices for the host cache's rule (pool/hcache.c): a
+ * block's recompute price p0 + p1 x depth, and what a reload and a
+ * demotion cost the steps that carry them, us; on 0 forgets them (every
+ * evicted block is demoted). */
+static inline void bkv__pool_host_cache_prices(bkv_pool *pool, int on, double p0, double p1,
+					       double load, double store)
+{
+	pool->hc_priced = on;
+	pool->hc_p0 = p0;
+	pool->hc_p1 = p1;
+	pool->hc_load = load;
+	pool->hc_store = store;
+}
 
 /* ---- pool/check.c ---------------------------------------------------------- */
 /* bkv_pool_check is public; nothing more. */

@@ -501,13 +501,44 @@ static void pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t h
 		bkv__state_share_prepare(pool, (uint32_t)need, writes ? bkv__state_need(pool, s) : 0);
 }
 
+/* Host-cache hits (pool/hcache.c) after the device hits of an append, the
+ * sequence's table ending at entry at (which is indexed, or none): their
+ * host ids stashed at s->table[at ..) (room reserved), counted. */
+static uint32_t host_hits(const bkv_pool *pool, bkv__seq *s, uint32_t at, const int32_t *tokens,
+			  uint32_t max)
+{
+	uint64_t ph = at ? pool->kv.blk[s->table[at - 1]].hash : BKV__HASH_ROOT;
+
+	return bkv__hc_lookup_run(pool, ph, s->key, tokens, max, s->table + at);
+}
+
+/* append_any's pre-pass of a sequence that ends on an indexed block (or
+ * is empty): its device hits among the next max whole blocks of tokens
+ * (fitted to every KV group's needs), or after them its host-cache hits
+ * (*hh), all stashed past the table's end. */
+static uint32_t prepass_hits(const bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
+			     uint32_t max, uint32_t *relinked, uint32_t *units, uint32_t *hh)
+{
+	const uint32_t nb0 = s->n_blocks;
+	const int32_t last = nb0 ? s->table[nb0 - 1] : -1;
+	uint32_t hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
+				  tokens, max, relinked);
+
+	if (pool->grouped && hits)
+		return bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, relinked, units);
+	if (pool->hc_on && hits < max)
+		*hh = host_hits(pool, s, nb0 + hits, tokens + (size_t)hits * pool->kv.bt,
+				max - hits);
+	return hits;
+}
+
 /* Any append: validation, prefix hits (none with nohit: every token is
  * written, into private blocks), copy-on-write, whole blocks. */
 static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n,
 				uint32_t *hit_tokens, int nohit)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0,
-		 units = 0, writes;
+		 units = 0, writes, hh = 0;
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
@@ -538,10 +569,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	 * visible until n_blocks moves). */
 	if (pool->kv.index && !nohit && off == 0 &&
 	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
-		hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
-				 tokens, n / bt, &relinked);
-	if (pool->grouped && hits)
-		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked, &units);
+		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &hh);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
 	writes = n > hits * bt ? units + 1 : 0;
@@ -549,7 +577,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow, writes);
 	if (!append_fits(pool, s, need, relinked, units, writes))
 		return BKV_ENOSPC;
-	if ((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow))
+	if (((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow)) ||
+	    (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh)))
 		return BKV_ENOMEM;
 	if (pool->grouped)
 		bkv__lanes_touch(pool, s);
@@ -557,6 +586,8 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	/* Commit. */
 	pin_hits(pool, s, nb0, hits, need, writes);
 	s->n_blocks = nb0 + hits;
+	bkv__hc_reload_run(pool, s, hh); /* after the pins: no take evicts a hit */
+	hits += hh;
 	pos = hits * bt;
 	rem = n - pos;
 	if (rem && off) {
@@ -611,6 +642,20 @@ static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, u
 	pool->hit_tokens += (uint64_t)hits * bt;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return (int)(hits * bt);
+}
+
+/* bkv__seq_take_hits's host-cache hits after the device ones (the table
+ * ends on an indexed block or is empty; room for max entries): as many as
+ * the free and cached device blocks and the copy list hold. */
+static uint32_t take_host_hits(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, uint32_t max)
+{
+	uint32_t hh = host_hits(pool, s, s->n_blocks, tokens, max);
+
+	hh = (uint32_t)BKV_MIN((uint64_t)hh, (uint64_t)pool->kv.nr_free + pool->kv.nr_cached);
+	if (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh))
+		return 0;
+	bkv__hc_reload_run(pool, s, hh);
+	return hh;
 }
 
 int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
@@ -670,6 +715,9 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
 	s->n_blocks = nb0 + hits;
+	if (pool->hc_on)
+		hits += take_host_hits(pool, s, tokens + got + (size_t)hits * bt,
+				       BKV_MIN((n - got) / bt, s->cap - nb0) - hits);
 	got += hits * bt;
 	s->len += got;
 	pool->hit_tokens += got;

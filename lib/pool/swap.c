@@ -54,7 +54,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 		if (bkv__lanes_swap_check(pool, s, trims, &host_need))
 			return BKV_ESTATE;
 	}
-	if (host_need > pool->host_free)
+	if (host_need > bkv__pool_host_room(pool)) /* the host cache gives way */
 		return BKV_ENOSPC;
 	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_OUT, host_need))
 		return BKV_ENOMEM;

@@ -63,6 +63,22 @@ static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint
 }
 #endif
 
+/* The model's price of a call with its swap copies: the host link's time
+ * for them added, or overlapped (bkv_sched_config.copy_overlap: the longer
+ * of compute and one direction's copies). */
+static double call_price(const bkv_sched *s, const bkv_step_shape *sh, const bkv_batch *b)
+{
+	double t = s->cfg.cost.step_us(s->cfg.cost.ctx, sh), out, in;
+
+	if (!b->n_swap_out && !b->n_swap_in)
+		return t;
+	out = bkv__link_us(s, b->n_swap_out);
+	in = bkv__link_us(s, b->n_swap_in);
+	if (!s->cfg.copy_overlap)
+		return t + out + in;
+	return BKV_MAX(t, BKV_MAX(out, in));
+}
+
 static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n,
 		     uint32_t n_decode, bkv_step_info *si)
 {
@@ -93,7 +109,7 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	if (n_decode)
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
-		si->predicted_us += s->cfg.cost.step_us(s->cfg.cost.ctx, &sh);
+		si->predicted_us += call_price(s, &sh, &b);
 	if (s->plan.launching) /* valid until the step completes */
 		b.groups = bkv__ovl_groups(s, &b);
 	t0 = bkv__clock_us(s);
@@ -323,6 +339,7 @@ void bkv__swaps_to_recompute(bkv_sched *s, uint64_t now)
 	for (i = 0; i < s->plan.n_swap_pend; i++)
 		swapped_to_recompute(s, s->plan.swap_pend[i], now);
 	s->plan.n_swap_pend = 0;
+	bkv__hc_forget_demotions(s->pool); /* their copies were not made either */
 	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_OUT);
 }
 

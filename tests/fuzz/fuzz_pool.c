@@ -592,7 +592,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	model *m;
 	uint8_t b;
 	int rc, huge;
-	uint32_t steps = 0, gsel;
+	uint32_t steps = 0, gsel, hc;
 	static bkv_kv_group m_groups[3];
 	static int32_t tok[4 * MAX_LEN];
 
@@ -644,10 +644,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		cfg.groups = m_groups;
 	}
-	cfg.watermark_blocks = fz_u8(&f) % 4;
+	b = fz_u8(&f);
+	cfg.watermark_blocks = b % 4;
+	hc = (b >> 2) & 1; /* a host cache, where the pool can have one */
 	b = fz_u8(&f);
 	cfg.prefix_cache = b & 1;
 	cfg.hash_seed = b >> 1;
+	cfg.host_cache = hc && cfg.prefix_cache && cfg.host_blocks && !cfg.n_groups;
 	mem.fail_at = fz_u8(&f);
 	mem.sticky = (b & 0x80) != 0;
 	if (huge) {

@@ -81,6 +81,8 @@ BKV_TABLE_CLOSED = 0x2
 BKV_EVENT_STORED = 0
 BKV_EVENT_REMOVED = 1
 BKV_EVENT_CLEARED = 2
+BKV_MEDIUM_DEVICE = 0
+BKV_MEDIUM_HOST = 1
 BKV_VLLM_WIRE_MAP = 0
 BKV_VLLM_WIRE_ARRAY = 1
 BKV_VLLM_WIRE_ARRAY_V0 = 2
@@ -130,7 +132,8 @@ class bkv_pool_config(Structure):
         ('hash_seed', c_uint64),
         ('event_capacity', c_uint32),
         ('pin_permille', c_uint32),
-        ('reserved', c_uint32 * 2),
+        ('host_cache', c_uint32),
+        ('reserved', c_uint32),
         ('n_groups', c_uint32),
         ('state_units', c_uint32),
         ('groups', POINTER(bkv_kv_group)),
@@ -170,6 +173,13 @@ class bkv_pool_stats(Structure):
         ('state_frames', c_uint32),
         ('state_hits', c_uint64),
         ('state_evictions', c_uint64),
+        ('host_cached', c_uint32),
+        ('host_demoting', c_uint32),
+        ('host_demoted', c_uint64),
+        ('host_kept', c_uint64),
+        ('host_skipped', c_uint64),
+        ('host_hit_blocks', c_uint64),
+        ('host_evictions', c_uint64),
     ]
 
 
@@ -399,6 +409,7 @@ class bkv_sched_config(Structure):
         ('victim', c_int),
         ('admit_reserve', c_int),
         ('retention', c_uint32),
+        ('copy_overlap', c_uint32),
     ]
 
 
@@ -488,6 +499,8 @@ class bkv_kv_event(Structure):
         ('token_count', c_uint32),
         ('block', c_int32),
         ('has_parent', c_uint32),
+        ('medium', c_uint32),
+        ('reserved', c_uint32),
     ]
 
 
@@ -535,7 +548,8 @@ class bkv_vllm_config(Structure):
         ('extra_keys', c_uint32),
         ('key_name', bkv_vllm_key_name_fn),
         ('key_name_ud', c_void_p),
-        ('reserved', c_uint32 * 4),
+        ('host_medium', c_char_p),
+        ('reserved', c_uint32 * 2),
     ]
 
 FUNCTIONS = {

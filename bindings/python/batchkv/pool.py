@@ -76,7 +76,7 @@ BlockInfo.__doc__ = ("bkv_block_info: one device block (state a BlockState; toke
                      "int32 numpy array of its fill tokens). Field meanings as in batchkv.h.")
 KvEvent = _record("KvEvent", _ffi.bkv_kv_event,
                   "bkv_kv_event: seq, hash, parent_hash, key, kind (EventKind), token_count, "
-                  "block, has_parent.")
+                  "block, has_parent, medium (0 device, 1 host cache).")
 ModelShape = collections.namedtuple("ModelShape", "layers kv_heads head_dim dtype_bytes")
 ModelShape.__doc__ = "bkv_model_shape: the shape of a model's KV cache."
 
@@ -497,7 +497,7 @@ class Pool:
         buf = (_ffi.bkv_kv_event * max_events)()
         n = _lib.bkv_pool_drain_events(self._p(), buf, max_events)
         return [KvEvent(e.seq, e.hash, e.parent_hash, e.key, EventKind(e.kind), e.token_count,
-                        e.block, e.has_parent) for e in buf[:n]]
+                        e.block, e.has_parent, e.medium) for e in buf[:n]]
 
     # -- export / import -----------------------------------------------------
     def export(self, seq):

@@ -47,7 +47,7 @@ class VllmHash(enum.IntEnum):
     SHA256 = _ffi.BKV_VLLM_HASH_SHA256            # vLLM's "sha256" (pickle)
 
 
-_STRINGS = ("hash_seed", "medium", "spec_kind")
+_STRINGS = ("hash_seed", "medium", "spec_kind", "host_medium")
 _INTS = ("wire", "hash", "int_hashes", "data_parallel_rank", "group_idx", "sliding_window",
          "extra_keys")
 
@@ -94,6 +94,7 @@ class VllmEncoder:
                                    bytes; False: as the 32 bytes)
         hash_seed           "0"   (the replicas' PYTHONHASHSEED)
         medium              "GPU" (None sends nil)
+        host_medium         "CPU" (the host cache's blocks; None sends nil)
         data_parallel_rank  -1    (omitted)
         group_idx           -1    (omitted; MAP only)
         spec_kind           None  (omitted; MAP only)

@@ -119,6 +119,9 @@ pub type bkv_kv_event_kind = c_int;
 pub const BKV_EVENT_STORED: bkv_kv_event_kind = 0;
 pub const BKV_EVENT_REMOVED: bkv_kv_event_kind = 1;
 pub const BKV_EVENT_CLEARED: bkv_kv_event_kind = 2;
+pub type bkv_kv_medium = c_int;
+pub const BKV_MEDIUM_DEVICE: bkv_kv_medium = 0;
+pub const BKV_MEDIUM_HOST: bkv_kv_medium = 1;
 pub type bkv_vllm_wire = c_int;
 pub const BKV_VLLM_WIRE_MAP: bkv_vllm_wire = 0;
 pub const BKV_VLLM_WIRE_ARRAY: bkv_vllm_wire = 1;
@@ -167,7 +170,8 @@ pub struct bkv_pool_config {
     pub hash_seed: u64,
     pub event_capacity: u32,
     pub pin_permille: u32,
-    pub reserved: [u32; 2],
+    pub host_cache: u32,
+    pub reserved: u32,
     pub n_groups: u32,
     pub state_units: u32,
     pub groups: *const bkv_kv_group,
@@ -206,6 +210,13 @@ pub struct bkv_pool_stats {
     pub state_frames: u32,
     pub state_hits: u64,
     pub state_evictions: u64,
+    pub host_cached: u32,
+    pub host_demoting: u32,
+    pub host_demoted: u64,
+    pub host_kept: u64,
+    pub host_skipped: u64,
+    pub host_hit_blocks: u64,
+    pub host_evictions: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -411,6 +422,7 @@ pub struct bkv_sched_config {
     pub victim: bkv_victim_policy,
     pub admit_reserve: bkv_admit_reserve,
     pub retention: u32,
+    pub copy_overlap: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -495,6 +507,8 @@ pub struct bkv_kv_event {
     pub token_count: u32,
     pub block: i32,
     pub has_parent: u32,
+    pub medium: u32,
+    pub reserved: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -533,7 +547,8 @@ pub struct bkv_vllm_config {
     pub extra_keys: u32,
     pub key_name: bkv_vllm_key_name_fn,
     pub key_name_ud: *mut c_void,
-    pub reserved: [u32; 4],
+    pub host_medium: *const c_char,
+    pub reserved: [u32; 2],
 }
 extern "C" {
     pub fn bkv_strerror(status: c_int) -> *const c_char;

@@ -31,8 +31,8 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_allocator { alloc, realloc, free, ud }),
         layout!(bkv_model_shape { layers, kv_heads, head_dim, dtype_bytes }),
         layout!(bkv_kv_group { kind, layers, span, reserved, bytes }),
-        layout!(bkv_pool_config { size, block_tokens, device_blocks, host_blocks, max_seqs, watermark_blocks, prefix_cache, hash_seed, event_capacity, pin_permille, reserved, n_groups, state_units, groups, state_share, state_pad }),
-        layout!(bkv_pool_stats { size, block_tokens, device_blocks, host_blocks, nr_free, nr_used, nr_cached, nr_indexed, host_free, host_used, nr_seqs, nr_swapped, tokens, waste_slots, hit_tokens, miss_tokens, evictions, cow_copies, swap_out_blocks, swap_in_blocks, events, events_dropped, dup_blocks, state_units, state_free, state_checkpoints, state_frames, state_hits, state_evictions }),
+        layout!(bkv_pool_config { size, block_tokens, device_blocks, host_blocks, max_seqs, watermark_blocks, prefix_cache, hash_seed, event_capacity, pin_permille, host_cache, reserved, n_groups, state_units, groups, state_share, state_pad }),
+        layout!(bkv_pool_stats { size, block_tokens, device_blocks, host_blocks, nr_free, nr_used, nr_cached, nr_indexed, host_free, host_used, nr_seqs, nr_swapped, tokens, waste_slots, hit_tokens, miss_tokens, evictions, cow_copies, swap_out_blocks, swap_in_blocks, events, events_dropped, dup_blocks, state_units, state_free, state_checkpoints, state_frames, state_hits, state_evictions, host_cached, host_demoting, host_demoted, host_kept, host_skipped, host_hit_blocks, host_evictions }),
         layout!(bkv_pool_memory { size, block_bytes, seq_slot_bytes, index_slots, index_used, reserved, blocks, device_tokens, index, txn_queue, txn_owners, check_scratch, host, seq_slots, block_tables, copy_lists, event_ring, total }),
         layout!(bkv_block_info { size, state, ref_count, fill, indexed, copy_pending, kids, parent, key, hash, tokens }),
         layout!(bkv_copy { src, dst }),
@@ -46,14 +46,14 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_batch_group { kind, span, slot_mapping, kv_indptr, kv_indices, kv_first_block, row_tables, row_table_len, state_in, state_out, state_frames }),
         layout!(bkv_table_delta { slot, start, n, len, flags }),
         layout!(bkv_host_ops { forward, prefill, decode, on_token, on_finish, now_us, draft, launch }),
-        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, spec_max_k, spec_k_mode, spec_drafts, overlap, evict, victim, admit_reserve, retention }),
+        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, spec_max_k, spec_k_mode, spec_drafts, overlap, evict, victim, admit_reserve, retention, copy_overlap }),
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user, retention, n_retention, pad }),
         layout!(bkv_retention_range { token_start, token_end, priority, pad, duration_us }),
         layout!(bkv_step_info { rows, prefill_tokens, decode_tokens, hit_tokens, prefill_calls, decode_calls, admitted, finished, preempted, running, waiting, predicted_us, measured_us }),
         layout!(bkv_sched_stats { size, waiting, running, swapped, steps, failed_steps, submitted, finished, aborted, prefill_tokens, decode_tokens, hit_tokens, preemptions, swaps, prefill_calls, decode_calls, busy_us, unadmittable, spec_rows, spec_drafted, spec_accepted, overlap_steps, overlap_syncs, overlap_wasted_tokens }),
-        layout!(bkv_kv_event { seq, hash, parent_hash, key, kind, token_count, block, has_parent }),
+        layout!(bkv_kv_event { seq, hash, parent_hash, key, kind, token_count, block, has_parent, medium, reserved }),
         layout!(bkv_seq_image { size, block_tokens, len, n_blocks, key, hash_seed, blocks, hashes, tokens, cap_blocks, cap_tokens, n_groups, state_frames, group_blocks, state_frame, reserved, group_layout }),
-        layout!(bkv_vllm_config { size, wire, hash, int_hashes, hash_seed, medium, data_parallel_rank, group_idx, spec_kind, sliding_window, extra_keys, key_name, key_name_ud, reserved }),
+        layout!(bkv_vllm_config { size, wire, hash, int_hashes, hash_seed, medium, data_parallel_rank, group_idx, spec_kind, sliding_window, extra_keys, key_name, key_name_ud, host_medium, reserved }),
     ];
     let out = Command::new(env!("BKV_LAYOUT_EXE")).output().expect("run bkv_layout");
     assert!(out.status.success());
