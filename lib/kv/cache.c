@@ -829,7 +829,7 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	k->ref = 0;
 	kv->nr_used--;
 	kv->tokens -= k->fill;
-	if (k->flags & BKV__BLOCK_CHUNKED)
+	if (kv->ck_k)
 		bkv__ck_unpinned(kv, b);
 	bkv__kv_free_push(kv, b);
 	kv->dedup_blocks++;

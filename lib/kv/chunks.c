@@ -28,7 +28,8 @@
  * idle chunks stay whole for the state group (without this, blocks spread
  * over every chunk and, with units of ~100 frames, none is ever idle).
  * Plain pools never set CHUNKED and keep their one free list; their fast
- * paths gain no instruction (the flag joins masks they test already).
+ * paths gain no instruction (the flag joins masks they test already; it
+ * is the host cache's PEND_DEMOTE bit, which a shared pool never has).
  *
  * Lending a chunk evicts its cached frames and empties its free list. A
  * cached frame with indexed children cannot leave the index alone (its
@@ -45,6 +46,16 @@
 
 /* Idle chunks the pick looks at (a bound: the pick is O(k), not O(chunks)). */
 #define CK_PICK_SCAN 8u
+
+NOINLINE void bkv__ck_released(bkv__kv *kv, int32_t b)
+{
+	bkv__ck_unpinned(kv, b);
+}
+
+NOINLINE void bkv__ck_push(bkv__kv *kv, int32_t b)
+{
+	bkv__kv_free_push(kv, b);
+}
 
 int32_t bkv__ck_take(bkv__kv *kv)
 {

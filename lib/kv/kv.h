@@ -45,11 +45,15 @@
 				       that demotes its old content to the
 				       host cache (pool/hcache.c): not
 				       demoted again until the copy clears */
-#define BKV__BLOCK_CHUNKED 0x100u   /* a frame of a pool whose frames are
+#define BKV__BLOCK_CHUNKED 0x80u    /* a frame of a pool whose frames are
 				       shared with a STATE group (kv/chunks.c):
-				       its free-list pushes and pin changes
-				       take the slow paths, which keep the
-				       chunk counts */
+				       its releases take the slow path, which
+				       keeps the chunk counts. Shares its bit
+				       with PEND_DEMOTE: a shared pool has no
+				       host cache (host_cache needs n_groups
+				       0, state_share a STATE group), and a
+				       test that may see either only routes
+				       to a slow path or is behind ck_k */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -67,9 +71,9 @@ typedef struct bkv__block {
 			   that took it (-1: it was logical block 0) */
 	uint32_t ref;   /* table references over device-resident sequences */
 	uint32_t kids;  /* indexed blocks whose parent is this one */
-	unsigned int fill : 23; /* tokens written, 0..block_tokens; a full
+	unsigned int fill : 24; /* tokens written, 0..block_tokens; a full
 				   block has fill == block_tokens */
-	unsigned int flags : 9; /* BKV__BLOCK_* */
+	unsigned int flags : 8; /* BKV__BLOCK_* */
 } bkv__block;
 
 #define BLOCK_IS_PINNED(b) ((b)->ref > 0 || ((b)->flags & BKV__BLOCK_COPY_SRC) != 0)
@@ -627,6 +631,10 @@ static inline void bkv__kv_free_push(bkv__kv *kv, int32_t b)
  * free frame of a partly pinned chunk, else of an idle one, else the
  * cache's victim; its chunk counts the pin. */
 int32_t bkv__ck_take(bkv__kv *kv);
+/* bkv__ck_unpinned and bkv__kv_free_push out of line, for the release
+ * path (kv/frames.c), whose plain pools' code stays as small as before. */
+void bkv__ck_released(bkv__kv *kv, int32_t b);
+void bkv__ck_push(bkv__kv *kv, int32_t b);
 
 /* An idle chunk to lend: with clean, one whose frames are all free (-1:
  * none among the first few idle ones); else the idle chunk whose lending

@@ -284,7 +284,7 @@ void bkv__val_indexed(bkv__kv *kv, int32_t b)
 
 void bkv__block_hit_slow(bkv__kv *kv, int32_t b)
 {
-	if (kv->blk[b].flags & BKV__BLOCK_CHUNKED)
+	if (kv->ck_k)
 		bkv__ck_pinned(kv, b);
 	if (kv->val)
 		bkv__val_hit(kv, b);
