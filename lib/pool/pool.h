@@ -688,12 +688,19 @@ static inline uint32_t bkv__pool_nr_pins(const bkv_pool *pool)
 	return pool->nr_pins;
 }
 
-/* The frames attention may ever hold: the device blocks less a fixed
- * state arena (with a shared STATE group, every frame: the stats' count
- * is what it holds now). */
+/* The block ids attention may use: the device blocks less a fixed state
+ * arena (with a shared STATE group, every frame: the stats' count is what
+ * attention holds now). */
 static inline uint32_t bkv__pool_blocks(const bkv_pool *pool)
 {
 	return pool->kv.nb;
+}
+
+/* The most frames attention may ever hold at once: bkv__pool_blocks, less
+ * a shared STATE group's floor (its units are never attention's). */
+static inline uint32_t bkv__pool_attn_blocks(const bkv_pool *pool)
+{
+	return pool->kv.nb - (pool->st_share ? pool->st_floor * pool->st_frames : 0);
 }
 
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)

@@ -379,7 +379,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			/* every group's blocks (pool/pool.h; one group: the
 			 * history's) */
 			want_e2big = (hist + pc.block_tokens - 1) / pc.block_tokens * n >
-					     pool->kv.nb ||
+					     bkv__pool_attn_blocks(pool) ||
 				     n > sc.max_running || n > pc.max_seqs ||
 				     (pc.n_groups == 3 && 4ull * n > bkv__pool_state_units(pool));
 			rc = bkv_submit(s, &rq, &q->id);
