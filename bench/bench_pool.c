@@ -26,6 +26,11 @@
  *   host_hit     (with iterations only) a full prefix hit from the host
  *                cache, per block a reload, evicting blocks the host holds
  *                already.
+ *   state_OP, state_OP_shared (with iterations only) OP in a pool that
+ *                also has a recurrent-state group of 4 frames a unit: a
+ *                fixed arena of 64 units, or (_shared) units sharing the
+ *                frames with the blocks (bkv_pool_config.state_share,
+ *                floor 0); each append also takes a state unit.
  *   metadata     bytes of pool memory per block and per token slot, as the
  *                pool reports them (bkv_pool_memory_get).
  *   scale        (bench_pool scale [blocks...]) the pool size as a dimension:
@@ -78,6 +83,15 @@ static void die(const char *what, int r)
 	exit(1);
 }
 
+/* The "state_" ops: the pool also has a recurrent-state group of 4 frames
+ * a unit (a fixed arena of 64 units on top of the blocks, or with
+ * bench_share the units sharing the frames, floor 0). */
+static int bench_state, bench_share;
+static const bkv_kv_group state_groups[2] = {
+	{BKV_GROUP_FULL, 1, 0, 0, 256},
+	{BKV_GROUP_STATE, 1, 0, 0, 4 * 256 * 16},
+};
+
 static bkv_pool *make(uint32_t bt, uint32_t nb, int prefix)
 {
 	bkv_pool_config c;
@@ -88,6 +102,13 @@ static bkv_pool *make(uint32_t bt, uint32_t nb, int prefix)
 	c.block_tokens = bt;
 	c.device_blocks = nb;
 	c.prefix_cache = prefix;
+	if (bench_state) {
+		c.n_groups = 2;
+		c.groups = state_groups;
+		c.state_share = (uint32_t)bench_share;
+		c.state_units = bench_share ? 0 : 64;
+		c.device_blocks += bench_share ? 0 : 64 * bkv_kv_state_frames(state_groups, 2, bt);
+	}
 	r = bkv_pool_create(&c, NULL, &p);
 	if (r)
 		die("create", r);
@@ -536,6 +557,16 @@ int main(int argc, char **argv)
 		uint64_t n = strtoull(argv[2], NULL, 10);
 		ctx x;
 
+		if (!strncmp(argv[1], "state_", 6)) { /* state_OP, state_OP_shared */
+			size_t l = strlen(argv[1]);
+
+			bench_state = 1;
+			bench_share = l > 7 && !strcmp(argv[1] + l - 7, "_shared");
+			argv[1] += 6;
+			if (bench_share)
+				argv[1][l - 13] = 0;
+		}
+
 		if (!strcmp(argv[1], "alloc_free")) {
 			x = alloc_ctx(16);
 			run_alloc_free(&x, n);
@@ -563,8 +594,8 @@ int main(int argc, char **argv)
 		} else if (!strcmp(argv[1], "host_hit")) {
 			run_host_hit(n);
 		} else {
-			fprintf(stderr, "usage: bench_pool [alloc_free|alloc_free1|malloc_free|"
-					"prefix_hit|prefix_hit_lru|miss_evict|miss_evict_value|"
+			fprintf(stderr, "usage: bench_pool [[state_]alloc_free[_shared]|alloc_free1|"
+					"malloc_free|prefix_hit|prefix_hit_lru|miss_evict|miss_evict_value|"
 					"miss_demote|host_hit iters]\n");
 			return 2;
 		}

@@ -21,9 +21,12 @@ pool_ir() { # op iterations
 	valgrind --tool=callgrind --callgrind-out-file=/dev/null "$B/bench/bench_pool" "$1" "$2" 2>&1 |
 		awk '/refs:/ { gsub(",", "", $NF); print $NF }'
 }
-for op in alloc_free alloc_free1 prefix_hit prefix_hit_lru miss_evict miss_evict_value miss_demote host_hit; do
+# state_*: the pool also has a recurrent-state group (fixed arena, or
+# _shared: its units sharing the frames; bench/bench_pool.c)
+for op in alloc_free alloc_free1 prefix_hit prefix_hit_lru miss_evict miss_evict_value miss_demote host_hit \
+	state_alloc_free state_alloc_free_shared state_miss_evict state_miss_evict_shared; do
 	per=64
-	case $op in prefix* | miss* | host*) per=128 ;; esac
+	case $op in prefix* | miss* | host* | state_miss*) per=128 ;; esac
 	a=$(pool_ir $op 1000)
 	b=$(pool_ir $op 2000)
 	echo "bench_pool $op: $(echo "scale=1; ($b - $a) / 1000 / $per" | bc) instr/block"

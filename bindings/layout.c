@@ -47,6 +47,8 @@ int main(void)
 	F(bkv_pool_config, n_groups);
 	F(bkv_pool_config, state_units);
 	F(bkv_pool_config, groups);
+	F(bkv_pool_config, state_share);
+	F(bkv_pool_config, state_pad);
 	S(bkv_pool_stats);
 	F(bkv_pool_stats, size);
 	F(bkv_pool_stats, block_tokens);

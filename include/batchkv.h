@@ -371,6 +371,18 @@ typedef struct bkv_pool_config {
 				      Default 0. */
 	const bkv_kv_group *groups; /* [n_groups], copied at create; NULL when
 				      n_groups is 0. At most one STATE group. */
+	uint32_t state_share;      /* with a STATE group, nonzero: its units
+				      and the attention blocks share every
+				      device frame. A unit is then an aligned
+				      chunk of bkv_kv_state_frames frames,
+				      lent to the group when it needs one and
+				      given back when it no longer does;
+				      state_units is the floor it keeps
+				      (0 = none), and device_blocks counts
+				      every frame. 0: the fixed arena above.
+				      Ignored without a STATE group. Default
+				      0. */
+	uint32_t state_pad;        /* zero */
 } bkv_pool_config;
 
 /* Live counters of a pool. free + used + cached = device_blocks always. */
@@ -413,7 +425,11 @@ typedef struct bkv_pool_stats {
 				     scheduler step (two requests, same
 				     content): the commit keeps the cached
 				     copy and frees the other */
-	uint32_t state_units;     /* a STATE group's units (0 without one) */
+	uint32_t state_units;     /* a STATE group's units (0 without one);
+				     with state_share, those it holds now
+				     (its frames are then not in
+				     device_blocks, which counts the
+				     frames attention holds now) */
 	uint32_t state_free;      /* of which free */
 	uint32_t state_checkpoints; /* of which checkpoints in the prefix
 				     cache (referenced by a sequence or not) */
@@ -937,11 +953,14 @@ BKV_API int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem);
  * tokens. Walking the parents of an indexed block reaches logical block 0 of
  * its chain through indexed blocks only (bkv_pool_check verifies it). O(1).
  * @param pool   the pool.
- * @param block  a device block id, 0..device_blocks - 1.
+ * @param block  a device block id, 0..device_blocks - 1; with
+ *               state_share, a frame id of the whole pool.
  * @param info   filled up to min(info->size, sizeof(bkv_block_info)); set
  *               info->size first (0 is taken as sizeof(bkv_block_info)).
  *               Untouched on error.
- * @return BKV_OK; BKV_EINVAL (NULL pool or info, block out of range).
+ * @return BKV_OK; BKV_EINVAL (NULL pool or info, block out of range, or
+ *         with state_share a frame lent to the STATE group now: a state
+ *         unit's, not a block).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
  * of a scheduler that uses the pool).
  */

@@ -46,6 +46,9 @@ typedef struct image_buf {
 	int32_t group_blocks[64];
 } image_buf;
 
+/* 1: the pools' state units share the frames (state_share, floor 0) */
+static int g_share;
+
 static void side_init_nb(side *sd, const bkv_kv_group *g, uint32_t ng, uint32_t nb)
 {
 	bkv_pool_config c;
@@ -57,8 +60,10 @@ static void side_init_nb(side *sd, const bkv_kv_group *g, uint32_t ng, uint32_t 
 	c.max_seqs = 8;
 	c.n_groups = ng;
 	c.groups = ng ? g : NULL;
-	if (ng && g[ng - 1].kind == BKV_GROUP_STATE)
-		c.state_units = 6;
+	if (ng && g[ng - 1].kind == BKV_GROUP_STATE) {
+		c.state_units = g_share ? 0 : 6;
+		c.state_share = (uint32_t)g_share;
+	}
 	sd->p = NULL;
 	cr_assert_eq(bkv_pool_create(&c, NULL, &sd->p), BKV_OK);
 	memset(sd->kv, 0, sizeof sd->kv);
@@ -231,7 +236,7 @@ Test(image_groups, export_carries_every_group)
 	bkv_pool_destroy(src.p);
 }
 
-Test(image_groups, import_reads_the_sources_kv_in_every_group)
+static void import_reads(void)
 {
 	static side src, dst;
 	image_buf ib;
@@ -269,6 +274,11 @@ Test(image_groups, import_reads_the_sources_kv_in_every_group)
 	bkv_pool_destroy(dst.p);
 }
 
+Test(image_groups, import_reads_the_sources_kv_in_every_group)
+{
+	import_reads();
+}
+
 /* dst already holds the first 32 tokens (a finished sequence's blocks and
  * its checkpoint at 32 are cached): the import shares them. */
 static void cache_prefix(side *dst, const int32_t *tok, uint32_t n)
@@ -279,7 +289,7 @@ static void cache_prefix(side *dst, const int32_t *tok, uint32_t n)
 	cr_assert_eq(bkv_seq_close(dst->p, p), BKV_OK);
 }
 
-Test(image_groups, import_shares_a_prefix_the_destination_has)
+static void import_shares(void)
 {
 	static side src, dst;
 	image_buf ib;
@@ -306,7 +316,12 @@ Test(image_groups, import_shares_a_prefix_the_destination_has)
 	bkv_pool_destroy(dst.p);
 }
 
-Test(image_groups, a_checkpoint_covering_the_import_needs_no_state_transfer)
+Test(image_groups, import_shares_a_prefix_the_destination_has)
+{
+	import_shares();
+}
+
+static void import_at_checkpoint(void)
 {
 	static side src, dst;
 	image_buf ib;
@@ -327,6 +342,11 @@ Test(image_groups, a_checkpoint_covering_the_import_needs_no_state_transfer)
 	cr_assert_eq(bkv_pool_check(dst.p), 0);
 	bkv_pool_destroy(src.p);
 	bkv_pool_destroy(dst.p);
+}
+
+Test(image_groups, a_checkpoint_covering_the_import_needs_no_state_transfer)
+{
+	import_at_checkpoint();
 }
 
 /* Import *im into dst: refused with rc, and dst unchanged. */
@@ -484,4 +504,15 @@ Test(image_groups, an_import_without_room_for_every_group_changes_nothing)
 	refused(&dst, &ib.im, BKV_ENOSPC);
 	bkv_pool_destroy(src.p);
 	bkv_pool_destroy(dst.p);
+}
+
+/* The same imports into and from pools whose state units share the frames
+ * with attention: the units are chunks wherever they lie, the transfers and
+ * the checkpoint hit are the same. */
+Test(image_groups, imports_between_pools_with_shared_state_units)
+{
+	g_share = 1;
+	import_reads();
+	import_shares();
+	import_at_checkpoint();
 }

@@ -39,6 +39,16 @@ static const bkv_kv_group groups_state[3] = {
 	{BKV_GROUP_STATE, 1, 8, 0, 512},
 };
 
+/* full + a recurrent state of several frames a unit (4 at block size 4, 2
+ * at 8): with state_share its units are chunks of the attention frames */
+static const bkv_kv_group groups_state_big[2] = {
+	{BKV_GROUP_FULL, 2, 0, 0, 256},
+	{BKV_GROUP_STATE, 1, 8, 0, 8192},
+};
+
+/* state_share for the next make_group_pool: 0 off, else the floor + 1 */
+static uint32_t next_share;
+
 static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bkv_kv_group *g,
 				 uint32_t ng)
 {
@@ -46,6 +56,7 @@ static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bk
 	bkv_pool *p = NULL;
 
 	bkv_pool_config_init(&c);
+	c.state_share = next_share != 0;
 	c.block_tokens = bt;
 	c.device_blocks = nb;
 	c.host_blocks = nh;
@@ -53,8 +64,9 @@ static bkv_pool *make_group_pool(uint32_t bt, uint32_t nb, uint32_t nh, const bk
 	c.n_groups = ng;
 	c.groups = g;
 	if (ng && g[ng - 1].kind == BKV_GROUP_STATE)
-		c.state_units = 40; /* live and scratch states of 10 sequences, and
-				       checkpoints */
+		c.state_units = next_share ? next_share - 1
+					   : 40; /* live and scratch states of 10
+						    sequences, and checkpoints */
 	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
 	return p;
 }
@@ -223,6 +235,7 @@ typedef struct model {
 	uint64_t seed, step;
 	int state;       /* the last group is STATE (not among the ng) */
 	int always_txn;  /* every append inside a step transaction */
+	uint64_t lends;  /* chunks lent to a shared STATE group */
 } model;
 
 /* The recurrent state after tokens[0, n): a rolling hash, 1 for none. */
@@ -452,8 +465,8 @@ static uint64_t run_random_ex(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t 
 	int i;
 
 	memset(&m, 0, sizeof m);
-	m.g = state ? groups_state : groups4;
-	m.ng = state ? 2 : NG;
+	m.g = next_share ? groups_state_big : state ? groups_state : groups4;
+	m.ng = next_share ? 1 : state ? 2 : NG;
 	m.state = state;
 	m.always_txn = state == 2;
 	m.bt = bt;
@@ -461,7 +474,7 @@ static uint64_t run_random_ex(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t 
 	m.nh = 256;
 	m.rng = seed * 2654435761u + 1;
 	m.seed = seed;
-	m.p = make_group_pool(bt, nb, m.nh, m.g, state ? 3 : NG);
+	m.p = make_group_pool(bt, nb, m.nh, m.g, next_share ? 2 : state ? 3 : NG);
 	m.kv_dev = calloc((size_t)nb * bt, sizeof(int32_t));
 	m.kv_host = calloc((size_t)m.nh * bt, sizeof(int32_t));
 	for (step = 0; step < steps; step++) {
@@ -485,6 +498,11 @@ static uint64_t run_random_ex(uint64_t seed, uint32_t bt, uint32_t nb, uint32_t 
 		verify(&m);
 	}
 	cr_expect_gt(m.ops[0], steps / 8, "appends: %lu", (unsigned long)m.ops[0]);
+	if (next_share) { /* the units came from the attention frames and went back */
+		cr_expect_gt(m.p->kv.ck_lends, 0);
+		cr_expect_gt(m.p->kv.ck_returns, 0);
+		m.lends += m.p->kv.ck_lends;
+	}
 	cr_expect_gt(m.ops[2] + m.ops[4] + m.ops[6], 0, "forks, truncates and swaps ran");
 	for (i = 0; i < MAXS; i++)
 		if (m.open[i])
@@ -509,6 +527,23 @@ Test(pool_groups, random_ops_keep_a_recurrent_state_right)
 	 * outside one (committed lazily) */
 	for (seed = 40; seed <= 51; seed++)
 		hits += run_random_ex(seed, seed % 2 ? 4 : 8, 200, 1500, 1 + (int)(seed % 3 == 0));
+	cr_expect_gt(hits, 0, "hits at checkpoints");
+}
+
+Test(pool_groups, random_ops_keep_shared_state_units_and_blocks_apart)
+{
+	uint64_t seed, hits = 0;
+
+	/* units lent from the attention frames and given back, under every
+	 * operation; a floor of 0 or 3 units; pools of 120 and 60 frames (the
+	 * smaller one runs out, so lending, evicting and giving back meet
+	 * refused appends) */
+	for (seed = 60; seed <= 71; seed++) {
+		next_share = seed % 2 ? 1 : 4;
+		hits += run_random_ex(seed, seed % 4 < 2 ? 4 : 8, seed % 3 ? 120 : 60, 1500,
+				      1 + (int)(seed % 3 == 0));
+	}
+	next_share = 0;
 	cr_expect_gt(hits, 0, "hits at checkpoints");
 }
 
@@ -685,4 +720,130 @@ Test(pool_groups, chunked_prefill_progresses_when_the_tpot_target_allows_less_th
 	cr_assert_eq(bkv_sched_check(s), 0);
 	bkv_sched_destroy(s);
 	bkv_pool_destroy(p);
+}
+
+/* ---- state units sharing the frames with attention (state_share) ---------- */
+
+/* 64 frames of block size 4, full attention + a state of 4 frames a unit;
+ * shared (floor 0) or a fixed arena of 8 units (32 frames). */
+static bkv_pool *trade_pool(int share)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 4;
+	c.device_blocks = 64;
+	c.max_seqs = 32;
+	c.n_groups = 2;
+	c.groups = groups_state_big;
+	c.state_share = (uint32_t)share;
+	c.state_units = share ? 0 : 8;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cr_assert_eq(bkv_kv_state_frames(groups_state_big, 2, 4), 4);
+	return p;
+}
+
+/* One step's append of n tokens of family f to seq (committed: the state is
+ * live and, at a multiple of 8 tokens, a checkpoint); the checker after it
+ * and the stats' sum. */
+static int trade_append(bkv_pool *p, uint32_t seq, uint32_t n, uint32_t f)
+{
+	int32_t tok[256];
+	bkv_pool_stats st = {.size = sizeof(st)};
+	uint32_t i;
+	int rc;
+
+	for (i = 0; i < n; i++)
+		tok[i] = (int32_t)(f * 1000 + i);
+	bkv__pool_txn_begin(p);
+	rc = bkv_seq_append(p, seq, tok, n, NULL);
+	if (rc == BKV_OK)
+		bkv__pool_state_advance(p, seq, n);
+	bkv__pool_txn_commit(p);
+	cr_assert_eq(bkv_pool_check(p), 0, "check: %d", bkv_pool_check(p));
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.nr_free + st.nr_used + st.nr_cached, st.device_blocks);
+	cr_assert_eq(st.device_blocks + st.state_units * 4, 64);
+	return rc;
+}
+
+static void trade_close_all(bkv_pool *p, const uint32_t *s, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		cr_assert_eq(bkv_seq_close(p, s[i]), BKV_OK);
+		cr_assert_eq(bkv_pool_check(p), 0);
+	}
+}
+
+Test(pool_groups, shared_state_units_and_blocks_trade_frames_under_load)
+{
+	bkv_pool *p = trade_pool(1), *fx = trade_pool(0);
+	bkv_pool_stats st = {.size = sizeof(st)};
+	uint32_t s[12], f[12], i, one;
+
+	/* 10 sequences of 8 tokens hold 10 live states (40 frames) beside
+	 * their 20 blocks: the fixed arena's 8 units refuse the ninth */
+	for (i = 0; i < 10; i++) {
+		cr_assert_eq(bkv_seq_open(p, &s[i]), BKV_OK);
+		cr_assert_eq(trade_append(p, s[i], 8, i), BKV_OK, "shared: seq %u", i);
+		cr_assert_eq(bkv_seq_open(fx, &f[i]), BKV_OK);
+		cr_assert_eq(trade_append(fx, f[i], 8, i), i < 8 ? BKV_OK : BKV_ENOSPC,
+			     "fixed: seq %u", i);
+	}
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.state_units, 10);
+	cr_assert_eq(st.state_checkpoints, 10);
+	{ /* a lent frame is a state unit's, not a block */
+		bkv_block_info bi = {.size = sizeof(bi)};
+		int32_t in, out;
+
+		cr_assert_eq(bkv_seq_state_frames(p, s[0], &in, &out), BKV_OK);
+		cr_assert(in >= 0 && in % 4 == 0 && out == -1);
+		cr_assert_eq(bkv_block_info_get(p, in + 3, &bi), BKV_EINVAL);
+		cr_assert_eq(bkv_block_info_get(p, (int32_t)bkv_seq_blocks(p, s[0], &i)[0], &bi),
+			     BKV_OK);
+		cr_assert_eq(bi.state, BKV_BLOCK_PINNED);
+	}
+	trade_close_all(p, s, 10);
+	trade_close_all(fx, f, 10);
+	/* closed, their states are cached checkpoints still holding 40
+	 * frames; a 200-token prompt (50 blocks, more than the fixed pool's
+	 * 32 attention frames) takes most of them back, oldest first */
+	cr_assert_eq(bkv_pool_available(p), 64);
+	cr_assert_eq(bkv_seq_open(p, &one), BKV_OK);
+	cr_assert_eq(trade_append(p, one, 200, 77), BKV_OK);
+	bkv_pool_stats_get(p, &st);
+	cr_assert_leq(st.state_units, 3);
+	cr_assert_geq(st.nr_used, 50);
+	cr_assert_eq(bkv_seq_open(fx, &f[0]), BKV_OK);
+	cr_assert_eq(trade_append(fx, f[0], 200, 77), BKV_E2BIG); /* never fits */
+	/* and back: closed, its blocks are one cached chain (every frame but
+	 * the last a parent); 12 new sequences of 4 tokens take 12 units,
+	 * evicting the chain in the cache's order */
+	trade_close_all(p, &one, 1);
+	for (i = 0; i < 12; i++) {
+		cr_assert_eq(bkv_seq_open(p, &s[i]), BKV_OK);
+		cr_assert_eq(trade_append(p, s[i], 4, 100 + i), BKV_OK, "again: seq %u", i);
+	}
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.state_units, 12);
+	/* 10 lent first, 7 given back to the long prompt, 9 lent again (the
+	 * other 3 units were its checkpoints, evicted for the new states;
+	 * checkpoints evicted: 1 for its own state, 7 given back, 3) */
+	cr_assert_eq(p->kv.ck_lends, 19);
+	cr_assert_eq(p->kv.ck_returns, 7);
+	cr_assert_eq(st.state_evictions, 11, "%lu", (unsigned long)st.state_evictions);
+	cr_assert_gt(st.evictions, 0, "lending evicted cached blocks");
+	/* the pool is full now: a 13th sequence is refused, and nothing moved */
+	cr_assert_eq(bkv_seq_open(p, &one), BKV_OK);
+	cr_assert_eq(trade_append(p, one, 8, 200), BKV_ENOSPC);
+	trade_close_all(p, s, 12);
+	trade_close_all(p, &one, 1);
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.state_units, 0, "above a floor of 0 every unit went back");
+	bkv_pool_destroy(p);
+	bkv_pool_destroy(fx);
 }

@@ -269,3 +269,51 @@ Test(tinylm_recurrent, persistent_layout_matches_reference, .init = recurrent_se
 	continuous(1);
 	chunked(1);
 }
+
+/* The recurrent model with its state units sharing the frames (floor 0, as
+ * many frames as the runs above): token-exact with checkpoint hits, forks,
+ * chunks, preemption, swap and failed steps. */
+Test(tinylm_recurrent, shared_state_units_match_reference, .init = recurrent_setup,
+     .fini = hybrid_teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 4096, 0);
+	rc.state_share = 1;
+	rc.submit_per_step = 5;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.pool.state_hits, 0, "checkpoint hits");
+	/* idle frames held more checkpoints than the arena's 96 units could */
+	cr_assert_gt(res.pool.state_units, 96, "units %u", res.pool.state_units);
+	cr_assert_eq(res.pool.device_blocks + res.pool.state_units * res.pool.state_frames,
+		     4096 + 96 * res.pool.state_frames);
+	run_config(&rc, 4096, 1);
+	rc.state_share = 1;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 48;
+	rc.submit_per_step = 4;
+	serve_and_verify(&rc, &res);
+	run_config(&rc, 164, 0);
+	rc.state_share = 1;
+	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
+	serve_and_verify(&rc, &res);
+	run_config(&rc, 164, 0);
+	rc.state_share = 1;
+	rc.state_units = 8;
+	rc.host_blocks = 600;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.submit_per_step = 3;
+	serve_and_verify(&rc, &res);
+	run_config(&rc, 304, 0);
+	rc.state_share = 1;
+	rc.host_blocks = 400;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+}

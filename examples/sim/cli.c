@@ -570,6 +570,9 @@ static const cli_option options[] = {
 	      "  --state-units N            a recurrent-state shape's state units (live\n"
 	      "                             states and checkpoints; default 2 x the\n"
 	      "                             pool's sequences)\n"),
+	FLAG("--state-share", CFG(state_share), 1,
+	     "  --state-share              its units share the frames with attention\n"
+	     "                             (--state-units is then their floor)\n"),
 	FLAG("--no-prefix-cache", CFG(prefix_cache), 0, NULL),
 	FLAG("--host-cache", CFG(host_cache), 1,
 	     "  --host-cache               the host tier (--host-blocks) also keeps the\n"

@@ -642,6 +642,7 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 	pc->block_tokens = cfg->block_tokens;
 	pc->device_blocks = cfg->kv_blocks ? cfg->kv_blocks : default_blocks(cfg, t);
 	pc->state_units = cfg->state_units;
+	pc->state_share = (uint32_t)cfg->state_share;
 	if (!cfg->kv_blocks && pc->device_blocks > SIM_MAX_DERIVED_BLOCKS) {
 		snprintf(err, errlen,
 			 "every slot holding the longest request needs %u blocks (more than %u): "

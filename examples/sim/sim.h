@@ -69,6 +69,9 @@ typedef struct sim_config {
 	uint32_t kv_blocks;        /* device blocks; 0 = derive from the trace */
 	uint32_t state_units;      /* a STATE group's units (0: the pool's
 				      default) */
+	int state_share;           /* 1: the STATE group's units share the
+				      frames with attention (state_units is
+				      then their floor) */
 	uint32_t host_blocks;      /* swap tier blocks */
 	int host_cache;            /* bkv_pool_config.host_cache: the host
 				      tier keeps evicted prefix blocks */

@@ -328,10 +328,16 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	 * branch, and checkpoints */
 	pc.state_units = rc->state_units ? rc->state_units : 4 * rc->sched.max_running + 32;
 	/* rc->device_blocks are the attention frames; a recurrent state's
-	 * arena comes on top (its units are consecutive frames above them) */
+	 * arena comes on top (its units are consecutive frames above them).
+	 * Shared, the same frames in all, and state_units is the floor. */
 	if (pc.n_groups > 1 && groups[pc.n_groups - 1].kind == BKV_GROUP_STATE)
-		pc.device_blocks += pc.state_units *
+		pc.device_blocks += (rc->state_share ? 4 * rc->sched.max_running + 32
+						     : pc.state_units) *
 				    bkv_kv_state_frames(groups, pc.n_groups, pc.block_tokens);
+	if (rc->state_share) {
+		pc.state_share = 1;
+		pc.state_units = rc->state_units;
+	}
 	if (pc.n_groups == 1)
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
 	bkv_pool *pool = NULL;

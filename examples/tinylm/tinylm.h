@@ -188,6 +188,10 @@ typedef struct tlm_run_config {
 				    steps; 0 = 200000 */
 	uint32_t state_units;    /* a recurrent model's state units (0: four per
 				    running row and 32) */
+	int state_share;         /* 1: a recurrent model's units share the
+				    frames with attention (bkv_pool_config.
+				    state_share): the frames are as many as
+				    with the arena, state_units is the floor */
 	uint32_t draft_layers;   /* speculative decoding with
 				    sched.spec_drafts == BKV_SPEC_DRAFT_HOST:
 				    the host's draft model is the served model

@@ -66,6 +66,7 @@ int bkv__kv_groups_ok(const bkv_kv_group *groups, uint32_t n, uint32_t block_tok
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define NOINLINE __attribute__((noinline))
 #define PREFETCH(p) __builtin_prefetch(p)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -75,6 +76,7 @@ int bkv__kv_groups_ok(const bkv_kv_group *groups, uint32_t n, uint32_t block_tok
 #define ALWAYS_INLINE inline
 #define COLD
 #define LIKELY(x) (x)
+#define UNLIKELY(x) (x)
 #define NOINLINE
 #define PREFETCH(p) ((void)(p))
 #endif

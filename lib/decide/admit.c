@@ -530,7 +530,7 @@ static int admit_ok_reserve(bkv_sched *s, const bkv__req *r)
 			a->res_need = 0;
 	}
 	need = req_need(s, r);
-	if (a->res_need > 0 && a->res_need + need > s->device_blocks)
+	if (a->res_need > 0 && a->res_need + need > bkv__pool_attn_blocks(s->pool))
 		return 0;
 	a->res_need += need;
 	return 1;

@@ -829,9 +829,9 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	k->ref = 0;
 	kv->nr_used--;
 	kv->tokens -= k->fill;
-	k->next = kv->free_head;
-	kv->free_head = b;
-	kv->nr_free++;
+	if (kv->ck_k)
+		bkv__ck_unpinned(kv, b);
+	bkv__kv_free_push(kv, b);
 	kv->dedup_blocks++;
 }
 

@@ -94,13 +94,13 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 	int32_t b;
 	int rc;
 
-	if ((uint64_t)kv->nr_free + kv->nr_used + kv->nr_cached != nb)
+	if ((uint64_t)kv->nr_free + kv->nr_used + kv->nr_cached + kv->nr_lent != nb)
 		return CHECK_COUNTS;
 	for (n = 0, b = kv->free_head; b >= 0; b = kv->blk[b].next, n++) {
 		if ((uint32_t)b >= nb || n >= nb || !BLOCK_IS_FREE(&kv->blk[b]))
 			return CHECK_FREE_LIST;
 	}
-	if (n != kv->nr_free)
+	if (n != kv->nr_free && !kv->ck_k) /* chunked: per chunk (kv/chunks.c) */
 		return CHECK_FREE_LIST;
 	/* LRU: scratch[b] = 1-based position from the head (older = smaller). */
 	memset(sc, 0, (size_t)nb * sizeof *sc);
@@ -111,6 +111,8 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 	for (i = 0; i < nb; i++) {
 		const bkv__block *k = &kv->blk[i];
 
+		if (bkv__ck_is_lent(kv, i))
+			continue; /* a state unit's frame (kv/chunks.c) */
 		used += BLOCK_IS_PINNED(k);
 		freec += BLOCK_IS_FREE(k);
 		cached += BLOCK_IS_CACHED(k);
@@ -170,6 +172,8 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 	for (i = 0; i < nb; i++)
 		if (sc[i] != kv->blk[i].kids)
 			return CHECK_KIDS;
+	if ((rc = bkv__ck_check(kv)) != CHECK_OK)
+		return rc;
 	return bkv__val_check(kv);
 }
 

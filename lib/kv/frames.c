@@ -203,6 +203,7 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->lru_mem, bkv__kv_lru_bytes(kv));
 	bkv__free(a, kv->tok_mem, kv->tok_mem ? bkv__kv_tok_bytes(nb, bt) : 0);
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
+	bkv__ck_free(kv, a);
 	bkv__kv_retain_off(kv, a); /* a scheduler with retention outlived it */
 	if (kv->val) { /* a scheduler that set the value policy outlived it */
 		kv->val_users = 1;
@@ -212,7 +213,11 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 
 NOINLINE int32_t bkv__block_take_evict(bkv__kv *kv)
 {
-	int32_t b = bkv__cache_evict(kv);
+	int32_t b;
+
+	if (kv->ck_k) /* frames shared with a STATE group (kv/chunks.c) */
+		return bkv__ck_take(kv);
+	b = bkv__cache_evict(kv);
 
 	BKV_ASSERT(b >= 0);
 	return b;
@@ -234,6 +239,22 @@ NOINLINE void bkv__block_put_slow(bkv__kv *kv, int32_t b, int drop)
 {
 	bkv__block *k = &kv->blk[b];
 
+	if (!kv->ck_k && !drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
+		/* only PEND_DEMOTE (CHUNKED's bit, kv/kv.h) sent it here: the
+		 * inline paths' work, a host cache's demoted block */
+		kv->nr_used--;
+		kv->tokens -= k->fill;
+		if (BLOCK_IS_INDEXED(k)) {
+			bkv__lru_push(kv, b);
+			if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))
+				bkv__lru_lift(kv, k->parent);
+			return;
+		}
+		k->next = kv->free_head;
+		kv->free_head = b;
+		kv->nr_free++;
+		return;
+	}
 	k->flags &= ~BKV__BLOCK_TXN;
 	if (k->flags & BKV__BLOCK_COPY_SRC) {
 		/* Stays pinned until its pending copy is cleared. Indexed, it
@@ -260,13 +281,20 @@ void bkv__block_release(bkv__kv *kv, int32_t b, int drop)
 
 	kv->nr_used--;
 	kv->tokens -= k->fill;
+	if (UNLIKELY(kv->ck_k))
+		bkv__ck_released(kv, b);
 	if (BLOCK_IS_INDEXED(k)) {
 		if (!drop || k->kids > 0) {
 			bkv__lru_push(kv, b);
-			bkv__lru_lift(kv, k->parent);
+			if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))
+				bkv__lru_lift(kv, k->parent); /* (a late release) */
 			return;
 		}
 		bkv__cache_forget(kv, b);
+	}
+	if (UNLIKELY(kv->ck_k)) {
+		bkv__ck_push(kv, b);
+		return;
 	}
 	k->next = kv->free_head;
 	kv->free_head = b;
@@ -301,9 +329,7 @@ void bkv__kv_reset_cache(bkv__kv *kv)
 		int32_t b = kv->lru[kv->lru_head];
 
 		bkv__lru_unlink(kv, b);
-		kv->blk[b].next = kv->free_head;
-		kv->free_head = b;
-		kv->nr_free++;
+		bkv__kv_free_push(kv, b);
 	}
 	for (i = 0; i < kv->nb; i++) {
 		kv->blk[i].flags &= ~BKV__BLOCK_INDEXED;

@@ -12,7 +12,9 @@
  *
  * Owners: kv/frames.c (create/destroy, the slow release paths, the copy-
  * source release, reset), kv/cache.c (chained hashes, index, LRU, events,
- * the transaction queue), kv/check.c (the block invariants). The fast frame
+ * the transaction queue), kv/chunks.c (frames shared with a STATE group in
+ * chunks: their counts, free lists, lending), kv/check.c (the block
+ * invariants). The fast frame
  * operations are inline below: every append and release of the pool layer
  * runs them.
  */
@@ -43,6 +45,15 @@
 				       that demotes its old content to the
 				       host cache (pool/hcache.c): not
 				       demoted again until the copy clears */
+#define BKV__BLOCK_CHUNKED 0x80u    /* a frame of a pool whose frames are
+				       shared with a STATE group (kv/chunks.c):
+				       its releases take the slow path, which
+				       keeps the chunk counts. Shares its bit
+				       with PEND_DEMOTE: a shared pool has no
+				       host cache (host_cache needs n_groups
+				       0, state_share a STATE group), and a
+				       test that may see either only routes
+				       to a slow path or is behind ck_k */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)
@@ -238,6 +249,40 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
+	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
+	   off, and none of these is used */
+	uint32_t ck_k;         /* frames per chunk (one state unit's) */
+	uint32_t ck_n;         /* whole chunks, nb / ck_k; "chunk" ck_n is
+				  the frames past the last whole one, which
+				  are attention's always */
+	uint32_t *ck_pin;      /* [ck_n] an attention chunk's pinned frames */
+	uint32_t *ck_nfree;    /* [ck_n + 1] its free frames */
+	int32_t *ck_free;      /* [ck_n + 1] its free frames' list (LIFO,
+				  linked through bkv__block.next), -1 */
+	uint8_t *ck_lent;      /* [ck_n] 1: the chunk is a state unit */
+	uint8_t *ck_on;        /* [ck_n + 1] the lists it is on:
+				  BKV__CK_ON_* */
+	int32_t *ck_next;      /* [ck_n] idle list: next chunk (-1 none) */
+	int32_t *ck_prev;      /* [ck_n] idle list: previous chunk (-1: the
+				  head) */
+	int32_t *ck_anext;     /* [ck_n + 1] its allocation list: next */
+	int32_t *ck_aprev;     /* [ck_n + 1] and previous (-1: the head) */
+	int32_t ck_idle;       /* the idle list's head: attention chunks with
+				  no pinned frame (every frame free or
+				  cached), most recently idle first; -1 */
+	uint32_t nr_idle;      /* chunks on the idle list */
+	int32_t ck_part;       /* allocation list of the chunks with pinned
+				  and free frames (and the tail's), popped
+				  first so that whole chunks stay idle; -1 */
+	int32_t ck_empty;      /* allocation list of the idle chunks with
+				  free frames, popped when ck_part is
+				  empty; -1 */
+	uint32_t nr_lent;      /* frames in chunks lent to the state group;
+				  free + used + cached + lent == nb */
+	int hit_slow;          /* val or ck_k: a hit calls bkv__block_hit_slow
+				  (one test on the plain hit path for both) */
+	uint64_t ck_lends;     /* chunks lent to the state group */
+	uint64_t ck_returns;   /* chunks it gave back */
 } bkv__kv;
 
 /* Index plus block-record bytes from which bkv__cache_lookup_run prefetches
@@ -463,6 +508,152 @@ void bkv__kv_reset_cache(bkv__kv *kv);
 /* Drain up to max pending events into out. */
 uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max);
 
+/* ---- kv/chunks.c ---------------------------------------------------------- */
+
+/* Share the frames with a STATE group of k frames a unit: every frame is
+ * flagged CHUNKED and the top `lent` whole chunks are lent to the group
+ * now. Right after bkv__kv_init. BKV_OK or BKV_ENOMEM. */
+int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent);
+void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a);
+#define BKV__CK_ON_PART 1u  /* on ck_part */
+#define BKV__CK_ON_EMPTY 2u /* on ck_empty */
+#define BKV__CK_ON_IDLE 4u  /* on the idle list */
+
+/* The chunk frame f lies in (ck_n: past the last whole one). */
+static inline uint32_t bkv__ck_of(const bkv__kv *kv, int32_t f)
+{
+	uint32_t c = (uint32_t)f / kv->ck_k;
+
+	return c < kv->ck_n ? c : kv->ck_n;
+}
+
+/* Put chunk c on the lists its counts name, O(1): idle when lendable
+ * with no pinned frame; on ck_part when it has free frames and pinned ones
+ * (or is the tail), on ck_empty when it has free frames and none pinned. */
+static inline void bkv__ck_fix(bkv__kv *kv, uint32_t c)
+{
+	const int whole = c < kv->ck_n, lent = whole && kv->ck_lent[c];
+	const unsigned idle = whole && !lent && kv->ck_pin[c] == 0 ? BKV__CK_ON_IDLE : 0;
+	const unsigned alloc = lent || !kv->ck_nfree[c] ? 0
+			       : !whole || kv->ck_pin[c] ? BKV__CK_ON_PART
+							 : BKV__CK_ON_EMPTY;
+	const int32_t ci = (int32_t)c;
+	unsigned on = kv->ck_on[c];
+	int32_t *head;
+
+	if ((on & BKV__CK_ON_IDLE) != idle) {
+		if (idle) {
+			kv->ck_prev[c] = -1;
+			kv->ck_next[c] = kv->ck_idle;
+			if (kv->ck_idle >= 0)
+				kv->ck_prev[kv->ck_idle] = ci;
+			kv->ck_idle = ci;
+			kv->nr_idle++;
+		} else {
+			if (kv->ck_prev[c] >= 0)
+				kv->ck_next[kv->ck_prev[c]] = kv->ck_next[c];
+			else
+				kv->ck_idle = kv->ck_next[c];
+			if (kv->ck_next[c] >= 0)
+				kv->ck_prev[kv->ck_next[c]] = kv->ck_prev[c];
+			kv->ck_prev[c] = kv->ck_next[c] = -1;
+			kv->nr_idle--;
+		}
+	}
+	if ((on & 3u) != alloc) {
+		if (on & 3u) {
+			head = (on & BKV__CK_ON_PART) ? &kv->ck_part : &kv->ck_empty;
+			if (kv->ck_aprev[c] >= 0)
+				kv->ck_anext[kv->ck_aprev[c]] = kv->ck_anext[c];
+			else
+				*head = kv->ck_anext[c];
+			if (kv->ck_anext[c] >= 0)
+				kv->ck_aprev[kv->ck_anext[c]] = kv->ck_aprev[c];
+			kv->ck_aprev[c] = kv->ck_anext[c] = -1;
+		}
+		if (alloc) {
+			head = alloc == BKV__CK_ON_PART ? &kv->ck_part : &kv->ck_empty;
+			kv->ck_aprev[c] = -1;
+			kv->ck_anext[c] = *head;
+			if (*head >= 0)
+				kv->ck_aprev[*head] = ci;
+			*head = ci;
+		}
+	}
+	kv->ck_on[c] = (uint8_t)(idle | alloc);
+}
+
+/* Frame b (CHUNKED) was just pinned: a cached frame hit. */
+static inline void bkv__ck_pinned(bkv__kv *kv, int32_t b)
+{
+	uint32_t c = bkv__ck_of(kv, b);
+
+	if (c < kv->ck_n) {
+		kv->ck_pin[c]++;
+		bkv__ck_fix(kv, c);
+	}
+}
+
+/* Frame b's last pin went (it is cached or free now). */
+static inline void bkv__ck_unpinned(bkv__kv *kv, int32_t b)
+{
+	uint32_t c = bkv__ck_of(kv, b);
+
+	if (c < kv->ck_n) {
+		BKV_ASSERT(kv->ck_pin[c] > 0);
+		kv->ck_pin[c]--;
+		bkv__ck_fix(kv, c);
+	}
+}
+
+/* Push b (ref 0, not indexed) on the free list head: a chunked pool's
+ * frame on its chunk's list. */
+static inline void bkv__kv_free_push(bkv__kv *kv, int32_t b)
+{
+	bkv__block *k = &kv->blk[b];
+
+	k->prev = -1;
+	kv->nr_free++;
+	if (kv->ck_k) {
+		uint32_t c = bkv__ck_of(kv, b);
+
+		k->next = kv->ck_free[c];
+		kv->ck_free[c] = b;
+		if (kv->ck_nfree[c]++ == 0)
+			bkv__ck_fix(kv, c);
+		return;
+	}
+	k->next = kv->free_head;
+	kv->free_head = b;
+}
+
+/* A chunked pool's take (bkv__block_take finds free_head -1 always): a
+ * free frame of a partly pinned chunk, else of an idle one, else the
+ * cache's victim; its chunk counts the pin. */
+int32_t bkv__ck_take(bkv__kv *kv);
+/* bkv__ck_unpinned and bkv__kv_free_push out of line, for the release
+ * path (kv/frames.c), whose plain pools' code stays as small as before. */
+void bkv__ck_released(bkv__kv *kv, int32_t b);
+void bkv__ck_push(bkv__kv *kv, int32_t b);
+
+/* An idle chunk to lend: with clean, one whose frames are all free (-1:
+ * none among the first few idle ones); else the idle chunk whose lending
+ * costs the fewest evictions among those (-1: no idle chunk). */
+int32_t bkv__ck_pick(const bkv__kv *kv, int clean);
+/* Lend idle chunk c to the state group: its cached frames are evicted
+ * (after the older cached blocks that hold children of them, in the
+ * cache's order), its free frames leave the free list. */
+void bkv__ck_lend(bkv__kv *kv, int32_t c);
+/* Chunk c comes back from the state group: its frames go free. */
+void bkv__ck_return(bkv__kv *kv, int32_t c);
+/* Is frame f in a chunk lent to the state group? */
+static inline int bkv__ck_is_lent(const bkv__kv *kv, uint32_t f)
+{
+	return kv->ck_k && f / kv->ck_k < kv->ck_n && kv->ck_lent[f / kv->ck_k];
+}
+/* The chunk accounting's invariants (CHECK_CHUNKS); 0 when off. */
+int bkv__ck_check(const bkv__kv *kv);
+
 /* Take a block for a sequence whose previous block is `parent` (-1: none):
  * pop the free list, or evict the oldest cached block. The caller has made
  * sure one exists. Returns it pinned (ref 1, fill 0). */
@@ -575,6 +766,9 @@ void bkv__kv_retain(bkv__kv *kv, int32_t b, uint32_t prio, uint64_t exp);
 void bkv__val_indexed(bkv__kv *kv, int32_t b);
 /* b was taken back from the cache (a hit): its decayed count grows. */
 void bkv__val_hit(bkv__kv *kv, int32_t b);
+/* A cached block was taken back (bkv__block_pin, with hit_slow): its value
+ * record's hit (val) and a chunked frame's pin (kv/chunks.c). */
+void bkv__block_hit_slow(bkv__kv *kv, int32_t b);
 /* b joined the LRU (bkv__lru_push): to the tail of its value class. */
 void bkv__val_push(bkv__kv *kv, int32_t b);
 /* b left the LRU (bkv__lru_unlink): off its class list. */
@@ -599,8 +793,8 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
 		kv->tokens += k->fill;
-		if (kv->val)
-			bkv__val_hit(kv, b);
+		if (kv->hit_slow)
+			bkv__block_hit_slow(kv, b);
 	}
 }
 
@@ -613,7 +807,8 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	BKV_ASSERT(k->ref > 0);
 	if (--k->ref)
 		return;
-	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)))) {
+	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN |
+				 BKV__BLOCK_CHUNKED)))) {
 		kv->nr_used--;
 		kv->tokens -= k->fill;
 		k->next = kv->free_head;
@@ -621,7 +816,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 		kv->nr_free++;
 		return;
 	}
-	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
+	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN | BKV__BLOCK_CHUNKED))) {
 		/* indexed: cached on the LRU tail */
 		kv->nr_used--;
 		kv->tokens -= k->fill;
@@ -650,7 +845,8 @@ static inline void bkv__kv_txn_note(bkv__kv *kv, int32_t b, uint64_t owner)
 
 /* bkv_pool_check's answers, the first violated invariant: one numbering
  * for both layers. kv/check.c checks 1-10, 14, 17 and (through
- * kv/value.c) 18; pool/check.c 11-13, 15 and 16. */
+ * kv/value.c) 18 and (through kv/chunks.c) 19; pool/check.c 11-13, 15 and
+ * 16 (and pool/state.c 19 for the units). */
 enum {
 	CHECK_OK = 0,
 	CHECK_COUNTS = 1,      /* nr_free + nr_used + nr_cached != device_blocks */
@@ -690,6 +886,11 @@ enum {
 				  is not its parent's + 1 (0 without parent),
 				  or the class lists' links, masks or
 				  membership != the cached blocks */
+	CHECK_CHUNKS = 19,     /* frames shared with a STATE group: a chunk's
+				  pinned count, its idle-list membership or
+				  its lent state wrong, nr_lent wrong, a lent
+				  frame not clean, or the free list's back
+				  links broken */
 	CHECK_TXN = 17,        /* a TXN (queued) block not pinned, not full,
 				  indexed, or not at its queue slot (between
 				  transactions only the swapped-in blocks an

@@ -242,6 +242,7 @@ int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1)
 		if (!v)
 			return BKV_ENOMEM;
 		kv->val = v;
+		kv->hit_slow = 1;
 		kv->val_clock = 0;
 		kv->val_shift = ilog2(kv->nb > 16 ? kv->nb : 16);
 		kv->val_mask = 0;
@@ -263,6 +264,7 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a)
 		return;
 	bkv__free(a, kv->val, (size_t)kv->nb * sizeof(*kv->val));
 	kv->val = NULL;
+	kv->hit_slow = kv->ck_k != 0;
 }
 
 /* ---- records ------------------------------------------------------------- */
@@ -278,6 +280,14 @@ void bkv__val_indexed(bkv__kv *kv, int32_t b)
 	v->rprio = 0;
 	if (kv->val_exp)
 		kv->val_exp[b] = UINT64_MAX;
+}
+
+void bkv__block_hit_slow(bkv__kv *kv, int32_t b)
+{
+	if (kv->ck_k)
+		bkv__ck_pinned(kv, b);
+	if (kv->val)
+		bkv__val_hit(kv, b);
 }
 
 void bkv__val_hit(bkv__kv *kv, int32_t b)

@@ -73,8 +73,9 @@ int bkv_block_info_get(const bkv_pool *pool, int32_t block, bkv_block_info *info
 	const bkv__block *k;
 	size_t n;
 
-	if (!pool || !info || block < 0 || (uint32_t)block >= pool->kv.nb)
-		return BKV_EINVAL;
+	if (!pool || !info || block < 0 || (uint32_t)block >= pool->kv.nb ||
+	    bkv__ck_is_lent(&pool->kv, (uint32_t)block))
+		return BKV_EINVAL; /* (a lent frame is a state unit's) */
 	n = want(info->size, sizeof bi);
 	k = &pool->kv.blk[block];
 

@@ -105,6 +105,8 @@ int bkv__lanes_valid(const bkv_pool_config *c)
 	if (c->groups[0].kind != BKV_GROUP_FULL ||
 	    !bkv_kv_frame_bytes(c->groups, c->n_groups, c->block_tokens))
 		return 0;
+	if (c->state_share) /* the floor and one more unit fit */
+		return bkv__state_floor_frames(c) <= c->device_blocks;
 	return bkv__state_arena(c) < c->device_blocks;
 }
 
@@ -388,12 +390,22 @@ uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hi
 	uint32_t l;
 
 	*cows = 0;
-	if (pool->st_units && writes &&
+	if (pool->st_units && !pool->st_share && writes &&
 	    !bkv__state_room(pool, s, writes - 1, touch_settles(pool, s)))
 		return UINT32_MAX * (uint64_t)2; /* no state unit: no room */
 	for (l = 0; l < pool->n_lanes; l++)
 		*cows += (uint32_t)lane_needs_cow(pool, l, s);
 	return (uint64_t)(new_blocks - nb_hit) * pool->n_lanes + *cows;
+}
+
+/* With st_share: the state units an append of s that writes (nonzero)
+ * needs, and those its touch's settle frees. */
+void bkv__lanes_state_ask(const bkv_pool *pool, const bkv__seq *s, uint32_t writes,
+			  uint32_t *need_u, uint32_t *frees)
+{
+	*need_u = *frees = 0;
+	if (writes)
+		bkv__state_ask(pool, s, touch_settles(pool, s), need_u, frees);
 }
 
 /* Look up lane l's block i of a hit (lane 0's blocks through i - 1 are in

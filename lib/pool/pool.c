@@ -60,12 +60,14 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->event_capacity > (1u << 24))
 		return 0;
-	if (c->pin_permille > 1000)
+	if (c->pin_permille > 1000 || c->state_pad)
 		return 0;
 	if (c->reserved)
 		return 0;
 	/* a host cache keeps prefix-cache blocks on the host tier; KV groups
 	 * are not kept there (docs/design.md, "The host cache") */
+	/* (state_share needs a STATE group: never with a host cache, whose
+	 * PEND_DEMOTE bit is its frames' CHUNKED, kv/kv.h) */
 	if (c->host_cache > 1 ||
 	    (c->host_cache && (!c->host_blocks || !c->prefix_cache || c->n_groups)))
 		return 0;
@@ -235,7 +237,7 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 
 uint32_t bkv_pool_available(const bkv_pool *pool)
 {
-	return pool ? pool->kv.nr_free + pool->kv.nr_cached : 0;
+	return pool ? pool->kv.nr_free + pool->kv.nr_cached + bkv__state_spare(pool) : 0;
 }
 
 int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
@@ -244,7 +246,7 @@ int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
 
 	if (!pool)
 		return 0;
-	avail = (uint64_t)pool->kv.nr_free + pool->kv.nr_cached;
+	avail = (uint64_t)pool->kv.nr_free + pool->kv.nr_cached + bkv__state_spare(pool);
 	/* a prompt's first append writes all its blocks in every lane */
 	return avail >= (uint64_t)bkv__blocks_for(pool, n_tokens) * (1 + pool->n_lanes) +
 				pool->cfg.watermark_blocks;
@@ -272,7 +274,7 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 	memset(&st, 0, sizeof st);
 	if (pool) {
 		st.block_tokens = pool->kv.bt;
-		st.device_blocks = pool->kv.nb;
+		st.device_blocks = pool->kv.nb - pool->kv.nr_lent;
 		st.host_blocks = pool->nh;
 		st.nr_free = pool->kv.nr_free;
 		st.nr_used = pool->kv.nr_used;
@@ -293,7 +295,7 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.events = pool->kv.ev_seq;
 		st.events_dropped = pool->kv.ev_dropped;
 		st.dup_blocks = pool->kv.dedup_blocks;
-		st.state_units = pool->st_units;
+		st.state_units = pool->st_held;
 		st.state_free = pool->st_nr_free;
 		st.state_checkpoints = pool->st_nr_indexed;
 		st.state_frames = pool->st_units ? pool->st_frames : 0;

@@ -184,9 +184,17 @@ struct bkv_pool {
 				  groups' path (pool/lanes.c) */
 	/* a recurrent-state group (pool/state.c); st_units 0 without one */
 	uint32_t st_group;     /* its index in groups (the last) */
-	uint32_t st_units;     /* units in the arena */
+	uint32_t st_units;     /* units in the arena; with st_share the
+				  chunks (kv.ck_n), each a unit or not */
 	uint32_t st_frames;    /* frames per unit (bkv_kv_state_frames) */
-	uint32_t st_first;     /* the arena's first frame (kv.nb) */
+	uint32_t st_first;     /* the arena's first frame (kv.nb); 0 with
+				  st_share (unit u is chunk u) */
+	int st_share;          /* bkv_pool_config.state_share: units are
+				  chunks lent by the KV layer (kv/chunks.c) */
+	uint32_t st_floor;     /* with st_share: units kept however idle
+				  (state_units) */
+	uint32_t st_held;      /* units the group holds: st_units, or with
+				  st_share the chunks lent to it */
 	uint32_t st_interval;  /* checkpoint interval in tokens (0: none) */
 	uint32_t st_map_mask;  /* st_map capacity - 1 (a power of two) */
 	uint64_t st_salt;      /* xor-ed into a checkpoint's chain hash */
@@ -385,6 +393,8 @@ uint32_t bkv__lanes_touch_frees(const bkv_pool *pool, const bkv__seq *s);
  * counts as no room), commit (the tokens after the hits written, the hits
  * pinned before by bkv__lanes_pin_hits; s->len not moved yet). An append
  * reserves the lanes' tables, decides, and only then touches. */
+void bkv__lanes_state_ask(const bkv_pool *pool, const bkv__seq *s, uint32_t writes,
+			  uint32_t *need_u, uint32_t *frees);
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
 			 uint32_t new_blocks, uint32_t *cows, uint32_t writes);
 void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
@@ -436,6 +446,26 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
 void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s);
 int bkv__state_swap_in_room(const bkv_pool *pool, const bkv__seq *s);
+/* With st_share: the state units an append or swap-in takes (need_u; frees
+ * of them come back from its settle) and the attention blocks beside them
+ * fit together, attention's own room less its blocks being slack (it may
+ * be negative: frames of checkpoints given back), relinked the cached
+ * blocks its hits pin and taken the cached checkpoints they pin. */
+int bkv__state_share_fits(const bkv_pool *pool, int64_t slack, uint32_t relinked, uint32_t taken,
+			  uint32_t need_u, uint32_t frees);
+/* With st_share, before the blocks are taken (the hits pinned): make
+ * need_u units free for the state group and need_att blocks available for
+ * attention, as bkv__state_share_fits found they can be. */
+void bkv__state_share_prepare(bkv_pool *pool, uint32_t need_att, uint32_t need_u);
+/* What bkv__state_room counts for s: the units its append needs and the
+ * frees of the settle bkv__state_begin would do first (settles nonzero). */
+void bkv__state_ask(const bkv_pool *pool, const bkv__seq *s, int settles, uint32_t *need_u,
+		    uint32_t *frees);
+/* Frames attention may have back from unreferenced checkpoints above the
+ * floor (0 without st_share). */
+uint32_t bkv__state_spare(const bkv_pool *pool);
+/* Units a STATE group of config c keeps at all times (fixed: the arena). */
+uint64_t bkv__state_floor_frames(const bkv_pool_config *c);
 void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s);
 void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out);
 int bkv__state_check(const bkv_pool *pool, uint32_t *sc);
@@ -656,6 +686,21 @@ static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 static inline uint32_t bkv__pool_nr_pins(const bkv_pool *pool)
 {
 	return pool->nr_pins;
+}
+
+/* The block ids attention may use: the device blocks less a fixed state
+ * arena (with a shared STATE group, every frame: the stats' count is what
+ * attention holds now). */
+static inline uint32_t bkv__pool_blocks(const bkv_pool *pool)
+{
+	return pool->kv.nb;
+}
+
+/* The most frames attention may ever hold at once: bkv__pool_blocks, less
+ * a shared STATE group's floor (its units are never attention's). */
+static inline uint32_t bkv__pool_attn_blocks(const bkv_pool *pool)
+{
+	return pool->kv.nb - (pool->st_share ? pool->st_floor * pool->st_frames : 0);
 }
 
 static inline uint32_t bkv__pool_max_seqs(const bkv_pool *pool)

@@ -469,6 +469,38 @@ static uint64_t append_room(const bkv_pool *pool, const bkv__seq *s, uint32_t re
 	       (pool->grouped ? bkv__lanes_touch_frees(pool, s) : 0);
 }
 
+/* Room for an append's need blocks (its hits relink relinked cached ones),
+ * and with a shared STATE group for the units it writes (writes, taken of
+ * them cached checkpoints its hit pins) beside them. */
+static int append_fits(const bkv_pool *pool, const bkv__seq *s, uint64_t need, uint32_t relinked,
+		       uint32_t taken, uint32_t writes)
+{
+	uint64_t room = append_room(pool, s, relinked);
+	uint32_t need_u, frees;
+
+	if (!pool->st_share)
+		return need <= room;
+	bkv__lanes_state_ask(pool, s, writes, &need_u, &frees);
+	return bkv__state_share_fits(pool, (int64_t)room - (int64_t)need, relinked, taken, need_u,
+				     frees);
+}
+
+/* An append's commit begins: its hits (stashed past nb0) pinned in every
+ * group, before any take can evict them; then, with a shared STATE group,
+ * units lent or given back for the need blocks and the units it writes. */
+static void pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t hits,
+		     uint64_t need, uint32_t writes)
+{
+	uint32_t i;
+
+	for (i = 0; i < hits; i++)
+		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
+	if (pool->grouped && hits)
+		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	if (pool->st_share)
+		bkv__state_share_prepare(pool, (uint32_t)need, writes ? bkv__state_need(pool, s) : 0);
+}
+
 /* Host-cache hits (pool/hcache.c) after the device hits of an append, the
  * sequence's table ending at entry at (which is indexed, or none): their
  * host ids stashed at s->table[at ..) (room reserved), counted. */
@@ -506,7 +538,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 				uint32_t *hit_tokens, int nohit)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0,
-		 units = 0, hh = 0;
+		 units = 0, writes, hh = 0;
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
@@ -540,10 +572,10 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &hh);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
+	writes = n > hits * bt ? units + 1 : 0;
 	if (pool->grouped) /* a state unit it cannot have counts as no room */
-		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow,
-					n > hits * bt ? units + 1 : 0);
-	if (need > append_room(pool, s, relinked))
+		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow, writes);
+	if (!append_fits(pool, s, need, relinked, units, writes))
 		return BKV_ENOSPC;
 	if (((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow)) ||
 	    (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh)))
@@ -552,10 +584,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 		bkv__lanes_touch(pool, s);
 
 	/* Commit. */
-	for (i = 0; i < hits; i++)
-		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
-	if (pool->grouped && hits) /* before any take can evict them */
-		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	pin_hits(pool, s, nb0, hits, need, writes);
 	s->n_blocks = nb0 + hits;
 	bkv__hc_reload_run(pool, s, hh); /* after the pins: no take evicts a hit */
 	hits += hh;

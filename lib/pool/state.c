@@ -8,8 +8,13 @@
  * device frames at create: unit u is the st_frames consecutive frames from
  * st_first + u * st_frames (above the attention frames, kv.nb), so a state
  * kernel addresses a unit by its first frame as if it were one contiguous
- * state tensor. Contiguity is why the arena's size is fixed at create
- * (bkv_pool_config.state_units) rather than taken from the free list.
+ * state tensor (bkv_pool_config.state_units of them). With state_share the
+ * units and the attention blocks share every frame instead: unit u is
+ * chunk u of the KV layer's aligned chunks (kv/chunks.c, st_first 0), lent
+ * when the group needs a unit and given back when it holds more than its
+ * floor (state_units) and one goes free; "sharing frames with attention"
+ * below decides between a chunk and a checkpoint, and an append's room
+ * counts both sides together.
  *
  * Out of place. A call reads each row's state from its live unit (or from
  * zero at position 0) and writes the new state into the row's scratch
@@ -42,16 +47,41 @@
 
 /* ---- create / destroy ------------------------------------------------------- */
 
-/* Frames the arena takes from device_blocks (0 without a STATE group). */
-uint64_t bkv__state_arena(const bkv_pool_config *c)
+/* Frames a STATE group holds at all times: the fixed arena, or with
+ * state_share the floor's units (0 without a STATE group). */
+uint64_t bkv__state_floor_frames(const bkv_pool_config *c)
 {
-	uint32_t units = c->state_units ? c->state_units : 2 * c->max_seqs;
+	uint32_t units = c->state_units || c->state_share ? c->state_units : 2 * c->max_seqs;
 	uint32_t k;
 
 	if (c->n_groups < 2 || c->groups[c->n_groups - 1].kind != BKV_GROUP_STATE)
 		return 0;
 	k = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
-	return (uint64_t)units * k;
+	/* sharing: one chunk past the floor at least */
+	return (uint64_t)units * k + (c->state_share ? k : 0);
+}
+
+/* Frames the arena takes from device_blocks (0 without a STATE group, and
+ * with state_share: the KV layer has every frame). */
+uint64_t bkv__state_arena(const bkv_pool_config *c)
+{
+	return c->state_share ? 0 : bkv__state_floor_frames(c);
+}
+
+static void unit_push_free(bkv_pool *pool, int32_t u);
+static int32_t ckpt_evict(bkv_pool *pool);
+
+/* Sharing: every frame is chunked and the floor's units are lent now. */
+static int share_init(bkv_pool *pool)
+{
+	pool->st_share = 1;
+	pool->st_floor = pool->cfg.state_units;
+	pool->st_first = 0;
+	if (bkv__ck_init(&pool->kv, &pool->alloc, pool->st_frames, pool->st_floor) != BKV_OK)
+		return BKV_ENOMEM;
+	pool->st_units = pool->kv.ck_n;
+	pool->st_held = pool->st_floor;
+	return BKV_OK;
 }
 
 int bkv__state_init(bkv_pool *pool)
@@ -60,12 +90,15 @@ int bkv__state_init(bkv_pool *pool)
 	const bkv_allocator *a = &pool->alloc;
 	uint32_t i, cap = 4;
 
-	if (!bkv__state_arena(c))
+	if (!bkv__state_floor_frames(c))
 		return BKV_OK;
 	pool->st_group = c->n_groups - 1;
 	pool->st_units = c->state_units ? c->state_units : 2 * c->max_seqs;
 	pool->st_frames = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
 	pool->st_first = pool->kv.nb;
+	pool->st_held = pool->st_units;
+	if (c->state_share && share_init(pool) != BKV_OK)
+		return BKV_ENOMEM;
 	pool->st_interval = c->groups[pool->st_group].span;
 	pool->st_salt = 0xd6e8feb86659fd93ull;
 	while (cap < 2 * pool->st_units)
@@ -95,6 +128,14 @@ int bkv__state_init(bkv_pool *pool)
 	}
 	pool->st_free_head = 0;
 	pool->st_nr_free = pool->st_units;
+	if (pool->st_share) { /* the floor: the top chunks, lent at create */
+		for (i = 0; i < pool->st_units; i++)
+			pool->st_next[i] = -1;
+		pool->st_free_head = -1;
+		pool->st_nr_free = 0;
+		for (i = pool->st_units - pool->st_floor; i < pool->st_units; i++)
+			unit_push_free(pool, (int32_t)i);
+	}
 	pool->st_lru_head = pool->st_lru_tail = -1;
 	for (i = 0; i <= pool->st_map_mask; i++)
 		pool->st_map[i] = -1;
@@ -224,24 +265,127 @@ static int32_t unit_take(bkv_pool *pool)
 		pool->st_free_head = pool->st_next[u];
 		pool->st_nr_free--;
 	} else {
-		u = pool->st_lru_head;
-		BKV_ASSERT(u >= 0);
-		lru_unlink(pool, u);
-		map_remove(pool, u);
-		pool->st_evictions++;
+		u = ckpt_evict(pool);
 	}
 	pool->st_next[u] = pool->st_prev[u] = -1;
 	pool->st_flags[u] = ST_SCRATCH;
 	return u;
 }
 
-static void unit_free(bkv_pool *pool, int32_t u)
+static void unit_push_free(bkv_pool *pool, int32_t u)
 {
 	pool->st_flags[u] = 0;
 	pool->st_next[u] = pool->st_free_head;
 	pool->st_prev[u] = -1;
 	pool->st_free_head = u;
 	pool->st_nr_free++;
+}
+
+/* Sharing: unit u (no reference, on no list) goes back to attention. */
+static void unit_return(bkv_pool *pool, int32_t u)
+{
+	pool->st_flags[u] = 0;
+	pool->st_ref[u] = 0;
+	pool->st_next[u] = pool->st_prev[u] = -1;
+	pool->st_held--;
+	bkv__ck_return(&pool->kv, u);
+}
+
+/* Sharing: idle chunk c becomes a free unit. */
+static void unit_gain(bkv_pool *pool, int32_t c)
+{
+	bkv__ck_lend(&pool->kv, c);
+	pool->st_held++;
+	pool->st_ref[c] = 0;
+	unit_push_free(pool, c);
+}
+
+/* A unit nothing holds: free, or with sharing above the floor back to
+ * attention. */
+static void unit_free(bkv_pool *pool, int32_t u)
+{
+	if (pool->st_share && pool->st_held > pool->st_floor)
+		unit_return(pool, u);
+	else
+		unit_push_free(pool, u);
+}
+
+/* The oldest unreferenced checkpoint leaves the map and the LRU (one
+ * exists); returns it, on no list. */
+static int32_t ckpt_evict(bkv_pool *pool)
+{
+	int32_t u = pool->st_lru_head;
+
+	BKV_ASSERT(u >= 0);
+	lru_unlink(pool, u);
+	map_remove(pool, u);
+	pool->st_evictions++;
+	return u;
+}
+
+/* ---- sharing frames with attention (kv/chunks.c) ---------------------------- */
+
+uint32_t bkv__state_spare(const bkv_pool *pool)
+{
+	if (!pool->st_share)
+		return 0;
+	return BKV_MIN(pool->st_nr_cached, pool->st_held - pool->st_floor) * pool->st_frames;
+}
+
+/* Mirrors bkv__state_share_prepare unit by unit: a chunk when attention
+ * can spare its frames and one is idle (the hits may pin relinked of the
+ * idle ones), else a checkpoint; then the checkpoints left above the floor
+ * give attention what it lacks. */
+int bkv__state_share_fits(const bkv_pool *pool, int64_t slack, uint32_t relinked, uint32_t taken,
+			  uint32_t need_u, uint32_t frees)
+{
+	const int64_t k = pool->st_frames;
+	const uint32_t own = pool->st_nr_free + frees;
+	uint32_t su = need_u > own ? need_u - own : 0;
+	uint32_t c = pool->st_nr_cached > taken ? pool->st_nr_cached - taken : 0;
+	uint32_t idle = pool->kv.nr_idle > relinked ? pool->kv.nr_idle - relinked : 0;
+	uint64_t above = pool->st_held - pool->st_floor, conv;
+
+	for (; su; su--) {
+		if (slack >= k && idle) {
+			slack -= k;
+			idle--;
+			above++;
+		} else if (c) {
+			c--;
+		} else {
+			return 0;
+		}
+	}
+	if (slack >= 0)
+		return 1;
+	conv = (uint64_t)((-slack + k - 1) / k);
+	return conv <= c && conv <= above;
+}
+
+void bkv__state_share_prepare(bkv_pool *pool, uint32_t need_att, uint32_t need_u)
+{
+	bkv__kv *kv = &pool->kv;
+	const int64_t k = pool->st_frames;
+
+	while (pool->st_nr_free < need_u) {
+		int64_t slack = (int64_t)kv->nr_free + kv->nr_cached - need_att;
+		int32_t c = slack >= k ? bkv__ck_pick(kv, 1) : -1;
+
+		if (c >= 0) {
+			unit_gain(pool, c); /* free frames: no cache lost */
+		} else if (pool->st_nr_cached) {
+			unit_push_free(pool, ckpt_evict(pool));
+		} else {
+			c = bkv__ck_pick(kv, 0);
+			BKV_ASSERT(c >= 0 && slack >= k);
+			unit_gain(pool, c);
+		}
+	}
+	while ((uint64_t)kv->nr_free + kv->nr_cached < need_att) {
+		BKV_ASSERT(pool->st_nr_cached && pool->st_held > pool->st_floor);
+		unit_return(pool, ckpt_evict(pool));
+	}
 }
 
 /* A live reference to u went: at zero a checkpoint goes on the LRU, any
@@ -385,6 +529,13 @@ static uint32_t settle_frees(const bkv_pool *pool, const bkv__seq *s, uint32_t *
 		frees += !seen && pool->st_ref[put[i]] <= times;
 	}
 	return frees;
+}
+
+void bkv__state_ask(const bkv_pool *pool, const bkv__seq *s, int settles, uint32_t *need_u,
+		    uint32_t *frees)
+{
+	*need_u = bkv__state_need(pool, s);
+	*frees = settles ? settle_frees(pool, s, need_u) : 0;
 }
 
 int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken, int settles)
@@ -625,6 +776,8 @@ void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s)
 /* Swap-in needs a unit for a live state. */
 int bkv__state_swap_in_room(const bkv_pool *pool, const bkv__seq *s)
 {
+	if (pool->st_share) /* counted with the blocks (bkv__state_share_fits) */
+		return 1;
 	return pool->st_len[s - pool->seqs] == 0 || units_available(pool) >= 1;
 }
 
@@ -643,8 +796,11 @@ void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
 	for (j = 0; j < k; j++) {
 		int32_t h = pool->st_host[(size_t)slot * k + j];
 
-		bkv__copy_push(pool, BKV_COPY_SWAP_IN, h,
-			       (int32_t)(pool->st_first + (uint32_t)u * k + j));
+		const int32_t f = (int32_t)(pool->st_first + (uint32_t)u * k + j);
+
+		bkv__copy_push(pool, BKV_COPY_SWAP_IN, h, f);
+		if (pool->st_share) /* a KV frame: flagged like a block's copy */
+			pool->kv.blk[f].flags |= BKV__BLOCK_PEND_SWAPIN;
 		pool->host_state[h] = BKV__HOST_PENDING;
 		pool->host_pending++;
 	}
@@ -682,7 +838,7 @@ int bkv_seq_state_frames(const bkv_pool *pool, uint32_t seq, int32_t *in, int32_
 int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 {
 	const uint32_t ms = pool->cfg.max_seqs, nu = pool->st_units;
-	uint32_t i, n, cached = 0, free = 0, indexed = 0;
+	uint32_t i, n, cached = 0, free = 0, indexed = 0, held = 0;
 	int32_t u;
 
 	memset(sc, 0, (size_t)nu * sizeof *sc);
@@ -715,6 +871,12 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 	for (u = 0; (uint32_t)u < nu; u++) {
 		const uint8_t f = pool->st_flags[u];
 
+		if (pool->st_share && !pool->kv.ck_lent[u]) { /* attention's chunk */
+			if (f || pool->st_ref[u] || sc[u])
+				return CHECK_CHUNKS;
+			continue;
+		}
+		held++;
 		if ((sc[u] & 0xFFFF) != pool->st_ref[u])
 			return CHECK_REFS;
 		if ((f & ST_SCRATCH) != 0) {
@@ -736,10 +898,14 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 	if (n != cached || n != pool->st_nr_cached)
 		return CHECK_LRU;
 	for (n = 0, u = pool->st_free_head; u >= 0; u = pool->st_next[u], n++)
-		if (n >= nu || pool->st_flags[u] || pool->st_ref[u])
+		if (n >= nu || pool->st_flags[u] || pool->st_ref[u] ||
+		    (pool->st_share && !pool->kv.ck_lent[u]))
 			return CHECK_FREE_LIST;
 	if (n != free || n != pool->st_nr_free)
 		return CHECK_FREE_LIST;
+	if (held != pool->st_held || held < (pool->st_share ? pool->st_floor : nu) ||
+	    (pool->st_share && held * pool->st_frames != pool->kv.nr_lent))
+		return CHECK_CHUNKS;
 	for (i = 0, n = 0; i <= pool->st_map_mask; i++)
 		n += pool->st_map[i] >= 0;
 	return n == indexed && n == pool->st_nr_indexed ? CHECK_OK : CHECK_INDEX;

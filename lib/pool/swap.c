@@ -88,6 +88,18 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 }
 
 
+/* Room for a swap-in's need blocks (its hits relink relinked cached ones)
+ * and, with a shared STATE group, its state's unit beside them. */
+static int swap_in_fits(const bkv_pool *pool, const bkv__seq *s, uint64_t need, uint32_t relinked)
+{
+	uint64_t room = (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked;
+
+	if (!pool->st_share)
+		return need <= room;
+	return bkv__state_share_fits(pool, (int64_t)room - (int64_t)need, relinked, 0,
+				     pool->st_len[s - pool->seqs] != 0, 0);
+}
+
 int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 {
 	uint32_t bt, i, n_full, hits = 0, relinked = 0;
@@ -122,8 +134,7 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 	}
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	lanes = pool->grouped ? bkv__lanes_swap_in_need(pool, s) : 0;
-	if ((uint64_t)s->n_blocks - hits + lanes >
-	    (uint64_t)pool->kv.nr_free + pool->kv.nr_cached - relinked)
+	if (!swap_in_fits(pool, s, (uint64_t)s->n_blocks - hits + lanes, relinked))
 		return BKV_ENOSPC;
 	if (bkv__copies_reserve(pool, BKV_COPY_SWAP_IN,
 				(uint32_t)(s->n_blocks - hits + lanes) + pool->st_frames))
@@ -143,6 +154,9 @@ int bkv_seq_swap_in(bkv_pool *pool, uint32_t seq)
 		ph = h;
 		parent = c;
 	}
+	if (pool->st_share)
+		bkv__state_share_prepare(pool, (uint32_t)(s->n_blocks - hits + lanes),
+					 pool->st_len[s - pool->seqs] != 0);
 	for (i = hits; i < s->n_blocks; i++) {
 		uint32_t w = bkv__block_len(pool, s->len, i);
 

@@ -279,7 +279,7 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	 * unadmittable (BKV_FINISH_ERROR). A STATE group's units must carry
 	 * its branches (bkv__pool_state_units). */
 	blocks = (hist + s->bt - 1) / s->bt * q->n;
-	if (blocks > s->device_blocks || hist > INT32_MAX || q->n > s->cfg.max_running ||
+	if (blocks > bkv__pool_attn_blocks(s->pool) || hist > INT32_MAX || q->n > s->cfg.max_running ||
 	    (bkv__pool_state_units(s->pool) && 4ull * q->n > bkv__pool_state_units(s->pool)) ||
 	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))
 		return BKV_E2BIG; /* could never run all n branches at once, or a

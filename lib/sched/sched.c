@@ -127,7 +127,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	s->bt = ps->block_tokens;
 	while ((1u << s->bt_shift) < s->bt)
 		s->bt_shift++;
-	s->device_blocks = ps->device_blocks;
+	s->device_blocks = bkv__pool_blocks(pool);
 	s->host_blocks = ps->host_blocks;
 	s->call.n_lanes = bkv__pool_n_groups(pool) - 1;
 	s->call.st_interval = bkv__pool_state_interval(pool);

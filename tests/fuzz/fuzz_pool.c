@@ -60,7 +60,10 @@ typedef struct model {
 	bkv_kv_group g[3]; /* [ng] the pool's groups: full, then a window or
 			     chunk, then maybe a state */
 	int state;        /* the last group is STATE */
-	uint32_t arena;   /* frames of the state arena */
+	int share;        /* its units share the frames (state_share): nb is
+			     device_blocks and a unit is any aligned chunk */
+	uint32_t k;       /* frames per state unit */
+	uint32_t arena;   /* frames of the state arena (0 shared) */
 	mseq s[MAX_SEQS];
 	int txn;          /* inside bkv__pool_txn_begin */
 } model;
@@ -126,9 +129,12 @@ static void check_groups(const model *m, const mseq *s, uint32_t nb, int full)
 	if (m->state && !s->swapped) {
 		int32_t in = -2, out = -2;
 		int rc = bkv_seq_state_frames(p, s->id, &in, &out);
-		int32_t lo = (int32_t)m->nb, hi = (int32_t)(m->nb + m->arena);
+		int32_t lo = m->share ? 0 : (int32_t)m->nb, hi = (int32_t)(m->nb + m->arena);
 
 		FZ_CHECK(rc == BKV_OK, "seq %u state_frames: %d", s->id, rc);
+		FZ_CHECK(!m->share || ((in < 0 || in % (int32_t)m->k == 0) &&
+				       (out < 0 || out % (int32_t)m->k == 0)),
+			 "seq %u: shared state frames %d, %d not chunk-aligned", s->id, in, out);
 		FZ_CHECK(in == -1 || (in >= lo && in < hi), "seq %u reads state frame %d", s->id, in);
 		FZ_CHECK(out == -1 || (out >= lo && out < hi), "seq %u writes state frame %d", s->id,
 			 out);
@@ -360,7 +366,7 @@ static void op_import(model *m, fz *f, fz_mem *mem, const bkv_pool_config *cfg)
 		return; /* a state the open step has not committed */
 	FZ_CHECK(rc == BKV_OK, "export: %d", rc);
 	FZ_CHECK(im.n_groups == m->ng && (m->ng == 0) == (im.group_layout == 0) &&
-			 (m->state ? im.state_frame >= (int32_t)m->nb ||
+			 (m->state ? im.state_frame >= (m->share ? 0 : (int32_t)m->nb) ||
 					     (im.state_frame == -1 && s->len == 0)
 				   : im.state_frame == -1),
 		 "export groups of seq %u: %u groups, state frame %d", id, im.n_groups,
@@ -572,6 +578,8 @@ static int groups_refused(const bkv_pool_config *c)
 	if (c->n_groups < 3)
 		return c->n_groups && !bkv_kv_frame_bytes(c->groups, c->n_groups, c->block_tokens);
 	k = bkv_kv_state_frames(c->groups, c->n_groups, c->block_tokens);
+	if (c->state_share) /* the floor and one unit more */
+		return k == 0 || (uint64_t)(c->state_units + 1) * k > c->device_blocks;
 	return k == 0 || (uint64_t)c->state_units * k >= c->device_blocks;
 }
 
@@ -629,6 +637,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 						     (uint64_t)(1 + q % 3) * 2 * bt - 1};
 			cfg.n_groups = 3;
 			cfg.state_units = 1 + (q >> 1) % 6;
+			if (q >= 11) { /* shared with attention: a floor of 0..2 */
+				cfg.state_share = 1;
+				cfg.state_units = (q >> 1) % 3;
+			}
 		}
 		cfg.groups = m_groups;
 	}
@@ -676,10 +688,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	m->ng = cfg.n_groups;
 	memcpy(m->g, m_groups, sizeof(m->g));
 	m->state = m->ng == 3;
-	m->arena = m->state ? cfg.state_units * bkv_kv_state_frames(m->g, m->ng, m->bt) : 0;
+	m->share = m->state && cfg.state_share;
+	m->k = m->state ? bkv_kv_state_frames(m->g, m->ng, m->bt) : 0;
+	m->arena = m->state && !m->share ? cfg.state_units * m->k : 0;
 	m->nb = cfg.device_blocks - m->arena;
-	FZ_CHECK(stats_of(m->pool).device_blocks == m->nb, "device_blocks %u, %u attention frames",
-		 stats_of(m->pool).device_blocks, m->nb);
+	FZ_CHECK(stats_of(m->pool).device_blocks + (m->share ? cfg.state_units * m->k : 0) == m->nb,
+		 "device_blocks %u, %u attention frames", stats_of(m->pool).device_blocks, m->nb);
 	check_all(m, 1);
 
 	while (fz_more(&f) && steps++ < 400) {
@@ -881,13 +895,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			uint32_t avail = bkv_pool_available(m->pool);
 			uint32_t ntok = fz_u16(&f);
 
-			FZ_CHECK(st.nr_free + st.nr_used + st.nr_cached == m->nb,
+			FZ_CHECK(st.nr_free + st.nr_used + st.nr_cached ==
+					 m->nb - (m->share ? st.state_units * m->k : 0) &&
+					 st.device_blocks + (m->share ? st.state_units * m->k : 0) == m->nb,
 				 "free %u + used %u + cached %u != %u", st.nr_free, st.nr_used,
 				 st.nr_cached, m->nb);
 			FZ_CHECK(st.state_free <= st.state_units &&
-					 st.state_units == (m->state ? cfg.state_units : 0),
+					 (m->share ? st.state_units >= cfg.state_units
+						   : st.state_units == (m->state ? cfg.state_units : 0)),
 				 "state units %u, free %u", st.state_units, st.state_free);
-			FZ_CHECK(avail <= st.nr_free + st.nr_cached && avail >= st.nr_free,
+			FZ_CHECK(avail <= st.nr_free + st.nr_cached +
+						  (m->share ? st.state_units * m->k : 0) &&
+					 avail >= st.nr_free,
 				 "available %u outside [free %u, free + cached %u]", avail,
 				 st.nr_free, st.nr_free + st.nr_cached);
 			rc = bkv_pool_can_admit(m->pool, ntok);

@@ -192,6 +192,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		pc.n_groups = kind == 2 ? 3 : 2;
 		pc.groups = g;
 		pc.state_units = 2 + (b >> 5) % 6;
+		/* half the time its units share the frames (a floor of
+		 * state_units, one frame a unit here) */
+		pc.state_share = kind == 2 && (b >> 4) & 1;
 		if (pc.n_groups == 3 && pc.state_units >= pc.device_blocks)
 			pc.n_groups = 2; /* the arena must leave attention frames */
 	}
@@ -381,9 +384,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			/* every group's blocks (pool/pool.h; one group: the
 			 * history's) */
 			want_e2big = (hist + pc.block_tokens - 1) / pc.block_tokens * n >
-					     pool->kv.nb ||
+					     bkv__pool_attn_blocks(pool) ||
 				     n > sc.max_running || n > pc.max_seqs ||
-				     (pc.n_groups == 3 && 4ull * n > pc.state_units);
+				     (pc.n_groups == 3 && 4ull * n > bkv__pool_state_units(pool));
 			rc = bkv_submit(s, &rq, &q->id);
 			if (bad) {
 				FZ_CHECK(rc == BKV_EINVAL, "invalid request: %d", rc);

@@ -137,6 +137,8 @@ class bkv_pool_config(Structure):
         ('n_groups', c_uint32),
         ('state_units', c_uint32),
         ('groups', POINTER(bkv_kv_group)),
+        ('state_share', c_uint32),
+        ('state_pad', c_uint32),
     ]
 
 

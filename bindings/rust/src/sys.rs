@@ -175,6 +175,8 @@ pub struct bkv_pool_config {
     pub n_groups: u32,
     pub state_units: u32,
     pub groups: *const bkv_kv_group,
+    pub state_share: u32,
+    pub state_pad: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -31,7 +31,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_allocator { alloc, realloc, free, ud }),
         layout!(bkv_model_shape { layers, kv_heads, head_dim, dtype_bytes }),
         layout!(bkv_kv_group { kind, layers, span, reserved, bytes }),
-        layout!(bkv_pool_config { size, block_tokens, device_blocks, host_blocks, max_seqs, watermark_blocks, prefix_cache, hash_seed, event_capacity, pin_permille, host_cache, reserved, n_groups, state_units, groups }),
+        layout!(bkv_pool_config { size, block_tokens, device_blocks, host_blocks, max_seqs, watermark_blocks, prefix_cache, hash_seed, event_capacity, pin_permille, host_cache, reserved, n_groups, state_units, groups, state_share, state_pad }),
         layout!(bkv_pool_stats { size, block_tokens, device_blocks, host_blocks, nr_free, nr_used, nr_cached, nr_indexed, host_free, host_used, nr_seqs, nr_swapped, tokens, waste_slots, hit_tokens, miss_tokens, evictions, cow_copies, swap_out_blocks, swap_in_blocks, events, events_dropped, dup_blocks, state_units, state_free, state_checkpoints, state_frames, state_hits, state_evictions, host_cached, host_demoting, host_demoted, host_kept, host_skipped, host_hit_blocks, host_evictions }),
         layout!(bkv_pool_memory { size, block_bytes, seq_slot_bytes, index_slots, index_used, reserved, blocks, device_tokens, index, txn_queue, txn_owners, check_scratch, host, seq_slots, block_tables, copy_lists, event_ring, total }),
         layout!(bkv_block_info { size, state, ref_count, fill, indexed, copy_pending, kids, parent, key, hash, tokens }),
