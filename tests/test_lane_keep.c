@@ -234,6 +234,28 @@ Test(lane_keep, eviction_by_value_releases_nothing_cold)
 	bkv_pool_destroy(p);
 }
 
+Test(lane_keep, retention_bands_keep_cold_blocks_below_every_band)
+{
+	bkv_pool *p = make_pool(64, full_window, 2, 1);
+	int32_t a[56];
+	uint32_t sa, i, cls_ok = 1;
+
+	cr_assert_eq(bkv__pool_retain_on(p, BKV__RET_BANDS), BKV_OK);
+	toks(a, 56, 2);
+	cr_assert_eq(open_append(p, a, 32, &sa), 0);
+	decode(p, sa, a + 32, 24);
+	cr_expect_eq(cold_blocks(p), 8, "no prices: the rule still releases cold");
+	for (i = 0; i < p->kv.nb; i++)
+		if (p->kv.val[i].on)
+			cls_ok &= (p->kv.val[i].cls == 0) == (p->kv.val[i].cold == 1);
+	cr_expect(cls_ok, "class 0 holds the cold blocks alone");
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv__pool_retain_off(p, BKV__RET_BANDS);
+	cr_expect_eq(p->kv.val_lanes, 1);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
 Test(lane_keep, checker_catches_a_cold_block_off_class_zero)
 {
 	bkv_pool *p = make_pool(64, full_window, 2, 1);

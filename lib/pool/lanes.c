@@ -33,9 +33,9 @@
  * and every token, so a lane can only ever be served its own group's KV
  * unless a caller chose two keys that differ by exactly a salt.
  *
- * Keeping (docs/design.md, "KV groups: keeping lane blocks"). A window or
- * chunked lane's released block at position i serves only hits that end
- * at an e with first(e) <= i < e, a few blocks after it, while lane 0's
+ * Keeping (docs/design.md, "KV groups: the pool and the step", keeping lane
+ * blocks). A window or chunked lane's released block at position i serves
+ * only hits that end at an e with first(e) <= i < e, while lane 0's
  * block serves every hit through it; cached alike, the lanes' released
  * blocks (one beside each of lane 0's) take half the cache and push out
  * lane 0's chains. So a block the window releases goes to the LRU cold
@@ -602,7 +602,7 @@ void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_
 	for (l = 0; l < pool->n_lanes; l++) {
 		lane_append(pool, l, s, len0 + hits * bt, tokens + (size_t)hits * bt,
 			    n - hits * bt);
-		if (n > 1) /* a keep point: a prompt (or a chunk of one) ends */
+		if (n > 1) /* a keep point: a prompt ends (or a chunk of one) */
 			pool->lanes[l].seqs[s - pool->seqs].prompt_end =
 				(len0 + n) >> pool->kv.bt_shift;
 	}
