@@ -149,7 +149,9 @@ typedef struct bkv__val {
 	uint8_t rprio;  /* retention (bkv__kv.val_ret): a request's
 			   retention priority + 1 given to it while indexed,
 			   0 = none (BKV_RETENTION_PRIORITY_DEFAULT) */
-	uint8_t pad;    /* zero */
+	uint8_t cold;   /* 1: cached cold (bkv__block_put_cold), in class 0,
+			   evicted before every block that is not; else
+			   0 (always 0 off the LRU) */
 } bkv__val;
 
 /* bkv__kv.val_ret: how retention priorities place a cached block. */
@@ -234,6 +236,11 @@ typedef struct bkv__kv {
 	uint32_t val_shift;    /* log2 of the hit count's half-life in ticks
 				  (about the pool's blocks) */
 	uint32_t val_users;    /* bkv__kv_value_on calls not yet undone */
+	uint32_t val_lanes;    /* of them, the lane keeping rule's
+				  (bkv__kv_lanes_on): cold blocks then
+				  have class 0 to themselves, and
+				  without prices (bkv__val_unpriced) the
+				  rest are in class 1 in LRU order */
 	int32_t val_head[BKV__VAL_CLASSES]; /* each class list's oldest
 				  cached block (evicted first), -1 */
 	int32_t val_tail[BKV__VAL_CLASSES]; /* and its most recent, -1 */
@@ -377,6 +384,14 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
  * hashed and their index slots asked for (pool/seq.c). */
 #define BKV__EVICT_AHEAD 4u
 #define BKV__HASH_AHEAD 16u
+
+/* Do the value records order cached blocks without prices: their only
+ * users the lane keeping rule (LRU within class 1) and retention bands
+ * (the class the band)? Then a block released cold goes to class 0. */
+static inline int bkv__val_unpriced(const bkv__kv *kv)
+{
+	return kv->val_users == kv->val_lanes + (kv->val_ret == BKV__RET_BANDS);
+}
 
 /* LRU chunks for nb blocks: the list never holds more than 2 * (nb / 17)
  * + 2 (every pair of neighbours but the newest holds 17 or more blocks),
@@ -753,6 +768,13 @@ void bkv__kv_txn_defer(bkv__kv *kv, int32_t b);
 int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1);
 /* Undo one bkv__kv_value_on; the last one frees the records (LRU again). */
 void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
+/* The lane keeping rule on (a pool whose attention lanes release blocks,
+ * pool/lanes.c): the value records on as one more user, keeping the
+ * prices another user set; blocks released cold (bkv__block_put_cold)
+ * are evicted first. BKV_OK or BKV_ENOMEM (nothing changed). */
+int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
+/* Undo bkv__kv_lanes_on (a no-op when it is not on). */
+void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
 /* Retention priorities (needs the value records on): mode BKV__RET_BANDS or
  * BKV__RET_VALUE; allocates the expiry clocks. BKV_OK or BKV_ENOMEM. */
 int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);
@@ -828,6 +850,23 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	bkv__block_put_slow(kv, b, drop);
 }
 
+/* bkv__block_put of a block worth little cached (a lane block its window
+ * left behind where no hit is expected to end, pool/lanes.c). With the
+ * lane keeping rule on and no prices in force, a last reference that
+ * sends b straight to the LRU sends it cold: class 0, evicted before any
+ * block released otherwise. Else exactly bkv__block_put(kv, b, 0). */
+static inline void bkv__block_put_cold(bkv__kv *kv, int32_t b)
+{
+	const bkv__block *k = &kv->blk[b];
+
+	if (kv->val_lanes && k->ref == 1 &&
+	    (k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)) ==
+		    BKV__BLOCK_INDEXED &&
+	    bkv__val_unpriced(kv))
+		kv->val[b].cold = 1;
+	bkv__block_put(kv, b, 0);
+}
+
 /* Is b waiting in the open transaction's queue? */
 static inline int bkv__kv_txn_queued(const bkv__kv *kv, int32_t b)
 {
@@ -884,8 +923,10 @@ enum {
 	CHECK_PENDING = 16,    /* a pending copy's block lacks its PEND flag */
 	CHECK_VALUE = 18,      /* eviction by value: an indexed block's depth
 				  is not its parent's + 1 (0 without parent),
-				  or the class lists' links, masks or
-				  membership != the cached blocks */
+				  the class lists' links, masks or
+				  membership != the cached blocks, or a
+				  cold block not cached in class 0 under
+				  the lane keeping rule */
 	CHECK_CHUNKS = 19,     /* frames shared with a STATE group: a chunk's
 				  pinned count, its idle-list membership or
 				  its lent state wrong, nr_lent wrong, a lent

@@ -45,6 +45,18 @@
  * With every v equal (no cost model depth term and no hits) every block is
  * in class 0 in release order, and the policy evicts what LRU evicts.
  *
+ * The lane keeping rule (bkv__kv_lanes_on, for a pool whose sliding-window
+ * or chunked lanes release blocks: pool/lanes.c). The records are on
+ * without prices, and class 0 is the cold blocks' alone: blocks the pool
+ * released as worth little (bkv__block_put_cold, kv/kv.h: a lane block
+ * no hit is expected to end at), evicted first, oldest first; every other
+ * block is in class 1 in release order, which is LRU's order. With
+ * retention bands, band 0 shares class 1 with band 1; with eviction by
+ * value (another user's prices) nothing is released cold and the classes
+ * are the values' (a block released cold before stays in class 0 until
+ * it leaves the LRU). A cold block never has indexed children (a lane
+ * block is a leaf), so the chain rule below never moves one.
+ *
  * kv/cache.c's bkv__cache_evict asks bkv__val_pick which block goes and
  * evicts it (this file calls nothing of cache.c: the layers test keeps
  * calls one way between files).
@@ -135,8 +147,14 @@ static uint32_t class_of(const bkv__kv *kv, int32_t b)
 	int e, c;
 	double m;
 
-	if (kv->val_ret == BKV__RET_BANDS)
-		return prio_band(prio_now(kv, b));
+	if (v->cold)
+		return 0; /* the lane keeping rule: first to go */
+	if (kv->val_ret == BKV__RET_BANDS) {
+		c = (int)prio_band(prio_now(kv, b));
+		return kv->val_lanes && c == 0 ? 1 : (uint32_t)c; /* 0: the cold */
+	}
+	if (kv->val_lanes && bkv__val_unpriced(kv))
+		return 1; /* the lane keeping rule's LRU, above the cold */
 	x = (1.0 + kv->val_r1 * (double)v->depth) *
 	    (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
 	if (kv->val_ret == BKV__RET_VALUE)
@@ -198,6 +216,7 @@ void bkv__val_unlink(bkv__kv *kv, int32_t b)
 {
 	if (kv->val[b].on)
 		list_remove(kv, b);
+	kv->val[b].cold = 0; /* cold only while cached */
 }
 
 /* ---- on / off ------------------------------------------------------------ */
@@ -265,6 +284,25 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->val, (size_t)kv->nb * sizeof(*kv->val));
 	kv->val = NULL;
 	kv->hit_slow = kv->ck_k != 0;
+	kv->val_lanes = 0;
+}
+
+int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a)
+{
+	int rc = kv->val ? bkv__kv_value_on(kv, a, kv->val_p0, kv->val_p1)
+			 : bkv__kv_value_on(kv, a, 1.0, 0.0);
+
+	if (rc == BKV_OK)
+		kv->val_lanes++;
+	return rc;
+}
+
+void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a)
+{
+	if (!kv->val || !kv->val_lanes)
+		return;
+	kv->val_lanes--;
+	bkv__kv_value_off(kv, a);
 }
 
 /* ---- records ------------------------------------------------------------- */
@@ -417,6 +455,7 @@ int32_t bkv__val_pick(bkv__kv *kv)
 		if (c + 1 == BKV__VAL_CLASSES)
 			break; /* (not reached while the order holds) */
 		list_remove(kv, h);
+		kv->val[h].cold = 0; /* (a cold block has no children) */
 		list_append(kv, h, c + 1);
 		kv->val_moves++;
 	}
@@ -441,6 +480,9 @@ int bkv__val_check(const bkv__kv *kv)
 		const bkv__val *v = &kv->val[i];
 
 		if (v->on != BLOCK_IS_CACHED(k) || (v->on && v->cls >= BKV__VAL_CLASSES))
+			return CHECK_VALUE;
+		/* the lane keeping rule: a cold block is cached, in class 0 */
+		if (v->cold && (v->cold != 1 || !kv->val_lanes || !v->on || v->cls != 0))
 			return CHECK_VALUE;
 		/* retention: priorities only with it on and in scale (a block
 		 * keeps its own until it is indexed again); no expiry without

@@ -32,6 +32,25 @@
  * xor-ed into the caller's key; lookups also compare the parent block id
  * and every token, so a lane can only ever be served its own group's KV
  * unless a caller chose two keys that differ by exactly a salt.
+ *
+ * Keeping (docs/design.md, "KV groups: the pool and the step", keeping lane
+ * blocks). A window or chunked lane's released block at position i serves
+ * only hits that end at an e with first(e) <= i < e, while lane 0's
+ * block serves every hit through it; cached alike, the lanes' released
+ * blocks (one beside each of lane 0's) take half the cache and push out
+ * lane 0's chains. So a block the window releases goes to the LRU cold
+ * (kv/value.c: evicted before any block released otherwise) unless a hit
+ * is expected to end where it serves, at one of the sequence's two keep
+ * points: hit_end, where its last prefix lookup left lane 0's cached
+ * chain (a prefix that another request has diverged at already), whose
+ * hits need [first(hit_end), hit_end); and prompt_end, the end of its last
+ * multi-token append (a prompt, which a later request may share up to
+ * anywhere in its last window), whose hits ending anywhere in what its
+ * last token reads, [first(prompt_end), prompt_end], need blocks from
+ * first(first(prompt_end)). What a close, truncate or swap releases is the
+ * sequence's end and is kept as before. O(1) a block; only a pool with a
+ * prefix cache and a WINDOW or CHUNKED lane does it (bkv__kv_lanes_on),
+ * and with eviction by value the values decide instead.
  */
 #include "pool/pool.h"
 
@@ -110,6 +129,20 @@ int bkv__lanes_valid(const bkv_pool_config *c)
 	return bkv__state_arena(c) < c->device_blocks;
 }
 
+/* Does the pool keep its lanes' released blocks by the rule above: a
+ * prefix cache and a lane that releases blocks (WINDOW or CHUNKED)? */
+static int keeps_lanes(const bkv_pool *pool)
+{
+	uint32_t l;
+
+	if (!pool->kv.index)
+		return 0;
+	for (l = 0; l < pool->n_lanes; l++)
+		if (pool->lanes[l].kind != BKV_GROUP_FULL)
+			return 1;
+	return 0;
+}
+
 int bkv__lanes_init(bkv_pool *pool)
 {
 	const bkv_pool_config *c = &pool->cfg;
@@ -137,6 +170,8 @@ int bkv__lanes_init(bkv_pool *pool)
 	}
 	if (bkv__state_init(pool) != BKV_OK)
 		return BKV_ENOMEM;
+	if (keeps_lanes(pool) && bkv__kv_lanes_on(&pool->kv, &pool->alloc) != BKV_OK)
+		return BKV_ENOMEM;
 	pool->grouped = pool->n_lanes || pool->st_units;
 	if (pool->grouped) {
 		pool->lane_stamp = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
@@ -151,6 +186,7 @@ void bkv__lanes_free(bkv_pool *pool)
 {
 	uint32_t i, j;
 
+	bkv__kv_lanes_off(&pool->kv, &pool->alloc);
 	for (i = 0; i < pool->n_lanes; i++) {
 		bkv__lseq *ls = pool->lanes[i].seqs;
 
@@ -195,6 +231,7 @@ void bkv__lanes_open(bkv_pool *pool, uint32_t slot)
 
 		ls->lo = 0;
 		ls->clean = 0;
+		ls->hit_end = ls->prompt_end = 0;
 	}
 }
 
@@ -214,6 +251,8 @@ void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks)
 		}
 		cs->lo = ps->lo;
 		cs->clean = 0;
+		cs->hit_end = ps->hit_end;
+		cs->prompt_end = ps->prompt_end;
 	}
 	if (pool->st_units)
 		bkv__state_fork(pool, p, c);
@@ -243,15 +282,22 @@ void bkv__lanes_release(bkv_pool *pool, uint32_t slot, uint32_t n_blocks, int sw
 		for (i = 0; i < ls->lo && i < n_blocks; i++)
 			ls->table[i] = -1;
 		ls->lo = 0;
+		ls->hit_end = ls->prompt_end = 0;
 	}
 }
 
-/* Release what s can no longer read in every window or chunked lane (see
- * the opening). Device-resident s only. */
+/* The first block of lane ln a hit ending at block e reads (first(e)). */
+static inline uint32_t first_at(const bkv_pool *pool, const bkv__glane *ln, uint32_t e)
+{
+	return bkv__lane_first(pool, ln, (uint64_t)e << pool->kv.bt_shift);
+}
+
+/* Release what s can no longer read in every window or chunked lane, cold
+ * unless at a keep point (see the opening). Device-resident s only. */
 void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
-	uint32_t l, i, first;
+	uint32_t l, i, first, h0, p0;
 
 	for (l = 0; l < pool->n_lanes; l++) {
 		const bkv__glane *ln = &pool->lanes[l];
@@ -260,10 +306,17 @@ void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s)
 		if (ln->kind == BKV_GROUP_FULL)
 			continue;
 		first = BKV_MIN(bkv__lane_first(pool, ln, s->len), s->n_blocks);
+		if (first <= ls->lo)
+			continue;
+		h0 = first_at(pool, ln, ls->hit_end);
+		p0 = first_at(pool, ln, first_at(pool, ln, ls->prompt_end));
 		for (i = ls->lo; i < first; i++) {
 			if (ls->table[i] < 0)
 				continue;
-			bkv__block_put(&pool->kv, ls->table[i], 0);
+			if ((i >= h0 && i < ls->hit_end) || (i >= p0 && i < ls->prompt_end))
+				bkv__block_put(&pool->kv, ls->table[i], 0);
+			else
+				bkv__block_put_cold(&pool->kv, ls->table[i]);
 			ls->table[i] = -1;
 			bkv__seq_dirty_lane(ls, i);
 		}
@@ -548,7 +601,7 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 }
 
 void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
-		       const int32_t *tokens, uint32_t n)
+		       uint32_t seen, const int32_t *tokens, uint32_t n)
 {
 	const uint32_t bt = pool->kv.bt;
 	uint32_t l;
@@ -556,9 +609,23 @@ void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_
 	/* the hits are pinned already (bkv__lanes_pin_hits) */
 	if (pool->st_units && n > hits * bt)
 		bkv__state_write(pool, s);
-	for (l = 0; l < pool->n_lanes; l++)
+	if (seen) /* a keep point: where the lookup left lane 0's chain */
+		bkv__lanes_seen(pool, s, (len0 >> pool->kv.bt_shift) + seen);
+	for (l = 0; l < pool->n_lanes; l++) {
 		lane_append(pool, l, s, len0 + hits * bt, tokens + (size_t)hits * bt,
 			    n - hits * bt);
+		if (n > 1) /* a keep point: a prompt ends (or a chunk of one) */
+			pool->lanes[l].seqs[s - pool->seqs].prompt_end =
+				(len0 + n) >> pool->kv.bt_shift;
+	}
+}
+
+void bkv__lanes_seen(bkv_pool *pool, const bkv__seq *s, uint32_t e)
+{
+	uint32_t l;
+
+	for (l = 0; l < pool->n_lanes; l++)
+		pool->lanes[l].seqs[s - pool->seqs].hit_end = e;
 }
 
 /* A one-token append that lands inside the last block of every attention
@@ -833,7 +900,7 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 			const bkv__lseq *ls = &ln->seqs[i];
 
 			if (s->state == BKV__SEQ_FREE) {
-				if (ls->lo)
+				if (ls->lo || ls->hit_end || ls->prompt_end)
 					return CHECK_SEQS;
 				continue;
 			}

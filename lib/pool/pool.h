@@ -58,6 +58,11 @@ typedef struct bkv__lseq {
 	uint32_t lo;    /* entries [0, lo) are -1; lo <= the first block the
 			   next token reads, <= the slot's n_blocks */
 	uint32_t clean; /* as bkv__seq.clean, for this lane's table */
+	uint32_t hit_end;    /* keep point: the block where the slot's last
+				prefix lookup left lane 0's cached chain
+				(0: none); see pool/lanes.c */
+	uint32_t prompt_end; /* keep point: the block where its last
+				multi-token append ended (0: none) */
 	uint32_t pad;   /* zero */
 } bkv__lseq;
 
@@ -398,11 +403,16 @@ void bkv__lanes_state_ask(const bkv_pool *pool, const bkv__seq *s, uint32_t writ
 uint64_t bkv__lanes_need(const bkv_pool *pool, const bkv__seq *s, uint32_t nb_hit,
 			 uint32_t new_blocks, uint32_t *cows, uint32_t writes);
 void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_t hits,
-		       const int32_t *tokens, uint32_t n);
+		       uint32_t seen, const int32_t *tokens, uint32_t n);
 uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
 void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e);
+/* A prefix lookup for s found lane 0's cached chain up to block e (before
+ * the lanes shortened the hit): a keep point of s's lanes (an append's
+ * commit records its own: seen, lane 0's hits before the lanes shortened
+ * them). */
+void bkv__lanes_seen(bkv_pool *pool, const bkv__seq *s, uint32_t e);
 int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token);
 int bkv__lanes_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__lanes_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t nbk, uint32_t new_len);

@@ -307,6 +307,14 @@ static uint32_t find_hits(const bkv_pool *pool, bkv__seq *s, int32_t parent, uin
 				     s->table + s->n_blocks, relinked);
 }
 
+/* find_hits after s's last block `last` (-1: none), indexed. */
+static uint32_t hits_after(const bkv_pool *pool, bkv__seq *s, int32_t last, const int32_t *tokens,
+			   uint32_t max, uint32_t *relinked)
+{
+	return find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
+			 tokens, max, relinked);
+}
+
 /* Copy-on-write of s's last block (shared or indexed; off tokens of it are
  * s's): a fresh block with those tokens, a device copy recorded, the old
  * block's table reference dropped (it stays pinned as the copy's source).
@@ -514,16 +522,18 @@ static uint32_t host_hits(const bkv_pool *pool, bkv__seq *s, uint32_t at, const 
 
 /* append_any's pre-pass of a sequence that ends on an indexed block (or
  * is empty): its device hits among the next max whole blocks of tokens
- * (fitted to every KV group's needs), or after them its host-cache hits
- * (*hh), all stashed past the table's end. */
+ * (fitted to every KV group's needs; *seen gets group 0's before the
+ * fitting), or after them its host-cache hits (*hh), all stashed past the
+ * table's end. */
 static uint32_t prepass_hits(const bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
-			     uint32_t max, uint32_t *relinked, uint32_t *units, uint32_t *hh)
+			     uint32_t max, uint32_t *relinked, uint32_t *units, uint32_t *hh,
+			     uint32_t *seen)
 {
 	const uint32_t nb0 = s->n_blocks;
 	const int32_t last = nb0 ? s->table[nb0 - 1] : -1;
-	uint32_t hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
-				  tokens, max, relinked);
+	uint32_t hits = hits_after(pool, s, last, tokens, max, relinked);
 
+	*seen = hits;
 	if (pool->grouped && hits)
 		return bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, relinked, units);
 	if (pool->hc_on && hits < max)
@@ -538,7 +548,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 				uint32_t *hit_tokens, int nohit)
 {
 	uint32_t bt, off, nb0, new_len, new_blocks, hits = 0, relinked = 0, pos, rem, i, lcow = 0,
-		 units = 0, writes, hh = 0;
+		 units = 0, writes, hh = 0, seen = 0;
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
@@ -569,7 +579,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	 * visible until n_blocks moves). */
 	if (pool->kv.index && !nohit && off == 0 &&
 	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
-		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &hh);
+		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &hh, &seen);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
 	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
 	writes = n > hits * bt ? units + 1 : 0;
@@ -603,7 +613,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	i = s->len;
 	s->len = new_len;
 	if (pool->grouped)
-		bkv__lanes_commit(pool, s, i, hits, tokens, n);
+		bkv__lanes_commit(pool, s, i, hits, seen, tokens, n);
 	pool->hit_tokens += (uint64_t)hits * bt;
 	pool->miss_tokens += n - (uint64_t)hits * bt;
 	if (hit_tokens)
@@ -628,8 +638,9 @@ static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, u
 	    bkv__lanes_reserve(pool, (uint32_t)(s - pool->seqs), nbmax))
 		return 0;
 	bkv__lanes_touch(pool, s);
-	hits = find_hits(pool, s, last, last < 0 ? BKV__HASH_ROOT : pool->kv.blk[last].hash,
-			 tokens, BKV_MIN(n / bt, s->cap - nb0), &relinked);
+	hits = hits_after(pool, s, last, tokens, BKV_MIN(n / bt, s->cap - nb0), &relinked);
+	if (hits && pool->n_lanes)
+		bkv__lanes_seen(pool, s, nb0 + hits); /* before the lanes shorten them */
 	if (hits)
 		hits = bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, &relinked, &units);
 	if (!hits)
