@@ -882,8 +882,9 @@ typedef struct bkv_pool_memory {
 	uint64_t host;           /* the host tier: per host block a free-list
 				    link (4 B), a state byte and its token ids
 				    (4 B per token slot), and with a host
-				    cache 37 B more and its index's 8-byte
-				    slots; 0 without one */
+				    cache 37 B more, its index's 8-byte
+				    slots and a byte per device block; 0
+				    without one */
 	uint64_t seq_slots;      /* max_seqs x seq_slot_bytes */
 	uint64_t block_tables;   /* block table entries allocated over every
 				    sequence slot, 4 B each (a closed slot keeps

@@ -28,8 +28,7 @@
  * idle chunks stay whole for the state group (without this, blocks spread
  * over every chunk and, with units of ~100 frames, none is ever idle).
  * Plain pools never set CHUNKED and keep their one free list; their fast
- * paths gain no instruction (the flag joins masks they test already; it
- * is the host cache's PEND_DEMOTE bit, which a shared pool never has).
+ * paths gain no instruction (the flag joins masks they test already).
  *
  * Lending a chunk evicts its cached frames and empties its free list. A
  * cached frame with indexed children cannot leave the index alone (its

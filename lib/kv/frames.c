@@ -239,22 +239,6 @@ NOINLINE void bkv__block_put_slow(bkv__kv *kv, int32_t b, int drop)
 {
 	bkv__block *k = &kv->blk[b];
 
-	if (!kv->ck_k && !drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN))) {
-		/* only PEND_DEMOTE (CHUNKED's bit, kv/kv.h) sent it here: the
-		 * inline paths' work, a host cache's demoted block */
-		kv->nr_used--;
-		kv->tokens -= k->fill;
-		if (BLOCK_IS_INDEXED(k)) {
-			bkv__lru_push(kv, b);
-			if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))
-				bkv__lru_lift(kv, k->parent);
-			return;
-		}
-		k->next = kv->free_head;
-		kv->free_head = b;
-		kv->nr_free++;
-		return;
-	}
 	k->flags &= ~BKV__BLOCK_TXN;
 	if (k->flags & BKV__BLOCK_COPY_SRC) {
 		/* Stays pinned until its pending copy is cleared. Indexed, it

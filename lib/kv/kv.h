@@ -41,19 +41,10 @@
 				       block's chain hash, computed ahead
 				       so the index slots could be
 				       prefetched */
-#define BKV__BLOCK_PEND_DEMOTE 0x80u /* source of a pending swap-out copy
-				       that demotes its old content to the
-				       host cache (pool/hcache.c): not
-				       demoted again until the copy clears */
 #define BKV__BLOCK_CHUNKED 0x80u    /* a frame of a pool whose frames are
 				       shared with a STATE group (kv/chunks.c):
 				       its releases take the slow path, which
-				       keeps the chunk counts. Shares its bit
-				       with PEND_DEMOTE: a shared pool has no
-				       host cache (host_cache needs n_groups
-				       0, state_share a STATE group), and a
-				       test that may see either only routes
-				       to a slow path or is behind ck_k */
+				       keeps the chunk counts */
 
 /* One device block frame's metadata (40 bytes). A block is in exactly one
  * state: pinned (ref > 0, in >= 1 table), cached (ref 0, indexed, on the LRU)

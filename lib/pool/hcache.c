@@ -67,10 +67,12 @@ int bkv__hc_init(bkv_pool *pool)
 	pool->hc_prev = bkv__malloc(a, nh * sizeof(int32_t));
 	pool->hc_next = bkv__malloc(a, nh * sizeof(int32_t));
 	pool->hc_reads = bkv__malloc(a, nh * sizeof(uint32_t));
+	pool->hc_src = bkv__calloc(a, pool->kv.nb, 1);
 	pool->hc_reused = bkv__calloc(a, nh, 1);
 	pool->hc_index = bkv__malloc(a, cap * sizeof(bkv__islot));
 	if (!pool->hc_hash || !pool->hc_key || !pool->hc_phash || !pool->hc_prev ||
-	    !pool->hc_next || !pool->hc_reads || !pool->hc_reused || !pool->hc_index)
+	    !pool->hc_next || !pool->hc_reads || !pool->hc_reused || !pool->hc_src ||
+	    !pool->hc_index)
 		return BKV_ENOMEM;
 	for (i = 0; i < nh; i++) {
 		pool->hc_prev[i] = pool->hc_next[i] = -1;
@@ -95,6 +97,7 @@ void bkv__hc_free(bkv_pool *pool)
 	bkv__free(a, pool->hc_prev, nh * sizeof(int32_t));
 	bkv__free(a, pool->hc_next, nh * sizeof(int32_t));
 	bkv__free(a, pool->hc_reads, nh * sizeof(uint32_t));
+	bkv__free(a, pool->hc_src, pool->kv.nb);
 	bkv__free(a, pool->hc_reused, nh);
 }
 
@@ -209,7 +212,7 @@ void bkv__hc_demote(void *arg, int32_t b)
 	const uint32_t bt = kv->bt;
 	int32_t h;
 
-	if ((k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_PEND_DEMOTE)) ||
+	if ((k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN)) || pool->hc_src[b] ||
 	    !worth_keeping(pool, b)) {
 		pool->hc_skipped++;
 		return;
@@ -240,7 +243,7 @@ void bkv__hc_demote(void *arg, int32_t b)
 	pool->hc_phash[h] = k->parent >= 0 ? kv->blk[k->parent].hash : BKV__HASH_ROOT;
 	count_demotion(pool, h);
 	bkv__copy_push(pool, BKV_COPY_SWAP_OUT, b, h);
-	k->flags |= BKV__BLOCK_PEND_DEMOTE;
+	pool->hc_src[b] = 1;
 	pool->hc_demoted++;
 	bkv__event_host(kv, BKV_EVENT_STORED, h, k->hash, pool->hc_phash[h], k->parent >= 0,
 			k->key);
@@ -251,7 +254,7 @@ void bkv__hc_swap_out_cleared(bkv_pool *pool, int32_t src, int32_t h)
 	int32_t o;
 
 	if ((uint32_t)src < pool->kv.nb)
-		pool->kv.blk[src].flags &= ~BKV__BLOCK_PEND_DEMOTE;
+		pool->hc_src[src] = 0;
 	if (pool->host_state[h] != BKV__HOST_DEMOTING)
 		return;
 	pool->hc_demoting--;
@@ -278,7 +281,7 @@ void bkv__hc_forget_demotions(bkv_pool *pool)
 		int32_t src = l->v[i].src, h = l->v[i].dst;
 
 		if ((uint32_t)src < pool->kv.nb)
-			pool->kv.blk[src].flags &= ~BKV__BLOCK_PEND_DEMOTE;
+			pool->hc_src[src] = 0;
 		if (pool->host_state[h] != BKV__HOST_DEMOTING)
 			continue;
 		pool->hc_demoting--;
@@ -376,7 +379,7 @@ int bkv__hc_check(const bkv_pool *pool, uint32_t *sc)
 {
 	const bkv__copy_list *so = &pool->copies[BKV_COPY_SWAP_OUT];
 	const bkv__copy_list *si = &pool->copies[BKV_COPY_SWAP_IN];
-	uint32_t i, n = 0, cached = 0, demoting = 0, flagged = 0;
+	uint32_t i, n = 0, cached = 0, demoting = 0, marked = 0;
 	int32_t h, p = -1;
 
 	if (!pool->hc_on)
@@ -407,10 +410,10 @@ int bkv__hc_check(const bkv_pool *pool, uint32_t *sc)
 		if (pool->hc_reads[i] != sc[i] || hc_find(pool, pool->hc_hash[i]) != (int32_t)i)
 			return CHECK_HOST;
 	}
-	/* one flagged source per demotion */
+	/* one marked source per demotion */
 	for (i = 0; i < pool->kv.nb; i++)
-		flagged += (pool->kv.blk[i].flags & BKV__BLOCK_PEND_DEMOTE) != 0;
-	if (cached != pool->hc_cached || demoting != pool->hc_demoting || flagged != demoting)
+		marked += pool->hc_src[i];
+	if (cached != pool->hc_cached || demoting != pool->hc_demoting || marked != demoting)
 		return CHECK_HOST;
 	for (i = 0, n = 0; i < pool->nh; i++)
 		n += pool->host_state[i] == BKV__HOST_CACHED && pool->hc_reads[i] == 0;

@@ -54,7 +54,7 @@ int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 	m.host = nh * (sizeof(int32_t) + sizeof(uint8_t) + bt * sizeof(int32_t));
 	if (pool->hc_on) /* the host cache's records and index (pool/hcache.c) */
 		m.host += nh * (3 * sizeof(uint64_t) + 3 * sizeof(int32_t) + 1) +
-			  ((size_t)pool->hc_mask + 1) * sizeof(bkv__islot);
+			  ((size_t)pool->hc_mask + 1) * sizeof(bkv__islot) + pool->kv.nb;
 	m.seq_slots = (uint64_t)pool->cfg.max_seqs * m.seq_slot_bytes;
 	m.block_tables = tables * sizeof(int32_t);
 	m.copy_lists = copies * sizeof(bkv_copy);

@@ -66,8 +66,6 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	/* a host cache keeps prefix-cache blocks on the host tier; KV groups
 	 * are not kept there (docs/design.md, "The host cache") */
-	/* (state_share needs a STATE group: never with a host cache, whose
-	 * PEND_DEMOTE bit is its frames' CHUNKED, kv/kv.h) */
 	if (c->host_cache > 1 ||
 	    (c->host_cache && (!c->host_blocks || !c->prefix_cache || c->n_groups)))
 		return 0;

@@ -142,6 +142,9 @@ struct bkv_pool {
 	uint64_t *hc_key;      /* [nh] its caller key */
 	uint64_t *hc_phash;    /* [nh] its parent's chain hash
 				  (BKV__HASH_ROOT: a first block) */
+	uint8_t *hc_src;       /* [device blocks] 1 while the block is the
+				  source of a pending demotion's copy: not
+				  demoted again until it clears */
 	int32_t *hc_prev;      /* [nh] host LRU: the next older cached block,
 				  -1 (also off the LRU) */
 	int32_t *hc_next;      /* [nh] the next more recent one, -1 */
