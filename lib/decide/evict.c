@@ -43,6 +43,18 @@ static double block_price(const bkv_sched *s, uint32_t d)
 	return bkv__price(s, &sh) / AUTO_VAL_BLOCKS;
 }
 
+/* A block's recompute price as the line p0 + p1 x depth (blocks) from the
+ * prices at depth 0 and AUTO_VAL_DEPTH (p1 0 when the deeper one is not
+ * dearer). *p0 is 0 when the model has no answer. */
+static void price_line(const bkv_sched *s, double *p0, double *p1)
+{
+	double pd;
+
+	*p0 = block_price(s, 0);
+	pd = block_price(s, AUTO_VAL_DEPTH);
+	*p1 = pd > *p0 ? (pd - *p0) / AUTO_VAL_DEPTH : 0.0;
+}
+
 /* LRU; with bkv_sched_config.retention, LRU within retention bands
  * (pool/retain.c). */
 static int evict_lru(bkv_sched *s, int on)
@@ -58,11 +70,12 @@ static int evict_lru(bkv_sched *s, int on)
 
 static int value_on(bkv_sched *s)
 {
-	double p0 = block_price(s, 0), pd = block_price(s, AUTO_VAL_DEPTH);
+	double p0, p1;
 
+	price_line(s, &p0, &p1);
 	if (!(p0 > 0.0))
 		return bkv__pool_value_on(s->pool, 1.0, 0.0);
-	return bkv__pool_value_on(s->pool, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0);
+	return bkv__pool_value_on(s->pool, p0, p1);
 }
 
 /* By value; with retention, the priority a factor of the value. */
@@ -93,7 +106,7 @@ static int evict_value(bkv_sched *s, int on)
  * is assumed the cheaper: on GPUs it is by several times). */
 void bkv__evict_host_cache(bkv_sched *s, int on)
 {
-	double link = bkv__link_us(s, 1), p0, pd;
+	double link = bkv__link_us(s, 1), p0, p1;
 
 	if (!bkv__pool_host_cache(s->pool))
 		return;
@@ -101,10 +114,9 @@ void bkv__evict_host_cache(bkv_sched *s, int on)
 		bkv__pool_host_cache_prices(s->pool, 0, 0.0, 0.0, 0.0, 0.0);
 		return;
 	}
-	p0 = block_price(s, 0);
-	pd = block_price(s, AUTO_VAL_DEPTH);
-	bkv__pool_host_cache_prices(s->pool, p0 > 0.0, p0, pd > p0 ? (pd - p0) / AUTO_VAL_DEPTH : 0.0,
-				    link, s->cfg.copy_overlap ? 0.0 : link);
+	price_line(s, &p0, &p1);
+	bkv__pool_host_cache_prices(s->pool, p0 > 0.0, p0, p1, link,
+				    s->cfg.copy_overlap ? 0.0 : link);
 }
 
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)

@@ -354,9 +354,17 @@ void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n)
 	for (i = 0; i < n; i++)
 		hc_hold(pool, s->table[at + i]);
 	for (i = 0; i < n; i++) {
-		s->table[at + i] = hc_reload(pool, s->table[at + i], at + i ? s->table[at + i - 1] : -1);
+		int32_t h = s->table[at + i], d, parent = at + i ? s->table[at + i - 1] : -1;
+
+		d = hc_reload(pool, h, parent);
+		s->table[at + i] = d;
 		s->n_blocks = at + i + 1;
-		bkv__seq_block_filled(pool, s, at + i);
+		/* indexed under the hash the host lookup verified (a
+		 * transaction's commit hashes its queue anyway) */
+		if (pool->kv.txn_active || (parent >= 0 && !BLOCK_IS_INDEXED(&pool->kv.blk[parent])))
+			bkv__seq_block_filled(pool, s, at + i);
+		else
+			(void)bkv__cache_add_hashed(&pool->kv, d, s->key, pool->hc_hash[h]);
 	}
 }
 
