@@ -8,7 +8,9 @@
 #
 #   sh bench/host_cache.sh BUILD ../shared/data/traces [mooncake|agent|azure]
 #
-# "recomputed" is the prefill tokens computed beyond those of the same run
+# hit_tok is the prompt tokens the prefix cache served (host_hit: of them,
+# reloaded from the host cache); "recomputed" is the prefill tokens computed
+# beyond those of the same run
 # with an unbounded device cache (which computes only what no earlier
 # request computed: the compulsory tokens). (docs/benchmarks.md, "The host
 # cache".)
@@ -34,15 +36,17 @@ run() { # kv-blocks extra...
 		python3 -c '
 import json, sys
 r = json.load(sys.stdin)[0]
-print(r["prefill_tokens"], "%.2f" % (100 * r["prefix_hit_rate"]), r.get("host_hit_tokens", 0),
+rate = r["prefix_hit_rate"]
+hit = round(r["prefill_tokens"] * rate / (1 - rate)) if rate < 1 else 0
+print(r["prefill_tokens"], "%.2f" % (100 * rate), hit, r.get("host_hit_tokens", 0),
       "%.1f" % (r.get("link_us", 0) / 1e6), "%.1f" % (r["ttft_ms"]["p99"] / 1e3),
       "%.1f" % r["throughput_tok_s"], r["preemptions"], r["errors"])'
 }
 set -- $(run 4000000)
 C=$1
 echo "workload $W: working set $WS blocks; compulsory prefill tokens $C"
-printf '%-9s %-6s %-14s %11s %11s %6s %10s %7s %8s %8s %4s\n' blocks evict host prefill recomputed hit% \
-	host_hit link_s p99ttft_s tok/s err
+printf '%-9s %-6s %-14s %11s %11s %6s %10s %10s %7s %8s %8s %4s\n' blocks evict host prefill recomputed hit% \
+	hit_tok host_hit link_s p99ttft_s tok/s err
 for pct in 25 50 100; do
 	kv=$((WS * pct / 100))
 	for ev in lru value; do
@@ -54,8 +58,8 @@ for pct in 25 50 100; do
 			esac
 			# shellcheck disable=SC2086
 			set -- $(run "$kv" --evict "$ev" $x)
-			printf '%-9s %-6s %-14s %11s %11s %6s %10s %7s %8s %8s %4s\n' "$kv ($pct%)" "$ev" "$tier" \
-				"$1" "$(($1 - C))" "$2" "$3" "$4" "$5" "$6" "$8"
+			printf '%-9s %-6s %-14s %11s %11s %6s %10s %10s %7s %8s %8s %4s\n' "$kv ($pct%)" "$ev" \
+				"$tier" "$1" "$(($1 - C))" "$2" "$3" "$4" "$5" "$6" "$7" "$9"
 		done
 	done
 done
