@@ -234,6 +234,39 @@ Test(tinylm_recurrent, chunked_prefill_cut_at_checkpoints_matches_reference,
 	chunked(0);
 }
 
+/* The recurrent model under swap preemption (split calls, chunked prefill)
+ * and with host failures, its state units fixed or sharing the frames
+ * (share: floor 8 for the swap run, 0 for the other), token-exact; returns
+ * the swap run's swaps. */
+static uint64_t swap_and_failures(int share)
+{
+	uint64_t swaps;
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	run_config(&rc, 164, 0);
+	rc.state_share = (uint32_t)share;
+	if (share)
+		rc.state_units = 8;
+	rc.host_blocks = 600;
+	rc.split = 1;
+	rc.sched.preempt = BKV_PREEMPT_SWAP;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.submit_per_step = 3;
+	serve_and_verify(&rc, &res);
+	swaps = res.sched.swaps;
+	run_config(&rc, 304, 0);
+	rc.state_share = (uint32_t)share;
+	rc.host_blocks = 400;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 64;
+	rc.fail_every = 7;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 0);
+	return swaps;
+}
+
 Test(tinylm_recurrent, preemption_swap_and_failures_match_reference, .init = recurrent_setup,
      .fini = hybrid_teardown)
 {
@@ -247,22 +280,7 @@ Test(tinylm_recurrent, preemption_swap_and_failures_match_reference, .init = rec
 	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
-	run_config(&rc, 164, 0);
-	rc.host_blocks = 600;
-	rc.split = 1;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.submit_per_step = 3;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
-	run_config(&rc, 304, 0);
-	rc.host_blocks = 400;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.fail_every = 7;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.failed_steps, 0);
+	cr_assert_gt(swap_and_failures(0), 0, "the pool was meant to force swapping");
 }
 
 Test(tinylm_recurrent, persistent_layout_matches_reference, .init = recurrent_setup,
@@ -300,22 +318,5 @@ Test(tinylm_recurrent, shared_state_units_match_reference, .init = recurrent_set
 	rc.state_share = 1;
 	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
 	serve_and_verify(&rc, &res);
-	run_config(&rc, 164, 0);
-	rc.state_share = 1;
-	rc.state_units = 8;
-	rc.host_blocks = 600;
-	rc.split = 1;
-	rc.sched.preempt = BKV_PREEMPT_SWAP;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.submit_per_step = 3;
-	serve_and_verify(&rc, &res);
-	run_config(&rc, 304, 0);
-	rc.state_share = 1;
-	rc.host_blocks = 400;
-	rc.sched.chunked_prefill = 1;
-	rc.sched.token_budget = 64;
-	rc.fail_every = 7;
-	serve_and_verify(&rc, &res);
-	cr_assert_gt(res.failed_steps, 0);
+	(void)swap_and_failures(1);
 }
