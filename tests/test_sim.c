@@ -55,6 +55,38 @@ Test(sim, virtual_clock_advances_by_the_model_time_of_each_call)
 	trace_free(&t);
 }
 
+/* --fidelity's attainment: a request meets the targets when its TTFT and its
+ * TPOT (none for a one-token request) are within them, counted for the
+ * simulated run (slo_met) and for the measured latencies the trace carries
+ * (ref_slo_met). Each request alone: TTFT 1.729 ms, TPOT 1.088 ms (above). */
+Test(sim, attainment_counts_simulated_and_measured_requests_meeting_both_targets)
+{
+	trace t = {0};
+	cr_assert_eq(trace_push(&t, 0.0, 10, 3, NULL, 0), TRACE_OK);
+	cr_assert_eq(trace_push(&t, 1e6, 10, 3, NULL, 0), TRACE_OK);
+	cr_assert_eq(trace_push(&t, 2e6, 10, 1, NULL, 0), TRACE_OK);
+	t.reqs[0].ref_ttft_ms = 1.0, t.reqs[0].ref_tpot_ms = 0.5;   /* meets */
+	t.reqs[1].ref_ttft_ms = 3.0, t.reqs[1].ref_tpot_ms = 0.5;   /* TTFT late */
+	t.reqs[2].ref_ttft_ms = 1.0, t.reqs[2].ref_tpot_ms = 500.0; /* one token */
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.slo_ttft_ms = 2.0;
+	c.slo_tpot_ms = 1.1;
+	sim_result r;
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.slo_met, 3);
+	cr_expect_eq(r.ref_slo_met, 2);
+	c.slo_tpot_ms = 1.0; /* below the simulated 1.088 ms and above 0.5 */
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.slo_met, 1, "only the one-token request");
+	cr_expect_eq(r.ref_slo_met, 2);
+	c.slo_ttft_ms = 0.0; /* no targets: nothing counted */
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.slo_met, 0);
+	cr_expect_eq(r.ref_slo_met, 0);
+	trace_free(&t);
+}
+
 /* A request is sent as a client sends it: max_new_tokens is the cap (4,096
  * by default, cut to what the pool holds beside the prompt) and the host
  * samples the stop token at the trace length, so the run is the oracle's

@@ -484,8 +484,10 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 }
 
 /* The measured p90 TTFT and TPOT (TPOT of requests of more than one token)
- * of a trace that has them (DistServe's), into res; -1 without. */
-static void ref_p90(const trace *t, sim_result *res)
+ * of a trace that has them (DistServe's), into res; -1 without. With
+ * targets (cfg->slo_ttft_ms > 0), also how many measured requests met
+ * them (res->ref_slo_met). */
+static void ref_p90(const sim_config *cfg, const trace *t, sim_result *res)
 {
 	double *a = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
 	double *b = malloc((size_t)(t->n ? t->n : 1) * sizeof(double));
@@ -497,6 +499,9 @@ static void ref_p90(const trace *t, sim_result *res)
 		a[na++] = t->reqs[i].ref_ttft_ms;
 		if (t->reqs[i].output_len > 1)
 			b[nb++] = t->reqs[i].ref_tpot_ms;
+		if (cfg->slo_ttft_ms > 0.0 && t->reqs[i].ref_ttft_ms <= cfg->slo_ttft_ms &&
+		    (t->reqs[i].output_len <= 1 || t->reqs[i].ref_tpot_ms <= cfg->slo_tpot_ms))
+			res->ref_slo_met++;
 	}
 	if (na)
 		res->ref_ttft_p90 = sim_quantile(a, na, 0.9);
@@ -569,7 +574,7 @@ static void finish_latencies(vhost *h, const trace *t, sim_result *res)
 	}
 	res->ref_ttft_mean = n_ref ? ref_ttft / n_ref : -1.0;
 	res->ref_tpot_mean = n_ref_tpot ? ref_tpot / n_ref_tpot : -1.0;
-	ref_p90(t, res);
+	ref_p90(h->cfg, t, res);
 	free(ttft);
 	free(tpot);
 }

@@ -21,6 +21,17 @@ static double med_field(const sim_result *runs, int n, size_t off, double *scrat
 	return sim_median(scratch, n);
 }
 
+static double med_u32(const sim_result *runs, int n, size_t off, double *scratch)
+{
+	for (int i = 0; i < n; i++) {
+		uint32_t v;
+
+		memcpy(&v, (const char *)&runs[i] + off, sizeof(v));
+		scratch[i] = (double)v;
+	}
+	return sim_median(scratch, n);
+}
+
 static double med_u64(const sim_result *runs, int n, size_t off, double *scratch)
 {
 	for (int i = 0; i < n; i++) {
@@ -37,6 +48,7 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 {
 #define MED_D(f) m->f = med_field(runs, n, offsetof(sim_result, f), sc)
 #define MED_U(f) m->f = (uint64_t)llround(med_u64(runs, n, offsetof(sim_result, f), sc))
+#define MED_U32(f) m->f = (uint32_t)llround(med_u32(runs, n, offsetof(sim_result, f), sc))
 	MED_D(makespan_us);
 	MED_D(prefill_us);
 	MED_D(decode_us);
@@ -54,6 +66,8 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(preemptions);
 	MED_U(host_hit_tokens);
 	MED_U(host_demoted);
+	MED_U32(slo_met);
+	MED_U32(ref_slo_met);
 	MED_D(link_us);
 	MED_D(kv_waste);
 	MED_D(ttft_mean);
@@ -81,6 +95,7 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_D(device_busy_us);
 #undef MED_D
 #undef MED_U
+#undef MED_U32
 }
 
 void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *base, int n)
@@ -187,6 +202,9 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 				", \"ref_ttft_p90_ms\": %.10g, \"ref_tpot_p90_ms\": %.10g",
 				r->ref_ttft_mean, r->ref_tpot_mean, r->ttft_p90, r->tpot_p90,
 				r->ref_ttft_p90, r->ref_tpot_p90);
+		if (r->ref_ttft_mean >= 0 && (r->slo_met || r->ref_slo_met))
+			fprintf(out, ", \"slo_met\": %u, \"ref_slo_met\": %u", r->slo_met,
+				r->ref_slo_met);
 		if (rows[i].has_goodput)
 			fprintf(out, ", \"goodput_rps\": %.10g, \"goodput_capped\": %d",
 				rows[i].goodput_rps, rows[i].goodput_capped);

@@ -216,25 +216,36 @@ static int after_report(const opts *o, const sim_row *rows, int n)
 
 #define REL(sim_, ref_) (100.0 * ((sim_) - (ref_)) / (ref_))
 
+/* --fidelity's attainment targets: those of DistServe's check of its own
+ * simulator against these runs (simdistserve/benchmarks/alignment/
+ * align_with_real.py, commit 20a1633: TTFT 200 ms, TPOT 100 ms) */
+#define FIDELITY_TTFT_MS 200.0
+#define FIDELITY_TPOT_MS 100.0
+
 /* --fidelity's table: per run, measured and simulated mean and p90 of TTFT
  * and TPOT, with the relative errors. */
 static void fidelity_table(const sim_row *rows, int nr)
 {
-	printf("%-12s %4s %9s %9s %7s %9s %9s %7s %7s %7s %7s %7s %7s %7s\n", "run", "reqs",
-	       "ttft_meas", "ttft_sim", "err", "p90_meas", "p90_sim", "err", "tpot_m", "tpot_s",
-	       "err", "p90_m", "p90_s", "err");
+	printf("%-12s %4s %9s %9s %7s %9s %9s %7s %7s %7s %7s %7s %7s %7s %6s %6s\n", "run",
+	       "reqs", "ttft_meas", "ttft_sim", "err", "p90_meas", "p90_sim", "err", "tpot_m",
+	       "tpot_s", "err", "p90_m", "p90_s", "err", "slo_m", "slo_s");
 	for (int i = 0; i < nr; i++) {
 		const sim_result *r = &rows[i].med;
+		double n = r->n_req ? r->n_req : 1;
 		printf("%-12s %4u %9.1f %9.1f %+6.1f%% %9.1f %9.1f %+6.1f%% %7.2f %7.2f %+6.1f%% "
-		       "%7.2f %7.2f %+6.1f%%\n",
+		       "%7.2f %7.2f %+6.1f%% %5.1f%% %5.1f%%\n",
 		       r->label, r->n_req, r->ref_ttft_mean, r->ttft_mean,
 		       REL(r->ttft_mean, r->ref_ttft_mean), r->ref_ttft_p90, r->ttft_p90,
 		       REL(r->ttft_p90, r->ref_ttft_p90), r->ref_tpot_mean, r->tpot_mean,
 		       REL(r->tpot_mean, r->ref_tpot_mean), r->ref_tpot_p90, r->tpot_p90,
-		       REL(r->tpot_p90, r->ref_tpot_p90));
+		       REL(r->tpot_p90, r->ref_tpot_p90), 100.0 * r->ref_slo_met / n,
+		       100.0 * r->slo_met / n);
 	}
 	printf("(TTFT and TPOT in ms, mean and p90 over the run's requests; TPOT over "
-	       "requests with more than one output token; policy: the vllm-v0 preset)\n");
+	       "requests with more than one output token; slo_m, slo_s: the share of requests "
+	       "with TTFT <= %g ms and TPOT <= %g ms, measured and simulated, the targets "
+	       "DistServe's own alignment check uses; policy: the vllm-v0 preset)\n",
+	       FIDELITY_TTFT_MS, FIDELITY_TPOT_MS);
 }
 
 static int fidelity(const opts *o, sim_config *c0)
@@ -272,6 +283,8 @@ static int fidelity(const opts *o, sim_config *c0)
 		sim_config c;
 		/* vLLM v0, the engine DistServe measured, on the run's machine */
 		sim_peer_config(1, c0, &t, o->big_gpu, 0.0, &c);
+		c.slo_ttft_ms = FIDELITY_TTFT_MS;
+		c.slo_tpot_ms = FIDELITY_TPOT_MS;
 		snprintf(r.label, sizeof(r.label), "%s", names[i]);
 		progress(o, names[i], 0, i + 1, nr);
 		rc = sim_run(&c, &t, &r, err, sizeof(err));

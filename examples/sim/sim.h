@@ -212,6 +212,9 @@ typedef struct sim_result {
 	uint32_t slo_met;          /* requests that finished without error with
 				      TTFT <= slo_ttft_ms and TPOT <=
 				      slo_tpot_ms (0 when no target is set) */
+	uint32_t ref_slo_met;      /* requests whose measured (DistServe) TTFT
+				      and TPOT meet the same targets (0 when
+				      no target is set or nothing measured) */
 	uint64_t overlap_steps;    /* --overlap: steps planned while one ran */
 	uint64_t overlap_syncs;    /* launches declined (BKV_EAGAIN) */
 	uint64_t overlap_wasted;   /* tokens computed and discarded (requests
