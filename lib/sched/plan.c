@@ -142,11 +142,14 @@ static uint32_t lane_hits(bkv_sched *s, bkv__lane *l, uint32_t target)
 
 /* Append n tokens of a lane's history, preempting victims while the pool is
  * short. Returns BKV_OK, or an error when the lane got no room (its request
- * may itself have been preempted). A one-branch request that must preempt
- * itself while it runs alone had every block there is and still found no
- * room (a hybrid's groups need more than submit's group-0 check counts, or
- * pins hold the rest): readmitted, it would do the same again forever, so
- * it ends with BKV_FINISH_ERROR (bkv_sched_stats.unadmittable). */
+ * may itself have been preempted). A request that must preempt itself while
+ * it runs alone had every block there is and still found no room (a
+ * hybrid's groups need more than submit's group-0 check counts, its
+ * branches more than the prompt, or pins hold the rest): readmitted, it
+ * would do the same again forever, so it ends with BKV_FINISH_ERROR
+ * (bkv_sched_stats.unadmittable). This holds for a forked request as for a
+ * one-branch one: its branches grow together, and a readmission recomputes
+ * them to the same point. */
 static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint32_t *hit,
 		       uint64_t now, bkv_step_info *si)
 {
@@ -170,7 +173,7 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
 		v = s->pol.victim(s);
 		if (!v)
 			return BKV_ENOSPC;
-		alone = v == l->req && s->rs.nr_run == 1 && v->n == 1;
+		alone = v == l->req && s->rs.nr_run == 1;
 		preempt(s, v, now, si);
 		if (alone) { /* the pool to itself and still no room: never */
 			s->stats.unadmittable++;
