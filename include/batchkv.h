@@ -2315,7 +2315,10 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
  * drains, so call bkv_vllm_encoder_drain between pool calls. When the
  * pool's event ring dropped events (a gap in seq), the batch it writes is a
  * resynchronisation: AllBlocksCleared followed by a BlockStored for every
- * block in the index, parents first, so a subscriber's view is exact again.
+ * block in the index, parents first, then (with a host cache) one on the
+ * host medium for every host-cache block whose parent is published, so a
+ * subscriber's view is exact again (a host block whose parent is in
+ * neither tier is left out: no lookup can reach it).
  */
 
 /* How KVEventBatch and its events are laid out; the vLLM versions each

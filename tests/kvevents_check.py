@@ -103,6 +103,8 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
     none_hash = fn(seed) if fn else None
     full = {}     # published hash -> full 32-byte digest (for parents)
     have = set()  # published hashes the events say the replica holds
+    host = set()  # the same on the host medium (a host cache's blocks)
+    host_stores = 0
     batches = stores = removes = clears = checks = 0
     stats = None
 
@@ -143,8 +145,7 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
                         check_fields(ev, STORED_FIELDS, STORED_OPTIONAL, label)
                         hashes, parent, toks = ev["block_hashes"], ev["parent_block_hash"], ev["token_ids"]
                         bsize, lora_id, lora_name = ev["block_size"], ev["lora_id"], ev["lora_name"]
-                        if ev["medium"] != "GPU":
-                            fail(f"{label}: medium {ev['medium']!r}")
+                        medium = ev["medium"]
                         if (group >= 0) != ("group_idx" in ev) or ev.get("group_idx", group) != group:
                             fail(f"{label}: group_idx")
                         if (kind != "-") != ("kv_cache_spec_kind" in ev):
@@ -157,7 +158,7 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
                             fail(f"{label}: extra_keys sent though off")
                     elif t == "BlockRemoved":
                         check_fields(ev, REMOVED_FIELDS, REMOVED_OPTIONAL, label)
-                        hashes = ev["block_hashes"]
+                        hashes, medium = ev["block_hashes"], ev["medium"]
                     elif t == "AllBlocksCleared":
                         if list(ev.keys()) != ["type"]:
                             fail(f"{label}: AllBlocksCleared has fields {list(ev.keys())}")
@@ -171,12 +172,11 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
                             fail(f"{label}: array BlockStored has {len(ev)} entries")
                         _, hashes, parent, toks, bsize, lora_id = ev[:6]
                         lora_name = LORA.get(lora_id) if v0 else ev[7]
-                        if not v0 and ev[6] != "GPU":
-                            fail(f"{label}: medium {ev[6]!r}")
+                        medium = "GPU" if v0 else ev[6]
                     elif t == "BlockRemoved":
-                        if len(ev) != (2 if v0 else 3) or (not v0 and ev[2] != "GPU"):
+                        if len(ev) != (2 if v0 else 3):
                             fail(f"{label}: array BlockRemoved {ev!r}")
-                        hashes = ev[1]
+                        hashes, medium = ev[1], "GPU" if v0 else ev[2]
                     elif t == "AllBlocksCleared":
                         if len(ev) != 1:
                             fail(f"{label}: array AllBlocksCleared has {len(ev)} entries")
@@ -207,21 +207,28 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
                                 fail(f"{label}: block hash {h!r} != vLLM's {pub(d)!r}")
                             full[h] = d
                             prev = d
-                    elif parent is not None and parent not in have:
+                    elif parent is not None and parent not in have and parent not in host:
                         fail(f"{label}: parent {parent} not held")
+                    held = have if medium == "GPU" else host
                     for h in hashes:
-                        if h in have:
-                            fail(f"{label}: {h!r} stored twice")
-                        have.add(h)
+                        if h in held:
+                            fail(f"{label}: {h!r} stored twice on {medium}")
+                        held.add(h)
                 elif t == "BlockRemoved":
                     removes += 1
+                    held = have if medium == "GPU" else host
                     for h in hashes:
-                        if h not in have:
-                            fail(f"{label}: removed {h!r} not held")
-                        have.discard(h)
+                        if h not in held:
+                            fail(f"{label}: removed {h!r} not held on {medium}")
+                        held.discard(h)
                 else:
                     clears += 1
                     have.clear()
+                    host.clear()
+                if t != "AllBlocksCleared" and medium not in ("GPU", "CPU"):
+                    fail(f"{label}: medium {medium!r}")
+                if t == "BlockStored" and medium == "CPU":
+                    host_stores += 1
         elif tag == "T":
             truth = {pub(d) for d in rec}
             if len(truth) != len(rec):
@@ -232,6 +239,7 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
             checks += 1
         elif tag == "R":
             have.clear()  # a new replica
+            host.clear()
             full.clear()
         else:
             stats = rec
@@ -240,9 +248,11 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
         print(f"{label}: {batches} batches, {stores} stored, {removes} removed, {clears} cleared, "
               f"{checks} index checks equal; pools: {ev_} events, {swap_out} evictions, "
               f"{dropped} events dropped, {resyncs} resyncs")
+        print(f"{label}: {host_stores} host-cache stores")
         if not (removes > 15 * rounds and clears >= rounds and dropped > 0 and resyncs >= 1
-                and checks > 80 * rounds):
-            fail(f"{label}: the random workloads did not reach removals, resets and overflow")
+                and checks > 80 * rounds and host_stores > rounds):
+            fail(f"{label}: the random workloads did not reach removals, resets, overflow "
+                 "and the host cache")
         return
     print(f"{label}: {batches} batches, {stores} stored, {removes} removed, {clears} cleared, "
           f"{checks} index checks equal; pool: {ev_} evictions, {swap_out} blocks swapped out, "

@@ -16,7 +16,8 @@
  *   The random form runs ROUNDS random pool workloads instead (appends of
  *   few distinct tokens, forks, truncates, closes, drops, swaps, resets and
  *   step transactions through lib/internal.h, on a 24-block pool with a
- *   12-event ring), drains 1..3 operations apart and now and then up to 12
+ *   12-event ring; odd rounds with a host cache), drains 1..3 operations
+ *   apart and now and then up to 12
  *   (the ring overflows) and writes the same
  *   records, each workload opened by an 'R' record (a new, empty
  *   replica); its 'S' record counts stores and removals instead of
@@ -132,6 +133,7 @@ static int random_mode(char **argv)
 		c.block_tokens = 4;
 		c.device_blocks = 24;
 		c.host_blocks = 16;
+		c.host_cache = round & 1; /* odd rounds demote evictions to the host */
 		c.max_seqs = 64;
 		c.event_capacity = 12;
 		if (bkv_pool_create(&c, NULL, &p) || bkv_vllm_encoder_create(&vc, p, NULL, &enc))

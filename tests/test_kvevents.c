@@ -202,6 +202,15 @@ static uint32_t count_bytes(const uint8_t *msg, size_t len, const void *pat, siz
 	return c;
 }
 
+/* Where pat first occurs in msg (len when it does not). */
+static size_t first_at(const uint8_t *msg, size_t len, const void *pat, size_t n)
+{
+	for (size_t i = 0; i + n <= len; i++)
+		if (memcmp(msg + i, pat, n) == 0)
+			return i;
+	return len;
+}
+
 /* A host cache (bkv_pool_config.host_cache): a block the device evicts is
  * published again on the host medium ("CPU") under the hash its device
  * copy had, and the host's drops are BlockRemoved on that medium. */
@@ -282,6 +291,61 @@ Test(kvevents, ring_overflow_becomes_a_snapshot)
 	X(&w, "\xaa" "block_size\x02\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0");
 	expect_bytes(msg, len, &w);
 	cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1);
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
+/* A ring overflow after demotions: the snapshot announces the device's
+ * blocks, then the host cache's, parents first, under the hashes their
+ * device copies had (native hashes are the pool's). */
+Test(kvevents, a_snapshot_reannounces_the_host_cache_blocks)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+	uint64_t ha[2], hb[2];
+	uint8_t h8[2][9];
+	uint32_t s, hit, i;
+	const uint8_t *msg;
+	size_t len;
+	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu[] = "\xa6medium\xa3" "GPU",
+			  cleared[] = "AllBlocksCleared";
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 2;
+	c.device_blocks = 2;
+	c.host_blocks = 2;
+	c.host_cache = 1;
+	c.max_seqs = 8;
+	c.event_capacity = 2; /* a's two stores fill it: b's events overflow */
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
+	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
+	cr_assert_eq(bkv_block_hashes(0, 0, 2, b, 4, hb), 2);
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, a, 4, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK); /* b evicts a to the host */
+	cr_assert_eq(bkv_seq_append(p, s, b, 4, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
+	cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1, "the ring overflowed");
+	cr_assert_eq(count_bytes(msg, len, cleared, sizeof cleared - 1), 1);
+	cr_assert_eq(count_bytes(msg, len, gpu, sizeof gpu - 1), 1, "b's chain, one event");
+	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 2, "a's blocks, one each");
+	for (i = 0; i < 2; i++) {
+		h8[i][0] = 0xcf;
+		for (int j = 0; j < 8; j++)
+			h8[i][1 + j] = (uint8_t)(ha[i] >> (56 - 8 * j));
+	}
+	/* a0 stored once and named once as a1's parent; a1 stored once */
+	cr_assert_eq(count_bytes(msg, len, h8[0], 9), 2);
+	cr_assert_eq(count_bytes(msg, len, h8[1], 9), 1);
+	cr_assert_lt(first_at(msg, len, h8[0], 9), first_at(msg, len, h8[1], 9),
+		     "parents first: a0's store before a1's");
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0, "nothing new since");
 	bkv_vllm_encoder_destroy(e);
 	bkv_pool_destroy(p);
 }

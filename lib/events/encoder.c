@@ -160,6 +160,7 @@ struct bkv_vllm_encoder {
 	uint64_t *hnat;       /* [nh] the pool hash hdig stands for */
 	uint8_t *hvalid;      /* [nh] 1: published as stored on the host */
 	uint8_t *hpar;        /* [nh] 1: it has a parent (hpdig is set) */
+	int32_t *hpath;       /* [nh] snapshot scratch: a host chain walked up */
 	char *host_medium;    /* cfg.host_medium copied, or NULL */
 	int rm_ok;            /* the last translated event was the REMOVED of
 				 a published device block: rm_* describe it,
@@ -235,6 +236,7 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	bkv__free(&a, enc->hnat, (size_t)enc->nh * sizeof(uint64_t));
 	bkv__free(&a, enc->hvalid, enc->nh);
 	bkv__free(&a, enc->hpar, enc->nh);
+	bkv__free(&a, enc->hpath, (size_t)enc->nh * sizeof(int32_t));
 	bkv__free(&a, enc->ppid, nb * sizeof(int32_t));
 	bkv__free(&a, enc->dig, nb * 32);
 	bkv__free(&a, enc->nat, nb * sizeof(uint64_t));
@@ -269,7 +271,8 @@ static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 	e->hnat = bkv__calloc(&e->alloc, nh, sizeof(uint64_t));
 	e->hvalid = bkv__calloc(&e->alloc, nh, 1);
 	e->hpar = bkv__calloc(&e->alloc, nh, 1);
-	return e->hdig && e->hpdig && e->hnat && e->hvalid && e->hpar ? 0 : -1;
+	e->hpath = bkv__calloc(&e->alloc, nh, sizeof(int32_t));
+	return e->hdig && e->hpdig && e->hnat && e->hvalid && e->hpar && e->hpath ? 0 : -1;
 }
 
 int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
@@ -606,7 +609,111 @@ static void forget_all(bkv_vllm_encoder *e)
 	e->rm_ok = 0;
 }
 
-/* Body := AllBlocksCleared + every indexed block, parents first. */
+/* ---- the host cache in a snapshot ------------------------------------------
+ * A snapshot re-announces the host cache's blocks (cached, or demoting:
+ * their STORED was published at demotion) after the device's, parents
+ * first, each under the digest computed from its parent's. A block whose
+ * parent is in neither index is left out with its descendants: no lookup
+ * reaches it (a host hit continues a chain of hits), and the stream never
+ * names a parent it has not stored. During the walk hvalid[h] is 1 for a
+ * block announced, HV_OUT for one left out, 0 for one not reached yet. */
+#define HV_OUT 2
+
+static int host_live(const bkv_pool *pool, int32_t h)
+{
+	return pool->host_state[h] == BKV__HOST_CACHED || pool->host_state[h] == BKV__HOST_DEMOTING;
+}
+
+/* The digest of the block whose chain hash is ph, when one is published in
+ * this snapshot (a device block, or a host block announced already). */
+static const uint8_t *host_parent_digest(const bkv_vllm_encoder *e, uint64_t ph)
+{
+	const bkv_pool *pool = e->pool;
+	int32_t d = bkv__index_find(&pool->kv, ph), h;
+
+	if (d >= 0 && e->valid[d] && e->nat[d] == ph)
+		return e->dig[d];
+	h = bkv__hc_find(pool, ph);
+	return h >= 0 && e->hvalid[h] == 1 ? e->hdig[h] : NULL;
+}
+
+/* Host block h's digest from its parent's (published); -1 when the hash
+ * failed. */
+static int host_digest(bkv_vllm_encoder *e, int32_t h)
+{
+	const bkv_pool *pool = e->pool;
+	uint64_t ph = pool->hc_phash[h], hash = pool->hc_hash[h];
+	const uint8_t *parent = ph == BKV__HASH_ROOT ? e->none : host_parent_digest(e, ph);
+
+	if (!parent)
+		return -1;
+	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE) {
+		memset(e->hdig[h], 0, 24);
+		for (int i = 0; i < 8; i++)
+			e->hdig[h][24 + i] = (uint8_t)(hash >> (56 - 8 * i));
+	} else if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
+					  pool->host_tok + (size_t)h * e->bt, e->bt,
+					  key_name(e, pool->hc_key[h]), e->hdig[h])) {
+		return -1;
+	}
+	e->hpar[h] = ph != BKV__HASH_ROOT;
+	if (e->hpar[h])
+		memcpy(e->hpdig[h], parent, 32);
+	e->hnat[h] = hash;
+	return 0;
+}
+
+/* Announce live host block h and the unreached host blocks above it,
+ * parents first; or leave them all out when the chain's top has no
+ * published parent. -1: a hash ran out of memory. */
+static int host_announce(bkv_vllm_encoder *e, int32_t h)
+{
+	const bkv_pool *pool = e->pool;
+	uint32_t depth = 0;
+	int32_t c = h;
+	int out = 1;
+
+	while (c >= 0 && e->hvalid[c] == 0 && host_live(pool, c) && depth < e->nh) {
+		uint64_t ph = pool->hc_phash[c];
+
+		e->hpath[depth++] = c;
+		if (ph == BKV__HASH_ROOT || host_parent_digest(e, ph)) {
+			out = 0;
+			break;
+		}
+		c = bkv__hc_find(pool, ph); /* (a demoting parent is not indexed) */
+	}
+	while (depth-- > 0) {
+		c = e->hpath[depth];
+		if (out) {
+			e->hvalid[c] = HV_OUT;
+			continue;
+		}
+		if (host_digest(e, c)) /* its parent is published: the hash failed */
+			return -1;
+		e->hvalid[c] = 1;
+		put_host_stored(e, c);
+	}
+	return 0;
+}
+
+static int snapshot_host(bkv_vllm_encoder *e)
+{
+	uint32_t h;
+	int rc = 0;
+
+	memset(e->hvalid, 0, e->nh);
+	for (h = 0; h < e->nh && !rc; h++)
+		if (e->hvalid[h] == 0 && host_live(e->pool, (int32_t)h))
+			rc = host_announce(e, (int32_t)h);
+	for (h = 0; h < e->nh; h++)
+		if (e->hvalid[h] == HV_OUT)
+			e->hvalid[h] = 0;
+	return rc;
+}
+
+/* Body := AllBlocksCleared + every indexed block, parents first, then the
+ * host cache's blocks. */
 static int snapshot(bkv_vllm_encoder *e)
 {
 	const bkv_pool *pool = e->pool;
@@ -616,7 +723,7 @@ static int snapshot(bkv_vllm_encoder *e)
 	e->body.oom = 0;
 	e->n_events = 0;
 	e->n_group = 0;
-	forget_all(e); /* the host cache's blocks are not re-announced */
+	forget_all(e);
 	put_cleared(e);
 	for (b = 0; b < e->nb; b++) {
 		uint32_t depth = 0;
@@ -636,6 +743,8 @@ static int snapshot(bkv_vllm_encoder *e)
 		}
 	}
 	flush_group(e);
+	if (e->nh && snapshot_host(e))
+		return -1;
 	e->resyncs++;
 	return e->body.oom ? -1 : 0;
 }

@@ -116,6 +116,11 @@ static int32_t hc_find(const bkv_pool *pool, uint64_t hash)
 	}
 }
 
+int32_t bkv__hc_find(const bkv_pool *pool, uint64_t hash)
+{
+	return pool->hc_on ? hc_find(pool, hash) : -1;
+}
+
 static void lru_push(bkv_pool *pool, int32_t h)
 {
 	pool->hc_prev[h] = pool->hc_tail;

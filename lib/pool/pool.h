@@ -511,6 +511,9 @@ void bkv__hc_swap_in_cleared(bkv_pool *pool, int32_t h);
 /* A host call failed: pending demotions are forgotten (their host blocks
  * freed); call before the swap-out list is cleared. */
 void bkv__hc_forget_demotions(bkv_pool *pool);
+/* The cached host block indexed under hash, or -1 (and -1 without a host
+ * cache; a demoting block is not indexed yet). */
+int32_t bkv__hc_find(const bkv_pool *pool, uint64_t hash);
 /* Verified host hits after a block whose chain hash is ph: the leading
  * whole blocks of tokens[0, max * bt) the host cache holds, their host ids
  * into out; returns how many. None while a device copy is pending. */
