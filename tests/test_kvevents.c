@@ -211,21 +211,12 @@ static size_t first_at(const uint8_t *msg, size_t len, const void *pat, size_t n
 	return len;
 }
 
-/* A host cache (bkv_pool_config.host_cache): a block the device evicts is
- * published again on the host medium ("CPU") under the hash its device
- * copy had, and the host's drops are BlockRemoved on that medium. */
-Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
+/* A host-cache pool of two 2-token device blocks and two host blocks, its
+ * event ring event_capacity long. */
+static bkv_pool *host_cache_pool(uint32_t event_capacity)
 {
 	bkv_pool_config c;
 	bkv_pool *p = NULL;
-	bkv_vllm_encoder *e;
-	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 10, 11, 12};
-	uint64_t ha[2];
-	uint8_t h8[9];
-	uint32_t s, hit;
-	const uint8_t *msg;
-	size_t len;
-	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu_rm[] = "\xac" "BlockRemoved";
 
 	bkv_pool_config_init(&c);
 	c.block_tokens = 2;
@@ -233,19 +224,44 @@ Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
 	c.host_blocks = 2;
 	c.host_cache = 1;
 	c.max_seqs = 8;
-	c.event_capacity = 64;
+	c.event_capacity = event_capacity;
 	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	return p;
+}
+
+/* A sequence of the n tokens t opened, filled and closed (its full blocks
+ * stay cached). */
+static void fill_and_close(bkv_pool *p, const int32_t *t, uint32_t n)
+{
+	uint32_t s, hit;
+
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, s, t, n, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+}
+
+/* A host cache (bkv_pool_config.host_cache): a block the device evicts is
+ * published again on the host medium ("CPU") under the hash its device
+ * copy had, and the host's drops are BlockRemoved on that medium. */
+Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
+{
+	bkv_pool *p;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 10, 11, 12};
+	uint64_t ha[2];
+	uint8_t h8[9];
+	const uint8_t *msg;
+	size_t len;
+	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu_rm[] = "\xac" "BlockRemoved";
+
+	p = host_cache_pool(64);
 	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
-	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
-	cr_assert_eq(bkv_seq_append(p, s, a, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	fill_and_close(p, a, 4);
 	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1); /* a on GPU */
 	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 0);
 	/* b evicts a: each of a's blocks removed from GPU, stored on CPU */
-	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
-	cr_assert_eq(bkv_seq_append(p, s, b, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	fill_and_close(p, b, 4);
 	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
 	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
 	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 2);
@@ -257,9 +273,7 @@ Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
 		cr_assert_eq(count_bytes(msg, len, h8, 9), 2 + (i == 0), "hash of a%d", i);
 	}
 	/* d evicts b: b goes to the host, which drops a for it (CPU removed) */
-	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
-	cr_assert_eq(bkv_seq_append(p, s, d, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	fill_and_close(p, d, 4);
 	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
 	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 4, "2 CPU stores, 2 CPU removals");
 	cr_assert_eq(count_bytes(msg, len, gpu_rm, sizeof gpu_rm - 1), 4);
@@ -300,35 +314,23 @@ Test(kvevents, ring_overflow_becomes_a_snapshot)
  * device copies had (native hashes are the pool's). */
 Test(kvevents, a_snapshot_reannounces_the_host_cache_blocks)
 {
-	bkv_pool_config c;
-	bkv_pool *p = NULL;
+	bkv_pool *p;
 	bkv_vllm_encoder *e;
 	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
 	uint64_t ha[2], hb[2];
 	uint8_t h8[2][9];
-	uint32_t s, hit, i;
+	uint32_t i;
 	const uint8_t *msg;
 	size_t len;
 	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu[] = "\xa6medium\xa3" "GPU",
 			  cleared[] = "AllBlocksCleared";
 
-	bkv_pool_config_init(&c);
-	c.block_tokens = 2;
-	c.device_blocks = 2;
-	c.host_blocks = 2;
-	c.host_cache = 1;
-	c.max_seqs = 8;
-	c.event_capacity = 2; /* a's two stores fill it: b's events overflow */
-	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	p = host_cache_pool(2); /* a's two stores fill the ring: b's events overflow */
 	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, b, 4, hb), 2);
-	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
-	cr_assert_eq(bkv_seq_append(p, s, a, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
-	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK); /* b evicts a to the host */
-	cr_assert_eq(bkv_seq_append(p, s, b, 4, &hit), BKV_OK);
-	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	fill_and_close(p, a, 4);
+	fill_and_close(p, b, 4); /* b evicts a to the host */
 	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
 	cr_assert_gt(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 0);
 	cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1, "the ring overflowed");
