@@ -137,6 +137,10 @@ typedef struct sim_config {
 				      (--host-overhead-us; 0 = none): the
 				      synchronous contract adds it to every
 				      step's device time */
+	int prefill_first;         /* bkv_sched_config.prefill_first
+				      (--prefill-first): a split host's
+				      step that admits makes only its
+				      prefill call, as vLLM v0 */
 	/* an engine's own time beyond the cost model's forward (--call-overhead-us,
 	 * --row-overhead-us, --prefill-scale; host.c, "Engine overhead"): each
 	 * host call takes prefill_scale x the model's price of its prefill
@@ -148,10 +152,6 @@ typedef struct sim_config {
 	double row_overhead_us;    /* us per row of a call (sampling,
 				      detokenising and streaming one
 				      sequence's token), >= 0 */
-	int prefill_first;         /* bkv_sched_config.prefill_first
-				      (--prefill-first): a split host's
-				      step that admits makes only its
-				      prefill call, as vLLM v0 */
 	double prefill_scale;      /* factor on the price of prefill work (a
 				      split host's prefill call, the prefill
 				      share of a mixed call); 0 = 1 */
