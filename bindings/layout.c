@@ -259,6 +259,7 @@ int main(void)
 	F(bkv_sched_config, admit_reserve);
 	F(bkv_sched_config, retention);
 	F(bkv_sched_config, copy_overlap);
+	F(bkv_sched_config, prefill_first);
 	S(bkv_retention_range);
 	F(bkv_retention_range, token_start);
 	F(bkv_retention_range, token_end);

@@ -1746,6 +1746,28 @@ typedef struct bkv_sched_config {
 				      the two add. Prices the steps and the
 				      host cache's copies (docs/design.md,
 				      "The host cache"); nothing else. */
+	uint32_t prefill_first;    /* 1: prefill-first steps on a split host
+				      (ops.prefill and ops.decode), as vLLM
+				      v0's scheduler runs its iterations: a
+				      step admits waiting requests before it
+				      plans decode rows, and one that admits
+				      a prompt to prefill makes only that
+				      prefill call (running rows, the fresh
+				      ones too, decode in a later step); a
+				      step that admits none plans decode
+				      rows, then admissions, as with 0, and
+				      its fresh rows too decode only in a
+				      later step. Meant for whole prompts
+				      (vLLM v0 does not chunk): with
+				      chunked_prefill a continuing prompt's
+				      next chunk waits for a step without
+				      admissions. 0 (the default): a step
+				      plans decode rows, then admissions,
+				      and makes its prefill call and then a
+				      decode call over every running row,
+				      the fresh ones included. A mixed host
+				      ignores it. Appended under the size
+				      convention. */
 } bkv_sched_config;
 
 /* Retention priorities of bkv_retention_range (TensorRT-LLM's scale). */

@@ -210,10 +210,11 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fake_host *f;
 
 	cr_assert_eq(sizeof(bkv_sched_config),
-		     (offsetof(bkv_sched_config, copy_overlap) + 4 + 7) / 8 * 8, /* tail padding */
+		     (offsetof(bkv_sched_config, prefill_first) + 4 + 7) / 8 * 8, /* tail padding */
 		     "the bound took two reserved slots, batch_layout and ttft_target_us "
 		     "one each, speculative decoding three, overlap, evict, victim, "
-		     "admit_reserve and retention one each; copy_overlap was appended");
+		     "admit_reserve and retention one each; copy_overlap and "
+		     "prefill_first were appended");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];
@@ -356,6 +357,59 @@ Test(sched, mixed_and_split_hosts_get_the_callbacks_they_registered)
 		all_finished_once(f, 1, 2);
 		fh_destroy(f);
 		free(p);
+	}
+}
+
+/* prefill_first (vLLM v0's iterations): a split host's step that admits
+ * makes only its prefill call, and the running rows, the fresh ones too,
+ * decode in the next step that admits none; a mixed host ignores it. */
+Test(sched, prefill_first_steps_make_only_their_prefill_call)
+{
+	int split;
+
+	for (split = 0; split < 2; split++) {
+		fh_opts o;
+		fake_host *f;
+		int32_t *p = fh_prompt(20, 1), *q = fh_prompt(24, 2);
+		uint32_t c, steps;
+
+		fh_opts_init(&o);
+		o.split = split;
+		o.cfg.prefill_first = 1;
+		f = fh_create(&o);
+		fh_submit(f, p, 20, 5);
+		cr_assert_eq(fh_run(f, 2), 2);
+		fh_submit(f, q, 24, 3); /* arrives while the first decodes */
+		steps = 2 + fh_run(f, 100);
+		if (split) {
+			/* step 0 prefills A (token 1), step 1 decodes A (2),
+			 * step 2 prefills B alone, then 3 decode calls: A's
+			 * tokens 3..5, B's 2..3 */
+			cr_expect_eq(f->n_forward, 0);
+			cr_expect_eq(f->n_prefill, 2);
+			cr_expect_eq(f->n_decode, 4);
+			cr_expect_eq(steps, 6);
+			cr_expect_eq(f->calls[0].kind, BKV_CALL_PREFILL);
+			cr_expect_eq(f->calls[1].kind, BKV_CALL_DECODE);
+			cr_expect_eq(f->calls[1].n_rows, 1);
+			cr_expect_eq(f->calls[2].kind, BKV_CALL_PREFILL);
+			cr_expect_eq(f->calls[2].n_rows, 1, "the prefill step runs nothing else");
+			cr_expect_eq(f->calls[3].kind, BKV_CALL_DECODE);
+			cr_expect_eq(f->calls[3].n_rows, 2, "the fresh row decodes a step later");
+			for (c = 0; c < f->n_calls; c++)
+				cr_expect(f->calls[c].kind != BKV_CALL_PREFILL ||
+					  f->calls[c].n_decode == 0);
+		} else {
+			cr_expect_eq(f->n_prefill + f->n_decode, 0, "a mixed host ignores it");
+			cr_expect_eq(f->n_forward, 5);
+			cr_expect_eq(steps, 5);
+		}
+		cr_expect_eq(f->n_out[1][0], 5);
+		cr_expect_eq(f->n_out[2][0], 3);
+		all_finished_once(f, 1, 2);
+		fh_destroy(f);
+		free(p);
+		free(q);
 	}
 }
 
@@ -876,6 +930,7 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(victim, (bkv_victim_policy)2);
 	BAD(admit_reserve, (bkv_admit_reserve)2);
 	BAD(batch_layout, (bkv_batch_layout)2);
+	BAD(prefill_first, 2);
 #undef BAD
 	cr_expect_eq(s, (bkv_sched *)0x1, "out untouched on failure");
 	cr_expect_eq(bkv_pool_check(pool), 0);

@@ -37,7 +37,7 @@ static void conservation(uint64_t seed)
 	static const uint32_t bts[] = {2, 4, 8, 16};
 	fh_opts o;
 	fake_host *f;
-	uint64_t rng = seed * 977 + 13, srng = seed * 31 + 7, id, last_id = 0;
+	uint64_t rng = seed * 977 + 13, srng = seed * 31 + 7, prng = seed * 53 + 3, id, last_id = 0;
 	uint32_t steps = 0, to_submit = 30 + rnd(&rng, 40), i;
 	int32_t *prompts[80];
 	uint32_t n_prompts = 0, max_new[FH_MAX_REQ + 1] = {0}, nsamp[FH_MAX_REQ + 1] = {0};
@@ -65,6 +65,8 @@ static void conservation(uint64_t seed)
 		o.cfg.spec_k_mode = (bkv_spec_k_mode)rnd(&srng, 2);
 		o.cfg.spec_drafts = (bkv_spec_drafts)rnd(&srng, 2);
 	}
+	/* prefill-first steps for half the seeds, from a third stream */
+	o.cfg.prefill_first = (uint32_t)rnd(&prng, 2);
 	f = fh_create(&o);
 	f->host.garbage = 1;
 	f->host.fail_permille = rnd(&rng, 3) ? rnd(&rng, 150) : 0;

@@ -55,6 +55,80 @@ Test(sim, virtual_clock_advances_by_the_model_time_of_each_call)
 	trace_free(&t);
 }
 
+/* Engine overhead (--call-overhead-us, --row-overhead-us, --prefill-scale):
+ * the request above with C = 500 us a call, R = 30 us a row and the
+ * prefill priced at half. Every call has one row: the prefill call takes
+ * 0.5 x 1728.931296875 + 530 us, each decode call 1088.1 + 530 us. */
+Test(sim, engine_overhead_adds_per_call_and_per_row_and_scales_prefill)
+{
+	trace t = {0};
+	cr_assert_eq(trace_push(&t, 0.0, 10, 3, NULL, 0), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.call_overhead_us = 500.0;
+	c.row_overhead_us = 30.0;
+	c.prefill_scale = 0.5;
+	sim_result r;
+	run_ok(&c, &t, &r);
+	const double prefill = 0.5 * 1728.931296875 + 530.0, decode = 1088.1 + 530.0;
+	cr_expect_eq(r.prefill_calls, 1);
+	cr_expect_eq(r.decode_steps, 2);
+	cr_expect_float_eq(r.prefill_us, prefill, 1e-6, "a prefill call's overhead is prefill time");
+	cr_expect_float_eq(r.decode_us, 2 * decode, 1e-6);
+	cr_expect_float_eq(r.makespan_us, prefill + 2 * decode, 1e-6);
+	cr_expect_float_eq(r.ttft_mean, prefill / 1000.0, 1e-9);
+	cr_expect_float_eq(r.tpot_mean, decode / 1000.0, 1e-9);
+	/* per row: two rows decode together in one call of C + 2R */
+	cr_assert_eq(trace_push(&t, 0.0, 10, 3, NULL, 0), TRACE_OK);
+	c.prefix_cache = 0;
+	c.prefill_scale = 0.0; /* 0 = as priced */
+	run_ok(&c, &t, &r);
+	cr_expect_eq(r.prefill_calls, 1);
+	cr_expect_eq(r.decode_steps, 2);
+	sim_result plain;
+	sim_config p = c;
+	p.call_overhead_us = p.row_overhead_us = 0.0;
+	run_ok(&p, &t, &plain);
+	cr_expect_float_eq(r.prefill_us - plain.prefill_us, 500.0 + 2 * 30.0, 1e-6);
+	cr_expect_float_eq(r.decode_us - plain.decode_us, 2 * (500.0 + 2 * 30.0), 1e-6);
+	trace_free(&t);
+}
+
+/* --prefill-first on the split host: B arrives 100 us into A's prefill
+ * call. Without it A's step goes on with its decode call (d1) and B's
+ * prefill waits for it: TTFT B = 2P + d1 - 100 us. With it B's prefill is
+ * the next step and A's second token waits for it: TTFT B = 2P - 100 us,
+ * and A and B decode together. Prompts of 10, no prefix cache: P =
+ * 1728.931296875 us each, d1 = 1088.1 us. */
+Test(sim, prefill_first_prefills_an_arrival_before_the_decode_call)
+{
+	trace t = {0};
+	cr_assert_eq(trace_push(&t, 0.0, 10, 3, NULL, 0), TRACE_OK);
+	cr_assert_eq(trace_push(&t, 100.0, 10, 2, NULL, 0), TRACE_OK);
+	sim_config c = seed000_config();
+	c.gen = SIM_GEN_TOKENS;
+	c.prefix_cache = 0;
+	c.check = 1;
+	const double P = 1728.931296875, d1 = 1088.1;
+	sim_result split, first;
+	run_ok(&c, &t, &split);
+	cr_expect_float_eq(split.ttft_mean, (P + (2 * P + d1 - 100.0)) / 2 / 1000.0, 1e-9);
+	cr_expect_eq(split.decode_steps, 2);
+	c.prefill_first = 1;
+	run_ok(&c, &t, &first);
+	cr_expect_float_eq(first.ttft_mean, (P + (2 * P - 100.0)) / 2 / 1000.0, 1e-9);
+	cr_expect_eq(first.prefill_calls, 2);
+	cr_expect_eq(first.decode_steps, 2, "A and B decode together, then A alone");
+	cr_expect_eq(first.out_tokens, 5);
+	c.mixed_host = 1; /* a mixed host ignores it */
+	run_ok(&c, &t, &first);
+	c.prefill_first = 0;
+	run_ok(&c, &t, &split);
+	cr_expect_eq(first.makespan_us, split.makespan_us);
+	cr_expect_eq(first.ttft_mean, split.ttft_mean);
+	trace_free(&t);
+}
+
 /* --fidelity's attainment: a request meets the targets when its TTFT and its
  * TPOT (none for a one-token request) are within them, counted for the
  * simulated run (slo_met) and for the measured latencies the trace carries

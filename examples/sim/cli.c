@@ -170,6 +170,22 @@ static int set_ms_as_us(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+/* A decimal in [0, hi] into a double field (0 < value for lo 1). */
+static int set_double(cli_args *a, const cli_option *opt, const char *v)
+{
+	double *p = FIELD(a, opt, double);
+	char *end;
+	double x = strtod(v, &end);
+	if (end == v || *end || !(x >= 0.0) || (opt->lo && x == 0.0))
+		return SET_BAD;
+	if (x > opt->hi) {
+		fprintf(stderr, "bkv-sim: %s %s: at most %u\n", opt->name, v, opt->hi);
+		return SET_STOP;
+	}
+	*p = x;
+	return SET_OK;
+}
+
 /* A length distribution (trace_dist_parse) of at most MAX_LEN tokens; lo:
  * seed 000's generation mix is allowed. */
 static int set_dist(cli_args *a, const cli_option *opt, const char *v)
@@ -606,6 +622,20 @@ static const cli_option options[] = {
 	COUNT("--host-overhead-us", CFG(host_overhead_us), 0, 10000000,
 	      "  --host-overhead-us N       the host's own CPU time per step, us (default\n"
 	      "                             0): synchronously it adds to every step\n"),
+	FLAG("--prefill-first", CFG(prefill_first), 1,
+	     "  --prefill-first            split host: a step that admits makes only its\n"
+	     "                             prefill call; rows decode in the next step\n"
+	     "                             that admits none (vLLM v0's iterations)\n"),
+	{"--call-overhead-us", ARG_VALUE, set_double, CFG(call_overhead_us), 0, 10000000,
+	 "  --call-overhead-us X       engine time per host call beyond the cost\n"
+	 "                             model's forward, us (a decimal; default 0)\n"},
+	{"--row-overhead-us", ARG_VALUE, set_double, CFG(row_overhead_us), 0, 10000000,
+	 "  --row-overhead-us X        engine time per row of a call (sampling,\n"
+	 "                             streaming its token), us (default 0)\n"},
+	{"--prefill-scale", ARG_VALUE, set_double, CFG(prefill_scale), 1, 1000,
+	 "  --prefill-scale F          the cost model's price of prefill work times\n"
+	 "                             F > 0 (default 1); with the two above, an\n"
+	 "                             engine calibration (fidelity_calib.py)\n"},
 	FLAG("--overlap", CFG(overlap), 1,
 	     "  --overlap                  the overlapped contract (bkv_step_launch /\n"
 	     "                             bkv_step_complete): a step takes max(device,\n"

@@ -242,6 +242,33 @@ static void spec_verify(vhost *h, const bkv_batch *b, uint32_t r)
 	b->n_accepted[r] = (int32_t)m;
 }
 
+/* Engine overhead (--call-overhead-us, --row-overhead-us, --prefill-scale):
+ * what an engine spends beyond the forward a cost model prices. A real
+ * engine's iteration also schedules, samples, detokenises and hands each
+ * sequence's token to its client (vLLM v0's Python loop and API server), and
+ * a fit of the forward alone misses that. The call's price t (of which
+ * t_prefill is prefill work) becomes
+ *
+ *   prefill_scale x t_prefill + (t - t_prefill) + call_overhead_us
+ *                             + row_overhead_us x rows
+ *
+ * and the overhead counts with the call's kind (a prefill call's as prefill
+ * time, other calls' as decode time). The scheduler's own cost model does
+ * not see it. examples/sim/fidelity_calib.py measures the three numbers
+ * for DistServe's vLLM runs on runs held out from those it judges. */
+static void engine_overhead(const sim_config *cfg, uint32_t rows, bkv_call_kind kind, double *t,
+			    double *t_prefill)
+{
+	double scale = cfg->prefill_scale > 0.0 ? cfg->prefill_scale : 1.0;
+	double over = cfg->call_overhead_us + cfg->row_overhead_us * rows;
+
+	*t += (scale - 1.0) * *t_prefill;
+	*t_prefill *= scale;
+	*t += over;
+	if (kind == BKV_CALL_PREFILL)
+		*t_prefill += over;
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
@@ -327,6 +354,7 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 			t_prefill = t;
 		}
 	}
+	engine_overhead(h->cfg, b->n_rows, kind, &t, &t_prefill);
 	sim_result *res = h->res;
 	t += link;
 	res->prefill_us += t_prefill;
@@ -689,6 +717,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->evict = cfg->evict;
 	sc->host_link_bytes_per_us = cfg->host_link_gbps * 1e3;
 	sc->copy_overlap = (uint32_t)cfg->copy_overlap;
+	sc->prefill_first = (uint32_t)cfg->prefill_first;
 	sc->victim = cfg->victim;
 	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;

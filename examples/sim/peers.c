@@ -82,7 +82,9 @@ void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gp
 		c->budget = big_gpu ? 8192 : 2048;
 		c->slots = big_gpu ? 1024 : 256;
 		break;
-	case 1: /* vLLM v0: prefill-first iterations, no mixing, 256 seqs */
+	case 1: /* vLLM v0: split host, no mixing, 256 seqs; its prefill-first
+		   iterations only with --prefill-first (c0->prefill_first,
+		   kept: the goodput table predates the knob) */
 		c->slots = 256;
 		break;
 	case 2: /* SGLang: prefill batches before decode, not mixed by

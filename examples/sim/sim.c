@@ -223,8 +223,9 @@ static int after_report(const opts *o, const sim_row *rows, int n)
 #define FIDELITY_TPOT_MS 100.0
 
 /* --fidelity's table: per run, measured and simulated mean and p90 of TTFT
- * and TPOT, with the relative errors. */
-static void fidelity_table(const sim_row *rows, int nr)
+ * and TPOT, with the relative errors; the footer names what c0 adds to the
+ * preset (prefill-first steps, an engine calibration). */
+static void fidelity_table(const sim_row *rows, int nr, const sim_config *c0)
 {
 	printf("%-12s %4s %9s %9s %7s %9s %9s %7s %7s %7s %7s %7s %7s %7s %6s %6s\n", "run",
 	       "reqs", "ttft_meas", "ttft_sim", "err", "p90_meas", "p90_sim", "err", "tpot_m",
@@ -244,8 +245,14 @@ static void fidelity_table(const sim_row *rows, int nr)
 	printf("(TTFT and TPOT in ms, mean and p90 over the run's requests; TPOT over "
 	       "requests with more than one output token; slo_m, slo_s: the share of requests "
 	       "with TTFT <= %g ms and TPOT <= %g ms, measured and simulated, the targets "
-	       "DistServe's own alignment check uses; policy: the vllm-v0 preset)\n",
-	       FIDELITY_TTFT_MS, FIDELITY_TPOT_MS);
+	       "DistServe's own alignment check uses; policy: the vllm-v0 preset%s)\n",
+	       FIDELITY_TTFT_MS, FIDELITY_TPOT_MS,
+	       c0->prefill_first ? " with prefill-first steps" : "");
+	if (c0->call_overhead_us > 0.0 || c0->row_overhead_us > 0.0 ||
+	    (c0->prefill_scale > 0.0 && c0->prefill_scale != 1.0))
+		printf("(engine calibration: %.3f us per call, %.3f us per row, prefill x %g)\n",
+		       c0->call_overhead_us, c0->row_overhead_us,
+		       c0->prefill_scale > 0.0 ? c0->prefill_scale : 1.0);
 }
 
 static int fidelity(const opts *o, sim_config *c0)
@@ -302,7 +309,7 @@ static int fidelity(const opts *o, sim_config *c0)
 		if (o->fmt_out != SIM_TABLE) {
 			sim_report(stdout, o->fmt_out, rows, nr, 0, NULL);
 		} else {
-			fidelity_table(rows, nr);
+			fidelity_table(rows, nr, c0);
 		}
 		status = after_report(o, rows, nr);
 	}

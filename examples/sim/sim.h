@@ -137,6 +137,24 @@ typedef struct sim_config {
 				      (--host-overhead-us; 0 = none): the
 				      synchronous contract adds it to every
 				      step's device time */
+	int prefill_first;         /* bkv_sched_config.prefill_first
+				      (--prefill-first): a split host's
+				      step that admits makes only its
+				      prefill call, as vLLM v0 */
+	/* an engine's own time beyond the cost model's forward (--call-overhead-us,
+	 * --row-overhead-us, --prefill-scale; host.c, "Engine overhead"): each
+	 * host call takes prefill_scale x the model's price of its prefill
+	 * work, plus the rest of the price, plus call_overhead_us plus
+	 * row_overhead_us per row. All 0: the price as it is */
+	double call_overhead_us;   /* us per host call (scheduling, launch,
+				      output processing of an engine's
+				      iteration), >= 0 */
+	double row_overhead_us;    /* us per row of a call (sampling,
+				      detokenising and streaming one
+				      sequence's token), >= 0 */
+	double prefill_scale;      /* factor on the price of prefill work (a
+				      split host's prefill call, the prefill
+				      share of a mixed call); 0 = 1 */
 	int overlap;               /* the overlapped contract (--overlap):
 				      bkv_step_launch / bkv_step_complete, the
 				      device runs a step while the host

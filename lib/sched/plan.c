@@ -627,7 +627,7 @@ static inline uint32_t fork_seqs(const bkv_sched *s)
 	return s->rs.nr_run_multi ? fork_seqs_walk(s) : 0;
 }
 
-void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
+void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_only)
 {
 	int was_empty;
 	uint32_t forks;
@@ -647,6 +647,8 @@ void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 		if (r->preempt_step == s->plan.step_no || r->swap_unsent)
 			break; /* no thrash: not back in the step that preempted it */
+		if (r->state == BKV__REQ_SWAPPED && waiting_only)
+			break; /* its decode row waits for the second pass */
 		if (r->state == BKV__REQ_SWAPPED && s->plan.open_from) {
 			s->plan.need_sync = 1; /* overlap: a swap-in waits for a
 						  step with none in flight */

@@ -44,7 +44,8 @@ void bkv_request_init(bkv_request *req)
 static int config_valid(const bkv_sched_config *c)
 {
 
-	if (c->size < sizeof(bkv_sched_config) || c->copy_overlap > 1)
+	if (c->size < sizeof(bkv_sched_config) || c->copy_overlap > 1 ||
+	    c->prefill_first > 1)
 		return 0;
 	if (c->policy != BKV_POLICY_CONTINUOUS && c->policy != BKV_POLICY_STATIC)
 		return 0;

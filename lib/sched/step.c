@@ -15,7 +15,11 @@
  *   call     mixed host: one forward (decode rows, then chunks); split host:
  *            prefill call (with admission auto maybe several, packed by
  *            length: decide/pack.c), then a decode call over every decoding row
- *            plus rows whose prompt finished in a prefill call
+ *            plus rows whose prompt finished in a prefill call. With
+ *            prefill_first a split host's step admits waiting requests
+ *            first: one that admits a prompt to prefill plans and calls
+ *            nothing else (the fresh rows decode in a later step); one
+ *            that admits none plans as without prefill_first
  *   commit   record tokens, on_token, finish (length, stop, error), close
  *            finished sequences into the prefix cache, clear copy lists
  *   or
@@ -215,7 +219,8 @@ int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 		rc = run_prefill(s, si);
 		if (rc != BKV_OK)
 			return rc;
-		plan_after_prefill(s);
+		if (!s->cfg.prefill_first) /* else they decode next step */
+			plan_after_prefill(s);
 	}
 	if (s->plan.n_dec) {
 		*called = 1;
@@ -465,9 +470,23 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	if (open_txn)
 		bkv__pool_txn_begin(s->pool);
 	bkv__plan_forks(s);
-	if (bkv__plan_decode(s, now, si))
-		bkv__plan_continue(s, now, si);
-	bkv__plan_admit(s, now, si);
+	if (s->cfg.prefill_first && s->split) {
+		/* prefill-first (bkv_sched_config.prefill_first): waiting
+		 * requests first; a step that admits one to prefill plans
+		 * nothing else, one that admits none plans as without it */
+		uint32_t n_pre = s->plan.n_pre;
+
+		bkv__plan_admit(s, now, si, 1);
+		if (s->plan.n_pre == n_pre) {
+			if (bkv__plan_decode(s, now, si))
+				bkv__plan_continue(s, now, si);
+			bkv__plan_admit(s, now, si, 0);
+		}
+	} else {
+		if (bkv__plan_decode(s, now, si))
+			bkv__plan_continue(s, now, si);
+		bkv__plan_admit(s, now, si, 0);
+	}
 	bkv__auto_after_admit(s);
 	if (s->spec) /* drafts last: they never preempt (sched/spec.c) */
 		bkv__spec_plan(s, si);

@@ -233,6 +233,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* and the memory reserve from the one after */
 	sc.admit_reserve = (bkv_admit_reserve)((b >> 5) & 1);
 	sc.copy_overlap = (hc >> 5) & 1;
+	sc.prefill_first = (hc >> 6) & 1;
 	sc.tpot_target_us = fz_u8(&f) % 3 == 0 ? 0 : fz_u16(&f);
 	if (fz_u8(&f) & 1) {
 		sc.cost.step_us = cost_step;

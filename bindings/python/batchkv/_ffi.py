@@ -410,6 +410,7 @@ class bkv_sched_config(Structure):
         ('admit_reserve', c_int),
         ('retention', c_uint32),
         ('copy_overlap', c_uint32),
+        ('prefill_first', c_uint32),
     ]
 
 

@@ -423,6 +423,7 @@ pub struct bkv_sched_config {
     pub admit_reserve: bkv_admit_reserve,
     pub retention: u32,
     pub copy_overlap: u32,
+    pub prefill_first: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

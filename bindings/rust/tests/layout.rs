@@ -46,7 +46,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_batch_group { kind, span, slot_mapping, kv_indptr, kv_indices, kv_first_block, row_tables, row_table_len, state_in, state_out, state_frames }),
         layout!(bkv_table_delta { slot, start, n, len, flags }),
         layout!(bkv_host_ops { forward, prefill, decode, on_token, on_finish, now_us, draft, launch }),
-        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, spec_max_k, spec_k_mode, spec_drafts, overlap, evict, victim, admit_reserve, retention, copy_overlap }),
+        layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, spec_max_k, spec_k_mode, spec_drafts, overlap, evict, victim, admit_reserve, retention, copy_overlap, prefill_first }),
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user, retention, n_retention, pad }),
         layout!(bkv_retention_range { token_start, token_end, priority, pad, duration_us }),
         layout!(bkv_step_info { rows, prefill_tokens, decode_tokens, hit_tokens, prefill_calls, decode_calls, admitted, finished, preempted, running, waiting, predicted_us, measured_us }),
