@@ -8,11 +8,14 @@ The loop: when requests wait, a prefill-only iteration takes them (vLLM v0's
 max_num_batched_tokens, 2,048, caps its prompt tokens; a first prompt always
 goes); otherwise a decode-only iteration runs every running request whose
 context fits the decode token cap (DistServe: 50,000). Each iteration adds
-2 ms + 1e-4 ms per context token. It differs from bkv-sim's split host in one
-way: a request that arrives during a prefill iteration is prefilled in the
-next iteration, before any decode (bkv-sim's step runs its decode call
-first). If this loop also misses the measurements by more than 10%, the
-miss is the cost fit's, not the scheduling model's.
+2 ms + 1e-4 ms per context token. bkv-sim's vllm-v0 preset runs the same
+prefill-first iterations (bkv_sched_config.prefill_first) and matches this
+loop to the digit below the knee once the cap is lifted
+(run(reqs, prefill_cap=10**9)); a plain split host (a prefill call, then a
+decode call, every step) makes a request that arrives during the prefill
+call wait for the decode call too. If this loop also misses the
+measurements by more than 10%, the miss is the cost fit's, not the
+scheduling model's.
 
     python3 examples/sim/distserve_loop.py ../shared/data/traces/distserve_vllm_opt13b_sharegpt_groundtruth.csv
 """

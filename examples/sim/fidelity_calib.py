@@ -36,8 +36,9 @@ row named above); nothing of the measured answer is written into bkv-sim.
 
 BKV_SIM is the bkv-sim binary, CSV DistServe's measurements
 (../shared/data/traces/distserve_vllm_opt13b_sharegpt_groundtruth.csv).
-Every run adds --prefill-first (vLLM v0's iterations) to the fidelity
-command of docs/benchmarks.md. Standard library only.
+Every run is the fidelity command of docs/benchmarks.md (whose vllm-v0
+preset runs vLLM v0's prefill-first iterations) plus the calibration's
+options. Standard library only.
 """
 import csv
 import math
@@ -45,7 +46,7 @@ import subprocess
 import sys
 
 BASE = ["--fidelity", "--cost", "distserve", "--slots", "256", "--kv-blocks", "3800",
-        "--prefill-first", "--quiet"]
+        "--quiet"]
 BELOW = ["vllm-100-1", "vllm-100-2", "vllm-150-1.5", "vllm-200-2", "vllm-250-2.5"]
 KEYS = ("ttft", "ttft90", "tpot", "tpot90")
 SESSION_GAP_S = 1800.0

@@ -82,10 +82,11 @@ void sim_peer_config(int which, const sim_config *c0, const trace *t, int big_gp
 		c->budget = big_gpu ? 8192 : 2048;
 		c->slots = big_gpu ? 1024 : 256;
 		break;
-	case 1: /* vLLM v0: split host, no mixing, 256 seqs; its prefill-first
-		   iterations only with --prefill-first (c0->prefill_first,
-		   kept: the goodput table predates the knob) */
+	case 1: /* vLLM v0: split host, no mixing, 256 seqs, prefill-first
+		   iterations (vllm/core/scheduler.py, _schedule_default:
+		   no decodes in an iteration that schedules prefills) */
 		c->slots = 256;
+		c->prefill_first = 1;
 		break;
 	case 2: /* SGLang: prefill batches before decode, not mixed by
 		   default; chunked_prefill_size 8192 is beyond our split host */

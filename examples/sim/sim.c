@@ -223,8 +223,8 @@ static int after_report(const opts *o, const sim_row *rows, int n)
 #define FIDELITY_TPOT_MS 100.0
 
 /* --fidelity's table: per run, measured and simulated mean and p90 of TTFT
- * and TPOT, with the relative errors; the footer names what c0 adds to the
- * preset (prefill-first steps, an engine calibration). */
+ * and TPOT, with the relative errors; the footer names the engine
+ * calibration c0 adds to the preset, if any. */
 static void fidelity_table(const sim_row *rows, int nr, const sim_config *c0)
 {
 	printf("%-12s %4s %9s %9s %7s %9s %9s %7s %7s %7s %7s %7s %7s %7s %6s %6s\n", "run",
@@ -245,9 +245,9 @@ static void fidelity_table(const sim_row *rows, int nr, const sim_config *c0)
 	printf("(TTFT and TPOT in ms, mean and p90 over the run's requests; TPOT over "
 	       "requests with more than one output token; slo_m, slo_s: the share of requests "
 	       "with TTFT <= %g ms and TPOT <= %g ms, measured and simulated, the targets "
-	       "DistServe's own alignment check uses; policy: the vllm-v0 preset%s)\n",
-	       FIDELITY_TTFT_MS, FIDELITY_TPOT_MS,
-	       c0->prefill_first ? " with prefill-first steps" : "");
+	       "DistServe's own alignment check uses; policy: the vllm-v0 preset, "
+	       "prefill-first steps)\n",
+	       FIDELITY_TTFT_MS, FIDELITY_TPOT_MS);
 	if (c0->call_overhead_us > 0.0 || c0->row_overhead_us > 0.0 ||
 	    (c0->prefill_scale > 0.0 && c0->prefill_scale != 1.0))
 		printf("(engine calibration: %.3f us per call, %.3f us per row, prefill x %g)\n",
