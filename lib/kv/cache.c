@@ -516,7 +516,7 @@ int32_t bkv__cache_add(bkv__kv *kv, int32_t b, uint64_t key)
 	if (parent >= 0 && !BLOCK_IS_INDEXED(&kv->blk[parent]))
 		return -1;
 	h = block_hash(kv->hash_seed, parent >= 0 ? kv->blk[parent].hash : BKV__HASH_ROOT,
-		       key, kv->tok + (size_t)b * kv->bt, kv->bt);
+		       key, bkv__tok(kv, b), kv->bt);
 	return bkv__cache_add_hashed(kv, b, key, h);
 }
 
@@ -526,7 +526,7 @@ uint64_t bkv__cache_hash(const bkv__kv *kv, int32_t b, uint64_t key)
 
 	return block_hash(kv->hash_seed,
 			  parent >= 0 ? kv->blk[parent].hash : BKV__HASH_ROOT, key,
-			  kv->tok + (size_t)b * kv->bt, kv->bt);
+			  bkv__tok(kv, b), kv->bt);
 }
 
 uint32_t bkv__index_home(const bkv__kv *kv, uint64_t hash)
@@ -631,7 +631,7 @@ int32_t bkv__cache_lookup(const bkv__kv *kv, uint64_t parent_hash, int32_t paren
 		return -1;
 	k = &kv->blk[c];
 	if (k->parent != parent || k->key != key ||
-	    memcmp(kv->tok + (size_t)c * bt, tokens, (size_t)bt * sizeof(int32_t)) != 0)
+	    memcmp(bkv__tok(kv, c), tokens, (size_t)bt * sizeof(int32_t)) != 0)
 		return -1;
 	*hash = h;
 	return c;
@@ -649,7 +649,7 @@ static inline int run_hit(const bkv__kv *kv, int32_t c, int32_t parent, uint64_t
 	const bkv__block *k = &kv->blk[c];
 
 	return c >= 0 && k->parent == parent && k->key == key &&
-	       memcmp(kv->tok + (size_t)c * kv->bt, tokens, (size_t)kv->bt * sizeof(int32_t)) == 0;
+	       memcmp(bkv__tok(kv, c), tokens, (size_t)kv->bt * sizeof(int32_t)) == 0;
 }
 
 uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t ph, int32_t parent, uint64_t key,
@@ -691,8 +691,8 @@ uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t ph, int32_t parent, u
 			if (e->b >= 0 && e->tag == bkv__index_tag(hs[i])) {
 				PREFETCH(&kv->blk[e->b]);
 				PREFETCH((const char *)&kv->blk[e->b] + sizeof(bkv__block) - 1);
-				PREFETCH(kv->tok + (size_t)e->b * bt);
-				PREFETCH(kv->tok + (size_t)e->b * bt + bt - 1);
+				PREFETCH(bkv__tok(kv, e->b));
+				PREFETCH(bkv__tok(kv, e->b) + bt - 1);
 			}
 		}
 		for (i = 0; i < n; i++) { /* verified in order, as bkv__cache_lookup */
@@ -814,7 +814,7 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_COPY_SRC)))
 		return;
 	if (c->parent != k->parent || c->fill != kv->bt ||
-	    memcmp(kv->tok + (size_t)d * kv->bt, kv->tok + (size_t)b * kv->bt,
+	    memcmp(bkv__tok(kv, d), bkv__tok(kv, b),
 		   (size_t)kv->bt * sizeof(int32_t)) != 0)
 		return; /* a hash collision: keep the private copy */
 	if (!kv->dedupe(kv->dedupe_arg, own, b, d, &next))
