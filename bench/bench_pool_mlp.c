@@ -23,6 +23,16 @@
  *                                     once with both its lines prefetched
  *                                     and once with only its first. Five
  *                                     rounds of the four, in turn
+ *   bench_pool_mlp lookup H S MB      a lookup's pattern without the
+ *                                     library: an index (8-byte slots, a
+ *                                     quarter of MB) whose slots name
+ *                                     128-byte frames (record line, token
+ *                                     line; the rest of MB); per item the
+ *                                     slot is asked for H items ahead and
+ *                                     read S ahead, which asks for its
+ *                                     frame's lines, then the frame's
+ *                                     record is written and its token line
+ *                                     read
  *
  * The array is advised onto transparent huge pages, as the pool's are
  * (kv/frames.c), and written once before timing. Timed on the thread's CPU
@@ -228,6 +238,59 @@ static void pair(unsigned ahead, size_t mb)
 	printf("(end %d)\n", a[0]);
 }
 
+static double lookup_pass(const uint64_t *slots, char *frames, const uint64_t *r, size_t items,
+			  unsigned h, unsigned s, int both)
+{
+	double t0 = now_ns();
+	uint64_t sum = 0;
+	size_t i;
+
+	for (i = 0; i < items; i++) {
+		const char *f;
+
+		if (i + h < items)
+			__builtin_prefetch(&slots[r[i + h]]);
+		if (i + s < items) {
+			f = frames + slots[r[i + s]] * 128;
+			__builtin_prefetch(f, 1);
+			if (both)
+				__builtin_prefetch(f + 64);
+		}
+		f = frames + slots[r[i]] * 128;
+		(*(uint32_t *)(void *)(f + 24))++;
+		sum += *(const uint64_t *)(const void *)(f + 64) ^ *(const uint64_t *)(const void *)(f + 120);
+	}
+	if (sum == 42)
+		printf("!");
+	return (now_ns() - t0) / items;
+}
+
+static void lookup(unsigned h, unsigned s, size_t mb)
+{
+	size_t bytes = mb << 20, nslots = bytes / 4 / 8, nf = (bytes - nslots * 8) / 128, i;
+	uint64_t *slots = (uint64_t *)(void *)huge_array(nslots * 8);
+	char *frames = huge_array(nf * 128);
+	uint64_t *r = malloc((size_t)ITEMS * sizeof *r);
+	double best[2] = {1e300, 1e300};
+	int k, both;
+
+	if (!r)
+		exit(1);
+	for (i = 0; i < nslots; i++)
+		slots[i] = rnd() % nf;
+	for (i = 0; i < ITEMS; i++)
+		r[i] = rnd() % nslots;
+	for (k = 0; k < RUNS; k++)
+		for (both = 0; both < 2; both++) {
+			double d = lookup_pass(slots, frames, r, ITEMS, h, s, both);
+
+			if (d < best[both])
+				best[both] = d;
+		}
+	printf("lookup, slots %u ahead, frames %u ahead, %zu MB: %.1f ns/item (record line "
+	       "asked for), %.1f (both lines)\n", h, s, mb, best[0], best[1]);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "chase")) {
@@ -243,6 +306,12 @@ int main(int argc, char **argv)
 		pair((unsigned)strtoul(argv[2], NULL, 10), strtoul(argv[3], NULL, 10));
 		return 0;
 	}
-	fprintf(stderr, "usage: bench_pool_mlp chase MB | rmw LINES AHEAD MB | pair AHEAD MB\n");
+	if (argc == 5 && !strcmp(argv[1], "lookup")) {
+		lookup((unsigned)strtoul(argv[2], NULL, 10), (unsigned)strtoul(argv[3], NULL, 10),
+		       strtoul(argv[4], NULL, 10));
+		return 0;
+	}
+	fprintf(stderr, "usage: bench_pool_mlp chase MB | rmw LINES AHEAD MB | pair AHEAD MB | "
+			"lookup H S MB\n");
 	return 2;
 }
