@@ -133,7 +133,6 @@ int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uin
 	memset(kv, 0, sizeof *kv);
 	kv->bt = block_tokens;
 	kv->bt_shift = log2u(block_tokens);
-	kv->tok_shift = kv->bt_shift;
 	kv->nb = nblocks;
 	kv->hash_seed = hash_seed;
 	kv->ev_cap = event_capacity;

@@ -155,11 +155,9 @@ typedef struct bkv__kv {
 	uint32_t bt_shift;     /* log2(bt) */
 	uint32_t nb;           /* device blocks */
 	bkv__block *blk;       /* [nb] device block metadata */
-	int32_t *tok;          /* block 0's token ids (bkv__tok): block f's
-				  bt ids start tok_shift ids after f - 1's,
-				  64-byte aligned inside tok_mem */
-	uint32_t tok_shift;    /* log2 of the ids from one block's tokens to
-				  the next's: bt_shift */
+	int32_t *tok;          /* [nb * bt] each block's token ids (block
+				  f's through bkv__tok), 64-byte aligned
+				  inside tok_mem */
 	void *tok_mem;         /* the token store's allocation:
 				  bkv__kv_tok_bytes(nb, bt) bytes */
 	int32_t free_head;     /* free list head (LIFO), -1 empty */
@@ -301,7 +299,7 @@ static inline uint32_t bkv__index_tag(uint64_t hash)
 /* Block f's token ids, block_tokens of them. */
 static inline int32_t *bkv__tok(const bkv__kv *kv, size_t f)
 {
-	return kv->tok + (f << kv->tok_shift);
+	return kv->tok + (f << kv->bt_shift);
 }
 
 /* Entries of the hash index (0 without the prefix cache). */

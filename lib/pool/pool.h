@@ -586,7 +586,6 @@ typedef struct bkv__appender {
 	int32_t *tok;       /* pool->kv.tok */
 	uint32_t bt;        /* pool->kv.bt */
 	uint32_t shift;     /* pool->kv.bt_shift */
-	uint32_t tshift;    /* pool->kv.tok_shift */
 	uint32_t bt_m2;     /* pool->kv.bt - 2 (wraps to UINT32_MAX for 1) */
 	uint32_t max_seqs;  /* pool->cfg.max_seqs */
 	uint32_t n;         /* tokens appended inline, not yet in the pool's
@@ -601,7 +600,6 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	a->tok = pool->kv.tok;
 	a->bt = pool->kv.bt;
 	a->shift = pool->kv.bt_shift;
-	a->tshift = pool->kv.tok_shift;
 	a->bt_m2 = pool->kv.bt - 2;
 	/* with KV groups every append takes the general path (pool/lanes.c):
 	 * a max_seqs of 0 makes bkv__append_fast decline */
@@ -655,7 +653,7 @@ static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int
 		if (k->ref == 1 && k->fill == off) {
 			const size_t at = ((size_t)b << a->shift) + off;
 
-			a->tok[((size_t)b << a->tshift) + off] = token;
+			a->tok[at] = token;
 			k->fill = off + 1;
 			s->len++;
 			a->n++;
