@@ -217,7 +217,7 @@ static void expect_block_matches(const bkv_pool *p, int32_t b)
 		cr_assert_eq(bi.fill, k->fill);
 		cr_assert_eq(bi.parent, k->parent);
 		if (k->fill)
-			cr_assert_eq(bi.tokens, p->kv.tok + (size_t)b * p->kv.bt);
+			cr_assert_eq(bi.tokens, bkv__tok(&p->kv, b));
 		else
 			cr_assert_null(bi.tokens);
 	}

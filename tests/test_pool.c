@@ -193,13 +193,13 @@ Test(pool_prefix, a_hash_match_with_other_tokens_or_key_is_a_miss)
 	cr_assert_eq(bkv_seq_close(p, a), BKV_OK);
 	/* What a collision looks like: the index names block 1 under the hash
 	 * of t[4..8) but block 1 holds other tokens. */
-	p->kv.tok[1 * 4 + 2] ^= 0x40;
+	bkv__tok(&p->kv, 1)[2] ^= 0x40;
 	cr_assert_eq(bkv_pool_check(p), 10); /* CHECK_HASH */
 	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
 	cr_assert_eq(bkv_seq_append(p, b, t, 8, &hit), BKV_OK);
 	cr_assert_eq(hit, 4);
 	expect_table(p, b, (int32_t[]){0, 2}, 2);
-	p->kv.tok[1 * 4 + 2] ^= 0x40;
+	bkv__tok(&p->kv, 1)[2] ^= 0x40;
 	cr_assert_eq(bkv_seq_close(p, b), BKV_OK);
 	cr_assert_eq(bkv_pool_check(p), 0);
 	/* Same hash and tokens, another key recorded on the block: a miss. */

@@ -88,11 +88,13 @@ static void verify(model *m, int kv)
 		cr_assert_eq(n, (m->len[s] + m->bt - 1) / m->bt);
 		for (i = 0; i < m->len[s]; i++) {
 			size_t slot = (size_t)t[i / m->bt] * m->bt + i % m->bt;
-			const int32_t *store = info.swapped ? m->p->host_tok : m->p->kv.tok;
+			const int32_t *store = info.swapped ? m->p->host_tok + slot - i % m->bt
+							    : bkv__tok(&m->p->kv, t[i / m->bt]);
 			const int32_t *kvm = info.swapped ? m->kv_host : m->kv_dev;
 
-			cr_assert_eq(store[slot], m->tok[s][i], "seq %u token %u: store %d want %d",
-				     s, i, store[slot], m->tok[s][i]);
+			cr_assert_eq(store[i % m->bt], m->tok[s][i],
+				     "seq %u token %u: store %d want %d", s, i, store[i % m->bt],
+				     m->tok[s][i]);
 			if (kv)
 				cr_assert_eq(kvm[slot], m->tok[s][i], "seq %u token %u: kv %d want %d", s,
 					     i, kvm[slot], m->tok[s][i]);

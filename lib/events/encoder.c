@@ -366,7 +366,7 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 			e->dig[b][24 + i] = (uint8_t)(k->hash >> (56 - 8 * i));
 	} else {
 		if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
-				 e->pool->kv.tok + (size_t)b * e->bt, e->bt, key_name(e, k->key),
+				 bkv__tok(&e->pool->kv, b), e->bt, key_name(e, k->key),
 				 e->dig[b]))
 			return -1;
 	}
@@ -433,7 +433,7 @@ static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	field(w, map, "token_ids");
 	mp_array(w, (size_t)e->n_group * e->bt);
 	for (i = 0; i < e->n_group; i++) {
-		const int32_t *t = e->pool->kv.tok + (size_t)e->group[i] * e->bt;
+		const int32_t *t = bkv__tok(&e->pool->kv, e->group[i]);
 
 		for (j = 0; j < e->bt; j++)
 			mp_int(w, t[j]);

@@ -161,7 +161,7 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 			return CHECK_LRU_ORDER;
 		if (k->hash != bkv__block_hash(kv->hash_seed,
 					       p ? p->hash : BKV__HASH_ROOT, k->key,
-					       kv->tok + (size_t)i * bt, bt))
+					       bkv__tok(kv, i), bt))
 			return CHECK_HASH;
 	}
 	/* kids: count indexed children per block. */

@@ -155,8 +155,9 @@ typedef struct bkv__kv {
 	uint32_t bt_shift;     /* log2(bt) */
 	uint32_t nb;           /* device blocks */
 	bkv__block *blk;       /* [nb] device block metadata */
-	int32_t *tok;          /* [nb * bt] each block's token ids, 64-byte
-				  aligned inside tok_mem */
+	int32_t *tok;          /* [nb * bt] each block's token ids (block
+				  f's through bkv__tok), 64-byte aligned
+				  inside tok_mem */
 	void *tok_mem;         /* the token store's allocation:
 				  bkv__kv_tok_bytes(nb, bt) bytes */
 	int32_t free_head;     /* free list head (LIFO), -1 empty */
@@ -293,6 +294,12 @@ typedef struct bkv__kv {
 static inline uint32_t bkv__index_tag(uint64_t hash)
 {
 	return (uint32_t)(hash ^ (hash >> 32));
+}
+
+/* Block f's token ids, block_tokens of them. */
+static inline int32_t *bkv__tok(const bkv__kv *kv, size_t f)
+{
+	return kv->tok + (f << kv->bt_shift);
 }
 
 /* Entries of the hash index (0 without the prefix cache). */
@@ -448,7 +455,7 @@ static inline int32_t bkv__evict_ahead(const bkv__kv *kv, int32_t v)
 		bkv__block_prefetch(kv, f);
 	if ((f = bkv__lru_peek(kv, v, BKV__EVICT_AHEAD)) >= 0) {
 		const bkv__block *k = &kv->blk[f];
-		const int32_t *t = kv->tok + ((size_t)f << kv->bt_shift);
+		const int32_t *t = bkv__tok(kv, f);
 
 		if (k->parent >= 0)
 			BKV__PREFETCH_W(&kv->blk[k->parent].kids);

@@ -36,11 +36,9 @@ int bkv__ids_grow(bkv_pool *pool, int32_t **table, uint32_t *cap_io, uint32_t n,
 
 int32_t bkv__cow_block(bkv_pool *pool, int32_t b, int32_t parent, uint32_t off)
 {
-	const uint32_t bt = pool->kv.bt;
 	int32_t nb = bkv__block_take(&pool->kv, parent);
 
-	memcpy(pool->kv.tok + (size_t)nb * bt, pool->kv.tok + (size_t)b * bt,
-	       (size_t)off * sizeof(int32_t));
+	memcpy(bkv__tok(&pool->kv, nb), bkv__tok(&pool->kv, b), (size_t)off * sizeof(int32_t));
 	pool->kv.blk[nb].fill = off;
 	pool->kv.tokens += off;
 	bkv__copy_push(pool, BKV_COPY_DEVICE, b, nb);
@@ -56,7 +54,7 @@ int32_t bkv__swap_in_block(bkv_pool *pool, int32_t hb, int32_t parent, uint32_t 
 	const uint32_t bt = pool->kv.bt;
 	int32_t d = bkv__block_take(&pool->kv, parent);
 
-	memcpy(pool->kv.tok + (size_t)d * bt, pool->host_tok + (size_t)hb * bt,
+	memcpy(bkv__tok(&pool->kv, d), pool->host_tok + (size_t)hb * bt,
 	       (size_t)w * sizeof(int32_t));
 	pool->kv.blk[d].fill = w;
 	pool->kv.blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;

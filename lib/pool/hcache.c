@@ -242,7 +242,7 @@ void bkv__hc_demote(void *arg, int32_t b)
 	h = bkv__host_pop(pool);
 	pool->host_state[h] = BKV__HOST_DEMOTING;
 	pool->hc_demoting++;
-	memcpy(pool->host_tok + (size_t)h * bt, kv->tok + (size_t)b * bt, bt * sizeof(int32_t));
+	memcpy(pool->host_tok + (size_t)h * bt, bkv__tok(kv, b), bt * sizeof(int32_t));
 	pool->hc_hash[h] = k->hash;
 	pool->hc_key[h] = k->key;
 	pool->hc_phash[h] = k->parent >= 0 ? kv->blk[k->parent].hash : BKV__HASH_ROOT;
@@ -341,7 +341,7 @@ static int32_t hc_reload(bkv_pool *pool, int32_t h, int32_t parent)
 	int32_t d;
 
 	d = bkv__block_take(&pool->kv, parent);
-	memcpy(pool->kv.tok + (size_t)d * bt, pool->host_tok + (size_t)h * bt,
+	memcpy(bkv__tok(&pool->kv, d), pool->host_tok + (size_t)h * bt,
 	       bt * sizeof(int32_t));
 	pool->kv.blk[d].fill = bt;
 	pool->kv.blk[d].flags |= BKV__BLOCK_PEND_SWAPIN;

@@ -115,11 +115,11 @@ int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *exp)
 		uint32_t n = bkv__block_len(pool, s->len, i);
 
 		exp->blocks[i] = b;
-		memcpy(exp->tokens + (size_t)i * bt, pool->kv.tok + (size_t)b * bt,
+		memcpy(exp->tokens + (size_t)i * bt, bkv__tok(&pool->kv, b),
 		       n * sizeof(int32_t));
 		if (n == bt) {
 			ph = bkv__block_hash(pool->cfg.hash_seed, ph, s->key,
-					     pool->kv.tok + (size_t)b * bt, bt);
+					     bkv__tok(&pool->kv, b), bt);
 			exp->hashes[i] = ph;
 		} else {
 			exp->hashes[i] = 0;

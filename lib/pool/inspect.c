@@ -93,7 +93,7 @@ int bkv_block_info_get(const bkv_pool *pool, int32_t block, bkv_block_info *info
 		bi.fill = k->fill;
 		bi.parent = k->parent;
 		if (k->fill)
-			bi.tokens = pool->kv.tok + ((size_t)block << pool->kv.bt_shift);
+			bi.tokens = bkv__tok(&pool->kv, block);
 	}
 	if (bi.indexed) {
 		bi.key = k->key;

@@ -577,7 +577,7 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 		k->flags &= ~BKV__BLOCK_TXN;
 		pool->kv.tokens -= k->fill - off;
 		w = BKV_MIN(bt - off, rem);
-		memcpy(pool->kv.tok + (size_t)b * bt + off, tokens, (size_t)w * sizeof(int32_t));
+		memcpy(bkv__tok(&pool->kv, b) + off, tokens, (size_t)w * sizeof(int32_t));
 		k->fill = off + w;
 		pool->kv.tokens += w;
 		if (off + w == bt)
@@ -590,7 +590,7 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 	for (; rem; i++) {
 		w = BKV_MIN(bt, rem);
 		b = bkv__block_take(&pool->kv, lane_parent(s, i));
-		memcpy(pool->kv.tok + (size_t)b * bt, tokens, (size_t)w * sizeof(int32_t));
+		memcpy(bkv__tok(&pool->kv, b), tokens, (size_t)w * sizeof(int32_t));
 		pool->kv.blk[b].fill = w;
 		ls->table[i] = b;
 		if (w == bt)
@@ -661,12 +661,12 @@ int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token)
 			bkv__lanes_touch(pool, s); /* trims it, now or at commit */
 			break;
 		}
-	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + off] = token;
+	bkv__tok(&pool->kv, b)[off] = token;
 	k->fill = off + 1;
 	for (l = 0; l < pool->n_lanes; l++) {
 		int32_t lb = pool->lanes[l].seqs[slot].table[last];
 
-		pool->kv.tok[((size_t)lb << pool->kv.bt_shift) + off] = token;
+		bkv__tok(&pool->kv, lb)[off] = token;
 		pool->kv.blk[lb].fill = off + 1;
 	}
 	pool->kv.tokens += 1 + pool->n_lanes;
@@ -823,7 +823,7 @@ void bkv__lanes_swap_out(bkv_pool *pool, const bkv__seq *s)
 				continue;
 			h = bkv__host_pop(pool);
 			pool->swap_out_blocks++;
-			memcpy(pool->host_tok + (size_t)h * bt, pool->kv.tok + (size_t)d * bt,
+			memcpy(pool->host_tok + (size_t)h * bt, bkv__tok(&pool->kv, d),
 			       (size_t)bkv__block_len(pool, s->len, i) * sizeof(int32_t));
 			bkv__copy_push(pool, BKV_COPY_SWAP_OUT, d, h);
 			bkv__block_put(&pool->kv, d, 0);

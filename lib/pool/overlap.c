@@ -82,5 +82,5 @@ void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t 
 		return;
 	b = s->table[pos >> pool->kv.bt_shift];
 	BKV_ASSERT(!(pool->kv.blk[b].flags & BKV__BLOCK_INDEXED));
-	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + (pos & (pool->kv.bt - 1))] = token;
+	bkv__tok(&pool->kv, b)[pos & (pool->kv.bt - 1)] = token;
 }

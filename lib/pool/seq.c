@@ -228,7 +228,7 @@ static inline int append_one(bkv_pool *pool, bkv__seq *s, int32_t token)
 		s->table[s->n_blocks++] = b;
 		k = &pool->kv.blk[b];
 	}
-	pool->kv.tok[((size_t)b << pool->kv.bt_shift) + off] = token;
+	bkv__tok(&pool->kv, b)[off] = token;
 	k->fill = off + 1;
 	pool->kv.tokens++;
 	pool->miss_tokens++;
@@ -343,7 +343,7 @@ static ALWAYS_INLINE uint32_t fill_last(bkv_pool *pool, bkv__seq *s, int32_t b, 
 	k->flags &= ~BKV__BLOCK_TXN; /* rewritten: queued again if it fills */
 	pool->kv.tokens -= k->fill - off;
 	w = BKV_MIN(bt - off, rem);
-	memcpy(pool->kv.tok + (size_t)b * bt + off, tokens, (size_t)w * sizeof(int32_t));
+	memcpy(bkv__tok(&pool->kv, b) + off, tokens, (size_t)w * sizeof(int32_t));
 	k->fill = off + w;
 	pool->kv.tokens += w;
 	if (off + w == bt)
@@ -394,7 +394,7 @@ static NOINLINE void append_blocks_cold(bkv_pool *pool, bkv__seq *s, const int32
 		if (v >= 0 && kv->free_head < 0)
 			v = bkv__evict_ahead(kv, v);
 		b = bkv__block_take(kv, prev);
-		memcpy(kv->tok + (size_t)b * bt, t, (size_t)w * sizeof(int32_t));
+		memcpy(bkv__tok(kv, b), t, (size_t)w * sizeof(int32_t));
 		kv->blk[b].fill = w;
 		table[nbk++] = b;
 		rem -= w;
@@ -433,7 +433,7 @@ static ALWAYS_INLINE void append_blocks(bkv_pool *pool, bkv__seq *s, const int32
 		int32_t *dst;
 
 		b = bkv__block_take(&pool->kv, prev);
-		dst = pool->kv.tok + (size_t)b * bt;
+		dst = bkv__tok(&pool->kv, b);
 		if (w == 1)
 			dst[0] = tokens[pos];
 		else
@@ -690,7 +690,7 @@ int bkv__seq_take_hits(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint
 		 * make a full block, which the cache may hold. Only a private
 		 * block nothing else reads is swapped out. */
 		bkv__block *k = &pool->kv.blk[last];
-		int32_t c, *t = pool->kv.tok + (size_t)last * bt;
+		int32_t c, *t = bkv__tok(&pool->kv, last);
 
 		if (n < bt - off || k->ref != 1 || BLOCK_IS_INDEXED(k) || k->fill != off ||
 		    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_TXN |

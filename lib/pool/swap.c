@@ -71,7 +71,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	for (i = 0; i < s->n_blocks; i++) {
 		int32_t d = s->table[i], h = bkv__host_pop(pool);
 
-		memcpy(pool->host_tok + (size_t)h * pool->kv.bt, pool->kv.tok + (size_t)d * pool->kv.bt,
+		memcpy(pool->host_tok + (size_t)h * pool->kv.bt, bkv__tok(&pool->kv, d),
 		       (size_t)bkv__block_len(pool, s->len, i) * sizeof(int32_t));
 		bkv__copy_push(pool, BKV_COPY_SWAP_OUT, d, h);
 	}

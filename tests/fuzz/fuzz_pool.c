@@ -119,9 +119,9 @@ static void check_groups(const model *m, const mseq *s, uint32_t nb, int full)
 				 "seq %u group %u: block %u (first needed %u) released", s->id, g,
 				 i, first);
 			for (j = i * m->bt; full && t[i] >= 0 && j < s->len && j < (i + 1) * m->bt; j++)
-				FZ_CHECK(p->kv.tok[(size_t)t[i] * m->bt + j % m->bt] == s->tok[j],
+				FZ_CHECK(bkv__tok(&p->kv, (size_t)t[i])[j % m->bt] == s->tok[j],
 					 "seq %u group %u token %u is %d, model %d", s->id, g, j,
-					 p->kv.tok[(size_t)t[i] * m->bt + j % m->bt], s->tok[j]);
+					 bkv__tok(&p->kv, (size_t)t[i])[j % m->bt], s->tok[j]);
 		}
 	}
 	FZ_CHECK(bkv_seq_group_blocks(p, s->id, m->ng ? m->ng : 1, &n) == NULL && n == 0,
@@ -188,15 +188,14 @@ static void check_all(const model *m, int full)
 		FZ_CHECK(nb == (s->len + m->bt - 1) / m->bt, "seq %u has %u blocks for %u tokens",
 			 s->id, nb, s->len);
 		FZ_CHECK(nb == 0 || table, "seq %u: NULL table", s->id);
-		store = s->swapped ? p->host_tok : p->kv.tok;
 		for (j = 0; full && j < s->len; j++) {
 			int32_t b = table[j / m->bt];
 			uint32_t lim = s->swapped ? p->nh : p->kv.nb;
 
 			FZ_CHECK(b >= 0 && (uint32_t)b < lim, "seq %u block %d out of range", s->id, b);
-			FZ_CHECK(store[(size_t)b * m->bt + j % m->bt] == s->tok[j],
-				 "seq %u token %u is %d, model %d", s->id, j,
-				 store[(size_t)b * m->bt + j % m->bt], s->tok[j]);
+			store = s->swapped ? p->host_tok + (size_t)b * m->bt : bkv__tok(&p->kv, b);
+			FZ_CHECK(store[j % m->bt] == s->tok[j], "seq %u token %u is %d, model %d",
+				 s->id, j, store[j % m->bt], s->tok[j]);
 		}
 		check_groups(m, s, nb, full);
 	}
