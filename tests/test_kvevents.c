@@ -352,6 +352,57 @@ Test(kvevents, a_snapshot_reannounces_the_host_cache_blocks)
 	bkv_pool_destroy(p);
 }
 
+/* A host block cached before its parent was demoted: at the snapshot the
+ * parent is still demoting (its copy pending, so not in the host index),
+ * and both are announced, the parent first. */
+Test(kvevents, a_snapshot_announces_a_host_block_under_a_demoting_parent)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, z[4] = {9, 10, 11, 12}, w[2] = {20, 21};
+	uint64_t ha[2];
+	uint8_t h8[2][9];
+	uint32_t y, zs, ws, hit, i;
+	const uint8_t *msg;
+	size_t len;
+	static const char cpu[] = "\xa6medium\xa3" "CPU";
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 2;
+	c.device_blocks = 3;
+	c.host_blocks = 4;
+	c.host_cache = 1;
+	c.max_seqs = 8;
+	c.event_capacity = 2; /* overflows: the drain below is a snapshot */
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
+	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
+	fill_and_close(p, a, 4); /* a0, a1 cached */
+	cr_assert_eq(bkv_seq_open(p, &y), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, y, a, 2, &hit), BKV_OK); /* pins a0 */
+	cr_assert_eq(hit, 2);
+	cr_assert_eq(bkv_seq_open(p, &zs), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, zs, z, 4, &hit), BKV_OK); /* evicts a1 */
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT); /* a1 cached on the host */
+	cr_assert_eq(bkv_seq_close(p, y), BKV_OK); /* a0 cached, z pinned */
+	cr_assert_eq(bkv_seq_open(p, &ws), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, ws, w, 2, &hit), BKV_OK); /* evicts a0 */
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len) > 0, 1);
+	cr_assert_eq(bkv_vllm_encoder_resyncs(e), 1, "the ring overflowed");
+	for (i = 0; i < 2; i++) {
+		h8[i][0] = 0xcf;
+		for (int j = 0; j < 8; j++)
+			h8[i][1 + j] = (uint8_t)(ha[i] >> (56 - 8 * j));
+	}
+	cr_assert_eq(count_bytes(msg, len, cpu, sizeof cpu - 1), 2, "a0 (demoting), a1 (cached)");
+	cr_assert_eq(count_bytes(msg, len, h8[1], 9), 1, "a1 announced");
+	cr_assert_lt(first_at(msg, len, h8[0], 9), first_at(msg, len, h8[1], 9),
+		     "parents first: a0's store before a1's");
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
 Test(kvevents, optional_fields_follow_the_config)
 {
 	bkv_pool *p = ev_pool(1, 4, 16);

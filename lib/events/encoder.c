@@ -133,6 +133,12 @@ static void mp_map(bkv__wbuf *w, size_t n)
 
 #define EV_CHUNK 256 /* pool events drained per bkv_pool_drain_events call */
 
+/* A demoting host block by its chain hash (the snapshot's hdem). */
+struct hdem {
+	uint64_t hash; /* pool->hc_hash[h] */
+	int32_t h;     /* the host block */
+};
+
 struct bkv_vllm_encoder {
 	bkv_allocator alloc;  /* copied at create; all memory below */
 	bkv_vllm_config cfg;  /* copied; strings point into the copies below */
@@ -161,6 +167,9 @@ struct bkv_vllm_encoder {
 	uint8_t *hvalid;      /* [nh] 1: published as stored on the host */
 	uint8_t *hpar;        /* [nh] 1: it has a parent (hpdig is set) */
 	int32_t *hpath;       /* [nh] snapshot scratch: a host chain walked up */
+	struct hdem *hdem;    /* [nh] snapshot scratch: the demoting host
+				 blocks by hash (not in the host index) */
+	uint32_t ndem;        /* entries of hdem in use */
 	char *host_medium;    /* cfg.host_medium copied, or NULL */
 	int rm_ok;            /* the last translated event was the REMOVED of
 				 a published device block: rm_* describe it,
@@ -237,6 +246,7 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	bkv__free(&a, enc->hvalid, enc->nh);
 	bkv__free(&a, enc->hpar, enc->nh);
 	bkv__free(&a, enc->hpath, (size_t)enc->nh * sizeof(int32_t));
+	bkv__free(&a, enc->hdem, (size_t)enc->nh * sizeof(struct hdem));
 	bkv__free(&a, enc->ppid, nb * sizeof(int32_t));
 	bkv__free(&a, enc->dig, nb * 32);
 	bkv__free(&a, enc->nat, nb * sizeof(uint64_t));
@@ -272,7 +282,10 @@ static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 	e->hvalid = bkv__calloc(&e->alloc, nh, 1);
 	e->hpar = bkv__calloc(&e->alloc, nh, 1);
 	e->hpath = bkv__calloc(&e->alloc, nh, sizeof(int32_t));
-	return e->hdig && e->hpdig && e->hnat && e->hvalid && e->hpar && e->hpath ? 0 : -1;
+	e->hdem = bkv__calloc(&e->alloc, nh, sizeof(struct hdem));
+	return e->hdig && e->hpdig && e->hnat && e->hvalid && e->hpar && e->hpath && e->hdem
+		       ? 0
+		       : -1;
 }
 
 int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
@@ -615,13 +628,83 @@ static void forget_all(bkv_vllm_encoder *e)
  * first, each under the digest computed from its parent's. A block whose
  * parent is in neither index is left out with its descendants: no lookup
  * reaches it (a host hit continues a chain of hits), and the stream never
- * names a parent it has not stored. During the walk hvalid[h] is 1 for a
- * block announced, HV_OUT for one left out, 0 for one not reached yet. */
+ * names a parent it has not stored. A parent may be a demoting block: not
+ * in the host index until its copy clears, it is found in hdem, sorted
+ * once per snapshot. During the walk hvalid[h] is 1 for a block announced,
+ * HV_OUT for one left out, 0 for one not reached yet. */
 #define HV_OUT 2
 
 static int host_live(const bkv_pool *pool, int32_t h)
 {
 	return pool->host_state[h] == BKV__HOST_CACHED || pool->host_state[h] == BKV__HOST_DEMOTING;
+}
+
+/* Heapsort of d[0, n) by hash, in place (libc's qsort may allocate). */
+static void hdem_sift(struct hdem *d, uint32_t root, uint32_t n)
+{
+	uint32_t child;
+	struct hdem t;
+
+	for (; (child = 2 * root + 1) < n; root = child) {
+		child += child + 1 < n && d[child + 1].hash > d[child].hash;
+		if (d[root].hash >= d[child].hash)
+			return;
+		t = d[root], d[root] = d[child], d[child] = t;
+	}
+}
+
+static void hdem_sort(struct hdem *d, uint32_t n)
+{
+	uint32_t i;
+	struct hdem t;
+
+	for (i = n / 2; i-- > 0;)
+		hdem_sift(d, i, n);
+	for (i = n; i-- > 1; hdem_sift(d, 0, i))
+		t = d[0], d[0] = d[i], d[i] = t;
+}
+
+/* hdem := the demoting host blocks (the pending swap-out copies' targets)
+ * sorted by hash, each once (hvalid, all 0 here, marks them meanwhile). */
+static void sort_demoting(bkv_vllm_encoder *e)
+{
+	const bkv_pool *pool = e->pool;
+	const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT];
+	uint32_t i;
+
+	e->ndem = 0;
+	for (i = 0; i < l->n && e->ndem < e->nh; i++) {
+		int32_t h = l->v[i].dst;
+
+		if (pool->host_state[h] != BKV__HOST_DEMOTING || e->hvalid[h])
+			continue;
+		e->hvalid[h] = 1;
+		e->hdem[e->ndem].hash = pool->hc_hash[h];
+		e->hdem[e->ndem++].h = h;
+	}
+	for (i = 0; i < e->ndem; i++)
+		e->hvalid[e->hdem[i].h] = 0;
+	hdem_sort(e->hdem, e->ndem);
+}
+
+/* The live host block whose chain hash is ph: cached (the host index) or
+ * demoting (hdem); -1 when the host holds none. */
+static int32_t host_find(const bkv_vllm_encoder *e, uint64_t ph)
+{
+	int32_t h = bkv__hc_find(e->pool, ph);
+	uint32_t lo = 0, hi = e->ndem;
+
+	if (h >= 0)
+		return h;
+	while (lo < hi) { /* the first entry whose hash is not below ph */
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (e->hdem[mid].hash < ph)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < e->ndem && e->hdem[lo].hash == ph ? e->hdem[lo].h : -1;
 }
 
 /* The digest of the block whose chain hash is ph, when one is published in
@@ -633,7 +716,7 @@ static const uint8_t *host_parent_digest(const bkv_vllm_encoder *e, uint64_t ph)
 
 	if (d >= 0 && e->valid[d] && e->nat[d] == ph)
 		return e->dig[d];
-	h = bkv__hc_find(pool, ph);
+	h = host_find(e, ph);
 	return h >= 0 && e->hvalid[h] == 1 ? e->hdig[h] : NULL;
 }
 
@@ -681,7 +764,7 @@ static int host_announce(bkv_vllm_encoder *e, int32_t h)
 			out = 0;
 			break;
 		}
-		c = bkv__hc_find(pool, ph); /* (a demoting parent is not indexed) */
+		c = host_find(e, ph);
 	}
 	while (depth-- > 0) {
 		c = e->hpath[depth];
@@ -703,6 +786,7 @@ static int snapshot_host(bkv_vllm_encoder *e)
 	int rc = 0;
 
 	memset(e->hvalid, 0, e->nh);
+	sort_demoting(e);
 	for (h = 0; h < e->nh && !rc; h++)
 		if (e->hvalid[h] == 0 && host_live(e->pool, (int32_t)h))
 			rc = host_announce(e, (int32_t)h);
