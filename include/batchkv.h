@@ -1755,9 +1755,8 @@ typedef struct bkv_sched_config {
 				      prefill call (running rows, the fresh
 				      ones too, decode in a later step); a
 				      step that admits none plans decode
-				      rows, then admissions, as with 0, and
-				      its fresh rows too decode only in a
-				      later step. Meant for whole prompts
+				      rows, then swaps in a swapped queue
+				      head (its row decodes). Meant for whole prompts
 				      (vLLM v0 does not chunk): with
 				      chunked_prefill a continuing prompt's
 				      next chunk waits for a step without

@@ -627,16 +627,16 @@ static inline uint32_t fork_seqs(const bkv_sched *s)
 	return s->rs.nr_run_multi ? fork_seqs_walk(s) : 0;
 }
 
-void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_only)
+int bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_only)
 {
-	int was_empty;
+	int was_empty, at_swapped = 0;
 	uint32_t forks;
 
 	bkv__run_compact(s); /* preempted requests leave run[] before it grows */
 	was_empty = s->rs.nr_run == 0;
 	s->plan.admit_tried = 0;
 	if (!bkv__admit_allowed(s, now))
-		return;
+		return 0;
 	s->plan.admit_tried = 1;
 	forks = fork_seqs(s);
 	while (s->q.heap_n && s->plan.budget_left) {
@@ -647,8 +647,10 @@ void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_
 
 		if (r->preempt_step == s->plan.step_no || r->swap_unsent)
 			break; /* no thrash: not back in the step that preempted it */
-		if (r->state == BKV__REQ_SWAPPED && waiting_only)
-			break; /* its decode row waits for the second pass */
+		if (r->state == BKV__REQ_SWAPPED && waiting_only) {
+			at_swapped = 1; /* its decode row waits for the second pass */
+			break;
+		}
 		if (r->state == BKV__REQ_SWAPPED && s->plan.open_from) {
 			s->plan.need_sync = 1; /* overlap: a swap-in waits for a
 						  step with none in flight */
@@ -683,6 +685,7 @@ void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_
 		bkv__auto_admitted(s, r);
 	}
 	s->pol.admit_end(s, was_empty);
+	return at_swapped;
 }
 
 /* Drop rows whose request was preempted after they were planned. */

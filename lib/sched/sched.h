@@ -653,8 +653,8 @@ int bkv__spec_check(const bkv_sched *s);
 uint32_t bkv__add_row(bkv_sched *s, bkv__row *rows, uint32_t *n, bkv__lane *l, uint32_t old,
 		      uint32_t hit, int sample);
 /* waiting_only: stop at a swapped head (prefill_first's first pass, which
- * plans prefill rows only; a swap-in decodes) */
-void bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_only);
+ * plans prefill rows only; a swap-in decodes) and return 1 when it did */
+int bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_only);
 void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si);
 uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si);
 void bkv__plan_forks(bkv_sched *s);

@@ -19,7 +19,8 @@
  *            prefill_first a split host's step admits waiting requests
  *            first: one that admits a prompt to prefill plans and calls
  *            nothing else (the fresh rows decode in a later step); one
- *            that admits none plans as without prefill_first
+ *            that admits none plans decode rows, then swaps in a swapped
+ *            queue head
  *   commit   record tokens, on_token, finish (length, stop, error), close
  *            finished sequences into the prefix cache, clear copy lists
  *   or
@@ -473,14 +474,18 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	if (s->cfg.prefill_first && s->split) {
 		/* prefill-first (bkv_sched_config.prefill_first): waiting
 		 * requests first; a step that admits one to prefill plans
-		 * nothing else, one that admits none plans as without it */
+		 * nothing else, one that admits none plans decode rows, and
+		 * swaps in the queue's head when the first pass stopped at a
+		 * swapped one (else a second pass finds what the first did:
+		 * requests that decode planning preempts wait a step) */
 		uint32_t n_pre = s->plan.n_pre;
+		int at_swapped = bkv__plan_admit(s, now, si, 1);
 
-		bkv__plan_admit(s, now, si, 1);
 		if (s->plan.n_pre == n_pre) {
 			if (bkv__plan_decode(s, now, si))
 				bkv__plan_continue(s, now, si);
-			bkv__plan_admit(s, now, si, 0);
+			if (at_swapped)
+				bkv__plan_admit(s, now, si, 0);
 		}
 	} else {
 		if (bkv__plan_decode(s, now, si))
