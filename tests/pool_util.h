@@ -32,6 +32,24 @@ static inline bkv_pool *make_pool(uint32_t bt, uint32_t nb, uint32_t nh, uint32_
 	return make_pool_ex(bt, nb, nh, watermark, 1);
 }
 
+/* A pool with a host cache (bkv_pool_config.host_cache): bt-token blocks, nb
+ * on the device, nh on the host, an event ring events long. */
+static inline bkv_pool *make_hc_pool(uint32_t bt, uint32_t nb, uint32_t nh, uint32_t events)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = bt;
+	c.device_blocks = nb;
+	c.host_blocks = nh;
+	c.host_cache = 1;
+	c.max_seqs = 16;
+	c.event_capacity = events;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	return p;
+}
+
 static inline void fill_tokens(int32_t *t, uint32_t n, int32_t first)
 {
 	uint32_t i;

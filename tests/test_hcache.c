@@ -16,22 +16,6 @@
 
 #define BT 4u
 
-static bkv_pool *make_hc_pool(uint32_t nb, uint32_t nh, uint32_t events)
-{
-	bkv_pool_config c;
-	bkv_pool *p = NULL;
-
-	bkv_pool_config_init(&c);
-	c.block_tokens = BT;
-	c.device_blocks = nb;
-	c.host_blocks = nh;
-	c.host_cache = 1;
-	c.max_seqs = 16;
-	c.event_capacity = events;
-	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
-	return p;
-}
-
 /* Append n tokens from first to a new sequence; returns it (open). */
 static uint32_t seq_with(bkv_pool *p, int32_t first, uint32_t n, uint32_t *hit)
 {
@@ -72,7 +56,7 @@ static void demote_chain_a(bkv_pool *p)
 
 Test(hcache, evicted_blocks_are_copied_to_the_host_and_reloaded_by_a_later_hit)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	const bkv_copy *v;
 	uint32_t s, hit;
 
@@ -103,7 +87,7 @@ Test(hcache, evicted_blocks_are_copied_to_the_host_and_reloaded_by_a_later_hit)
 
 Test(hcache, a_demoted_block_is_not_found_before_its_copy_is_made)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s, hit;
 
 	demote_chain_a(p);
@@ -117,7 +101,7 @@ Test(hcache, a_demoted_block_is_not_found_before_its_copy_is_made)
 
 Test(hcache, a_block_reloaded_and_evicted_again_costs_no_second_copy)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s, hit;
 
 	demote_chain_a(p);
@@ -140,7 +124,7 @@ Test(hcache, a_block_reloaded_and_evicted_again_costs_no_second_copy)
 
 Test(hcache, a_swap_out_takes_the_host_caches_blocks)
 {
-	bkv_pool *p = make_hc_pool(4, 2, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 2, 0);
 	uint32_t s;
 
 	demote_chain_a(p); /* both host blocks demoting */
@@ -160,7 +144,7 @@ Test(hcache, a_swap_out_takes_the_host_caches_blocks)
 
 Test(hcache, pending_demotions_are_never_dropped_for_a_swap_out)
 {
-	bkv_pool *p = make_hc_pool(4, 2, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 2, 0);
 	uint32_t s;
 	bkv_pool_stats before;
 
@@ -175,7 +159,7 @@ Test(hcache, pending_demotions_are_never_dropped_for_a_swap_out)
 
 Test(hcache, a_failed_call_forgets_its_demotions)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s, hit;
 
 	demote_chain_a(p);
@@ -193,7 +177,7 @@ Test(hcache, a_failed_call_forgets_its_demotions)
 
 Test(hcache, the_host_caches_lru_drops_its_oldest_block_for_a_new_demotion)
 {
-	bkv_pool *p = make_hc_pool(4, 4, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 4, 0);
 	uint32_t s, hit;
 
 	demote_chain_a(p);
@@ -221,7 +205,7 @@ Test(hcache, the_host_caches_lru_drops_its_oldest_block_for_a_new_demotion)
  * device-medium ones the device index's. */
 Test(hcache, events_name_the_medium_of_each_block)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 64);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 64);
 	bkv_kv_event ev[64];
 	uint32_t n, i, host_stored = 0, host_removed = 0, s;
 
@@ -280,7 +264,7 @@ Test(hcache, pools_that_cannot_have_a_host_cache_are_refused)
 
 Test(hcache, a_reset_drops_the_host_cache_too)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s, hit;
 
 	demote_chain_a(p);
@@ -299,7 +283,7 @@ Test(hcache, a_reset_drops_the_host_cache_too)
  * invariant after each operation. */
 Test(hcache, random_appends_closes_swaps_and_clears_keep_every_invariant)
 {
-	bkv_pool *p = make_hc_pool(24, 12, 256);
+	bkv_pool *p = make_hc_pool(BT, 24, 12, 256);
 	uint32_t seqs[16], n_open = 0, i, step;
 	bkv_kv_event ev[256];
 
@@ -350,7 +334,7 @@ Test(hcache, random_appends_closes_swaps_and_clears_keep_every_invariant)
  * the probe runs that keep the estimate learning. */
 Test(hcache, prices_refuse_a_copy_that_costs_more_than_a_reload_saves)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s;
 
 	/* recompute 100 us, reload 80 us, copy 80 us: half a chance of a
@@ -375,7 +359,7 @@ Test(hcache, prices_refuse_a_copy_that_costs_more_than_a_reload_saves)
 
 Test(hcache, overlapped_copies_demote_whenever_a_reload_beats_recomputing)
 {
-	bkv_pool *p = make_hc_pool(4, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 4, 8, 0);
 	uint32_t s;
 
 	bkv__pool_host_cache_prices(p, 1, 100.0, 0.0, 80.0, 0.0); /* copies overlap */
@@ -404,7 +388,7 @@ static int fwd_nop(void *host, const bkv_batch *b, int32_t *next)
 
 Test(hcache, a_scheduler_config_with_copy_overlap_out_of_range_is_refused)
 {
-	bkv_pool *p = make_hc_pool(16, 8, 0);
+	bkv_pool *p = make_hc_pool(BT, 16, 8, 0);
 	bkv_host_ops ops;
 	bkv_sched_config c;
 	bkv_sched *s = NULL;

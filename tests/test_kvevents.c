@@ -7,6 +7,7 @@
  * an independent msgpack, CBOR and pickle.
  */
 #include "batchkv.h"
+#include "pool_util.h"
 
 #include <criterion/criterion.h>
 
@@ -211,24 +212,6 @@ static size_t first_at(const uint8_t *msg, size_t len, const void *pat, size_t n
 	return len;
 }
 
-/* A host-cache pool of two 2-token device blocks and two host blocks, its
- * event ring event_capacity long. */
-static bkv_pool *host_cache_pool(uint32_t event_capacity)
-{
-	bkv_pool_config c;
-	bkv_pool *p = NULL;
-
-	bkv_pool_config_init(&c);
-	c.block_tokens = 2;
-	c.device_blocks = 2;
-	c.host_blocks = 2;
-	c.host_cache = 1;
-	c.max_seqs = 8;
-	c.event_capacity = event_capacity;
-	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
-	return p;
-}
-
 /* A sequence of the n tokens t opened, filled and closed (its full blocks
  * stay cached). */
 static void fill_and_close(bkv_pool *p, const int32_t *t, uint32_t n)
@@ -254,7 +237,7 @@ Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
 	size_t len;
 	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu_rm[] = "\xac" "BlockRemoved";
 
-	p = host_cache_pool(64);
+	p = make_hc_pool(2, 2, 2, 64);
 	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
 	fill_and_close(p, a, 4);
@@ -325,7 +308,7 @@ Test(kvevents, a_snapshot_reannounces_the_host_cache_blocks)
 	static const char cpu[] = "\xa6medium\xa3" "CPU", gpu[] = "\xa6medium\xa3" "GPU",
 			  cleared[] = "AllBlocksCleared";
 
-	p = host_cache_pool(2); /* a's two stores fill the ring: b's events overflow */
+	p = make_hc_pool(2, 2, 2, 2); /* a's two stores fill the ring: b's events overflow */
 	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, b, 4, hb), 2);
@@ -357,8 +340,7 @@ Test(kvevents, a_snapshot_reannounces_the_host_cache_blocks)
  * and both are announced, the parent first. */
 Test(kvevents, a_snapshot_announces_a_host_block_under_a_demoting_parent)
 {
-	bkv_pool_config c;
-	bkv_pool *p = NULL;
+	bkv_pool *p;
 	bkv_vllm_encoder *e;
 	int32_t a[4] = {1, 2, 3, 4}, z[4] = {9, 10, 11, 12}, w[2] = {20, 21};
 	uint64_t ha[2];
@@ -368,14 +350,7 @@ Test(kvevents, a_snapshot_announces_a_host_block_under_a_demoting_parent)
 	size_t len;
 	static const char cpu[] = "\xa6medium\xa3" "CPU";
 
-	bkv_pool_config_init(&c);
-	c.block_tokens = 2;
-	c.device_blocks = 3;
-	c.host_blocks = 4;
-	c.host_cache = 1;
-	c.max_seqs = 8;
-	c.event_capacity = 2; /* overflows: the drain below is a snapshot */
-	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	p = make_hc_pool(2, 3, 4, 2); /* the ring overflows: the drain is a snapshot */
 	e = native_encoder(p, BKV_VLLM_WIRE_MAP);
 	cr_assert_eq(bkv_block_hashes(0, 0, 2, a, 4, ha), 2);
 	fill_and_close(p, a, 4); /* a0, a1 cached */
