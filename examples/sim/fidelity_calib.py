@@ -81,11 +81,15 @@ def clamp(x):
     return (round(abs(x[0]), 6), round(abs(x[1]), 6), round(max(abs(x[2]), 1e-3), 6))
 
 
-def loss(binary, path, train, x, cache):
-    theta = clamp(x)
+def cached(binary, path, theta, cache):
+    """simulate(), each theta run once"""
     if theta not in cache:
         cache[theta] = simulate(binary, path, theta)
-    res = cache[theta]
+    return cache[theta]
+
+
+def loss(binary, path, train, x, cache):
+    res = cached(binary, path, clamp(x), cache)
     return sum(math.log(res[n][k][1] / res[n][k][0]) ** 2 for n in train for k in KEYS)
 
 
@@ -166,10 +170,10 @@ def report(title, rows):
 
 def main(binary, path, which):
     cache = {}
-    every = list(simulate(binary, path, (0.0, 0.0, 1.0)))
+    every = list(cached(binary, path, (0.0, 0.0, 1.0), cache))
     if which in ("profile", "all"):
         theta = fit(binary, path, ["vllm-100-1"], cache)
-        res = simulate(binary, path, theta)
+        res = cached(binary, path, theta, cache)
         report("profile: fitted on vllm-100-1 alone (its own row in-sample)",
                [(n, theta, ["vllm-100-1"], res[n]) for n in every])
     groups = {}
@@ -186,7 +190,7 @@ def main(binary, path, which):
             if not train:
                 continue
             theta = fit(binary, path, train, cache)
-            rows.append((name, theta, train, simulate(binary, path, theta)[name]))
+            rows.append((name, theta, train, cached(binary, path, theta, cache)[name]))
         report(title, rows)
 
 
