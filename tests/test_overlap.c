@@ -1004,3 +1004,63 @@ Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
 	kh_req_fini(&a);
 	kh_req_fini(&b);
 }
+
+/* A host may tear down with steps launched and never completed (a device
+ * lost mid-step). The steps count as failed: the pool leaves its step
+ * transaction, nothing they computed is indexed, and the pool serves a
+ * new scheduler. */
+Test(overlap, destroying_with_launched_steps_leaves_the_pool_usable)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L, L2;
+	bkv_host_ops ops;
+	bkv_pool_stats ps;
+	int32_t toks[6] = {1, 2, 3, 4, 5, 6};
+	uint32_t seq, hit = 0, i;
+	uint64_t t;
+	int rc;
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 6, 5, 1, 0);
+	load_submit(&e, &L);
+	for (i = 0; i < 3; i++) /* into decode, one step in flight */
+		cr_assert(ov_iter(&e));
+	cr_assert_eq(e.n_q, 1);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_neq(t, 0, "a second step planned on the one in flight");
+	bkv_sched_destroy(e.s);
+	e.s = NULL;
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_eq(ps.nr_seqs, 0, "every sequence of the scheduler dropped");
+	cr_assert_eq(ps.nr_used, 0, "no block held");
+	cr_assert_eq(bkv_seq_open(e.pool, &seq), BKV_OK);
+	cr_assert_eq(bkv_seq_append(e.pool, seq, toks, 6, &hit), BKV_OK,
+		     "the pool is out of the step transaction");
+	cr_assert_eq(bkv_seq_drop(e.pool, seq), BKV_OK);
+	/* a new scheduler on the same pool runs a load to the end */
+	ops = kh_ops(0);
+	ops.forward = ov_forward;
+	ops.launch = ov_launch;
+	e.h.dev_n = 0;
+	e.n_q = 0;
+	e.h.prev_outs = NULL;
+	e.h.prev_failed = 0;
+	rc = bkv_sched_create(&o.cfg, e.pool, &ops, &e.h, NULL, &e.s);
+	cr_assert_eq(rc, BKV_OK, "sched: %s", bkv_strerror(rc));
+	load_make(&L2, 6, 6, 1, 0);
+	for (i = 0; i < L2.n; i++)
+		L2.r[i].tag += 100;
+	load_submit(&e, &L2);
+	ov_run(&e, 2000);
+	for (i = 0; i < L2.n; i++)
+		cr_assert_eq(L2.r[i].finished, 1);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+	load_free(&L2);
+}

@@ -106,15 +106,23 @@ int bkv__ovl_create(bkv_sched *s)
 
 static void release_deferred(bkv_sched *s);
 static void free_held(bkv_sched *s);
+static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si);
 
 void bkv__ovl_destroy(bkv_sched *s)
 {
 	bkv__ovl *o = s->ovl;
 	bkv__lane *l;
+	bkv_step_info si;
 	uint32_t i;
 
 	if (!o)
 		return;
+	if (o->n_out) { /* steps the host never completed: as if they failed,
+			   so the pool's step transaction closes (aborted)
+			   and nothing they computed is indexed */
+		memset(&si, 0, sizeof(si));
+		rollback_all(s, 0, &si);
+	}
 	for (l = o->def_head; l; l = l->def_next)
 		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
 	release_deferred(s);
