@@ -1921,7 +1921,9 @@ BKV_API int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool,
 /**
  * Destroy a scheduler. Requests still open end with no callback. NULL is
  * ignored. The pool stays; those requests' sequences are dropped from it
- * (bkv_seq_drop).
+ * (bkv_seq_drop). Overlapped steps launched and not completed count as
+ * failed: nothing they computed enters the prefix cache, and the pool is
+ * left between steps, ready for another scheduler.
  * @param sched  the scheduler.
  * Thread rules: the stepping thread, with no bkv_step, bkv_submit or bkv_abort in flight.
  */
