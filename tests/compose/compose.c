@@ -1316,6 +1316,62 @@ static void check_outcomes(cx_run *x)
 	}
 }
 
+/* A second scheduler on the pool the first one left: synchronous steps,
+ * the first two requests submitted again as fresh records, run to the end
+ * with every check. */
+static void rerun_on_pool(cx_run *x)
+{
+	bkv_sched_config sc;
+	bkv_host_ops ops;
+	uint32_t i;
+	int rc;
+
+	bkv_sched_config_init(&sc);
+	sc.max_running = x->f.max_running;
+	sc.batch_layout = (bkv_batch_layout)x->f.layout;
+	sc.max_wait_us = 1;
+	memset(&ops, 0, sizeof(ops));
+	ops.forward = cx_forward;
+	ops.on_token = cx_on_token;
+	ops.on_finish = cx_on_finish;
+	ops.now_us = cx_now;
+	rc = bkv_sched_create(&sc, x->pool, &ops, x, NULL, &x->s);
+	if (rc) {
+		fail(x, "a second scheduler on the abandoned pool: bkv_sched_create %d", rc);
+		x->s = NULL;
+		return;
+	}
+	x->n_req = x->n_req < 2 ? x->n_req : 2;
+	x->f.fail_permille = 0;
+	x->f.token_abort_permille = 0;
+	x->nq = x->nt = 0;
+	for (i = 0; i < x->n_req; i++) {
+		cx_req *q = &x->req[i];
+
+		q->tag ^= 0x2d2d;
+		q->submitted = q->refused = q->abort_asked = 0;
+		q->id = 0;
+		q->finished = 0;
+		q->submit_at = 0;
+		q->n_ret = 0;
+		memset(q->n_out, 0, sizeof(q->n_out));
+		memset(q->done, 0, sizeof(q->done));
+	}
+	submit_due(x);
+	for (i = 0; i < 2000 && !x->failed && bkv_sched_pending(x->s); i++)
+		drive_sync(x);
+	if (!x->failed && bkv_sched_pending(x->s))
+		fail(x, "the second scheduler did not finish");
+	if (!x->failed)
+		check_outcomes(x);
+	if (!x->failed) {
+		bkv_sched_destroy(x->s);
+		x->s = NULL;
+		if ((rc = bkv_pool_check(x->pool)))
+			fail(x, "bkv_pool_check after the second scheduler: %d", rc);
+	}
+}
+
 /* Scheduler gone with steps outstanding or requests running: the pool must
  * be whole and usable. */
 static void check_abandoned_pool(cx_run *x)
@@ -1344,6 +1400,8 @@ static void check_abandoned_pool(cx_run *x)
 		fail(x, "bkv_seq_close: %d", rc);
 	else if ((rc = bkv_pool_check(x->pool)))
 		fail(x, "bkv_pool_check after reuse: %d", rc);
+	if (!x->failed)
+		rerun_on_pool(x);
 }
 
 /* Create the pool and scheduler; a known refusal drops one feature and
@@ -1556,6 +1614,7 @@ int cx_run_seed(uint64_t seed, const cx_opts *opt, cx_result *res)
 		if (!x->failed) {
 			int abandoned = x->iter >= abandon_at && x->iter < max_iters;
 
+			res->abandoned = abandoned ? 1 + x->nt : 0;
 			bkv_sched_destroy(x->s);
 			x->s = NULL;
 			if (abandoned)
