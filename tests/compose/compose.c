@@ -249,7 +249,7 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	f->prefix_cache = chance(&s, 800);
 	f->n_prefixes = f->prefix_cache ? 1 + below(&s, 3) : 0;
 	f->max_n = chance(&s, 350) ? 2 + below(&s, CX_MAX_N - 1) : 1;
-	f->pins = f->prefix_cache && chance(&s, 300);
+	f->pins = f->prefix_cache && chance(&s, 400);
 	f->reset_cache = chance(&s, 150);
 	f->host_cache = f->prefix_cache && chance(&s, 300);
 	f->retention = chance(&s, 200);
@@ -274,11 +274,25 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	f->reserve_output = chance(&s, 150);
 	f->static_policy = !f->overlap && chance(&s, 60);
 	f->abandon = chance(&s, 60);
+	if (chance(&s, 150)) {
+		/* the pressure profile: overlapped steps over a tiny pool, many
+		 * rows, recompute preemption and failing steps together */
+		f->overlap = 1;
+		f->split = 0;
+		f->static_policy = 0;
+		f->tiny = 1;
+		f->spec_k = 0;
+		f->gmix = GM_NONE;
+		f->preempt = chance(&s, 700) ? BKV_PREEMPT_RECOMPUTE : BKV_PREEMPT_AUTO;
+		f->fail_permille = 30 + below(&s, 150);
+	}
 	f->n_reqs = 2 + below(&s, CX_MAX_REQ - 1);
 	f->max_prompt = 1 + below(&s, chance(&s, 300) ? 90 : 30);
 	f->max_new = 1 + below(&s, chance(&s, 300) ? 48 : 16);
 	f->keys = chance(&s, 200) ? 2 : 1;
 	f->max_running = 1 + below(&s, 12);
+	if (f->tiny && f->max_running < 4)
+		f->max_running += below(&s, 4);
 	if (f->max_n > f->max_running)
 		f->max_running = f->max_n;
 	f->max_seqs = f->max_running + CX_MAX_PINS + 2 + below(&s, 24);
@@ -1191,7 +1205,7 @@ static void between_steps(cx_run *x)
 			fail(x, "bkv_pool_reset_cache failed");
 		check_all(x);
 	}
-	if (f->pins && chance(&x->rng_drive, 100)) {
+	if (f->pins && chance(&x->rng_drive, 250)) {
 		if (x->n_pins && chance(&x->rng_drive, 400)) {
 			i = below(&x->rng_drive, x->n_pins);
 			if (bkv_pool_unpin(x->pool, x->pins[i]) != BKV_OK)
@@ -1345,6 +1359,7 @@ static void rerun_on_pool(cx_run *x)
 	x->f.fail_permille = 0;
 	x->f.token_abort_permille = 0;
 	x->nq = x->nt = 0;
+	x->errors_unexplained = 0;
 	for (i = 0; i < x->n_req; i++) {
 		cx_req *q = &x->req[i];
 
@@ -1402,6 +1417,30 @@ static void check_abandoned_pool(cx_run *x)
 		fail(x, "bkv_pool_check after reuse: %d", rc);
 	if (!x->failed)
 		rerun_on_pool(x);
+}
+
+/* A tiny pool: room for the largest request drawn and little more, so
+ * that requests preempt one another; and few sequence slots, so that pins
+ * and forks compete for them. */
+static void size_tiny(cx_run *x, uint64_t *s)
+{
+	cx_feat *f = &x->f;
+	uint32_t i, need = 4, seqs = 1;
+
+	for (i = 0; i < x->n_req; i++) {
+		const cx_req *q = &x->req[i];
+		uint32_t blocks = (q->plen + q->max_new + f->spec_k) / f->bt + 2;
+
+		if (blocks * q->n > need)
+			need = blocks * q->n;
+		if (q->n > seqs)
+			seqs = q->n;
+	}
+	f->device_blocks = need * (f->gmix ? 2 : 1) + below(s, 3);
+	if (chance(s, 500))
+		f->max_seqs = seqs + below(s, 3) + (f->pins ? below(s, 3) : 0);
+	if (f->max_running > f->max_seqs)
+		f->max_running = f->max_seqs;
 }
 
 /* Create the pool and scheduler; a known refusal drops one feature and
@@ -1543,7 +1582,10 @@ static int create(cx_run *x)
 		fail(x, "create refused too often");
 		return -1;
 	}
-	x->unadmittable_ok = x->n_groups > 0;
+	/* groups (state units, window chunks) and pins (blocks held out of the
+	 * pool) can make a request unadmittable: it ends in error, counted in
+	 * bkv_sched_stats.unadmittable (check_outcomes compares) */
+	x->unadmittable_ok = 1;
 	x->nframes = pc.device_blocks;
 	x->dev = calloc((size_t)x->nframes * f->bt, sizeof(cx_cell));
 	x->host = calloc((size_t)(f->host_blocks ? f->host_blocks : 1) * f->bt, sizeof(cx_cell));
@@ -1580,9 +1622,11 @@ int cx_run_seed(uint64_t seed, const cx_opts *opt, cx_result *res)
 	x->rng_drive = mix(seed ^ 0xd71e);
 	x->rng_fail = mix(seed ^ 0xfa11);
 	max_iters = opt->max_steps ? opt->max_steps : 4000;
+	make_requests(x, &s);
+	if (x->f.tiny)
+		size_tiny(x, &s);
 	if (create(x) == 0) {
 		describe(&x->f, res->features, sizeof(res->features));
-		make_requests(x, &s);
 		if (x->f.abandon)
 			abandon_at = 1 + below(&s, 60);
 		if (x->thr_n) {
