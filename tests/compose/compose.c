@@ -1411,8 +1411,10 @@ static void check_abandoned_pool(cx_run *x)
 	else if ((rc = bkv_seq_append(x->pool, seq, t, 3, NULL)) != BKV_OK &&
 		 rc != BKV_ENOSPC)
 		fail(x, "bkv_seq_append after destroying the scheduler: %d", rc);
-	else if ((rc = bkv_seq_close(x->pool, seq)) != BKV_OK)
-		fail(x, "bkv_seq_close: %d", rc);
+	else if ((rc = bkv_seq_drop(x->pool, seq)) != BKV_OK) /* dropped: its KV was
+								  never computed, so
+								  it must not be cached */
+		fail(x, "bkv_seq_drop: %d", rc);
 	else if ((rc = bkv_pool_check(x->pool)))
 		fail(x, "bkv_pool_check after reuse: %d", rc);
 	if (!x->failed)
