@@ -1064,3 +1064,91 @@ Test(overlap, destroying_with_launched_steps_leaves_the_pool_usable)
 	load_free(&L);
 	load_free(&L2);
 }
+
+/* A stale rollback record: launch N, with nothing in flight, preempts a
+ * request by recompute after its lane was touched (its rollback length
+ * recorded); launch N+1, planned on top of N, readmits it; N fails, so
+ * both roll back.
+ *
+ * Here X (priority 0) decodes at a block boundary in a full pool: the fused
+ * decode pass hands it to append_room, which touches the lane (pre_len 8,
+ * in N's touched list, so in N's ticket) and, finding no room, preempts X
+ * itself (the lowest priority; Y still runs, so X is not alone and waits:
+ * its sequence is closed, its blocks freed). N launches Y's decode row. The
+ * host aborts Y before launching N+1, so N+1 starts with nothing running
+ * and admits X without the watermark check (its freed blocks hold the
+ * first chunk): X reuses its lane structs, on a new, empty sequence
+ * (pre_len 0 in N+1's ticket). The device fails N. rollback_all restores
+ * newest first: N+1's record truncates X to 0, then N's record - written
+ * for the sequence that was closed in N - sets kv_len back to 8 while the
+ * new sequence holds 0 tokens (bkv_seq_truncate to a greater length fails,
+ * and the error was ignored): bkv_sched_check 11, and the next launch
+ * asserts in the batch fill (with asserts off: slots and tables read past
+ * the sequence's blocks). The abort is what makes the readmission
+ * possible: with Y still running, X's whole history fails
+ * bkv_pool_can_admit in a pool the preemption found full. */
+Test(overlap, a_request_preempted_in_a_failed_step_and_readmitted_by_the_next_rolls_back_to_its_new_sequence)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req x, y;
+	int32_t px[8] = {300, 301, 302, 303, 304, 305, 306, 307}, py[3] = {700, 701, 702};
+	bkv_step_info si;
+	uint64_t t = 0;
+	uint32_t i;
+	int rc;
+
+	ov_opts_init(&o);
+	o.bt = 4;
+	o.nb = 4; /* 16 tokens: Y's whole history fits, X's and Y's together not */
+	o.prefix = 0;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 4;
+	o.cfg.preempt = BKV_PREEMPT_RECOMPUTE; /* no host tier anyway */
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&y, 1, py, 3, 13, 1), 0);
+	cr_assert_eq(kh_req_init(&x, 2, px, 8, 4, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &y, 1), BKV_OK);
+	cr_assert_eq(kh_submit(e.s, &x, 0), BKV_OK);
+	/* synchronous-looking steps (each completed before the next launch)
+	 * until a launch preempts */
+	for (i = 0; i < 20; i++) {
+		t = 0;
+		cr_assert_eq(bkv_step_launch(e.s, &t, &si), BKV_OK);
+		cr_assert_neq(t, 0);
+		e.q[e.n_q++] = t;
+		if (si.preempted)
+			break;
+		cr_assert_eq(ov_complete1(&e), BKV_OK);
+		ov_check(&e);
+	}
+	cr_assert_eq(si.preempted, 1, "launch N preempts");
+	cr_assert_eq(si.running, 1, "Y runs on");
+	cr_assert_eq(si.waiting, 1, "X waits to recompute");
+	cr_assert_eq(x.finished, 0);
+	ov_check(&e);
+	/* the device fails N (reported at its completion) */
+	e.h.dev_failed[(e.h.dev_head + e.h.dev_n - 1) % OV_DEPTH] = 1;
+	e.h.prev_failed = 1;
+	cr_assert_eq(kh_abort(e.s, &y, y.id), BKV_OK);
+	t = 0;
+	rc = bkv_step_launch(e.s, &t, &si);
+	cr_assert_eq(rc, BKV_OK);
+	cr_assert_neq(t, 0, "N+1 is planned on top of N");
+	e.q[e.n_q++] = t;
+	cr_assert_eq(si.admitted, 1, "N+1 readmits X");
+	cr_assert_eq(y.finished, 1);
+	cr_assert_eq(y.reason, BKV_FINISH_ABORT);
+	ov_check(&e);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST, "both steps roll back");
+	ov_check(&e); /* the defect: 11, X's kv_len 8 on an empty sequence */
+	ov_run(&e, 200);
+	cr_assert_eq(x.finished, 1);
+	cr_assert_eq(x.reason, BKV_FINISH_LENGTH);
+	cr_assert_eq(x.n_out[0], 4);
+	ov_check(&e);
+	ov_env_fini(&e);
+	kh_req_fini(&x);
+	kh_req_fini(&y);
+}

@@ -313,7 +313,19 @@ static bkv__ticket *oldest(bkv__ovl *o)
 	return &o->t[o->head];
 }
 
-/* Record the planned step in the next ticket. */
+/* Record the planned step in the next ticket. The undo list names lanes,
+ * and a lane outlives its sequence: a record is the rollback length of the
+ * sequence the lane holds now, so a lane that holds none of a running
+ * request (preempted, ended, or a failed admission in this planning) gets
+ * none - there is nothing of the step to undo, and a later step may give
+ * the lane a new sequence (a request preempted at N, with nothing in
+ * flight, is readmitted at N + 1), which the stale length, applied by
+ * rollback_all after N + 1's, would set longer than it is. */
+static int undo_live(const bkv__lane *l)
+{
+	return REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE;
+}
+
 static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 {
 	bkv__ovl *o = s->ovl;
@@ -330,10 +342,14 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	t->n_rows = s->plan.n_dec;
 	memcpy(t->rows, s->plan.dec, (size_t)s->plan.n_dec * sizeof(bkv__row));
 	for (i = 0; i < s->plan.n_touched; i++) {
+		if (!undo_live(s->plan.touched[i]))
+			continue;
 		t->undo[n].lane = s->plan.touched[i];
 		t->undo[n++].pre_len = s->plan.touched[i]->pre_len;
 	}
 	for (i = 0; i < s->plan.n_dec; i++) { /* the fused pass's lanes */
+		if (!undo_live(s->plan.dec[i].lane))
+			continue;
 		t->undo[n].lane = s->plan.dec[i].lane;
 		t->undo[n++].pre_len = s->plan.dec[i].lane->pre_len;
 	}
@@ -444,8 +460,13 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 			if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
 				continue;
-			if (l->kv_len != t->undo[i].pre_len)
-				bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
+			if (l->kv_len != t->undo[i].pre_len) {
+				int rc = bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
+
+				BKV_ASSERT(rc == BKV_OK); /* the record is the lane's
+							     sequence's (ticket_push) */
+				(void)rc;
+			}
 			l->kv_len = t->undo[i].pre_len;
 		}
 		for (i = 0; i < t->n_sent; i++) /* persistent: its deltas are void */
