@@ -781,8 +781,10 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * hit) stay cached, out of eviction's reach, until bkv_pool_unpin. Pins of
  * one pool together hold at most pin_permille / 1000 of its device blocks
  * (a block two pins share counts twice). A pin takes one of the pool's
- * max_seqs sequence slots; its id names it only to bkv_pool_unpin
- * (bkv_seq_close and bkv_seq_drop refuse it). Nothing is computed: blocks
+ * max_seqs sequence slots; its id names it only to bkv_pool_unpin: every
+ * call that takes a sequence id answers a pin's id as an unknown sequence
+ * (BKV_ENOENT, or NULL) and changes nothing, and bkv_pool_unpin answers a
+ * sequence's id BKV_ENOENT. Nothing is computed: blocks
  * not cached yet are not pinned (pin again once a request has computed
  * them).
  * @param pool   the pool.

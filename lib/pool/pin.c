@@ -10,7 +10,9 @@
  * are exactly the ones a lookup finds, counted first by a lookup that
  * changes nothing, so a refused pin (past the pool's pin share, no slot)
  * leaves the cache's order as it was. Unpinning closes the holder: its
- * blocks go back to the LRU's tail by close's rule.
+ * blocks go back to the LRU's tail by close's rule. A pin's id names no
+ * sequence: bkv__seq_get, through which every sequence call finds its
+ * sequence, refuses the holder, and only unpin finds it (bkv__slot_get).
  *
  * The share bound is over the holders' table entries (pool->pin_blocks): a
  * block two pins hold counts twice, which can only refuse early. The
@@ -73,7 +75,7 @@ int bkv_pool_unpin(bkv_pool *pool, uint32_t pin)
 
 	if (!pool)
 		return BKV_EINVAL;
-	s = bkv__seq_get(pool, pin);
+	s = bkv__slot_get(pool, pin);
 	if (!s || !s->pin)
 		return BKV_ENOENT;
 	s->pin = 0;

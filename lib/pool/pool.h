@@ -38,8 +38,8 @@ typedef struct bkv__seq {
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
 	uint8_t state;     /* BKV__SEQ_* */
 	uint8_t pin;       /* 1: the holder of a prefix pin (pool/pin.c):
-			      its table holds the pinned blocks; close and
-			      drop refuse it */
+			      its table holds the pinned blocks; its id is
+			      no sequence's (bkv__seq_get refuses it) */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -246,7 +246,8 @@ struct bkv_pool {
 
 /* ---- pool/seq.c: helpers the pool layer's files share --------------------- */
 
-static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+/* The open slot an id names, pin holders included (pool/pin.c), or NULL. */
+static inline bkv__seq *bkv__slot_get(const bkv_pool *pool, uint32_t id)
 {
 	uint32_t slot = id & BKV__SEQ_SLOT_MASK;
 	bkv__seq *s;
@@ -257,6 +258,16 @@ static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
 	if (s->state == BKV__SEQ_FREE || s->gen != (id >> BKV__SEQ_SLOT_BITS))
 		return NULL;
 	return s;
+}
+
+/* The sequence an id names, or NULL: a prefix pin's id names no sequence,
+ * so every sequence call answers it as an unknown id (BKV_ENOENT) and
+ * changes nothing; only bkv_pool_unpin takes it. */
+static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+{
+	bkv__seq *s = bkv__slot_get(pool, id);
+
+	return s && !s->pin ? s : NULL;
 }
 
 static inline uint32_t bkv__seq_id(const bkv_pool *pool, const bkv__seq *s)

@@ -143,8 +143,6 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
-	if (s->pin)
-		return BKV_EINVAL; /* a prefix pin: bkv_pool_unpin */
 	if (pool->grouped)
 		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
 				   s->state == BKV__SEQ_SWAPPED, drop);
