@@ -784,7 +784,13 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * max_seqs sequence slots; its id names it only to bkv_pool_unpin: every
  * call that takes a sequence id answers a pin's id as an unknown sequence
  * (BKV_ENOENT, or NULL) and changes nothing, and bkv_pool_unpin answers a
- * sequence's id BKV_ENOENT. Nothing is computed: blocks
+ * sequence's id BKV_ENOENT. Against max_seqs a pin counts as an open
+ * sequence: a scheduler admits a request only when its branches fit beside
+ * the pins, and a pin never takes a slot that a running request's fork
+ * still needs (BKV_EAGAIN until it forked or ended); a request whose
+ * branches can fit only once pins are released waits for them, and ends
+ * as unadmittable (BKV_FINISH_ERROR) if nothing else runs. Nothing is
+ * computed: blocks
  * not cached yet are not pinned (pin again once a request has computed
  * them).
  * @param pool   the pool.
@@ -797,7 +803,8 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * @return BKV_OK; BKV_EINVAL (NULL pool, tokens or pin, n 0);
  *         BKV_ENOENT (no full block of it is cached); BKV_ENOSPC (the
  *         pins would hold more than pin_permille of the device blocks);
- *         BKV_EAGAIN (no free sequence slot); BKV_ENOMEM; BKV_ESTATE (no
+ *         BKV_EAGAIN (no free sequence slot, or only slots kept for
+ *         running requests' forks); BKV_ENOMEM; BKV_ESTATE (no
  *         prefix cache, a pool with KV groups, or inside a scheduler's
  *         step). On error nothing changed.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step

@@ -471,6 +471,82 @@ Test(pin, every_sequence_call_refuses_a_pin_id_and_changes_nothing)
 	bkv_pool_destroy(p);
 }
 
+/* A pool of 2 sequence slots and a request with two branches, which forks
+ * into the second slot after its chunked prefill. Admitted, it keeps that
+ * slot from pins: a pin asked for while the fork is to come is refused
+ * (BKV_EAGAIN, nothing changed), the request forks and finishes, and the
+ * slot can be pinned once it ended. A pin held before admission counts
+ * as any open sequence: the request cannot be admitted, and with nothing
+ * else running it ends once as unadmittable. */
+static fake_host *fork_pin_host(int32_t *sys, uint64_t *sys_id)
+{
+	fh_opts o;
+	fake_host *f;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 64;
+	o.max_seqs = 2;
+	o.pin_permille = 500;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 8;
+	f = fh_create(&o);
+	*sys_id = fh_submit(f, sys, 16, 2); /* computes the system prompt */
+	fh_run(f, 100);
+	cr_assert_eq(f->finish_count[*sys_id], 1);
+	return f;
+}
+
+Test(pin, a_pin_never_takes_the_slot_an_admitted_request_forks_into)
+{
+	fake_host *f;
+	int32_t *sys = fh_prompt(16, 21), *pr = fh_prompt(40, 22);
+	uint32_t pin = 77, i;
+	uint64_t sid, id;
+	bkv_pool_stats before;
+	bkv_sched_stats st;
+
+	memcpy(pr, sys, 16 * sizeof(int32_t));
+	/* admitted first: the pin waits for the fork */
+	f = fork_pin_host(sys, &sid);
+	id = fh_submit_ex(f, pr, 40, 6, 0, 2, 0);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(pool_stats(f->pool).nr_seqs, 1, "prefilling, not forked yet");
+	before = pool_stats(f->pool);
+	cr_expect_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_EAGAIN);
+	cr_expect_eq(pin, 77, "pin untouched on failure");
+	expect_same_stats(&before, f->pool);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_assert_lt(fh_run(f, 400), 400, "the request forks and ends");
+	cr_expect_eq(f->finish_count[id], 1);
+	cr_expect_eq(f->reason[id], BKV_FINISH_LENGTH);
+	for (i = 0; i < 2; i++)
+		cr_expect_eq(f->n_out[id][i], 6, "branch %u", i);
+	cr_assert_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_OK, "free again");
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(bkv_pool_unpin(f->pool, pin), BKV_OK);
+	fh_destroy(f);
+
+	/* pinned first: the request never gets the slots it needs */
+	f = fork_pin_host(sys, &sid);
+	cr_assert_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_OK);
+	f->host.unadmittable_ok = 1;
+	id = fh_submit_ex(f, pr, 40, 6, 0, 2, 0);
+	cr_assert_lt(fh_run(f, 400), 400, "the request ends");
+	cr_expect_eq(f->finish_count[id], 1);
+	cr_expect_eq(f->reason[id], BKV_FINISH_ERROR);
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	bkv_sched_stats_get(f->s, &st);
+	cr_expect_eq(st.unadmittable, 1);
+	cr_assert_eq(bkv_pool_unpin(f->pool, pin), BKV_OK);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	fh_destroy(f);
+	free(sys);
+	free(pr);
+}
+
 /* A scheduler serving requests that share a pinned system prompt in a pool
  * small enough to evict and preempt, evicting by value: every request hits
  * the pinned blocks, bkv_sched_check (which counts the pin among the pool's

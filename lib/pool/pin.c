@@ -14,6 +14,13 @@
  * sequence: bkv__seq_get, through which every sequence call finds its
  * sequence, refuses the holder, and only unpin finds it (bkv__slot_get).
  *
+ * Slots: a pin takes a free slot, never one of those a scheduler keeps
+ * for its admitted requests' forks (seq_reserved, which the scheduler sets
+ * each step). Admission counts the slots pins hold, as any open sequence,
+ * so a request admitted before or after a pin can always fork; one whose
+ * branches need the slots pins hold waits (and, with nothing else
+ * running, ends as unadmittable by the progress rule).
+ *
  * The share bound is over the holders' table entries (pool->pin_blocks): a
  * block two pins hold counts twice, which can only refuse early. The
  * cache key is part of every block's hash, so a pin under one tenant's
@@ -51,8 +58,8 @@ int bkv_pool_pin_prefix(bkv_pool *pool, uint64_t key, const int32_t *tokens, uin
 	if (pool->pin_blocks + hits > share)
 		return BKV_ENOSPC;
 	s = bkv__slot_peek(pool);
-	if (!s)
-		return BKV_EAGAIN;
+	if (!s || pool->nr_seqs + pool->seq_reserved >= pool->cfg.max_seqs)
+		return BKV_EAGAIN; /* no slot, or only slots kept for forks */
 	if (bkv__table_reserve(pool, s, hits))
 		return BKV_ENOMEM;
 	bkv__slot_open(pool, s, key);

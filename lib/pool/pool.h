@@ -168,6 +168,12 @@ struct bkv_pool {
 	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
 	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
 	uint32_t nr_pins;      /* of which prefix pins' holders (pool/pin.c) */
+	uint32_t seq_reserved; /* free slots a scheduler keeps for the forks
+				  its running requests will still make (set
+				  each step, bkv__pool_reserve_seqs; 0 with
+				  none); a pin leaves them free:
+				  nr_seqs + seq_reserved <= max_seqs while
+				  the scheduler's invariant 31 holds */
 	uint64_t pin_blocks;   /* table entries of the pins' holders (a block
 				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
@@ -707,6 +713,18 @@ static inline uint32_t bkv__pool_block_ref(const bkv_pool *pool, int32_t b)
 static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 {
 	return pool->nr_seqs;
+}
+
+/* The free slots the pool's scheduler keeps for the forks its running
+ * requests will still make; bkv_pool_pin_prefix leaves them free. */
+static inline void bkv__pool_reserve_seqs(bkv_pool *pool, uint32_t n)
+{
+	pool->seq_reserved = n;
+}
+
+static inline uint32_t bkv__pool_seqs_reserved(const bkv_pool *pool)
+{
+	return pool->seq_reserved;
 }
 
 /* Prefix pins held (pool/pin.c): each is an open sequence of the pool. */

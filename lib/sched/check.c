@@ -91,8 +91,9 @@ int bkv_sched_check(const bkv_sched *s)
 		return 15;
 	if (s->bad_write)
 		return 30;
-	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + bkv__fork_seqs_count(s) > bkv__pool_max_seqs(s->pool))
-		return 31;
+	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + bkv__fork_seqs_count(s) > bkv__pool_max_seqs(s->pool) ||
+	    bkv__fork_seqs_count(s) > bkv__pool_seqs_reserved(s->pool))
+		return 31; /* (the pool keeps the forks' slots from pins) */
 	for (i = 0; i < s->q.heap_n; i++) {
 		r = s->q.heap[i];
 		for (j = 0; j < r->n; j++) {

@@ -236,6 +236,8 @@ void bkv_sched_destroy(bkv_sched *s)
 			bkv__req_free(s, s->in.map[i].req);
 		}
 	}
+	if (s->pool) /* its forks' slots are the pool's again */
+		bkv__pool_reserve_seqs(s->pool, 0);
 	if (s->in.lock) {
 		pthread_mutex_destroy((pthread_mutex_t *)s->in.lock);
 		bkv__free(a, s->in.lock, sizeof(pthread_mutex_t));
