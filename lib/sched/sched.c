@@ -125,6 +125,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	s->split = ops->forward == NULL && !cfg->overlap; /* a launch is mixed */
 	s->host = host;
 	s->pool = pool;
+	s->in.tok_limit = TOK_CAP_LIMIT;
 	s->bt = ps->block_tokens;
 	while ((1u << s->bt_shift) < s->bt)
 		s->bt_shift++;
