@@ -827,7 +827,12 @@ BKV_API int bkv_pool_unpin(bkv_pool *pool, uint32_t pin);
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
- * sequences).
+ * sequences). A device-resident sequence that holds a full block stays out of
+ * the cache from then on: the blocks it fills later are not cached either
+ * (each block's hash chains from the blocks before it), until it is swapped
+ * out (swap-in caches its full blocks again) or truncated below one block.
+ * Between a scheduler's steps this is allowed with requests running (their
+ * tokens are unchanged).
  * @param pool   the pool.
  * @return BKV_OK; BKV_EINVAL (NULL pool).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step

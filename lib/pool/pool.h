@@ -40,6 +40,13 @@ typedef struct bkv__seq {
 	uint8_t pin;       /* 1: the holder of a prefix pin (pool/pin.c):
 			      its table holds the pinned blocks; its id is
 			      no sequence's (bkv__seq_get refuses it) */
+	uint8_t uncached;  /* 1: open on the device with a full block when
+			      bkv_pool_reset_cache emptied the index: none
+			      of its blocks is indexed, and none it fills
+			      will be (a block is indexed only under an
+			      indexed parent) until a truncate leaves it no
+			      full block; a fork inherits it, a swap-out
+			      clears it (swap-in indexes the blocks again) */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -365,6 +372,7 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	pool->nr_seqs++;
 	s->state = BKV__SEQ_OPEN;
 	s->pin = 0;
+	s->uncached = 0;
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
@@ -725,6 +733,15 @@ static inline void bkv__pool_reserve_seqs(bkv_pool *pool, uint32_t n)
 static inline uint32_t bkv__pool_seqs_reserved(const bkv_pool *pool)
 {
 	return pool->seq_reserved;
+}
+
+/* A sequence a cache reset left out of the prefix cache for good
+ * (bkv__seq.uncached): its full blocks are not indexed, and need not be. */
+static inline int bkv__pool_seq_uncached(const bkv_pool *pool, uint32_t seq)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	return s && s->uncached;
 }
 
 /* Prefix pins held (pool/pin.c): each is an open sequence of the pool. */

@@ -14,8 +14,8 @@ static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
 	uint32_t i, n, nb;
 	const int32_t *t;
 
-	if (!bkv__pool_prefix_on(p))
-		return 1;
+	if (!bkv__pool_prefix_on(p) || bkv__pool_seq_uncached(p, l->seq))
+		return 1; /* (a cache reset took its chain out for good) */
 	t = bkv_seq_blocks(p, l->seq, &nb);
 	n = BKV_MIN(l->kv_len >> s->bt_shift, nb);
 	/* a swapped-in block whose copy a rolled-back call was to carry is
