@@ -781,8 +781,16 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * hit) stay cached, out of eviction's reach, until bkv_pool_unpin. Pins of
  * one pool together hold at most pin_permille / 1000 of its device blocks
  * (a block two pins share counts twice). A pin takes one of the pool's
- * max_seqs sequence slots; its id names it only to bkv_pool_unpin
- * (bkv_seq_close and bkv_seq_drop refuse it). Nothing is computed: blocks
+ * max_seqs sequence slots; its id names it only to bkv_pool_unpin: every
+ * call that takes a sequence id answers a pin's id as an unknown sequence
+ * (BKV_ENOENT, or NULL) and changes nothing, and bkv_pool_unpin answers a
+ * sequence's id BKV_ENOENT. Against max_seqs a pin counts as an open
+ * sequence: a scheduler admits a request only when its branches fit beside
+ * the pins, and a pin never takes a slot that a running request's fork
+ * still needs (BKV_EAGAIN until it forked or ended); a request whose
+ * branches can fit only once pins are released waits for them, and ends
+ * as unadmittable (BKV_FINISH_ERROR) if nothing else runs. Nothing is
+ * computed: blocks
  * not cached yet are not pinned (pin again once a request has computed
  * them).
  * @param pool   the pool.
@@ -795,7 +803,8 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * @return BKV_OK; BKV_EINVAL (NULL pool, tokens or pin, n 0);
  *         BKV_ENOENT (no full block of it is cached); BKV_ENOSPC (the
  *         pins would hold more than pin_permille of the device blocks);
- *         BKV_EAGAIN (no free sequence slot); BKV_ENOMEM; BKV_ESTATE (no
+ *         BKV_EAGAIN (no free sequence slot, or only slots kept for
+ *         running requests' forks); BKV_ENOMEM; BKV_ESTATE (no
  *         prefix cache, a pool with KV groups, or inside a scheduler's
  *         step). On error nothing changed.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
@@ -818,7 +827,12 @@ BKV_API int bkv_pool_unpin(bkv_pool *pool, uint32_t pin);
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
- * sequences).
+ * sequences). A device-resident sequence that holds a full block stays out of
+ * the cache from then on: the blocks it fills later are not cached either
+ * (each block's hash chains from the blocks before it), until it is swapped
+ * out (swap-in caches its full blocks again) or truncated below one block.
+ * Between a scheduler's steps this is allowed with requests running (their
+ * tokens are unchanged).
  * @param pool   the pool.
  * @return BKV_OK; BKV_EINVAL (NULL pool).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step

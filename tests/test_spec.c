@@ -333,6 +333,54 @@ Test(spec, drafts_never_cause_a_preemption)
 	free_prompts(p);
 }
 
+/* Without chunked prefill a prompt runs whole in what the batch arrays have
+ * left: a step whose decode row leaves L - 1 tokens of the L-token arrays
+ * (the bound, lowered here from 2^24 to keep the arrays small) admits a
+ * prompt of L - 1 tokens, and the decode row's drafts must not go past the
+ * arrays. They are charged to what is left: none this step. */
+Test(spec, drafts_fit_what_a_whole_prompt_left_of_the_batch_arrays)
+{
+	enum { L = 1024 };
+	fh_opts o;
+	fake_host *f;
+	int32_t *a = fh_prompt(16, 31), *b = fh_prompt(L - 1, 32);
+	bkv_sched_stats st;
+	uint64_t ia, ib;
+	uint32_t steps = 0;
+
+	fh_opts_init(&o);
+	o.block_tokens = 16;
+	o.device_blocks = 512;
+	o.cfg.max_running = 2;
+	o.cfg.admit_group = 1;
+	o.cfg.spec_max_k = 4;
+	o.cfg.spec_k_mode = BKV_SPEC_K_FIXED;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = 1000;
+	f->s->in.tok_limit = L;
+	ia = fh_submit(f, a, 16, 64);
+	while (f->n_out[ia][0] < 2 && steps++ < 10) { /* a decodes */
+		cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0);
+	}
+	stats(f, &st);
+	cr_assert_gt(st.spec_rows, 0, "a speculates");
+	ib = fh_submit(f, b, L - 1, 2);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(f->max_call_tokens, L, "a's decode row and b's prompt fill the arrays");
+	fh_run(f, 1000);
+	cr_expect_eq(f->finish_count[ia], 1);
+	cr_expect_eq(f->finish_count[ib], 1);
+	cr_expect_eq(f->reason[ia], BKV_FINISH_LENGTH);
+	cr_expect_eq(f->reason[ib], BKV_FINISH_LENGTH);
+	cr_expect_leq(f->max_call_tokens, L);
+	fh_destroy(f);
+	free(a);
+	free(b);
+}
+
 Test(spec, off_means_no_speculation_arrays)
 {
 	fake_host *f = spec_host(16, 256, 0, BKV_SPEC_K_AUTO, 0, 0);

@@ -909,7 +909,9 @@ enum {
 	CHECK_HASH = 10,       /* an indexed block's hash != its recomputed chain
 				  hash (token store damaged) */
 	CHECK_SEQS = 11,       /* a slot: n_blocks != ceil(len/bt), bad ids,
-				  nr_seqs/nr_swapped/slot ring mismatch */
+				  nr_seqs/nr_swapped/slot ring mismatch, an
+				  uncached mark on a swapped sequence or one
+				  with no full block */
 	CHECK_SEQ_FILL = 12,   /* a device-resident table's block has fewer
 				  tokens than the sequence reads from it */
 	CHECK_REFS = 13,       /* a ref count != table references + chain

@@ -252,9 +252,17 @@ int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
 
 int bkv_pool_reset_cache(bkv_pool *pool)
 {
+	uint32_t i;
+
 	if (!pool)
 		return BKV_EINVAL;
 	bkv__kv_reset_cache(&pool->kv);
+	for (i = 0; i < pool->cfg.max_seqs; i++) {
+		bkv__seq *s = &pool->seqs[i];
+
+		if (s->state == BKV__SEQ_OPEN && s->len >= pool->kv.bt)
+			s->uncached = 1; /* its chain left the cache */
+	}
 	if (pool->hc_on)
 		bkv__hc_reset(pool);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);

@@ -38,8 +38,15 @@ typedef struct bkv__seq {
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
 	uint8_t state;     /* BKV__SEQ_* */
 	uint8_t pin;       /* 1: the holder of a prefix pin (pool/pin.c):
-			      its table holds the pinned blocks; close and
-			      drop refuse it */
+			      its table holds the pinned blocks; its id is
+			      no sequence's (bkv__seq_get refuses it) */
+	uint8_t uncached;  /* 1: open on the device with a full block when
+			      bkv_pool_reset_cache emptied the index: none
+			      of its blocks is indexed, and none it fills
+			      will be (a block is indexed only under an
+			      indexed parent) until a truncate leaves it no
+			      full block; a fork inherits it, a swap-out
+			      clears it (swap-in indexes the blocks again) */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -168,6 +175,12 @@ struct bkv_pool {
 	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
 	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
 	uint32_t nr_pins;      /* of which prefix pins' holders (pool/pin.c) */
+	uint32_t seq_reserved; /* free slots a scheduler keeps for the forks
+				  its running requests will still make (set
+				  each step, bkv__pool_reserve_seqs; 0 with
+				  none); a pin leaves them free:
+				  nr_seqs + seq_reserved <= max_seqs while
+				  the scheduler's invariant 31 holds */
 	uint64_t pin_blocks;   /* table entries of the pins' holders (a block
 				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
@@ -246,7 +259,8 @@ struct bkv_pool {
 
 /* ---- pool/seq.c: helpers the pool layer's files share --------------------- */
 
-static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+/* The open slot an id names, pin holders included (pool/pin.c), or NULL. */
+static inline bkv__seq *bkv__slot_get(const bkv_pool *pool, uint32_t id)
 {
 	uint32_t slot = id & BKV__SEQ_SLOT_MASK;
 	bkv__seq *s;
@@ -257,6 +271,16 @@ static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
 	if (s->state == BKV__SEQ_FREE || s->gen != (id >> BKV__SEQ_SLOT_BITS))
 		return NULL;
 	return s;
+}
+
+/* The sequence an id names, or NULL: a prefix pin's id names no sequence,
+ * so every sequence call answers it as an unknown id (BKV_ENOENT) and
+ * changes nothing; only bkv_pool_unpin takes it. */
+static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+{
+	bkv__seq *s = bkv__slot_get(pool, id);
+
+	return s && !s->pin ? s : NULL;
 }
 
 static inline uint32_t bkv__seq_id(const bkv_pool *pool, const bkv__seq *s)
@@ -348,6 +372,7 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	pool->nr_seqs++;
 	s->state = BKV__SEQ_OPEN;
 	s->pin = 0;
+	s->uncached = 0;
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
@@ -696,6 +721,27 @@ static inline uint32_t bkv__pool_block_ref(const bkv_pool *pool, int32_t b)
 static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 {
 	return pool->nr_seqs;
+}
+
+/* The free slots the pool's scheduler keeps for the forks its running
+ * requests will still make; bkv_pool_pin_prefix leaves them free. */
+static inline void bkv__pool_reserve_seqs(bkv_pool *pool, uint32_t n)
+{
+	pool->seq_reserved = n;
+}
+
+static inline uint32_t bkv__pool_seqs_reserved(const bkv_pool *pool)
+{
+	return pool->seq_reserved;
+}
+
+/* A sequence a cache reset left out of the prefix cache for good
+ * (bkv__seq.uncached): its full blocks are not indexed, and need not be. */
+static inline int bkv__pool_seq_uncached(const bkv_pool *pool, uint32_t seq)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	return s && s->uncached;
 }
 
 /* Prefix pins held (pool/pin.c): each is an open sequence of the pool. */

@@ -15,9 +15,10 @@
  * no block they fill is indexed before commit. Drafts never preempt
  * anybody: a row whose drafts would need a block while fewer than
  * slots_used + need blocks are free goes without, and so does every later
- * row (speculation is the first thing memory pressure gives up). In
- * chunked mode drafts are charged to the step's token budget, after the
- * prefill rows (which were planned first).
+ * row (speculation is the first thing memory pressure gives up). Drafts
+ * are charged to the step's budget after every other row (planned first):
+ * the token budget in chunked mode, else the batch arrays' capacity, so a
+ * step whose prompts fill the arrays carries no drafts.
  *
  * Commit (bkv__spec_commit_cut before the pool's transaction commits, then
  * bkv__spec_commit_deliver): the accepted run m is the host's n_accepted
@@ -223,7 +224,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	bkv__row *dec = s->plan.dec;
 	uint32_t i, n = 0, n_dec;
 	uint64_t ctx = 0;
-	int chunked = s->cfg.chunked_prefill, stop = 0;
+	int stop = 0;
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
@@ -251,12 +252,11 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		sp->drafts[i] = 0; /* until its drafts are appended */
 		if (!k || stop)
 			continue;
-		if (chunked) {
-			k = BKV_MIN(k, s->plan.budget_left);
-			if (!k) {
-				stop = 1;
-				continue;
-			}
+		k = BKV_MIN(k, s->plan.budget_left); /* the budget, or what is
+							 left of the arrays */
+		if (!k) {
+			stop = 1;
+			continue;
 		}
 		BKV_ASSERT(l->kv_len == row->end && row->end == LANE_KNOWN(l));
 		got = propose(s, l, row->end, k);

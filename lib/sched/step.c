@@ -495,6 +495,9 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	bkv__auto_after_admit(s);
 	if (s->spec) /* drafts last: they never preempt (sched/spec.c) */
 		bkv__spec_plan(s, si);
+	/* the forks still to come, kept from pins until the next step's plan
+	 * (none is admitted or forks in between; an end only lowers it) */
+	bkv__pool_reserve_seqs(s->pool, bkv__fork_seqs_count(s));
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
 	    !si->admitted) {
 		if (++s->plan.stalls >= 2)
