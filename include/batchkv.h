@@ -2336,8 +2336,9 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
  * drains, so call bkv_vllm_encoder_drain between pool calls. When the
  * pool's event ring dropped events (a gap in seq), the batch it writes is a
  * resynchronisation: AllBlocksCleared followed by a BlockStored for every
- * block in the index, parents first, then (with a host cache) one on the
- * host medium for every host-cache block whose parent is published, so a
+ * block in the index, parents first, then (with a host cache, in a layout
+ * with a medium) one on the host medium for every host-cache block whose
+ * parent is published, so a
  * subscriber's view is exact again (a host block whose parent is in
  * neither tier is left out: no lookup can reach it).
  */
@@ -2354,7 +2355,10 @@ typedef enum bkv_vllm_wire {
 				      first; no group fields */
 	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: no medium or
 				      lora_name, no data_parallel_rank;
-				      hashes always ints */
+				      hashes always ints. Without a medium
+				      the tiers cannot be told apart: only
+				      device blocks are published (a host
+				      cache's are left out) */
 } bkv_vllm_wire;
 
 /* Which block hash the events carry. */

@@ -249,8 +249,11 @@ def run(dump, wire, hkind, int_hashes, extra, dp, group, kind, seed, rounds=0):
               f"{checks} index checks equal; pools: {ev_} events, {swap_out} evictions, "
               f"{dropped} events dropped, {resyncs} resyncs")
         print(f"{label}: {host_stores} host-cache stores")
+        # array0 has no medium: the host tier is not published there, and
+        # the device set alone must replay to the index
+        host_ok = host_stores == 0 if wire == "array0" else host_stores > rounds
         if not (removes > 15 * rounds and clears >= rounds and dropped > 0 and resyncs >= 1
-                and checks > 80 * rounds and host_stores > rounds):
+                and checks > 80 * rounds and host_ok):
             fail(f"{label}: the random workloads did not reach removals, resets, overflow "
                  "and the host cache")
         return
@@ -310,6 +313,7 @@ def main():
     run(dump, "map", "cbor", 1, 0, -1, -1, "-", "0", rounds=30)
     run(dump, "map", "pickle", 1, 0, -1, -1, "-", "0", rounds=10)
     run(dump, "array", "native", 1, 0, -1, -1, "-", "0", rounds=10)
+    run(dump, "array0", "cbor", 1, 0, -1, -1, "-", "0", rounds=10)
     print("ok")
 
 

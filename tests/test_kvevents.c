@@ -264,6 +264,38 @@ Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
 	bkv_pool_destroy(p);
 }
 
+/* ARRAY_V0 has no medium field: a host block's events would read as the
+ * device's, so that layout publishes the device tier alone (a demotion is
+ * the device's BlockRemoved, the host's drops are not sent). */
+Test(kvevents, the_first_array_layout_publishes_the_device_tier_alone)
+{
+	bkv_pool *p;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 10, 11, 12};
+	const uint8_t *msg;
+	size_t len;
+	static const char st[] = "\xab" "BlockStored", rm[] = "\xac" "BlockRemoved";
+
+	p = make_hc_pool(2, 2, 2, 64);
+	e = native_encoder(p, BKV_VLLM_WIRE_ARRAY_V0);
+	fill_and_close(p, a, 4);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1); /* a's chain */
+	fill_and_close(p, b, 4); /* b evicts a to the host */
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(pool_stats(p).host_cached, 2, "a is on the host");
+	/* per block: a's REMOVED, then b's STORED (no chain of two) */
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 4);
+	cr_assert_eq(count_bytes(msg, len, st, sizeof st - 1), 2, "b0, b1; a not stored again");
+	cr_assert_eq(count_bytes(msg, len, rm, sizeof rm - 1), 2, "a0, a1");
+	fill_and_close(p, d, 4); /* b to the host, which drops a for it */
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 4);
+	cr_assert_eq(count_bytes(msg, len, st, sizeof st - 1), 2, "d0, d1; b not stored again");
+	cr_assert_eq(count_bytes(msg, len, rm, sizeof rm - 1), 2, "b0, b1; a's host drops not sent");
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
 Test(kvevents, ring_overflow_becomes_a_snapshot)
 {
 	bkv_pool *p = ev_pool(2, 4, 1);

@@ -160,7 +160,8 @@ struct bkv_vllm_encoder {
 				 (-1: a first block): a demoted block's
 				 parent digest is dig[ppid[b]] */
 	uint32_t nh;          /* the pool's host blocks with a host cache, 0
-				 without one (its blocks are not published) */
+				 without one or on ARRAY_V0 (then no host
+				 block is published) */
 	uint8_t (*hdig)[32];  /* [nh] a host-cache block's published digest */
 	uint8_t (*hpdig)[32]; /* [nh] its parent's digest (hpar[h]) */
 	uint64_t *hnat;       /* [nh] the pool hash hdig stands for */
@@ -259,8 +260,11 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	bkv__free(&a, enc, sizeof *enc);
 }
 
-/* The host cache's records (a pool with one), and every device block's
- * published parent. -1 when an allocation failed. */
+/* The host cache's records (a pool with one, on a layout with a medium
+ * field), and every device block's published parent. -1 when an allocation
+ * failed. ARRAY_V0 has no medium: a host block's events would read as the
+ * device's, so that layout publishes the device tier alone (nh stays 0 and
+ * host events are passed over). */
 static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 {
 	size_t nh;
@@ -272,7 +276,7 @@ static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 	e->cfg.host_medium = e->host_medium;
 	if (cfg->host_medium && !e->host_medium)
 		return -1;
-	if (!e->pool->hc_on)
+	if (!e->pool->hc_on || cfg->wire == BKV_VLLM_WIRE_ARRAY_V0)
 		return 0;
 	e->nh = e->pool->nh;
 	nh = e->nh;
