@@ -2376,9 +2376,12 @@ typedef enum bkv_vllm_hash {
 #define BKV_VLLM_DIGEST_BYTES 32
 
 /* Names a pool's prefix-cache key for vLLM: the LoRA adapter name that vLLM
- * puts in a block's extra keys (and in BlockStored.lora_name). Return NULL for
- * a key without a name. Called on the pool's thread while encoding; the
- * string must stay valid until bkv_vllm_encoder_drain returns. */
+ * puts in every block's extra keys (and in BlockStored.lora_name). Return
+ * NULL for a key without a name: such a key (nonzero) is hashed as vLLM
+ * hashes a request's cache_salt, its decimal digits (key 5: "5") in the
+ * extra keys of a chain's first block, so blocks of distinct keys never
+ * share a digest. Called on the pool's thread while encoding; the string
+ * must stay valid until bkv_vllm_encoder_drain returns. */
 typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);
 
 typedef struct bkv_vllm_config {
@@ -2409,8 +2412,10 @@ typedef struct bkv_vllm_config {
 				       kv_cache_spec_sliding_window in tokens;
 				       0 omits it. Default 0. */
 	uint32_t extra_keys;        /* MAP, nonzero: BlockStored.extra_keys,
-				       one entry per block (nil, or [lora
-				       name]). Default 0 (omitted). */
+				       one entry per block (nil, [lora
+				       name], or for a chain's first block
+				       under an unnamed key [its salt]).
+				       Default 0 (omitted). */
 	bkv_vllm_key_name_fn key_name; /* names keys (LoRA); NULL: no key has
 				       a name. A nonzero key is sent as
 				       lora_id either way. */
@@ -2489,8 +2494,9 @@ BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
 /**
  * vLLM's block digests of the full blocks of a token sequence: what a vLLM
  * replica with this hash function, PYTHONHASHSEED and block size computes
- * (and what bkv_vllm_encoder_drain publishes for a pool holding these tokens). A
- * router hashes an incoming prompt with it.
+ * (and what bkv_vllm_encoder_drain publishes for a pool holding these tokens
+ * under key 0 or a key named lora_name). A router hashes an incoming prompt
+ * with it. bkv_vllm_block_hashes_salted(cfg, lora_name, NULL, ...).
  * @param cfg           hash (SHA256_CBOR or SHA256) and hash_seed are read.
  * @param lora_name     the extra key of every block (vLLM's LoRA name);
  *                      NULL for none.
@@ -2507,6 +2513,27 @@ BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
 BKV_API uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name,
 				       uint32_t block_tokens, const int32_t *tokens, uint32_t n,
 				       uint8_t *digests);
+
+/**
+ * bkv_vllm_block_hashes with vLLM's cache_salt: the salt joins the first
+ * block's extra keys (after lora_name), so every digest of the chain
+ * differs from an unsalted one. bkv_vllm_encoder_drain publishes a pool's
+ * blocks under a nonzero key that key_name does not name with the key's
+ * decimal digits as the salt (key 5: "5").
+ * @param cfg           as bkv_vllm_block_hashes.
+ * @param lora_name     as bkv_vllm_block_hashes.
+ * @param cache_salt    the first block's salt; NULL for none (then this is
+ *                      bkv_vllm_block_hashes).
+ * @param block_tokens  as bkv_vllm_block_hashes.
+ * @param tokens        as bkv_vllm_block_hashes.
+ * @param n             as bkv_vllm_block_hashes.
+ * @param digests       as bkv_vllm_block_hashes.
+ * @return as bkv_vllm_block_hashes.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_vllm_block_hashes_salted(const bkv_vllm_config *cfg, const char *lora_name,
+					      const char *cache_salt, uint32_t block_tokens,
+					      const int32_t *tokens, uint32_t n, uint8_t *digests);
 
 /**
  * The int a digest is sent as when int_hashes is set: its last 8 bytes read

@@ -183,6 +183,8 @@ struct bkv_vllm_encoder {
 	int32_t *group;       /* [nb] the open BlockStored's blocks, a chain */
 	uint32_t n_group;     /* blocks in group */
 	uint64_t group_key;   /* their key */
+	char salt[BKV__VLLM_SALT_BYTES]; /* scratch: an unnamed key's
+				 cache_salt (bkv__vllm_key_salt) */
 	uint64_t last_seq;    /* the last pool event seq taken */
 	uint64_t resyncs;     /* snapshots written */
 	int need_resync;      /* the next encode must write a snapshot */
@@ -363,12 +365,30 @@ static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
 	return key && e->cfg.key_name ? e->cfg.key_name(e->cfg.key_name_ud, key) : NULL;
 }
 
+/* The cache_salt of a block under key (named name): a chain's first block
+ * (root) of an unnamed nonzero key has one, every other block none. */
+static const char *block_salt(bkv_vllm_encoder *e, uint64_t key, const char *name, int root)
+{
+	return root ? bkv__vllm_key_salt(key, name, e->salt) : NULL;
+}
+
+/* One block's digest under key, from its parent's (parent NULL: a first
+ * block, whose parent is NONE_HASH). -1: no memory. */
+static int block_digest(bkv_vllm_encoder *e, const uint8_t *parent, const int32_t *tok,
+			uint64_t key, uint8_t out[32])
+{
+	const char *name = key_name(e, key);
+
+	return bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent ? parent : e->none, tok,
+				      e->bt, name, block_salt(e, key, name, parent == NULL), out);
+}
+
 /* Compute and record block b's digest from its parent's. -1: the parent has
  * none (only after lost events) or no memory. */
 static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 {
 	const bkv__block *k = &e->pool->kv.blk[b];
-	const uint8_t *parent = e->none;
+	const uint8_t *parent = NULL;
 
 	if (k->parent >= 0) {
 		int32_t p = k->parent;
@@ -381,11 +401,8 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 		memset(e->dig[b], 0, 24);
 		for (int i = 0; i < 8; i++)
 			e->dig[b][24 + i] = (uint8_t)(k->hash >> (56 - 8 * i));
-	} else {
-		if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
-				 bkv__tok(&e->pool->kv, b), e->bt, key_name(e, k->key),
-				 e->dig[b]))
-			return -1;
+	} else if (block_digest(e, parent, bkv__tok(&e->pool->kv, b), k->key, e->dig[b])) {
+		return -1;
 	}
 	e->nat[b] = k->hash;
 	e->valid[b] = 1;
@@ -477,9 +494,11 @@ static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *
 	}
 }
 
-/* BlockStored's optional fields for n blocks, map layout only: each one
- * present when the config asks for it (stored_head counts them). */
-static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, uint32_t n)
+/* BlockStored's optional fields for n blocks under key (named name), the
+ * first a chain's first block when root, map layout only: each one present
+ * when the config asks for it (stored_head counts them). */
+static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, uint64_t key,
+			   int root, uint32_t n)
 {
 	uint32_t i;
 
@@ -487,9 +506,11 @@ static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, 
 		mp_str(w, "extra_keys");
 		mp_array(w, n);
 		for (i = 0; i < n; i++) {
-			if (name) {
+			const char *ex = name ? name : block_salt(e, key, name, root && i == 0);
+
+			if (ex) {
 				mp_array(w, 1);
-				mp_str(w, name);
+				mp_str(w, ex);
 			} else {
 				mp_nil(w);
 			}
@@ -536,7 +557,8 @@ static void flush_group(bkv_vllm_encoder *e)
 	stored_tokens(e, w, map);
 	stored_lora(e, w, map, name, e->group_key, e->cfg.medium);
 	if (map)
-		stored_options(e, w, name, e->n_group);
+		stored_options(e, w, name, e->group_key,
+			       e->pool->kv.blk[e->group[0]].parent < 0, e->n_group);
 	e->n_events++;
 	e->n_group = 0;
 }
@@ -570,7 +592,7 @@ static void put_host_stored(bkv_vllm_encoder *e, int32_t h)
 	mp_uint(w, e->bt);
 	stored_lora(e, w, map, name, key, e->cfg.host_medium);
 	if (map)
-		stored_options(e, w, name, 1);
+		stored_options(e, w, name, key, !e->hpar[h], 1);
 	e->n_events++;
 }
 
@@ -730,17 +752,16 @@ static int host_digest(bkv_vllm_encoder *e, int32_t h)
 {
 	const bkv_pool *pool = e->pool;
 	uint64_t ph = pool->hc_phash[h], hash = pool->hc_hash[h];
-	const uint8_t *parent = ph == BKV__HASH_ROOT ? e->none : host_parent_digest(e, ph);
+	const uint8_t *parent = ph == BKV__HASH_ROOT ? NULL : host_parent_digest(e, ph);
 
-	if (!parent)
+	if (!parent && ph != BKV__HASH_ROOT)
 		return -1;
 	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE) {
 		memset(e->hdig[h], 0, 24);
 		for (int i = 0; i < 8; i++)
 			e->hdig[h][24 + i] = (uint8_t)(hash >> (56 - 8 * i));
-	} else if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
-					  pool->host_tok + (size_t)h * e->bt, e->bt,
-					  key_name(e, pool->hc_key[h]), e->hdig[h])) {
+	} else if (block_digest(e, parent, pool->host_tok + (size_t)h * e->bt, pool->hc_key[h],
+				e->hdig[h])) {
 		return -1;
 	}
 	e->hpar[h] = ph != BKV__HASH_ROOT;

@@ -89,9 +89,19 @@ int bkv__vllm_none_hash(uint32_t algo, const char *seed, const bkv_allocator *a,
 			uint8_t out[32]);
 
 /* One block's digest: SHA-256(serialize((parent, tuple(tok[0..n)), extra))),
- * extra None or (name,). w is scratch (reset here, kept grown). 0, or -1
- * when w could not grow. */
+ * extra None, or the tuple of name (a LoRA name, every block's) and salt (a
+ * cache_salt, a chain's first block's only), each there when not NULL. w is
+ * scratch (reset here, kept grown). 0, or -1 when w could not grow. */
 int bkv__vllm_block_digest(uint32_t algo, bkv__wbuf *w, const uint8_t *parent,
-			   const int32_t *tok, uint32_t n, const char *name, uint8_t out[32]);
+			   const int32_t *tok, uint32_t n, const char *name, const char *salt,
+			   uint8_t out[32]);
+
+/* Bytes of a key's salt text: 20 decimal digits and a NUL. */
+#define BKV__VLLM_SALT_BYTES 21
+
+/* The cache_salt a pool key is hashed with: its decimal digits, written to
+ * buf, for a nonzero key without a name; NULL for key 0 or a named key (the
+ * name is its extra key instead). */
+const char *bkv__vllm_key_salt(uint64_t key, const char *name, char buf[BKV__VLLM_SALT_BYTES]);
 
 #endif /* BKV_EVENTS_VLLM_H */
