@@ -27,107 +27,12 @@
  * events, so the batch becomes a snapshot: AllBlocksCleared, then every
  * indexed block, parents first, chains grouped as BlockStored events.
  *
- * msgpack is written as msgspec writes it: the shortest form of every
- * integer, string, array and map header, floats as float64.
+ * msgpack is written as msgspec writes it (events/msgpack.c).
  */
 #include "pool/pool.h"
 #include "events/vllm.h"
 
 #include <string.h>
-
-/* ---- msgpack, as msgspec writes it ---------------------------------------- */
-
-static void mp_uint(bkv__wbuf *w, uint64_t v)
-{
-	if (v < 128)
-		bkv__wb_byte(w, (uint8_t)v);
-	else if (v < 256)
-		bkv__wb_byte(w, 0xcc), bkv__wb_be(w, v, 1);
-	else if (v < 65536)
-		bkv__wb_byte(w, 0xcd), bkv__wb_be(w, v, 2);
-	else if (v <= 0xffffffffu)
-		bkv__wb_byte(w, 0xce), bkv__wb_be(w, v, 4);
-	else
-		bkv__wb_byte(w, 0xcf), bkv__wb_be(w, v, 8);
-}
-
-static void mp_int(bkv__wbuf *w, int64_t v)
-{
-	if (v >= 0)
-		mp_uint(w, (uint64_t)v);
-	else if (v >= -32)
-		bkv__wb_byte(w, (uint8_t)(0xe0 | (v + 32)));
-	else if (v >= -128)
-		bkv__wb_byte(w, 0xd0), bkv__wb_be(w, (uint64_t)v, 1);
-	else if (v >= -32768)
-		bkv__wb_byte(w, 0xd1), bkv__wb_be(w, (uint64_t)v, 2);
-	else if (v >= INT32_MIN)
-		bkv__wb_byte(w, 0xd2), bkv__wb_be(w, (uint64_t)v, 4);
-	else
-		bkv__wb_byte(w, 0xd3), bkv__wb_be(w, (uint64_t)v, 8);
-}
-
-static void mp_nil(bkv__wbuf *w)
-{
-	bkv__wb_byte(w, 0xc0);
-}
-
-static void mp_f64(bkv__wbuf *w, double d)
-{
-	uint64_t u;
-
-	memcpy(&u, &d, sizeof u);
-	bkv__wb_byte(w, 0xcb);
-	bkv__wb_be(w, u, 8);
-}
-
-static void mp_str(bkv__wbuf *w, const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n < 32)
-		bkv__wb_byte(w, (uint8_t)(0xa0 | n));
-	else if (n < 256)
-		bkv__wb_byte(w, 0xd9), bkv__wb_be(w, n, 1);
-	else if (n < 65536)
-		bkv__wb_byte(w, 0xda), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, 0xdb), bkv__wb_be(w, n, 4);
-	bkv__wb_put(w, s, n);
-}
-
-static void mp_bin(bkv__wbuf *w, const uint8_t *p, size_t n)
-{
-	if (n < 256)
-		bkv__wb_byte(w, 0xc4), bkv__wb_be(w, n, 1);
-	else if (n < 65536)
-		bkv__wb_byte(w, 0xc5), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, 0xc6), bkv__wb_be(w, n, 4);
-	bkv__wb_put(w, p, n);
-}
-
-/* An array or map header of n entries: the fix form (fix | n) below 16, else
- * the 16-bit form (tag16) or the 32-bit one (tag16 + 1). */
-static void mp_container(bkv__wbuf *w, size_t n, uint8_t fix, uint8_t tag16)
-{
-	if (n < 16)
-		bkv__wb_byte(w, (uint8_t)(fix | n));
-	else if (n < 65536)
-		bkv__wb_byte(w, tag16), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, (uint8_t)(tag16 + 1)), bkv__wb_be(w, n, 4);
-}
-
-static void mp_array(bkv__wbuf *w, size_t n)
-{
-	mp_container(w, n, 0x90, 0xdc);
-}
-
-static void mp_map(bkv__wbuf *w, size_t n)
-{
-	mp_container(w, n, 0x80, 0xde);
-}
 
 /* ---- the encoder ----------------------------------------------------------- */
 
@@ -355,9 +260,9 @@ static void put_hash(bkv_vllm_encoder *e, bkv__wbuf *w, const uint8_t *d)
 {
 	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE || e->cfg.wire == BKV_VLLM_WIRE_ARRAY_V0 ||
 	    e->cfg.int_hashes)
-		mp_uint(w, bkv_vllm_hash_int(d));
+		bkv__mp_uint(w, bkv_vllm_hash_int(d));
 	else
-		mp_bin(w, d, BKV_VLLM_DIGEST_BYTES);
+		bkv__mp_bin(w, d, BKV_VLLM_DIGEST_BYTES);
 }
 
 static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
@@ -416,12 +321,12 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size_t n_array)
 {
 	if (e->cfg.wire == BKV_VLLM_WIRE_MAP) {
-		mp_map(&e->body, n_map);
-		mp_str(&e->body, "type");
+		bkv__mp_map(&e->body, n_map);
+		bkv__mp_str(&e->body, "type");
 	} else {
-		mp_array(&e->body, n_array);
+		bkv__mp_array(&e->body, n_array);
 	}
-	mp_str(&e->body, name);
+	bkv__mp_str(&e->body, name);
 }
 
 /* In the map layout, a field's name before its value; the array layouts
@@ -429,15 +334,15 @@ static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size
 static void field(bkv__wbuf *w, int map, const char *name)
 {
 	if (map)
-		mp_str(w, name);
+		bkv__mp_str(w, name);
 }
 
 static void str_or_nil(bkv__wbuf *w, const char *s)
 {
 	if (s)
-		mp_str(w, s);
+		bkv__mp_str(w, s);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 }
 
 /* BlockStored's block_hashes (the chain's digests) and parent_block_hash
@@ -448,14 +353,14 @@ static void stored_hashes(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	uint32_t i;
 
 	field(w, map, "block_hashes");
-	mp_array(w, e->n_group);
+	bkv__mp_array(w, e->n_group);
 	for (i = 0; i < e->n_group; i++)
 		put_hash(e, w, e->dig[e->group[i]]);
 	field(w, map, "parent_block_hash");
 	if (parent >= 0)
 		put_hash(e, w, e->dig[parent]);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 }
 
 /* BlockStored's token_ids (every block's tokens, in chain order) and
@@ -465,15 +370,15 @@ static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	uint32_t i, j;
 
 	field(w, map, "token_ids");
-	mp_array(w, (size_t)e->n_group * e->bt);
+	bkv__mp_array(w, (size_t)e->n_group * e->bt);
 	for (i = 0; i < e->n_group; i++) {
 		const int32_t *t = bkv__tok(&e->pool->kv, e->group[i]);
 
 		for (j = 0; j < e->bt; j++)
-			mp_int(w, t[j]);
+			bkv__mp_int(w, t[j]);
 	}
 	field(w, map, "block_size");
-	mp_uint(w, e->bt);
+	bkv__mp_uint(w, e->bt);
 }
 
 /* BlockStored's lora_id (key), then (not in ARRAY_V0) medium and
@@ -483,9 +388,9 @@ static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *
 {
 	field(w, map, "lora_id");
 	if (key)
-		mp_uint(w, key);
+		bkv__mp_uint(w, key);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
 		str_or_nil(w, medium);
@@ -503,30 +408,30 @@ static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, 
 	uint32_t i;
 
 	if (e->cfg.extra_keys) {
-		mp_str(w, "extra_keys");
-		mp_array(w, n);
+		bkv__mp_str(w, "extra_keys");
+		bkv__mp_array(w, n);
 		for (i = 0; i < n; i++) {
 			const char *ex = name ? name : block_salt(e, key, name, root && i == 0);
 
 			if (ex) {
-				mp_array(w, 1);
-				mp_str(w, ex);
+				bkv__mp_array(w, 1);
+				bkv__mp_str(w, ex);
 			} else {
-				mp_nil(w);
+				bkv__mp_nil(w);
 			}
 		}
 	}
 	if (e->cfg.group_idx >= 0) {
-		mp_str(w, "group_idx");
-		mp_uint(w, (uint64_t)e->cfg.group_idx);
+		bkv__mp_str(w, "group_idx");
+		bkv__mp_uint(w, (uint64_t)e->cfg.group_idx);
 	}
 	if (e->cfg.spec_kind) {
-		mp_str(w, "kv_cache_spec_kind");
-		mp_str(w, e->cfg.spec_kind);
+		bkv__mp_str(w, "kv_cache_spec_kind");
+		bkv__mp_str(w, e->cfg.spec_kind);
 	}
 	if (e->cfg.sliding_window) {
-		mp_str(w, "kv_cache_spec_sliding_window");
-		mp_uint(w, e->cfg.sliding_window);
+		bkv__mp_str(w, "kv_cache_spec_sliding_window");
+		bkv__mp_uint(w, e->cfg.sliding_window);
 	}
 }
 
@@ -577,19 +482,19 @@ static void put_host_stored(bkv_vllm_encoder *e, int32_t h)
 	flush_group(e);
 	stored_head(e);
 	field(w, map, "block_hashes");
-	mp_array(w, 1);
+	bkv__mp_array(w, 1);
 	put_hash(e, w, e->hdig[h]);
 	field(w, map, "parent_block_hash");
 	if (e->hpar[h])
 		put_hash(e, w, e->hpdig[h]);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 	field(w, map, "token_ids");
-	mp_array(w, e->bt);
+	bkv__mp_array(w, e->bt);
 	for (j = 0; j < e->bt; j++)
-		mp_int(w, t[j]);
+		bkv__mp_int(w, t[j]);
 	field(w, map, "block_size");
-	mp_uint(w, e->bt);
+	bkv__mp_uint(w, e->bt);
 	stored_lora(e, w, map, name, key, e->cfg.host_medium);
 	if (map)
 		stored_options(e, w, name, key, !e->hpar[h], 1);
@@ -619,15 +524,15 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d, const char *mediu
 	event_head(e, "BlockRemoved", 3 + (e->cfg.group_idx >= 0),
 		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
 	field(w, map, "block_hashes");
-	mp_array(w, 1);
+	bkv__mp_array(w, 1);
 	put_hash(e, w, d);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
 		str_or_nil(w, medium);
 	}
 	if (map && e->cfg.group_idx >= 0) {
-		mp_str(w, "group_idx");
-		mp_uint(w, (uint64_t)e->cfg.group_idx);
+		bkv__mp_str(w, "group_idx");
+		bkv__mp_uint(w, (uint64_t)e->cfg.group_idx);
 	}
 	e->n_events++;
 }
@@ -993,21 +898,21 @@ int bkv_vllm_encoder_drain(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, con
 	m->oom = 0;
 	map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
 	if (map) {
-		mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
-		mp_str(m, "ts");
+		bkv__mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
+		bkv__mp_str(m, "ts");
 	} else {
-		mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
+		bkv__mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
 				 e->cfg.data_parallel_rank >= 0));
 	}
-	mp_f64(m, ts);
+	bkv__mp_f64(m, ts);
 	if (map)
-		mp_str(m, "events");
-	mp_array(m, e->n_events);
+		bkv__mp_str(m, "events");
+	bkv__mp_array(m, e->n_events);
 	bkv__wb_put(m, e->body.p, e->body.n);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0 && e->cfg.data_parallel_rank >= 0) {
 		if (map)
-			mp_str(m, "data_parallel_rank");
-		mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
+			bkv__mp_str(m, "data_parallel_rank");
+		bkv__mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
 	}
 	if (m->oom) {
 		e->need_resync = 1;

@@ -1,12 +1,14 @@
 /*
- * vllm.h - what the two files of lib/events share: the growable byte buffer
- * both write into, and the hashing steps the encoder calls.
+ * vllm.h - what the files of lib/events share: the growable byte buffer
+ * they write into, the hashing steps and the msgpack writers the encoder
+ * calls.
  *
  * events/hash.c owns vLLM's block hashes (SHA-256 over canonical CBOR or
- * pickle); events/encoder.c owns the event encoder (translation, snapshots,
- * msgpack). Calls go one way: the encoder calls the hashing file, which
- * calls nothing of the encoder. The buffer's writers are inline here: every
- * byte of a hash input and of a batch goes through them.
+ * pickle); events/msgpack.c the msgpack writers; events/encoder.c the event
+ * encoder (translation, snapshots, batches). Calls go one way: the encoder
+ * calls the other two, which call nothing of the encoder. The buffer's
+ * writers are inline here: every byte of a hash input and of a batch goes
+ * through them.
  */
 #ifndef BKV_EVENTS_VLLM_H
 #define BKV_EVENTS_VLLM_H
@@ -103,5 +105,16 @@ int bkv__vllm_block_digest(uint32_t algo, bkv__wbuf *w, const uint8_t *parent,
  * buf, for a nonzero key without a name; NULL for key 0 or a named key (the
  * name is its extra key instead). */
 const char *bkv__vllm_key_salt(uint64_t key, const char *name, char buf[BKV__VLLM_SALT_BYTES]);
+
+/* ---- events/msgpack.c: msgpack as msgspec writes it, for the encoder ------ */
+
+void bkv__mp_uint(bkv__wbuf *w, uint64_t v);
+void bkv__mp_int(bkv__wbuf *w, int64_t v);
+void bkv__mp_nil(bkv__wbuf *w);
+void bkv__mp_f64(bkv__wbuf *w, double d);
+void bkv__mp_str(bkv__wbuf *w, const char *s);
+void bkv__mp_bin(bkv__wbuf *w, const uint8_t *p, size_t n);
+void bkv__mp_array(bkv__wbuf *w, size_t n); /* an array header of n entries */
+void bkv__mp_map(bkv__wbuf *w, size_t n);   /* a map header of n pairs */
 
 #endif /* BKV_EVENTS_VLLM_H */
