@@ -1859,7 +1859,13 @@ typedef struct bkv_sched_stats {
 	uint64_t finished;         /* requests ended, any reason */
 	uint64_t aborted;          /* of which by bkv_abort */
 	uint64_t prefill_tokens;   /* prompt tokens computed */
-	uint64_t decode_tokens;    /* generated tokens */
+	uint64_t decode_tokens;    /* generated tokens delivered by decode
+				      rows (a request's first token, sampled
+				      by its prefill, is not one): accepted
+				      speculative drafts included, tokens an
+				      overlapped step computed and discarded
+				      (overlap_wasted_tokens) or BKV_TOKEN_FAIL
+				      not */
 	uint64_t hit_tokens;       /* prompt tokens from the prefix cache */
 	uint64_t preemptions;      /* preemptions, both modes */
 	uint64_t swaps;            /* of which by swap */
