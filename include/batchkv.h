@@ -854,14 +854,26 @@ typedef struct bkv_pool_memory {
 				    hash, key) */
 	uint32_t seq_slot_bytes; /* control record of one sequence slot plus its
 				    entry in the ring of free slots (its block
-				    table not included) */
+				    table not included); with KV groups also
+				    each lane's record of it and its state
+				    bookkeeping */
 	uint32_t index_slots;    /* hash index capacity: a power of two >=
 				    2 x device_blocks; 0 without prefix cache */
 	uint32_t index_used;     /* index slots holding a block (nr_indexed of
 				    bkv_pool_stats); the load is index_used /
 				    index_slots */
 	uint32_t reserved;       /* zero */
-	uint64_t blocks;         /* device_blocks x block_bytes */
+	uint64_t blocks;         /* the device blocks' records: device_blocks
+				    x block_bytes; plus, while they exist,
+				    the eviction value records (24 B a block:
+				    a sliding-window or chunked group's kept
+				    blocks, BKV_EVICT_VALUE, retention) and
+				    retention's clocks (8 B a block); with a
+				    STATE group its units' records (21 B a
+				    unit, and a map of 4-byte slots, two a
+				    unit rounded up to a power of two) and,
+				    with state_share, the frame chunks'
+				    records (30 B a chunk) */
 	uint64_t device_tokens;  /* the device token store: the token ids of
 				    every block, 4 B per token slot, plus 64 B
 				    that align it to a cache line (verifies
@@ -878,7 +890,8 @@ typedef struct bkv_pool_memory {
 				    table position), 8 B per device block; 0
 				    without prefix cache */
 	uint64_t check_scratch;  /* bkv_pool_check's workspace, 4 B per block of
-				    the larger tier */
+				    the larger tier or frame of the state
+				    arena */
 	uint64_t host;           /* the host tier: per host block a free-list
 				    link (4 B), a state byte and its token ids
 				    (4 B per token slot), and with a host
@@ -887,8 +900,9 @@ typedef struct bkv_pool_memory {
 				    without one */
 	uint64_t seq_slots;      /* max_seqs x seq_slot_bytes */
 	uint64_t block_tables;   /* block table entries allocated over every
-				    sequence slot, 4 B each (a closed slot keeps
-				    its table for the next sequence) */
+				    sequence slot and KV group, 4 B each (a
+				    closed slot keeps its tables for the next
+				    sequence) */
 	uint64_t copy_lists;     /* pending-copy list entries allocated, 8 B
 				    each, all three kinds */
 	uint64_t event_ring;     /* the KV event ring: event_capacity x

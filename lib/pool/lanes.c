@@ -182,6 +182,18 @@ int bkv__lanes_init(bkv_pool *pool)
 	return BKV_OK;
 }
 
+void bkv__lanes_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *entries)
+{
+	uint32_t i, j;
+
+	*slot = pool->n_lanes * sizeof(bkv__lseq) +
+		(pool->lane_stamp ? 2 * sizeof(uint32_t) : 0); /* lane_stamp, lane_touched */
+	*entries = 0;
+	for (i = 0; i < pool->n_lanes; i++)
+		for (j = 0; pool->lanes[i].seqs && j < pool->cfg.max_seqs; j++)
+			*entries += pool->lanes[i].seqs[j].cap;
+}
+
 void bkv__lanes_free(bkv_pool *pool)
 {
 	uint32_t i, j;
