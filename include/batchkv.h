@@ -1726,9 +1726,11 @@ typedef struct bkv_sched_config {
 				      two-phase step (bkv_step_launch,
 				      bkv_step_complete; docs/integration.md,
 				      "Overlapped scheduling"). Needs
-				      host ops.launch, a pool without KV
-				      groups and spec_max_k 0 (else
-				      EINVAL); either batch_layout.
+				      host ops.launch, not a split host
+				      (prefill or decode without forward),
+				      a pool without KV groups and
+				      spec_max_k 0 (else EINVAL); either
+				      batch_layout.
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
@@ -1930,7 +1932,8 @@ BKV_API void bkv_request_init(bkv_request *req);
  *               bkv_submit is called from several threads.
  * @param out    receives the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
- *         forward and not both prefill and decode); BKV_ENOMEM.
+ *         forward and not both prefill and decode, overlap without launch,
+ *         with a split host, speculation or KV groups); BKV_ENOMEM.
  * Thread rules: any thread; the scheduler then belongs to one stepping thread
  * (bkv_submit and bkv_abort excepted).
  */

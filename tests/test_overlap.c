@@ -854,6 +854,36 @@ Test(overlap, bad_calls_are_refused_and_change_nothing)
 	bkv_pool_destroy(pool);
 }
 
+/* A split host (prefill and decode, no forward) with overlap is refused: a
+ * launch is one mixed call, so its prefill and decode would never be
+ * called and bkv_step (which would need forward) never works. */
+Test(overlap, a_split_host_is_refused)
+{
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched *s = (bkv_sched *)0x1;
+	bkv_host_ops ops;
+	bkv_sched_config c;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.overlap = 1;
+	ops = kh_ops(1);
+	ops.launch = ov_launch;
+	cr_assert(!ops.forward && ops.prefill && ops.decode);
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_eq(s, (bkv_sched *)0x1, "untouched");
+	ops.decode = NULL; /* half a split host: refused as well */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	ops.prefill = NULL; /* launch alone: accepted */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
+
 /* ---- no allocation in steady state -------------------------------------------- */
 
 typedef struct count_alloc {
