@@ -2073,12 +2073,15 @@ BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *i
  * @param sched   the scheduler.
  * @param ticket  the oldest outstanding ticket.
  * @param status  0: the step ran and next_tokens holds its tokens; negative:
- *                it failed.
+ *                it failed. A positive status is not defined: BKV_EINVAL,
+ *                and nothing changes (the step stays outstanding; complete
+ *                it again with 0 or a negative status).
  * @param info    receives what the step did; may be NULL.
  * @return BKV_OK; BKV_EHOST (this or an earlier outstanding step failed;
  *         rolled back once the last of them is completed); BKV_EINVAL (NULL
- *         sched, or ticket is not the oldest outstanding); BKV_ESTATE
- *         (overlap off, or called from a callback).
+ *         sched, ticket is not the oldest outstanding, or status > 0;
+ *         nothing changed); BKV_ESTATE (overlap off, or called from a
+ *         callback).
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
  * concurrently.
  */

@@ -884,6 +884,40 @@ Test(overlap, a_split_host_is_refused)
 	bkv_pool_destroy(pool);
 }
 
+/* A positive status is not defined: BKV_EINVAL and nothing changes (the
+ * step stays outstanding, and a correct completion follows). */
+Test(overlap, a_positive_status_is_refused_and_the_step_stays_outstanding)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t = 0;
+	bkv_sched_stats st = {.size = sizeof st};
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 3, 4, 0, 0);
+	load_submit(&e, &L);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_neq(t, 0);
+	cr_assert_eq(bkv_step_complete(e.s, t, 1, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_complete(e.s, t, 7, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step(e.s, NULL), BKV_ESTATE, "still outstanding");
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 0);
+	cr_assert_eq(st.steps, 0, "nothing committed");
+	e.q[0] = t;
+	e.n_q = 1;
+	ov_complete_all(&e); /* the correct completion */
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.steps, 1);
+	cr_assert_eq(st.failed_steps, 0);
+	ov_run(&e, 2000);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
 /* ---- no allocation in steady state -------------------------------------------- */
 
 typedef struct count_alloc {
