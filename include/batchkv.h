@@ -198,10 +198,10 @@ typedef struct bkv_kv_group {
 	uint32_t kind;     /* a bkv_group_kind */
 	uint32_t layers;   /* layers in the group, >= 1 */
 	uint32_t span;     /* WINDOW: the window W in tokens; CHUNKED: the chunk
-			      C in tokens (both >= 1); STATE: tokens between
-			      state checkpoints, a multiple of block_tokens (0:
-			      no checkpoints, so no prefix hits for a pool with
-			      this group); FULL: 0 */
+			      C in tokens (both 1..INT32_MAX); STATE: tokens
+			      between state checkpoints, a multiple of
+			      block_tokens (0: no checkpoints, so no prefix
+			      hits for a pool with this group); FULL: 0 */
 	uint32_t reserved; /* zero */
 	uint64_t bytes;    /* FULL, WINDOW, CHUNKED: KV bytes per token per
 			      layer (2 x kv_heads x head_dim x dtype_bytes);
@@ -211,8 +211,9 @@ typedef struct bkv_kv_group {
 /*
  * The sizing functions below share these rules. A group is valid when its
  * layers and bytes are >= 1, reserved is 0, kind is a bkv_group_kind, and
- * span is as its field says (FULL 0; WINDOW, CHUNKED >= 1; STATE a multiple
- * of block_tokens). A group list is valid when it has 1..BKV_MAX_GROUPS valid
+ * span is as its field says (FULL 0; WINDOW, CHUNKED 1..INT32_MAX; STATE a
+ * multiple of block_tokens): the rules bkv_pool_create checks its groups
+ * by. A group list is valid when it has 1..BKV_MAX_GROUPS valid
  * groups, at most one of them STATE. block_tokens must be a power of two
  * (bkv_kv_seq_bytes also takes 0, for a token-exact figure). Anything else is
  * bad input and gives 0; so does a result that overflows uint64_t. Worked
