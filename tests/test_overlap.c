@@ -510,7 +510,9 @@ Test(overlap, a_stop_in_the_step_in_flight_discards_the_next_token_and_counts_it
 	cr_assert_eq(r.reason, BKV_FINISH_STOP);
 	cr_assert_eq(r.n_out[0], 4, "the stop token is the last delivered");
 	cr_assert_eq(st.overlap_wasted_tokens, 1, "one row after the stop was computed");
-	cr_assert_eq(st.decode_tokens + st.prefill_tokens, 5 + 3 + 1);
+	cr_assert_eq(st.prefill_tokens, 5);
+	cr_assert_eq(st.decode_tokens, 3, "the delivered tokens after the prefill's, not the "
+		     "discarded one");
 	ov_env_fini(&e);
 	kh_req_fini(&r);
 }
@@ -850,6 +852,70 @@ Test(overlap, bad_calls_are_refused_and_change_nothing)
 	bkv_sched_destroy(s);
 	cr_assert_eq(bkv_pool_check(pool), 0);
 	bkv_pool_destroy(pool);
+}
+
+/* A split host (prefill and decode, no forward) with overlap is refused: a
+ * launch is one mixed call, so its prefill and decode would never be
+ * called and bkv_step (which would need forward) never works. */
+Test(overlap, a_split_host_is_refused)
+{
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched *s = (bkv_sched *)0x1;
+	bkv_host_ops ops;
+	bkv_sched_config c;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.overlap = 1;
+	ops = kh_ops(1);
+	ops.launch = ov_launch;
+	cr_assert(!ops.forward && ops.prefill && ops.decode);
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_eq(s, (bkv_sched *)0x1, "untouched");
+	ops.decode = NULL; /* half a split host: refused as well */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	ops.prefill = NULL; /* launch alone: accepted */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
+
+/* A positive status is not defined: BKV_EINVAL and nothing changes (the
+ * step stays outstanding, and a correct completion follows). */
+Test(overlap, a_positive_status_is_refused_and_the_step_stays_outstanding)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t = 0;
+	bkv_sched_stats st = {.size = sizeof st};
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 3, 4, 0, 0);
+	load_submit(&e, &L);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_neq(t, 0);
+	cr_assert_eq(bkv_step_complete(e.s, t, 1, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_complete(e.s, t, 7, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step(e.s, NULL), BKV_ESTATE, "still outstanding");
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 0);
+	cr_assert_eq(st.steps, 0, "nothing committed");
+	e.q[0] = t;
+	e.n_q = 1;
+	ov_complete_all(&e); /* the correct completion */
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.steps, 1);
+	cr_assert_eq(st.failed_steps, 0);
+	ov_run(&e, 2000);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
 }
 
 /* ---- no allocation in steady state -------------------------------------------- */

@@ -542,6 +542,23 @@ Test(spec, ngram_lookup_predicts_repetitive_output)
 	cr_assert_lt(s1 * 3, s0, "n-gram steps %u, plain %u", s1, s0);
 }
 
+/* decode_tokens counts the tokens decode rows delivered, accepted drafts
+ * included: 8 requests deliver 60..67 tokens each, the first of each from
+ * its prefill, with or without speculation. */
+Test(spec, decode_tokens_counts_every_delivered_token_accepted_drafts_included)
+{
+	cyc_host plain, ng;
+	bkv_sched_stats a, b;
+	uint32_t s0, s1;
+
+	cyc_run(0, 8, &plain, &a, &s0);
+	cyc_run(6, 8, &ng, &b, &s1);
+	cr_assert_gt(b.spec_accepted, 300);
+	cr_assert_eq(a.decode_tokens, 8 * 60 + 28 - 8);
+	cr_assert_eq(b.decode_tokens, 8 * 60 + 28 - 8, "decode_tokens %llu",
+		     (unsigned long long)b.decode_tokens);
+}
+
 /* A table whose request ended is taken by the next lane and rebuilt from
  * that lane's history: 8 requests over max_running = 2 tables still predict
  * their cycles. (A stale entry could only cost a draft, never a wrong

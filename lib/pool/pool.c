@@ -75,7 +75,7 @@ static int config_valid(const bkv_pool_config *c)
 static void pool_free_all(bkv_pool *pool)
 {
 	const bkv_allocator *a = &pool->alloc;
-	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	size_t nh = pool->nh, bt = pool->kv.bt;
 	uint32_t i, ms = pool->cfg.max_seqs;
 
 	if (pool->seqs)
@@ -90,8 +90,7 @@ static void pool_free_all(bkv_pool *pool)
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
 	/* the size pool_alloc_rest allocated (the arena's frames, not units) */
-	bkv__free(a, pool->scratch,
-		  BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) * sizeof(uint32_t));
+	bkv__free(a, pool->scratch, bkv__pool_scratch_len(pool) * sizeof(uint32_t));
 	bkv__lanes_free(pool);
 	bkv__state_free(pool);
 	bkv__hc_free(pool);
@@ -105,14 +104,13 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 static int pool_alloc_rest(bkv_pool *pool)
 {
 	const bkv_allocator *a = &pool->alloc;
-	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	size_t nh = pool->nh, bt = pool->kv.bt;
 	uint32_t i, ms = pool->cfg.max_seqs;
 
 	if (nh > SIZE_MAX / bt / sizeof(int32_t))
 		return BKV_ENOMEM;
 	/* the state units are known before the KV layer is set up */
-	pool->scratch = bkv__malloc(a, BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) *
-					       sizeof(uint32_t));
+	pool->scratch = bkv__malloc(a, bkv__pool_scratch_len(pool) * sizeof(uint32_t));
 	if (!pool->scratch)
 		return BKV_ENOMEM;
 	if (nh) {

@@ -120,7 +120,8 @@ struct bkv_pool {
 	bkv_allocator alloc;   /* copied at create; every allocation */
 	bkv_pool_config cfg;   /* copied at create, validated */
 	uint32_t nh;           /* cfg.host_blocks */
-	uint32_t *scratch;     /* [max(nb, nh)] bkv_pool_check's workspace */
+	uint32_t *scratch;     /* [bkv__pool_scratch_len] bkv_pool_check's
+				  workspace */
 	int32_t *host_next;    /* [nh] host free list links */
 	uint8_t *host_state;   /* [nh] BKV__HOST_* */
 	int32_t *host_tok;     /* [nh * bt] token ids of swapped blocks */
@@ -403,6 +404,9 @@ int bkv__lanes_valid(const bkv_pool_config *c);
 /* Copy the groups, set up the lanes' slots. BKV_OK or BKV_ENOMEM. */
 int bkv__lanes_init(bkv_pool *pool);
 void bkv__lanes_free(bkv_pool *pool);
+/* What bkv__lanes_free frees: *slot the bytes per sequence slot (the lanes'
+ * records and stamps), *entries the lane tables' entries (4 B each). */
+void bkv__lanes_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *entries);
 /* Room for n entries in every lane table of slot. */
 int bkv__lanes_reserve(bkv_pool *pool, uint32_t slot, uint32_t n);
 void bkv__lanes_open(bkv_pool *pool, uint32_t slot);
@@ -458,6 +462,9 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 uint64_t bkv__state_arena(const bkv_pool_config *c);
 int bkv__state_init(bkv_pool *pool);
 void bkv__state_free(bkv_pool *pool);
+/* What bkv__state_free frees: *slot the bytes per sequence slot, *units the
+ * state units' records and their map. */
+void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units);
 void bkv__state_open(bkv_pool *pool, uint32_t slot);
 void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped);
 /* A sequence's first append of a step (or one outside a step): what an
@@ -873,6 +880,16 @@ static inline void bkv__seq_unsent(bkv_pool *pool, uint32_t seq, uint32_t from)
 
 	if (s)
 		bkv__seq_dirty(s, from);
+}
+
+/* ---- pool/pool.c: the check's workspace ------------------------------------ */
+
+/* Entries of pool->scratch: a block of the larger tier, or a frame of the
+ * state arena, each. */
+static inline size_t bkv__pool_scratch_len(const bkv_pool *pool)
+{
+	return BKV_MAX(BKV_MAX((size_t)pool->kv.nb, (size_t)pool->nh),
+		       (size_t)bkv__state_arena(&pool->cfg));
 }
 
 /* ---- pool/pool.c: step transactions (for the scheduler) -------------------

@@ -539,7 +539,7 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	for (k = 0; k < o->n_out && !t; k++) /* the oldest the host still owes */
 		if (!o->t[(o->head + k) % OVL_DEPTH].host_done)
 			t = &o->t[(o->head + k) % OVL_DEPTH];
-	if (!t || ticket != t->id)
+	if (!t || ticket != t->id || status > 0) /* 0 and negative are defined */
 		return BKV_EINVAL;
 	s->plan.in_step = 1;
 	now = bkv__clock_us(s);

@@ -392,6 +392,7 @@ void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
 		for (j = 0; j < c; j++) {
 			l->tok[LANE_KNOWN(l)] = t[j];
 			l->n_gen++;
+			s->stats.decode_tokens++; /* a decode row's, delivered */
 			l->decoding = 1;
 			if (s->ops.on_token) {
 				s->ops.on_token(s->host, r->id, l->branch, t[j], r->user);
