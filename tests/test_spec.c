@@ -333,6 +333,51 @@ Test(spec, drafts_never_cause_a_preemption)
 	free_prompts(p);
 }
 
+/* A warm server: earlier requests left the prefix cache holding nearly
+ * every free frame. Cached blocks are room (the pool reclaims them), so the
+ * next requests still draft, about as much as in a cold pool. */
+Test(spec, drafts_count_reclaimable_cached_blocks_as_room)
+{
+	int32_t **p = make_prompts();
+	fake_host *cold = spec_host(4, 128, 4, BKV_SPEC_K_FIXED, 800, 0);
+	fake_host *warm = spec_host(4, 128, 4, BKV_SPEC_K_FIXED, 800, 0);
+	bkv_pool_stats ps;
+	bkv_sched_stats a, b, w;
+	int32_t *fill[40];
+	uint32_t i;
+
+	for (i = 0; i < 40; i++) { /* 40 distinct 12-token prompts: 120 blocks cached */
+		fill[i] = fh_prompt(12, 500 + i);
+		fh_submit(warm, fill[i], 12, 1);
+	}
+	fh_run(warm, 20000);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(warm->pool, &ps);
+	cr_assert_lt(ps.nr_free, 16, "the cache holds the free frames (%u free)", ps.nr_free);
+	stats(warm, &a);
+	for (i = 0; i < 8; i++) {
+		fh_submit(cold, p[i], 5 + i, 24);
+		fh_submit(warm, p[i], 5 + i, 24);
+	}
+	fh_run(cold, 20000);
+	fh_run(warm, 20000);
+	stats(cold, &b);
+	stats(warm, &w);
+	cr_assert_gt(b.spec_drafted, 0);
+	/* (acceptance is drawn at random: the counts differ run to run) */
+	cr_assert_geq(10 * (w.spec_drafted - a.spec_drafted), 8 * b.spec_drafted,
+		      "warm %llu drafts, cold %llu",
+		      (unsigned long long)(w.spec_drafted - a.spec_drafted),
+		      (unsigned long long)b.spec_drafted);
+	cr_assert_eq(w.preemptions, 0, "drafts evict cached blocks, never a request");
+	for (i = 0; i < 40; i++)
+		free(fill[i]);
+	fh_destroy(cold);
+	fh_destroy(warm);
+	free_prompts(p);
+}
+
 /* Without chunked prefill a prompt runs whole in what the batch arrays have
  * left: a step whose decode row leaves L - 1 tokens of the L-token arrays
  * (the bound, lowered here from 2^24 to keep the arrays small) admits a

@@ -14,8 +14,10 @@
  * lookup, fresh blocks past a boundary), inside the step's transaction, so
  * no block they fill is indexed before commit. Drafts never preempt
  * anybody: a row whose drafts would need a block while fewer than
- * slots_used + need blocks are free goes without, and so does every later
- * row (speculation is the first thing memory pressure gives up). Drafts
+ * slots_used + need blocks are available (free, or cached and reclaimable:
+ * a warm server's prefix cache fills the free frames) goes without, and so
+ * does every later row (speculation is the first thing memory pressure
+ * gives up). Drafts
  * are charged to the step's budget after every other row (planned first):
  * the token budget in chunked mode, else the batch arrays' capacity, so a
  * step whose prompts fill the arrays carries no drafts.
@@ -263,7 +265,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		if (!got)
 			continue;
 		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
-		if (pool->kv.nr_free < (uint64_t)need + s->rs.slots_used ||
+		if (bkv_pool_available(pool) < (uint64_t)need + s->rs.slots_used ||
 		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
 			stop = 1; /* memory pressure: no more drafts this step */
 			continue;
