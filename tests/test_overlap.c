@@ -180,6 +180,7 @@ static int ov_forward(void *host, const bkv_batch *b, int32_t *next)
 typedef struct ov_opts {
 	uint32_t bt, nb, nh;      /* pool geometry */
 	int prefix;               /* prefix cache */
+	int host_cache;           /* the host tier keeps evicted prefix blocks */
 	bkv_sched_config cfg;
 	const bkv_allocator *alloc; /* the scheduler's */
 } ov_opts;
@@ -231,6 +232,7 @@ static void ov_env_init(ov_env *e, const ov_opts *o)
 	pc.host_blocks = o->nh;
 	pc.max_seqs = 1024;
 	pc.prefix_cache = o->prefix;
+	pc.host_cache = (uint32_t)o->host_cache;
 	rc = bkv_pool_create(&pc, NULL, &e->pool);
 	cr_assert_eq(rc, BKV_OK, "pool: %s", bkv_strerror(rc));
 	ops = kh_ops(0);
@@ -1069,6 +1071,58 @@ Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
 	ov_env_fini(&e);
 	kh_req_fini(&a);
 	kh_req_fini(&b);
+}
+
+/* The host cache demotes what the device cache evicts: in a warm, churning
+ * pool nearly every step leaves demotion copies pending. The step in
+ * flight's are held apart while the next is planned (their own demotions
+ * go to a new list), so the launches keep overlapping; the tokens are a
+ * synchronous run's and the host cache still fills and serves hits. */
+Test(overlap, host_cache_demotions_keep_the_launches_overlapped)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, s0 = 0, st0 = 0;
+	ov_env e;
+	ov_load L;
+	bkv_sched_stats st;
+	bkv_pool_stats ps;
+
+	load_max_new = 16;
+	load_stop_mod = 97;
+	for (seed = 1; seed <= 4; seed++) {
+		ov_opts_init(&o);
+		o.nb = 64; /* the prefixes outgrow it: evictions, demotions */
+		o.nh = 256;
+		o.host_cache = 1;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 48;
+		model_check(&o, 80, seed + 60, 1, 0, seed > 2 ? 30 : 0, 0, &ov);
+	}
+	/* one run looked at closely: its launches and the host cache */
+	ov_opts_init(&o);
+	o.nb = 64;
+	o.nh = 256;
+	o.host_cache = 1;
+	ov_env_init(&e, &o);
+	load_make(&L, 80, 61, 0, 0);
+	load_submit(&e, &L);
+	ov_run(&e, 40000);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_gt(ps.host_demoted, 20, "demotions: %llu", (unsigned long long)ps.host_demoted);
+	s0 = st.overlap_syncs;
+	st0 = st.overlap_steps;
+	if (getenv("OV_DEBUG"))
+		fprintf(stderr, "syncs %llu overlapped %llu demoted %llu host hits %llu\n", (unsigned long long)s0, (unsigned long long)st0, (unsigned long long)ps.host_demoted, (unsigned long long)ps.host_hit_blocks);
+	cr_assert_lt(10 * s0, st0, "%llu synchronous launches against %llu overlapped",
+		     (unsigned long long)s0, (unsigned long long)st0);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
 }
 
 /* A host may tear down with steps launched and never completed (a device

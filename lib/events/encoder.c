@@ -600,18 +600,22 @@ static void hdem_sort(struct hdem *d, uint32_t n)
 static void sort_demoting(bkv_vllm_encoder *e)
 {
 	const bkv_pool *pool = e->pool;
-	const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT];
-	uint32_t i;
+	const bkv__copy_list *lists[2] = {&pool->so_held, &pool->copies[BKV_COPY_SWAP_OUT]};
+	uint32_t i, j;
 
 	e->ndem = 0;
-	for (i = 0; i < l->n && e->ndem < e->nh; i++) {
-		int32_t h = l->v[i].dst;
+	for (j = 0; j < 2; j++) { /* the step in flight's (overlap), then the rest */
+		const bkv__copy_list *l = lists[j];
 
-		if (pool->host_state[h] != BKV__HOST_DEMOTING || e->hvalid[h])
-			continue;
-		e->hvalid[h] = 1;
-		e->hdem[e->ndem].hash = pool->hc_hash[h];
-		e->hdem[e->ndem++].h = h;
+		for (i = 0; i < l->n && e->ndem < e->nh; i++) {
+			int32_t h = l->v[i].dst;
+
+			if (pool->host_state[h] != BKV__HOST_DEMOTING || e->hvalid[h])
+				continue;
+			e->hvalid[h] = 1;
+			e->hdem[e->ndem].hash = pool->hc_hash[h];
+			e->hdem[e->ndem++].h = h;
+		}
 	}
 	for (i = 0; i < e->ndem; i++)
 		e->hvalid[e->hdem[i].h] = 0;

@@ -186,6 +186,12 @@ struct bkv_pool {
 				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
 	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
+	bkv__copy_list so_held;   /* overlapped scheduling: the swap-out copies
+				     (host-cache demotions) of the step in
+				     flight, held apart while a later step is
+				     planned, whose own go to copies[SWAP_OUT];
+				     cleared when the step in flight completes
+				     (pool/overlap.c) */
 	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
 	uint64_t miss_tokens;
 	uint64_t cow_copies;
@@ -543,6 +549,8 @@ void bkv__hc_swap_in_cleared(bkv_pool *pool, int32_t h);
 /* A host call failed: pending demotions are forgotten (their host blocks
  * freed); call before the swap-out list is cleared. */
 void bkv__hc_forget_demotions(bkv_pool *pool);
+/* The same for the demotions of one copy list (overlap's held list). */
+void bkv__hc_forget_list(bkv_pool *pool, const bkv__copy_list *l);
 /* The cached host block indexed under hash, or -1 (and -1 without a host
  * cache; a demoting block is not indexed yet). */
 int32_t bkv__hc_find(const bkv_pool *pool, uint64_t hash);

@@ -300,8 +300,8 @@ static int overlap_ok(bkv_sched *s)
 		s->plan.need_sync = 0;
 		return 0;
 	}
-	if (bkv__pool_copies_pending(s->pool) || s->plan.n_swap_pend)
-		return 0;
+	if (!bkv__pool_copies_holdable(s->pool) || s->plan.n_swap_pend)
+		return 0; /* only host-cache demotions may be pending: held */
 	LOCK(s);
 	spare = s->in.spare.tok_cap || s->in.spare2.tok_cap;
 	UNLOCK(s);
@@ -338,6 +338,7 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	t->host_done = 0;
 	t->provisional = 0;
 	t->copies = bkv__pool_copies_pending(s->pool) != 0;
+	t->held = 0;
 	t->mark = 0;
 	t->n_rows = s->plan.n_dec;
 	memcpy(t->rows, s->plan.dec, (size_t)s->plan.n_dec * sizeof(bkv__row));
@@ -384,7 +385,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		return BKV_ESTATE;
 	*ticket = 0;
 	n_out = o->n_out;
-	if (n_out && !overlap_ok(s)) {
+	if (n_out && (!overlap_ok(s) || bkv__pool_copies_hold(s->pool) != BKV_OK)) {
 		s->stats.overlap_syncs++;
 		return BKV_EAGAIN;
 	}
@@ -395,6 +396,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	now = bkv__clock_us(s);
 	if (n_out) {
 		prev = oldest(o);
+		prev->held = prev->copies; /* bkv__pool_copies_hold took them */
 		if (!prev->provisional)
 			provision(s, prev);
 		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
@@ -477,6 +479,7 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			o->committed = t->id;
 	}
 	bkv__pool_txn_abort(s->pool);
+	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
 	o->n_out = 0;
 	o->head = 0;
@@ -508,7 +511,9 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 		if (!REQ_IS_RUNNING(l->req) || l->done)
 			waste += t->rows[i].end - t->rows[i].start;
 	}
-	if (t->copies)
+	if (t->held) /* its copies were held apart: the later step's stay */
+		bkv__pool_copies_release_held(s->pool, 1);
+	else if (t->copies)
 		bkv__step_clear_copies(s);
 	if (o->n_out) {
 		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
