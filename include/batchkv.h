@@ -1920,6 +1920,11 @@ typedef struct bkv_sched_stats {
 				      step completed (stop, error, abort in
 				      the step before): discarded, never
 				      delivered */
+	uint64_t spec_skipped_rows; /* decode rows the choice gave drafts that
+				      carried none: no room for their blocks
+				      without preempting, or no budget left
+				      (speculation is what pressure gives up
+				      first) */
 } bkv_sched_stats;
 
 /**

@@ -308,12 +308,10 @@ Test(spec, forks_chunks_prefix_hits_and_swap_in_a_small_pool)
 /* Speculation is the first thing memory pressure gives up: a pool just
  * large enough for the plain run without preemption sees none with
  * drafts of 8 either. */
-Test(spec, drafts_never_cause_a_preemption)
+/* Submit the NREQ prompts to both hosts and run both out: every request
+ * of sp ends once with as many tokens as in plain. */
+static void s_run_pair(fake_host *plain, fake_host *sp, int32_t **p)
 {
-	int32_t **p = make_prompts();
-	fake_host *plain = spec_host(4, 60, 0, BKV_SPEC_K_FIXED, 0, 0);
-	fake_host *sp = spec_host(4, 60, 8, BKV_SPEC_K_FIXED, 300, 0);
-	bkv_sched_stats a, b;
 	uint32_t i;
 
 	for (i = 0; i < NREQ; i++) {
@@ -322,12 +320,51 @@ Test(spec, drafts_never_cause_a_preemption)
 	}
 	fh_run(plain, 20000);
 	fh_run(sp, 20000);
+	for (i = 1; i <= NREQ; i++) {
+		cr_assert_eq(sp->finish_count[i], 1);
+		cr_assert_eq(sp->n_out[i][0], plain->n_out[i][0], "req %u", i);
+	}
+}
+
+Test(spec, drafts_never_cause_a_preemption)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(4, 60, 0, BKV_SPEC_K_FIXED, 0, 0);
+	fake_host *sp = spec_host(4, 60, 8, BKV_SPEC_K_FIXED, 300, 0);
+	bkv_sched_stats a, b;
+
+	s_run_pair(plain, sp, p);
 	stats(plain, &a);
 	stats(sp, &b);
 	cr_assert_eq(a.preemptions, 0, "the plain run fits (%llu)",
 		     (unsigned long long)a.preemptions);
 	cr_assert_eq(b.preemptions, 0);
 	cr_assert_gt(b.spec_rows, 0);
+	fh_destroy(plain);
+	fh_destroy(sp);
+	free_prompts(p);
+}
+
+/* A pool too small for every row's drafts: the rows left without them are
+ * counted (bkv_sched_stats.spec_skipped_rows, the fallbacks metric), and
+ * every request still ends with exactly the plain run's tokens. */
+Test(spec, rows_pressure_leaves_without_drafts_are_counted)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(4, 40, 0, BKV_SPEC_K_FIXED, 0, 0);
+	fake_host *sp = spec_host(4, 40, 8, BKV_SPEC_K_FIXED, 300, 0);
+	bkv_sched_stats a, b;
+	uint32_t i;
+
+	s_run_pair(plain, sp, p);
+	stats(plain, &a);
+	stats(sp, &b);
+	cr_assert_gt(b.spec_rows, 0);
+	cr_assert_gt(b.spec_skipped_rows, 0, "no row went without its drafts");
+	cr_assert_eq(a.spec_skipped_rows, 0);
+	for (i = 1; i <= NREQ; i++)
+		cr_assert_arr_eq(sp->out[i][0], plain->out[i][0],
+				 BKV_MIN(sp->n_out[i][0], FH_MAX_TOK) * sizeof(int32_t));
 	fh_destroy(plain);
 	fh_destroy(sp);
 	free_prompts(p);

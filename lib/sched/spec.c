@@ -224,7 +224,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	bkv__spec *sp = s->spec;
 	bkv_pool *pool = s->pool;
 	bkv__row *dec = s->plan.dec;
-	uint32_t i, n = 0, n_dec;
+	uint32_t i, n = 0, n_dec, skipped = 0;
 	uint64_t ctx = 0;
 	int stop = 0;
 
@@ -252,12 +252,17 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		uint32_t k = sp->drafts[i], got, need;
 
 		sp->drafts[i] = 0; /* until its drafts are appended */
-		if (!k || stop)
+		if (!k)
 			continue;
+		if (stop) {
+			skipped++;
+			continue;
+		}
 		k = BKV_MIN(k, s->plan.budget_left); /* the budget, or what is
 							 left of the arrays */
 		if (!k) {
 			stop = 1;
+			skipped++;
 			continue;
 		}
 		BKV_ASSERT(l->kv_len == row->end && row->end == LANE_KNOWN(l));
@@ -268,6 +273,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		if (bkv_pool_available(pool) < (uint64_t)need + s->rs.slots_used ||
 		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
 			stop = 1; /* memory pressure: no more drafts this step */
+			skipped++;
 			continue;
 		}
 		l->kv_len += got;
@@ -276,6 +282,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		sp->n_rows++;
 		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
 	}
+	s->stats.spec_skipped_rows += skipped;
 	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
 		s->plan.fill_rows = 0;
 		s->call.n_dirty = 0;

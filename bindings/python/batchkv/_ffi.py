@@ -487,6 +487,7 @@ class bkv_sched_stats(Structure):
         ('overlap_steps', c_uint64),
         ('overlap_syncs', c_uint64),
         ('overlap_wasted_tokens', c_uint64),
+        ('spec_skipped_rows', c_uint64),
     ]
 
 

@@ -496,6 +496,7 @@ pub struct bkv_sched_stats {
     pub overlap_steps: u64,
     pub overlap_syncs: u64,
     pub overlap_wasted_tokens: u64,
+    pub spec_skipped_rows: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
