@@ -1428,7 +1428,9 @@ typedef struct bkv_batch_group {
 	const int32_t *const *row_tables; /* persistent: [n_row_slots] this
 					 group's table of each slot, valid for
 					 the slots of this call's rows; entries
-					 a window released are -1 */
+					 a window released are -1. Overlap:
+					 valid only during the launch callback
+					 (copy what you read) */
 	const uint32_t *row_table_len; /* persistent: [n_row_slots] entries */
 	const int32_t *state_in;      /* STATE: [n_rows] the first frame of the
 					 state unit each row reads its initial
@@ -1743,9 +1745,10 @@ typedef struct bkv_sched_config {
 				      "Overlapped scheduling"). Needs
 				      host ops.launch, not a split host
 				      (prefill or decode without forward),
-				      a pool without KV groups and
+				      a pool without a STATE group and
 				      spec_max_k 0 (else EINVAL); either
-				      batch_layout.
+				      batch_layout, FULL, WINDOW and
+				      CHUNKED groups.
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
@@ -1953,7 +1956,7 @@ BKV_API void bkv_request_init(bkv_request *req);
  * @param out    receives the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
  *         forward and not both prefill and decode, overlap without launch,
- *         with a split host, speculation or KV groups); BKV_ENOMEM.
+ *         with a split host, speculation or a STATE group); BKV_ENOMEM.
  * Thread rules: any thread; the scheduler then belongs to one stepping thread
  * (bkv_submit and bkv_abort excepted).
  */

@@ -45,6 +45,9 @@ typedef struct ov_host {
 	uint64_t slot_reuse_in_flight; /* persistent: deltas that opened or
 				      closed a slot a step in flight reads */
 	uint64_t slots_opened;    /* persistent: OPENED deltas seen */
+	uint64_t grp_bad;         /* KV groups: a slot or a context cell of a
+				      group after the first that is wrong */
+	uint64_t grp_reads;       /* KV groups: context cells checked there */
 } ov_host;
 
 /* Persistent layout: a launch's deltas may close a slot a step in flight
@@ -77,7 +80,7 @@ static void check_slots_in_flight(ov_host *h, const bkv_batch *b)
 static uint64_t batch_sum(const bkv_batch *b)
 {
 	uint64_t x = 1469598103934665603ull;
-	uint32_t i;
+	uint32_t i, g;
 
 #define MIX(v) (x = (x ^ (uint64_t)(uint32_t)(v)) * 1099511628211ull)
 	for (i = 0; i < b->n_tokens; i++) {
@@ -118,8 +121,119 @@ static uint64_t batch_sum(const bkv_batch *b)
 			MIX(b->delta_blocks[i]);
 	}
 	MIX(b->n_groups);
+	for (g = 1; g < b->n_groups; g++) { /* each further group's arrays */
+		const bkv_batch_group *G = &b->groups[g];
+
+		MIX(G->kind);
+		MIX(G->span);
+		for (i = 0; i < b->n_tokens; i++)
+			MIX(G->slot_mapping[i]);
+		if (b->layout != BKV_BATCH_FLAT)
+			continue; /* the tables are read during the call */
+		for (i = 0; i < b->n_rows; i++)
+			MIX(G->kv_first_block[i]);
+		for (i = 0; i <= b->n_rows; i++)
+			MIX(G->kv_indptr[i]);
+		for (i = 0; i < (uint32_t)G->kv_indptr[b->n_rows]; i++)
+			MIX(G->kv_indices[i]);
+	}
 #undef MIX
 	return x;
+}
+
+/* ---- KV groups: the device's cells of every group ----------------------------
+ *
+ * Frames are shared between groups (a block is one group's at a time), so
+ * the fake host's cell model holds every group's cells: it checks group 0
+ * and performs the copies for all. Then, for each group after the first:
+ * every new token's slot is in the group's block of its position, every
+ * context position the row's first token reads (all for FULL, the window
+ * or the chunk) holds the cell group 0 holds there (the compute wrote only
+ * group 0's new positions), and the computed positions' cells become group
+ * 0's (a failing call's wrong cells included, so a rollback that keeps
+ * them is caught). */
+
+/* The first position a token at position p reads in group G. */
+static uint32_t grp_first_pos(const bkv_batch_group *G, uint32_t p)
+{
+	if (G->kind == BKV_GROUP_WINDOW)
+		return p + 1 > G->span ? p + 1 - G->span : 0;
+	if (G->kind == BKV_GROUP_CHUNKED)
+		return p / G->span * G->span;
+	return 0;
+}
+
+/* Group G's block of position p of row r (-1: the batch does not list it). */
+static int32_t grp_block(const bkv_batch *b, const bkv_batch_group *G, uint32_t r, uint32_t p)
+{
+	uint32_t i = p / b->block_tokens, first;
+
+	if (b->layout == BKV_BATCH_PERSISTENT) {
+		uint32_t slot = b->row_slot[r];
+
+		return i < G->row_table_len[slot] ? G->row_tables[slot][i] : -1;
+	}
+	first = G->kv_first_block ? (uint32_t)G->kv_first_block[r] : 0;
+	if (i < first || G->kv_indptr[r] + (i - first) >= (uint32_t)G->kv_indptr[r + 1])
+		return -1;
+	return G->kv_indices[G->kv_indptr[r] + (i - first)];
+}
+
+static void grp_reads(ov_host *h, const bkv_batch *b)
+{
+	const uint32_t bt = b->block_tokens;
+	const uint64_t *dev = h->kh.dev;
+	uint32_t g, r, t, p;
+
+	for (g = 1; g < b->n_groups; g++) {
+		const bkv_batch_group *G = &b->groups[g];
+
+		if (G->kind == BKV_GROUP_STATE)
+			continue;
+		for (r = 0; r < b->n_rows; r++) {
+			uint32_t start = (uint32_t)b->positions[b->qo_indptr[r]];
+
+			for (t = (uint32_t)b->qo_indptr[r]; t < (uint32_t)b->qo_indptr[r + 1]; t++) {
+				int32_t k;
+
+				p = (uint32_t)b->positions[t];
+				k = grp_block(b, G, r, p);
+				if (k < 0 || G->slot_mapping[t] != k * (int32_t)bt + (int32_t)(p % bt))
+					h->grp_bad++;
+			}
+			for (p = grp_first_pos(G, start); p < start; p++) {
+				int32_t k = grp_block(b, G, r, p), k0 = grp_block(b, &b->groups[0], r, p);
+
+				h->grp_reads++;
+				if (k < 0 || k0 < 0 ||
+				    dev[(size_t)k * bt + p % bt] != dev[(size_t)k0 * bt + p % bt])
+					h->grp_bad++;
+			}
+		}
+	}
+}
+
+static void grp_writes(ov_host *h, const bkv_batch *b)
+{
+	uint32_t g, t;
+
+	for (g = 1; g < b->n_groups; g++)
+		for (t = 0; b->groups[g].kind != BKV_GROUP_STATE && t < b->n_tokens; t++)
+			h->kh.dev[b->groups[g].slot_mapping[t]] = h->kh.dev[b->slot_mapping[t]];
+}
+
+/* One compute on the device: group 0 by the fake host, the others here. */
+static int ov_compute(ov_host *h, const bkv_batch *b, int32_t *next)
+{
+	int rc;
+
+	rc = kh_compute(&h->kh, b, next, BKV_CALL_MIXED);
+	if (b->n_groups > 1) { /* after the copies; the compute wrote only
+				  group 0's new positions */
+		grp_reads(h, b);
+		grp_writes(h, b);
+	}
+	return rc;
 }
 
 static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
@@ -161,7 +275,7 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 	if (h->prev_failed) /* the device stopped at the failed step */
 		failed = 1;
 	else
-		failed = kh_compute(&h->kh, &c, next, BKV_CALL_MIXED) < 0;
+		failed = ov_compute(h, &c, next) < 0;
 	cr_assert(h->dev_n < OV_DEPTH);
 	h->dev_batch[(h->dev_head + h->dev_n) % OV_DEPTH] = *b;
 	h->dev_sum[(h->dev_head + h->dev_n) % OV_DEPTH] = batch_sum(b);
@@ -174,13 +288,15 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 
 static int ov_forward(void *host, const bkv_batch *b, int32_t *next)
 {
-	return kh_compute(&((ov_host *)host)->kh, b, next, BKV_CALL_MIXED);
+	return ov_compute(host, b, next);
 }
 
 typedef struct ov_opts {
 	uint32_t bt, nb, nh;      /* pool geometry */
 	int prefix;               /* prefix cache */
 	int host_cache;           /* the host tier keeps evicted prefix blocks */
+	uint32_t n_groups;        /* KV groups (0: none) */
+	bkv_kv_group groups[2];   /* [n_groups] */
 	bkv_sched_config cfg;
 	const bkv_allocator *alloc; /* the scheduler's */
 } ov_opts;
@@ -233,6 +349,8 @@ static void ov_env_init(ov_env *e, const ov_opts *o)
 	pc.max_seqs = 1024;
 	pc.prefix_cache = o->prefix;
 	pc.host_cache = (uint32_t)o->host_cache;
+	pc.n_groups = o->n_groups;
+	pc.groups = o->n_groups ? o->groups : NULL;
 	rc = bkv_pool_create(&pc, NULL, &e->pool);
 	cr_assert_eq(rc, BKV_OK, "pool: %s", bkv_strerror(rc));
 	ops = kh_ops(0);
@@ -266,6 +384,7 @@ static void ov_check(ov_env *e)
 	cr_assert_eq(e->h.kh.violations, 0, "host: %s", e->h.kh.first);
 	cr_assert_eq(e->h.bad_placeholders, 0);
 	cr_assert_eq(e->h.slot_reuse_in_flight, 0, "a slot was reopened while a step read it");
+	cr_assert_eq(e->h.grp_bad, 0, "a group's slot or context cell is wrong");
 }
 
 /* Complete the oldest outstanding ticket with the device's verdict. */
@@ -555,6 +674,7 @@ static uint64_t preempted, swapped, aborted, failed; /* over model checks */
  * failed calls whose deltas it undid (a host that discards them; the others
  * it keeps, and launches after a device failure it never applies) */
 static uint64_t mirrored, undone, opened;
+static uint64_t grp_checked; /* KV groups: context cells checked, over model checks */
 
 static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
 			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
@@ -596,6 +716,7 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 			(unsigned long long)st.preemptions, (unsigned long long)st.swaps,
 			(unsigned long long)st.aborted, (unsigned long long)st.hit_tokens);
 	ov_check(&b);
+	grp_checked += a.h.grp_reads + b.h.grp_reads;
 	mirrored += b.h.kh.deltas_applied;
 	undone += b.h.kh.undone_calls;
 	opened += b.h.slots_opened;
@@ -718,6 +839,100 @@ Test(overlap, random_aborts_end_every_request_exactly_once)
 	}
 	cr_assert_gt(ov, 50);
 	cr_assert_gt(aborted, 20);
+}
+
+/* ---- KV groups ------------------------------------------------------------- */
+
+/* Group 1 of a two-group pool: full attention and kind with span. */
+static void grp_opts(ov_opts *o, uint32_t kind, uint32_t span)
+{
+	o->n_groups = 2;
+	o->groups[0] = (bkv_kv_group){BKV_GROUP_FULL, 1, 0, 0, 64};
+	o->groups[1] = (bkv_kv_group){kind, 1, span, 0, 64};
+}
+
+/* A model check in a pool with a window or chunked group: the synchronous
+ * run and the overlapped one both go through the group checks (ov_check). */
+static void grp_model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
+			    uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
+{
+	grp_opts(o, seed % 2 ? BKV_GROUP_WINDOW : BKV_GROUP_CHUNKED,
+		 (uint32_t[]){1, 3, 4, 5, 8, 13}[seed % 6]);
+	model_check(o, n, seed, forks, fails, fail_permille, abort_permille, overlapped);
+}
+
+Test(overlap_groups, window_and_chunked_groups_deliver_the_synchronous_tokens)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, c0 = grp_checked;
+
+	for (seed = 1; seed <= 8; seed++) {
+		ov_opts_init(&o);
+		o.cfg.chunked_prefill = seed % 3 != 0;
+		o.cfg.token_budget = 24 + 8 * (uint32_t)seed;
+		o.bt = seed % 4 == 1 ? 1 : 4;
+		grp_model_check(&o, 50, seed, 1, 0, 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 100);
+	cr_assert_gt(grp_checked, c0 + 1000, "group context cells checked: %llu",
+		     (unsigned long long)(grp_checked - c0));
+}
+
+Test(overlap_groups, failed_steps_preemption_and_swap_restore_every_group)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, f0 = failed, p0 = preempted, s0 = swapped;
+	bkv_preempt_mode modes[3] = {BKV_PREEMPT_RECOMPUTE, BKV_PREEMPT_SWAP, BKV_PREEMPT_AUTO};
+
+	load_max_new = 48;
+	load_stop_mod = 31;
+	for (seed = 1; seed <= 8; seed++) {
+		ov_opts_init(&o);
+		o.nb = 44 + 4 * (uint32_t)seed; /* a few requests. histories */
+		o.nh = seed % 2 ? 48 : 0;
+		o.cfg.preempt = o.nh ? modes[seed % 3] : BKV_PREEMPT_RECOMPUTE;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		grp_model_check(&o, 40, seed + 60, 1, 1, 60, seed % 3 ? 0 : 200, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(failed, f0 + 20);
+	cr_assert_gt(preempted, p0 + 8);
+	cr_assert_gt(swapped, s0 + 3);
+}
+
+/* A STATE group is the one group overlap refuses (its undo covers one
+ * step); attention groups are accepted. */
+Test(overlap_groups, a_state_group_is_refused_and_attention_groups_are_not)
+{
+	bkv_kv_group g[3] = {{BKV_GROUP_FULL, 1, 0, 0, 64}, {BKV_GROUP_WINDOW, 1, 8, 0, 64},
+			     {BKV_GROUP_STATE, 1, 16, 0, 64}};
+	bkv_pool_config pc;
+	bkv_sched_config c;
+	bkv_host_ops ops = kh_ops(0);
+	bkv_pool *pool;
+	bkv_sched *s = NULL;
+	uint32_t n;
+
+	ops.launch = ov_launch;
+	bkv_sched_config_init(&c);
+	c.overlap = 1;
+	for (n = 2; n <= 3; n++) {
+		bkv_pool_config_init(&pc);
+		pc.block_tokens = 4;
+		pc.device_blocks = 256;
+		pc.max_seqs = 16;
+		pc.n_groups = n;
+		pc.groups = g;
+		cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+		if (n == 3) {
+			cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+		} else {
+			cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+			bkv_sched_destroy(s);
+		}
+		bkv_pool_destroy(pool);
+	}
 }
 
 Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)
@@ -1037,7 +1252,8 @@ Test(overlap, aborts_from_another_thread_end_every_request_once)
 
 /* A placeholder's block gets the real token before it is hashed: a later
  * prompt that repeats a finished request's generated tokens hits them. */
-Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
+/* With group (a second group's kind, BKV_GROUP_FULL for none), its span. */
+static void real_ids(uint32_t group, uint32_t span)
 {
 	ov_opts o;
 	ov_env e;
@@ -1047,6 +1263,8 @@ Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
 	uint32_t i;
 
 	ov_opts_init(&o);
+	if (group != BKV_GROUP_FULL) /* each group's blocks carry the real ids */
+		grp_opts(&o, group, span);
 	ov_env_init(&e, &o);
 	cr_assert_eq(kh_req_init(&a, 51, pa, 8, 12, 1), 0);
 	cr_assert_eq(kh_submit(e.s, &a, 0), BKV_OK);
@@ -1123,6 +1341,17 @@ Test(overlap, host_cache_demotions_keep_the_launches_overlapped)
 	ov_check(&e);
 	ov_env_fini(&e);
 	load_free(&L);
+}
+
+Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
+{
+	real_ids(BKV_GROUP_FULL, 0);
+}
+
+Test(overlap_groups, generated_tokens_enter_every_groups_prefix_cache_under_their_real_ids)
+{
+	real_ids(BKV_GROUP_WINDOW, 4);
+	real_ids(BKV_GROUP_CHUNKED, 8);
 }
 
 /* A host may tear down with steps launched and never completed (a device

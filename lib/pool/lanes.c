@@ -289,6 +289,13 @@ static inline uint32_t first_at(const bkv_pool *pool, const bkv__glane *ln, uint
  * unless at a keep point (see the opening). Device-resident s only. */
 void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s)
 {
+	bkv__lanes_trim_to(pool, s, s->len);
+}
+
+/* As bkv__lanes_trim, for a sequence of len tokens (len <= s->len: what an
+ * overlapped step still outstanding reads stays, pool/overlap.c). */
+void bkv__lanes_trim_to(bkv_pool *pool, const bkv__seq *s, uint32_t len)
+{
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 	uint32_t l, i, first, h0, p0;
 
@@ -298,7 +305,7 @@ void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s)
 
 		if (ln->kind == BKV_GROUP_FULL)
 			continue;
-		first = BKV_MIN(bkv__lane_first(pool, ln, s->len), s->n_blocks);
+		first = BKV_MIN(bkv__lane_first(pool, ln, len), s->n_blocks);
 		if (first <= ls->lo)
 			continue;
 		h0 = first_at(pool, ln, ls->hit_end);

@@ -31,7 +31,18 @@
  * A decode row planned before the token it computes is sampled appends a
  * placeholder; the token store gets the real token when the older step
  * completes, before the block holding it can be hashed (at the later step's
- * commit), so a prefix hit never compares against a placeholder.
+ * commit), so a prefix hit never compares against a placeholder. In a pool
+ * with KV groups every lane's block holding the position gets it too (each
+ * lane's blocks carry their own tokens, pool/lanes.c).
+ *
+ * KV groups. The lanes' filled blocks wait in the same queue (noted with
+ * their lane), so the older step's share commits as group 0's does. The
+ * lanes' transaction bookkeeping (the sequences it touched, trimmed at a
+ * whole commit, pool/lanes.c) stays open with the later step: a split
+ * commit trims nothing itself. The scheduler trims each sequence the older
+ * step appended to up to its committed length (bkv__pool_seq_trim_to): a
+ * window or chunk then releases only blocks that no outstanding step reads
+ * and that a rollback of the outstanding steps does not need back.
  */
 #include "pool/overlap.h"
 
@@ -71,7 +82,7 @@ uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 	bkv__kv *kv = &pool->kv;
 	uint32_t n = kv->txn_n, j;
 
-	BKV_ASSERT(kv->txn_active && mark <= n && !pool->grouped);
+	BKV_ASSERT(kv->txn_active && mark <= n && !pool->st_units);
 	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
 	bkv__kv_txn_end(kv, 1);
 	BKV_ASSERT(kv->txn_n == 0);
@@ -134,10 +145,26 @@ void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t 
 {
 	bkv__seq *s = bkv__seq_get(pool, id);
 	int32_t b;
+	uint32_t l;
 
 	if (!s || s->state != BKV__SEQ_OPEN || pos >= s->len)
 		return;
 	b = s->table[pos >> pool->kv.bt_shift];
 	BKV_ASSERT(!(pool->kv.blk[b].flags & BKV__BLOCK_INDEXED));
 	bkv__tok(&pool->kv, b)[pos & (pool->kv.bt - 1)] = token;
+	for (l = 0; l < pool->n_lanes; l++) { /* each lane's block holding pos */
+		b = pool->lanes[l].seqs[s - pool->seqs].table[pos >> pool->kv.bt_shift];
+		if (b < 0)
+			continue;
+		BKV_ASSERT(!(pool->kv.blk[b].flags & BKV__BLOCK_INDEXED));
+		bkv__tok(&pool->kv, b)[pos & (pool->kv.bt - 1)] = token;
+	}
+}
+
+void bkv__pool_seq_trim_to(bkv_pool *pool, uint32_t id, uint32_t len)
+{
+	const bkv__seq *s = bkv__seq_get(pool, id);
+
+	if (s && s->state == BKV__SEQ_OPEN && pool->n_lanes)
+		bkv__lanes_trim_to(pool, s, BKV_MIN(len, s->len));
 }

@@ -33,5 +33,9 @@ void bkv__pool_copies_release_held(bkv_pool *pool, int performed);
  * not sampled yet) becomes token: the token store only, in a block only the
  * sequence holds and not indexed (its KV is not committed). */
 void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token);
+/* Release, in every window or chunked lane of sequence id, the blocks a
+ * sequence of len tokens no longer reads (len: its committed length, below
+ * what outstanding steps appended; nothing without such lanes). */
+void bkv__pool_seq_trim_to(bkv_pool *pool, uint32_t id, uint32_t len);
 
 #endif /* BKV_POOL_OVERLAP_H */

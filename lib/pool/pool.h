@@ -419,6 +419,7 @@ void bkv__lanes_open(bkv_pool *pool, uint32_t slot);
 void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks);
 void bkv__lanes_release(bkv_pool *pool, uint32_t slot, uint32_t n_blocks, int swapped, int drop);
 void bkv__lanes_trim(bkv_pool *pool, const bkv__seq *s);
+void bkv__lanes_trim_to(bkv_pool *pool, const bkv__seq *s, uint32_t len);
 /* An append's trim: outside a transaction the sequence is trimmed now;
  * inside one it is noted, and trimmed at commit (the step's kernels read
  * what its first token needs, whatever later appends of the step add). */

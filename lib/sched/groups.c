@@ -17,13 +17,36 @@
 
 #include <string.h>
 
+/* Row slots a persistent group table array covers (sched/rows.c: three
+ * times max_running with overlap). */
+static uint32_t groups_slots(const bkv_sched *s)
+{
+	return s->cfg.max_running * (s->cfg.overlap ? 3 : 1);
+}
+
+int bkv__groups_rows_alloc(bkv_sched *s, int32_t **kv_indptr, int32_t **kv_first)
+{
+	const uint32_t n = s->call.n_lanes, rc = s->plan.row_cap;
+
+	*kv_indptr = bkv__calloc(&s->alloc, (size_t)n * (rc + 1), sizeof(int32_t));
+	*kv_first = bkv__calloc(&s->alloc, (size_t)(n + 1) * rc, sizeof(int32_t));
+	return *kv_indptr && *kv_first ? BKV_OK : BKV_ENOMEM;
+}
+
+void bkv__groups_rows_free(bkv_sched *s, int32_t *kv_indptr, int32_t *kv_first)
+{
+	const size_t n = s->call.n_lanes, rc = s->plan.row_cap;
+
+	bkv__free(&s->alloc, kv_indptr, n * (rc + 1) * sizeof(int32_t));
+	bkv__free(&s->alloc, kv_first, (n + 1) * rc * sizeof(int32_t));
+}
+
 int bkv__groups_alloc(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
-	const uint32_t n = s->call.n_lanes, rc = s->plan.row_cap, m = s->cfg.max_running;
+	const uint32_t n = s->call.n_lanes, rc = s->plan.row_cap, m = groups_slots(s);
 
-	s->call.g_kv_indptr = bkv__calloc(a, (size_t)n * (rc + 1), sizeof(int32_t));
-	s->call.g_kv_first = bkv__calloc(a, (size_t)(n + 1) * rc, sizeof(int32_t));
+	(void)bkv__groups_rows_alloc(s, &s->call.g_kv_indptr, &s->call.g_kv_first);
 	s->call.g_row_tables = bkv__calloc(a, (size_t)n * m, sizeof(int32_t *));
 	s->call.g_row_table_len = bkv__calloc(a, (size_t)n * m, sizeof(uint32_t));
 	s->call.g_state = bkv__calloc(a, 2 * (size_t)rc, sizeof(int32_t));
@@ -36,10 +59,9 @@ int bkv__groups_alloc(bkv_sched *s)
 void bkv__groups_free(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
-	const size_t n = s->call.n_lanes, rc = s->plan.row_cap, m = s->cfg.max_running;
+	const size_t n = s->call.n_lanes, rc = s->plan.row_cap, m = groups_slots(s);
 
-	bkv__free(a, s->call.g_kv_indptr, n * (rc + 1) * sizeof(int32_t));
-	bkv__free(a, s->call.g_kv_first, (n + 1) * rc * sizeof(int32_t));
+	bkv__groups_rows_free(s, s->call.g_kv_indptr, s->call.g_kv_first);
 	bkv__free(a, (void *)s->call.g_row_tables, n * m * sizeof(int32_t *));
 	bkv__free(a, s->call.g_row_table_len, n * m * sizeof(uint32_t));
 	bkv__free(a, s->call.g_state, 2 * rc * sizeof(int32_t));
@@ -83,7 +105,7 @@ static void fill_group(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 		       uint32_t n_decode, uint32_t g)
 {
 	const uint32_t shift = s->bt_shift, mask = s->bt - 1, rc = s->plan.row_cap;
-	const uint32_t l = g - 1, m = s->cfg.max_running;
+	const uint32_t l = g - 1, m = groups_slots(s);
 	const bkv_kv_group *kg = bkv__pool_group(s->pool, g);
 	bkv__bufs *bf = &s->call.arr.bufs;
 	int32_t *slots = bf->slot_mapping + (size_t)g * bf->tok_cap;

@@ -41,6 +41,12 @@
  * Persistent layout: row_slot and the delta array alternate with the other
  * buffers; a slot released while a step is outstanding waits with the
  * deferred sequences (sched/rows.c's pending list, freed by release_after).
+ *
+ * KV groups (full, window, chunked; not STATE): the groups' row arrays
+ * alternate too, and a step committed while a later one is outstanding
+ * trims each window or chunked lane it appended to only up to the
+ * sequence's committed length (trim_committed), so no block an outstanding
+ * step reads, or their rollback needs, is released.
  */
 #include "sched/batch.h"
 #include "decide/decide.h"
@@ -61,6 +67,8 @@ static void set_free(bkv_sched *s, bkv__ovl_set *x)
 	bkv__free(a, x->row_slot, x->row_slot ? rc * sizeof(uint32_t) : 0);
 	bkv__free(a, x->deltas,
 		  x->deltas ? (rc + s->call.n_slots) * sizeof(bkv_table_delta) : 0);
+	if (s->call.n_lanes)
+		bkv__groups_rows_free(s, x->g_kv_indptr, x->g_kv_first);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -75,6 +83,8 @@ static int set_alloc(bkv_sched *s, bkv__ovl_set *x)
 		if (!x->row_slot || !x->deltas)
 			return BKV_ENOMEM;
 	}
+	if (s->call.n_lanes && bkv__groups_rows_alloc(s, &x->g_kv_indptr, &x->g_kv_first) != BKV_OK)
+		return BKV_ENOMEM;
 	return bkv__call_arrays_alloc(a, rc, s->call.arr.bufs.tok_cap, s->call.arr.bufs.kv_cap,
 				      s->call.arr.bufs.ng, &x->arr);
 }
@@ -149,9 +159,13 @@ static void set_swap(bkv_sched *s)
 	x->arr = c->arr;
 	x->row_slot = c->row_slot;
 	x->deltas = c->deltas;
+	x->g_kv_indptr = c->g_kv_indptr;
+	x->g_kv_first = c->g_kv_first;
 	c->arr = t.arr;
 	c->row_slot = t.row_slot;
 	c->deltas = t.deltas;
+	c->g_kv_indptr = t.g_kv_indptr;
+	c->g_kv_first = t.g_kv_first;
 }
 
 /* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
@@ -489,6 +503,25 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	si->prefill_calls = si->decode_calls = 0;
 }
 
+/* KV groups, t committed while a later step is outstanding (the pool's
+ * split commit trims nothing): each window or chunked lane of a sequence t
+ * appended to releases what its committed length no longer reads - the
+ * length before the later step's appends when that one appended too - so
+ * every block the later step reads, or its rollback needs, stays. */
+static void trim_committed(bkv_sched *s, const bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_undo; i++) {
+		const bkv__lane *l = t->undo[i].lane;
+
+		if (!REQ_IS_RUNNING(l->req) || l->seq == BKV__SEQ_NONE)
+			continue;
+		bkv__pool_seq_trim_to(s->pool, l->seq,
+				      l->touch_step > t->id ? l->pre_len : l->kv_len);
+	}
+}
+
 /* Commit the oldest outstanding step t with its sampled tokens. */
 static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 {
@@ -518,6 +551,8 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	if (o->n_out) {
 		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
 		oldest(o)->mark = left;
+		if (s->call.n_lanes)
+			trim_committed(s, t);
 	} else {
 		bkv__pool_txn_commit(s->pool);
 	}

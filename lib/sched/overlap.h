@@ -20,6 +20,8 @@ typedef struct bkv__ovl_set {
 	bkv__call_arrays arr;      /* the row- and token-sized arrays */
 	uint32_t *row_slot;        /* persistent: [row_cap] (NULL when flat) */
 	bkv_table_delta *deltas;   /* persistent: [row_cap + n_slots] */
+	int32_t *g_kv_indptr;      /* KV groups: as bkv__call's (NULL without) */
+	int32_t *g_kv_first;       /* KV groups: as bkv__call's (NULL without) */
 } bkv__ovl_set;
 
 /* A lane a step appended to, with its length before the step (rollback). */

@@ -353,10 +353,13 @@ typedef struct bkv__call {
 	int has_state;         /* the pool has a STATE group */
 	bkv_batch_group groups[BKV_MAX_GROUPS]; /* this call's, [1 + n_lanes] */
 	uint64_t gctx[BKV_MAX_GROUPS]; /* each group's decode context */
-	int32_t *g_kv_indptr;  /* [n_lanes * (row_cap + 1)] */
-	int32_t *g_kv_first;   /* [(1 + n_lanes) * row_cap]; group 0's zeros */
-	const int32_t **g_row_tables; /* [n_lanes * max_running] */
-	uint32_t *g_row_table_len; /* [n_lanes * max_running] */
+	int32_t *g_kv_indptr;  /* [n_lanes * (row_cap + 1)] (with overlap,
+				  one of two sets that alternate) */
+	int32_t *g_kv_first;   /* [(1 + n_lanes) * row_cap]; group 0's zeros
+				  (with overlap, as g_kv_indptr) */
+	const int32_t **g_row_tables; /* [n_lanes * slots] slots: max_running,
+				  3 x max_running with overlap */
+	uint32_t *g_row_table_len; /* [n_lanes * slots] */
 } bkv__call;
 
 /* What the scheduler measures of its own steps, for bkv_sched_stats_get and
@@ -521,6 +524,10 @@ int bkv__ovl_uncommitted(const bkv_sched *s, const bkv__lane *l);
 /* The per-group call arrays (n_lanes > 0). BKV_OK or BKV_ENOMEM. */
 int bkv__groups_alloc(bkv_sched *s);
 void bkv__groups_free(bkv_sched *s);
+/* The flat layout's row-sized arrays of the groups (g_kv_indptr and
+ * g_kv_first's sizes): overlap's second buffer set has its own. */
+int bkv__groups_rows_alloc(bkv_sched *s, int32_t **kv_indptr, int32_t **kv_first);
+void bkv__groups_rows_free(bkv_sched *s, int32_t *kv_indptr, int32_t *kv_first);
 /* Fill the call's groups from its rows (after the group-0 arrays): each
  * group's slot mapping and, flat, the blocks each row reads, persistent,
  * the tables; the shape's per-group decode context. */

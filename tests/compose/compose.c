@@ -72,7 +72,7 @@
 #define CX_JUNK 0x5eadbeef
 
 const char *const cx_refuse_names[CX_REFUSE_COUNT] = {
-	"host_cache+groups", "overlap+groups", "overlap+spec", "spec+state"};
+	"host_cache+groups", "overlap+state", "overlap+spec", "spec+state"};
 
 /* ---- random numbers ------------------------------------------------------- */
 
@@ -282,7 +282,9 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 		f->static_policy = 0;
 		f->tiny = 1;
 		f->spec_k = 0;
-		f->gmix = GM_NONE;
+		/* attention groups stay (overlap refuses a STATE group) */
+		f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW
+			  : f->gmix == GM_STATE ? GM_NONE : f->gmix;
 		f->preempt = chance(&s, 700) ? BKV_PREEMPT_RECOMPUTE : BKV_PREEMPT_AUTO;
 		f->fail_permille = 30 + below(&s, 150);
 	}
@@ -1548,8 +1550,8 @@ static int create(cx_run *x)
 		if (rc == BKV_EINVAL) {
 			int which = -1;
 
-			if (f->overlap && x->n_groups)
-				which = CX_REFUSE_OVERLAP_GROUPS;
+			if (f->overlap && x->state_group != UINT32_MAX)
+				which = CX_REFUSE_OVERLAP_STATE;
 			else if (f->overlap && f->spec_k)
 				which = CX_REFUSE_OVERLAP_SPEC;
 			else if (f->spec_k && x->state_group != UINT32_MAX)
@@ -1567,8 +1569,8 @@ static int create(cx_run *x)
 					f->gmix = f->spec_k ? GM_WINDOW : f->gmix;
 				else if ((x->seed >> 1) & 1)
 					f->overlap = 0;
-				else if (which == CX_REFUSE_OVERLAP_GROUPS)
-					f->gmix = GM_NONE;
+				else if (which == CX_REFUSE_OVERLAP_STATE)
+					f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW : GM_NONE;
 				else
 					f->spec_k = 0;
 				continue;
