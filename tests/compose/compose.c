@@ -72,7 +72,7 @@
 #define CX_JUNK 0x5eadbeef
 
 const char *const cx_refuse_names[CX_REFUSE_COUNT] = {
-	"host_cache+groups", "overlap+groups", "overlap+spec", "spec+state"};
+	"host_cache+groups", "overlap+groups", "spec+state"};
 
 /* ---- random numbers ------------------------------------------------------- */
 
@@ -280,8 +280,7 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 		f->overlap = 1;
 		f->split = 0;
 		f->static_policy = 0;
-		f->tiny = 1;
-		f->spec_k = 0;
+		f->tiny = 1; /* (speculation as drawn) */
 		f->gmix = GM_NONE;
 		f->preempt = chance(&s, 700) ? BKV_PREEMPT_RECOMPUTE : BKV_PREEMPT_AUTO;
 		f->fail_permille = 30 + below(&s, 150);
@@ -1550,8 +1549,6 @@ static int create(cx_run *x)
 
 			if (f->overlap && x->n_groups)
 				which = CX_REFUSE_OVERLAP_GROUPS;
-			else if (f->overlap && f->spec_k)
-				which = CX_REFUSE_OVERLAP_SPEC;
 			else if (f->spec_k && x->state_group != UINT32_MAX)
 				which = CX_REFUSE_SPEC_STATE;
 			if (which >= 0) {
@@ -1567,10 +1564,8 @@ static int create(cx_run *x)
 					f->gmix = f->spec_k ? GM_WINDOW : f->gmix;
 				else if ((x->seed >> 1) & 1)
 					f->overlap = 0;
-				else if (which == CX_REFUSE_OVERLAP_GROUPS)
-					f->gmix = GM_NONE;
 				else
-					f->spec_k = 0;
+					f->gmix = GM_NONE; /* overlap+groups */
 				continue;
 			}
 		}
