@@ -321,6 +321,9 @@ int main(void)
 	F(bkv_sched_stats, overlap_syncs);
 	F(bkv_sched_stats, overlap_wasted_tokens);
 	F(bkv_sched_stats, spec_skipped_rows);
+	F(bkv_sched_stats, overlap_spec_waits);
+	F(bkv_sched_stats, overlap_spec_undrafted);
+	F(bkv_sched_stats, overlap_spec_idle);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

@@ -1744,11 +1744,14 @@ typedef struct bkv_sched_config {
 				      bkv_step_complete; docs/integration.md,
 				      "Overlapped scheduling"). Needs
 				      host ops.launch, not a split host
-				      (prefill or decode without forward),
-				      a pool without a STATE group and
-				      spec_max_k 0 (else EINVAL); either
-				      batch_layout, FULL, WINDOW and
-				      CHUNKED groups.
+				      (prefill or decode without forward)
+				      and a pool without a STATE group
+				      (else EINVAL); either batch_layout,
+				      FULL, WINDOW and CHUNKED groups. With
+				      spec_max_k > 0 a row with drafts
+				      delays its lane's next row to the
+				      launch after its completion
+				      (bkv_sched_stats.overlap_spec_*).
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
@@ -1928,6 +1931,21 @@ typedef struct bkv_sched_stats {
 				      without preempting, or no budget left
 				      (speculation is what pressure gives up
 				      first) */
+	uint64_t overlap_spec_waits; /* overlap with speculative decoding:
+				      rows not planned by a launch because
+				      the lane's row in the step in flight
+				      carries drafts (how many tokens it
+				      delivers is unknown until it
+				      completes), or held back so that its
+				      next row, on known tokens, drafts */
+	uint64_t overlap_spec_undrafted; /* rows a launch planned on a step
+				      in flight without drafts: their last
+				      token is that step's placeholder, which
+				      no draft may follow */
+	uint64_t overlap_spec_idle; /* launches with a step in flight that
+				      planned nothing while lanes waited as
+				      in overlap_spec_waits (the host
+				      completes the step, then launches) */
 } bkv_sched_stats;
 
 /**
@@ -2048,6 +2066,16 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * A request whose in-flight row reaches max_new_tokens gets no row. Rows of
  * requests that end when the in-flight step completes (stop, error, abort)
  * are computed and discarded (bkv_sched_stats.overlap_wasted_tokens).
+ * Speculative decoding (spec_max_k > 0): a row planned on a placeholder
+ * carries no drafts (no draft follows an unknown token), and a lane whose
+ * row in flight carries drafts gets no row (how many tokens that row
+ * delivers is known only at its completion); a lane whose drafts are worth
+ * it may be held back a step so that its next row drafts. All three are
+ * counted (bkv_sched_stats.overlap_spec_*); a launch left with nothing to
+ * compute returns ticket 0, the host completes the step in flight and
+ * launches again. The speculation arrays (row_drafts, spec_tokens,
+ * n_accepted) alternate with the other buffers: write spec_tokens and
+ * n_accepted before completing the step.
  * Blocks released while a step is outstanding are reused only after every
  * step outstanding then has completed, and so are row slots in the
  * persistent layout (a slot closed by this launch's deltas is opened for

@@ -132,6 +132,15 @@ static void put_steps(out *o, const bkv_sched_stats *st)
 		st->decode_calls);
 	head(o, "bkv_host_busy_seconds_total", "counter", "Measured time in host calls.");
 	put(o, "bkv_host_busy_seconds_total %.9g\n", st->busy_us / 1e6);
+	head(o, "bkv_overlap_spec_fallbacks_total", "counter",
+	     "Overlapped scheduling with speculation: rows not planned (wait), rows planned "
+	     "without drafts on a placeholder (undrafted), launches left empty (idle).");
+	put(o, "bkv_overlap_spec_fallbacks_total{kind=\"wait\"} %" PRIu64 "\n",
+	    st->overlap_spec_waits);
+	put(o, "bkv_overlap_spec_fallbacks_total{kind=\"undrafted\"} %" PRIu64 "\n",
+	    st->overlap_spec_undrafted);
+	put(o, "bkv_overlap_spec_fallbacks_total{kind=\"idle\"} %" PRIu64 "\n",
+	    st->overlap_spec_idle);
 }
 
 /* Overlapped steps and speculation, with every fallback a step took. */

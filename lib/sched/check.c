@@ -55,7 +55,7 @@ int bkv_sched_check(const bkv_sched *s)
 			const bkv__lane *l = &r->lane[j];
 			bkv_seq_info si;
 
-			if (l->done && l->ovl_pend != 2) { /* 2: provisionally */
+			if (l->done && l->ovl_pend < 2) { /* 2, 3: provisionally */
 				if (l->seq != BKV__SEQ_NONE)
 					return 9;
 				continue;
@@ -72,8 +72,9 @@ int bkv_sched_check(const bkv_sched *s)
 			if (bkv_seq_info_get(s->pool, l->seq, &si) != BKV_OK || si.swapped ||
 			    si.len != l->kv_len)
 				return 11;
-			if (l->kv_len > LANE_KNOWN(l) || l->n_gen > r->max_new)
-				return 12;
+			if (l->kv_len > LANE_KNOWN(l) + (l->ovl_pend == 3 ? BKV_SPEC_MAX_K : 0) ||
+			    l->n_gen > r->max_new)
+				return 12; /* (3: its drafts are outstanding) */
 			if (l->decoding && l->kv_len + 1 != LANE_KNOWN(l) &&
 			    !(l->kv_len == LANE_KNOWN(l) && bkv__ovl_uncommitted(s, l)))
 				return 13; /* (an outstanding row's token is not

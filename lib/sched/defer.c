@@ -126,7 +126,8 @@ int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
  * 35: the tickets: at most OVL_DEPTH, numbers increasing and past the last
  *     completed step, only the oldest provisional; fenced iff outstanding.
  * 36: held requests have ended; a lane counts a placeholder only while a
- *     provisional ticket is outstanding. */
+ *     provisional ticket is outstanding, and waits for its drafts only
+ *     while a ticket is. */
 int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 {
 	const bkv__ovl *o = s->ovl;
@@ -165,8 +166,8 @@ int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 	for (i = 0; i < s->rs.nr_run; i++) {
 		r = s->rs.run[i];
 		for (j = 0; j < r->n; j++)
-			if (r->lane[j].ovl_pend && !prov)
-				return 37;
+			if (r->lane[j].ovl_pend == 3 ? !o->n_out : r->lane[j].ovl_pend && !prov)
+				return 37; /* (3: drafts wait for any ticket) */
 	}
 	return 0;
 }

@@ -166,6 +166,8 @@ static void set_swap(bkv_sched *s)
 	c->deltas = t.deltas;
 	c->g_kv_indptr = t.g_kv_indptr;
 	c->g_kv_first = t.g_kv_first;
+	if (s->spec) /* the drafts' arrays alternate with them */
+		bkv__spec_swap(s);
 }
 
 /* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
@@ -245,10 +247,12 @@ static void release_after(bkv_sched *s, uint64_t done)
 
 /* A later step is planned on t's tokens: each sampling row's lane counts a
  * placeholder for its token. */
-static void provision(bkv_sched *s, bkv__ticket *t)
+static uint32_t provision(bkv_sched *s, bkv__ticket *t)
 {
-	uint32_t i;
+	uint32_t i, waits = 0;
 
+	for (i = 0; i < t->spec.n_set && i < t->n_rows; i++) /* rows with drafts */
+		waits += t->rows[i].lane->ovl_pend == 3 && REQ_IS_RUNNING(t->rows[i].lane->req);
 	for (i = 0; i < t->n_rows; i++) {
 		bkv__lane *l = t->rows[i].lane;
 		bkv__req *r = l->req;
@@ -265,9 +269,58 @@ static void provision(bkv_sched *s, bkv__ticket *t)
 			l->ovl_pend = 2;
 			l->done = 1;
 			l->decoding = 0;
+		} else if (s->spec && bkv__spec_hold(s, l)) {
+			/* speculation: no row on the placeholder, so that its
+			 * next row, on known tokens, drafts (counted) */
+			l->ovl_pend = 2;
+			l->done = 1;
+			l->decoding = 0;
+			waits++;
 		}
 	}
 	t->provisional = 1;
+	s->stats.overlap_spec_waits += waits;
+	return waits;
+}
+
+/* Speculative decoding: a row with drafts delivers 1 to k + 1 tokens, known
+ * only at its completion, so no later row of its lane can be planned before
+ * (its position is unknown): from the launch until then the lane is set
+ * aside as provisionally done (ovl_pend 3, no placeholder). */
+static void spec_wait(bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->spec.n_set && i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+
+		if (!t->spec.drafts[i] || !REQ_IS_RUNNING(l->req) || l->done)
+			continue;
+		BKV_ASSERT(!l->ovl_pend && l->decoding);
+		l->ovl_dec = l->decoding;
+		l->decoding = 0;
+		l->done = 1;
+		l->ovl_pend = 3;
+	}
+}
+
+/* t completed or rolls back: its lanes with drafts are live again (unless
+ * an abort ended them meanwhile). */
+static void spec_unwait(bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->spec.n_set && i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+
+		if (!t->spec.drafts[i] || l->ovl_pend != 3)
+			continue;
+		l->ovl_pend = 0;
+		if (!REQ_IS_RUNNING(l->req))
+			continue;
+		l->done = 0;
+		l->decoding = l->ovl_dec;
+	}
 }
 
 /* Undo t's provisional commit; with outs, write its real tokens where the
@@ -380,6 +433,11 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 		t->sent[t->n_sent].pre_clean = l->pre_clean;
 		t->sent[t->n_sent++].pre_fresh = l->pre_fresh;
 	}
+	memset(&t->spec, 0, sizeof(t->spec));
+	if (s->spec) {
+		bkv__spec_take(s, &t->spec);
+		spec_wait(t);
+	}
 	return t;
 }
 
@@ -390,7 +448,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	bkv_step_info si;
 	uint64_t now;
 	int rc, called = 0;
-	uint32_t n_out;
+	uint32_t n_out, waits = 0;
 
 	if (!s || !ticket)
 		return BKV_EINVAL;
@@ -412,7 +470,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		prev = oldest(o);
 		prev->held = prev->copies; /* bkv__pool_copies_hold took them */
 		if (!prev->provisional)
-			provision(s, prev);
+			waits = provision(s, prev);
 		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
 	}
 	set_swap(s); /* the set of the step in flight stays untouched */
@@ -427,6 +485,8 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		if (!n_out) { /* as bkv_step's empty step */
 			bkv__pool_txn_commit(s->pool);
 			bkv__step_stats(s, &si);
+		} else if (waits) { /* lanes wait for their drafts' verdict */
+			s->stats.overlap_spec_idle++;
 		}
 	} else if (rc != BKV_OK) {
 		if (!n_out) {
@@ -465,6 +525,7 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (k = 0; k < o->n_out; k++) {
 		bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
 
+		spec_unwait(t); /* before the truncation: its drafts go too */
 		if (t->provisional)
 			unprovision(s, t, NULL);
 	}
@@ -536,6 +597,7 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	o->head = (o->head + 1) % OVL_DEPTH;
 	o->n_out--;
 	s->plan.fenced = o->n_out > 0;
+	spec_unwait(t);
 	if (t->provisional)
 		unprovision(s, t, outs); /* the later step's placeholders too */
 	for (i = 0; i < t->n_rows; i++) {
@@ -548,6 +610,10 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 		bkv__pool_copies_release_held(s->pool, 1);
 	else if (t->copies)
 		bkv__step_clear_copies(s);
+	if (t->spec.n_rows) /* keep the accepted drafts' KV only, before any
+			       of its blocks is indexed (its lanes have no
+			       row in the later step: nothing of it is cut) */
+		bkv__spec_cut_step(s, &t->spec, t->rows, t->n_rows);
 	if (o->n_out) {
 		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
 		oldest(o)->mark = left;
@@ -558,6 +624,8 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	}
 	o->committed = t->id;
 	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
+	if (t->spec.n_rows)
+		bkv__spec_deliver_step(s, &t->spec, t->rows, t->n_rows, si);
 	bkv__step_stats(s, si);
 	s->stats.overlap_wasted_tokens += waste;
 }

@@ -62,6 +62,8 @@ typedef struct bkv__ticket {
 				      deltas to (NULL when flat) */
 	uint32_t n_sent;
 	bkv_step_info si;          /* what its plan did */
+	bkv__spec_step spec;       /* speculative decoding: its drafts (their
+				      lanes wait: ovl_pend 3); zero without */
 } bkv__ticket;
 
 struct bkv__ovl {

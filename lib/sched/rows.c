@@ -272,8 +272,9 @@ int bkv__rows_check(const bkv_sched *s)
 			continue;
 		held++;
 		/* a slot's lane holds it, runs, and has a device sequence (and
-		 * is not done, unless provisionally: overlap's placeholder) */
-		if (l->row_slot != i || l->seq == BKV__SEQ_NONE || (l->done && l->ovl_pend != 2) ||
+		 * is not done, unless provisionally: overlap's placeholder
+		 * or drafts) */
+		if (l->row_slot != i || l->seq == BKV__SEQ_NONE || (l->done && l->ovl_pend < 2) ||
 		    l->req->state != BKV__REQ_RUNNING)
 			return 1;
 	}

@@ -92,10 +92,9 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 		return BKV_EINVAL;
 	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
 		return BKV_EINVAL;
-	if (cfg->overlap &&
-	    (!ops->launch || cfg->spec_max_k || (!ops->forward && (ops->prefill || ops->decode))))
-		return BKV_EINVAL; /* overlap: one mixed launch, without
-				      speculation; not a split host */
+	if (cfg->overlap && (!ops->launch || (!ops->forward && (ops->prefill || ops->decode))))
+		return BKV_EINVAL; /* overlap: one mixed launch; not a split
+				      host */
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
 	bkv_pool_stats_get(pool, ps);

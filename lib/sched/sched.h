@@ -83,11 +83,19 @@ typedef struct bkv__lane {
 	uint32_t spec_tab;    /* speculative decoding, n-gram drafts: the
 				 lookup table it last used (sched/spec.c; its
 				 owner says whether it is still this lane's) */
+	uint8_t spec_miss;    /* its last row offered drafts got none (no
+				 n-gram match, no host draft, or k 0): an
+				 overlapped launch does not hold it back to
+				 draft (bkv__spec_hold) */
 	/* overlapped scheduling (sched/overlap.c) */
 	uint8_t ovl_pend;     /* 1: n_gen counts a placeholder for the token an
 				 outstanding step samples (a provisional
 				 commit); 2: also provisionally done (that
-				 token is its last: no more rows) */
+				 token is its last: no more rows); 3: an
+				 outstanding step carries its drafts, so
+				 the tokens it delivers are unknown: no row
+				 until that step completes (done and
+				 decoding are set aside meanwhile) */
 	uint8_t ovl_dec;      /* decoding before the provisional commit */
 	uint32_t def_seq;     /* a released sequence whose close waits for
 				 the outstanding steps (BKV__SEQ_NONE: none) */
@@ -635,7 +643,26 @@ typedef struct bkv__spec {
 	double g_acc;          /* decide/spec.c: every request's accepted
 				  drafts, decayed (the prior) */
 	double g_trials;       /* and trials */
+	/* overlapped scheduling: the other set of the per-row arrays (the
+	 * step in flight keeps its own; bkv__spec_swap exchanges them with
+	 * the buffer sets); NULL without overlap */
+	uint32_t *alt_drafts;  /* [row_cap] */
+	uint32_t *alt_want;    /* [row_cap] */
+	int32_t *alt_accepted; /* [row_cap] */
+	int32_t *alt_tokens;   /* [row_cap * (1 + max_k)] */
 } bkv__spec;
+
+/* One step's drafts, as its commit reads them: the current step's (in
+ * bkv__spec) or an outstanding two-phase step's (its ticket's). */
+typedef struct bkv__spec_step {
+	uint32_t *drafts;      /* the step's row_drafts */
+	uint32_t *want;        /* its per-row scratch (the cut's count) */
+	int32_t *accepted;     /* its n_accepted */
+	int32_t *tokens;       /* its spec_tokens */
+	const int32_t *qo;     /* its call's qo_indptr */
+	uint32_t n_rows;       /* rows with drafts */
+	uint32_t n_set;        /* entries of drafts[] valid */
+} bkv__spec_step;
 
 int bkv__spec_alloc(bkv_sched *s);
 void bkv__spec_free(bkv_sched *s);
@@ -653,6 +680,23 @@ void bkv__spec_commit_cut(bkv_sched *s);
 void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si);
 /* Rollback: forget the step's drafts. */
 void bkv__spec_rollback(bkv_sched *s);
+/* Overlap, the provisional commit of the step in flight: 1 when lane l,
+ * whose token there is a placeholder, should get no row in the launch
+ * planned on it, so that its next row (planned on known tokens) drafts: its
+ * last offer found drafts and k drafts at its acceptance a are expected to
+ * yield more than the row given up (a + ... + a^k > 1). */
+int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l);
+/* Overlap: exchange the per-row arrays with the other set (each launch,
+ * with the batch buffer sets). */
+void bkv__spec_swap(bkv_sched *s);
+/* Overlap, a launch: the step's drafts move to *st (its ticket); the
+ * current set is then empty. */
+void bkv__spec_take(bkv_sched *s, bkv__spec_step *st);
+/* Overlap, a completion: the cut and the delivery of an outstanding step's
+ * drafts over its rows (as bkv__spec_commit_cut and _deliver). */
+void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, uint32_t n);
+void bkv__spec_deliver_step(bkv_sched *s, const bkv__spec_step *st, const bkv__row *rows,
+			    uint32_t n, bkv_step_info *si);
 /* Invariant 34, between steps: no drafts pending; every n-gram table of a
  * running lane indexes only known tokens; acceptance counts in range. 0 or
  * 1. */

@@ -75,6 +75,15 @@ int bkv__spec_alloc(bkv_sched *s)
 	sp->tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
 	if (!sp->drafts || !sp->want || !sp->accepted || !sp->tokens)
 		return BKV_ENOMEM;
+	if (s->cfg.overlap) { /* the step in flight keeps its set */
+		sp->alt_drafts = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
+		sp->alt_want = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
+		sp->alt_accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
+		sp->alt_tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k),
+					     sizeof(int32_t));
+		if (!sp->alt_drafts || !sp->alt_want || !sp->alt_accepted || !sp->alt_tokens)
+			return BKV_ENOMEM;
+	}
 	if (s->cfg.spec_drafts == BKV_SPEC_DRAFT_NGRAM) {
 		sp->n_tab = s->cfg.max_running;
 		sp->tab = bkv__calloc(a, sp->n_tab, sizeof(bkv__ngram));
@@ -98,6 +107,11 @@ void bkv__spec_free(bkv_sched *s)
 	bkv__free(a, sp->want, (size_t)sp->row_cap * sizeof(uint32_t));
 	bkv__free(a, sp->accepted, (size_t)sp->row_cap * sizeof(int32_t));
 	bkv__free(a, sp->tokens, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
+	bkv__free(a, sp->alt_drafts, sp->alt_drafts ? (size_t)sp->row_cap * sizeof(uint32_t) : 0);
+	bkv__free(a, sp->alt_want, sp->alt_want ? (size_t)sp->row_cap * sizeof(uint32_t) : 0);
+	bkv__free(a, sp->alt_accepted, sp->alt_accepted ? (size_t)sp->row_cap * sizeof(int32_t) : 0);
+	bkv__free(a, sp->alt_tokens,
+		  sp->alt_tokens ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
 	bkv__free(a, sp->tab, (size_t)sp->n_tab * sizeof(bkv__ngram));
 	bkv__free(a, sp->slots, (size_t)sp->n_tab * BKV__NGRAM_SLOTS * sizeof(uint32_t));
 	bkv__free(a, sp, sizeof(*sp));
@@ -213,6 +227,13 @@ static uint32_t spec_candidates(bkv_sched *s, uint32_t n_dec, uint64_t *ctx)
 		if (!row->sample || row->end - row->start != 1 || !REQ_IS_RUNNING(r) || l->done)
 			continue;
 		left = r->max_new - l->n_gen; /* tokens still to generate, >= 1 */
+		if (l->ovl_pend) {
+			/* overlap: its last token is the placeholder of the
+			 * step in flight; no draft may follow an unknown
+			 * token (counted: a row overlap plans without drafts) */
+			s->stats.overlap_spec_undrafted += left > 1;
+			continue;
+		}
 		sp->want[i] = BKV_MIN(sp->max_k, left - 1);
 		n += sp->want[i] > 0;
 	}
@@ -252,6 +273,8 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		uint32_t k = sp->drafts[i], got, need;
 
 		sp->drafts[i] = 0; /* until its drafts are appended */
+		if (sp->want[i]) /* offered: cleared below when it drafts */
+			l->spec_miss = 1;
 		if (!k)
 			continue;
 		if (stop) {
@@ -269,6 +292,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		got = propose(s, l, row->end, k);
 		if (!got)
 			continue;
+		l->spec_miss = 0;
 		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
 		if (bkv_pool_available(pool) < (uint64_t)need + s->rs.slots_used ||
 		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
@@ -289,6 +313,22 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	} else {
 		sp->n_set = 0;
 	}
+}
+
+int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l)
+{
+	const bkv__req *r = l->req;
+	uint32_t k, j;
+	double a, aj, e = 0.0;
+
+	if (l->spec_miss || l->n_gen + 1 >= r->max_new) /* (n_gen counts the
+							   placeholder) */
+		return 0;
+	k = BKV_MIN(s->spec->max_k, r->max_new - l->n_gen - 1);
+	a = bkv__spec_accept(s, r);
+	for (j = 1, aj = a; j <= k && e <= 1.0; j++, aj *= a)
+		e += aj;
+	return e > 1.0;
 }
 
 void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__row *rows,
@@ -329,28 +369,28 @@ void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__
 
 #define CUT_FAIL 0x80000000u /* want[i]: the run ends in BKV_TOKEN_FAIL */
 
-void bkv__spec_commit_cut(bkv_sched *s)
+/* The cut of one step: rows[0, n) its call's rows, st its drafts. */
+void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, uint32_t n)
 {
-	bkv__spec *sp = s->spec;
 	uint32_t i;
 
-	for (i = 0; i < sp->n_set && i < s->plan.n_dec; i++) {
-		bkv__row *row = &s->plan.dec[i];
+	for (i = 0; i < st->n_set && i < n; i++) {
+		bkv__row *row = &rows[i];
 		bkv__lane *l = row->lane;
 		bkv__req *r = l->req;
-		const uint32_t k = sp->drafts[i];
+		const uint32_t k = st->drafts[i];
 		const int32_t *t, *d;
 		uint32_t m, j, c = 0, keep, fail = 0;
 
 		if (!k)
 			continue;
-		row->sample = 0; /* delivered by bkv__spec_commit_deliver */
-		sp->want[i] = 0;
+		row->sample = 0; /* delivered by bkv__spec_deliver_step */
+		st->want[i] = 0;
 		if (!REQ_IS_RUNNING(r) || l->done)
 			continue;
-		t = sp->tokens + s->call.arr.qo_indptr[i];
+		t = st->tokens + st->qo[i];
 		d = l->tok + row->start + 1; /* the drafts */
-		m = sp->accepted[i] < 0 ? k : BKV_MIN((uint32_t)sp->accepted[i], k);
+		m = st->accepted[i] < 0 ? k : BKV_MIN((uint32_t)st->accepted[i], k);
 		for (j = 0; j < m; j++)
 			if (t[j] != d[j])
 				break;
@@ -378,26 +418,26 @@ void bkv__spec_commit_cut(bkv_sched *s)
 			(void)rc;
 			l->kv_len = keep;
 		}
-		sp->want[i] = c | fail;
+		st->want[i] = c | fail;
 	}
 }
 
-void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
+void bkv__spec_deliver_step(bkv_sched *s, const bkv__spec_step *st, const bkv__row *rows,
+			    uint32_t n, bkv_step_info *si)
 {
-	bkv__spec *sp = s->spec;
 	uint32_t i, j;
 
-	for (i = 0; i < sp->n_set && i < s->plan.n_dec; i++) {
-		bkv__row *row = &s->plan.dec[i];
+	for (i = 0; i < st->n_set && i < n; i++) {
+		const bkv__row *row = &rows[i];
 		bkv__lane *l = row->lane;
 		bkv__req *r = l->req;
 		const int32_t *t;
 		uint32_t c;
 
-		if (!sp->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
+		if (!st->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
 			continue;
-		t = sp->tokens + s->call.arr.qo_indptr[i];
-		c = sp->want[i] & ~CUT_FAIL;
+		t = st->tokens + st->qo[i];
+		c = st->want[i] & ~CUT_FAIL;
 		for (j = 0; j < c; j++) {
 			l->tok[LANE_KNOWN(l)] = t[j];
 			l->n_gen++;
@@ -417,10 +457,72 @@ void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
 				break;
 			}
 		}
-		if ((sp->want[i] & CUT_FAIL) && REQ_IS_RUNNING(r) && !l->done)
+		if ((st->want[i] & CUT_FAIL) && REQ_IS_RUNNING(r) && !l->done)
 			bkv__finish_req(s, r, BKV_FINISH_ERROR, si);
 	}
-	sp->n_rows = sp->n_set = 0;
+}
+
+/* The current step's drafts, as the commit reads them. */
+static bkv__spec_step cur_step(const bkv_sched *s)
+{
+	const bkv__spec *sp = s->spec;
+	bkv__spec_step st;
+
+	st.drafts = sp->drafts;
+	st.want = sp->want;
+	st.accepted = sp->accepted;
+	st.tokens = sp->tokens;
+	st.qo = s->call.arr.qo_indptr;
+	st.n_rows = sp->n_rows;
+	st.n_set = sp->n_set;
+	return st;
+}
+
+void bkv__spec_commit_cut(bkv_sched *s)
+{
+	bkv__spec_step st = cur_step(s);
+
+	bkv__spec_cut_step(s, &st, s->plan.dec, s->plan.n_dec);
+}
+
+void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
+{
+	bkv__spec_step st = cur_step(s);
+
+	bkv__spec_deliver_step(s, &st, s->plan.dec, s->plan.n_dec, si);
+	s->spec->n_rows = s->spec->n_set = 0;
+}
+
+void bkv__spec_take(bkv_sched *s, bkv__spec_step *st)
+{
+	*st = cur_step(s);
+	s->spec->n_rows = s->spec->n_set = 0;
+}
+
+static void swap_u32(uint32_t **x, uint32_t **y)
+{
+	uint32_t *t = *x;
+
+	*x = *y;
+	*y = t;
+}
+
+static void swap_i32(int32_t **x, int32_t **y)
+{
+	int32_t *t = *x;
+
+	*x = *y;
+	*y = t;
+}
+
+void bkv__spec_swap(bkv_sched *s)
+{
+	bkv__spec *sp = s->spec;
+
+	swap_u32(&sp->drafts, &sp->alt_drafts);
+	swap_u32(&sp->want, &sp->alt_want);
+	swap_i32(&sp->accepted, &sp->alt_accepted);
+	swap_i32(&sp->tokens, &sp->alt_tokens);
 }
 
 void bkv__spec_rollback(bkv_sched *s)

@@ -72,7 +72,7 @@
 #define CX_JUNK 0x5eadbeef
 
 const char *const cx_refuse_names[CX_REFUSE_COUNT] = {
-	"host_cache+groups", "overlap+state", "overlap+spec", "spec+state"};
+	"host_cache+groups", "overlap+state", "spec+state"};
 
 /* ---- random numbers ------------------------------------------------------- */
 
@@ -280,8 +280,7 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 		f->overlap = 1;
 		f->split = 0;
 		f->static_policy = 0;
-		f->tiny = 1;
-		f->spec_k = 0;
+		f->tiny = 1; /* (speculation as drawn) */
 		/* attention groups stay (overlap refuses a STATE group) */
 		f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW
 			  : f->gmix == GM_STATE ? GM_NONE : f->gmix;
@@ -1552,8 +1551,6 @@ static int create(cx_run *x)
 
 			if (f->overlap && x->state_group != UINT32_MAX)
 				which = CX_REFUSE_OVERLAP_STATE;
-			else if (f->overlap && f->spec_k)
-				which = CX_REFUSE_OVERLAP_SPEC;
 			else if (f->spec_k && x->state_group != UINT32_MAX)
 				which = CX_REFUSE_SPEC_STATE;
 			if (which >= 0) {
@@ -1572,7 +1569,7 @@ static int create(cx_run *x)
 				else if (which == CX_REFUSE_OVERLAP_STATE)
 					f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW : GM_NONE;
 				else
-					f->spec_k = 0;
+					f->gmix = GM_NONE; /* overlap+groups */
 				continue;
 			}
 		}

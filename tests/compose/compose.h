@@ -20,7 +20,6 @@
 enum {
 	CX_REFUSE_HCACHE_GROUPS = 0, /* host cache with KV groups (pool create) */
 	CX_REFUSE_OVERLAP_STATE,     /* overlap with a STATE group (sched create) */
-	CX_REFUSE_OVERLAP_SPEC,      /* overlap with speculative decoding */
 	CX_REFUSE_SPEC_STATE,        /* speculative decoding with a STATE group */
 	CX_REFUSE_COUNT
 };

@@ -488,6 +488,9 @@ class bkv_sched_stats(Structure):
         ('overlap_syncs', c_uint64),
         ('overlap_wasted_tokens', c_uint64),
         ('spec_skipped_rows', c_uint64),
+        ('overlap_spec_waits', c_uint64),
+        ('overlap_spec_undrafted', c_uint64),
+        ('overlap_spec_idle', c_uint64),
     ]
 
 

@@ -497,6 +497,9 @@ pub struct bkv_sched_stats {
     pub overlap_syncs: u64,
     pub overlap_wasted_tokens: u64,
     pub spec_skipped_rows: u64,
+    pub overlap_spec_waits: u64,
+    pub overlap_spec_undrafted: u64,
+    pub overlap_spec_idle: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
