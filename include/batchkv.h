@@ -1596,9 +1596,15 @@ typedef enum bkv_spec_k_mode {
 typedef enum bkv_evict_policy {
 	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
 			       first (the default) */
-	BKV_EVICT_VALUE = 1 /* of the oldest cached leaves, the one whose
+	BKV_EVICT_VALUE = 1, /* of the oldest cached leaves, the one whose
 			       expected saving (its recompute price at its
 			       depth x its decayed hit count) is lowest */
+	BKV_EVICT_SEGMENTED = 2 /* LRU in two segments: blocks hit since
+			       they were cached (or kept while the cache
+			       had room) are protected, prefixes used
+			       once go first; holds up when sessions
+			       that take turns outgrow the cache
+			       (docs/design.md, "The segmented LRU") */
 } bkv_evict_policy;
 
 /* Which running request preemption takes when the pool is short
@@ -1720,7 +1726,8 @@ typedef struct bkv_sched_config {
 				      scheduler runs it; default
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
 				      blocks with cost (taken at create)
-				      and allocates 24 bytes a device block */
+				      and allocates 24 bytes a device block;
+				      BKV_EVICT_SEGMENTED too (no prices) */
 	bkv_victim_policy victim;  /* preemption's victim; default
 				      BKV_VICTIM_RECENT */
 	bkv_admit_reserve admit_reserve; /* what admission keeps room

@@ -403,6 +403,8 @@ static int set_evict(cli_args *a, const cli_option *opt, const char *v)
 		a->c.evict = BKV_EVICT_LRU;
 	else if (!strcmp(v, "value"))
 		a->c.evict = BKV_EVICT_VALUE;
+	else if (!strcmp(v, "segmented"))
+		a->c.evict = BKV_EVICT_SEGMENTED;
 	else
 		return SET_BAD;
 	return SET_OK;
@@ -631,7 +633,7 @@ static const cli_option options[] = {
 	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
 	      "                             swap copy costs its KV over it (roofline)\n"),
 	VALUE("--evict", set_evict,
-	      "  --evict lru|value          the prefix cache's eviction policy\n"
+	      "  --evict lru|value|segmented  the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),
 	VALUE("--victim", set_victim,
 	      "  --victim recent|cost       preemption's victim (bkv_sched_config.victim;\n"

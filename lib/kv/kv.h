@@ -131,11 +131,14 @@ typedef struct bkv__val {
 			   block), set when it is indexed */
 	uint32_t freq;  /* hits taken from the cache, 1/256 units, halved
 			   every 2^val_shift clock ticks since stamp */
-	uint32_t stamp; /* val_clock at its indexing or last hit */
+	uint32_t stamp; /* val_clock at its indexing or last hit; with the
+			   segmented LRU, val_pclock at its last push */
 	int32_t prev;   /* cached: the next older block of its class list
 			   (-1: its head); else -1 */
 	int32_t next;   /* cached: the next more recent one (-1: the tail) */
-	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES */
+	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES;
+			   off the lists, with the segmented LRU: the
+			   class it left, or BKV__SEG_HIT after a hit */
 	uint8_t on;     /* 1 while on a class list */
 	uint8_t rprio;  /* retention (bkv__kv.val_ret): a request's
 			   retention priority + 1 given to it while indexed,
@@ -248,6 +251,26 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
+	/* the segmented LRU (kv/value.c, BKV_EVICT_SEGMENTED): on while
+	 * val_seg, without retention; needs val */
+	uint32_t val_seg;      /* bkv__kv_seg_on calls not yet undone */
+	uint32_t val_prot_n;   /* cached blocks on the protected list
+				  (class BKV__SEG_PROT), <= val_prot_max
+				  after every push */
+	uint32_t val_prot_max; /* the protected list's room, blocks, in
+				  [nb / 8, nb - nb / 8]: moved by one a
+				  block (kv/value.c, "Sizing") */
+	uint32_t val_pclock;   /* ticks on every push to the lists (wraps;
+				  differences only): a cached block's
+				  stamp is the tick of its push */
+	uint64_t *val_ghost;   /* [val_ghost_mask + 1] the last evictions,
+				  direct-mapped by hash: its high 32 bits
+				  << 32 | the block's push stamp; 0 none */
+	uint32_t val_ghost_mask; /* ghost slots - 1 (slots a power of two
+				  >= nb) */
+	uint64_t val_promoted; /* blocks that joined the protected list from
+				  a hit */
+	uint64_t val_demoted;  /* protected heads moved to probation for room */
 	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
 	   off, and none of these is used */
 	uint32_t ck_k;         /* frames per chunk (one state unit's) */
@@ -388,8 +411,19 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
  * (the class the band)? Then a block released cold goes to class 0. */
 static inline int bkv__val_unpriced(const bkv__kv *kv)
 {
-	return kv->val_users == kv->val_lanes + (kv->val_ret == BKV__RET_BANDS);
+	return kv->val_users == kv->val_lanes + kv->val_seg + (kv->val_ret == BKV__RET_BANDS);
 }
+
+/* The segmented LRU's classes (kv/value.c): cold lane blocks, probation
+ * (unproven, evicted first), protected (hit since cached, or admitted while
+ * the protected list had room). Off the lists, bkv__val.cls marks a block
+ * taken back by a hit that earns protection (BKV__SEG_HIT) and a new block
+ * that extends such a chain (BKV__SEG_EXT). */
+#define BKV__SEG_COLD 0u
+#define BKV__SEG_PROB 1u
+#define BKV__SEG_PROT 2u
+#define BKV__SEG_HIT 0xffu
+#define BKV__SEG_EXT 0xfeu
 
 /* LRU chunks for nb blocks: the list never holds more than 2 * (nb / 17)
  * + 2 (every pair of neighbours but the newest holds 17 or more blocks),
@@ -773,6 +807,13 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
 int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
+/* The segmented LRU on (BKV_EVICT_SEGMENTED): the value records on as one
+ * more user, without prices; the cached blocks are placed again (the
+ * protected list filled oldest first up to its room). BKV_OK or
+ * BKV_ENOMEM (nothing changed). */
+int bkv__kv_seg_on(bkv__kv *kv, const bkv_allocator *a);
+/* Undo bkv__kv_seg_on (a no-op when it is not on). */
+void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a);
 /* Retention priorities (needs the value records on): mode BKV__RET_BANDS or
  * BKV__RET_VALUE; allocates the expiry clocks. BKV_OK or BKV_ENOMEM. */
 int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);

@@ -332,6 +332,18 @@ void bkv__pool_value_off(bkv_pool *pool)
 	bkv__kv_value_off(&pool->kv, &pool->alloc);
 }
 
+int bkv__pool_seg_on(bkv_pool *pool)
+{
+	if (!pool->kv.index)
+		return BKV_OK; /* no prefix cache: nothing is ever evicted */
+	return bkv__kv_seg_on(&pool->kv, &pool->alloc);
+}
+
+void bkv__pool_seg_off(bkv_pool *pool)
+{
+	bkv__kv_seg_off(&pool->kv, &pool->alloc);
+}
+
 /* ---- step transactions (for the scheduler) -------------------------------- */
 
 void bkv__pool_txn_begin(bkv_pool *pool)

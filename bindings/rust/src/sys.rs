@@ -88,6 +88,7 @@ pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
 pub type bkv_evict_policy = c_int;
 pub const BKV_EVICT_LRU: bkv_evict_policy = 0;
 pub const BKV_EVICT_VALUE: bkv_evict_policy = 1;
+pub const BKV_EVICT_SEGMENTED: bkv_evict_policy = 2;
 pub type bkv_victim_policy = c_int;
 pub const BKV_VICTIM_RECENT: bkv_victim_policy = 0;
 pub const BKV_VICTIM_COST: bkv_victim_policy = 1;
