@@ -451,6 +451,18 @@ typedef struct bkv_pool_stats {
 	uint64_t host_hit_blocks; /* prefix-hit blocks reloaded from the host
 				     cache (swap-in copies recorded) */
 	uint64_t host_evictions;  /* host cache blocks dropped for room */
+	uint32_t n_groups;        /* KV groups with frames (bkv_pool_config's
+				     groups but a STATE one; 1 without
+				     groups): the entries of group_used and
+				     group_cached that count */
+	uint32_t group_used[8];   /* (BKV_MAX_GROUPS) used device blocks (frames)
+				     by group, in bkv_pool_config.groups'
+				     order; they sum to nr_used. Groups share
+				     one free list and one prefix cache, so
+				     no group can run out while another has
+				     frames free */
+	uint32_t group_cached[8]; /* (BKV_MAX_GROUPS) cached ones by group; they
+				     sum to nr_cached */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the

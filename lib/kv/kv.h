@@ -271,6 +271,17 @@ typedef struct bkv__kv {
 	uint64_t val_promoted; /* blocks that joined the protected list from
 				  a hit */
 	uint64_t val_demoted;  /* protected heads moved to probation for room */
+	/* KV groups (bkv__kv_groups_on): each frame's group and the frames
+	 * each group holds; grp NULL: one group, nothing counted */
+	uint8_t *grp;          /* [nb] the group of the taker of each frame
+				  (its content's group while it is used
+				  or cached) */
+	uint8_t take_group;    /* the group the next bkv__block_take is for:
+				  0, or a lane's while pool/lanes.c takes */
+	uint32_t grp_used[BKV_MAX_GROUPS];   /* used frames by group; they
+				  sum to nr_used */
+	uint32_t grp_cached[BKV_MAX_GROUPS]; /* cached frames by group; they
+				  sum to nr_cached */
 	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
 	   off, and none of these is used */
 	uint32_t ck_k;         /* frames per chunk (one state unit's) */
@@ -405,6 +416,14 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
  * hashed and their index slots asked for (pool/seq.c). */
 #define BKV__EVICT_AHEAD 4u
 #define BKV__HASH_AHEAD 16u
+
+/* With KV groups, frame b's group's count in field (grp_used or
+ * grp_cached) moves by d. */
+#define BKV__GRP_COUNT(kv, b, field, d)                                              \
+	do {                                                                         \
+		if ((kv)->grp)                                                       \
+			(kv)->field[(kv)->grp[b]] += (uint32_t)(int32_t)(d);         \
+	} while (0)
 
 /* Do the value records order cached blocks without prices: their only
  * users the lane keeping rule (LRU within class 1) and retention bands
@@ -723,6 +742,10 @@ static inline int32_t bkv__block_take(bkv__kv *kv, int32_t parent)
 	k->parent = parent;
 	k->next = k->prev = -1;
 	kv->nr_used++;
+	if (kv->grp) {
+		kv->grp[b] = kv->take_group;
+		kv->grp_used[kv->take_group]++;
+	}
 	return b;
 }
 
@@ -805,6 +828,9 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
  * prices another user set; blocks released cold (bkv__block_put_cold)
  * are evicted first. BKV_OK or BKV_ENOMEM (nothing changed). */
 int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
+/* Per-group frame counts on (a pool with KV groups, pool/pool.c): the
+ * group tags, every frame free so far. BKV_OK or BKV_ENOMEM. */
+int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
 /* The segmented LRU on (BKV_EVICT_SEGMENTED): the value records on as one
@@ -853,6 +879,7 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
+		BKV__GRP_COUNT(kv, b, grp_used, 1);
 		kv->tokens += k->fill;
 		if (kv->hit_slow)
 			bkv__block_hit_slow(kv, b);
@@ -871,6 +898,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN |
 				 BKV__BLOCK_CHUNKED)))) {
 		kv->nr_used--;
+		BKV__GRP_COUNT(kv, b, grp_used, -1);
 		kv->tokens -= k->fill;
 		k->next = kv->free_head;
 		kv->free_head = b;
@@ -880,6 +908,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN | BKV__BLOCK_CHUNKED))) {
 		/* indexed: cached on the LRU tail */
 		kv->nr_used--;
+		BKV__GRP_COUNT(kv, b, grp_used, -1);
 		kv->tokens -= k->fill;
 		bkv__lru_push(kv, b);
 		if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))

@@ -261,6 +261,9 @@ int bkv_pool_reset_cache(bkv_pool *pool)
 	return BKV_OK;
 }
 
+_Static_assert(sizeof(((bkv_pool_stats *)0)->group_used) == BKV_MAX_GROUPS * sizeof(uint32_t),
+	       "bkv_pool_stats.group_used holds BKV_MAX_GROUPS counts");
+
 void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 {
 	bkv_pool_stats st;
@@ -306,6 +309,14 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.host_skipped = pool->hc_skipped;
 		st.host_hit_blocks = pool->hc_hits;
 		st.host_evictions = pool->hc_evictions;
+		st.n_groups = 1 + pool->n_lanes;
+		if (pool->kv.grp) {
+			memcpy(st.group_used, pool->kv.grp_used, sizeof st.group_used);
+			memcpy(st.group_cached, pool->kv.grp_cached, sizeof st.group_cached);
+		} else {
+			st.group_used[0] = pool->kv.nr_used;
+			st.group_cached[0] = pool->kv.nr_cached;
+		}
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);

@@ -181,6 +181,9 @@ class bkv_pool_stats(Structure):
         ('host_skipped', c_uint64),
         ('host_hit_blocks', c_uint64),
         ('host_evictions', c_uint64),
+        ('n_groups', c_uint32),
+        ('group_used', c_uint32 * 8),
+        ('group_cached', c_uint32 * 8),
     ]
 
 

@@ -218,6 +218,9 @@ pub struct bkv_pool_stats {
     pub host_skipped: u64,
     pub host_hit_blocks: u64,
     pub host_evictions: u64,
+    pub n_groups: u32,
+    pub group_used: [u32; 8],
+    pub group_cached: [u32; 8],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
