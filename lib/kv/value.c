@@ -65,22 +65,27 @@
  * (the lane keeping rule's cold blocks), BKV__SEG_PROB (probation) and
  * BKV__SEG_PROT (protected), LRU within each, probation evicted before
  * protected. A block released to the cache joins the protected list when
- * it was taken back by a hit since it was last cached (its chain proved it
- * is reused: a promotion), when it left the protected list only to be
- * moved (a lift), or while the protected list has room (val_prot_max: a
- * cache that has never been full is all protected); else probation. A push that leaves the protected list over its room moves
- * its head (its oldest, a chain's deepest first) to the probation tail.
- * So a prefix used once waits in probation and goes first (admission
- * control), and a cycle longer than the cache keeps the part of it that
- * the protected list holds, hit on every turn, while the rest passes
- * through probation: hits fall with the cache's size instead of all at
- * once. Probation's room (1/4) is where new prompts are computed and
- * wait for their second use. Chains: a block promoted by a hit has its
- * whole prefix hit too (a hit is a prefix), so a protected chain is
- * whole from its root; a probation head with indexed children moves to
- * the protected tail (the rule above), a protected one to the protected
- * tail. With retention (val_ret) the bands decide and the segments are
- * off. Every step is O(1): no allocation, no scan.
+ * it was taken back by a hit since it was last cached and that reuse came
+ * sooner than the stalest protected block's last use (LIRS's test: a reuse
+ * distance below the oldest protected block's recency; marked
+ * BKV__SEG_HIT in its record while it is pinned), when it is a new block
+ * extending a chain so reused (BKV__SEG_EXT, from its parent when it is
+ * indexed: a conversation's next turn joins its protected prefix whole),
+ * when it was protected already (a hit that failed the test, or a lift),
+ * or while the protected list has room (val_prot_max: a cache that has
+ * never been full is all protected); else probation. A push that leaves
+ * the protected list over its room moves its head (its least recently
+ * used block, a chain's deepest first) to the probation tail. So a prefix
+ * used once waits in probation and goes first (admission control), and a
+ * cycle longer than the cache cannot push out the part of it that the
+ * protected list holds, hit on every turn, while the rest passes through
+ * probation: hits fall with the cache's size instead of all at once.
+ * Chains: a block promoted by a hit has its whole prefix hit too (a hit is
+ * a prefix); a probation head with indexed children moves to the
+ * protected tail (the rule above), a protected one to the protected tail.
+ * With retention (val_ret) the bands decide and the segments are off.
+ * Every step is O(1): no allocation (the ghost table is allocated when the
+ * policy goes on), no scan.
  *
  * Sizing. How much of the cache to protect depends on the traffic: a
  * cycle wants as much as the running prompts leave, conversations whose
@@ -107,7 +112,9 @@
  *
  * The decision layer turns the policy on (decide/evict.c, from
  * bkv_sched_config.evict) with prices from the scheduler's cost model; the
- * records (24 bytes a device block) exist only while it is on.
+ * records (24 bytes a device block) exist only while it is on (the
+ * segmented LRU's ghost table, 8 bytes a slot, nb rounded up to a power of
+ * two slots, too).
  *
  * Retention priorities (bkv__kv.val_ret, pool/retain.c). A request's range
  * gives an indexed block a priority (rprio) until a clock (val_exp). By
