@@ -251,37 +251,22 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
-	/* the segmented LRU (kv/value.c, BKV_EVICT_SEGMENTED): on while
-	 * val_seg, without retention; needs val */
+	/* the segmented LRU (kv/value.c): on while val_seg, without retention */
 	uint32_t val_seg;      /* bkv__kv_seg_on calls not yet undone */
-	uint32_t val_prot_n;   /* cached blocks on the protected list
-				  (class BKV__SEG_PROT), <= val_prot_max
-				  after every push */
-	uint32_t val_prot_max; /* the protected list's room, blocks, in
-				  [nb / 8, nb - nb / 8]: moved by one a
-				  block (kv/value.c, "Sizing") */
-	uint32_t val_pclock;   /* ticks on every push to the lists (wraps;
-				  differences only): a cached block's
-				  stamp is the tick of its push */
-	uint64_t *val_ghost;   /* [val_ghost_mask + 1] the last evictions,
-				  direct-mapped by hash: its high 32 bits
-				  << 32 | the block's push stamp; 0 none */
-	uint32_t val_ghost_mask; /* ghost slots - 1 (slots a power of two
-				  >= nb) */
-	uint64_t val_promoted; /* blocks that joined the protected list from
-				  a hit */
-	uint64_t val_demoted;  /* protected heads moved to probation for room */
-	/* KV groups (bkv__kv_groups_on): each frame's group and the frames
-	 * each group holds; grp NULL: one group, nothing counted */
-	uint8_t *grp;          /* [nb] the group of the taker of each frame
-				  (its content's group while it is used
-				  or cached) */
-	uint8_t take_group;    /* the group the next bkv__block_take is for:
-				  0, or a lane's while pool/lanes.c takes */
-	uint32_t grp_used[BKV_MAX_GROUPS];   /* used frames by group; they
-				  sum to nr_used */
-	uint32_t grp_cached[BKV_MAX_GROUPS]; /* cached frames by group; they
-				  sum to nr_cached */
+	uint32_t val_prot_n;   /* cached blocks on the protected list */
+	uint32_t val_prot_max; /* its room, blocks, in [nb / 8, nb - nb / 8] */
+	uint32_t val_pclock;   /* ticks on every push to the lists (wraps):
+				  a cached block's stamp is its push's */
+	uint64_t *val_ghost;   /* [val_ghost_mask + 1] evictions by hash:
+				  hash >> 32 << 32 | push stamp; 0 none */
+	uint32_t val_ghost_mask; /* slots - 1 (a power of two >= nb) */
+	uint64_t val_promoted; /* blocks protected for a hit */
+	uint64_t val_demoted;  /* protected heads moved to probation */
+	/* KV groups (bkv__kv_groups_on; grp NULL: one group, no counts) */
+	uint8_t *grp;          /* [nb] each frame's taker's group */
+	uint8_t take_group;    /* the next take's group (pool/lanes.c) */
+	uint32_t grp_used[BKV_MAX_GROUPS];   /* used frames by group */
+	uint32_t grp_cached[BKV_MAX_GROUPS]; /* cached frames by group */
 	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
 	   off, and none of these is used */
 	uint32_t ck_k;         /* frames per chunk (one state unit's) */
@@ -828,8 +813,8 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
  * prices another user set; blocks released cold (bkv__block_put_cold)
  * are evicted first. BKV_OK or BKV_ENOMEM (nothing changed). */
 int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
-/* Per-group frame counts on (a pool with KV groups, pool/pool.c): the
- * group tags, every frame free so far. BKV_OK or BKV_ENOMEM. */
+/* Per-group frame counts on (pool/lanes.c, every frame free). BKV_OK or
+ * BKV_ENOMEM. */
 int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
