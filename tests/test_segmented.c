@@ -94,16 +94,6 @@ Test(segmented, prefixes_used_once_go_before_a_reused_one)
 	cr_expect_eq(scan_then_reuse(1), 32, "A's 8 blocks are protected");
 }
 
-/* splitmix64 */
-static uint64_t next_rand(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* Random opens, appends (often sharing one of a few prefixes), closes,
  * drops, forks and truncates; the whole pool checked after each one. */
 static void random_ops(bkv_pool *p, uint64_t seed, uint32_t steps)
@@ -113,7 +103,7 @@ static void random_ops(bkv_pool *p, uint64_t seed, uint32_t steps)
 	int32_t t[96];
 
 	for (i = 0; i < steps; i++) {
-		uint32_t op = (uint32_t)(next_rand(&x) % 8), k, s, hit;
+		uint32_t op = (uint32_t)(test_rand(&x) % 8), k, s, hit;
 		int rc;
 
 		if (n_open == 0 || (op < 3 && n_open < 16)) {
@@ -121,16 +111,16 @@ static void random_ops(bkv_pool *p, uint64_t seed, uint32_t steps)
 				open[n_open++] = s;
 			continue;
 		}
-		k = (uint32_t)(next_rand(&x) % n_open);
+		k = (uint32_t)(test_rand(&x) % n_open);
 		s = open[k];
 		switch (op) {
 		case 3:
 		case 4: { /* a prompt from one of 5 prefixes, or fresh tokens */
-			uint32_t n = 1 + (uint32_t)(next_rand(&x) % 95);
-			uint32_t pre = (uint32_t)(next_rand(&x) % 6);
+			uint32_t n = 1 + (uint32_t)(test_rand(&x) % 95);
+			uint32_t pre = (uint32_t)(test_rand(&x) % 6);
 
 			fill_tokens(t, n, pre < 5 ? (int32_t)(100000 * (pre + 1))
-						  : (int32_t)(next_rand(&x) % 1000000));
+						  : (int32_t)(test_rand(&x) % 1000000));
 			rc = bkv_seq_append(p, s, t, n, &hit);
 			cr_assert(rc == BKV_OK || rc == BKV_ENOSPC || rc == BKV_E2BIG, "append: %d",
 				  rc);
@@ -222,34 +212,10 @@ Test(segmented, on_and_off_over_a_warm_cache_with_eviction_by_value)
 
 /* ---- no allocation on eviction -------------------------------------------- */
 
-typedef struct counter {
-	uint64_t calls; /* alloc + realloc calls */
-} counter;
-
-static void *c_alloc(void *ud, size_t size)
-{
-	((counter *)ud)->calls++;
-	return malloc(size);
-}
-
-static void *c_realloc(void *ud, void *p, size_t old_size, size_t size)
-{
-	(void)old_size;
-	((counter *)ud)->calls++;
-	return realloc(p, size);
-}
-
-static void c_free(void *ud, void *p, size_t size)
-{
-	(void)ud;
-	(void)size;
-	free(p);
-}
-
 Test(segmented, evictions_allocate_nothing)
 {
-	counter c = {0};
-	bkv_allocator a = {c_alloc, c_realloc, c_free, &c};
+	test_alloc_count c = {0};
+	bkv_allocator a = test_counting_allocator(&c);
 	bkv_pool_config cfg;
 	bkv_pool *p = NULL;
 	bkv_pool_stats st;
