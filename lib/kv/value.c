@@ -269,26 +269,19 @@ static inline int seg_active(const bkv__kv *kv)
 	return kv->val_seg && !kv->val_ret;
 }
 
-/* The protected head to the probation tail, and with it the rest of its
- * release (the blocks pushed right after it, in order): a sequence's
- * blocks leave the protected list together, so that what stays protected
- * still serves whole hits (with KV groups, a hit needs the window blocks
- * at its end, released first, as much as its full-attention chain). */
-static void seg_demote(bkv__kv *kv, int group)
+/* The protected head (its least recently used block; of a release, the
+ * deepest) to the probation tail. */
+static void seg_demote(bkv__kv *kv)
 {
 	int32_t h = kv->val_head[BKV__SEG_PROT];
-	uint32_t next;
 
-	do {
-		next = kv->val[h].stamp + 1u;
-		list_remove(kv, h);
-		list_append(kv, h, BKV__SEG_PROB);
-		kv->val_demoted++;
-		h = kv->val_head[BKV__SEG_PROT];
-	} while (group && h >= 0 && kv->val[h].stamp == next);
+	list_remove(kv, h);
+	list_append(kv, h, BKV__SEG_PROB);
+	kv->val_demoted++;
 }
 
-/* b joins the cache: protected after a hit or a lift, or while there is
+/* b joins the cache: protected after a hit that passed the test, as an
+ * extension of such a chain, when it was protected, or while there is
  * room; else probation. Then the protected list back within its room. */
 static void seg_push(bkv__kv *kv, int32_t b)
 {
@@ -307,7 +300,7 @@ static void seg_push(bkv__kv *kv, int32_t b)
 	}
 	list_append(kv, b, c);
 	while (kv->val_prot_n > kv->val_prot_max)
-		seg_demote(kv, 0);
+		seg_demote(kv);
 }
 
 void bkv__val_push(bkv__kv *kv, int32_t b)
