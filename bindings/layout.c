@@ -86,6 +86,9 @@ int main(void)
 	F(bkv_pool_stats, host_skipped);
 	F(bkv_pool_stats, host_hit_blocks);
 	F(bkv_pool_stats, host_evictions);
+	F(bkv_pool_stats, n_groups);
+	F(bkv_pool_stats, group_used);
+	F(bkv_pool_stats, group_cached);
 	S(bkv_copy);
 	F(bkv_copy, src);
 	F(bkv_copy, dst);

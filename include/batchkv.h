@@ -452,6 +452,18 @@ typedef struct bkv_pool_stats {
 	uint64_t host_hit_blocks; /* prefix-hit blocks reloaded from the host
 				     cache (swap-in copies recorded) */
 	uint64_t host_evictions;  /* host cache blocks dropped for room */
+	uint32_t n_groups;        /* KV groups with frames (bkv_pool_config's
+				     groups but a STATE one; 1 without
+				     groups): the entries of group_used and
+				     group_cached that count */
+	uint32_t group_used[8];   /* (BKV_MAX_GROUPS) used device blocks (frames)
+				     by group, in bkv_pool_config.groups'
+				     order; they sum to nr_used. Groups share
+				     one free list and one prefix cache, so
+				     no group can run out while another has
+				     frames free */
+	uint32_t group_cached[8]; /* (BKV_MAX_GROUPS) cached ones by group; they
+				     sum to nr_cached */
 } bkv_pool_stats;
 
 /* A block copy the host must perform: block src to block dst. For swaps, the
@@ -1627,9 +1639,15 @@ typedef enum bkv_spec_k_mode {
 typedef enum bkv_evict_policy {
 	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
 			       first (the default) */
-	BKV_EVICT_VALUE = 1 /* of the oldest cached leaves, the one whose
+	BKV_EVICT_VALUE = 1, /* of the oldest cached leaves, the one whose
 			       expected saving (its recompute price at its
 			       depth x its decayed hit count) is lowest */
+	BKV_EVICT_SEGMENTED = 2 /* LRU in two segments: blocks hit since
+			       they were cached (or kept while the cache
+			       had room) are protected, prefixes used
+			       once go first; holds up when sessions
+			       that take turns outgrow the cache
+			       (docs/design.md, "The segmented LRU") */
 } bkv_evict_policy;
 
 /* Which running request preemption takes when the pool is short
@@ -1757,7 +1775,8 @@ typedef struct bkv_sched_config {
 				      scheduler runs it; default
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
 				      blocks with cost (taken at create)
-				      and allocates 24 bytes a device block */
+				      and allocates 24 bytes a device block;
+				      BKV_EVICT_SEGMENTED too (no prices) */
 	bkv_victim_policy victim;  /* preemption's victim; default
 				      BKV_VICTIM_RECENT */
 	bkv_admit_reserve admit_reserve; /* what admission keeps room

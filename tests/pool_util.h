@@ -6,9 +6,52 @@
 
 #include <criterion/criterion.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "batchkv.h"
+
+/* splitmix64 (Steele, Lea and Flood 2014): a deterministic test generator. */
+static inline uint64_t test_rand(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* An allocator hook over libc that counts alloc and realloc calls. */
+typedef struct test_alloc_count {
+	uint64_t calls; /* alloc + realloc calls so far */
+} test_alloc_count;
+
+static inline void *test_count_alloc(void *ud, size_t size)
+{
+	((test_alloc_count *)ud)->calls++;
+	return malloc(size);
+}
+
+static inline void *test_count_realloc(void *ud, void *p, size_t old_size, size_t size)
+{
+	(void)old_size;
+	((test_alloc_count *)ud)->calls++;
+	return realloc(p, size);
+}
+
+static inline void test_count_free(void *ud, void *p, size_t size)
+{
+	(void)ud;
+	(void)size;
+	free(p);
+}
+
+static inline bkv_allocator test_counting_allocator(test_alloc_count *c)
+{
+	bkv_allocator a = {test_count_alloc, test_count_realloc, test_count_free, c};
+
+	return a;
+}
 
 static inline bkv_pool *make_pool_ex(uint32_t bt, uint32_t nb, uint32_t nh, uint32_t watermark,
 				     int prefix_cache)

@@ -246,6 +246,12 @@ Test(metrics, text_parses_back_and_matches_the_counters)
 			     get(&p, "bkv_kv_blocks", "state=\"cached\"") +
 			     get(&p, "bkv_kv_blocks", "state=\"used\""),
 		     64);
+	/* one group: its frames are the pool's */
+	cr_assert_eq(get(&p, "bkv_kv_group_blocks", "group=\"0\",state=\"used\""),
+		     get(&p, "bkv_kv_blocks", "state=\"used\""));
+	cr_assert_eq(get(&p, "bkv_kv_group_blocks", "group=\"0\",state=\"cached\""),
+		     get(&p, "bkv_kv_blocks", "state=\"cached\""));
+	cr_assert_gt(get(&p, "bkv_kv_group_blocks", "group=\"0\",state=\"cached\""), 0);
 	cr_assert_float_eq(get(&p, "bkv_host_busy_seconds_total", ""), st.busy_us / 1e6, 1e-9);
 	cr_assert_eq(get(&p, "bkv_fallbacks_total", "kind=\"overlap_sync\""), (double)st.overlap_syncs);
 	cr_assert_eq(get(&p, "bkv_fallbacks_total", "kind=\"spec_skipped_row\""),

@@ -847,3 +847,53 @@ Test(pool_groups, shared_state_units_and_blocks_trade_frames_under_load)
 	bkv_pool_destroy(p);
 	bkv_pool_destroy(fx);
 }
+
+/* The frames of a full and a window group come from one free list: the full
+ * group can hold nearly all of them while the window group holds a few, and
+ * a new sequence still gets what it needs from what is free (no group has a
+ * share of its own to run out of), with each group's frames counted. */
+Test(pool_groups, one_group_filling_the_frames_never_stalls_the_other)
+{
+	static const bkv_kv_group g[2] = {
+		{BKV_GROUP_FULL, 2, 0, 0, 256},
+		{BKV_GROUP_WINDOW, 2, 8, 0, 256},
+	};
+	bkv_pool *p = make_group_pool(4, 64, 0, g, 2);
+	bkv_pool_stats st;
+	uint32_t a, b, hit;
+	int32_t t[200];
+	uint32_t i;
+
+	for (i = 0; i < 200; i++)
+		t[i] = (int32_t)(i + 1);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	for (i = 0; i < 10; i++) /* in chunks: the window releases behind */
+		cr_assert_eq(bkv_seq_append(p, a, t + 16 * i, 16, &hit), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, t + 160, 1, &hit), BKV_OK);
+	st.size = sizeof st;
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.n_groups, 2);
+	cr_assert_eq(st.group_used[0], 41, "161 tokens in 4-token blocks");
+	cr_assert_leq(st.group_used[1], 4, "the window's last 8 tokens");
+	cr_assert_eq(st.group_used[0] + st.group_used[1], st.nr_used);
+	cr_assert_eq(st.group_cached[0] + st.group_cached[1], st.nr_cached);
+	cr_assert_eq(st.group_cached[0], 0);
+	/* 64 - 41 - (at most 4) frames left: 12 more full blocks and the
+	 * window's fit */
+	for (i = 0; i < 200; i++)
+		t[i] = (int32_t)(5000 + i);
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	for (i = 0; i < 3; i++)
+		cr_assert_eq(bkv_seq_append(p, b, t + 15 * i, 15, &hit), BKV_OK);
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.group_used[0], 53, "%u", st.group_used[0]);
+	cr_assert_eq(st.group_used[0] + st.group_used[1], st.nr_used);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK);
+	bkv_pool_stats_get(p, &st);
+	cr_assert_gt(st.group_cached[0], 0, "a's full blocks are cached");
+	cr_assert_gt(st.group_cached[1], 0, "and its window's last blocks");
+	cr_assert_eq(st.group_cached[0] + st.group_cached[1], st.nr_cached);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}

@@ -926,7 +926,7 @@ Test(sched, create_refuses_bad_arguments_and_configs)
 	BAD(spec_k_mode, (bkv_spec_k_mode)2);
 	BAD(spec_drafts, (bkv_spec_drafts)2);
 	BAD(overlap, 1); /* overlap needs ops.launch */
-	BAD(evict, (bkv_evict_policy)2);
+	BAD(evict, (bkv_evict_policy)3);
 	BAD(victim, (bkv_victim_policy)2);
 	BAD(admit_reserve, (bkv_admit_reserve)2);
 	BAD(batch_layout, (bkv_batch_layout)2);

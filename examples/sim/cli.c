@@ -213,9 +213,17 @@ static int set_help(cli_args *a, const cli_option *opt, const char *v)
 
 static int set_workload(cli_args *a, const cli_option *opt, const char *v)
 {
-	if (strcmp(v, "seed000") && strcmp(v, "synthetic"))
+	if (strcmp(v, "seed000") && strcmp(v, "synthetic") && strcmp(v, "sessions"))
 		return SET_BAD;
 	a->o.workload = v;
+	if (!strcmp(v, "sessions")) { /* its own defaults, unless given before */
+		if (a->o.prompt.kind == DIST_UNIFORM && a->o.prompt.lo == 8 && a->o.prompt.hi == 64)
+			a->o.prompt = (trace_dist){DIST_UNIFORM, 6144, 10240};
+		if (a->o.output.kind == DIST_SEED000_GEN)
+			a->o.output = (trace_dist){DIST_CONST, 64, 64};
+		if (a->o.arrival == ARRIVAL_BURST)
+			a->o.arrival = ARRIVAL_UNIFORM, a->o.rate = 0.5;
+	}
 	return SET_OK;
 }
 
@@ -246,6 +254,18 @@ static int set_requests(cli_args *a, const cli_option *opt, const char *v)
 		fprintf(stderr, "bkv-sim: --n %u is more than %u requests\n", a->o.n, MAX_REQS);
 		return SET_STOP;
 	}
+	return SET_OK;
+}
+
+/* rr | shuffle */
+static int set_order(cli_args *a, const cli_option *opt, const char *v)
+{
+	if (!strcmp(v, "rr"))
+		a->o.sessions.order = SESSIONS_ROUND_ROBIN;
+	else if (!strcmp(v, "shuffle"))
+		a->o.sessions.order = SESSIONS_SHUFFLE;
+	else
+		return SET_BAD;
 	return SET_OK;
 }
 
@@ -383,6 +403,8 @@ static int set_evict(cli_args *a, const cli_option *opt, const char *v)
 		a->c.evict = BKV_EVICT_LRU;
 	else if (!strcmp(v, "value"))
 		a->c.evict = BKV_EVICT_VALUE;
+	else if (!strcmp(v, "segmented"))
+		a->c.evict = BKV_EVICT_SEGMENTED;
 	else
 		return SET_BAD;
 	return SET_OK;
@@ -494,7 +516,16 @@ static const cli_option options[] = {
 	VALUE("--workload", set_workload,
 	      "  --workload seed000         seed 000's 256 requests (default)\n"
 	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R\n"
-	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"),
+	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
+	      "  --workload sessions        --sessions S --turns T --grow G --order rr|shuffle:\n"
+	      "                             S sessions in rotation, T rounds; a turn re-reads\n"
+	      "                             its session's context and adds G tokens (default\n"
+	      "                             12, 10, 512, rr; first contexts --prompt, default\n"
+	      "                             6144..10240; --output 64; --arrival uniform:0.5)\n"),
+	COUNT("--sessions", OPT(sessions.sessions), 1, 100000, NULL),
+	COUNT("--turns", OPT(sessions.turns), 1, 100000, NULL),
+	COUNT("--grow", OPT(sessions.grow), 0, MAX_LEN, NULL),
+	VALUE("--order", set_order, NULL),
 	VALUE("--n", set_requests, NULL),
 	VALUE("--arrival", set_arrival, NULL),
 	{"--prompt", ARG_VALUE, set_dist, OPT(prompt), 0, 0, NULL},
@@ -602,7 +633,7 @@ static const cli_option options[] = {
 	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
 	      "                             swap copy costs its KV over it (roofline)\n"),
 	VALUE("--evict", set_evict,
-	      "  --evict lru|value          the prefix cache's eviction policy\n"
+	      "  --evict lru|value|segmented  the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),
 	VALUE("--victim", set_victim,
 	      "  --victim recent|cost       preemption's victim (bkv_sched_config.victim;\n"
@@ -684,6 +715,7 @@ static void defaults(cli_args *a)
 	a->o.baseline = 1;
 	a->o.prompt = (trace_dist){DIST_UNIFORM, 8, 64};
 	a->o.output = (trace_dist){DIST_SEED000_GEN, 1, 64};
+	a->o.sessions = (trace_sessions_spec){12, 10, 512, SESSIONS_ROUND_ROBIN};
 	a->o.cost_name = "poly";
 	sim_config_init(&a->c);
 }

@@ -19,7 +19,7 @@
 
 /* The command line, parsed, apart from what goes straight into sim_config. */
 typedef struct opts {
-	const char *workload;    /* "seed000" or "synthetic" */
+	const char *workload;    /* "seed000", "synthetic" or "sessions" */
 	trace_format fmt;        /* format of trace_path */
 	const char *trace_path;  /* a trace file; NULL: synthetic workload */
 	const char *run;         /* DistServe run filter; NULL: all rows */
@@ -29,6 +29,9 @@ typedef struct opts {
 	double rate;             /* synthetic: requests per second */
 	trace_dist prompt;       /* synthetic: prompt tokens */
 	trace_dist output;       /* synthetic: output tokens */
+	trace_sessions_spec sessions; /* sessions: the rotation (--sessions,
+				    --turns, --grow, --order); --prompt is
+				    a session's first context */
 	uint64_t seed_lo;        /* first seed */
 	uint64_t seed_hi;        /* last seed, inclusive (>= seed_lo) */
 	int seeds_set;           /* --seeds given (else the workload's default) */

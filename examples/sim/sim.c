@@ -45,6 +45,9 @@ static int make_trace(const opts *o, uint64_t seed, trace *t, char *err, size_t 
 	}
 	if (!strcmp(o->workload, "seed000"))
 		return trace_seed000(t, seed);
+	if (!strcmp(o->workload, "sessions"))
+		return trace_sessions(t, &o->sessions, o->arrival, o->rate, &o->prompt, &o->output,
+				      seed);
 	return trace_synthetic(t, o->n, o->arrival, o->rate, &o->prompt, &o->output, seed);
 }
 

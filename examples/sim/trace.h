@@ -156,4 +156,30 @@ typedef enum trace_arrival {
 int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
 		    const trace_dist *prompt, const trace_dist *output, uint64_t seed);
 
+/* Rotating sessions: `sessions` conversations (or agents) take turns, each
+ * turn's prompt the session's whole context so far. A session's first
+ * context is drawn from the context distribution (rounded up to whole
+ * 512-token prefix blocks); every later turn adds `grow` tokens (rounded up
+ * likewise: the last answer and the next message) and re-reads the rest.
+ * Turn order per round: the same rotation every round, or a fresh random
+ * permutation. Requests carry prefix-block ids, as Mooncake's do. */
+typedef enum trace_sessions_order {
+	SESSIONS_ROUND_ROBIN = 0, /* sessions 0, 1, ..., n - 1 every round */
+	SESSIONS_SHUFFLE = 1      /* a random permutation every round */
+} trace_sessions_order;
+
+typedef struct trace_sessions_spec {
+	uint32_t sessions;          /* sessions in rotation, >= 1 */
+	uint32_t turns;             /* rounds: requests = sessions x turns */
+	uint32_t grow;              /* tokens a turn adds to its session */
+	trace_sessions_order order; /* turn order within a round */
+} trace_sessions_spec;
+
+/* sessions x turns requests, round after round, arrivals as trace_synthetic
+ * (per request: gap, then output length; first contexts drawn first, then
+ * each round's permutation). TRACE_EPARSE when a context could pass
+ * TRACE_MAX_TOKENS. */
+int trace_sessions(trace *t, const trace_sessions_spec *sp, trace_arrival arr, double rate_per_s,
+		   const trace_dist *context, const trace_dist *output, uint64_t seed);
+
 #endif /* BKV_SIM_TRACE_H */

@@ -14,6 +14,7 @@
  * documented in docs/benchmarks.md so a run can be reproduced elsewhere.
  */
 #include "trace.h"
+#include "trace_alloc.h"
 
 #include <errno.h>
 #include <math.h>
@@ -251,4 +252,71 @@ int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
 		}
 	}
 	return TRACE_OK;
+}
+
+/* ---- rotating sessions --------------------------------------------------- */
+
+/* Session s's context lives in ids[s * cap .. s * cap + len[s]); every id is
+ * fresh (the first session's first id is 0), so sessions share nothing and
+ * a session's turn shares its whole previous prompt. */
+int trace_sessions(trace *t, const trace_sessions_spec *sp, trace_arrival arr, double rate_per_s,
+		   const trace_dist *context, const trace_dist *output, uint64_t seed)
+{
+	uint64_t salt = t->salt;
+	memset(t, 0, sizeof(*t));
+	t->salt = salt ^ seed;
+	uint32_t ns = sp->sessions, grow = (sp->grow + TRACE_HASH_BLOCK - 1) / TRACE_HASH_BLOCK;
+	if (ns == 0 || sp->turns == 0)
+		return TRACE_OK;
+	trace_rng r;
+	trace_rng_seed(&r, seed);
+	/* the longest context: the longest first one plus every turn's growth */
+	uint32_t cap = (context->kind == DIST_CONST ? context->lo : context->hi) / TRACE_HASH_BLOCK +
+		       1 + grow * sp->turns;
+	if ((uint64_t)cap * TRACE_HASH_BLOCK > TRACE_MAX_TOKENS)
+		return TRACE_EPARSE;
+	uint32_t *ids = trace__malloc((size_t)ns * cap * sizeof(*ids));
+	uint32_t *len = trace__malloc((size_t)ns * sizeof(*len));
+	uint32_t *order = trace__malloc((size_t)ns * sizeof(*order));
+	uint32_t fresh = 0;
+	int rc = TRACE_OK;
+	double now = 0.0;
+	if (!ids || !len || !order) {
+		rc = TRACE_ENOMEM;
+		goto out;
+	}
+	for (uint32_t s = 0; s < ns; s++) { /* first contexts, whole blocks */
+		uint32_t n = (trace_dist_draw(context, &r) + TRACE_HASH_BLOCK - 1) / TRACE_HASH_BLOCK;
+		len[s] = n ? n : 1;
+		for (uint32_t k = 0; k < len[s]; k++)
+			ids[(size_t)s * cap + k] = fresh++;
+		order[s] = s;
+	}
+	for (uint32_t turn = 0; turn < sp->turns && rc == TRACE_OK; turn++) {
+		if (sp->order == SESSIONS_SHUFFLE) /* a fresh permutation per round */
+			for (uint32_t i = ns - 1; i > 0; i--) {
+				uint32_t j = trace_rng_range(&r, 0, i), x = order[i];
+				order[i] = order[j];
+				order[j] = x;
+			}
+		for (uint32_t i = 0; i < ns && rc == TRACE_OK; i++) {
+			uint32_t s = order[i], *ctx = ids + (size_t)s * cap;
+			if (turn > 0) /* the last answer and the next question */
+				for (uint32_t k = 0; k < grow; k++)
+					ctx[len[s]++] = fresh++;
+			if (arr == ARRIVAL_POISSON && rate_per_s > 0.0)
+				now += -log(1.0 - trace_rng_unit(&r)) / rate_per_s * 1e6;
+			else if (arr == ARRIVAL_UNIFORM && rate_per_s > 0.0 && t->n > 0)
+				now += 1e6 / rate_per_s;
+			rc = trace_push(t, now, len[s] * TRACE_HASH_BLOCK, trace_dist_draw(output, &r),
+					ctx, len[s]);
+		}
+	}
+out:
+	trace__free(ids);
+	trace__free(len);
+	trace__free(order);
+	if (rc != TRACE_OK)
+		trace_free(t);
+	return rc;
 }

@@ -12,6 +12,9 @@
  * prefix costs more; a model without that term gives p1 = 0). A model that
  * has no answer leaves p0 = 1 and p1 = 0: eviction by hit history alone.
  *
+ * SEGMENTED turns on the KV layer's segmented LRU (kv/value.c): probation
+ * and protected lists, no prices.
+ *
  * With bkv_sched_config.retention the requests' retention priorities order
  * it too (pool/retain.c): LRU becomes LRU within priority bands (the value
  * records on, every block at the same value, its class its band), VALUE
@@ -119,7 +122,28 @@ void bkv__evict_host_cache(bkv_sched *s, int on)
 				    s->cfg.copy_overlap ? 0.0 : link);
 }
 
+/* The segmented LRU (kv/value.c); with retention, LRU within bands. */
+static int evict_segmented(bkv_sched *s, int on)
+{
+	if (s->cfg.retention)
+		return evict_lru(s, on);
+	if (!on) {
+		bkv__pool_seg_off(s->pool);
+		return BKV_OK;
+	}
+	return bkv__pool_seg_on(s->pool);
+}
+
 void bkv__evict_choose(bkv__policy *p, const bkv_sched_config *user)
 {
-	p->evict = user->evict == BKV_EVICT_VALUE ? evict_value : evict_lru;
+	switch (user->evict) {
+	case BKV_EVICT_VALUE:
+		p->evict = evict_value;
+		break;
+	case BKV_EVICT_SEGMENTED:
+		p->evict = evict_segmented;
+		break;
+	default:
+		p->evict = evict_lru;
+	}
 }

@@ -301,6 +301,7 @@ static inline void lru_put(bkv__kv *kv, int32_t b, int32_t c)
 	kv->blk[b].prev = s;
 	kv->lru_tail = s;
 	kv->nr_cached++;
+	BKV__GRP_COUNT(kv, b, grp_cached, 1);
 }
 
 static NOINLINE void lru_push_grow(bkv__kv *kv, int32_t b)
@@ -373,6 +374,7 @@ static inline void lru_unlink_plain(bkv__kv *kv, int32_t b)
 	sl[i] = -1;
 	k->prev = -1;
 	kv->nr_cached--;
+	BKV__GRP_COUNT(kv, b, grp_cached, -1);
 	ch = &chs[c];
 	live = ch->live - 1u;
 	ch->live = (uint8_t)live;
@@ -848,6 +850,7 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	 * to the free list head */
 	k->ref = 0;
 	kv->nr_used--;
+	BKV__GRP_COUNT(kv, b, grp_used, -1);
 	kv->tokens -= k->fill;
 	if (kv->ck_k)
 		bkv__ck_unpinned(kv, b);

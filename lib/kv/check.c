@@ -89,7 +89,7 @@ static int lru_check(const bkv__kv *kv, uint32_t *sc, uint32_t *n)
 int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 {
 	uint32_t nb = kv->nb, bt = kv->bt, i, n, used = 0, freec = 0, cached = 0, idx = 0;
-	uint32_t *sc = scratch;
+	uint32_t *sc = scratch, gu[BKV_MAX_GROUPS] = {0}, gc[BKV_MAX_GROUPS] = {0};
 	uint64_t tokens = 0;
 	int32_t b;
 	int rc;
@@ -119,6 +119,12 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 		idx += BLOCK_IS_INDEXED(k);
 		if (BLOCK_IS_PINNED(k))
 			tokens += k->fill;
+		if (kv->grp) { /* each frame counted in its group */
+			if (kv->grp[i] >= BKV_MAX_GROUPS)
+				return CHECK_COUNTS;
+			gu[kv->grp[i]] += BLOCK_IS_PINNED(k);
+			gc[kv->grp[i]] += BLOCK_IS_CACHED(k);
+		}
 		if (k->fill > bt || (BLOCK_IS_INDEXED(k) && k->fill != bt))
 			return CHECK_FILL;
 	}
@@ -127,6 +133,8 @@ int bkv__kv_check(const bkv__kv *kv, uint32_t *scratch)
 		return CHECK_STATES;
 	if (tokens != kv->tokens)
 		return CHECK_TOKENS;
+	if (kv->grp && (memcmp(gu, kv->grp_used, sizeof gu) || memcmp(gc, kv->grp_cached, sizeof gc)))
+		return CHECK_COUNTS;
 	/* The index holds exactly the indexed blocks, each findable. */
 	if (kv->index) {
 		size_t cap = bkv__index_cap(kv), j;

@@ -192,6 +192,16 @@ int bkv__kv_init(bkv__kv *kv, const bkv_allocator *a, uint32_t block_tokens, uin
 	return BKV_OK;
 }
 
+int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a)
+{
+	BKV_ASSERT(!kv->grp && kv->nr_used == 0);
+	kv->grp = bkv__malloc(a, kv->nb);
+	if (!kv->grp)
+		return BKV_ENOMEM;
+	memset(kv->grp, 0, kv->nb);
+	return BKV_OK;
+}
+
 void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 {
 	size_t nb = kv->nb, bt = kv->bt;
@@ -204,6 +214,7 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->tok_mem, kv->tok_mem ? bkv__kv_tok_bytes(nb, bt) : 0);
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
 	bkv__ck_free(kv, a);
+	bkv__free(a, kv->grp, kv->grp ? nb : 0);
 	bkv__kv_retain_off(kv, a); /* a scheduler with retention outlived it */
 	if (kv->val) { /* a scheduler that set the value policy outlived it */
 		kv->val_users = 1;
@@ -264,6 +275,7 @@ void bkv__block_release(bkv__kv *kv, int32_t b, int drop)
 	bkv__block *k = &kv->blk[b];
 
 	kv->nr_used--;
+	BKV__GRP_COUNT(kv, b, grp_used, -1);
 	kv->tokens -= k->fill;
 	if (UNLIKELY(kv->ck_k))
 		bkv__ck_released(kv, b);

@@ -131,11 +131,14 @@ typedef struct bkv__val {
 			   block), set when it is indexed */
 	uint32_t freq;  /* hits taken from the cache, 1/256 units, halved
 			   every 2^val_shift clock ticks since stamp */
-	uint32_t stamp; /* val_clock at its indexing or last hit */
+	uint32_t stamp; /* val_clock at its indexing or last hit; with the
+			   segmented LRU, val_pclock at its last push */
 	int32_t prev;   /* cached: the next older block of its class list
 			   (-1: its head); else -1 */
 	int32_t next;   /* cached: the next more recent one (-1: the tail) */
-	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES */
+	uint8_t cls;    /* cached: its class list, < BKV__VAL_CLASSES;
+			   off the lists, with the segmented LRU: the
+			   class it left, or BKV__SEG_HIT after a hit */
 	uint8_t on;     /* 1 while on a class list */
 	uint8_t rprio;  /* retention (bkv__kv.val_ret): a request's
 			   retention priority + 1 given to it while indexed,
@@ -248,6 +251,22 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
+	/* the segmented LRU (kv/value.c): on while val_seg, without retention */
+	uint32_t val_seg;      /* bkv__kv_seg_on calls not yet undone */
+	uint32_t val_prot_n;   /* cached blocks on the protected list */
+	uint32_t val_prot_max; /* its room, blocks, in [nb / 8, nb - nb / 8] */
+	uint32_t val_pclock;   /* ticks on every push to the lists (wraps):
+				  a cached block's stamp is its push's */
+	uint64_t *val_ghost;   /* [val_ghost_mask + 1] evictions by hash:
+				  hash >> 32 << 32 | push stamp; 0 none */
+	uint32_t val_ghost_mask; /* slots - 1 (a power of two >= nb) */
+	uint64_t val_promoted; /* blocks protected for a hit */
+	uint64_t val_demoted;  /* protected heads moved to probation */
+	/* KV groups (bkv__kv_groups_on; grp NULL: one group, no counts) */
+	uint8_t *grp;          /* [nb] each frame's taker's group */
+	uint8_t take_group;    /* the next take's group (pool/lanes.c) */
+	uint32_t grp_used[BKV_MAX_GROUPS];   /* used frames by group */
+	uint32_t grp_cached[BKV_MAX_GROUPS]; /* cached frames by group */
 	/* frames shared with a STATE group in chunks (kv/chunks.c); ck_k 0:
 	   off, and none of these is used */
 	uint32_t ck_k;         /* frames per chunk (one state unit's) */
@@ -383,13 +402,32 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
 #define BKV__EVICT_AHEAD 4u
 #define BKV__HASH_AHEAD 16u
 
+/* With KV groups, frame b's group's count in field (grp_used or
+ * grp_cached) moves by d. */
+#define BKV__GRP_COUNT(kv, b, field, d)                                              \
+	do {                                                                         \
+		if ((kv)->grp)                                                       \
+			(kv)->field[(kv)->grp[b]] += (uint32_t)(int32_t)(d);         \
+	} while (0)
+
 /* Do the value records order cached blocks without prices: their only
  * users the lane keeping rule (LRU within class 1) and retention bands
  * (the class the band)? Then a block released cold goes to class 0. */
 static inline int bkv__val_unpriced(const bkv__kv *kv)
 {
-	return kv->val_users == kv->val_lanes + (kv->val_ret == BKV__RET_BANDS);
+	return kv->val_users == kv->val_lanes + kv->val_seg + (kv->val_ret == BKV__RET_BANDS);
 }
+
+/* The segmented LRU's classes (kv/value.c): cold lane blocks, probation
+ * (unproven, evicted first), protected (hit since cached, or admitted while
+ * the protected list had room). Off the lists, bkv__val.cls marks a block
+ * taken back by a hit that earns protection (BKV__SEG_HIT) and a new block
+ * that extends such a chain (BKV__SEG_EXT). */
+#define BKV__SEG_COLD 0u
+#define BKV__SEG_PROB 1u
+#define BKV__SEG_PROT 2u
+#define BKV__SEG_HIT 0xffu
+#define BKV__SEG_EXT 0xfeu
 
 /* LRU chunks for nb blocks: the list never holds more than 2 * (nb / 17)
  * + 2 (every pair of neighbours but the newest holds 17 or more blocks),
@@ -691,6 +729,10 @@ static inline int32_t bkv__block_take(bkv__kv *kv, int32_t parent)
 	k->parent = parent;
 	k->next = k->prev = -1;
 	kv->nr_used++;
+	if (kv->grp) {
+		kv->grp[b] = kv->take_group;
+		kv->grp_used[kv->take_group]++;
+	}
 	return b;
 }
 
@@ -773,8 +815,18 @@ void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
  * prices another user set; blocks released cold (bkv__block_put_cold)
  * are evicted first. BKV_OK or BKV_ENOMEM (nothing changed). */
 int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
+/* Per-group frame counts on (pool/lanes.c, every frame free). BKV_OK or
+ * BKV_ENOMEM. */
+int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
+/* The segmented LRU on (BKV_EVICT_SEGMENTED): the value records on as one
+ * more user, without prices; the cached blocks are placed again (the
+ * protected list filled oldest first up to its room). BKV_OK or
+ * BKV_ENOMEM (nothing changed). */
+int bkv__kv_seg_on(bkv__kv *kv, const bkv_allocator *a);
+/* Undo bkv__kv_seg_on (a no-op when it is not on). */
+void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a);
 /* Retention priorities (needs the value records on): mode BKV__RET_BANDS or
  * BKV__RET_VALUE; allocates the expiry clocks. BKV_OK or BKV_ENOMEM. */
 int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);
@@ -816,6 +868,7 @@ static inline void bkv__block_pin(bkv__kv *kv, int32_t b)
 	if (k->ref++ == 0 && !(k->flags & BKV__BLOCK_COPY_SRC)) {
 		bkv__lru_unlink(kv, b);
 		kv->nr_used++;
+		BKV__GRP_COUNT(kv, b, grp_used, 1);
 		kv->tokens += k->fill;
 		if (kv->hit_slow)
 			bkv__block_hit_slow(kv, b);
@@ -834,6 +887,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	if (LIKELY(!(k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN |
 				 BKV__BLOCK_CHUNKED)))) {
 		kv->nr_used--;
+		BKV__GRP_COUNT(kv, b, grp_used, -1);
 		kv->tokens -= k->fill;
 		k->next = kv->free_head;
 		kv->free_head = b;
@@ -843,6 +897,7 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 	if (!drop && !(k->flags & (BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN | BKV__BLOCK_CHUNKED))) {
 		/* indexed: cached on the LRU tail */
 		kv->nr_used--;
+		BKV__GRP_COUNT(kv, b, grp_used, -1);
 		kv->tokens -= k->fill;
 		bkv__lru_push(kv, b);
 		if (k->parent >= 0 && BLOCK_IS_CACHED(&kv->blk[k->parent]))

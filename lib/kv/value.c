@@ -57,13 +57,64 @@
  * it leaves the LRU). A cold block never has indexed children (a lane
  * block is a leaf), so the chain rule below never moves one.
  *
+ * The segmented LRU (BKV_EVICT_SEGMENTED, bkv__kv_seg_on) uses the same
+ * lists without prices, for traffic that comes back in cycles (sessions
+ * taking turns, agents re-reading their contexts): under plain LRU, once the
+ * cycle's contexts outgrow the cache every block is evicted just before its
+ * turn comes, and the hits fall to nothing. Three classes: BKV__SEG_COLD
+ * (the lane keeping rule's cold blocks), BKV__SEG_PROB (probation) and
+ * BKV__SEG_PROT (protected), LRU within each, probation evicted before
+ * protected. A block released to the cache joins the protected list when
+ * it was taken back by a hit since it was last cached and that reuse came
+ * sooner than the stalest protected block's last use (LIRS's test: a reuse
+ * distance below the oldest protected block's recency; marked
+ * BKV__SEG_HIT in its record while it is pinned), when it is a new block
+ * extending a chain so reused (BKV__SEG_EXT, from its parent when it is
+ * indexed: a conversation's next turn joins its protected prefix whole),
+ * when it was protected already (a hit that failed the test, or a lift),
+ * or while the protected list has room (val_prot_max: a cache that has
+ * never been full is all protected); else probation. A push that leaves
+ * the protected list over its room moves its head (its least recently
+ * used block, a chain's deepest first) to the probation tail. So a prefix
+ * used once waits in probation and goes first (admission control), and a
+ * cycle longer than the cache cannot push out the part of it that the
+ * protected list holds, hit on every turn, while the rest passes through
+ * probation: hits fall with the cache's size instead of all at once.
+ * Chains: a block promoted by a hit has its whole prefix hit too (a hit is
+ * a prefix); a probation head with indexed children moves to the
+ * protected tail (the rule above), a protected one to the protected tail.
+ * With retention (val_ret) the bands decide and the segments are off.
+ * Every step is O(1): no allocation (the ghost table is allocated when the
+ * policy goes on), no scan.
+ *
+ * Sizing. How much of the cache to protect depends on the traffic: a
+ * cycle wants as much as the running prompts leave, conversations whose
+ * next turn comes soon want a long probation (plain LRU holds them best).
+ * The room moves by one block on each event that shows which of the two
+ * would have served the block better, judged by its distance in pushes
+ * (val_pclock ticks since the block was last released, about the
+ * distinct blocks cached after it, as LRU orders them) against the
+ * blocks not pinned (what LRU could have kept):
+ *   - a hit whose distance is beyond that: LRU would have evicted the
+ *     block, protection kept it: one more block of room;
+ *   - a block computed again whose ghost (the hash and push stamp an
+ *     eviction left in val_ghost, a direct-mapped table of the last
+ *     evictions) is within that distance: LRU would have kept it: one
+ *     less;
+ *   - an eviction that finds probation empty and takes a protected block:
+ *     the running prompts need more than probation holds: one less.
+ * A one-sided workload settles at a bound: a cycle at nb - nb / 8,
+ * recency at nb / 8, where probation is an LRU of 7/8 of the cache.
+ *
  * kv/cache.c's bkv__cache_evict asks bkv__val_pick which block goes and
  * evicts it (this file calls nothing of cache.c: the layers test keeps
  * calls one way between files).
  *
  * The decision layer turns the policy on (decide/evict.c, from
  * bkv_sched_config.evict) with prices from the scheduler's cost model; the
- * records (24 bytes a device block) exist only while it is on.
+ * records (24 bytes a device block) exist only while it is on (the
+ * segmented LRU's ghost table, 8 bytes a slot, nb rounded up to a power of
+ * two slots, too).
  *
  * Retention priorities (bkv__kv.val_ret, pool/retain.c). A request's range
  * gives an indexed block a priority (rprio) until a clock (val_exp). By
@@ -153,6 +204,8 @@ static uint32_t class_of(const bkv__kv *kv, int32_t b)
 		c = (int)prio_band(prio_now(kv, b));
 		return kv->val_lanes && c == 0 ? 1 : (uint32_t)c; /* 0: the cold */
 	}
+	if (kv->val_seg)
+		return BKV__SEG_PROB; /* (placed by seg_push) */
 	if (kv->val_lanes && bkv__val_unpriced(kv))
 		return 1; /* the lane keeping rule's LRU, above the cold */
 	x = (1.0 + kv->val_r1 * (double)v->depth) *
@@ -186,6 +239,7 @@ static void list_append(bkv__kv *kv, int32_t b, uint32_t c)
 		kv->val_head[c] = b;
 	kv->val_tail[c] = b;
 	kv->val_mask |= 1u << c;
+	kv->val_prot_n += c == BKV__SEG_PROT;
 }
 
 static void list_remove(bkv__kv *kv, int32_t b)
@@ -205,10 +259,56 @@ static void list_remove(bkv__kv *kv, int32_t b)
 		kv->val_mask &= ~(1u << c);
 	v->prev = v->next = -1;
 	v->on = 0;
+	kv->val_prot_n -= c == BKV__SEG_PROT;
+}
+
+/* ---- the segmented LRU ----------------------------------------------------- */
+
+static inline int seg_active(const bkv__kv *kv)
+{
+	return kv->val_seg && !kv->val_ret;
+}
+
+/* The protected head (its least recently used block; of a release, the
+ * deepest) to the probation tail. */
+static void seg_demote(bkv__kv *kv)
+{
+	int32_t h = kv->val_head[BKV__SEG_PROT];
+
+	list_remove(kv, h);
+	list_append(kv, h, BKV__SEG_PROB);
+	kv->val_demoted++;
+}
+
+/* b joins the cache: protected after a hit that passed the test, as an
+ * extension of such a chain, when it was protected, or while there is
+ * room; else probation. Then the protected list back within its room. */
+static void seg_push(bkv__kv *kv, int32_t b)
+{
+	bkv__val *v = &kv->val[b];
+	uint32_t c;
+
+	v->stamp = v->cold ? kv->val_pclock : kv->val_pclock++;
+	if (v->cold) {
+		c = BKV__SEG_COLD;
+	} else if (v->cls == BKV__SEG_PROT || v->cls == BKV__SEG_HIT || v->cls == BKV__SEG_EXT ||
+		   kv->val_prot_n < kv->val_prot_max) {
+		kv->val_promoted += v->cls == BKV__SEG_HIT;
+		c = BKV__SEG_PROT;
+	} else {
+		c = BKV__SEG_PROB;
+	}
+	list_append(kv, b, c);
+	while (kv->val_prot_n > kv->val_prot_max)
+		seg_demote(kv);
 }
 
 void bkv__val_push(bkv__kv *kv, int32_t b)
 {
+	if (seg_active(kv)) {
+		seg_push(kv, b);
+		return;
+	}
 	list_append(kv, b, class_of(kv, b));
 }
 
@@ -265,6 +365,7 @@ int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1)
 		kv->val_clock = 0;
 		kv->val_shift = ilog2(kv->nb > 16 ? kv->nb : 16);
 		kv->val_mask = 0;
+		kv->val_prot_n = 0;
 		kv->val_rr = 0;
 		for (c = 0; c < BKV__VAL_CLASSES; c++)
 			kv->val_head[c] = kv->val_tail[c] = -1;
@@ -305,7 +406,87 @@ void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a)
 	bkv__kv_value_off(kv, a);
 }
 
+int bkv__kv_seg_on(bkv__kv *kv, const bkv_allocator *a)
+{
+	int rc = kv->val ? bkv__kv_value_on(kv, a, kv->val_p0, kv->val_p1)
+			 : bkv__kv_value_on(kv, a, 1.0, 0.0);
+	int32_t s;
+
+	if (rc != BKV_OK)
+		return rc;
+	if (!kv->val_seg) {
+		uint32_t n = 1;
+
+		while (n < kv->nb)
+			n <<= 1;
+		kv->val_ghost = bkv__malloc(a, (size_t)n * sizeof(uint64_t));
+		if (!kv->val_ghost) {
+			bkv__kv_value_off(kv, a);
+			return BKV_ENOMEM;
+		}
+		memset(kv->val_ghost, 0, (size_t)n * sizeof(uint64_t));
+		kv->val_ghost_mask = n - 1;
+		kv->val_prot_max = kv->nb / 2;
+	}
+	if (kv->val_seg++ || kv->val_ret)
+		return BKV_OK;
+	/* the cached blocks again, oldest first: the protected list fills */
+	for (s = kv->lru_head; s >= 0; s = bkv__lru_next(kv, s)) {
+		int32_t b = kv->lru[s];
+
+		list_remove(kv, b);
+		kv->val[b].cls = BKV__SEG_PROB;
+		seg_push(kv, b);
+	}
+	return BKV_OK;
+}
+
+void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a)
+{
+	int32_t s;
+
+	if (!kv->val || !kv->val_seg)
+		return;
+	if (!--kv->val_seg) {
+		bkv__free(a, kv->val_ghost, ((size_t)kv->val_ghost_mask + 1) * sizeof(uint64_t));
+		kv->val_ghost = NULL;
+		kv->val_ghost_mask = 0;
+		for (s = kv->lru_head; kv->val_users > 1 && s >= 0; s = bkv__lru_next(kv, s)) {
+			int32_t b = kv->lru[s];
+
+			list_remove(kv, b);
+			bkv__val_push(kv, b); /* by the remaining users' rule */
+		}
+	}
+	bkv__kv_value_off(kv, a);
+}
+
 /* ---- records ------------------------------------------------------------- */
+
+/* b was indexed (its hash set) and may have been evicted recently: LRU
+ * would have kept it when its ghost is within LRU's reach: less room. */
+static void seg_ghost_hit(bkv__kv *kv, int32_t b)
+{
+	uint64_t h = kv->blk[b].hash, *g = &kv->val_ghost[(uint32_t)h & kv->val_ghost_mask];
+
+	if (*g >> 32 != h >> 32 || !*g)
+		return;
+	if (kv->val_pclock - (uint32_t)*g < kv->nb - kv->nr_used && kv->val_prot_max > kv->nb / 8)
+		kv->val_prot_max--;
+	*g = 0;
+}
+
+/* b is the eviction's victim: its ghost, and less room when it had to
+ * come from the protected list. */
+static void seg_evicted(bkv__kv *kv, int32_t b)
+{
+	uint64_t h = kv->blk[b].hash;
+
+	kv->val_ghost[(uint32_t)h & kv->val_ghost_mask] =
+		(h >> 32 << 32 | kv->val[b].stamp) | (h >> 32 ? 0 : 1); /* never 0 */
+	if (kv->val[b].cls == BKV__SEG_PROT && kv->val_prot_max > kv->nb / 8)
+		kv->val_prot_max--;
+}
 
 void bkv__val_indexed(bkv__kv *kv, int32_t b)
 {
@@ -313,6 +494,13 @@ void bkv__val_indexed(bkv__kv *kv, int32_t b)
 	int32_t p = kv->blk[b].parent;
 
 	v->depth = p >= 0 ? kv->val[p].depth + 1 : 0;
+	/* a new block; with the segmented LRU, an extension of a chain just
+	 * reused when its parent is (both are pinned: markers) */
+	v->cls = p >= 0 && (kv->val[p].cls == BKV__SEG_HIT || kv->val[p].cls == BKV__SEG_EXT)
+			 ? BKV__SEG_EXT
+			 : BKV__SEG_PROB;
+	if (kv->val_seg && kv->val_ghost)
+		seg_ghost_hit(kv, b);
 	v->freq = 0;
 	v->stamp = kv->val_clock;
 	v->rprio = 0;
@@ -333,6 +521,21 @@ void bkv__val_hit(bkv__kv *kv, int32_t b)
 	bkv__val *v = &kv->val[b];
 	uint32_t f = freq_now(kv, v) + VAL_UNIT;
 
+	if (kv->val_seg) {
+		uint32_t d = kv->val_pclock - v->stamp;
+		int32_t h = kv->val_head[BKV__SEG_PROT];
+
+		/* kept beyond LRU's reach: more room */
+		if (d >= kv->nb - kv->nr_used && kv->val_prot_max < kv->nb - kv->nb / 8)
+			kv->val_prot_max++;
+		/* reused sooner than the stalest protected block was: protected
+		 * (seg_push), and so are the blocks its chain grows by
+		 * (BKV__SEG_EXT); else a protected block stays so */
+		if (h < 0 || kv->val_pclock - kv->val[h].stamp > d)
+			v->cls = BKV__SEG_HIT;
+		else if (v->cls != BKV__SEG_PROT)
+			v->cls = BKV__SEG_PROB;
+	}
 	v->freq = f < VAL_FREQ_MAX ? f : VAL_FREQ_MAX;
 	v->stamp = kv->val_clock++;
 }
@@ -404,7 +607,7 @@ static void age_one(bkv__kv *kv)
 	int32_t h;
 
 	kv->val_rr = (c + 1) % BKV__VAL_CLASSES;
-	if ((c == 0 && !kv->val_ret) || (h = kv->val_head[c]) < 0)
+	if ((c == 0 && !kv->val_ret) || seg_active(kv) || (h = kv->val_head[c]) < 0)
 		return;
 	n = class_of(kv, h);
 	if (n < c || (kv->val_ret && n > c)) { /* up: a low priority expired */
@@ -462,12 +665,14 @@ int32_t bkv__val_pick(bkv__kv *kv)
 			break; /* (not reached while the order holds) */
 		list_remove(kv, h);
 		kv->val[h].cold = 0; /* (a cold block has no children) */
-		list_append(kv, h, c + 1);
+		list_append(kv, h, seg_active(kv) && c >= BKV__SEG_PROB ? BKV__SEG_PROT : c + 1);
 		kv->val_moves++;
 	}
 	if (b < 0)
 		b = kv->lru[kv->lru_head]; /* never has indexed children */
 	kv->val_clock++;
+	if (seg_active(kv))
+		seg_evicted(kv, b);
 	return b;
 }
 
@@ -515,6 +720,8 @@ int bkv__val_check(const bkv__kv *kv)
 		if (kv->val_tail[c] != prev)
 			return CHECK_VALUE;
 		n += len;
+		if (c == BKV__SEG_PROT && len != kv->val_prot_n)
+			return CHECK_VALUE;
 	}
 	return n == kv->nr_cached && mask == kv->val_mask ? CHECK_OK : CHECK_VALUE;
 }

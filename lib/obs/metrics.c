@@ -173,6 +173,14 @@ static void put_pool(out *o, const bkv_pool_stats *ps)
 	put(o, "bkv_kv_blocks{state=\"free\"} %" PRIu32 "\n", ps->nr_free);
 	put(o, "bkv_kv_blocks{state=\"used\"} %" PRIu32 "\n", ps->nr_used);
 	put(o, "bkv_kv_blocks{state=\"cached\"} %" PRIu32 "\n", ps->nr_cached);
+	head(o, "bkv_kv_group_blocks", "gauge",
+	     "Device KV blocks (frames) by KV group and state; groups share the free ones.");
+	for (uint32_t g = 0; g < ps->n_groups && g < BKV_MAX_GROUPS; g++) {
+		put(o, "bkv_kv_group_blocks{group=\"%" PRIu32 "\",state=\"used\"} %" PRIu32 "\n", g,
+		    ps->group_used[g]);
+		put(o, "bkv_kv_group_blocks{group=\"%" PRIu32 "\",state=\"cached\"} %" PRIu32 "\n",
+		    g, ps->group_cached[g]);
+	}
 	head(o, "bkv_kv_host_blocks", "gauge", "Host-tier (swap) KV blocks by state.");
 	put(o, "bkv_kv_host_blocks{state=\"free\"} %" PRIu32 "\n", ps->host_free);
 	put(o, "bkv_kv_host_blocks{state=\"used\"} %" PRIu32 "\n", ps->host_used);

@@ -154,6 +154,8 @@ int bkv__lanes_init(bkv_pool *pool)
 	if (keeps_lanes(pool) && bkv__kv_lanes_on(&pool->kv, &pool->alloc) != BKV_OK)
 		return BKV_ENOMEM;
 	pool->grouped = pool->n_lanes || pool->st_units;
+	if (pool->n_lanes && bkv__kv_groups_on(&pool->kv, &pool->alloc) != BKV_OK)
+		return BKV_ENOMEM;
 	if (pool->grouped) {
 		pool->lane_stamp = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
 		pool->lane_touched = bkv__calloc(&pool->alloc, c->max_seqs, sizeof(uint32_t));
@@ -569,7 +571,9 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 		b = ls->table[i];
 		k = &pool->kv.blk[b];
 		if (k->ref > 1 || BLOCK_IS_INDEXED(k)) {
+			pool->kv.take_group = (uint8_t)pool->lanes[l].group;
 			b = bkv__cow_block(pool, b, lane_parent(s, i), off);
+			pool->kv.take_group = 0;
 			ls->table[i] = b;
 			bkv__seq_dirty_lane(ls, i);
 		}
@@ -589,7 +593,9 @@ static void lane_append(bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t 
 	pool->kv.tokens += rem;
 	for (; rem; i++) {
 		w = BKV_MIN(bt, rem);
+		pool->kv.take_group = (uint8_t)pool->lanes[l].group;
 		b = bkv__block_take(&pool->kv, lane_parent(s, i));
+		pool->kv.take_group = 0;
 		memcpy(bkv__tok(&pool->kv, b), tokens, (size_t)w * sizeof(int32_t));
 		pool->kv.blk[b].fill = w;
 		ls->table[i] = b;
@@ -871,7 +877,9 @@ void bkv__lanes_swap_in(bkv_pool *pool, const bkv__seq *s)
 
 			if (hb < 0)
 				continue;
+			pool->kv.take_group = (uint8_t)pool->lanes[l].group;
 			d = bkv__swap_in_block(pool, hb, lane_parent(s, i), w);
+			pool->kv.take_group = 0;
 			pool->swap_in_blocks++;
 			ls->table[i] = d;
 			if (w == bt)

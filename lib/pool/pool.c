@@ -268,6 +268,9 @@ int bkv_pool_reset_cache(bkv_pool *pool)
 	return BKV_OK;
 }
 
+_Static_assert(sizeof(((bkv_pool_stats *)0)->group_used) == BKV_MAX_GROUPS * sizeof(uint32_t),
+	       "bkv_pool_stats.group_used holds BKV_MAX_GROUPS counts");
+
 void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 {
 	bkv_pool_stats st;
@@ -313,6 +316,14 @@ void bkv_pool_stats_get(const bkv_pool *pool, bkv_pool_stats *stats)
 		st.host_skipped = pool->hc_skipped;
 		st.host_hit_blocks = pool->hc_hits;
 		st.host_evictions = pool->hc_evictions;
+		st.n_groups = 1 + pool->n_lanes;
+		if (pool->kv.grp) {
+			memcpy(st.group_used, pool->kv.grp_used, sizeof st.group_used);
+			memcpy(st.group_cached, pool->kv.grp_cached, sizeof st.group_cached);
+		} else {
+			st.group_used[0] = pool->kv.nr_used;
+			st.group_cached[0] = pool->kv.nr_cached;
+		}
 	}
 	st.size = (uint32_t)n;
 	memcpy(stats, &st, n);
@@ -337,6 +348,18 @@ int bkv__pool_value_on(bkv_pool *pool, double p0, double p1)
 void bkv__pool_value_off(bkv_pool *pool)
 {
 	bkv__kv_value_off(&pool->kv, &pool->alloc);
+}
+
+int bkv__pool_seg_on(bkv_pool *pool)
+{
+	if (!pool->kv.index)
+		return BKV_OK; /* no prefix cache: nothing is ever evicted */
+	return bkv__kv_seg_on(&pool->kv, &pool->alloc);
+}
+
+void bkv__pool_seg_off(bkv_pool *pool)
+{
+	bkv__kv_seg_off(&pool->kv, &pool->alloc);
 }
 
 /* ---- step transactions (for the scheduler) -------------------------------- */

@@ -917,6 +917,10 @@ void bkv__pool_txn_abort(bkv_pool *pool);
  * evicts by LRU while no call is in force. */
 int bkv__pool_value_on(bkv_pool *pool, double p0, double p1);
 void bkv__pool_value_off(bkv_pool *pool);
+/* The segmented LRU on (kv/value.c, bkv__kv_seg_on), or one such call
+ * undone. BKV_OK or BKV_ENOMEM. */
+int bkv__pool_seg_on(bkv_pool *pool);
+void bkv__pool_seg_off(bkv_pool *pool);
 
 /* ---- pool/retain.c: retention from the request (for the layers above) -----
  * Retention priorities on (mode BKV__RET_BANDS: with LRU, turns the value

@@ -72,7 +72,8 @@ static int config_valid(const bkv_sched_config *c)
 		return 0;
 	if (c->spec_drafts != BKV_SPEC_DRAFT_NGRAM && c->spec_drafts != BKV_SPEC_DRAFT_HOST)
 		return 0;
-	if (c->evict != BKV_EVICT_LRU && c->evict != BKV_EVICT_VALUE)
+	if (c->evict != BKV_EVICT_LRU && c->evict != BKV_EVICT_VALUE &&
+	    c->evict != BKV_EVICT_SEGMENTED)
 		return 0;
 	if (c->victim != BKV_VICTIM_RECENT && c->victim != BKV_VICTIM_COST)
 		return 0;

@@ -226,8 +226,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	b = fz_u8(&f);
 	sc.kv_bytes_per_token = b % 4 == 0 ? 0 : 1u << (fz_u8(&f) % 20);
 	/* the eviction policy from the same byte's top bit: half the inputs
-	 * evict by value */
-	sc.evict = (bkv_evict_policy)((b >> 7) & 1);
+	 * evict by value; of the rest, half (bit 4) by the segmented LRU */
+	sc.evict = (b >> 7) & 1	  ? BKV_EVICT_VALUE
+		   : (b >> 4) & 1 ? BKV_EVICT_SEGMENTED
+				  : BKV_EVICT_LRU;
 	/* and the victim policy from its next bit */
 	sc.victim = (bkv_victim_policy)((b >> 6) & 1);
 	/* and the memory reserve from the one after */
@@ -247,7 +249,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			isinf(sc.host_link_bytes_per_us) ||
 			(sc.preempt == BKV_PREEMPT_SWAP && pc.host_blocks == 0);
 	if (b == 200)
-		sc.evict = (bkv_evict_policy)2; /* out of range: EINVAL */
+		sc.evict = (bkv_evict_policy)3; /* out of range: EINVAL */
 	else if (b & 1)
 		sc.retention = 1; /* retention bands or factors (no ranges given) */
 

@@ -65,6 +65,7 @@ BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
 BKV_EVICT_LRU = 0
 BKV_EVICT_VALUE = 1
+BKV_EVICT_SEGMENTED = 2
 BKV_VICTIM_RECENT = 0
 BKV_VICTIM_COST = 1
 BKV_RESERVE_PROMPT = 0
@@ -180,6 +181,9 @@ class bkv_pool_stats(Structure):
         ('host_skipped', c_uint64),
         ('host_hit_blocks', c_uint64),
         ('host_evictions', c_uint64),
+        ('n_groups', c_uint32),
+        ('group_used', c_uint32 * 8),
+        ('group_cached', c_uint32 * 8),
     ]
 
 

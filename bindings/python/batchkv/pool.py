@@ -129,7 +129,11 @@ def _from_struct(cls, s):
     get = cls.__dict__.get("_get")
     if get is None:
         u = _unpacker(cls, type(s))
-        get = (lambda x, f=u.unpack_from: f(x)) if u else operator.attrgetter(*cls._fields)
+        if u:
+            get = (lambda x, f=u.unpack_from: f(x))
+        else:  # array fields (a tuple each, not a view of the struct)
+            a = operator.attrgetter(*cls._fields)
+            get = (lambda x: tuple(tuple(v) if isinstance(v, ctypes.Array) else v for v in a(x)))
         cls._get = get
     return tuple.__new__(cls, get(s))
 

@@ -1,5 +1,7 @@
 """The pool through Python: errors by class, sequences, prefix hits, fork and
 copy-on-write, swap, KV events, export/import, sizing helpers."""
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -267,10 +269,17 @@ def test_records_read_every_field_of_their_struct():
                        (batchkv.PoolStats, _ffi.bkv_pool_stats)):
         s = ctype()
         for i, f in enumerate(rec._fields):
-            setattr(s, f, (i + 1) * 1.5 if "us" in f and f != "max_wait_us" and
-                    isinstance(getattr(s, f), float) else i + 1000)
+            v = getattr(s, f)
+            if isinstance(v, ctypes.Array):    # per-group counts
+                for j in range(len(v)):
+                    v[j] = 1000 * i + j
+            else:
+                setattr(s, f, (i + 1) * 1.5 if "us" in f and f != "max_wait_us" and
+                        isinstance(v, float) else i + 1000)
         got = _from_struct(rec, s)
-        assert got == tuple(getattr(s, f) for f in rec._fields), rec.__name__
+        want = tuple(tuple(getattr(s, f)) if isinstance(getattr(s, f), ctypes.Array)
+                     else getattr(s, f) for f in rec._fields)
+        assert got == want, rec.__name__
         assert len(got) == len([f for f, _ in ctype._fields_ if f not in ("size", "reserved")])
 
 

@@ -88,6 +88,7 @@ pub const BKV_PREEMPT_SWAP: bkv_preempt_mode = 2;
 pub type bkv_evict_policy = c_int;
 pub const BKV_EVICT_LRU: bkv_evict_policy = 0;
 pub const BKV_EVICT_VALUE: bkv_evict_policy = 1;
+pub const BKV_EVICT_SEGMENTED: bkv_evict_policy = 2;
 pub type bkv_victim_policy = c_int;
 pub const BKV_VICTIM_RECENT: bkv_victim_policy = 0;
 pub const BKV_VICTIM_COST: bkv_victim_policy = 1;
@@ -217,6 +218,9 @@ pub struct bkv_pool_stats {
     pub host_skipped: u64,
     pub host_hit_blocks: u64,
     pub host_evictions: u64,
+    pub n_groups: u32,
+    pub group_used: [u32; 8],
+    pub group_cached: [u32; 8],
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
