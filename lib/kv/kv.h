@@ -251,8 +251,7 @@ typedef struct bkv__kv {
 				  default; UINT64_MAX = never (also rprio 0) */
 	uint64_t val_now;      /* the owner's clock, us, as last told
 				  (bkv__kv_retain_now) */
-	/* the segmented LRU (kv/value.c): on while val_seg, without retention */
-	uint32_t val_seg;      /* bkv__kv_seg_on calls not yet undone */
+	uint32_t val_seg;      /* segmented LRU (kv/value.c) on-calls left */
 	uint32_t val_prot_n;   /* cached blocks on the protected list */
 	uint32_t val_prot_max; /* its room, blocks, in [nb / 8, nb - nb / 8] */
 	uint32_t val_pclock;   /* ticks on every push to the lists (wraps):
@@ -402,8 +401,7 @@ static inline void bkv__slot_prefetch(const bkv__kv *kv, uint64_t hash)
 #define BKV__EVICT_AHEAD 4u
 #define BKV__HASH_AHEAD 16u
 
-/* With KV groups, frame b's group's count in field (grp_used or
- * grp_cached) moves by d. */
+/* With KV groups, frame b's group's count in field moves by d. */
 #define BKV__GRP_COUNT(kv, b, field, d)                                              \
 	do {                                                                         \
 		if ((kv)->grp)                                                       \
@@ -419,10 +417,8 @@ static inline int bkv__val_unpriced(const bkv__kv *kv)
 }
 
 /* The segmented LRU's classes (kv/value.c): cold lane blocks, probation
- * (unproven, evicted first), protected (hit since cached, or admitted while
- * the protected list had room). Off the lists, bkv__val.cls marks a block
- * taken back by a hit that earns protection (BKV__SEG_HIT) and a new block
- * that extends such a chain (BKV__SEG_EXT). */
+ * (evicted first), protected; off the lists a hit earning protection (HIT)
+ * and a block extending such a chain (EXT). */
 #define BKV__SEG_COLD 0u
 #define BKV__SEG_PROB 1u
 #define BKV__SEG_PROT 2u
@@ -820,10 +816,8 @@ int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
 int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
-/* The segmented LRU on (BKV_EVICT_SEGMENTED): the value records on as one
- * more user, without prices; the cached blocks are placed again (the
- * protected list filled oldest first up to its room). BKV_OK or
- * BKV_ENOMEM (nothing changed). */
+/* The segmented LRU on (BKV_EVICT_SEGMENTED): value records as one more
+ * unpriced user, cached blocks placed again. BKV_OK or BKV_ENOMEM. */
 int bkv__kv_seg_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_seg_on (a no-op when it is not on). */
 void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a);
