@@ -190,6 +190,7 @@ int main(void)
 	F(bkv_batch_group, state_in);
 	F(bkv_batch_group, state_out);
 	F(bkv_batch_group, state_frames);
+	F(bkv_batch_group, state_out_spec);
 	S(bkv_batch);
 	F(bkv_batch, kind);
 	F(bkv_batch, n_rows);

@@ -1455,6 +1455,19 @@ typedef struct bkv_batch_group {
 					 row of the call reads: states are
 					 written out of place) */
 	uint32_t state_frames;        /* STATE: consecutive frames per unit */
+	const int32_t *state_out_spec; /* STATE with speculation: indexed like
+					 token_ids over the decode rows, the
+					 first frame of the unit the host writes
+					 the state after each token to: a row
+					 with k drafts (bkv_batch.row_drafts)
+					 writes the state after its token j at
+					 state_out_spec[qo_indptr[r] + j], j =
+					 0..k (the last is state_out[r]); a row
+					 without drafts has state_out[r] there.
+					 The commit keeps the state after the
+					 last delivered token. NULL when the
+					 call has no draft, and for other
+					 groups */
 } bkv_batch_group;
 
 /* What the host must do in one call. Plain data, owned by the scheduler, valid
@@ -1747,11 +1760,12 @@ typedef struct bkv_sched_config {
 	uint32_t spec_max_k;       /* speculative decoding: most drafts a
 				      decode row verifies, 0..BKV_SPEC_MAX_K;
 				      0 = off (the default; every batch as
-				      without it). Works with FULL, WINDOW
-				      and CHUNKED KV groups; a pool with a
-				      STATE (recurrent) group gives
-				      BKV_EINVAL at create when it is > 0
-				      (docs/design.md, "Speculative
+				      without it). Works with every KV
+				      group; with a STATE (recurrent) group
+				      the host writes the state after each
+				      token of a row with drafts
+				      (bkv_batch_group.state_out_spec;
+				      docs/design.md, "Speculative
 				      decoding") */
 	bkv_spec_k_mode spec_k_mode; /* BKV_SPEC_K_AUTO (the default) or
 				      BKV_SPEC_K_FIXED */

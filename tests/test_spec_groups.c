@@ -13,8 +13,11 @@
  * index holds must be a chain of delivered tokens (a rejected draft never
  * reaches the index), and with every draft wrong the pool holds exactly
  * the blocks the run without speculation holds (the rejected tails' blocks
- * come back in every group). A STATE group with speculation is refused at
- * create.
+ * come back in every group). With a recurrent STATE group a hook models
+ * the state as the chain of every token it covers: runs with and without
+ * speculation deliver the same tokens, and every state a row reads is the
+ * one after exactly its delivered tokens (the commit kept the per-token
+ * state of the last accepted one), through failing calls and preemption.
  */
 #include "fakehost_sched.h"
 
@@ -306,7 +309,8 @@ static void together(bkv_preempt_mode mode, uint32_t host_blocks)
 		shared[i] = 100 + (int32_t)(i * 11 % 900);
 	fh_opts_init(&o);
 	o.block_tokens = BT;
-	o.device_blocks = 150;
+	o.device_blocks = 130; /* drafts take reclaimable cached blocks:
+				   smaller than at 150 to preempt */
 	o.host_blocks = host_blocks;
 	o.n_groups = 3;
 	o.groups = g_groups;
@@ -365,34 +369,246 @@ Test(spec_groups, forks_chunks_prefix_hits_swap_and_failures_in_a_small_pool)
 	together(BKV_PREEMPT_SWAP, 512);
 }
 
-/* A recurrent (STATE) group writes one state after a row's last token, so
- * a cut to an accepted prefix would need a state never written: a pool
- * with one refuses speculation at create, and creates without it. */
-Test(spec_groups, a_state_group_refuses_speculation_at_create)
-{
-	bkv_kv_group g[2] = {{BKV_GROUP_FULL, 1, 0, 0, 64}, {BKV_GROUP_STATE, 1, 16, 0, 64}};
-	bkv_pool_config pc;
-	bkv_sched_config sc;
-	bkv_host_ops ops;
-	bkv_pool *pool;
-	bkv_sched *s = NULL;
+/* ---- a recurrent STATE group ----------------------------------------------- */
 
-	bkv_pool_config_init(&pc);
-	pc.block_tokens = 16;
-	pc.device_blocks = 256;
-	pc.n_groups = 2;
-	pc.groups = g;
-	pc.max_seqs = 16;
-	pc.state_units = 16;
-	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
-	memset(&ops, 0, sizeof(ops));
-	ops.forward = fh_forward;
-	bkv_sched_config_init(&sc);
-	sc.spec_max_k = 4;
-	cr_assert_eq(bkv_sched_create(&sc, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
-	cr_assert_null(s);
-	sc.spec_max_k = 0;
-	cr_assert_eq(bkv_sched_create(&sc, pool, &ops, NULL, NULL, &s), BKV_OK);
-	bkv_sched_destroy(s);
-	bkv_pool_destroy(pool);
+/* Full attention + a STATE group whose unit is one frame, checkpointed
+ * every 4 blocks. The hook models the state: a unit holds the chain of
+ * every token before the position it covers (g_st_pos), so a row that
+ * reads a state left by a rejected draft, or by a failed call, is caught.
+ * A failing call (decided here, given to the host's fail_hook) writes
+ * wrong states first. */
+#define ST_BLK 400u
+
+static const bkv_kv_group g_st_groups[2] = {
+	{BKV_GROUP_FULL, 1, 0, 0, 64},
+	{BKV_GROUP_STATE, 1, 4 * BT, 0, 128},
+};
+
+static uint64_t g_st_chain[ST_BLK];  /* each frame's state: a token chain */
+static uint32_t g_st_pos[ST_BLK];    /* the tokens it covers */
+static uint64_t g_st_hchain[512];    /* host blocks' (swap), the same */
+static uint32_t g_st_hpos[512];
+static uint64_t g_st_rng;            /* failing calls (0: none) */
+static uint32_t g_st_fail_pm;        /* their chance, in 1/1000 */
+static int g_st_failing;             /* the call being made fails */
+static uint64_t g_st_spec;           /* per-token states of drafts written */
+
+static uint64_t st_chain(uint64_t c, int32_t t)
+{
+	return (c ^ (uint32_t)t) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+}
+
+static int st_fail(void *ctx, const bkv_batch *b)
+{
+	(void)ctx;
+	(void)b;
+	return g_st_failing;
+}
+
+static void state_hook(fake_host *f, const bkv_batch *b)
+{
+	const bkv_batch_group *G = &b->groups[1];
+	uint32_t r, j;
+
+	g_st_failing = 0;
+	if (g_st_rng) {
+		g_st_rng ^= g_st_rng << 13;
+		g_st_rng ^= g_st_rng >> 7;
+		g_st_rng ^= g_st_rng << 17;
+		g_st_failing = g_st_rng % 1000 < g_st_fail_pm;
+	}
+	if (b->n_groups != 2 || G->kind != BKV_GROUP_STATE || G->state_frames != 1) {
+		f->batch_bad++;
+		return;
+	}
+	/* the copies first: swap-outs, swap-ins, device copies */
+	for (j = 0; j < b->n_swap_out; j++) {
+		g_st_hchain[b->swap_out[j].dst] = g_st_chain[b->swap_out[j].src];
+		g_st_hpos[b->swap_out[j].dst] = g_st_pos[b->swap_out[j].src];
+	}
+	for (j = 0; j < b->n_swap_in; j++) {
+		g_st_chain[b->swap_in[j].dst] = g_st_hchain[b->swap_in[j].src];
+		g_st_pos[b->swap_in[j].dst] = g_st_hpos[b->swap_in[j].src];
+	}
+	for (j = 0; j < b->n_copies; j++) {
+		g_st_chain[b->copies[j].dst] = g_st_chain[b->copies[j].src];
+		g_st_pos[b->copies[j].dst] = g_st_pos[b->copies[j].src];
+	}
+	for (r = 0; r < b->n_rows; r++) {
+		const kh_req *q = b->row_user[r];
+		const int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+		const uint32_t start = (uint32_t)b->positions[q0], end = start + (uint32_t)(q1 - q0);
+		const uint32_t k = b->row_drafts ? b->row_drafts[r] : 0, br = b->row_branch[r];
+		const int32_t in = G->state_in[r];
+		uint64_t c = 0;
+		uint32_t p;
+
+		for (p = 0; p < start; p++)
+			c = st_chain(c, kh_token_at(q, br, p));
+		if (in < 0 ? start != 0
+			   : (uint32_t)in >= ST_BLK || g_st_pos[in] != start || g_st_chain[in] != c)
+			f->batch_bad++; /* the state read is not the one after start tokens */
+		if (k && (!G->state_out_spec || G->state_out_spec[q0 + (int32_t)k] != G->state_out[r]))
+			f->batch_bad++;
+		for (p = start; p < end; p++) {
+			int32_t u;
+
+			c = st_chain(c, b->token_ids[q0 + (int32_t)(p - start)]);
+			if (!k && p + 1 < end)
+				continue; /* a plain row writes its last state */
+			u = k ? G->state_out_spec[q0 + (int32_t)(p - start)] : G->state_out[r];
+			if (u < 0 || (uint32_t)u >= ST_BLK) {
+				f->batch_bad++;
+				continue;
+			}
+			for (j = 0; j < b->n_rows; j++)
+				f->batch_bad += G->state_in[j] == u;
+			g_st_chain[u] = g_st_failing ? ~c : c;
+			g_st_pos[u] = g_st_failing ? 0x7fffffffu : p + 1;
+			g_st_spec += k && p + 1 < end;
+		}
+	}
+}
+
+static fake_host *state_host(uint32_t k, uint32_t accept, uint32_t blocks, bkv_preempt_mode mode,
+			     uint32_t host_blocks)
+{
+	fh_opts o;
+	fake_host *f;
+
+	cr_assert_eq(bkv_kv_state_frames(g_st_groups, 2, BT), 1);
+	fh_opts_init(&o);
+	o.block_tokens = BT;
+	o.device_blocks = blocks;
+	o.host_blocks = host_blocks;
+	o.max_seqs = 40;
+	o.n_groups = 2;
+	o.groups = g_st_groups;
+	o.cfg.max_running = 8;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 24;
+	o.cfg.preempt = mode;
+	o.cfg.spec_max_k = k;
+	o.cfg.spec_k_mode = BKV_SPEC_K_FIXED;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = accept;
+	f->host.fail_hook = st_fail;
+	f->batch_hook = state_hook;
+	return f;
+}
+
+/* Runs with and without speculation over the same STATE pool deliver the
+ * same tokens, token for token, and every state a row reads (the hook) is
+ * the one after exactly its delivered tokens: the commit kept the state
+ * after the last accepted token, never the one after a rejected draft.
+ * Forks share states, shared prompts hit checkpoints. */
+Test(spec_groups, a_state_group_keeps_the_state_after_the_last_accepted_token)
+{
+	static int32_t shared[40];
+	fake_host *plain, *sp;
+	int32_t *p[NREQ];
+	bkv_sched_stats st;
+	uint32_t i, b, j, steps = 0;
+
+	memset(g_st_pos, 0, sizeof(g_st_pos));
+	g_st_rng = 0;
+	g_st_spec = 0;
+	plain = state_host(0, 0, ST_BLK, BKV_PREEMPT_RECOMPUTE, 0);
+	sp = state_host(5, 600, ST_BLK, BKV_PREEMPT_RECOMPUTE, 0);
+	for (i = 0; i < 40; i++)
+		shared[i] = 100 + (int32_t)(i * 13 % 900);
+	for (i = 0; i < NREQ; i++) {
+		p[i] = fh_prompt(40, 300 + i);
+		if (i % 2)
+			memcpy(p[i], shared, 24 * sizeof(int32_t));
+		fh_submit_ex(plain, p[i], 9 + i % 17, 12 + i % 19, 0, 1 + i % 3, 0);
+		fh_submit_ex(sp, p[i], 9 + i % 17, 12 + i % 19, 0, 1 + i % 3, 0);
+	}
+	while (bkv_sched_pending(plain->s)) {
+		step_ok(plain);
+		cr_assert_lt(++steps, 5000);
+	}
+	while (bkv_sched_pending(sp->s)) {
+		step_ok(sp);
+		cr_assert_lt(++steps, 10000);
+	}
+	for (i = 1; i <= NREQ; i++) {
+		cr_assert_eq(sp->finish_count[i], 1);
+		for (b = 0; b < 1 + (i - 1) % 3; b++) {
+			cr_assert_eq(sp->n_out[i][b], plain->n_out[i][b], "req %u branch %u", i, b);
+			for (j = 0; j < sp->n_out[i][b] && j < FH_MAX_TOK; j++)
+				cr_assert_eq(sp->out[i][b][j], plain->out[i][b][j],
+					     "req %u branch %u token %u", i, b, j);
+		}
+	}
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(sp->s, &st);
+	cr_assert_gt(st.spec_accepted, 0);
+	cr_assert_lt(st.spec_accepted, st.spec_drafted, "some drafts were rejected");
+	cr_assert_gt(g_st_spec, 0, "rows wrote per-token states");
+	cr_assert_gt(st.hit_tokens, 0, "shared prompts hit checkpoints");
+	cr_assert_eq(used(sp), 0);
+	fh_destroy(plain);
+	fh_destroy(sp);
+	for (i = 0; i < NREQ; i++)
+		free(p[i]);
+}
+
+/* Failing calls (writing wrong states first), preemption by recompute or
+ * swap, forks and prefix hits in a small STATE pool with speculation: a
+ * rolled-back step leaves the state it started from, every state read is
+ * right, every request ends once. */
+static void state_together(bkv_preempt_mode mode, uint32_t host_blocks)
+{
+	fake_host *f;
+	int32_t *p[NREQ];
+	bkv_sched_stats st;
+	uint32_t i, steps = 0;
+
+	memset(g_st_pos, 0, sizeof(g_st_pos));
+	g_st_rng = 777;
+	g_st_fail_pm = 60;
+	g_st_spec = 0;
+	f = state_host(4, 550, 180, mode, host_blocks);
+	for (i = 0; i < NREQ; i++) {
+		p[i] = fh_prompt(40, 500 + i);
+		if (i % 2)
+			memcpy(p[i], p[0], 16 * sizeof(int32_t));
+		fh_submit_ex(f, p[i], 16 + i % 20, 20 + i % 9, 0, 1 + i % 3, 0);
+	}
+	while (bkv_sched_pending(f->s)) {
+		int rc = bkv_step(f->s, NULL);
+
+		cr_assert(rc == BKV_OK || rc == BKV_EHOST, "step: %s", bkv_strerror(rc));
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check %d", bkv_sched_check(f->s));
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
+		cr_assert_eq(f->batch_bad, 0, "step %u: a wrong state was read", steps);
+		cr_assert_lt(++steps, 50000);
+	}
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(f->s, &st);
+	for (i = 1; i <= NREQ; i++)
+		cr_assert_eq(f->finish_count[i], 1);
+	cr_assert_gt(st.preemptions, 0, "the pool is small enough to preempt");
+	cr_assert_gt(st.spec_accepted, 0);
+	cr_assert_gt(g_st_spec, 0);
+	cr_assert_gt(f->host.failed_calls, 0);
+	cr_assert_eq(used(f), 0);
+	g_st_rng = 0;
+	fh_destroy(f);
+	for (i = 0; i < NREQ; i++)
+		free(p[i]);
+}
+
+Test(spec_groups, a_state_group_with_recompute_and_failures_in_a_small_pool)
+{
+	state_together(BKV_PREEMPT_RECOMPUTE, 0);
+}
+
+Test(spec_groups, a_state_group_with_swap_and_failures_in_a_small_pool)
+{
+	state_together(BKV_PREEMPT_SWAP, 512);
 }

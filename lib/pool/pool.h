@@ -251,6 +251,13 @@ struct bkv_pool {
 				  superseded, held to be indexed at commit, or
 				  -1 */
 	uint32_t *st_pend_len; /* [max_seqs] the tokens st_pend covers */
+	int32_t *st_spec;      /* [max_seqs] a speculated row's per-token
+				  states in the open step: the first unit of
+				  a chain (st_next) covering st_spec_base,
+				  st_spec_base + 1, ... up to the scratch's;
+				  -1 none */
+	uint32_t *st_spec_base; /* [max_seqs] the tokens st_spec's first unit
+				  covers */
 	int32_t *st_host;      /* [max_seqs * st_frames] a swapped state's
 				  host blocks */
 	uint64_t st_ckpts;     /* checkpoints indexed */
@@ -466,6 +473,8 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 /* ---- pool/state.c: a recurrent-state group ------------------------------------ */
 
 #define BKV__ST_NO_UNDO (-2)
+#define BKV__ST_SPEC 0x4u /* st_flags: a speculated row's per-token state
+			     (st_spec; pool/state_spec.c) */
 uint64_t bkv__state_arena(const bkv_pool_config *c);
 int bkv__state_init(bkv_pool *pool);
 void bkv__state_free(bkv_pool *pool);
@@ -520,6 +529,18 @@ uint32_t bkv__state_spare(const bkv_pool *pool);
 uint64_t bkv__state_floor_frames(const bkv_pool_config *c);
 void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s);
 void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out);
+/* Speculation over a STATE group (pool/state_spec.c): the units a row's
+ * per-token states may take now (with state_share first lending idle
+ * chunks until k are free, keeping keep frames free); take k of them for
+ * seq's last k tokens (its drafts); the first frames of the n - 1 units
+ * after seq's tokens len - n + 1 .. len - 1, then the scratch's, into
+ * f[0, n). */
+uint32_t bkv__pool_state_spec_room(bkv_pool *pool, uint32_t k, uint64_t keep);
+void bkv__pool_state_spec_take(bkv_pool *pool, uint32_t seq, uint32_t k);
+void bkv__pool_state_spec_frames(const bkv_pool *pool, uint32_t seq, int32_t *f, uint32_t n);
+/* pool/state.c's units, for pool/state_spec.c. */
+int32_t bkv__state_unit_take(bkv_pool *pool);
+void bkv__state_unit_gain(bkv_pool *pool, int32_t c);
 int bkv__state_check(const bkv_pool *pool, uint32_t *sc);
 void bkv__state_check_host(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs);
 

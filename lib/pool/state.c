@@ -34,6 +34,10 @@
  * of I (bkv__state_fit shortens hits to one). An unreferenced checkpoint is
  * on the units' LRU and is evicted when a scratch unit is needed.
  *
+ * Speculation: a speculated row writes a state after each of its tokens to
+ * units of its own (pool/state_spec.c); a truncate to an accepted length
+ * makes the one there live.
+ *
  * Swap moves a live state to st_frames host blocks and back; export names
  * the live unit's first frame and import lists its frames as transfers
  * (pool/image.c).
@@ -118,7 +122,10 @@ int bkv__state_init(bkv_pool *pool)
 	pool->st_pend = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
 	pool->st_pend_len = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
 	pool->st_host = bkv__malloc(a, (size_t)c->max_seqs * pool->st_frames * sizeof(int32_t));
-	if (!pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
+	pool->st_spec = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
+	pool->st_spec_base = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
+	if (!pool->st_spec || !pool->st_spec_base ||
+	    !pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
 	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host ||
 	    !pool->st_undo || !pool->st_undo_len || !pool->st_pend || !pool->st_pend_len)
 		return BKV_ENOMEM;
@@ -140,7 +147,7 @@ int bkv__state_init(bkv_pool *pool)
 	for (i = 0; i <= pool->st_map_mask; i++)
 		pool->st_map[i] = -1;
 	for (i = 0; i < c->max_seqs; i++) {
-		pool->st_live[i] = pool->st_scratch[i] = pool->st_pend[i] = -1;
+		pool->st_live[i] = pool->st_scratch[i] = pool->st_pend[i] = pool->st_spec[i] = -1;
 		pool->st_undo[i] = BKV__ST_NO_UNDO;
 	}
 	return BKV_OK;
@@ -152,8 +159,9 @@ void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units)
 	if (!pool->st_units)
 		return;
 	/* st_live, st_scratch, st_len, st_undo, st_undo_len, st_pend,
-	 * st_pend_len, and st_host's st_frames host blocks */
-	*slot = 7 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t);
+	 * st_pend_len, st_spec, st_spec_base, and st_host's st_frames host
+	 * blocks */
+	*slot = 9 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t);
 	/* st_ref, st_flags, st_hash, st_next, st_prev; st_map */
 	*units = (uint64_t)pool->st_units * (sizeof(uint32_t) + 1 + sizeof(uint64_t) +
 					     2 * sizeof(int32_t)) +
@@ -181,6 +189,8 @@ void bkv__state_free(bkv_pool *pool)
 	bkv__free(a, pool->st_pend, ms * sizeof(int32_t));
 	bkv__free(a, pool->st_pend_len, ms * sizeof(uint32_t));
 	bkv__free(a, pool->st_host, ms * pool->st_frames * sizeof(int32_t));
+	bkv__free(a, pool->st_spec, ms * sizeof(int32_t));
+	bkv__free(a, pool->st_spec_base, ms * sizeof(uint32_t));
 }
 
 /* ---- units: free list, LRU of checkpoints, the checkpoint map ---------------- */
@@ -421,6 +431,17 @@ static void unit_get(bkv_pool *pool, int32_t u)
 		lru_unlink(pool, u);
 }
 
+/* Units for speculation's per-token states (pool/state_spec.c). */
+int32_t bkv__state_unit_take(bkv_pool *pool)
+{
+	return unit_take(pool);
+}
+
+void bkv__state_unit_gain(bkv_pool *pool, int32_t c)
+{
+	unit_gain(pool, c);
+}
+
 /* ---- sequences -------------------------------------------------------------- */
 
 void bkv__state_open(bkv_pool *pool, uint32_t slot)
@@ -428,7 +449,7 @@ void bkv__state_open(bkv_pool *pool, uint32_t slot)
 	pool->st_live[slot] = pool->st_scratch[slot] = -1;
 	pool->st_len[slot] = 0;
 	pool->st_undo[slot] = BKV__ST_NO_UNDO;
-	pool->st_pend[slot] = -1;
+	pool->st_pend[slot] = pool->st_spec[slot] = -1;
 }
 
 static void pend_drop(bkv_pool *pool, uint32_t slot)
@@ -436,6 +457,38 @@ static void pend_drop(bkv_pool *pool, uint32_t slot)
 	if (pool->st_pend[slot] >= 0)
 		unit_put(pool, pool->st_pend[slot]);
 	pool->st_pend[slot] = -1;
+}
+
+/* Speculation (pool/state_spec.c): the chain's unit covering len tokens
+ * of s (-1: none) and the link naming it (link may be NULL). */
+static int32_t spec_find(const bkv_pool *pool, const bkv__seq *s, uint32_t len, int32_t **link)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	int32_t *l = &pool->st_spec[slot];
+	uint32_t j;
+
+	if (*l < 0 || len < pool->st_spec_base[slot] || len >= s->len)
+		return -1;
+	for (j = pool->st_spec_base[slot]; *l >= 0 && j < len; j++)
+		l = &pool->st_next[*l];
+	if (link)
+		*link = l;
+	return *l;
+}
+
+/* A speculated row's per-token states that were not kept go. */
+static void spec_drop(bkv_pool *pool, uint32_t slot)
+{
+	int32_t u = pool->st_spec[slot];
+
+	while (u >= 0) {
+		const int32_t n = pool->st_next[u];
+
+		pool->st_next[u] = -1;
+		unit_free(pool, u);
+		u = n;
+	}
+	pool->st_spec[slot] = -1;
 }
 
 /* The step that took a hit is over (committed, or its rollback is done):
@@ -460,6 +513,7 @@ void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
 		unit_free(pool, pool->st_scratch[slot]);
 	undo_drop(pool, slot);
 	pend_drop(pool, slot);
+	spec_drop(pool, slot);
 	bkv__state_open(pool, slot);
 }
 
@@ -700,6 +754,7 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
 		promote(pool, slot, s->len);
 	if (pool->kv.txn_active)
 		return;
+	spec_drop(pool, slot); /* every draft accepted: the scratch's state */
 	if (pool->st_pend[slot] >= 0) {
 		checkpoint(pool, s, pool->st_pend[slot], pool->st_pend_len[slot]);
 		pend_drop(pool, slot); /* cached on the LRU if indexed */
@@ -714,12 +769,27 @@ int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t ne
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 
 	return new_len == 0 || new_len == s->len || new_len == pool->st_len[slot] ||
-	       (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot]);
+	       (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot]) ||
+	       spec_find(pool, s, new_len, NULL) >= 0;
 }
 
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	int32_t *link, u = spec_find(pool, s, new_len, &link);
+
+	if (u >= 0) { /* a speculated row's commit: the state after its last
+		       * delivered token is live, not the one after its drafts */
+		*link = pool->st_next[u];
+		pool->st_next[u] = -1;
+		if (pool->st_scratch[slot] >= 0)
+			promote(pool, slot, s->len);
+		unit_put(pool, pool->st_live[slot]);
+		pool->st_flags[u] = 0;
+		pool->st_ref[u] = 1;
+		pool->st_live[slot] = u;
+		pool->st_len[slot] = new_len;
+	}
 
 	if (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot] &&
 	    new_len != pool->st_len[slot]) {
@@ -743,6 +813,7 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 		unit_free(pool, pool->st_scratch[slot]);
 		pool->st_scratch[slot] = -1;
 	}
+	spec_drop(pool, slot); /* the row's speculation is settled */
 }
 
 /* ---- the host tier ---------------------------------------------------------- */
@@ -773,6 +844,7 @@ void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s)
 	if (pool->st_scratch[slot] >= 0)
 		unit_free(pool, pool->st_scratch[slot]);
 	pool->st_scratch[slot] = -1;
+	spec_drop(pool, slot);
 	if (u < 0)
 		return;
 	for (j = 0; j < k; j++) {
@@ -821,32 +893,6 @@ void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
 	pool->swap_in_blocks += k;
 }
 
-/* ---- views ------------------------------------------------------------------ */
-
-/* The first frames of seq's live unit (-1: zero state, at position 0) and
- * scratch unit (-1: none). */
-void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out)
-{
-	const int32_t l = pool->st_live[slot], s = pool->st_scratch[slot];
-	const uint32_t k = pool->st_frames;
-
-	*in = l >= 0 && pool->st_len[slot] ? (int32_t)(pool->st_first + (uint32_t)l * k) : -1;
-	*out = s >= 0 ? (int32_t)(pool->st_first + (uint32_t)s * k) : -1;
-}
-
-int bkv_seq_state_frames(const bkv_pool *pool, uint32_t seq, int32_t *in, int32_t *out)
-{
-	const bkv__seq *s;
-
-	if (!pool || !in || !out || !pool->st_units)
-		return BKV_EINVAL;
-	s = bkv__seq_get(pool, seq);
-	if (!s)
-		return BKV_ENOENT;
-	bkv__state_frames(pool, (uint32_t)(s - pool->seqs), in, out);
-	return BKV_OK;
-}
-
 /* ---- the checker ------------------------------------------------------------ */
 
 int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
@@ -860,7 +906,8 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 		const bkv__seq *s = &pool->seqs[i];
 
 		if (s->state == BKV__SEQ_FREE) {
-			if (pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0 || pool->st_len[i])
+			if (pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0 || pool->st_len[i] ||
+			    pool->st_spec[i] >= 0)
 				return CHECK_SEQS;
 			continue;
 		}
@@ -881,6 +928,11 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 				return CHECK_SEQS;
 			sc[pool->st_scratch[i]] += 1u << 16;
 		}
+		for (n = 0, u = pool->st_spec[i]; u >= 0; u = pool->st_next[u], n++) {
+			if (n >= nu || pool->st_flags[u] != BKV__ST_SPEC || !pool->kv.txn_active)
+				return CHECK_SEQS;
+			sc[u] += 1u << 16;
+		}
 	}
 	for (u = 0; (uint32_t)u < nu; u++) {
 		const uint8_t f = pool->st_flags[u];
@@ -893,7 +945,7 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 		held++;
 		if ((sc[u] & 0xFFFF) != pool->st_ref[u])
 			return CHECK_REFS;
-		if ((f & ST_SCRATCH) != 0) {
+		if ((f & (ST_SCRATCH | BKV__ST_SPEC)) != 0) {
 			if ((sc[u] >> 16) != 1 || pool->st_ref[u] || (f & ST_INDEXED))
 				return CHECK_SEQS;
 			continue;

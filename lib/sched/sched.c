@@ -101,9 +101,6 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 	bkv_pool_stats_get(pool, ps);
 	if (!ps->block_tokens || !ps->device_blocks)
 		return BKV_EINVAL;
-	if (cfg->spec_max_k && bkv__pool_n_groups(pool) > 1 &&
-	    bkv__pool_group(pool, bkv__pool_n_groups(pool) - 1)->kind == BKV_GROUP_STATE)
-		return BKV_EINVAL; /* speculation: no STATE group (sched/spec.c) */
 	if (!bkv__decide_config_valid(cfg, ps->host_blocks))
 		return BKV_EINVAL;
 	return BKV_OK;

@@ -631,6 +631,8 @@ typedef struct bkv__spec {
 	int32_t *tokens;       /* [row_cap * (1 + max_k)] the batch's
 				  spec_tokens */
 	int32_t *accepted;     /* [row_cap] the batch's n_accepted */
+	int32_t *st_out;       /* [row_cap * (1 + max_k)] a STATE group's
+				  state_out_spec; NULL without one */
 	uint32_t n_rows;       /* plan.dec rows with drafts this step */
 	uint32_t n_set;        /* entries of drafts[] valid this step */
 	uint32_t n_tab;        /* n-gram tables (max_running; 0 for host

@@ -37,8 +37,12 @@
  * (pool/lanes.c), after the cut, so every lane still holds what the row's
  * first token reads and the cut always succeeds; the batch's per-group
  * arrays (sched/groups.c) cover a speculated row like any row of 1 + k
- * tokens. A STATE group keeps one state per row, not one per draft: such a
- * pool is refused at create (sched.c) when spec_max_k > 0.
+ * tokens. A STATE group keeps one state per row, so a speculated row
+ * takes k more units (pool/state.c, per-token states), the batch names
+ * them in the group's state_out_spec, the host writes the state after
+ * each of the row's tokens there, and the cut's truncate makes the one
+ * after the last delivered token live; a row whose units are not free goes
+ * without drafts, like one whose blocks are not.
  *
  * N-gram lookup: each lane that speculates takes one of max_running tables
  * (a direct-mapped hash from the n-gram ending at a position to that
@@ -73,7 +77,10 @@ int bkv__spec_alloc(bkv_sched *s)
 	sp->want = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
 	sp->accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
 	sp->tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
-	if (!sp->drafts || !sp->want || !sp->accepted || !sp->tokens)
+	if (s->call.has_state)
+		sp->st_out = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
+	if (!sp->drafts || !sp->want || !sp->accepted || !sp->tokens ||
+	    (s->call.has_state && !sp->st_out))
 		return BKV_ENOMEM;
 	if (s->cfg.overlap) { /* the step in flight keeps its set */
 		sp->alt_drafts = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
@@ -112,6 +119,7 @@ void bkv__spec_free(bkv_sched *s)
 	bkv__free(a, sp->alt_accepted, sp->alt_accepted ? (size_t)sp->row_cap * sizeof(int32_t) : 0);
 	bkv__free(a, sp->alt_tokens,
 		  sp->alt_tokens ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
+	bkv__free(a, sp->st_out, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
 	bkv__free(a, sp->tab, (size_t)sp->n_tab * sizeof(bkv__ngram));
 	bkv__free(a, sp->slots, (size_t)sp->n_tab * BKV__NGRAM_SLOTS * sizeof(uint32_t));
 	bkv__free(a, sp, sizeof(*sp));
@@ -251,7 +259,6 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
-	BKV_ASSERT(!s->call.has_state); /* refused at create (sched.c) */
 	if (si->preempted) { /* drafts index plan.dec as the call will see it */
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
@@ -295,11 +302,15 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		l->spec_miss = 0;
 		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
 		if (bkv_pool_available(pool) < (uint64_t)need + s->rs.slots_used ||
+		    (s->call.has_state &&
+		     bkv__pool_state_spec_room(pool, got, (uint64_t)need + s->rs.slots_used) < got) ||
 		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
 			stop = 1; /* memory pressure: no more drafts this step */
 			skipped++;
 			continue;
 		}
+		if (s->call.has_state) /* a state unit after each draft's token */
+			bkv__pool_state_spec_take(pool, l->seq, got);
 		l->kv_len += got;
 		row->end += got;
 		sp->drafts[i] = got;
@@ -329,6 +340,22 @@ int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l)
 	for (j = 1, aj = a; j <= k && e <= 1.0; j++, aj *= a)
 		e += aj;
 	return e > 1.0;
+}
+
+/* A STATE group's state_out_spec: for each decode row, the unit after
+ * each of its tokens (a row without drafts: its state_out). */
+static void spec_state_frames(bkv_sched *s, bkv_batch *b, const bkv__row *rows)
+{
+	bkv_batch_group *bg = &s->call.groups[s->call.n_lanes];
+	uint32_t i;
+
+	for (i = 0; i < b->n_decode_rows; i++) {
+		const int32_t q0 = b->qo_indptr[i];
+
+		bkv__pool_state_spec_frames(s->pool, rows[i].lane->seq, s->spec->st_out + q0,
+					    (uint32_t)(b->qo_indptr[i + 1] - q0));
+	}
+	bg->state_out_spec = s->spec->st_out;
 }
 
 void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__row *rows,
@@ -363,6 +390,8 @@ void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__
 	}
 	b->n_spec_rows = sp->n_rows;
 	sh->decode_drafts = e;
+	if (s->call.has_state) /* groups.c filled the STATE group first */
+		spec_state_frames(s, b, rows);
 }
 
 /* ---- commit ----------------------------------------------------------------- */

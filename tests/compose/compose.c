@@ -72,7 +72,7 @@
 #define CX_JUNK 0x5eadbeef
 
 const char *const cx_refuse_names[CX_REFUSE_COUNT] = {
-	"host_cache+groups", "overlap+state", "spec+state"};
+	"host_cache+groups", "overlap+state"};
 
 /* ---- random numbers ------------------------------------------------------- */
 
@@ -521,6 +521,44 @@ static uint32_t group_kind(const cx_run *x, uint32_t g)
 	return x->n_groups ? x->groups[g].kind : BKV_GROUP_FULL;
 }
 
+/* The STATE units a row with k drafts writes a state to after each of its
+ * tokens (state_out_spec): in the arena, the last its state_out, and none
+ * a unit another token of the call writes or any row reads. */
+static int spec_states(cx_run *x, const bkv_batch *b, const bkv_batch_group *G, uint32_t r,
+		       uint32_t start, uint32_t k)
+{
+	const int32_t q0 = b->qo_indptr[r];
+	const int32_t nd = b->qo_indptr[b->n_decode_rows];
+	uint32_t j, i;
+	int32_t t;
+
+	if (!G->state_out_spec || G->state_out_spec[q0 + (int32_t)k] != G->state_out[r]) {
+		fail(x, "row %u at %u: %u drafts without their states", r, start, k);
+		return 1;
+	}
+	for (j = 0; j <= k; j++) {
+		const int32_t u = G->state_out_spec[q0 + (int32_t)j];
+
+		if (u < 0 || (uint32_t)u + G->state_frames > x->nframes) {
+			fail(x, "row %u: state %u in unit %d of %u frames", r, j, u, x->nframes);
+			return 1;
+		}
+		for (i = 0; i < b->n_rows; i++)
+			if (G->state_in[i] == u || (i != r && G->state_out[i] == u)) {
+				fail(x, "row %u: state %u in unit %d, row %u's", r, j, u, i);
+				return 1;
+			}
+		for (t = 0; t < nd; t++)
+			if (t != q0 + (int32_t)j && G->state_out_spec[t] == u &&
+			    (t < q0 || t > q0 + (int32_t)k || j < k)) {
+				fail(x, "row %u: state %u in unit %d, written twice", r, j, u);
+				return 1;
+			}
+	}
+	x->res->spec_states += k;
+	return 0;
+}
+
 /* Pass 1 for row r: shape, tokens, every context cell and state read. The
  * chain of every position [0, end) is left in x->chain. */
 static void check_row(cx_run *x, const bkv_batch *b, const int32_t *ids, uint32_t r)
@@ -600,6 +638,8 @@ static void check_row(cx_run *x, const bkv_batch *b, const int32_t *ids, uint32_
 					fail(x, "row %u writes state unit %d that row %u reads", r, out, i);
 					return;
 				}
+			if (k && spec_states(x, b, G, r, start, k))
+				return;
 			if (in < 0) {
 				if (start != 0)
 					fail(x, "req %u branch %u: zero state for a row at %u", q->idx,
@@ -698,11 +738,19 @@ static void compute_row(cx_run *x, const bkv_batch *b, const int32_t *ids, uint3
 								    : b->slot_mapping;
 
 		if (group_kind(x, g) == BKV_GROUP_STATE) {
-			cx_cell *cl = &x->dev[(size_t)b->groups[g].state_out[r] * bt];
+			/* the state after each token of a speculated row, else
+			 * after its last */
+			const int32_t *spec = b->groups[g].state_out_spec;
 
-			cl->chain = failing ? ~x->chain[end - 1] : x->chain[end - 1];
-			cl->pos = failing ? -7 : (int32_t)end;
-			cl->group = (int32_t)g;
+			for (p = k && spec ? start : end - 1; p < end; p++) {
+				int32_t u = k && spec ? spec[q0 + (int32_t)(p - start)]
+						      : b->groups[g].state_out[r];
+				cx_cell *cl = &x->dev[(size_t)u * bt];
+
+				cl->chain = failing ? ~x->chain[p] : x->chain[p];
+				cl->pos = failing ? -7 : (int32_t)p + 1;
+				cl->group = (int32_t)g;
+			}
 			continue;
 		}
 		for (p = start; p < end; p++) {
@@ -1551,8 +1599,6 @@ static int create(cx_run *x)
 
 			if (f->overlap && x->state_group != UINT32_MAX)
 				which = CX_REFUSE_OVERLAP_STATE;
-			else if (f->spec_k && x->state_group != UINT32_MAX)
-				which = CX_REFUSE_SPEC_STATE;
 			if (which >= 0) {
 				x->res->refused[which]++;
 				bkv_pool_destroy(x->pool);
@@ -1561,15 +1607,10 @@ static int create(cx_run *x)
 					fail(x, "refused at scheduler create: %s", cx_refuse_names[which]);
 					return -1;
 				}
-				if (which == CX_REFUSE_SPEC_STATE)
-					f->spec_k = (x->seed >> 1) & 1 ? 0 : f->spec_k,
-					f->gmix = f->spec_k ? GM_WINDOW : f->gmix;
-				else if ((x->seed >> 1) & 1)
+				if ((x->seed >> 1) & 1)
 					f->overlap = 0;
-				else if (which == CX_REFUSE_OVERLAP_STATE)
+				else /* overlap+state: the attention groups stay */
 					f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW : GM_NONE;
-				else
-					f->gmix = GM_NONE; /* overlap+groups */
 				continue;
 			}
 		}

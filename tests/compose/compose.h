@@ -20,7 +20,6 @@
 enum {
 	CX_REFUSE_HCACHE_GROUPS = 0, /* host cache with KV groups (pool create) */
 	CX_REFUSE_OVERLAP_STATE,     /* overlap with a STATE group (sched create) */
-	CX_REFUSE_SPEC_STATE,        /* speculative decoding with a STATE group */
 	CX_REFUSE_COUNT
 };
 
@@ -46,6 +45,8 @@ typedef struct cx_result {
 	char msg[512];              /* the first violation */
 	char features[512];         /* the drawn features, one line */
 	uint32_t refused[CX_REFUSE_COUNT]; /* refusals met by this seed */
+	uint64_t spec_states;       /* STATE units of drafts written (per-token
+				       states of speculated rows) */
 	uint64_t steps;             /* driver iterations */
 	uint64_t calls;             /* compute and launch callbacks */
 	uint64_t cells_checked;     /* KV cells read and verified */

@@ -62,6 +62,7 @@ static double now_s(void)
 typedef struct tally {
 	uint64_t failed, ran, refused_seeds, refused[CX_REFUSE_COUNT];
 	uint64_t calls, cells, tokens, reqs, fcalls, preempt, spec, hits, ovl;
+	uint64_t spec_states; /* per-token states of speculated rows */
 } tally;
 
 static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
@@ -75,6 +76,7 @@ static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
 	}
 	t->refused_seeds += any;
 	t->calls += res->calls;
+	t->spec_states += res->spec_states;
 	t->cells += res->cells_checked;
 	t->tokens += res->tokens;
 	t->reqs += res->requests;
@@ -244,6 +246,8 @@ int main(int argc, char **argv)
 	       (unsigned long long)t.cells, (unsigned long long)t.tokens,
 	       (unsigned long long)t.preempt, (unsigned long long)t.spec, (unsigned long long)t.hits,
 	       (unsigned long long)t.ovl);
+	printf("speculation over a STATE group: %llu per-token states of drafts\n",
+	       (unsigned long long)t.spec_states);
 	for (k = 0, seed = 0; k < CX_REFUSE_COUNT; k++)
 		seed += t.refused[k];
 	printf("refused: %llu combos (in %llu seeds:", (unsigned long long)seed,

@@ -329,6 +329,7 @@ class bkv_batch_group(Structure):
         ('state_in', POINTER(c_int32)),
         ('state_out', POINTER(c_int32)),
         ('state_frames', c_uint32),
+        ('state_out_spec', POINTER(c_int32)),
     ]
 
 

@@ -290,8 +290,9 @@ class BatchGroup:
     state_in and state_out [n_rows], the first frame of the unit each row
     reads its initial state from (-1: the zero state, the row starts at
     position 0) and of the unit it writes its state after its last token
-    to, and state_frames, the consecutive frames of a unit. state_in and
-    state_out are None for attention groups, state_frames 0."""
+    to, and state_frames, the consecutive frames of a unit; with drafts,
+    state_out_spec (the unit after each decode token). state_in, state_out
+    and state_out_spec are None for attention groups, state_frames 0."""
 
     __slots__ = ("_b", "_words", "index", "kind", "span", "state_frames")
 
@@ -348,6 +349,18 @@ class BatchGroup:
         if self.kind != GroupKind.STATE:
             return None
         return self._view("state_out", self._b.n_rows, _I32, np.int32)
+
+    @property
+    def state_out_spec(self):
+        """STATE with speculation: indexed like the decode rows' tokens, the
+        first frame of the unit the host writes the state after each token
+        to (a row with k drafts: its tokens 0..k; a row without: its
+        state_out). The commit keeps the state after the last delivered
+        token. None when the call has no draft, and for other groups."""
+        if self.kind != GroupKind.STATE or not self._ptr("state_out_spec"):
+            return None
+        n = int(self._b.qo_indptr[self._b.n_decode_rows])
+        return self._view("state_out_spec", n, _I32, np.int32)
 
     def row_table(self, slot):
         """This group's block table of row slot `slot` (persistent layout;

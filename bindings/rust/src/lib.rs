@@ -1433,6 +1433,7 @@ impl<'a> Batch<'a> {
                 state_in: ptr::null(),
                 state_out: ptr::null(),
                 state_frames: 0,
+                state_out_spec: ptr::null(),
             }
         } else {
             // SAFETY: the library's groups array has n_groups elements
@@ -1532,6 +1533,19 @@ impl<'a> BatchGroup<'a> {
     /// ([`kv_state_frames`]); 0 for an attention group.
     pub fn state_frames(&self) -> u32 {
         self.raw.state_frames
+    }
+    /// STATE with speculation: indexed like the tokens of the decode rows,
+    /// the first frame of the unit the host writes the state after each
+    /// token to (a row with k drafts: its tokens 0..k; a row without: its
+    /// `state_out`). The commit keeps the state after the last delivered
+    /// token. `None` when the call has no draft, and for other groups.
+    pub fn state_out_spec(&self) -> Option<&'a [i32]> {
+        if self.raw.kind != sys::BKV_GROUP_STATE as u32 || self.raw.state_out_spec.is_null() {
+            return None;
+        }
+        // SAFETY: qo_indptr has n_rows + 1 entries, n_decode_rows <= n_rows
+        let n = unsafe { *self.batch.qo_indptr.add(self.batch.n_decode_rows as usize) };
+        Some(self.t(self.raw.state_out_spec, n as usize))
     }
 }
 

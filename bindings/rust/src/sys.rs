@@ -346,6 +346,7 @@ pub struct bkv_batch_group {
     pub state_in: *const i32,
     pub state_out: *const i32,
     pub state_frames: u32,
+    pub state_out_spec: *const i32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
