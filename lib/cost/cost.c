@@ -40,7 +40,8 @@
  * active set with a ridge toward w0 = (1, 0, ...), i.e. the base, in
  * Jacobi-scaled coordinates), the fit is used only once trusted and while
  * its residuals are no wider than the base's, and a level factor with gain
- * 1/32 follows drift. Everything lives in fixed arrays inside the handle:
+ * 1/32 follows drift, and a slow tail factor (gain 1/2048) adds back the
+ * mean time that clipping took off. Everything lives in fixed arrays inside the handle:
  * observe() never allocates. docs/cost-model.md ("Calibration") has the
  * numbers.
  */
@@ -421,6 +422,11 @@ bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl)
  * clipped log residuals with gain CALIB_LEVEL_RATE per observation, and the
  * fit learns the measurements divided by it. */
 #define CALIB_LEVEL_RATE 0.03125
+/* The tail: what clipping took off, as a share of the clipped time, in a
+ * slow running mean (gain CALIB_TAIL_RATE); predictions are multiplied by
+ * 1 + tail, so the model prices a shape's mean time, stalls included,
+ * while one stall moves it by its excess over 1/CALIB_TAIL_RATE calls. */
+#define CALIB_TAIL_RATE (1.0 / 2048.0)
 
 /* The robust least-squares state of one call kind. Residuals are e =
  * ln(measured / predicted); "scale" is a robust estimate of their sigma. */
@@ -436,6 +442,8 @@ typedef struct calib_fit {
 	double s_base;    /* scale of the base model's residuals */
 	double level;     /* ln of the factor on the fit's prediction: the
 			     running mean of its clipped residuals */
+	double tail;      /* running mean of (measured - clipped) / clipped:
+			     the mean time clipping leaves out (stalls) */
 } calib_fit;
 
 struct bkv_cost_calib {
@@ -675,7 +683,7 @@ double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shape *shape
 	double x[NF];
 	calib_features(calib, shape, x);
 	const calib_fit *f = &calib->fit[shape->kind];
-	return calib_uses_fit(f, x[0]) ? calib_fit_us(f, x) : x[0];
+	return calib_uses_fit(f, x[0]) ? calib_fit_us(f, x) * (1.0 + f->tail) : x[0];
 }
 
 /* ln(t / ref) clipped at CALIB_CLIP * scale. */
@@ -707,6 +715,7 @@ void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
 	if (t > 0.0 && confident) {
 		tc = pf * exp(clipped_log_ratio(t, pf, f->s_fit));
 		f->level += CALIB_LEVEL_RATE * log(tc / pf); /* drift */
+		f->tail += CALIB_TAIL_RATE * ((t - tc) / tc - f->tail);
 	} else if (t > 0.0 && base > 0.0) {
 		tc = base * exp(clipped_log_ratio(t, base, f->s_base));
 	}
