@@ -320,6 +320,7 @@ int main(void)
 	F(bkv_sched_stats, overlap_steps);
 	F(bkv_sched_stats, overlap_syncs);
 	F(bkv_sched_stats, overlap_wasted_tokens);
+	F(bkv_sched_stats, spec_skipped_rows);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

@@ -198,10 +198,10 @@ typedef struct bkv_kv_group {
 	uint32_t kind;     /* a bkv_group_kind */
 	uint32_t layers;   /* layers in the group, >= 1 */
 	uint32_t span;     /* WINDOW: the window W in tokens; CHUNKED: the chunk
-			      C in tokens (both >= 1); STATE: tokens between
-			      state checkpoints, a multiple of block_tokens (0:
-			      no checkpoints, so no prefix hits for a pool with
-			      this group); FULL: 0 */
+			      C in tokens (both 1..INT32_MAX); STATE: tokens
+			      between state checkpoints, a multiple of
+			      block_tokens (0: no checkpoints, so no prefix
+			      hits for a pool with this group); FULL: 0 */
 	uint32_t reserved; /* zero */
 	uint64_t bytes;    /* FULL, WINDOW, CHUNKED: KV bytes per token per
 			      layer (2 x kv_heads x head_dim x dtype_bytes);
@@ -211,8 +211,9 @@ typedef struct bkv_kv_group {
 /*
  * The sizing functions below share these rules. A group is valid when its
  * layers and bytes are >= 1, reserved is 0, kind is a bkv_group_kind, and
- * span is as its field says (FULL 0; WINDOW, CHUNKED >= 1; STATE a multiple
- * of block_tokens). A group list is valid when it has 1..BKV_MAX_GROUPS valid
+ * span is as its field says (FULL 0; WINDOW, CHUNKED 1..INT32_MAX; STATE a
+ * multiple of block_tokens): the rules bkv_pool_create checks its groups
+ * by. A group list is valid when it has 1..BKV_MAX_GROUPS valid
  * groups, at most one of them STATE. block_tokens must be a power of two
  * (bkv_kv_seq_bytes also takes 0, for a token-exact figure). Anything else is
  * bad input and gives 0; so does a result that overflows uint64_t. Worked
@@ -781,8 +782,16 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * hit) stay cached, out of eviction's reach, until bkv_pool_unpin. Pins of
  * one pool together hold at most pin_permille / 1000 of its device blocks
  * (a block two pins share counts twice). A pin takes one of the pool's
- * max_seqs sequence slots; its id names it only to bkv_pool_unpin
- * (bkv_seq_close and bkv_seq_drop refuse it). Nothing is computed: blocks
+ * max_seqs sequence slots; its id names it only to bkv_pool_unpin: every
+ * call that takes a sequence id answers a pin's id as an unknown sequence
+ * (BKV_ENOENT, or NULL) and changes nothing, and bkv_pool_unpin answers a
+ * sequence's id BKV_ENOENT. Against max_seqs a pin counts as an open
+ * sequence: a scheduler admits a request only when its branches fit beside
+ * the pins, and a pin never takes a slot that a running request's fork
+ * still needs (BKV_EAGAIN until it forked or ended); a request whose
+ * branches can fit only once pins are released waits for them, and ends
+ * as unadmittable (BKV_FINISH_ERROR) if nothing else runs. Nothing is
+ * computed: blocks
  * not cached yet are not pinned (pin again once a request has computed
  * them).
  * @param pool   the pool.
@@ -795,7 +804,8 @@ BKV_API int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens);
  * @return BKV_OK; BKV_EINVAL (NULL pool, tokens or pin, n 0);
  *         BKV_ENOENT (no full block of it is cached); BKV_ENOSPC (the
  *         pins would hold more than pin_permille of the device blocks);
- *         BKV_EAGAIN (no free sequence slot); BKV_ENOMEM; BKV_ESTATE (no
+ *         BKV_EAGAIN (no free sequence slot, or only slots kept for
+ *         running requests' forks); BKV_ENOMEM; BKV_ESTATE (no
  *         prefix cache, a pool with KV groups, or inside a scheduler's
  *         step). On error nothing changed.
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
@@ -818,7 +828,12 @@ BKV_API int bkv_pool_unpin(bkv_pool *pool, uint32_t pin);
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
- * sequences).
+ * sequences). A device-resident sequence that holds a full block stays out of
+ * the cache from then on: the blocks it fills later are not cached either
+ * (each block's hash chains from the blocks before it), until it is swapped
+ * out (swap-in caches its full blocks again) or truncated below one block.
+ * Between a scheduler's steps this is allowed with requests running (their
+ * tokens are unchanged).
  * @param pool   the pool.
  * @return BKV_OK; BKV_EINVAL (NULL pool).
  * Thread rules: the pool's thread (one at a time; not during a bkv_step
@@ -854,14 +869,26 @@ typedef struct bkv_pool_memory {
 				    hash, key) */
 	uint32_t seq_slot_bytes; /* control record of one sequence slot plus its
 				    entry in the ring of free slots (its block
-				    table not included) */
+				    table not included); with KV groups also
+				    each lane's record of it and its state
+				    bookkeeping */
 	uint32_t index_slots;    /* hash index capacity: a power of two >=
 				    2 x device_blocks; 0 without prefix cache */
 	uint32_t index_used;     /* index slots holding a block (nr_indexed of
 				    bkv_pool_stats); the load is index_used /
 				    index_slots */
 	uint32_t reserved;       /* zero */
-	uint64_t blocks;         /* device_blocks x block_bytes */
+	uint64_t blocks;         /* the device blocks' records: device_blocks
+				    x block_bytes; plus, while they exist,
+				    the eviction value records (24 B a block:
+				    a sliding-window or chunked group's kept
+				    blocks, BKV_EVICT_VALUE, retention) and
+				    retention's clocks (8 B a block); with a
+				    STATE group its units' records (21 B a
+				    unit, and a map of 4-byte slots, two a
+				    unit rounded up to a power of two) and,
+				    with state_share, the frame chunks'
+				    records (30 B a chunk) */
 	uint64_t device_tokens;  /* the device token store: the token ids of
 				    every block, 4 B per token slot, plus 64 B
 				    that align it to a cache line (verifies
@@ -878,7 +905,8 @@ typedef struct bkv_pool_memory {
 				    table position), 8 B per device block; 0
 				    without prefix cache */
 	uint64_t check_scratch;  /* bkv_pool_check's workspace, 4 B per block of
-				    the larger tier */
+				    the larger tier or frame of the state
+				    arena */
 	uint64_t host;           /* the host tier: per host block a free-list
 				    link (4 B), a state byte and its token ids
 				    (4 B per token slot), and with a host
@@ -887,8 +915,9 @@ typedef struct bkv_pool_memory {
 				    without one */
 	uint64_t seq_slots;      /* max_seqs x seq_slot_bytes */
 	uint64_t block_tables;   /* block table entries allocated over every
-				    sequence slot, 4 B each (a closed slot keeps
-				    its table for the next sequence) */
+				    sequence slot and KV group, 4 B each (a
+				    closed slot keeps its tables for the next
+				    sequence) */
 	uint64_t copy_lists;     /* pending-copy list entries allocated, 8 B
 				    each, all three kinds */
 	uint64_t event_ring;     /* the KV event ring: event_capacity x
@@ -1748,9 +1777,11 @@ typedef struct bkv_sched_config {
 				      two-phase step (bkv_step_launch,
 				      bkv_step_complete; docs/integration.md,
 				      "Overlapped scheduling"). Needs
-				      host ops.launch, a pool without KV
-				      groups and spec_max_k 0 (else
-				      EINVAL); either batch_layout.
+				      host ops.launch, not a split host
+				      (prefill or decode without forward),
+				      a pool without KV groups and
+				      spec_max_k 0 (else EINVAL); either
+				      batch_layout.
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
@@ -1895,7 +1926,13 @@ typedef struct bkv_sched_stats {
 	uint64_t finished;         /* requests ended, any reason */
 	uint64_t aborted;          /* of which by bkv_abort */
 	uint64_t prefill_tokens;   /* prompt tokens computed */
-	uint64_t decode_tokens;    /* generated tokens */
+	uint64_t decode_tokens;    /* generated tokens delivered by decode
+				      rows (a request's first token, sampled
+				      by its prefill, is not one): accepted
+				      speculative drafts included, tokens an
+				      overlapped step computed and discarded
+				      (overlap_wasted_tokens) or BKV_TOKEN_FAIL
+				      not */
 	uint64_t hit_tokens;       /* prompt tokens from the prefix cache */
 	uint64_t preemptions;      /* preemptions, both modes */
 	uint64_t swaps;            /* of which by swap */
@@ -1919,6 +1956,11 @@ typedef struct bkv_sched_stats {
 				      step completed (stop, error, abort in
 				      the step before): discarded, never
 				      delivered */
+	uint64_t spec_skipped_rows; /* decode rows the choice gave drafts that
+				      carried none: no room for their blocks
+				      without preempting, or no budget left
+				      (speculation is what pressure gives up
+				      first) */
 } bkv_sched_stats;
 
 /**
@@ -1946,7 +1988,8 @@ BKV_API void bkv_request_init(bkv_request *req);
  *               bkv_submit is called from several threads.
  * @param out    receives the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
- *         forward and not both prefill and decode); BKV_ENOMEM.
+ *         forward and not both prefill and decode, overlap without launch,
+ *         with a split host, speculation or KV groups); BKV_ENOMEM.
  * Thread rules: any thread; the scheduler then belongs to one stepping thread
  * (bkv_submit and bkv_abort excepted).
  */
@@ -2088,12 +2131,15 @@ BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *i
  * @param sched   the scheduler.
  * @param ticket  the oldest outstanding ticket.
  * @param status  0: the step ran and next_tokens holds its tokens; negative:
- *                it failed.
+ *                it failed. A positive status is not defined: BKV_EINVAL,
+ *                and nothing changes (the step stays outstanding; complete
+ *                it again with 0 or a negative status).
  * @param info    receives what the step did; may be NULL.
  * @return BKV_OK; BKV_EHOST (this or an earlier outstanding step failed;
  *         rolled back once the last of them is completed); BKV_EINVAL (NULL
- *         sched, or ticket is not the oldest outstanding); BKV_ESTATE
- *         (overlap off, or called from a callback).
+ *         sched, ticket is not the oldest outstanding, or status > 0;
+ *         nothing changed); BKV_ESTATE (overlap off, or called from a
+ *         callback).
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
  * concurrently.
  */
@@ -2374,8 +2420,9 @@ BKV_API size_t bkv_sched_metrics_prometheus(const bkv_sched *sched, char *buf, s
  * drains, so call bkv_vllm_encoder_drain between pool calls. When the
  * pool's event ring dropped events (a gap in seq), the batch it writes is a
  * resynchronisation: AllBlocksCleared followed by a BlockStored for every
- * block in the index, parents first, then (with a host cache) one on the
- * host medium for every host-cache block whose parent is published, so a
+ * block in the index, parents first, then (with a host cache, in a layout
+ * with a medium) one on the host medium for every host-cache block whose
+ * parent is published, so a
  * subscriber's view is exact again (a host block whose parent is in
  * neither tier is left out: no lookup can reach it).
  */
@@ -2392,7 +2439,10 @@ typedef enum bkv_vllm_wire {
 				      first; no group fields */
 	BKV_VLLM_WIRE_ARRAY_V0 = 2 /* the first array_like vLLM: no medium or
 				      lora_name, no data_parallel_rank;
-				      hashes always ints */
+				      hashes always ints. Without a medium
+				      the tiers cannot be told apart: only
+				      device blocks are published (a host
+				      cache's are left out) */
 } bkv_vllm_wire;
 
 /* Which block hash the events carry. */
@@ -2410,9 +2460,12 @@ typedef enum bkv_vllm_hash {
 #define BKV_VLLM_DIGEST_BYTES 32
 
 /* Names a pool's prefix-cache key for vLLM: the LoRA adapter name that vLLM
- * puts in a block's extra keys (and in BlockStored.lora_name). Return NULL for
- * a key without a name. Called on the pool's thread while encoding; the
- * string must stay valid until bkv_vllm_encoder_drain returns. */
+ * puts in every block's extra keys (and in BlockStored.lora_name). Return
+ * NULL for a key without a name: such a key (nonzero) is hashed as vLLM
+ * hashes a request's cache_salt, its decimal digits (key 5: "5") in the
+ * extra keys of a chain's first block, so blocks of distinct keys never
+ * share a digest. Called on the pool's thread while encoding; the string
+ * must stay valid until bkv_vllm_encoder_drain returns. */
 typedef const char *(*bkv_vllm_key_name_fn)(void *ud, uint64_t key);
 
 typedef struct bkv_vllm_config {
@@ -2443,8 +2496,10 @@ typedef struct bkv_vllm_config {
 				       kv_cache_spec_sliding_window in tokens;
 				       0 omits it. Default 0. */
 	uint32_t extra_keys;        /* MAP, nonzero: BlockStored.extra_keys,
-				       one entry per block (nil, or [lora
-				       name]). Default 0 (omitted). */
+				       one entry per block (nil, [lora
+				       name], or for a chain's first block
+				       under an unnamed key [its salt]).
+				       Default 0 (omitted). */
 	bkv_vllm_key_name_fn key_name; /* names keys (LoRA); NULL: no key has
 				       a name. A nonzero key is sent as
 				       lora_id either way. */
@@ -2523,8 +2578,9 @@ BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
 /**
  * vLLM's block digests of the full blocks of a token sequence: what a vLLM
  * replica with this hash function, PYTHONHASHSEED and block size computes
- * (and what bkv_vllm_encoder_drain publishes for a pool holding these tokens). A
- * router hashes an incoming prompt with it.
+ * (and what bkv_vllm_encoder_drain publishes for a pool holding these tokens
+ * under key 0 or a key named lora_name). A router hashes an incoming prompt
+ * with it. bkv_vllm_block_hashes_salted(cfg, lora_name, NULL, ...).
  * @param cfg           hash (SHA256_CBOR or SHA256) and hash_seed are read.
  * @param lora_name     the extra key of every block (vLLM's LoRA name);
  *                      NULL for none.
@@ -2541,6 +2597,27 @@ BKV_API uint64_t bkv_vllm_encoder_resyncs(const bkv_vllm_encoder *enc);
 BKV_API uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name,
 				       uint32_t block_tokens, const int32_t *tokens, uint32_t n,
 				       uint8_t *digests);
+
+/**
+ * bkv_vllm_block_hashes with vLLM's cache_salt: the salt joins the first
+ * block's extra keys (after lora_name), so every digest of the chain
+ * differs from an unsalted one. bkv_vllm_encoder_drain publishes a pool's
+ * blocks under a nonzero key that key_name does not name with the key's
+ * decimal digits as the salt (key 5: "5").
+ * @param cfg           as bkv_vllm_block_hashes.
+ * @param lora_name     as bkv_vllm_block_hashes.
+ * @param cache_salt    the first block's salt; NULL for none (then this is
+ *                      bkv_vllm_block_hashes).
+ * @param block_tokens  as bkv_vllm_block_hashes.
+ * @param tokens        as bkv_vllm_block_hashes.
+ * @param n             as bkv_vllm_block_hashes.
+ * @param digests       as bkv_vllm_block_hashes.
+ * @return as bkv_vllm_block_hashes.
+ * Thread rules: any thread.
+ */
+BKV_API uint32_t bkv_vllm_block_hashes_salted(const bkv_vllm_config *cfg, const char *lora_name,
+					      const char *cache_salt, uint32_t block_tokens,
+					      const int32_t *tokens, uint32_t n, uint8_t *digests);
 
 /**
  * The int a digest is sent as when int_hashes is set: its last 8 bytes read

@@ -11,19 +11,21 @@
  * so the 64-event ring overflows there.
  *
  * Usage: kvevents_dump WIRE HASH INT EXTRA DP GROUP KIND SEED
- *        kvevents_dump hash cbor|pickle SEED BLOCK_TOKENS LORA|- < tokens
+ *        kvevents_dump hash cbor|pickle SEED BLOCK_TOKENS LORA|- [SALT] < tokens
  *        kvevents_dump random WIRE HASH ROUNDS
  *   The random form runs ROUNDS random pool workloads instead (appends of
  *   few distinct tokens, forks, truncates, closes, drops, swaps, resets and
  *   step transactions through lib/internal.h, on a 24-block pool with a
- *   12-event ring; odd rounds with a host cache), drains 1..3 operations
+ *   12-event ring; odd rounds with a host cache; keys 0, 7 and 9 named by
+ *   evw_key_name and 5 unnamed), drains 1..3 operations
  *   apart and now and then up to 12
  *   (the ring overflows) and writes the same
  *   records, each workload opened by an 'R' record (a new, empty
  *   replica); its 'S' record counts stores and removals instead of
  *   evictions and swap-outs (then 0, 0, dropped, resyncs).
  *   The second form reads token ids (text) from stdin and prints each full
- *   block's bkv_vllm_block_hashes digest in hex, one per line.
+ *   block's bkv_vllm_block_hashes_salted digest (SALT the cache_salt, none
+ *   when left out) in hex, one per line.
  *   WIRE map|array|array0, HASH native|cbor|pickle, INT 0|1, EXTRA 0|1, DP and
  *   GROUP an int (-1 omits), KIND a string ("-" omits), SEED PYTHONHASHSEED.
  */
@@ -69,7 +71,8 @@ static int hash_mode(char **argv)
 	if (!tok || bt == 0)
 		return 1;
 	dig = malloc((size_t)(n / bt + 1) * BKV_VLLM_DIGEST_BYTES);
-	nb = bkv_vllm_block_hashes(&vc, strcmp(argv[5], "-") ? argv[5] : NULL, bt, tok, n, dig);
+	nb = bkv_vllm_block_hashes_salted(&vc, strcmp(argv[5], "-") ? argv[5] : NULL,
+					  argv[6], bt, tok, n, dig);
 	if (nb != n / bt)
 		return 1;
 	for (i = 0; i < nb; i++) {
@@ -127,7 +130,7 @@ static int random_mode(char **argv)
 		bkv_pool_stats ps;
 		uint32_t seqs[8] = {0}, op, next_drain = 1;
 		int txn = 0;
-		static const uint64_t keys[3] = {0, 7, 9};
+		static const uint64_t keys[4] = {0, 7, 9, 5};
 
 		bkv_pool_config_init(&c);
 		c.block_tokens = 4;
@@ -141,7 +144,7 @@ static int random_mode(char **argv)
 		fputc('R', stdout); /* a new replica: the subscriber starts empty */
 		srand(round + 1);
 		for (op = 0; op < 400; op++) {
-			if (pool_random_op(p, seqs, &txn, keys, 3))
+			if (pool_random_op(p, seqs, &txn, keys, 4))
 				continue;
 			if (txn || op + 1 < next_drain)
 				continue; /* inside a transaction the index waits for commit */
@@ -185,7 +188,7 @@ int main(int argc, char **argv)
 	int more, rc;
 	double ts = 1700000000.0;
 
-	if (argc == 6 && strcmp(argv[1], "hash") == 0)
+	if ((argc == 6 || argc == 7) && strcmp(argv[1], "hash") == 0)
 		return hash_mode(argv);
 	if (argc == 5 && strcmp(argv[1], "random") == 0)
 		return random_mode(argv);

@@ -389,8 +389,8 @@ Test(pin, bad_input_gets_a_clear_error_and_changes_nothing)
 	cr_expect_eq(bkv_pool_unpin(p, s), BKV_ENOENT);
 	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
 	cr_assert_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, &pin, NULL), BKV_OK);
-	cr_expect_eq(bkv_seq_close(p, pin), BKV_EINVAL);
-	cr_expect_eq(bkv_seq_drop(p, pin), BKV_EINVAL);
+	cr_expect_eq(bkv_seq_close(p, pin), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_drop(p, pin), BKV_ENOENT);
 	cr_assert_eq(bkv_pool_unpin(p, pin), BKV_OK);
 	cr_expect_eq(bkv_pool_unpin(p, pin), BKV_ENOENT, "once");
 	cr_expect_eq(bkv_pool_check(p), 0);
@@ -406,6 +406,145 @@ Test(pin, bad_input_gets_a_clear_error_and_changes_nothing)
 	cr_assert_eq(bkv_pool_create(&c, NULL, &q), BKV_OK);
 	cr_expect_eq(bkv_pool_pin_prefix(q, 0, t, 2 * BT, &pin, NULL), BKV_ESTATE);
 	bkv_pool_destroy(q);
+}
+
+/* A pin's id names no sequence: every call that takes a sequence answers
+ * it BKV_ENOENT (NULL or 0 where the answer is a table or a count) and
+ * changes nothing - not the pinned blocks, not the pool's counters - in a
+ * pool with a host tier, so that a swap could have gone through. */
+Test(pin, every_sequence_call_refuses_a_pin_id_and_changes_nothing)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	int32_t t[2 * BT], one = 7, in, out;
+	uint32_t pin, child = 99, n = 99, hit;
+	bkv_pool_stats before;
+	bkv_seq_info info;
+	bkv_seq_image img;
+	int32_t blocks[4];
+	uint64_t hashes[4];
+	int32_t toks[4 * BT];
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = BT;
+	c.device_blocks = NB;
+	c.host_blocks = NB;
+	c.pin_permille = 1000;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cache_chain(p, 1000, 2);
+	fill_tokens(t, 2 * BT, 1000);
+	cr_assert_eq(bkv_pool_pin_prefix(p, 0, t, 2 * BT, &pin, NULL), BKV_OK);
+	before = pool_stats(p);
+	cr_expect_eq(bkv_seq_append(p, pin, &one, 1, &hit), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_append(p, pin, t, 2 * BT, &hit), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_blocks_needed(p, pin, 1), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_truncate(p, pin, 0), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_fork(p, pin, &child), BKV_ENOENT);
+	cr_expect_eq(child, 99, "no child on failure");
+	cr_expect_eq(bkv_seq_swap_out(p, pin), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_swap_in(p, pin), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_info_get(p, pin, &info), BKV_ENOENT);
+	cr_expect_null(bkv_seq_blocks(p, pin, &n));
+	cr_expect_eq(n, 0);
+	n = 99;
+	cr_expect_null(bkv_seq_group_blocks(p, pin, 0, &n));
+	cr_expect_eq(n, 0);
+	cr_expect_eq(bkv_seq_state_frames(p, pin, &in, &out), BKV_EINVAL, "no STATE group");
+	memset(&img, 0, sizeof img);
+	img.size = sizeof img;
+	img.blocks = blocks;
+	img.hashes = hashes;
+	img.tokens = toks;
+	img.cap_blocks = 4;
+	img.cap_tokens = 4 * BT;
+	cr_expect_eq(bkv_seq_export(p, pin, &img), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_close(p, pin), BKV_ENOENT);
+	cr_expect_eq(bkv_seq_drop(p, pin), BKV_ENOENT);
+	expect_same_stats(&before, p);
+	cr_expect_eq(bkv_pool_pending_copies(p, BKV_COPY_SWAP_OUT, NULL), 0);
+	cr_expect_eq(bkv_pool_pending_copies(p, BKV_COPY_DEVICE, NULL), 0);
+	/* the pin still holds its blocks, and only unpin ends it */
+	cr_assert_eq(bkv_pool_unpin(p, pin), BKV_OK);
+	cr_expect_eq(bkv_pool_check(p), 0);
+	cr_expect_eq(pool_stats(p).nr_cached, 2, "the pinned blocks went back to the cache");
+	cr_expect_eq(chain_hits(p, 1000, 2), 2 * BT);
+	bkv_pool_destroy(p);
+}
+
+/* A pool of 2 sequence slots and a request with two branches, which forks
+ * into the second slot after its chunked prefill. Admitted, it keeps that
+ * slot from pins: a pin asked for while the fork is to come is refused
+ * (BKV_EAGAIN, nothing changed), the request forks and finishes, and the
+ * slot can be pinned once it ended. A pin held before admission counts
+ * as any open sequence: the request cannot be admitted, and with nothing
+ * else running it ends once as unadmittable. */
+static fake_host *fork_pin_host(int32_t *sys, uint64_t *sys_id)
+{
+	fh_opts o;
+	fake_host *f;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 64;
+	o.max_seqs = 2;
+	o.pin_permille = 500;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 8;
+	f = fh_create(&o);
+	*sys_id = fh_submit(f, sys, 16, 2); /* computes the system prompt */
+	fh_run(f, 100);
+	cr_assert_eq(f->finish_count[*sys_id], 1);
+	return f;
+}
+
+Test(pin, a_pin_never_takes_the_slot_an_admitted_request_forks_into)
+{
+	fake_host *f;
+	int32_t *sys = fh_prompt(16, 21), *pr = fh_prompt(40, 22);
+	uint32_t pin = 77, i;
+	uint64_t sid, id;
+	bkv_pool_stats before;
+	bkv_sched_stats st;
+
+	memcpy(pr, sys, 16 * sizeof(int32_t));
+	/* admitted first: the pin waits for the fork */
+	f = fork_pin_host(sys, &sid);
+	id = fh_submit_ex(f, pr, 40, 6, 0, 2, 0);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(pool_stats(f->pool).nr_seqs, 1, "prefilling, not forked yet");
+	before = pool_stats(f->pool);
+	cr_expect_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_EAGAIN);
+	cr_expect_eq(pin, 77, "pin untouched on failure");
+	expect_same_stats(&before, f->pool);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_assert_lt(fh_run(f, 400), 400, "the request forks and ends");
+	cr_expect_eq(f->finish_count[id], 1);
+	cr_expect_eq(f->reason[id], BKV_FINISH_LENGTH);
+	for (i = 0; i < 2; i++)
+		cr_expect_eq(f->n_out[id][i], 6, "branch %u", i);
+	cr_assert_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_OK, "free again");
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(bkv_pool_unpin(f->pool, pin), BKV_OK);
+	fh_destroy(f);
+
+	/* pinned first: the request never gets the slots it needs */
+	f = fork_pin_host(sys, &sid);
+	cr_assert_eq(bkv_pool_pin_prefix(f->pool, 0, sys, 16, &pin, NULL), BKV_OK);
+	f->host.unadmittable_ok = 1;
+	id = fh_submit_ex(f, pr, 40, 6, 0, 2, 0);
+	cr_assert_lt(fh_run(f, 400), 400, "the request ends");
+	cr_expect_eq(f->finish_count[id], 1);
+	cr_expect_eq(f->reason[id], BKV_FINISH_ERROR);
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	bkv_sched_stats_get(f->s, &st);
+	cr_expect_eq(st.unadmittable, 1);
+	cr_assert_eq(bkv_pool_unpin(f->pool, pin), BKV_OK);
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	fh_destroy(f);
+	free(sys);
+	free(pr);
 }
 
 /* A scheduler serving requests that share a pinned system prompt in a pool

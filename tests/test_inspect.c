@@ -143,6 +143,70 @@ Test(inspect, memory_total_follows_tables_that_grow)
 	cr_assert_eq(live, 0);
 }
 
+/* A counted pool with KV groups: full attention, a sliding window (its
+ * released blocks kept by the value records) and a recurrent state; with
+ * share its units are chunks of the attention frames (state_share). */
+static bkv_pool *make_counted_groups(int share)
+{
+	static const bkv_kv_group g[3] = {
+		{BKV_GROUP_FULL, 2, 0, 0, 256},
+		{BKV_GROUP_WINDOW, 2, 12, 0, 256},
+		{BKV_GROUP_STATE, 1, 8, 0, 8192},
+	};
+	bkv_allocator a = {c_alloc, c_realloc, c_free, NULL};
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = 4;
+	c.device_blocks = 512;
+	c.host_blocks = 64;
+	c.max_seqs = 16;
+	c.n_groups = 3;
+	c.groups = g;
+	c.state_share = (uint32_t)share;
+	c.state_units = share ? 2 : 24;
+	cr_assert_eq(bkv_pool_create(&c, &a, &p), BKV_OK);
+	return p;
+}
+
+/* Every per-group structure is counted: the lanes' records and tables,
+ * the state units' records, the value records, the shared frames' chunk
+ * records and the check's workspace over the state arena. */
+static void grouped_memory_is_exact(int share)
+{
+	bkv_pool *p = make_counted_groups(share);
+	bkv_pool_memory m = memory(p);
+	int32_t t[200];
+	uint32_t s[3], i;
+
+	cr_assert_eq((int64_t)m.total, live, "at create: total %llu, allocator holds %lld",
+		     (unsigned long long)m.total, (long long)live);
+	fill_tokens(t, 200, 1);
+	bkv__pool_txn_begin(p);
+	for (i = 0; i < 3; i++) {
+		cr_assert_eq(bkv_seq_open(p, &s[i]), BKV_OK);
+		cr_assert_eq(bkv_seq_append(p, s[i], t, 40 + 80 * i, NULL), BKV_OK);
+	}
+	bkv__pool_txn_commit(p);
+	m = memory(p);
+	cr_assert_eq((int64_t)m.total, live, "tables grown: total %llu, allocator holds %lld",
+		     (unsigned long long)m.total, (long long)live);
+	cr_assert_gt(m.block_tables, (40 + 120 + 200) / 4 * 4, "lane tables counted");
+	bkv_pool_destroy(p);
+	cr_assert_eq(live, 0);
+}
+
+Test(inspect, memory_with_kv_groups_is_the_pools_allocations)
+{
+	grouped_memory_is_exact(0);
+}
+
+Test(inspect, memory_with_shared_state_frames_is_the_pools_allocations)
+{
+	grouped_memory_is_exact(1);
+}
+
 Test(inspect, memory_without_prefix_cache_has_no_index_or_queue)
 {
 	bkv_pool *p = make_counted(16, 64, 0, 0, 0);

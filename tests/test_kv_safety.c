@@ -1,7 +1,8 @@
 /*
  * test_kv_safety.c - what the outside adversarial run found (issue 13): a
  * write into a shared cached block, and forked requests that could never
- * fork. Each test fails on the code before the fix.
+ * fork; and a cache reset while requests run. Each test fails on the code
+ * before the fix.
  *
  * The fake host (tests/support/fakehost_sched.h) verifies every context position of every
  * row against the request's tokens, so KV that another request overwrote is
@@ -9,6 +10,7 @@
  * and with it invariant 30 (no call wrote into a shared or cached block).
  */
 #include "fakehost_sched.h"
+#include "pool_util.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -258,4 +260,79 @@ Test(kv_safety, submit_refuses_histories_past_the_block_table_array)
 	cr_assert_eq(bkv_submit(s, &q, &id), BKV_OK);
 	bkv_sched_destroy(s);
 	bkv_pool_destroy(pool);
+}
+
+/* bkv_pool_reset_cache between steps, while requests run: prefilling in
+ * chunks, forked after prefill, decoding, preempted (recompute or swap) in
+ * a small pool. The blocks they hold leave the index and the blocks they
+ * fill later stay out of it (their chain is gone), which bkv_sched_check's
+ * invariant 32 must accept while it still holds every other running lane
+ * to it; every request ends once with its true tokens, and a prompt
+ * computed after the resets is cached again (a second run of it hits). */
+static void reset_between_steps(int chunked, bkv_preempt_mode mode)
+{
+	fh_opts o;
+	fake_host *f;
+	int32_t *p = fh_prompt(64, 41);
+	uint32_t i, steps = 0, hit;
+	uint64_t last;
+	bkv_pool_stats ps;
+	bkv_sched_stats st;
+
+	fh_opts_init(&o);
+	o.block_tokens = 4;
+	o.device_blocks = 32;
+	o.host_blocks = 64;
+	o.cfg.max_running = 8;
+	o.cfg.chunked_prefill = chunked;
+	o.cfg.token_budget = 24;
+	o.cfg.preempt = mode;
+	f = fh_create(&o);
+	for (i = 0; i < 12; i++) /* prompts share p's leading tokens */
+		fh_submit_ex(f, p, 9 + (i * 5) % 50, 6 + i % 7, 0, 1 + i % 2, 0);
+	while (bkv_sched_pending(f->s) > 0 && steps < 2000) {
+		cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0, "check after step %u", steps);
+		if (steps % 3 == 1) {
+			cr_assert_eq(bkv_pool_reset_cache(f->pool), BKV_OK);
+			cr_assert_eq(bkv_sched_check(f->s), 0, "check after the reset at step %u",
+				     steps);
+		}
+		cr_assert_eq(f->host.violations, 0, "%s", f->host.first);
+		steps++;
+	}
+	cr_assert_eq(bkv_sched_pending(f->s), 0);
+	memset(&st, 0, sizeof st);
+	st.size = sizeof st;
+	bkv_sched_stats_get(f->s, &st);
+	cr_assert_gt(st.preemptions, 0, "the pool is small enough to preempt");
+	all_ended_once(f, 1, 12);
+	for (i = 1; i <= 12; i++)
+		cr_assert(f->reason[i] == BKV_FINISH_LENGTH || f->reason[i] == BKV_FINISH_STOP,
+			  "request %u: reason %d", i, f->reason[i]);
+	/* after the resets the cache works as before */
+	cr_assert_eq(bkv_pool_reset_cache(f->pool), BKV_OK);
+	last = fh_submit(f, p, 40, 2);
+	fh_run(f, 100);
+	cr_assert_eq(f->finish_count[last], 1);
+	ps = pool_stats(f->pool);
+	hit = (uint32_t)ps.hit_tokens;
+	last = fh_submit(f, p, 40, 2);
+	fh_run(f, 100);
+	cr_assert_eq(f->finish_count[last], 1);
+	ps = pool_stats(f->pool);
+	cr_expect_geq(ps.hit_tokens - hit, 36, "the prompt computed after the reset hits");
+	cr_expect_eq(bkv_sched_check(f->s), 0);
+	fh_destroy(f);
+	free(p);
+}
+
+Test(kv_safety, a_cache_reset_between_steps_keeps_the_invariants_of_running_requests)
+{
+	bkv_preempt_mode m;
+
+	for (m = BKV_PREEMPT_RECOMPUTE; m <= BKV_PREEMPT_SWAP; m++) {
+		reset_between_steps(1, m);
+		reset_between_steps(0, m);
+	}
 }

@@ -264,6 +264,89 @@ Test(kvevents, host_cache_blocks_are_published_on_the_host_medium)
 	bkv_pool_destroy(p);
 }
 
+/* ARRAY_V0 has no medium field: a host block's events would read as the
+ * device's, so that layout publishes the device tier alone (a demotion is
+ * the device's BlockRemoved, the host's drops are not sent). */
+Test(kvevents, the_first_array_layout_publishes_the_device_tier_alone)
+{
+	bkv_pool *p;
+	bkv_vllm_encoder *e;
+	int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 10, 11, 12};
+	const uint8_t *msg;
+	size_t len;
+	static const char st[] = "\xab" "BlockStored", rm[] = "\xac" "BlockRemoved";
+
+	p = make_hc_pool(2, 2, 2, 64);
+	e = native_encoder(p, BKV_VLLM_WIRE_ARRAY_V0);
+	fill_and_close(p, a, 4);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 1); /* a's chain */
+	fill_and_close(p, b, 4); /* b evicts a to the host */
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(pool_stats(p).host_cached, 2, "a is on the host");
+	/* per block: a's REMOVED, then b's STORED (no chain of two) */
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 4);
+	cr_assert_eq(count_bytes(msg, len, st, sizeof st - 1), 2, "b0, b1; a not stored again");
+	cr_assert_eq(count_bytes(msg, len, rm, sizeof rm - 1), 2, "a0, a1");
+	fill_and_close(p, d, 4); /* b to the host, which drops a for it */
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 4);
+	cr_assert_eq(count_bytes(msg, len, st, sizeof st - 1), 2, "d0, d1; b not stored again");
+	cr_assert_eq(count_bytes(msg, len, rm, sizeof rm - 1), 2, "b0, b1; a's host drops not sent");
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
+/* The 9-byte msgpack uint64 of a digest's int (int_hashes). */
+static void digest_u64(const uint8_t *d, uint8_t out[9])
+{
+	uint64_t v = bkv_vllm_hash_int(d);
+
+	out[0] = 0xcf;
+	for (int j = 0; j < 8; j++)
+		out[1 + j] = (uint8_t)(v >> (56 - 8 * j));
+}
+
+/* Keys without a name (no key_name here) hash as vLLM's cache_salt, the
+ * key's decimal digits on a chain's first block: equal tokens under keys 0,
+ * 5 and 6 are three chains of distinct digests, each what
+ * bkv_vllm_block_hashes_salted gives a router. */
+Test(kvevents, unnamed_keys_give_equal_tokens_distinct_digests)
+{
+	bkv_pool *p = ev_pool(2, 8, 64);
+	bkv_vllm_config vc;
+	bkv_vllm_encoder *e = NULL;
+	int32_t t[4] = {1, 2, 3, 4};
+	static const uint64_t keys[3] = {0, 5, 6};
+	static const char *const salts[3] = {NULL, "5", "6"};
+	uint8_t d[3][2][BKV_VLLM_DIGEST_BYTES], h8[9];
+	const uint8_t *msg;
+	size_t len;
+	uint32_t s, hit, i, j;
+
+	bkv_vllm_config_init(&vc);
+	vc.extra_keys = 1;
+	cr_assert_eq(bkv_vllm_encoder_create(&vc, p, NULL, &e), BKV_OK);
+	for (i = 0; i < 3; i++) {
+		cr_assert_eq(bkv_seq_open_keyed(p, keys[i], &s), BKV_OK);
+		cr_assert_eq(bkv_seq_append(p, s, t, 4, &hit), BKV_OK);
+		cr_assert_eq(hit, 0, "keys never share blocks");
+		cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+		cr_assert_eq(bkv_vllm_block_hashes_salted(&vc, NULL, salts[i], 2, t, 4, d[i][0]), 2);
+	}
+	cr_assert_eq(bkv_vllm_encoder_drain(e, p, 0.5, &msg, &len), 3, "one chain per key");
+	for (i = 0; i < 3; i++)
+		for (j = 0; j < 2; j++) {
+			digest_u64(d[i][j], h8);
+			cr_assert_eq(count_bytes(msg, len, h8, 9), 1, "key %u block %u", i, j);
+		}
+	/* extra_keys: the salt on the first block alone */
+	cr_assert_eq(count_bytes(msg, len, "\x92\x91\xa1" "5\xc0", 5), 1);
+	cr_assert_eq(count_bytes(msg, len, "\x92\x91\xa1" "6\xc0", 5), 1);
+	cr_assert_eq(count_bytes(msg, len, "\x92\xc0\xc0", 3), 1, "key 0: none");
+	bkv_vllm_encoder_destroy(e);
+	bkv_pool_destroy(p);
+}
+
 Test(kvevents, ring_overflow_becomes_a_snapshot)
 {
 	bkv_pool *p = ev_pool(2, 4, 1);

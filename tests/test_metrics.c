@@ -247,6 +247,11 @@ Test(metrics, text_parses_back_and_matches_the_counters)
 			     get(&p, "bkv_kv_blocks", "state=\"used\""),
 		     64);
 	cr_assert_float_eq(get(&p, "bkv_host_busy_seconds_total", ""), st.busy_us / 1e6, 1e-9);
+	cr_assert_eq(get(&p, "bkv_fallbacks_total", "kind=\"overlap_sync\""), (double)st.overlap_syncs);
+	cr_assert_eq(get(&p, "bkv_fallbacks_total", "kind=\"spec_skipped_row\""),
+		     (double)st.spec_skipped_rows);
+	cr_assert_eq(get(&p, "bkv_overlap_steps_total", ""), (double)st.overlap_steps);
+	cr_assert_eq(get(&p, "bkv_spec_draft_tokens_total", ""), (double)st.spec_drafted);
 	/* every step so far ran one 3 ms forward, or none (0 s) */
 	cr_assert_eq(get(&p, "bkv_step_duration_seconds_count", ""), 10);
 	cr_assert_eq(get(&p, "bkv_step_duration_seconds_bucket", "le=\"+Inf\""), 10);

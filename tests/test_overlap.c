@@ -180,6 +180,7 @@ static int ov_forward(void *host, const bkv_batch *b, int32_t *next)
 typedef struct ov_opts {
 	uint32_t bt, nb, nh;      /* pool geometry */
 	int prefix;               /* prefix cache */
+	int host_cache;           /* the host tier keeps evicted prefix blocks */
 	bkv_sched_config cfg;
 	const bkv_allocator *alloc; /* the scheduler's */
 } ov_opts;
@@ -231,6 +232,7 @@ static void ov_env_init(ov_env *e, const ov_opts *o)
 	pc.host_blocks = o->nh;
 	pc.max_seqs = 1024;
 	pc.prefix_cache = o->prefix;
+	pc.host_cache = (uint32_t)o->host_cache;
 	rc = bkv_pool_create(&pc, NULL, &e->pool);
 	cr_assert_eq(rc, BKV_OK, "pool: %s", bkv_strerror(rc));
 	ops = kh_ops(0);
@@ -510,7 +512,9 @@ Test(overlap, a_stop_in_the_step_in_flight_discards_the_next_token_and_counts_it
 	cr_assert_eq(r.reason, BKV_FINISH_STOP);
 	cr_assert_eq(r.n_out[0], 4, "the stop token is the last delivered");
 	cr_assert_eq(st.overlap_wasted_tokens, 1, "one row after the stop was computed");
-	cr_assert_eq(st.decode_tokens + st.prefill_tokens, 5 + 3 + 1);
+	cr_assert_eq(st.prefill_tokens, 5);
+	cr_assert_eq(st.decode_tokens, 3, "the delivered tokens after the prefill's, not the "
+		     "discarded one");
 	ov_env_fini(&e);
 	kh_req_fini(&r);
 }
@@ -852,6 +856,70 @@ Test(overlap, bad_calls_are_refused_and_change_nothing)
 	bkv_pool_destroy(pool);
 }
 
+/* A split host (prefill and decode, no forward) with overlap is refused: a
+ * launch is one mixed call, so its prefill and decode would never be
+ * called and bkv_step (which would need forward) never works. */
+Test(overlap, a_split_host_is_refused)
+{
+	bkv_pool_config pc;
+	bkv_pool *pool;
+	bkv_sched *s = (bkv_sched *)0x1;
+	bkv_host_ops ops;
+	bkv_sched_config c;
+
+	bkv_pool_config_init(&pc);
+	pc.block_tokens = 4;
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	bkv_sched_config_init(&c);
+	c.overlap = 1;
+	ops = kh_ops(1);
+	ops.launch = ov_launch;
+	cr_assert(!ops.forward && ops.prefill && ops.decode);
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_eq(s, (bkv_sched *)0x1, "untouched");
+	ops.decode = NULL; /* half a split host: refused as well */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	ops.prefill = NULL; /* launch alone: accepted */
+	cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+	bkv_sched_destroy(s);
+	bkv_pool_destroy(pool);
+}
+
+/* A positive status is not defined: BKV_EINVAL and nothing changes (the
+ * step stays outstanding, and a correct completion follows). */
+Test(overlap, a_positive_status_is_refused_and_the_step_stays_outstanding)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t = 0;
+	bkv_sched_stats st = {.size = sizeof st};
+
+	ov_opts_init(&o);
+	ov_env_init(&e, &o);
+	load_make(&L, 3, 4, 0, 0);
+	load_submit(&e, &L);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	cr_assert_neq(t, 0);
+	cr_assert_eq(bkv_step_complete(e.s, t, 1, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step_complete(e.s, t, 7, NULL), BKV_EINVAL);
+	cr_assert_eq(bkv_step(e.s, NULL), BKV_ESTATE, "still outstanding");
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 0);
+	cr_assert_eq(st.steps, 0, "nothing committed");
+	e.q[0] = t;
+	e.n_q = 1;
+	ov_complete_all(&e); /* the correct completion */
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.steps, 1);
+	cr_assert_eq(st.failed_steps, 0);
+	ov_run(&e, 2000);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
 /* ---- no allocation in steady state -------------------------------------------- */
 
 typedef struct count_alloc {
@@ -1005,6 +1073,58 @@ Test(overlap, generated_tokens_enter_the_prefix_cache_under_their_real_ids)
 	kh_req_fini(&b);
 }
 
+/* The host cache demotes what the device cache evicts: in a warm, churning
+ * pool nearly every step leaves demotion copies pending. The step in
+ * flight's are held apart while the next is planned (their own demotions
+ * go to a new list), so the launches keep overlapping; the tokens are a
+ * synchronous run's and the host cache still fills and serves hits. */
+Test(overlap, host_cache_demotions_keep_the_launches_overlapped)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, s0 = 0, st0 = 0;
+	ov_env e;
+	ov_load L;
+	bkv_sched_stats st;
+	bkv_pool_stats ps;
+
+	load_max_new = 16;
+	load_stop_mod = 97;
+	for (seed = 1; seed <= 4; seed++) {
+		ov_opts_init(&o);
+		o.nb = 64; /* the prefixes outgrow it: evictions, demotions */
+		o.nh = 256;
+		o.host_cache = 1;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 48;
+		model_check(&o, 80, seed + 60, 1, 0, seed > 2 ? 30 : 0, 0, &ov);
+	}
+	/* one run looked at closely: its launches and the host cache */
+	ov_opts_init(&o);
+	o.nb = 64;
+	o.nh = 256;
+	o.host_cache = 1;
+	ov_env_init(&e, &o);
+	load_make(&L, 80, 61, 0, 0);
+	load_submit(&e, &L);
+	ov_run(&e, 40000);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_gt(ps.host_demoted, 20, "demotions: %llu", (unsigned long long)ps.host_demoted);
+	s0 = st.overlap_syncs;
+	st0 = st.overlap_steps;
+	if (getenv("OV_DEBUG"))
+		fprintf(stderr, "syncs %llu overlapped %llu demoted %llu host hits %llu\n", (unsigned long long)s0, (unsigned long long)st0, (unsigned long long)ps.host_demoted, (unsigned long long)ps.host_hit_blocks);
+	cr_assert_lt(10 * s0, st0, "%llu synchronous launches against %llu overlapped",
+		     (unsigned long long)s0, (unsigned long long)st0);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+}
+
 /* A host may tear down with steps launched and never completed (a device
  * lost mid-step). The steps count as failed: the pool leaves its step
  * transaction, nothing they computed is indexed, and the pool serves a
@@ -1063,4 +1183,92 @@ Test(overlap, destroying_with_launched_steps_leaves_the_pool_usable)
 	ov_env_fini(&e);
 	load_free(&L);
 	load_free(&L2);
+}
+
+/* A stale rollback record: launch N, with nothing in flight, preempts a
+ * request by recompute after its lane was touched (its rollback length
+ * recorded); launch N+1, planned on top of N, readmits it; N fails, so
+ * both roll back.
+ *
+ * Here X (priority 0) decodes at a block boundary in a full pool: the fused
+ * decode pass hands it to append_room, which touches the lane (pre_len 8,
+ * in N's touched list, so in N's ticket) and, finding no room, preempts X
+ * itself (the lowest priority; Y still runs, so X is not alone and waits:
+ * its sequence is closed, its blocks freed). N launches Y's decode row. The
+ * host aborts Y before launching N+1, so N+1 starts with nothing running
+ * and admits X without the watermark check (its freed blocks hold the
+ * first chunk): X reuses its lane structs, on a new, empty sequence
+ * (pre_len 0 in N+1's ticket). The device fails N. rollback_all restores
+ * newest first: N+1's record truncates X to 0, then N's record - written
+ * for the sequence that was closed in N - sets kv_len back to 8 while the
+ * new sequence holds 0 tokens (bkv_seq_truncate to a greater length fails,
+ * and the error was ignored): bkv_sched_check 11, and the next launch
+ * asserts in the batch fill (with asserts off: slots and tables read past
+ * the sequence's blocks). The abort is what makes the readmission
+ * possible: with Y still running, X's whole history fails
+ * bkv_pool_can_admit in a pool the preemption found full. */
+Test(overlap, a_request_preempted_in_a_failed_step_and_readmitted_by_the_next_rolls_back_to_its_new_sequence)
+{
+	ov_opts o;
+	ov_env e;
+	kh_req x, y;
+	int32_t px[8] = {300, 301, 302, 303, 304, 305, 306, 307}, py[3] = {700, 701, 702};
+	bkv_step_info si;
+	uint64_t t = 0;
+	uint32_t i;
+	int rc;
+
+	ov_opts_init(&o);
+	o.bt = 4;
+	o.nb = 4; /* 16 tokens: Y's whole history fits, X's and Y's together not */
+	o.prefix = 0;
+	o.cfg.chunked_prefill = 1;
+	o.cfg.token_budget = 4;
+	o.cfg.preempt = BKV_PREEMPT_RECOMPUTE; /* no host tier anyway */
+	ov_env_init(&e, &o);
+	cr_assert_eq(kh_req_init(&y, 1, py, 3, 13, 1), 0);
+	cr_assert_eq(kh_req_init(&x, 2, px, 8, 4, 1), 0);
+	cr_assert_eq(kh_submit(e.s, &y, 1), BKV_OK);
+	cr_assert_eq(kh_submit(e.s, &x, 0), BKV_OK);
+	/* synchronous-looking steps (each completed before the next launch)
+	 * until a launch preempts */
+	for (i = 0; i < 20; i++) {
+		t = 0;
+		cr_assert_eq(bkv_step_launch(e.s, &t, &si), BKV_OK);
+		cr_assert_neq(t, 0);
+		e.q[e.n_q++] = t;
+		if (si.preempted)
+			break;
+		cr_assert_eq(ov_complete1(&e), BKV_OK);
+		ov_check(&e);
+	}
+	cr_assert_eq(si.preempted, 1, "launch N preempts");
+	cr_assert_eq(si.running, 1, "Y runs on");
+	cr_assert_eq(si.waiting, 1, "X waits to recompute");
+	cr_assert_eq(x.finished, 0);
+	ov_check(&e);
+	/* the device fails N (reported at its completion) */
+	e.h.dev_failed[(e.h.dev_head + e.h.dev_n - 1) % OV_DEPTH] = 1;
+	e.h.prev_failed = 1;
+	cr_assert_eq(kh_abort(e.s, &y, y.id), BKV_OK);
+	t = 0;
+	rc = bkv_step_launch(e.s, &t, &si);
+	cr_assert_eq(rc, BKV_OK);
+	cr_assert_neq(t, 0, "N+1 is planned on top of N");
+	e.q[e.n_q++] = t;
+	cr_assert_eq(si.admitted, 1, "N+1 readmits X");
+	cr_assert_eq(y.finished, 1);
+	cr_assert_eq(y.reason, BKV_FINISH_ABORT);
+	ov_check(&e);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST, "both steps roll back");
+	ov_check(&e); /* the defect: 11, X's kv_len 8 on an empty sequence */
+	ov_run(&e, 200);
+	cr_assert_eq(x.finished, 1);
+	cr_assert_eq(x.reason, BKV_FINISH_LENGTH);
+	cr_assert_eq(x.n_out[0], 4);
+	ov_check(&e);
+	ov_env_fini(&e);
+	kh_req_fini(&x);
+	kh_req_fini(&y);
 }

@@ -223,6 +223,41 @@ Test(sizing, bad_groups_give_zero)
 	cr_expect_eq(bkv_kv_seq_bytes(&ok, 1, 0, UINT64_MAX), 0u);
 }
 
+/* A window or chunk span of 2^31 tokens or more is refused by the sizing
+ * functions (0) exactly as bkv_pool_create refuses it (BKV_EINVAL); 2^31 - 1
+ * is accepted by both. */
+Test(sizing, spans_the_pool_refuses_give_zero)
+{
+	static const uint32_t spans[3] = {INT32_MAX, (uint32_t)INT32_MAX + 1, UINT32_MAX};
+	static const uint32_t kinds[2] = {BKV_GROUP_WINDOW, BKV_GROUP_CHUNKED};
+
+	for (size_t k = 0; k < 2; k++)
+		for (size_t i = 0; i < 3; i++) {
+			bkv_kv_group g[2] = {{BKV_GROUP_FULL, 2, 0, 0, 128},
+					     {kinds[k], 2, spans[i], 0, 128}};
+			bkv_pool_config c;
+			bkv_pool *p = NULL;
+			int ok = i == 0, rc;
+
+			cr_expect_eq(bkv_kv_group_page_bytes(&g[1], 16) != 0, ok, "kind %u span %u",
+				     kinds[k], spans[i]);
+			cr_expect_eq(bkv_kv_frame_bytes(g, 2, 16) != 0, ok);
+			cr_expect_eq(bkv_frames_for_bytes(1ull << 40, g, 2, 16) != 0, ok);
+			cr_expect_eq(bkv_kv_group_blocks_held(&g[1], 16, 100) != 0, ok);
+			cr_expect_eq(bkv_kv_seq_bytes(g, 2, 16, 100) != 0, ok);
+			cr_expect_eq(bkv_kv_seq_bytes(g, 2, 0, 100) != 0, ok);
+			bkv_pool_config_init(&c);
+			c.block_tokens = 16;
+			c.device_blocks = 64;
+			c.n_groups = 2;
+			c.groups = g;
+			rc = bkv_pool_create(&c, NULL, &p);
+			cr_expect_eq(rc, ok ? BKV_OK : BKV_EINVAL, "kind %u span %u: %d", kinds[k],
+				     spans[i], rc);
+			bkv_pool_destroy(p);
+		}
+}
+
 Test(sizing, group_lists_take_at_most_eight_groups_and_one_state)
 {
 	bkv_kv_group g[BKV_MAX_GROUPS + 1];

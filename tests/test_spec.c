@@ -308,12 +308,10 @@ Test(spec, forks_chunks_prefix_hits_and_swap_in_a_small_pool)
 /* Speculation is the first thing memory pressure gives up: a pool just
  * large enough for the plain run without preemption sees none with
  * drafts of 8 either. */
-Test(spec, drafts_never_cause_a_preemption)
+/* Submit the NREQ prompts to both hosts and run both out: every request
+ * of sp ends once with as many tokens as in plain. */
+static void s_run_pair(fake_host *plain, fake_host *sp, int32_t **p)
 {
-	int32_t **p = make_prompts();
-	fake_host *plain = spec_host(4, 60, 0, BKV_SPEC_K_FIXED, 0, 0);
-	fake_host *sp = spec_host(4, 60, 8, BKV_SPEC_K_FIXED, 300, 0);
-	bkv_sched_stats a, b;
 	uint32_t i;
 
 	for (i = 0; i < NREQ; i++) {
@@ -322,6 +320,20 @@ Test(spec, drafts_never_cause_a_preemption)
 	}
 	fh_run(plain, 20000);
 	fh_run(sp, 20000);
+	for (i = 1; i <= NREQ; i++) {
+		cr_assert_eq(sp->finish_count[i], 1);
+		cr_assert_eq(sp->n_out[i][0], plain->n_out[i][0], "req %u", i);
+	}
+}
+
+Test(spec, drafts_never_cause_a_preemption)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(4, 60, 0, BKV_SPEC_K_FIXED, 0, 0);
+	fake_host *sp = spec_host(4, 60, 8, BKV_SPEC_K_FIXED, 300, 0);
+	bkv_sched_stats a, b;
+
+	s_run_pair(plain, sp, p);
 	stats(plain, &a);
 	stats(sp, &b);
 	cr_assert_eq(a.preemptions, 0, "the plain run fits (%llu)",
@@ -331,6 +343,124 @@ Test(spec, drafts_never_cause_a_preemption)
 	fh_destroy(plain);
 	fh_destroy(sp);
 	free_prompts(p);
+}
+
+/* A pool too small for every row's drafts: the rows left without them are
+ * counted (bkv_sched_stats.spec_skipped_rows, the fallbacks metric), and
+ * every request still ends with exactly the plain run's tokens. */
+Test(spec, rows_pressure_leaves_without_drafts_are_counted)
+{
+	int32_t **p = make_prompts();
+	fake_host *plain = spec_host(4, 40, 0, BKV_SPEC_K_FIXED, 0, 0);
+	fake_host *sp = spec_host(4, 40, 8, BKV_SPEC_K_FIXED, 300, 0);
+	bkv_sched_stats a, b;
+	uint32_t i;
+
+	s_run_pair(plain, sp, p);
+	stats(plain, &a);
+	stats(sp, &b);
+	cr_assert_gt(b.spec_rows, 0);
+	cr_assert_gt(b.spec_skipped_rows, 0, "no row went without its drafts");
+	cr_assert_eq(a.spec_skipped_rows, 0);
+	for (i = 1; i <= NREQ; i++)
+		cr_assert_arr_eq(sp->out[i][0], plain->out[i][0],
+				 BKV_MIN(sp->n_out[i][0], FH_MAX_TOK) * sizeof(int32_t));
+	fh_destroy(plain);
+	fh_destroy(sp);
+	free_prompts(p);
+}
+
+/* A warm server: earlier requests left the prefix cache holding nearly
+ * every free frame. Cached blocks are room (the pool reclaims them), so the
+ * next requests still draft, about as much as in a cold pool. */
+Test(spec, drafts_count_reclaimable_cached_blocks_as_room)
+{
+	int32_t **p = make_prompts();
+	fake_host *cold = spec_host(4, 128, 4, BKV_SPEC_K_FIXED, 800, 0);
+	fake_host *warm = spec_host(4, 128, 4, BKV_SPEC_K_FIXED, 800, 0);
+	bkv_pool_stats ps;
+	bkv_sched_stats a, b, w;
+	int32_t *fill[40];
+	uint32_t i;
+
+	for (i = 0; i < 40; i++) { /* 40 distinct 12-token prompts: 120 blocks cached */
+		fill[i] = fh_prompt(12, 500 + i);
+		fh_submit(warm, fill[i], 12, 1);
+	}
+	fh_run(warm, 20000);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(warm->pool, &ps);
+	cr_assert_lt(ps.nr_free, 16, "the cache holds the free frames (%u free)", ps.nr_free);
+	stats(warm, &a);
+	for (i = 0; i < 8; i++) {
+		fh_submit(cold, p[i], 5 + i, 24);
+		fh_submit(warm, p[i], 5 + i, 24);
+	}
+	fh_run(cold, 20000);
+	fh_run(warm, 20000);
+	stats(cold, &b);
+	stats(warm, &w);
+	cr_assert_gt(b.spec_drafted, 0);
+	/* (acceptance is drawn at random: the counts differ run to run) */
+	cr_assert_geq(10 * (w.spec_drafted - a.spec_drafted), 8 * b.spec_drafted,
+		      "warm %llu drafts, cold %llu",
+		      (unsigned long long)(w.spec_drafted - a.spec_drafted),
+		      (unsigned long long)b.spec_drafted);
+	cr_assert_eq(w.preemptions, 0, "drafts evict cached blocks, never a request");
+	for (i = 0; i < 40; i++)
+		free(fill[i]);
+	fh_destroy(cold);
+	fh_destroy(warm);
+	free_prompts(p);
+}
+
+/* Without chunked prefill a prompt runs whole in what the batch arrays have
+ * left: a step whose decode row leaves L - 1 tokens of the L-token arrays
+ * (the bound, lowered here from 2^24 to keep the arrays small) admits a
+ * prompt of L - 1 tokens, and the decode row's drafts must not go past the
+ * arrays. They are charged to what is left: none this step. */
+Test(spec, drafts_fit_what_a_whole_prompt_left_of_the_batch_arrays)
+{
+	enum { L = 1024 };
+	fh_opts o;
+	fake_host *f;
+	int32_t *a = fh_prompt(16, 31), *b = fh_prompt(L - 1, 32);
+	bkv_sched_stats st;
+	uint64_t ia, ib;
+	uint32_t steps = 0;
+
+	fh_opts_init(&o);
+	o.block_tokens = 16;
+	o.device_blocks = 512;
+	o.cfg.max_running = 2;
+	o.cfg.admit_group = 1;
+	o.cfg.spec_max_k = 4;
+	o.cfg.spec_k_mode = BKV_SPEC_K_FIXED;
+	o.cfg.spec_drafts = BKV_SPEC_DRAFT_HOST;
+	f = fh_create(&o);
+	f->host.spec_accept_permille = 1000;
+	f->s->in.tok_limit = L;
+	ia = fh_submit(f, a, 16, 64);
+	while (f->n_out[ia][0] < 2 && steps++ < 10) { /* a decodes */
+		cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+		cr_assert_eq(bkv_sched_check(f->s), 0);
+	}
+	stats(f, &st);
+	cr_assert_gt(st.spec_rows, 0, "a speculates");
+	ib = fh_submit(f, b, L - 1, 2);
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(bkv_sched_check(f->s), 0);
+	cr_assert_eq(f->max_call_tokens, L, "a's decode row and b's prompt fill the arrays");
+	fh_run(f, 1000);
+	cr_expect_eq(f->finish_count[ia], 1);
+	cr_expect_eq(f->finish_count[ib], 1);
+	cr_expect_eq(f->reason[ia], BKV_FINISH_LENGTH);
+	cr_expect_eq(f->reason[ib], BKV_FINISH_LENGTH);
+	cr_expect_leq(f->max_call_tokens, L);
+	fh_destroy(f);
+	free(a);
+	free(b);
 }
 
 Test(spec, off_means_no_speculation_arrays)
@@ -492,6 +622,23 @@ Test(spec, ngram_lookup_predicts_repetitive_output)
 	cr_assert_gt(b.spec_accepted * 10, b.spec_drafted * 9, "acceptance %llu / %llu",
 		     (unsigned long long)b.spec_accepted, (unsigned long long)b.spec_drafted);
 	cr_assert_lt(s1 * 3, s0, "n-gram steps %u, plain %u", s1, s0);
+}
+
+/* decode_tokens counts the tokens decode rows delivered, accepted drafts
+ * included: 8 requests deliver 60..67 tokens each, the first of each from
+ * its prefill, with or without speculation. */
+Test(spec, decode_tokens_counts_every_delivered_token_accepted_drafts_included)
+{
+	cyc_host plain, ng;
+	bkv_sched_stats a, b;
+	uint32_t s0, s1;
+
+	cyc_run(0, 8, &plain, &a, &s0);
+	cyc_run(6, 8, &ng, &b, &s1);
+	cr_assert_gt(b.spec_accepted, 300);
+	cr_assert_eq(a.decode_tokens, 8 * 60 + 28 - 8);
+	cr_assert_eq(b.decode_tokens, 8 * 60 + 28 - 8, "decode_tokens %llu",
+		     (unsigned long long)b.decode_tokens);
 }
 
 /* A table whose request ended is taken by the next lane and rebuilt from

@@ -16,6 +16,7 @@
  */
 #include "workload.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -214,7 +215,13 @@ uint32_t evw_pool_truth(const bkv_pool *pool, uint64_t hash_seed, const bkv_vllm
 						(uint8_t)(nat[i] >> (56 - 8 * j));
 			}
 		} else {
-			bkv_vllm_block_hashes(cfg, evw_key_name(NULL, key), bt, tok, d * bt, dig);
+			const char *name = evw_key_name(NULL, key);
+			char salt[24];
+
+			/* the encoder's cache_salt for an unnamed key */
+			snprintf(salt, sizeof salt, "%llu", (unsigned long long)key);
+			bkv_vllm_block_hashes_salted(cfg, name, name || !key ? NULL : salt, bt, tok,
+						     d * bt, dig);
 		}
 		for (i = 0; i < d; i++) {
 			int32_t x = chain[d - 1 - i];

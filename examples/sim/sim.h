@@ -187,8 +187,8 @@ typedef struct sim_result {
 	uint64_t decode_steps;     /* host calls carrying decode rows */
 	uint64_t steps;            /* bkv_step calls that did work */
 	uint64_t prefill_tokens;   /* prompt tokens computed */
-	uint64_t decode_tokens;    /* tokens computed by decode rows (the
-				      scheduler's count) */
+	uint64_t decode_tokens;    /* tokens delivered by decode rows (the
+				      scheduler's bkv_sched_stats count) */
 	uint64_t out_tokens;       /* tokens delivered through on_token */
 	uint64_t hit_tokens;       /* prompt tokens served by the prefix cache */
 	uint64_t dup_tokens;       /* tokens of blocks computed twice in one

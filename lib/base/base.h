@@ -56,7 +56,8 @@ uint64_t bkv__monotonic_us(void);
 /* ---- base/sizing.c: KV groups ---------------------------------------------
  * The rules every bkv_kv_group must keep (the pool checks its config with
  * these): layers and bytes >= 1, reserved 0, a known kind; FULL span 0,
- * WINDOW and CHUNKED span >= 1, STATE span a multiple of block_tokens. A
+ * WINDOW and CHUNKED span 1..INT32_MAX, STATE span a multiple of
+ * block_tokens. A
  * block_tokens of 0 skips the checks that need it; any other must be a
  * power of two. The list form also wants 1..BKV_MAX_GROUPS groups and at
  * most one STATE group. Both return 1 when valid, 0 otherwise. */

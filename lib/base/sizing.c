@@ -102,8 +102,8 @@ int bkv__kv_group_ok(const bkv_kv_group *g, uint32_t block_tokens)
 	case BKV_GROUP_FULL:
 		return g->span == 0;
 	case BKV_GROUP_WINDOW:
-	case BKV_GROUP_CHUNKED:
-		return g->span >= 1;
+	case BKV_GROUP_CHUNKED: /* positions are int32_t: a span fits one */
+		return g->span >= 1 && g->span <= INT32_MAX;
 	case BKV_GROUP_STATE:
 		return !block_tokens || g->span % block_tokens == 0;
 	default:

@@ -27,107 +27,12 @@
  * events, so the batch becomes a snapshot: AllBlocksCleared, then every
  * indexed block, parents first, chains grouped as BlockStored events.
  *
- * msgpack is written as msgspec writes it: the shortest form of every
- * integer, string, array and map header, floats as float64.
+ * msgpack is written as msgspec writes it (events/msgpack.c).
  */
 #include "pool/pool.h"
 #include "events/vllm.h"
 
 #include <string.h>
-
-/* ---- msgpack, as msgspec writes it ---------------------------------------- */
-
-static void mp_uint(bkv__wbuf *w, uint64_t v)
-{
-	if (v < 128)
-		bkv__wb_byte(w, (uint8_t)v);
-	else if (v < 256)
-		bkv__wb_byte(w, 0xcc), bkv__wb_be(w, v, 1);
-	else if (v < 65536)
-		bkv__wb_byte(w, 0xcd), bkv__wb_be(w, v, 2);
-	else if (v <= 0xffffffffu)
-		bkv__wb_byte(w, 0xce), bkv__wb_be(w, v, 4);
-	else
-		bkv__wb_byte(w, 0xcf), bkv__wb_be(w, v, 8);
-}
-
-static void mp_int(bkv__wbuf *w, int64_t v)
-{
-	if (v >= 0)
-		mp_uint(w, (uint64_t)v);
-	else if (v >= -32)
-		bkv__wb_byte(w, (uint8_t)(0xe0 | (v + 32)));
-	else if (v >= -128)
-		bkv__wb_byte(w, 0xd0), bkv__wb_be(w, (uint64_t)v, 1);
-	else if (v >= -32768)
-		bkv__wb_byte(w, 0xd1), bkv__wb_be(w, (uint64_t)v, 2);
-	else if (v >= INT32_MIN)
-		bkv__wb_byte(w, 0xd2), bkv__wb_be(w, (uint64_t)v, 4);
-	else
-		bkv__wb_byte(w, 0xd3), bkv__wb_be(w, (uint64_t)v, 8);
-}
-
-static void mp_nil(bkv__wbuf *w)
-{
-	bkv__wb_byte(w, 0xc0);
-}
-
-static void mp_f64(bkv__wbuf *w, double d)
-{
-	uint64_t u;
-
-	memcpy(&u, &d, sizeof u);
-	bkv__wb_byte(w, 0xcb);
-	bkv__wb_be(w, u, 8);
-}
-
-static void mp_str(bkv__wbuf *w, const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n < 32)
-		bkv__wb_byte(w, (uint8_t)(0xa0 | n));
-	else if (n < 256)
-		bkv__wb_byte(w, 0xd9), bkv__wb_be(w, n, 1);
-	else if (n < 65536)
-		bkv__wb_byte(w, 0xda), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, 0xdb), bkv__wb_be(w, n, 4);
-	bkv__wb_put(w, s, n);
-}
-
-static void mp_bin(bkv__wbuf *w, const uint8_t *p, size_t n)
-{
-	if (n < 256)
-		bkv__wb_byte(w, 0xc4), bkv__wb_be(w, n, 1);
-	else if (n < 65536)
-		bkv__wb_byte(w, 0xc5), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, 0xc6), bkv__wb_be(w, n, 4);
-	bkv__wb_put(w, p, n);
-}
-
-/* An array or map header of n entries: the fix form (fix | n) below 16, else
- * the 16-bit form (tag16) or the 32-bit one (tag16 + 1). */
-static void mp_container(bkv__wbuf *w, size_t n, uint8_t fix, uint8_t tag16)
-{
-	if (n < 16)
-		bkv__wb_byte(w, (uint8_t)(fix | n));
-	else if (n < 65536)
-		bkv__wb_byte(w, tag16), bkv__wb_be(w, n, 2);
-	else
-		bkv__wb_byte(w, (uint8_t)(tag16 + 1)), bkv__wb_be(w, n, 4);
-}
-
-static void mp_array(bkv__wbuf *w, size_t n)
-{
-	mp_container(w, n, 0x90, 0xdc);
-}
-
-static void mp_map(bkv__wbuf *w, size_t n)
-{
-	mp_container(w, n, 0x80, 0xde);
-}
 
 /* ---- the encoder ----------------------------------------------------------- */
 
@@ -160,7 +65,8 @@ struct bkv_vllm_encoder {
 				 (-1: a first block): a demoted block's
 				 parent digest is dig[ppid[b]] */
 	uint32_t nh;          /* the pool's host blocks with a host cache, 0
-				 without one (its blocks are not published) */
+				 without one or on ARRAY_V0 (then no host
+				 block is published) */
 	uint8_t (*hdig)[32];  /* [nh] a host-cache block's published digest */
 	uint8_t (*hpdig)[32]; /* [nh] its parent's digest (hpar[h]) */
 	uint64_t *hnat;       /* [nh] the pool hash hdig stands for */
@@ -182,6 +88,8 @@ struct bkv_vllm_encoder {
 	int32_t *group;       /* [nb] the open BlockStored's blocks, a chain */
 	uint32_t n_group;     /* blocks in group */
 	uint64_t group_key;   /* their key */
+	char salt[BKV__VLLM_SALT_BYTES]; /* scratch: an unnamed key's
+				 cache_salt (bkv__vllm_key_salt) */
 	uint64_t last_seq;    /* the last pool event seq taken */
 	uint64_t resyncs;     /* snapshots written */
 	int need_resync;      /* the next encode must write a snapshot */
@@ -259,8 +167,11 @@ void bkv_vllm_encoder_destroy(bkv_vllm_encoder *enc)
 	bkv__free(&a, enc, sizeof *enc);
 }
 
-/* The host cache's records (a pool with one), and every device block's
- * published parent. -1 when an allocation failed. */
+/* The host cache's records (a pool with one, on a layout with a medium
+ * field), and every device block's published parent. -1 when an allocation
+ * failed. ARRAY_V0 has no medium: a host block's events would read as the
+ * device's, so that layout publishes the device tier alone (nh stays 0 and
+ * host events are passed over). */
 static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 {
 	size_t nh;
@@ -272,7 +183,7 @@ static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 	e->cfg.host_medium = e->host_medium;
 	if (cfg->host_medium && !e->host_medium)
 		return -1;
-	if (!e->pool->hc_on)
+	if (!e->pool->hc_on || cfg->wire == BKV_VLLM_WIRE_ARRAY_V0)
 		return 0;
 	e->nh = e->pool->nh;
 	nh = e->nh;
@@ -349,9 +260,9 @@ static void put_hash(bkv_vllm_encoder *e, bkv__wbuf *w, const uint8_t *d)
 {
 	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE || e->cfg.wire == BKV_VLLM_WIRE_ARRAY_V0 ||
 	    e->cfg.int_hashes)
-		mp_uint(w, bkv_vllm_hash_int(d));
+		bkv__mp_uint(w, bkv_vllm_hash_int(d));
 	else
-		mp_bin(w, d, BKV_VLLM_DIGEST_BYTES);
+		bkv__mp_bin(w, d, BKV_VLLM_DIGEST_BYTES);
 }
 
 static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
@@ -359,12 +270,30 @@ static const char *key_name(const bkv_vllm_encoder *e, uint64_t key)
 	return key && e->cfg.key_name ? e->cfg.key_name(e->cfg.key_name_ud, key) : NULL;
 }
 
+/* The cache_salt of a block under key (named name): a chain's first block
+ * (root) of an unnamed nonzero key has one, every other block none. */
+static const char *block_salt(bkv_vllm_encoder *e, uint64_t key, const char *name, int root)
+{
+	return root ? bkv__vllm_key_salt(key, name, e->salt) : NULL;
+}
+
+/* One block's digest under key, from its parent's (parent NULL: a first
+ * block, whose parent is NONE_HASH). -1: no memory. */
+static int block_digest(bkv_vllm_encoder *e, const uint8_t *parent, const int32_t *tok,
+			uint64_t key, uint8_t out[32])
+{
+	const char *name = key_name(e, key);
+
+	return bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent ? parent : e->none, tok,
+				      e->bt, name, block_salt(e, key, name, parent == NULL), out);
+}
+
 /* Compute and record block b's digest from its parent's. -1: the parent has
  * none (only after lost events) or no memory. */
 static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 {
 	const bkv__block *k = &e->pool->kv.blk[b];
-	const uint8_t *parent = e->none;
+	const uint8_t *parent = NULL;
 
 	if (k->parent >= 0) {
 		int32_t p = k->parent;
@@ -377,11 +306,8 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 		memset(e->dig[b], 0, 24);
 		for (int i = 0; i < 8; i++)
 			e->dig[b][24 + i] = (uint8_t)(k->hash >> (56 - 8 * i));
-	} else {
-		if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
-				 bkv__tok(&e->pool->kv, b), e->bt, key_name(e, k->key),
-				 e->dig[b]))
-			return -1;
+	} else if (block_digest(e, parent, bkv__tok(&e->pool->kv, b), k->key, e->dig[b])) {
+		return -1;
 	}
 	e->nat[b] = k->hash;
 	e->valid[b] = 1;
@@ -395,12 +321,12 @@ static int publish_digest(bkv_vllm_encoder *e, int32_t b)
 static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size_t n_array)
 {
 	if (e->cfg.wire == BKV_VLLM_WIRE_MAP) {
-		mp_map(&e->body, n_map);
-		mp_str(&e->body, "type");
+		bkv__mp_map(&e->body, n_map);
+		bkv__mp_str(&e->body, "type");
 	} else {
-		mp_array(&e->body, n_array);
+		bkv__mp_array(&e->body, n_array);
 	}
-	mp_str(&e->body, name);
+	bkv__mp_str(&e->body, name);
 }
 
 /* In the map layout, a field's name before its value; the array layouts
@@ -408,15 +334,15 @@ static void event_head(bkv_vllm_encoder *e, const char *name, size_t n_map, size
 static void field(bkv__wbuf *w, int map, const char *name)
 {
 	if (map)
-		mp_str(w, name);
+		bkv__mp_str(w, name);
 }
 
 static void str_or_nil(bkv__wbuf *w, const char *s)
 {
 	if (s)
-		mp_str(w, s);
+		bkv__mp_str(w, s);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 }
 
 /* BlockStored's block_hashes (the chain's digests) and parent_block_hash
@@ -427,14 +353,14 @@ static void stored_hashes(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	uint32_t i;
 
 	field(w, map, "block_hashes");
-	mp_array(w, e->n_group);
+	bkv__mp_array(w, e->n_group);
 	for (i = 0; i < e->n_group; i++)
 		put_hash(e, w, e->dig[e->group[i]]);
 	field(w, map, "parent_block_hash");
 	if (parent >= 0)
 		put_hash(e, w, e->dig[parent]);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 }
 
 /* BlockStored's token_ids (every block's tokens, in chain order) and
@@ -444,15 +370,15 @@ static void stored_tokens(bkv_vllm_encoder *e, bkv__wbuf *w, int map)
 	uint32_t i, j;
 
 	field(w, map, "token_ids");
-	mp_array(w, (size_t)e->n_group * e->bt);
+	bkv__mp_array(w, (size_t)e->n_group * e->bt);
 	for (i = 0; i < e->n_group; i++) {
 		const int32_t *t = bkv__tok(&e->pool->kv, e->group[i]);
 
 		for (j = 0; j < e->bt; j++)
-			mp_int(w, t[j]);
+			bkv__mp_int(w, t[j]);
 	}
 	field(w, map, "block_size");
-	mp_uint(w, e->bt);
+	bkv__mp_uint(w, e->bt);
 }
 
 /* BlockStored's lora_id (key), then (not in ARRAY_V0) medium and
@@ -462,9 +388,9 @@ static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *
 {
 	field(w, map, "lora_id");
 	if (key)
-		mp_uint(w, key);
+		bkv__mp_uint(w, key);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
 		str_or_nil(w, medium);
@@ -473,35 +399,39 @@ static void stored_lora(bkv_vllm_encoder *e, bkv__wbuf *w, int map, const char *
 	}
 }
 
-/* BlockStored's optional fields for n blocks, map layout only: each one
- * present when the config asks for it (stored_head counts them). */
-static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, uint32_t n)
+/* BlockStored's optional fields for n blocks under key (named name), the
+ * first a chain's first block when root, map layout only: each one present
+ * when the config asks for it (stored_head counts them). */
+static void stored_options(bkv_vllm_encoder *e, bkv__wbuf *w, const char *name, uint64_t key,
+			   int root, uint32_t n)
 {
 	uint32_t i;
 
 	if (e->cfg.extra_keys) {
-		mp_str(w, "extra_keys");
-		mp_array(w, n);
+		bkv__mp_str(w, "extra_keys");
+		bkv__mp_array(w, n);
 		for (i = 0; i < n; i++) {
-			if (name) {
-				mp_array(w, 1);
-				mp_str(w, name);
+			const char *ex = name ? name : block_salt(e, key, name, root && i == 0);
+
+			if (ex) {
+				bkv__mp_array(w, 1);
+				bkv__mp_str(w, ex);
 			} else {
-				mp_nil(w);
+				bkv__mp_nil(w);
 			}
 		}
 	}
 	if (e->cfg.group_idx >= 0) {
-		mp_str(w, "group_idx");
-		mp_uint(w, (uint64_t)e->cfg.group_idx);
+		bkv__mp_str(w, "group_idx");
+		bkv__mp_uint(w, (uint64_t)e->cfg.group_idx);
 	}
 	if (e->cfg.spec_kind) {
-		mp_str(w, "kv_cache_spec_kind");
-		mp_str(w, e->cfg.spec_kind);
+		bkv__mp_str(w, "kv_cache_spec_kind");
+		bkv__mp_str(w, e->cfg.spec_kind);
 	}
 	if (e->cfg.sliding_window) {
-		mp_str(w, "kv_cache_spec_sliding_window");
-		mp_uint(w, e->cfg.sliding_window);
+		bkv__mp_str(w, "kv_cache_spec_sliding_window");
+		bkv__mp_uint(w, e->cfg.sliding_window);
 	}
 }
 
@@ -532,7 +462,8 @@ static void flush_group(bkv_vllm_encoder *e)
 	stored_tokens(e, w, map);
 	stored_lora(e, w, map, name, e->group_key, e->cfg.medium);
 	if (map)
-		stored_options(e, w, name, e->n_group);
+		stored_options(e, w, name, e->group_key,
+			       e->pool->kv.blk[e->group[0]].parent < 0, e->n_group);
 	e->n_events++;
 	e->n_group = 0;
 }
@@ -551,22 +482,22 @@ static void put_host_stored(bkv_vllm_encoder *e, int32_t h)
 	flush_group(e);
 	stored_head(e);
 	field(w, map, "block_hashes");
-	mp_array(w, 1);
+	bkv__mp_array(w, 1);
 	put_hash(e, w, e->hdig[h]);
 	field(w, map, "parent_block_hash");
 	if (e->hpar[h])
 		put_hash(e, w, e->hpdig[h]);
 	else
-		mp_nil(w);
+		bkv__mp_nil(w);
 	field(w, map, "token_ids");
-	mp_array(w, e->bt);
+	bkv__mp_array(w, e->bt);
 	for (j = 0; j < e->bt; j++)
-		mp_int(w, t[j]);
+		bkv__mp_int(w, t[j]);
 	field(w, map, "block_size");
-	mp_uint(w, e->bt);
+	bkv__mp_uint(w, e->bt);
 	stored_lora(e, w, map, name, key, e->cfg.host_medium);
 	if (map)
-		stored_options(e, w, name, 1);
+		stored_options(e, w, name, key, !e->hpar[h], 1);
 	e->n_events++;
 }
 
@@ -593,15 +524,15 @@ static void put_removed(bkv_vllm_encoder *e, const uint8_t *d, const char *mediu
 	event_head(e, "BlockRemoved", 3 + (e->cfg.group_idx >= 0),
 		   e->cfg.wire == BKV_VLLM_WIRE_ARRAY ? 3 : 2);
 	field(w, map, "block_hashes");
-	mp_array(w, 1);
+	bkv__mp_array(w, 1);
 	put_hash(e, w, d);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0) {
 		field(w, map, "medium");
 		str_or_nil(w, medium);
 	}
 	if (map && e->cfg.group_idx >= 0) {
-		mp_str(w, "group_idx");
-		mp_uint(w, (uint64_t)e->cfg.group_idx);
+		bkv__mp_str(w, "group_idx");
+		bkv__mp_uint(w, (uint64_t)e->cfg.group_idx);
 	}
 	e->n_events++;
 }
@@ -669,18 +600,22 @@ static void hdem_sort(struct hdem *d, uint32_t n)
 static void sort_demoting(bkv_vllm_encoder *e)
 {
 	const bkv_pool *pool = e->pool;
-	const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT];
-	uint32_t i;
+	const bkv__copy_list *lists[2] = {&pool->so_held, &pool->copies[BKV_COPY_SWAP_OUT]};
+	uint32_t i, j;
 
 	e->ndem = 0;
-	for (i = 0; i < l->n && e->ndem < e->nh; i++) {
-		int32_t h = l->v[i].dst;
+	for (j = 0; j < 2; j++) { /* the step in flight's (overlap), then the rest */
+		const bkv__copy_list *l = lists[j];
 
-		if (pool->host_state[h] != BKV__HOST_DEMOTING || e->hvalid[h])
-			continue;
-		e->hvalid[h] = 1;
-		e->hdem[e->ndem].hash = pool->hc_hash[h];
-		e->hdem[e->ndem++].h = h;
+		for (i = 0; i < l->n && e->ndem < e->nh; i++) {
+			int32_t h = l->v[i].dst;
+
+			if (pool->host_state[h] != BKV__HOST_DEMOTING || e->hvalid[h])
+				continue;
+			e->hvalid[h] = 1;
+			e->hdem[e->ndem].hash = pool->hc_hash[h];
+			e->hdem[e->ndem++].h = h;
+		}
 	}
 	for (i = 0; i < e->ndem; i++)
 		e->hvalid[e->hdem[i].h] = 0;
@@ -726,17 +661,16 @@ static int host_digest(bkv_vllm_encoder *e, int32_t h)
 {
 	const bkv_pool *pool = e->pool;
 	uint64_t ph = pool->hc_phash[h], hash = pool->hc_hash[h];
-	const uint8_t *parent = ph == BKV__HASH_ROOT ? e->none : host_parent_digest(e, ph);
+	const uint8_t *parent = ph == BKV__HASH_ROOT ? NULL : host_parent_digest(e, ph);
 
-	if (!parent)
+	if (!parent && ph != BKV__HASH_ROOT)
 		return -1;
 	if (e->cfg.hash == BKV_VLLM_HASH_NATIVE) {
 		memset(e->hdig[h], 0, 24);
 		for (int i = 0; i < 8; i++)
 			e->hdig[h][24 + i] = (uint8_t)(hash >> (56 - 8 * i));
-	} else if (bkv__vllm_block_digest(e->cfg.hash, &e->scratch, parent,
-					  pool->host_tok + (size_t)h * e->bt, e->bt,
-					  key_name(e, pool->hc_key[h]), e->hdig[h])) {
+	} else if (block_digest(e, parent, pool->host_tok + (size_t)h * e->bt, pool->hc_key[h],
+				e->hdig[h])) {
 		return -1;
 	}
 	e->hpar[h] = ph != BKV__HASH_ROOT;
@@ -968,21 +902,21 @@ int bkv_vllm_encoder_drain(bkv_vllm_encoder *enc, bkv_pool *pool, double ts, con
 	m->oom = 0;
 	map = e->cfg.wire == BKV_VLLM_WIRE_MAP;
 	if (map) {
-		mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
-		mp_str(m, "ts");
+		bkv__mp_map(m, 2 + (e->cfg.data_parallel_rank >= 0));
+		bkv__mp_str(m, "ts");
 	} else {
-		mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
+		bkv__mp_array(m, 2 + (e->cfg.wire == BKV_VLLM_WIRE_ARRAY &&
 				 e->cfg.data_parallel_rank >= 0));
 	}
-	mp_f64(m, ts);
+	bkv__mp_f64(m, ts);
 	if (map)
-		mp_str(m, "events");
-	mp_array(m, e->n_events);
+		bkv__mp_str(m, "events");
+	bkv__mp_array(m, e->n_events);
 	bkv__wb_put(m, e->body.p, e->body.n);
 	if (e->cfg.wire != BKV_VLLM_WIRE_ARRAY_V0 && e->cfg.data_parallel_rank >= 0) {
 		if (map)
-			mp_str(m, "data_parallel_rank");
-		mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
+			bkv__mp_str(m, "data_parallel_rank");
+		bkv__mp_uint(m, (uint64_t)e->cfg.data_parallel_rank);
 	}
 	if (m->oom) {
 		e->need_resync = 1;

@@ -6,12 +6,17 @@
  * functions of vllm/utils/hashing.py): digest = SHA-256(serialize((parent
  * digest, tuple(token ids), extra keys))), where the first block's parent is
  * NONE_HASH = SHA-256(serialize(PYTHONHASHSEED string)) and extra keys is None
- * or a tuple (here: the LoRA name). serialize is canonical CBOR
+ * or a tuple: vLLM's generate_block_hash_extra_keys puts the LoRA name in
+ * every block's and the request's cache_salt in its first block's only
+ * (lora first). Here a named pool key is the LoRA name, and an unnamed
+ * nonzero key is a cache_salt, its decimal digits: the salt makes the first
+ * digest differ, and every later one chains from it, so blocks of distinct
+ * keys never share a digest. serialize is canonical CBOR
  * ("sha256_cbor") or pickle protocol 5 ("sha256"); both are written here
  * byte for byte as cbor2 and CPython's _pickle write them.
  *
- * This file owns SHA-256, both serializers, bkv_vllm_block_hashes and
- * bkv_vllm_hash_int; the encoder (events/encoder.c) digests each stored
+ * This file owns SHA-256, both serializers, bkv_vllm_block_hashes (and its
+ * _salted form) and bkv_vllm_hash_int; the encoder (events/encoder.c) digests each stored
  * block through bkv__vllm_block_digest. Nothing here reads a pool.
  */
 #include "events/vllm.h"
@@ -142,9 +147,10 @@ static void cbor_text(bkv__wbuf *w, const char *s)
 	bkv__wb_put(w, s, n);
 }
 
-/* (parent, tuple(tokens), extra) with extra None or (name,). */
+/* (parent, tuple(tokens), extra) with extra None, or the tuple of name and
+ * salt, each there when not NULL. */
 static void cbor_block(bkv__wbuf *w, const uint8_t *parent, const int32_t *tok, uint32_t n,
-		       const char *name)
+		       const char *name, const char *salt)
 {
 	uint32_t i;
 
@@ -158,9 +164,12 @@ static void cbor_block(bkv__wbuf *w, const uint8_t *parent, const int32_t *tok, 
 		else
 			cbor_head(w, 1, (uint64_t)(-1 - (int64_t)tok[i]));
 	}
-	if (name) {
-		cbor_head(w, 4, 1);
-		cbor_text(w, name);
+	if (name || salt) {
+		cbor_head(w, 4, (uint64_t)(name != NULL) + (salt != NULL));
+		if (name)
+			cbor_text(w, name);
+		if (salt)
+			cbor_text(w, salt);
 	} else {
 		bkv__wb_byte(w, 0xf6); /* null */
 	}
@@ -278,7 +287,7 @@ static void pk_end(pickler *k)
 }
 
 static void pickle_block(bkv__wbuf *w, const uint8_t *parent, const int32_t *tok, uint32_t n,
-			 const char *name)
+			 const char *name, const char *salt)
 {
 	pickler k;
 	uint32_t i;
@@ -305,12 +314,16 @@ static void pickle_block(bkv__wbuf *w, const uint8_t *parent, const int32_t *tok
 		pk_op(&k, "\x94", 1);
 	}
 	pk_boundary(&k); /* extra keys */
-	if (name) {
+	if (name)
 		pk_str(&k, name);
+	if (salt)
+		pk_str(&k, salt);
+	if (name && salt)
+		pk_op(&k, "\x86\x94", 2); /* TUPLE2, MEMOIZE */
+	else if (name || salt)
 		pk_op(&k, "\x85\x94", 2); /* TUPLE1, MEMOIZE */
-	} else {
+	else
 		pk_op(&k, "N", 1);
-	}
 	pk_op(&k, "\x87\x94", 2); /* TUPLE3, MEMOIZE */
 	pk_end(&k);
 }
@@ -343,16 +356,16 @@ int bkv__vllm_none_hash(uint32_t algo, const char *seed, const bkv_allocator *a,
 
 /* One block's digest; w is scratch (reset here). */
 int bkv__vllm_block_digest(uint32_t algo, bkv__wbuf *w, const uint8_t *parent, const int32_t *tok,
-			uint32_t n, const char *name, uint8_t out[32])
+			uint32_t n, const char *name, const char *salt, uint8_t out[32])
 {
 	sha256_ctx c;
 
 	w->n = 0;
 	w->oom = 0; /* a failed growth earlier is not this block's */
 	if (algo == BKV_VLLM_HASH_SHA256_CBOR)
-		cbor_block(w, parent, tok, n, name);
+		cbor_block(w, parent, tok, n, name, salt);
 	else
-		pickle_block(w, parent, tok, n, name);
+		pickle_block(w, parent, tok, n, name, salt);
 	if (w->oom)
 		return -1;
 	sha256_init(&c);
@@ -378,9 +391,32 @@ int bkv__vllm_seed_ok(const char *s)
 	return s && strlen(s) <= 255;
 }
 
+const char *bkv__vllm_key_salt(uint64_t key, const char *name, char buf[BKV__VLLM_SALT_BYTES])
+{
+	char rev[BKV__VLLM_SALT_BYTES];
+	uint32_t n = 0, i;
+
+	if (name || key == 0)
+		return NULL;
+	do
+		rev[n++] = (char)('0' + key % 10);
+	while ((key /= 10) != 0);
+	for (i = 0; i < n; i++)
+		buf[i] = rev[n - 1 - i];
+	buf[n] = 0;
+	return buf;
+}
+
 uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name,
 			       uint32_t block_tokens, const int32_t *tokens, uint32_t n,
 			       uint8_t *digests)
+{
+	return bkv_vllm_block_hashes_salted(cfg, lora_name, NULL, block_tokens, tokens, n, digests);
+}
+
+uint32_t bkv_vllm_block_hashes_salted(const bkv_vllm_config *cfg, const char *lora_name,
+				      const char *cache_salt, uint32_t block_tokens,
+				      const int32_t *tokens, uint32_t n, uint8_t *digests)
 {
 	bkv_allocator a;
 	bkv__wbuf w;
@@ -404,7 +440,7 @@ uint32_t bkv_vllm_block_hashes(const bkv_vllm_config *cfg, const char *lora_name
 		uint8_t *d = digests + (size_t)i * BKV_VLLM_DIGEST_BYTES;
 
 		if (bkv__vllm_block_digest(cfg->hash, &w, parent, tokens + (size_t)i * block_tokens,
-				 block_tokens, lora_name, d)) {
+					   block_tokens, lora_name, i == 0 ? cache_salt : NULL, d)) {
 			bkv__free(&a, w.p, w.cap);
 			return 0;
 		}

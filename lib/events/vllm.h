@@ -1,12 +1,14 @@
 /*
- * vllm.h - what the two files of lib/events share: the growable byte buffer
- * both write into, and the hashing steps the encoder calls.
+ * vllm.h - what the files of lib/events share: the growable byte buffer
+ * they write into, the hashing steps and the msgpack writers the encoder
+ * calls.
  *
  * events/hash.c owns vLLM's block hashes (SHA-256 over canonical CBOR or
- * pickle); events/encoder.c owns the event encoder (translation, snapshots,
- * msgpack). Calls go one way: the encoder calls the hashing file, which
- * calls nothing of the encoder. The buffer's writers are inline here: every
- * byte of a hash input and of a batch goes through them.
+ * pickle); events/msgpack.c the msgpack writers; events/encoder.c the event
+ * encoder (translation, snapshots, batches). Calls go one way: the encoder
+ * calls the other two, which call nothing of the encoder. The buffer's
+ * writers are inline here: every byte of a hash input and of a batch goes
+ * through them.
  */
 #ifndef BKV_EVENTS_VLLM_H
 #define BKV_EVENTS_VLLM_H
@@ -89,9 +91,30 @@ int bkv__vllm_none_hash(uint32_t algo, const char *seed, const bkv_allocator *a,
 			uint8_t out[32]);
 
 /* One block's digest: SHA-256(serialize((parent, tuple(tok[0..n)), extra))),
- * extra None or (name,). w is scratch (reset here, kept grown). 0, or -1
- * when w could not grow. */
+ * extra None, or the tuple of name (a LoRA name, every block's) and salt (a
+ * cache_salt, a chain's first block's only), each there when not NULL. w is
+ * scratch (reset here, kept grown). 0, or -1 when w could not grow. */
 int bkv__vllm_block_digest(uint32_t algo, bkv__wbuf *w, const uint8_t *parent,
-			   const int32_t *tok, uint32_t n, const char *name, uint8_t out[32]);
+			   const int32_t *tok, uint32_t n, const char *name, const char *salt,
+			   uint8_t out[32]);
+
+/* Bytes of a key's salt text: 20 decimal digits and a NUL. */
+#define BKV__VLLM_SALT_BYTES 21
+
+/* The cache_salt a pool key is hashed with: its decimal digits, written to
+ * buf, for a nonzero key without a name; NULL for key 0 or a named key (the
+ * name is its extra key instead). */
+const char *bkv__vllm_key_salt(uint64_t key, const char *name, char buf[BKV__VLLM_SALT_BYTES]);
+
+/* ---- events/msgpack.c: msgpack as msgspec writes it, for the encoder ------ */
+
+void bkv__mp_uint(bkv__wbuf *w, uint64_t v);
+void bkv__mp_int(bkv__wbuf *w, int64_t v);
+void bkv__mp_nil(bkv__wbuf *w);
+void bkv__mp_f64(bkv__wbuf *w, double d);
+void bkv__mp_str(bkv__wbuf *w, const char *s);
+void bkv__mp_bin(bkv__wbuf *w, const uint8_t *p, size_t n);
+void bkv__mp_array(bkv__wbuf *w, size_t n); /* an array header of n entries */
+void bkv__mp_map(bkv__wbuf *w, size_t n);   /* a map header of n pairs */
 
 #endif /* BKV_EVENTS_VLLM_H */

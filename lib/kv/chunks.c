@@ -119,6 +119,18 @@ int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent)
 	return BKV_OK;
 }
 
+size_t bkv__ck_bytes(const bkv__kv *kv)
+{
+	const size_t n = kv->ck_n;
+
+	if (!kv->ck_k)
+		return 0;
+	/* pin, lent, next, prev: per chunk; nfree, free, on, anext, aprev:
+	 * one more (the lists' heads) */
+	return n * (sizeof(uint32_t) + 1 + 2 * sizeof(int32_t)) +
+	       (n + 1) * (sizeof(uint32_t) + 3 * sizeof(int32_t) + 1);
+}
+
 void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a)
 {
 	const size_t n = kv->ck_n;

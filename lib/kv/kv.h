@@ -528,6 +528,8 @@ uint32_t bkv__kv_events(bkv__kv *kv, bkv_kv_event *out, uint32_t max);
  * now. Right after bkv__kv_init. BKV_OK or BKV_ENOMEM. */
 int bkv__ck_init(bkv__kv *kv, const bkv_allocator *a, uint32_t k, uint32_t lent);
 void bkv__ck_free(bkv__kv *kv, const bkv_allocator *a);
+/* Bytes bkv__ck_init allocated (what bkv__ck_free frees); 0 when off. */
+size_t bkv__ck_bytes(const bkv__kv *kv);
 #define BKV__CK_ON_PART 1u  /* on ck_part */
 #define BKV__CK_ON_EMPTY 2u /* on ck_empty */
 #define BKV__CK_ON_IDLE 4u  /* on the idle list */
@@ -778,6 +780,8 @@ void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
 int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);
 /* Retention off (before bkv__kv_value_off); frees the expiry clocks. */
 void bkv__kv_retain_off(bkv__kv *kv, const bkv_allocator *a);
+/* Bytes of the value records and the expiry clocks now allocated. */
+size_t bkv__kv_value_bytes(const bkv__kv *kv);
 /* Indexed block b is given priority prio (0..BKV_RETENTION_PRIORITY_MAX)
  * until clock exp (UINT64_MAX: no expiry): kept when it has a higher one in
  * force, expiry extended on an equal one. A no-op with retention off. */
@@ -909,7 +913,9 @@ enum {
 	CHECK_HASH = 10,       /* an indexed block's hash != its recomputed chain
 				  hash (token store damaged) */
 	CHECK_SEQS = 11,       /* a slot: n_blocks != ceil(len/bt), bad ids,
-				  nr_seqs/nr_swapped/slot ring mismatch */
+				  nr_seqs/nr_swapped/slot ring mismatch, an
+				  uncached mark on a swapped sequence or one
+				  with no full block */
 	CHECK_SEQ_FILL = 12,   /* a device-resident table's block has fewer
 				  tokens than the sequence reads from it */
 	CHECK_REFS = 13,       /* a ref count != table references + chain

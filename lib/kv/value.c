@@ -358,6 +358,12 @@ int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode)
 	return BKV_OK;
 }
 
+size_t bkv__kv_value_bytes(const bkv__kv *kv)
+{
+	return (kv->val ? (size_t)kv->nb * sizeof(*kv->val) : 0) +
+	       (kv->val_exp ? (size_t)kv->nb * sizeof(uint64_t) : 0);
+}
+
 void bkv__kv_retain_off(bkv__kv *kv, const bkv_allocator *a)
 {
 	uint32_t i;

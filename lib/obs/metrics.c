@@ -134,6 +134,26 @@ static void put_steps(out *o, const bkv_sched_stats *st)
 	put(o, "bkv_host_busy_seconds_total %.9g\n", st->busy_us / 1e6);
 }
 
+/* Overlapped steps and speculation, with every fallback a step took. */
+static void put_features(out *o, const bkv_sched_stats *st)
+{
+	counter(o, "bkv_overlap_steps_total",
+		"Steps planned while another was in flight (bkv_step_launch).",
+		st->overlap_steps);
+	counter(o, "bkv_overlap_wasted_tokens_total",
+		"Tokens computed for requests that had ended in the step before.",
+		st->overlap_wasted_tokens);
+	counter(o, "bkv_spec_draft_tokens_total", "Draft tokens verified.", st->spec_drafted);
+	counter(o, "bkv_spec_accepted_tokens_total", "Draft tokens accepted.",
+		st->spec_accepted);
+	head(o, "bkv_fallbacks_total", "counter",
+	     "Automatic fallbacks: launches that waited for the step in flight, "
+	     "decode rows whose drafts were dropped under pressure.");
+	put(o, "bkv_fallbacks_total{kind=\"overlap_sync\"} %" PRIu64 "\n", st->overlap_syncs);
+	put(o, "bkv_fallbacks_total{kind=\"spec_skipped_row\"} %" PRIu64 "\n",
+	    st->spec_skipped_rows);
+}
+
 /* The pool's blocks by state, evictions and KV events. */
 static void put_pool(out *o, const bkv_pool_stats *ps)
 {
@@ -193,6 +213,7 @@ size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 	put_requests(&o, &st);
 	put_tokens(&o, &st);
 	put_steps(&o, &st);
+	put_features(&o, &st);
 	put_pool(&o, &ps);
 	put_step_histogram(&o, s);
 	return o.len;

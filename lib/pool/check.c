@@ -24,6 +24,8 @@ static int check_seqs(const bkv_pool *pool)
 				return CHECK_SEQS;
 			continue;
 		}
+		if (s->uncached && (s->state != BKV__SEQ_OPEN || s->len < pool->kv.bt))
+			return CHECK_SEQS;
 		open++;
 		if (s->pin) { /* a prefix pin's holder: device-resident */
 			if (s->state != BKV__SEQ_OPEN)

@@ -275,9 +275,8 @@ void bkv__hc_swap_out_cleared(bkv_pool *pool, int32_t src, int32_t h)
 	lru_push(pool, h);
 }
 
-void bkv__hc_forget_demotions(bkv_pool *pool)
+void bkv__hc_forget_list(bkv_pool *pool, const bkv__copy_list *l)
 {
-	const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT];
 	uint32_t i;
 
 	if (!pool->hc_on)
@@ -293,6 +292,11 @@ void bkv__hc_forget_demotions(bkv_pool *pool)
 		bkv__event_host(&pool->kv, BKV_EVENT_REMOVED, h, pool->hc_hash[h], 0, 0, 0);
 		bkv__host_push(pool, h);
 	}
+}
+
+void bkv__hc_forget_demotions(bkv_pool *pool)
+{
+	bkv__hc_forget_list(pool, &pool->copies[BKV_COPY_SWAP_OUT]);
 }
 
 /* ---- reload ---------------------------------------------------------------- */
@@ -414,6 +418,9 @@ int bkv__hc_check(const bkv_pool *pool, uint32_t *sc)
 	for (i = 0; i < so->n; i++)
 		if (pool->host_state[so->v[i].dst] == BKV__HOST_DEMOTING)
 			sc[so->v[i].dst] = 1;
+	for (i = 0; i < pool->so_held.n; i++) /* the step in flight's (overlap) */
+		if (pool->host_state[pool->so_held.v[i].dst] == BKV__HOST_DEMOTING)
+			sc[pool->so_held.v[i].dst] = 1;
 	for (i = 0; i < pool->nh; i++) {
 		if (pool->host_state[i] == BKV__HOST_DEMOTING && (demoting++, sc[i] != 1))
 			return CHECK_HOST;

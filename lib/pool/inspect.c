@@ -6,8 +6,10 @@
  * internal.h); they exist so that benchmarks, examples and engines can see
  * what the pool holds without its internal header. The byte figures repeat
  * the sizes bkv_pool_create allocates and pool_free_all (pool.c) frees, one
- * figure per allocation, so total equals the bytes live in the pool's
- * allocator (the inspect test checks it against a counting allocator).
+ * figure per allocation (the KV groups' structures through the byte counts
+ * each owner keeps beside its free function), so total equals the bytes
+ * live in the pool's allocator (the inspect test checks it against a
+ * counting allocator, with and without groups).
  *
  * A block's fields are reported only where they mean something: key and hash
  * while it is indexed, parent, fill and tokens while it is not free (a free
@@ -25,7 +27,7 @@ static size_t want(uint32_t size, size_t ours)
 int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 {
 	bkv_pool_memory m;
-	uint64_t nb, nh, bt, tables = 0, copies = 0;
+	uint64_t nb, nh, bt, tables = 0, copies = 0, lane_slot, lane_entries, st_slot, st_units;
 	uint32_t i;
 	size_t n;
 
@@ -39,24 +41,28 @@ int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 		tables += pool->seqs[i].cap;
 	for (i = 0; i < 3; i++)
 		copies += pool->copies[i].cap;
+	copies += pool->so_held.cap;
+	bkv__lanes_bytes(pool, &lane_slot, &lane_entries);
+	bkv__state_bytes(pool, &st_slot, &st_units);
 
 	memset(&m, 0, sizeof m);
 	m.block_bytes = (uint32_t)sizeof(bkv__block);
-	m.seq_slot_bytes = (uint32_t)(sizeof(bkv__seq) + sizeof(uint32_t));
+	m.seq_slot_bytes = (uint32_t)(sizeof(bkv__seq) + sizeof(uint32_t) + lane_slot + st_slot);
 	m.index_slots = pool->kv.index ? pool->kv.index_mask + 1 : 0;
 	m.index_used = pool->kv.nr_indexed;
-	m.blocks = nb * sizeof(bkv__block);
+	m.blocks = nb * sizeof(bkv__block) + bkv__kv_value_bytes(&pool->kv) +
+		   bkv__ck_bytes(&pool->kv) + st_units;
 	m.device_tokens = bkv__kv_tok_bytes(nb, bt);
 	m.index = (uint64_t)m.index_slots * sizeof(bkv__islot) + bkv__kv_lru_bytes(&pool->kv);
 	m.txn_queue = pool->kv.txn_pending ? nb * sizeof(int32_t) : 0;
 	m.txn_owners = pool->kv.txn_owner ? nb * sizeof(uint64_t) : 0;
-	m.check_scratch = BKV_MAX(nb, nh) * sizeof(uint32_t);
+	m.check_scratch = bkv__pool_scratch_len(pool) * sizeof(uint32_t);
 	m.host = nh * (sizeof(int32_t) + sizeof(uint8_t) + bt * sizeof(int32_t));
 	if (pool->hc_on) /* the host cache's records and index (pool/hcache.c) */
 		m.host += nh * (3 * sizeof(uint64_t) + 3 * sizeof(int32_t) + 1) +
 			  ((size_t)pool->hc_mask + 1) * sizeof(bkv__islot) + pool->kv.nb;
 	m.seq_slots = (uint64_t)pool->cfg.max_seqs * m.seq_slot_bytes;
-	m.block_tables = tables * sizeof(int32_t);
+	m.block_tables = (tables + lane_entries) * sizeof(int32_t);
 	m.copy_lists = copies * sizeof(bkv_copy);
 	m.event_ring = pool->kv.ev ? (uint64_t)pool->cfg.event_capacity * sizeof(bkv_kv_event) : 0;
 	m.total = sizeof *pool + m.blocks + m.device_tokens + m.index + m.txn_queue +

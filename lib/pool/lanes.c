@@ -94,31 +94,12 @@ int bkv__lanes_valid(const bkv_pool_config *c)
 
 	if (c->n_groups == 0)
 		return 1;
-	if (c->n_groups > BKV_MAX_GROUPS || !c->groups)
+	/* each group by the rules the sizing functions keep (base/sizing.c) */
+	if (!bkv__kv_groups_ok(c->groups, c->n_groups, c->block_tokens))
 		return 0;
-	for (i = 0; i < c->n_groups; i++) {
-		const bkv_kv_group *g = &c->groups[i];
-
-		if (g->layers == 0 || g->bytes == 0 || g->reserved)
+	for (i = 0; i < c->n_groups; i++) /* a STATE group: the last, not the only */
+		if (c->groups[i].kind == BKV_GROUP_STATE && (i != c->n_groups - 1 || i == 0))
 			return 0;
-		switch (g->kind) {
-		case BKV_GROUP_FULL:
-			if (g->span)
-				return 0;
-			break;
-		case BKV_GROUP_WINDOW:
-		case BKV_GROUP_CHUNKED:
-			if (g->span == 0 || g->span > INT32_MAX)
-				return 0;
-			break;
-		case BKV_GROUP_STATE: /* the last group, a whole number of blocks */
-			if (i != c->n_groups - 1 || i == 0 || (g->span & (c->block_tokens - 1)))
-				return 0;
-			break;
-		default:
-			return 0;
-		}
-	}
 	/* group 0 is full attention (lane 0, the plain tables); the frame
 	 * arithmetic must hold (base/sizing.c) */
 	if (c->groups[0].kind != BKV_GROUP_FULL ||
@@ -180,6 +161,18 @@ int bkv__lanes_init(bkv_pool *pool)
 			return BKV_ENOMEM;
 	}
 	return BKV_OK;
+}
+
+void bkv__lanes_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *entries)
+{
+	uint32_t i, j;
+
+	*slot = pool->n_lanes * sizeof(bkv__lseq) +
+		(pool->lane_stamp ? 2 * sizeof(uint32_t) : 0); /* lane_stamp, lane_touched */
+	*entries = 0;
+	for (i = 0; i < pool->n_lanes; i++)
+		for (j = 0; pool->lanes[i].seqs && j < pool->cfg.max_seqs; j++)
+			*entries += pool->lanes[i].seqs[j].cap;
 }
 
 void bkv__lanes_free(bkv_pool *pool)

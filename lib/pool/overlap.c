@@ -16,6 +16,18 @@
  * own then removes only the later step's entries and the count stays
  * right.
  *
+ * Copies. A step's copy lists stay valid until it completes (the host reads
+ * them then). The step in flight may carry host-cache demotions (swap-out
+ * copies of blocks the cache evicted); the later step's planning evicts
+ * more. So its swap-out list is held apart (so_held: the two arrays trade
+ * places, nothing is copied) and the later step's demotions start a fresh
+ * list; the held one is cleared, its demotions cached, when the step in
+ * flight completes, or forgotten when it fails. The device performs the
+ * step in flight's copies before the later step's kernels can write an
+ * evicted block again (one stream, launch order). Other pending copies (a
+ * copy-on-write, a swap-in, a swapped sequence's swap-out) still make the
+ * later launch wait.
+ *
  * A decode row planned before the token it computes is sampled appends a
  * placeholder; the token store gets the real token when the older step
  * completes, before the block holding it can be hashed (at the later step's
@@ -71,6 +83,51 @@ uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 uint32_t bkv__pool_copies_pending(const bkv_pool *pool)
 {
 	return pool->copies[0].n + pool->copies[1].n + pool->copies[2].n;
+}
+
+int bkv__pool_copies_holdable(const bkv_pool *pool)
+{
+	return !pool->copies[BKV_COPY_DEVICE].n && !pool->copies[BKV_COPY_SWAP_IN].n &&
+	       !pool->so_held.n;
+}
+
+int bkv__pool_copies_hold(bkv_pool *pool)
+{
+	bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT], t;
+
+	BKV_ASSERT(bkv__pool_copies_holdable(pool));
+	if (!l->n)
+		return BKV_OK;
+	if (pool->so_held.cap < l->cap) { /* once: the lists keep their size */
+		bkv_copy *v = bkv__realloc(&pool->alloc, pool->so_held.v,
+					   (size_t)pool->so_held.cap * sizeof(bkv_copy),
+					   (size_t)l->cap * sizeof(bkv_copy));
+
+		if (!v)
+			return BKV_ENOMEM;
+		pool->so_held.v = v;
+		pool->so_held.cap = l->cap;
+	}
+	t = pool->so_held;
+	pool->so_held = *l;
+	*l = t;
+	l->n = 0;
+	return BKV_OK;
+}
+
+void bkv__pool_copies_release_held(bkv_pool *pool, int performed)
+{
+	bkv__copy_list *l = &pool->so_held;
+	uint32_t i;
+
+	if (!l->n)
+		return;
+	if (!performed)
+		bkv__hc_forget_list(pool, l);
+	else if (pool->hc_on)
+		for (i = 0; i < l->n; i++)
+			bkv__hc_swap_out_cleared(pool, l->v[i].src, l->v[i].dst);
+	l->n = 0;
 }
 
 void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token)

@@ -10,7 +10,16 @@
  * are exactly the ones a lookup finds, counted first by a lookup that
  * changes nothing, so a refused pin (past the pool's pin share, no slot)
  * leaves the cache's order as it was. Unpinning closes the holder: its
- * blocks go back to the LRU's tail by close's rule.
+ * blocks go back to the LRU's tail by close's rule. A pin's id names no
+ * sequence: bkv__seq_get, through which every sequence call finds its
+ * sequence, refuses the holder, and only unpin finds it (bkv__slot_get).
+ *
+ * Slots: a pin takes a free slot, never one of those a scheduler keeps
+ * for its admitted requests' forks (seq_reserved, which the scheduler sets
+ * each step). Admission counts the slots pins hold, as any open sequence,
+ * so a request admitted before or after a pin can always fork; one whose
+ * branches need the slots pins hold waits (and, with nothing else
+ * running, ends as unadmittable by the progress rule).
  *
  * The share bound is over the holders' table entries (pool->pin_blocks): a
  * block two pins hold counts twice, which can only refuse early. The
@@ -49,8 +58,8 @@ int bkv_pool_pin_prefix(bkv_pool *pool, uint64_t key, const int32_t *tokens, uin
 	if (pool->pin_blocks + hits > share)
 		return BKV_ENOSPC;
 	s = bkv__slot_peek(pool);
-	if (!s)
-		return BKV_EAGAIN;
+	if (!s || pool->nr_seqs + pool->seq_reserved >= pool->cfg.max_seqs)
+		return BKV_EAGAIN; /* no slot, or only slots kept for forks */
 	if (bkv__table_reserve(pool, s, hits))
 		return BKV_ENOMEM;
 	bkv__slot_open(pool, s, key);
@@ -73,7 +82,7 @@ int bkv_pool_unpin(bkv_pool *pool, uint32_t pin)
 
 	if (!pool)
 		return BKV_EINVAL;
-	s = bkv__seq_get(pool, pin);
+	s = bkv__slot_get(pool, pin);
 	if (!s || !s->pin)
 		return BKV_ENOENT;
 	s->pin = 0;

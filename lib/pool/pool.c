@@ -75,7 +75,7 @@ static int config_valid(const bkv_pool_config *c)
 static void pool_free_all(bkv_pool *pool)
 {
 	const bkv_allocator *a = &pool->alloc;
-	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	size_t nh = pool->nh, bt = pool->kv.bt;
 	uint32_t i, ms = pool->cfg.max_seqs;
 
 	if (pool->seqs)
@@ -84,14 +84,14 @@ static void pool_free_all(bkv_pool *pool)
 				  (size_t)pool->seqs[i].cap * sizeof(int32_t));
 	for (i = 0; i < 3; i++)
 		bkv__free(a, pool->copies[i].v, (size_t)pool->copies[i].cap * sizeof(bkv_copy));
+	bkv__free(a, pool->so_held.v, (size_t)pool->so_held.cap * sizeof(bkv_copy));
 	bkv__free(a, pool->seqs, ms * sizeof(bkv__seq));
 	bkv__free(a, pool->slot_ring, ms * sizeof(uint32_t));
 	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));
 	bkv__free(a, pool->host_state, nh);
 	bkv__free(a, pool->host_next, nh * sizeof(int32_t));
 	/* the size pool_alloc_rest allocated (the arena's frames, not units) */
-	bkv__free(a, pool->scratch,
-		  BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) * sizeof(uint32_t));
+	bkv__free(a, pool->scratch, bkv__pool_scratch_len(pool) * sizeof(uint32_t));
 	bkv__lanes_free(pool);
 	bkv__state_free(pool);
 	bkv__hc_free(pool);
@@ -105,14 +105,13 @@ static int pool_dedupe(void *arg, uint64_t owner, int32_t b, int32_t d, int32_t 
 static int pool_alloc_rest(bkv_pool *pool)
 {
 	const bkv_allocator *a = &pool->alloc;
-	size_t nb = pool->kv.nb, nh = pool->nh, bt = pool->kv.bt;
+	size_t nh = pool->nh, bt = pool->kv.bt;
 	uint32_t i, ms = pool->cfg.max_seqs;
 
 	if (nh > SIZE_MAX / bt / sizeof(int32_t))
 		return BKV_ENOMEM;
 	/* the state units are known before the KV layer is set up */
-	pool->scratch = bkv__malloc(a, BKV_MAX(BKV_MAX(nb, nh), (size_t)bkv__state_arena(&pool->cfg)) *
-					       sizeof(uint32_t));
+	pool->scratch = bkv__malloc(a, bkv__pool_scratch_len(pool) * sizeof(uint32_t));
 	if (!pool->scratch)
 		return BKV_ENOMEM;
 	if (nh) {
@@ -252,9 +251,17 @@ int bkv_pool_can_admit(const bkv_pool *pool, uint32_t n_tokens)
 
 int bkv_pool_reset_cache(bkv_pool *pool)
 {
+	uint32_t i;
+
 	if (!pool)
 		return BKV_EINVAL;
 	bkv__kv_reset_cache(&pool->kv);
+	for (i = 0; i < pool->cfg.max_seqs; i++) {
+		bkv__seq *s = &pool->seqs[i];
+
+		if (s->state == BKV__SEQ_OPEN && s->len >= pool->kv.bt)
+			s->uncached = 1; /* its chain left the cache */
+	}
 	if (pool->hc_on)
 		bkv__hc_reset(pool);
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);

@@ -38,8 +38,15 @@ typedef struct bkv__seq {
 	uint16_t gen;      /* generation, 1..4095, the id's high 12 bits */
 	uint8_t state;     /* BKV__SEQ_* */
 	uint8_t pin;       /* 1: the holder of a prefix pin (pool/pin.c):
-			      its table holds the pinned blocks; close and
-			      drop refuse it */
+			      its table holds the pinned blocks; its id is
+			      no sequence's (bkv__seq_get refuses it) */
+	uint8_t uncached;  /* 1: open on the device with a full block when
+			      bkv_pool_reset_cache emptied the index: none
+			      of its blocks is indexed, and none it fills
+			      will be (a block is indexed only under an
+			      indexed parent) until a truncate leaves it no
+			      full block; a fork inherits it, a swap-out
+			      clears it (swap-in indexes the blocks again) */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -113,7 +120,8 @@ struct bkv_pool {
 	bkv_allocator alloc;   /* copied at create; every allocation */
 	bkv_pool_config cfg;   /* copied at create, validated */
 	uint32_t nh;           /* cfg.host_blocks */
-	uint32_t *scratch;     /* [max(nb, nh)] bkv_pool_check's workspace */
+	uint32_t *scratch;     /* [bkv__pool_scratch_len] bkv_pool_check's
+				  workspace */
 	int32_t *host_next;    /* [nh] host free list links */
 	uint8_t *host_state;   /* [nh] BKV__HOST_* */
 	int32_t *host_tok;     /* [nh * bt] token ids of swapped blocks */
@@ -168,10 +176,22 @@ struct bkv_pool {
 	uint32_t ring_head;    /* index in slot_ring of the next slot to use */
 	uint32_t nr_seqs;      /* open sequences; free slots = max - nr_seqs */
 	uint32_t nr_pins;      /* of which prefix pins' holders (pool/pin.c) */
+	uint32_t seq_reserved; /* free slots a scheduler keeps for the forks
+				  its running requests will still make (set
+				  each step, bkv__pool_reserve_seqs; 0 with
+				  none); a pin leaves them free:
+				  nr_seqs + seq_reserved <= max_seqs while
+				  the scheduler's invariant 31 holds */
 	uint64_t pin_blocks;   /* table entries of the pins' holders (a block
 				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
 	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
+	bkv__copy_list so_held;   /* overlapped scheduling: the swap-out copies
+				     (host-cache demotions) of the step in
+				     flight, held apart while a later step is
+				     planned, whose own go to copies[SWAP_OUT];
+				     cleared when the step in flight completes
+				     (pool/overlap.c) */
 	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
 	uint64_t miss_tokens;
 	uint64_t cow_copies;
@@ -246,7 +266,8 @@ struct bkv_pool {
 
 /* ---- pool/seq.c: helpers the pool layer's files share --------------------- */
 
-static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+/* The open slot an id names, pin holders included (pool/pin.c), or NULL. */
+static inline bkv__seq *bkv__slot_get(const bkv_pool *pool, uint32_t id)
 {
 	uint32_t slot = id & BKV__SEQ_SLOT_MASK;
 	bkv__seq *s;
@@ -257,6 +278,16 @@ static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
 	if (s->state == BKV__SEQ_FREE || s->gen != (id >> BKV__SEQ_SLOT_BITS))
 		return NULL;
 	return s;
+}
+
+/* The sequence an id names, or NULL: a prefix pin's id names no sequence,
+ * so every sequence call answers it as an unknown id (BKV_ENOENT) and
+ * changes nothing; only bkv_pool_unpin takes it. */
+static inline bkv__seq *bkv__seq_get(const bkv_pool *pool, uint32_t id)
+{
+	bkv__seq *s = bkv__slot_get(pool, id);
+
+	return s && !s->pin ? s : NULL;
 }
 
 static inline uint32_t bkv__seq_id(const bkv_pool *pool, const bkv__seq *s)
@@ -348,6 +379,7 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	pool->nr_seqs++;
 	s->state = BKV__SEQ_OPEN;
 	s->pin = 0;
+	s->uncached = 0;
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
@@ -378,6 +410,9 @@ int bkv__lanes_valid(const bkv_pool_config *c);
 /* Copy the groups, set up the lanes' slots. BKV_OK or BKV_ENOMEM. */
 int bkv__lanes_init(bkv_pool *pool);
 void bkv__lanes_free(bkv_pool *pool);
+/* What bkv__lanes_free frees: *slot the bytes per sequence slot (the lanes'
+ * records and stamps), *entries the lane tables' entries (4 B each). */
+void bkv__lanes_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *entries);
 /* Room for n entries in every lane table of slot. */
 int bkv__lanes_reserve(bkv_pool *pool, uint32_t slot, uint32_t n);
 void bkv__lanes_open(bkv_pool *pool, uint32_t slot);
@@ -433,6 +468,9 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 uint64_t bkv__state_arena(const bkv_pool_config *c);
 int bkv__state_init(bkv_pool *pool);
 void bkv__state_free(bkv_pool *pool);
+/* What bkv__state_free frees: *slot the bytes per sequence slot, *units the
+ * state units' records and their map. */
+void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units);
 void bkv__state_open(bkv_pool *pool, uint32_t slot);
 void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped);
 /* A sequence's first append of a step (or one outside a step): what an
@@ -511,6 +549,8 @@ void bkv__hc_swap_in_cleared(bkv_pool *pool, int32_t h);
 /* A host call failed: pending demotions are forgotten (their host blocks
  * freed); call before the swap-out list is cleared. */
 void bkv__hc_forget_demotions(bkv_pool *pool);
+/* The same for the demotions of one copy list (overlap's held list). */
+void bkv__hc_forget_list(bkv_pool *pool, const bkv__copy_list *l);
 /* The cached host block indexed under hash, or -1 (and -1 without a host
  * cache; a demoting block is not indexed yet). */
 int32_t bkv__hc_find(const bkv_pool *pool, uint64_t hash);
@@ -698,6 +738,27 @@ static inline uint32_t bkv__pool_nr_seqs(const bkv_pool *pool)
 	return pool->nr_seqs;
 }
 
+/* The free slots the pool's scheduler keeps for the forks its running
+ * requests will still make; bkv_pool_pin_prefix leaves them free. */
+static inline void bkv__pool_reserve_seqs(bkv_pool *pool, uint32_t n)
+{
+	pool->seq_reserved = n;
+}
+
+static inline uint32_t bkv__pool_seqs_reserved(const bkv_pool *pool)
+{
+	return pool->seq_reserved;
+}
+
+/* A sequence a cache reset left out of the prefix cache for good
+ * (bkv__seq.uncached): its full blocks are not indexed, and need not be. */
+static inline int bkv__pool_seq_uncached(const bkv_pool *pool, uint32_t seq)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	return s && s->uncached;
+}
+
 /* Prefix pins held (pool/pin.c): each is an open sequence of the pool. */
 static inline uint32_t bkv__pool_nr_pins(const bkv_pool *pool)
 {
@@ -827,6 +888,16 @@ static inline void bkv__seq_unsent(bkv_pool *pool, uint32_t seq, uint32_t from)
 
 	if (s)
 		bkv__seq_dirty(s, from);
+}
+
+/* ---- pool/pool.c: the check's workspace ------------------------------------ */
+
+/* Entries of pool->scratch: a block of the larger tier, or a frame of the
+ * state arena, each. */
+static inline size_t bkv__pool_scratch_len(const bkv_pool *pool)
+{
+	return BKV_MAX(BKV_MAX((size_t)pool->kv.nb, (size_t)pool->nh),
+		       (size_t)bkv__state_arena(&pool->cfg));
 }
 
 /* ---- pool/pool.c: step transactions (for the scheduler) -------------------

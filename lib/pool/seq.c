@@ -126,6 +126,7 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	}
 	c->n_blocks = s->n_blocks;
 	c->len = s->len;
+	c->uncached = s->uncached;
 	if (pool->grouped)
 		bkv__lanes_fork(pool, (uint32_t)(s - pool->seqs), (uint32_t)(c - pool->seqs),
 				s->n_blocks);
@@ -143,8 +144,6 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
-	if (s->pin)
-		return BKV_EINVAL; /* a prefix pin: bkv_pool_unpin */
 	if (pool->grouped)
 		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
 				   s->state == BKV__SEQ_SWAPPED, drop);
@@ -763,6 +762,8 @@ int bkv_seq_truncate(bkv_pool *pool, uint32_t seq, uint32_t new_len)
 	s->n_blocks = nbk;
 	if (nbk < s->clean)
 		s->clean = nbk;
+	if (new_len < pool->kv.bt)
+		s->uncached = 0; /* block 0 is indexed again once full */
 	if (nbk) {
 		bkv__block *k = &pool->kv.blk[s->table[nbk - 1]];
 		uint32_t off = new_len - (nbk - 1) * pool->kv.bt;

@@ -146,6 +146,20 @@ int bkv__state_init(bkv_pool *pool)
 	return BKV_OK;
 }
 
+void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units)
+{
+	*slot = *units = 0;
+	if (!pool->st_units)
+		return;
+	/* st_live, st_scratch, st_len, st_undo, st_undo_len, st_pend,
+	 * st_pend_len, and st_host's st_frames host blocks */
+	*slot = 7 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t);
+	/* st_ref, st_flags, st_hash, st_next, st_prev; st_map */
+	*units = (uint64_t)pool->st_units * (sizeof(uint32_t) + 1 + sizeof(uint64_t) +
+					     2 * sizeof(int32_t)) +
+		 ((uint64_t)pool->st_map_mask + 1) * sizeof(int32_t);
+}
+
 void bkv__state_free(bkv_pool *pool)
 {
 	const bkv_allocator *a = &pool->alloc;

@@ -82,6 +82,7 @@ int bkv_seq_swap_out(bkv_pool *pool, uint32_t seq)
 	pool->swap_out_blocks += s->n_blocks;
 	s->state = BKV__SEQ_SWAPPED;
 	s->clean = 0; /* host ids now, new device ids at swap-in */
+	s->uncached = 0; /* swap-in indexes its full blocks */
 	pool->nr_swapped++;
 	BKV_ASSERT_EXPENSIVE(bkv_pool_check(pool) == 0);
 	return BKV_OK;

@@ -14,8 +14,8 @@ static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
 	uint32_t i, n, nb;
 	const int32_t *t;
 
-	if (!bkv__pool_prefix_on(p))
-		return 1;
+	if (!bkv__pool_prefix_on(p) || bkv__pool_seq_uncached(p, l->seq))
+		return 1; /* (a cache reset took its chain out for good) */
 	t = bkv_seq_blocks(p, l->seq, &nb);
 	n = BKV_MIN(l->kv_len >> s->bt_shift, nb);
 	/* a swapped-in block whose copy a rolled-back call was to carry is
@@ -91,8 +91,9 @@ int bkv_sched_check(const bkv_sched *s)
 		return 15;
 	if (s->bad_write)
 		return 30;
-	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + bkv__fork_seqs_count(s) > bkv__pool_max_seqs(s->pool))
-		return 31;
+	if ((uint64_t)bkv__pool_nr_seqs(s->pool) + bkv__fork_seqs_count(s) > bkv__pool_max_seqs(s->pool) ||
+	    bkv__fork_seqs_count(s) > bkv__pool_seqs_reserved(s->pool))
+		return 31; /* (the pool keeps the forks' slots from pins) */
 	for (i = 0; i < s->q.heap_n; i++) {
 		r = s->q.heap[i];
 		for (j = 0; j < r->n; j++) {

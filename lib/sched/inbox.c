@@ -98,7 +98,7 @@ int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *k
 		t = (uint64_t)s->cfg.max_running * BKV_MIN(hist, dev_tokens) + s->plan.row_cap;
 	if (s->cfg.spec_max_k) /* drafts: up to spec_max_k more per row */
 		t += (uint64_t)s->cfg.max_running * s->cfg.spec_max_k;
-	t = BKV_MIN(t, (uint64_t)TOK_CAP_LIMIT);
+	t = BKV_MIN(t, (uint64_t)s->in.tok_limit);
 	t = BKV_MAX(t, (uint64_t)s->plan.row_cap);
 	k = (uint64_t)s->cfg.max_running * ((hist + s->bt - 1) / s->bt) + s->plan.row_cap;
 	*tok = (uint32_t)t;
@@ -222,7 +222,7 @@ static int spare_grow(bkv_sched *s, uint32_t tok, uint32_t kv)
 
 	if (tok <= s->in.want_tok && kv <= s->in.want_kv)
 		return BKV_OK;
-	tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, TOK_CAP_LIMIT));
+	tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, s->in.tok_limit));
 	kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
 	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv, 1 + s->call.n_lanes) != BKV_OK)
 		return BKV_ENOMEM;

@@ -300,8 +300,8 @@ static int overlap_ok(bkv_sched *s)
 		s->plan.need_sync = 0;
 		return 0;
 	}
-	if (bkv__pool_copies_pending(s->pool) || s->plan.n_swap_pend)
-		return 0;
+	if (!bkv__pool_copies_holdable(s->pool) || s->plan.n_swap_pend)
+		return 0; /* only host-cache demotions may be pending: held */
 	LOCK(s);
 	spare = s->in.spare.tok_cap || s->in.spare2.tok_cap;
 	UNLOCK(s);
@@ -313,7 +313,19 @@ static bkv__ticket *oldest(bkv__ovl *o)
 	return &o->t[o->head];
 }
 
-/* Record the planned step in the next ticket. */
+/* Record the planned step in the next ticket. The undo list names lanes,
+ * and a lane outlives its sequence: a record is the rollback length of the
+ * sequence the lane holds now, so a lane that holds none of a running
+ * request (preempted, ended, or a failed admission in this planning) gets
+ * none - there is nothing of the step to undo, and a later step may give
+ * the lane a new sequence (a request preempted at N, with nothing in
+ * flight, is readmitted at N + 1), which the stale length, applied by
+ * rollback_all after N + 1's, would set longer than it is. */
+static int undo_live(const bkv__lane *l)
+{
+	return REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE;
+}
+
 static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 {
 	bkv__ovl *o = s->ovl;
@@ -326,14 +338,19 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	t->host_done = 0;
 	t->provisional = 0;
 	t->copies = bkv__pool_copies_pending(s->pool) != 0;
+	t->held = 0;
 	t->mark = 0;
 	t->n_rows = s->plan.n_dec;
 	memcpy(t->rows, s->plan.dec, (size_t)s->plan.n_dec * sizeof(bkv__row));
 	for (i = 0; i < s->plan.n_touched; i++) {
+		if (!undo_live(s->plan.touched[i]))
+			continue;
 		t->undo[n].lane = s->plan.touched[i];
 		t->undo[n++].pre_len = s->plan.touched[i]->pre_len;
 	}
 	for (i = 0; i < s->plan.n_dec; i++) { /* the fused pass's lanes */
+		if (!undo_live(s->plan.dec[i].lane))
+			continue;
 		t->undo[n].lane = s->plan.dec[i].lane;
 		t->undo[n++].pre_len = s->plan.dec[i].lane->pre_len;
 	}
@@ -368,7 +385,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		return BKV_ESTATE;
 	*ticket = 0;
 	n_out = o->n_out;
-	if (n_out && !overlap_ok(s)) {
+	if (n_out && (!overlap_ok(s) || bkv__pool_copies_hold(s->pool) != BKV_OK)) {
 		s->stats.overlap_syncs++;
 		return BKV_EAGAIN;
 	}
@@ -379,6 +396,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	now = bkv__clock_us(s);
 	if (n_out) {
 		prev = oldest(o);
+		prev->held = prev->copies; /* bkv__pool_copies_hold took them */
 		if (!prev->provisional)
 			provision(s, prev);
 		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
@@ -444,8 +462,13 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 
 			if (!REQ_IS_RUNNING(l->req) || l->done || l->seq == BKV__SEQ_NONE)
 				continue;
-			if (l->kv_len != t->undo[i].pre_len)
-				bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
+			if (l->kv_len != t->undo[i].pre_len) {
+				int rc = bkv_seq_truncate(s->pool, l->seq, t->undo[i].pre_len);
+
+				BKV_ASSERT(rc == BKV_OK); /* the record is the lane's
+							     sequence's (ticket_push) */
+				(void)rc;
+			}
 			l->kv_len = t->undo[i].pre_len;
 		}
 		for (i = 0; i < t->n_sent; i++) /* persistent: its deltas are void */
@@ -456,6 +479,7 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			o->committed = t->id;
 	}
 	bkv__pool_txn_abort(s->pool);
+	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
 	o->n_out = 0;
 	o->head = 0;
@@ -487,7 +511,9 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 		if (!REQ_IS_RUNNING(l->req) || l->done)
 			waste += t->rows[i].end - t->rows[i].start;
 	}
-	if (t->copies)
+	if (t->held) /* its copies were held apart: the later step's stay */
+		bkv__pool_copies_release_held(s->pool, 1);
+	else if (t->copies)
 		bkv__step_clear_copies(s);
 	if (o->n_out) {
 		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
@@ -518,7 +544,7 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	for (k = 0; k < o->n_out && !t; k++) /* the oldest the host still owes */
 		if (!o->t[(o->head + k) % OVL_DEPTH].host_done)
 			t = &o->t[(o->head + k) % OVL_DEPTH];
-	if (!t || ticket != t->id)
+	if (!t || ticket != t->id || status > 0) /* 0 and negative are defined */
 		return BKV_EINVAL;
 	s->plan.in_step = 1;
 	now = bkv__clock_us(s);

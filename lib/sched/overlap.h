@@ -44,6 +44,9 @@ typedef struct bkv__ticket {
 	int provisional;           /* its tokens are provisionally committed
 				      (a later step was planned on them) */
 	int copies;                /* it carried copies: cleared at its commit */
+	int held;                  /* its swap-out copies were held apart when
+				      the next step was planned: its commit
+				      clears the held list (pool/overlap.c) */
 	uint32_t mark;             /* transaction queue entries that are its
 				      own or older (set when a later step's
 				      planning begins) */

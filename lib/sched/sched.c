@@ -92,9 +92,10 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 		return BKV_EINVAL;
 	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
 		return BKV_EINVAL;
-	if (cfg->overlap && (!ops->launch || cfg->spec_max_k))
-		return BKV_EINVAL; /* overlap: one mixed
-				     launch, without speculation */
+	if (cfg->overlap &&
+	    (!ops->launch || cfg->spec_max_k || (!ops->forward && (ops->prefill || ops->decode))))
+		return BKV_EINVAL; /* overlap: one mixed launch, without
+				      speculation; not a split host */
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
 	bkv_pool_stats_get(pool, ps);
@@ -125,6 +126,7 @@ static void config_resolve(bkv_sched *s, const bkv_sched_config *cfg, const bkv_
 	s->split = ops->forward == NULL && !cfg->overlap; /* a launch is mixed */
 	s->host = host;
 	s->pool = pool;
+	s->in.tok_limit = TOK_CAP_LIMIT;
 	s->bt = ps->block_tokens;
 	while ((1u << s->bt_shift) < s->bt)
 		s->bt_shift++;
@@ -236,6 +238,8 @@ void bkv_sched_destroy(bkv_sched *s)
 			bkv__req_free(s, s->in.map[i].req);
 		}
 	}
+	if (s->pool) /* its forks' slots are the pool's again */
+		bkv__pool_reserve_seqs(s->pool, 0);
 	if (s->in.lock) {
 		pthread_mutex_destroy((pthread_mutex_t *)s->in.lock);
 		bkv__free(a, s->in.lock, sizeof(pthread_mutex_t));

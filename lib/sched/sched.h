@@ -203,6 +203,9 @@ typedef struct bkv__inbox {
 				  (its other batch buffers) */
 	uint32_t want_tok;     /* lock: tok_cap of spare, else of bufs */
 	uint32_t want_kv;      /* lock: kv_cap of spare, else of bufs */
+	uint32_t tok_limit;    /* most entries of a token array: TOK_CAP_LIMIT
+				  (set at create; tests lower it to reach the
+				  bound with small requests) */
 	uint64_t next_id;      /* lock: last id handed out */
 	uint64_t nr_queued;    /* atomic: inbox + waiting + swapped */
 	uint64_t nr_alive;     /* atomic: requests not ended */

@@ -14,10 +14,13 @@
  * lookup, fresh blocks past a boundary), inside the step's transaction, so
  * no block they fill is indexed before commit. Drafts never preempt
  * anybody: a row whose drafts would need a block while fewer than
- * slots_used + need blocks are free goes without, and so does every later
- * row (speculation is the first thing memory pressure gives up). In
- * chunked mode drafts are charged to the step's token budget, after the
- * prefill rows (which were planned first).
+ * slots_used + need blocks are available (free, or cached and reclaimable:
+ * a warm server's prefix cache fills the free frames) goes without, and so
+ * does every later row (speculation is the first thing memory pressure
+ * gives up). Drafts
+ * are charged to the step's budget after every other row (planned first):
+ * the token budget in chunked mode, else the batch arrays' capacity, so a
+ * step whose prompts fill the arrays carries no drafts.
  *
  * Commit (bkv__spec_commit_cut before the pool's transaction commits, then
  * bkv__spec_commit_deliver): the accepted run m is the host's n_accepted
@@ -221,9 +224,9 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	bkv__spec *sp = s->spec;
 	bkv_pool *pool = s->pool;
 	bkv__row *dec = s->plan.dec;
-	uint32_t i, n = 0, n_dec;
+	uint32_t i, n = 0, n_dec, skipped = 0;
 	uint64_t ctx = 0;
-	int chunked = s->cfg.chunked_prefill, stop = 0;
+	int stop = 0;
 
 	sp->n_rows = 0;
 	sp->n_set = 0;
@@ -249,23 +252,28 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		uint32_t k = sp->drafts[i], got, need;
 
 		sp->drafts[i] = 0; /* until its drafts are appended */
-		if (!k || stop)
+		if (!k)
 			continue;
-		if (chunked) {
-			k = BKV_MIN(k, s->plan.budget_left);
-			if (!k) {
-				stop = 1;
-				continue;
-			}
+		if (stop) {
+			skipped++;
+			continue;
+		}
+		k = BKV_MIN(k, s->plan.budget_left); /* the budget, or what is
+							 left of the arrays */
+		if (!k) {
+			stop = 1;
+			skipped++;
+			continue;
 		}
 		BKV_ASSERT(l->kv_len == row->end && row->end == LANE_KNOWN(l));
 		got = propose(s, l, row->end, k);
 		if (!got)
 			continue;
 		need = (uint32_t)bkv_seq_blocks_needed(pool, l->seq, got);
-		if (pool->kv.nr_free < (uint64_t)need + s->rs.slots_used ||
+		if (bkv_pool_available(pool) < (uint64_t)need + s->rs.slots_used ||
 		    bkv__seq_append_private(pool, l->seq, l->tok + row->end, got) != BKV_OK) {
 			stop = 1; /* memory pressure: no more drafts this step */
+			skipped++;
 			continue;
 		}
 		l->kv_len += got;
@@ -274,6 +282,7 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		sp->n_rows++;
 		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
 	}
+	s->stats.spec_skipped_rows += skipped;
 	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
 		s->plan.fill_rows = 0;
 		s->call.n_dirty = 0;
@@ -392,6 +401,7 @@ void bkv__spec_commit_deliver(bkv_sched *s, bkv_step_info *si)
 		for (j = 0; j < c; j++) {
 			l->tok[LANE_KNOWN(l)] = t[j];
 			l->n_gen++;
+			s->stats.decode_tokens++; /* a decode row's, delivered */
 			l->decoding = 1;
 			if (s->ops.on_token) {
 				s->ops.on_token(s->host, r->id, l->branch, t[j], r->user);

@@ -238,8 +238,10 @@ typedef void (*on_token_fn)(void *, uint64_t, uint32_t, int32_t, void *);
 
 /* Record each sampling row's token: outs[i] (the last call's next_tokens)
  * or, with from_outs 0, rows[i].out (a split host's prefill rows), and tell
- * on_token (s->ops.on_token). from_outs and on_token are passed in so that
- * commit's calls, with constants, compile to loops without those tests. */
+ * on_token (s->ops.on_token). A token of a lane that was decoding already
+ * (a decode row's) counts in stats.decode_tokens: the delivered ones, not
+ * the rows computed. from_outs and on_token are passed in so that commit's
+ * calls, with constants, compile to loops without those tests. */
 static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32_t n,
 				      int from_outs, const int32_t *outs, on_token_fn on_token,
 				      bkv_step_info *si)
@@ -259,6 +261,7 @@ static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32
 		}
 		l->tok[LANE_KNOWN(l)] = t;
 		l->n_gen++;
+		s->stats.decode_tokens += l->decoding;
 		l->decoding = 1;
 		if (on_token) {
 			on_token(s->host, r->id, l->branch, t, r->user);
@@ -315,8 +318,7 @@ void bkv__step_stats(bkv_sched *s, const bkv_step_info *si)
 {
 	s->stats.steps++;
 	s->stats.prefill_tokens += si->prefill_tokens;
-	s->stats.decode_tokens += si->decode_tokens;
-	s->stats.hit_tokens += si->hit_tokens;
+	s->stats.hit_tokens += si->hit_tokens; /* (decode_tokens: as delivered) */
 	s->stats.prefill_calls += si->prefill_calls;
 	s->stats.decode_calls += si->decode_calls;
 	s->stats.busy_us += si->measured_us;
@@ -495,6 +497,9 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	bkv__auto_after_admit(s);
 	if (s->spec) /* drafts last: they never preempt (sched/spec.c) */
 		bkv__spec_plan(s, si);
+	/* the forks still to come, kept from pins until the next step's plan
+	 * (none is admitted or forks in between; an end only lowers it) */
+	bkv__pool_reserve_seqs(s->pool, bkv__fork_seqs_count(s));
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
 	    !si->admitted) {
 		if (++s->plan.stalls >= 2)

@@ -487,6 +487,7 @@ class bkv_sched_stats(Structure):
         ('overlap_steps', c_uint64),
         ('overlap_syncs', c_uint64),
         ('overlap_wasted_tokens', c_uint64),
+        ('spec_skipped_rows', c_uint64),
     ]
 
 
@@ -630,6 +631,7 @@ FUNCTIONS = {
     'bkv_vllm_encoder_drain': (c_int, [c_void_p, c_void_p, c_double, POINTER(POINTER(c_uint8)), POINTER(c_size_t)]),
     'bkv_vllm_encoder_resyncs': (c_uint64, [c_void_p]),
     'bkv_vllm_block_hashes': (c_uint32, [POINTER(bkv_vllm_config), c_char_p, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint8)]),
+    'bkv_vllm_block_hashes_salted': (c_uint32, [POINTER(bkv_vllm_config), c_char_p, c_char_p, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint8)]),
     'bkv_vllm_hash_int': (c_uint64, [POINTER(c_uint8)]),
 }
 

@@ -226,14 +226,16 @@ class VllmEncoder:
 
 
 def vllm_block_hashes(tokens, block_tokens, hash=VllmHash.SHA256_CBOR, hash_seed="0",
-                      lora_name=None):
+                      lora_name=None, cache_salt=None):
     """vLLM's block digests of the full blocks of tokens
-    (bkv_vllm_block_hashes): what a vLLM replica with this hash function,
-    PYTHONHASHSEED and block size computes, and what a VllmEncoder with the
-    same settings publishes for a pool holding these tokens. Returns a list
-    of len(tokens) // block_tokens 32-byte digests (bytes). lora_name is
-    every block's extra key (None: none). InvalidArgumentError for a NATIVE
-    hash, block_tokens 0 or a bad hash_seed."""
+    (bkv_vllm_block_hashes, bkv_vllm_block_hashes_salted): what a vLLM
+    replica with this hash function, PYTHONHASHSEED and block size computes,
+    and what a VllmEncoder with the same settings publishes for a pool
+    holding these tokens. Returns a list of len(tokens) // block_tokens
+    32-byte digests (bytes). lora_name is every block's extra key, cache_salt
+    the first block's (None: none; an encoder salts a key its key_name does
+    not name with the key's decimal digits, str(key)). InvalidArgumentError
+    for a NATIVE hash, block_tokens 0 or a bad hash_seed."""
     import numpy as np
 
     cfg, keep = _config("vllm_block_hashes", {"hash": hash, "hash_seed": hash_seed})
@@ -245,12 +247,14 @@ def vllm_block_hashes(tokens, block_tokens, hash=VllmHash.SHA256_CBOR, hash_seed
                                    "are needed", _ffi.BKV_EINVAL)
     if want == 0:
         return []
-    lora = None
-    if lora_name is not None:
-        lora = lora_name.encode() if isinstance(lora_name, str) else bytes(lora_name)
+    lora, salt = (None if v is None else v.encode() if isinstance(v, str) else bytes(v)
+                  for v in (lora_name, cache_salt))
     out = (ctypes.c_uint8 * (want * DIGEST_BYTES))()
-    n = _lib.bkv_vllm_block_hashes(ctypes.byref(cfg), lora, bt,
-                                   t.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(t), out)
+    ptr = t.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    if salt is None:
+        n = _lib.bkv_vllm_block_hashes(ctypes.byref(cfg), lora, bt, ptr, len(t), out)
+    else:
+        n = _lib.bkv_vllm_block_hashes_salted(ctypes.byref(cfg), lora, salt, bt, ptr, len(t), out)
     del keep
     if n != want:
         raise InvalidArgumentError("vllm_block_hashes: bad input (hash_seed over 255 bytes?)",

@@ -188,6 +188,22 @@ def test_sha256_cbor_hashes_are_vllms():
     pool.close()
 
 
+def test_an_unnamed_key_is_the_first_blocks_cache_salt():
+    pool = make_pool()
+    with VllmEncoder(pool, wire=VllmWire.ARRAY, hash_seed="42") as enc:
+        toks = tokens(100, 16)
+        _run(pool, 0, toks)
+        _run(pool, 5, toks)  # the same tokens under key 5, which has no name
+        evs = events_of(decode(enc.encode(pool)), VllmWire.ARRAY)
+        got = [f["block_hashes"] for t, f in evs if t == "BlockStored"]
+        plain = batchkv.vllm_block_hashes(toks, BT, hash_seed="42")
+        salted = batchkv.vllm_block_hashes(toks, BT, hash_seed="42", cache_salt="5")
+        assert got == [[batchkv.vllm_hash_int(d) for d in plain],
+                       [batchkv.vllm_hash_int(d) for d in salted]]
+        assert not set(plain) & set(salted)
+    pool.close()
+
+
 def test_errors():
     with pytest.raises(batchkv.InvalidArgumentError):
         VllmEncoder(batchkv.Pool(device_blocks=8))  # events off

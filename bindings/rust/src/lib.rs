@@ -1048,11 +1048,21 @@ impl Drop for VllmEncoder {
 
 /// `bkv_vllm_block_hashes`: vLLM's digests of the full blocks of `tokens`
 /// (what a replica with `cfg.hash`, `cfg.hash_seed` and this block size
-/// computes, and what an encoder with the same config publishes).
-/// `lora_name` is every block's extra key. `Err(InvalidArgument)` for a
-/// `Native` hash, `block_tokens == 0`, a bad hash_seed.
+/// computes, and what an encoder with the same config publishes under key 0
+/// or a key named `lora_name`). `lora_name` is every block's extra key.
+/// `Err(InvalidArgument)` for a `Native` hash, `block_tokens == 0`, a bad
+/// hash_seed.
 pub fn vllm_block_hashes(cfg: &VllmConfig, lora_name: Option<&str>, block_tokens: u32,
                          tokens: &[i32]) -> Result<Vec<[u8; VLLM_DIGEST_BYTES]>> {
+    vllm_block_hashes_salted(cfg, lora_name, None, block_tokens, tokens)
+}
+
+/// `bkv_vllm_block_hashes_salted`: `vllm_block_hashes` with vLLM's
+/// `cache_salt` in the first block's extra keys (an encoder publishes a key
+/// without a name under its decimal digits as the salt).
+pub fn vllm_block_hashes_salted(cfg: &VllmConfig, lora_name: Option<&str>,
+                                cache_salt: Option<&str>, block_tokens: u32,
+                                tokens: &[i32]) -> Result<Vec<[u8; VLLM_DIGEST_BYTES]>> {
     if block_tokens == 0 || cfg.hash == VllmHash::Native || tokens.len() > u32::MAX as usize {
         return Err(Error::InvalidArgument);
     }
@@ -1061,15 +1071,24 @@ pub fn vllm_block_hashes(cfg: &VllmConfig, lora_name: Option<&str>, block_tokens
         Some(l) => Some(c_string(l)?),
         None => None,
     };
+    let salt = match cache_salt {
+        Some(s) => Some(c_string(s)?),
+        None => None,
+    };
     let want = tokens.len() / block_tokens as usize;
     let mut out = vec![[0u8; VLLM_DIGEST_BYTES]; want];
     if want == 0 {
         return Ok(out);
     }
+    let lora_p = lora.as_ref().map_or(ptr::null(), |l| l.as_ptr());
     let n = unsafe {
-        sys::bkv_vllm_block_hashes(&c.raw, lora.as_ref().map_or(ptr::null(), |l| l.as_ptr()),
-                                   block_tokens, tokens.as_ptr(), tokens.len() as u32,
-                                   out.as_mut_ptr() as *mut u8)
+        match salt {
+            Some(ref s) => sys::bkv_vllm_block_hashes_salted(
+                &c.raw, lora_p, s.as_ptr(), block_tokens, tokens.as_ptr(), tokens.len() as u32,
+                out.as_mut_ptr() as *mut u8),
+            None => sys::bkv_vllm_block_hashes(&c.raw, lora_p, block_tokens, tokens.as_ptr(),
+                                               tokens.len() as u32, out.as_mut_ptr() as *mut u8),
+        }
     };
     if n as usize != want {
         return Err(Error::InvalidArgument);

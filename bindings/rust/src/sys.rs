@@ -496,6 +496,7 @@ pub struct bkv_sched_stats {
     pub overlap_steps: u64,
     pub overlap_syncs: u64,
     pub overlap_wasted_tokens: u64,
+    pub spec_skipped_rows: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -628,5 +629,6 @@ extern "C" {
     pub fn bkv_vllm_encoder_drain(enc: *mut bkv_vllm_encoder, pool: *mut bkv_pool, ts: f64, msg: *mut *const u8, len: *mut usize) -> c_int;
     pub fn bkv_vllm_encoder_resyncs(enc: *const bkv_vllm_encoder) -> u64;
     pub fn bkv_vllm_block_hashes(cfg: *const bkv_vllm_config, lora_name: *const c_char, block_tokens: u32, tokens: *const i32, n: u32, digests: *mut u8) -> u32;
+    pub fn bkv_vllm_block_hashes_salted(cfg: *const bkv_vllm_config, lora_name: *const c_char, cache_salt: *const c_char, block_tokens: u32, tokens: *const i32, n: u32, digests: *mut u8) -> u32;
     pub fn bkv_vllm_hash_int(digest: *const u8) -> u64;
 }

@@ -210,6 +210,32 @@ fn sha256_cbor_hashes_are_vllms() {
 }
 
 #[test]
+fn an_unnamed_key_is_the_first_blocks_cache_salt() {
+    let mut p = pool();
+    let cfg = VllmConfig { wire: VllmWire::Array, hash_seed: "42".into(), ..Default::default() };
+    let mut enc = VllmEncoder::new(&p, &cfg).unwrap();
+    run(&mut p, 0, 100, 16);
+    run(&mut p, 5, 100, 16); // the same tokens under key 5, which has no name
+    let toks: Vec<i32> = (100..116).collect();
+    let ints_of = |d: Vec<[u8; VLLM_DIGEST_BYTES]>| d.iter().map(vllm_hash_int).collect::<Vec<u64>>();
+    let mut want = ints_of(vllm_block_hashes(&cfg, None, BT, &toks).unwrap());
+    want.extend(ints_of(vllm_block_hashes_salted(&cfg, None, Some("5"), BT, &toks).unwrap()));
+    let got = match decode(enc.encode(&mut p, 1.0).unwrap()) {
+        V::Arr(parts) => match &parts[1] {
+            V::Arr(evs) => evs.iter().flat_map(|e| match e {
+                V::Arr(f) => ints(&f[1]),
+                v => panic!("{:?}", v),
+            }).collect::<Vec<u64>>(),
+            v => panic!("{:?}", v),
+        },
+        v => panic!("{:?}", v),
+    };
+    assert_eq!(got, want);
+    assert_eq!(want.len(), 8);
+    assert!(want[..4].iter().all(|h| !want[4..].contains(h)));
+}
+
+#[test]
 fn map_layout_and_defaults() {
     let d = VllmConfig::default();
     assert_eq!((d.wire, d.hash, d.int_hashes, d.hash_seed.as_str(), d.medium.as_deref()),
