@@ -1315,7 +1315,8 @@ BKV_API double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shap
 /**
  * Learn from one measured call: add it to the least-squares sums of its kind
  * and refit (a 9x9 solve). No allocation. Negative, NaN or infinite
- * measurements are ignored.
+ * measurements are ignored. A measurement under 4 us (the microsecond
+ * clock's resolution) only scales the base: it keeps the base's shape.
  * @param calib        the calibrated model; NULL is ignored.
  * @param shape        the call that was measured; NULL is ignored.
  * @param measured_us  what the call took, in microseconds.

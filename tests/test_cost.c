@@ -732,6 +732,34 @@ Test(cost, calib_prices_stay_non_negative)
 	bkv_cost_calib_destroy(cal);
 }
 
+/* A host faster than the microsecond clock (issue 13): decode calls timed
+ * at 0 or 1 us say how fast the host is, not how a call's cost grows with
+ * its rows. The fit scales the base and keeps its shape, fixed cost
+ * included: 16 rows cost less than 16 times one row, as in the base. A free
+ * fit of the same noise priced a row with no fixed cost (all on context),
+ * which put the batch cap's knee at one row. */
+Test(cost, calib_keeps_the_base_shape_under_the_clock_resolution)
+{
+	bkv_cost_poly p;
+	bkv_cost_poly_init(&p);
+	bkv_cost_model base = bkv_cost_poly_model(&p);
+	bkv_cost_calib *cal = NULL;
+	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	uint64_t rng = 13;
+	for (int i = 0; i < 2000; i++) {
+		uint32_t rows = rng_range(&rng, 1, 16);
+		bkv_step_shape s = decode_shape(rows, (uint64_t)rows * rng_range(&rng, 8, 112), 0);
+		bkv_cost_calib_observe(cal, &s, rng_next(&rng) % 3 == 0 ? 1.0 : 0.0);
+	}
+	bkv_step_shape one = decode_shape(1, 66, 0), sixteen = decode_shape(16, 16 * 66, 0);
+	double f1 = bkv_cost_calib_step_us(cal, &one), f16 = bkv_cost_calib_step_us(cal, &sixteen);
+	double b1 = base.step_us(base.ctx, &one), b16 = base.step_us(base.ctx, &sixteen);
+	cr_expect(f1 > 0.0 && f1 < 2.0, "one row priced %g us, measured 0 or 1", f1);
+	cr_expect_float_eq(f16 / f1, b16 / b1, 1e-9 * b16 / b1, "shape %g, the base's %g",
+			   f16 / f1, b16 / b1);
+	bkv_cost_calib_destroy(cal);
+}
+
 /* The fit is trusted only with BKV_COST_CALIB_MIN_OBS observations; until
  * then every prediction is the base's, whatever was measured. Once trusted,
  * a fit whose residuals are narrower than a wrong base's is used. */

@@ -427,6 +427,14 @@ bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl)
  * 1 + tail, so the model prices a shape's mean time, stalls included,
  * while one stall moves it by its excess over 1/CALIB_TAIL_RATE calls. */
 #define CALIB_TAIL_RATE (1.0 / 2048.0)
+/* The clock's resolution: the scheduler times calls with a microsecond
+ * clock, so a call timed under CALIB_RESOLVE_US (4 ticks) is known only to
+ * 25% or worse, and one timed at 0 or 1 us only to be under a tick or two.
+ * Such a measurement says how fast the host is, not how its cost grows with
+ * the work: it informs the base feature alone (the fit scales the base,
+ * whose shape, fixed cost included, it keeps), and it moves neither the
+ * level, the tail nor the scales, which are kept in log space. */
+#define CALIB_RESOLVE_US 4.0
 
 /* The robust least-squares state of one call kind. Residuals are e =
  * ln(measured / predicted); "scale" is a robust estimate of their sigma. */
@@ -712,14 +720,15 @@ void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
 	 * prediction, so a stall moves the fit as a CALIB_CLIP-sigma
 	 * measurement does, not as its full size. */
 	double tc = t;
-	if (t > 0.0 && confident) {
+	const int resolved = t >= CALIB_RESOLVE_US;
+	if (resolved && confident) {
 		tc = pf * exp(clipped_log_ratio(t, pf, f->s_fit));
 		f->level += CALIB_LEVEL_RATE * log(tc / pf); /* drift */
 		f->tail += CALIB_TAIL_RATE * ((t - tc) / tc - f->tail);
-	} else if (t > 0.0 && base > 0.0) {
+	} else if (resolved && base > 0.0) {
 		tc = base * exp(clipped_log_ratio(t, base, f->s_base));
 	}
-	if (t > 0.0) {
+	if (resolved) {
 		if (pf > 0.0)
 			calib_scale_update(&f->s_fit, log(t / pf));
 		if (base > 0.0)
@@ -732,6 +741,9 @@ void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
 	double p = confident ? pf : tc, lam = calib->forget;
 	double wt = 1.0 / (p > 1.0 ? p * p : 1.0);
 	tc *= exp(-f->level); /* the fit learns the measurement without the level */
+	if (!resolved && base > 0.0) /* under the clock's resolution: the */
+		for (int j = 1; j < NF; j++) /* base's scale only */
+			x[j] = 0.0;
 	for (int i = 0; i < NF; i++) {
 		for (int j = 0; j < NF; j++)
 			f->a[i][j] = lam * f->a[i][j] + wt * x[i] * x[j];
