@@ -550,13 +550,21 @@ static double calib_max_error(bkv_cost_calib *cal, const bkv_cost_poly *truth, i
 	return worst;
 }
 
+/* A calibrated model over seed 000's polynomial defaults, written to *p
+ * (which must outlive it). */
+static bkv_cost_calib *calib_over_defaults(bkv_cost_poly *p)
+{
+	bkv_cost_poly_init(p);
+	bkv_cost_model base = bkv_cost_poly_model(p);
+	bkv_cost_calib *cal = NULL;
+	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	return cal;
+}
+
 Test(cost, calib_predicts_its_base_until_it_has_observations)
 {
 	bkv_cost_poly p;
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	bkv_step_shape s = decode_shape(32, 0, 0);
 	cr_expect_float_eq(bkv_cost_calib_step_us(cal, &s), 1835.2, 1e-9);
 	for (int i = 0; i < BKV_COST_CALIB_MIN_OBS - 1; i++)
@@ -575,10 +583,7 @@ Test(cost, calib_predicts_its_base_until_it_has_observations)
 Test(cost, calib_converges_within_5_percent_from_a_wrong_base)
 {
 	bkv_cost_poly p, truth = truth_poly();
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	cr_assert_eq(bkv_cost_calib_set_forget(cal, 1.0), BKV_OK);
 	/* The base alone is far off. */
 	bkv_chunk_shape c = {512, 0};
@@ -674,10 +679,7 @@ static double calib_mean_error(bkv_cost_calib *cal, const bkv_cost_poly *truth, 
 Test(cost, calib_a_stall_barely_moves_the_fit)
 {
 	bkv_cost_poly p, truth = truth_poly();
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	uint64_t rng = 21;
 	calib_train(cal, &truth, 1.0, 300, 0.01, 0.0, &rng);
 	bkv_chunk_shape c[2] = {{300, 0}, {40, 200}};
@@ -691,8 +693,7 @@ Test(cost, calib_a_stall_barely_moves_the_fit)
 	/* and 1% stalls of 10x in lognormal noise (sigma 0.3) leave the
 	 * mean error of every kind under 10% after 1,000 calls per kind (the
 	 * noise alone spreads single calls by 30%) */
-	bkv_cost_calib *cal2 = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal2), BKV_OK);
+	bkv_cost_calib *cal2 = calib_over_defaults(&p);
 	calib_train(cal2, &truth, 1.0, 1000, 0.3, 0.01, &rng);
 	for (int k = 0; k < 3; k++) {
 		double e = calib_mean_error(cal2, &truth, exp(0.045), (bkv_call_kind)k, 5);
@@ -741,10 +742,7 @@ Test(cost, calib_prices_stay_non_negative)
 Test(cost, calib_keeps_the_base_shape_under_the_clock_resolution)
 {
 	bkv_cost_poly p;
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	uint64_t rng = 13;
 	for (int i = 0; i < 2000; i++) {
 		uint32_t rows = rng_range(&rng, 1, 16);
@@ -753,7 +751,7 @@ Test(cost, calib_keeps_the_base_shape_under_the_clock_resolution)
 	}
 	bkv_step_shape one = decode_shape(1, 66, 0), sixteen = decode_shape(16, 16 * 66, 0);
 	double f1 = bkv_cost_calib_step_us(cal, &one), f16 = bkv_cost_calib_step_us(cal, &sixteen);
-	double b1 = base.step_us(base.ctx, &one), b16 = base.step_us(base.ctx, &sixteen);
+	double b1 = bkv_cost_poly_step_us(&p, &one), b16 = bkv_cost_poly_step_us(&p, &sixteen);
 	cr_expect(f1 > 0.0 && f1 < 2.0, "one row priced %g us, measured 0 or 1", f1);
 	cr_expect_float_eq(f16 / f1, b16 / b1, 1e-9 * b16 / b1, "shape %g, the base's %g",
 			   f16 / f1, b16 / b1);
@@ -766,10 +764,7 @@ Test(cost, calib_keeps_the_base_shape_under_the_clock_resolution)
 Test(cost, calib_falls_back_to_the_base_until_it_is_trusted)
 {
 	bkv_cost_poly p, truth = truth_poly();
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	bkv_cost_calib_confidence c = {0};
 	cr_expect_eq(bkv_cost_calib_confidence_get(cal, BKV_CALL_DECODE, &c), BKV_EINVAL);
 	c.size = sizeof(c);
@@ -806,10 +801,7 @@ Test(cost, calib_falls_back_to_the_base_until_it_is_trusted)
 Test(cost, calib_follows_a_30_percent_slowdown_within_64_calls)
 {
 	bkv_cost_poly p, truth = truth_poly();
-	bkv_cost_poly_init(&p);
-	bkv_cost_model base = bkv_cost_poly_model(&p);
-	bkv_cost_calib *cal = NULL;
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	bkv_cost_calib *cal = calib_over_defaults(&p);
 	uint64_t rng = 13;
 	calib_train(cal, &truth, 1.0, 500, 0.01, 0.0, &rng);
 	for (int k = 0; k < 3; k++)
@@ -820,7 +812,7 @@ Test(cost, calib_follows_a_30_percent_slowdown_within_64_calls)
 		cr_expect(e < 0.05, "kind %d: mean error %g 64 calls after the slowdown", k, e);
 	}
 	bkv_cost_calib_destroy(cal);
-	cr_assert_eq(bkv_cost_calib_create(&base, NULL, &cal), BKV_OK);
+	cal = calib_over_defaults(&p);
 	calib_train(cal, &truth, 1.0, 1000, 0.3, 0.01, &rng);
 	calib_train(cal, &truth, 1.3, 200, 0.3, 0.01, &rng);
 	for (int k = 0; k < 3; k++) {
