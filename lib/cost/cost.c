@@ -41,8 +41,10 @@
  * Jacobi-scaled coordinates), the fit is used only once trusted and while
  * its residuals are no wider than the base's, and a level factor with gain
  * 1/32 follows drift, and a slow tail factor (gain 1/2048) adds back the
- * mean time that clipping took off. Everything lives in fixed arrays inside the handle:
- * observe() never allocates. docs/cost-model.md ("Calibration") has the
+ * mean time that clipping took off. A call timed under the clock's
+ * resolution (4 us) only scales the base, whose shape it keeps.
+ * Everything lives in fixed arrays inside the handle: observe() never
+ * allocates. docs/cost-model.md ("Calibration") has the
  * numbers.
  */
 #include "base/base.h"
