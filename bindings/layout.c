@@ -172,6 +172,14 @@ int main(void)
 	F(bkv_cost_roofline, reserved);
 	F(bkv_cost_roofline, n_groups);
 	F(bkv_cost_roofline, groups);
+	S(bkv_cost_calib_confidence);
+	F(bkv_cost_calib_confidence, size);
+	F(bkv_cost_calib_confidence, n_eff);
+	F(bkv_cost_calib_confidence, scale_fit);
+	F(bkv_cost_calib_confidence, scale_base);
+	F(bkv_cost_calib_confidence, level);
+	F(bkv_cost_calib_confidence, trusted);
+	F(bkv_cost_calib_confidence, uses_fit);
 	S(bkv_table_delta);
 	F(bkv_table_delta, slot);
 	F(bkv_table_delta, start);

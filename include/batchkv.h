@@ -1262,11 +1262,17 @@ BKV_API bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl);
  *       + w8*rows*(2*Lmax*Smax + Lmax*Lmax)
  * (rows as the polynomial counts them, padding included; no_decode is 1 for
  * a mixed call without decode rows; sums and maxima over the prefill chunks)
- * starting from w = (1, 0, ...): it predicts exactly the base model until
- * observations arrive, and can express the polynomial model (padded or
- * packed) exactly. Observations are weighed by a forgetting factor, so it
- * follows a host whose costs drift. observe() does no allocation.
- * docs/cost-model.md ("Calibration") explains the features. */
+ * starting from w = (1, 0, ...), and can express the polynomial model
+ * (padded or packed) exactly. The fit is robust: every coefficient stays
+ * >= 0 (so is every prediction); each measurement is clipped, in log space,
+ * at 2.5 robust scales of the residuals from the prediction it is judged
+ * against (a 10x stall counts as a 2.5-sigma call); it predicts the base
+ * model until it has BKV_COST_CALIB_MIN_OBS observations of a kind, and
+ * afterwards whenever the base's residuals are narrower than the fit's.
+ * A level factor on the fit follows the recent residuals (gain 1/32 per
+ * observation), so the model follows a host that slows down or speeds up
+ * within tens of calls; the fit's sums are weighed by a forgetting factor. observe() does no allocation. docs/cost-model.md
+ * ("Calibration") explains the estimator. */
 typedef struct bkv_cost_calib bkv_cost_calib;
 
 /* Features of the calibrated fit, and how many observations of a kind it needs
@@ -1307,8 +1313,10 @@ BKV_API void bkv_cost_calib_destroy(bkv_cost_calib *calib);
 BKV_API int bkv_cost_calib_set_forget(bkv_cost_calib *calib, double forget);
 
 /**
- * Predict one host call: the fit for the shape's kind once it has
- * BKV_COST_CALIB_MIN_OBS observations, else the base model.
+ * Predict one host call: the fit for the shape's kind once it is trusted
+ * (BKV_COST_CALIB_MIN_OBS observations, at least half that effective weight
+ * after forgetting) and its residuals are no wider than the base model's,
+ * else the base model.
  * @param calib  the calibrated model.
  * @param shape  the call to price.
  * @return microseconds, >= 0; 0 for a NULL argument.
@@ -1319,7 +1327,8 @@ BKV_API double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shap
 /**
  * Learn from one measured call: add it to the least-squares sums of its kind
  * and refit (a 9x9 solve). No allocation. Negative, NaN or infinite
- * measurements are ignored.
+ * measurements are ignored. A measurement under 4 us (the microsecond
+ * clock's resolution) only scales the base: it keeps the base's shape.
  * @param calib        the calibrated model; NULL is ignored.
  * @param shape        the call that was measured; NULL is ignored.
  * @param measured_us  what the call took, in microseconds.
@@ -1349,6 +1358,34 @@ BKV_API uint64_t bkv_cost_calib_observations(const bkv_cost_calib *calib, bkv_ca
  */
 BKV_API int bkv_cost_calib_coefficients_get(const bkv_cost_calib *calib, bkv_call_kind kind,
 					    double *w);
+
+/* How much one call kind's fit knows (bkv_cost_calib_confidence_get). */
+typedef struct bkv_cost_calib_confidence {
+	size_t size;        /* sizeof(bkv_cost_calib_confidence), set by the
+			       caller */
+	double n_eff;       /* observations' weight after forgetting (<= the
+			       count of bkv_cost_calib_observations) */
+	double scale_fit;   /* robust sigma of ln(measured / fit's prediction),
+			       judged before each refit; 0.5 before any */
+	double scale_base;  /* the same for the base model; 0 without one */
+	double level;       /* factor on the fit's prediction that follows drift
+			       (1 until the fit is trusted) */
+	int trusted;        /* 1: enough observations to use the fit */
+	int uses_fit;       /* 1: predictions of this kind come from the fit
+			       (trusted, residuals no wider than the base's) */
+} bkv_cost_calib_confidence;
+
+/**
+ * Read how much one call kind's fit knows.
+ * @param calib  the calibrated model.
+ * @param kind   a bkv_call_kind.
+ * @param out    filled; out->size must be set first.
+ * @return BKV_OK; BKV_EINVAL (NULL argument, unknown kind, or out->size too
+ *         small).
+ * Thread rules: owner thread.
+ */
+BKV_API int bkv_cost_calib_confidence_get(const bkv_cost_calib *calib, bkv_call_kind kind,
+					  bkv_cost_calib_confidence *out);
 
 /**
  * Wrap a calibrated model as a cost model: both step_us and observe set, ctx =

@@ -186,6 +186,32 @@ static int set_double(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+/* --noise SIGMA[,STALL_P,STALL_X]: sigma in [0, 3], stall_p in [0, 1],
+ * stall_x >= 1 (default 10). */
+static int set_noise(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	double x[3] = {0.0, 0.0, 10.0};
+	const char *p = v;
+	for (int i = 0; i < 3; i++) {
+		char *end;
+		x[i] = strtod(p, &end);
+		if (end == p)
+			return SET_BAD;
+		if (*end == '\0')
+			break;
+		if (*end != ',' || i == 2 || (i == 0 && !strchr(end + 1, ',')))
+			return SET_BAD;
+		p = end + 1;
+	}
+	if (!(x[0] >= 0.0 && x[0] <= 3.0) || !(x[1] >= 0.0 && x[1] <= 1.0) || !(x[2] >= 1.0))
+		return SET_BAD;
+	a->c.noise_sigma = x[0];
+	a->c.noise_stall_p = x[1];
+	a->c.noise_stall_x = x[2];
+	return SET_OK;
+}
+
 /* A length distribution (trace_dist_parse) of at most MAX_LEN tokens; lo:
  * seed 000's generation mix is allowed. */
 static int set_dist(cli_args *a, const cli_option *opt, const char *v)
@@ -605,6 +631,18 @@ static const cli_option options[] = {
 	FLAG("--calibrate", CFG(calibrate), 1,
 	     "  --calibrate                give the scheduler a calibrated model that\n"
 	     "                             learns from scratch (observe) instead\n"),
+	VALUE("--noise", set_noise,
+	      "  --noise SIGMA[,P,X]        a noisy clock: each call takes the model's\n"
+	      "                             time x lognormal(0, SIGMA), and with\n"
+	      "                             probability P also x X (a stall; X default\n"
+	      "                             10), over that factor's mean (1); the\n"
+	      "                             scheduler gets a calibrated model over the\n"
+	      "                             given one, learning from what it measures\n"),
+	COUNT("--noise-seed", CFG(noise_seed32), 0, UINT32_MAX,
+	      "  --noise-seed N             the noise's generator seed (default 1)\n"),
+	FLAG("--noise-exact", CFG(noise_exact), 1,
+	     "  --noise-exact              with --noise, give the scheduler the exact\n"
+	     "                             model instead (no calibration)\n"),
 	VALUE("--gen", set_gen,
 	      "  --gen steps|tokens         output length = decode steps after prefill\n"
 	      "                             (seed000 default) or tokens (trace default)\n"),

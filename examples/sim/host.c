@@ -67,6 +67,7 @@ typedef struct vhost {
 	uint32_t chunk_cap;     /* entries of chunks */
 	uint32_t next_token;    /* made-up token counter */
 	double call_us;         /* host time of the current step */
+	uint64_t noise_rng;     /* the clock noise's generator state */
 	float *gaps;            /* [n_gaps] time between consecutive tokens
 				   of a request, us */
 	size_t n_gaps;          /* entries used */
@@ -130,6 +131,40 @@ bkv_cost_model sim_distserve_model(void)
 }
 
 /* ---- pricing ------------------------------------------------------------- */
+
+/* ---- the noisy clock (--noise) ------------------------------------------- */
+
+/* splitmix64 */
+static uint64_t noise_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+static double noise_unit(uint64_t *s)
+{
+	return ((double)(noise_next(s) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* The factor on one call's time: lognormal(0, sigma) (Box-Muller), times
+ * stall_x with probability stall_p, over its mean exp(sigma^2 / 2) * (1 +
+ * stall_p * (stall_x - 1)): the noisy host does the same work per second
+ * on average as the exact one, only spread. 1 on an exact clock. */
+static double noise_factor(const sim_config *cfg, uint64_t *rng)
+{
+	if (!(cfg->noise_sigma > 0.0) && !(cfg->noise_stall_p > 0.0))
+		return 1.0;
+	double u = noise_unit(rng), v = noise_unit(rng);
+	double z = sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+	double f = exp(cfg->noise_sigma * z);
+	if (noise_unit(rng) < cfg->noise_stall_p)
+		f *= cfg->noise_stall_x;
+	double mean = exp(cfg->noise_sigma * cfg->noise_sigma / 2.0) *
+		      (1.0 + cfg->noise_stall_p * (cfg->noise_stall_x - 1.0));
+	return f / mean;
+}
 
 static double price(const sim_config *cfg, const bkv_step_shape *s)
 {
@@ -357,6 +392,9 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 	engine_overhead(h->cfg, b->n_rows, kind, &t, &t_prefill);
 	sim_result *res = h->res;
 	t += link;
+	double nf = noise_factor(h->cfg, &h->noise_rng); /* what the clock says */
+	t *= nf;
+	t_prefill *= nf;
 	res->prefill_us += t_prefill;
 	res->decode_us += t - t_prefill;
 	if (n_chunks)
@@ -619,6 +657,8 @@ void sim_config_init(sim_config *c)
 	c->prefix_cache = 1;
 	c->host_link_gbps = 25;
 	c->give_model = 1;
+	c->noise_seed32 = 1;
+	c->noise_stall_x = 10.0;
 	c->cost_kind = SIM_COST_POLY;
 	c->max_tokens = SIM_MAX_TOKENS;
 	bkv_cost_poly_init(&c->poly);
@@ -663,6 +703,7 @@ static int run_alloc(run *r, const sim_config *cfg, const trace *t, sim_result *
 		r->h.req[i] = (vreq){-1.0, 0.0, -1.0, 0, 0};
 	if (t->n)
 		r->h.now = t->reqs[0].arrival_us;
+	r->h.noise_rng = cfg->noise_seed32;
 	return 0;
 }
 
@@ -728,20 +769,26 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 		    : cfg->host_blocks ? BKV_PREEMPT_AUTO : BKV_PREEMPT_RECOMPUTE;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE)
 		sc->kv_bytes_per_token = (uint64_t)cfg->roofline.kv_bytes_per_token;
-	if (cfg->calibrate) {
-		int rc = bkv_cost_calib_create(NULL, NULL, &r->calib);
+	bkv_cost_model given = {NULL, NULL, NULL};
+	if (cfg->give_model) {
+		if (cfg->cost_kind == SIM_COST_POLY)
+			given = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
+		else if (cfg->cost_kind == SIM_COST_ROOFLINE)
+			given = bkv_cost_roofline_model((bkv_cost_roofline *)&cfg->roofline);
+		else
+			given = sim_distserve_model();
+	}
+	int noisy = (cfg->noise_sigma > 0.0 || cfg->noise_stall_p > 0.0) && !cfg->noise_exact;
+	if (cfg->calibrate || (noisy && cfg->give_model)) {
+		/* from scratch, or (a noisy clock) over the host's own model */
+		int rc = bkv_cost_calib_create(cfg->calibrate ? NULL : &given, NULL, &r->calib);
 		if (rc) {
 			snprintf(err, errlen, "bkv_cost_calib_create: %s", bkv_strerror(rc));
 			return rc;
 		}
 		sc->cost = bkv_cost_calib_model(r->calib);
 	} else if (cfg->give_model) {
-		if (cfg->cost_kind == SIM_COST_POLY)
-			sc->cost = bkv_cost_poly_model((bkv_cost_poly *)&cfg->poly);
-		else if (cfg->cost_kind == SIM_COST_ROOFLINE)
-			sc->cost = bkv_cost_roofline_model((bkv_cost_roofline *)&cfg->roofline);
-		else
-			sc->cost = sim_distserve_model();
+		sc->cost = given;
 	}
 	return 0;
 }

@@ -95,6 +95,16 @@ typedef struct sim_config {
 	int calibrate;             /* nonzero: hand the scheduler a calibrated
 				      model learning from scratch instead (the
 				      host still runs on the model above) */
+	double noise_sigma;        /* --noise: each call's measured time is
+				      the model's times lognormal(0, sigma);
+				      0 = an exact clock */
+	double noise_stall_p;      /* probability a call also stalls */
+	double noise_stall_x;      /* a stall multiplies the call by this */
+	uint32_t noise_seed32;     /* the noise's generator seed (--noise-seed;
+				      default 1) */
+	int noise_exact;           /* with noise: give the scheduler the exact
+				      model (no calibration) instead of a
+				      calibrated model over it */
 	int check;                 /* run bkv_sched_check after every step */
 	int progress;              /* nonzero: a progress line on stderr every
 				      2^16 steps (the caller checks isatty) */

@@ -28,17 +28,24 @@
  *
  *     x = [ base(shape), 1, rows, context, no_decode, sum L, sum Q,
  *           rows * Lmax, rows * (2*Lmax*Smax + Lmax^2) ]    Q = 2*L*s + L^2
- *     A += x x^T / t^2,  y += x / t     (both first scaled by the forgetting
- *                                        factor; t the measured time)
+ *     A += x x^T / p^2,  y += x t' / p^2  (both first scaled by the
+ *                                         forgetting factor; t' the clipped
+ *                                         measured time over the level)
  *
- * (relative least squares: timing noise is roughly proportional to the time)
- * and after each observation w solves (A + r*diag(A)) w = y + r*diag(A) w0,
- * a ridge toward w0 = (1, 0, ...), i.e. toward the base model. The ridge is
- * scaled by diag(A) (Jacobi) so that features of very different size (rows
- * near 32, sums of squares near 10^8) are treated alike, and it keeps exactly
- * collinear features (the base model is itself linear in some of them)
- * solvable by Cholesky. Everything lives in fixed arrays inside the handle:
- * observe() never allocates.
+ * (relative least squares: timing noise is roughly proportional to the time;
+ * p is the trusted prediction, so the fit estimates a shape's mean time).
+ * The estimator is robust to a real clock: each measurement is clipped in
+ * log space at 2.5 robust scales from its prediction (a stall counts as a
+ * 2.5-sigma call), the coefficients are constrained to w >= 0 (Lawson-Hanson
+ * active set with a ridge toward w0 = (1, 0, ...), i.e. the base, in
+ * Jacobi-scaled coordinates), the fit is used only once trusted and while
+ * its residuals are no wider than the base's, and a level factor with gain
+ * 1/32 follows drift, and a slow tail factor (gain 1/2048) adds back the
+ * mean time that clipping took off. A call timed under the clock's
+ * resolution (4 us) only scales the base, whose shape it keeps.
+ * Everything lives in fixed arrays inside the handle: observe() never
+ * allocates. docs/cost-model.md ("Calibration") has the
+ * numbers.
  */
 #include "base/base.h"
 
@@ -404,13 +411,49 @@ bkv_cost_model bkv_cost_roofline_model(bkv_cost_roofline *rl)
 #define CALIB_KINDS 3
 #define CALIB_RIDGE 1e-6
 #define CALIB_DEFAULT_FORGET 0.999
+/* Robustness (docs/cost-model.md, "Calibration"): a measurement is clipped,
+ * in log space, at CALIB_CLIP robust scales from the prediction it is judged
+ * against; scales start wide and never fall below CALIB_SCALE_MIN. */
+#define CALIB_CLIP 2.5
+#define CALIB_SCALE0 0.5
+#define CALIB_SCALE_MIN 0.04
+#define CALIB_SCALE_RATE 0.05 /* per observation, of the scale's running mean */
+/* sigma of a normal from the mean of |e| clipped at 2.5 sigma: 1/0.7833 */
+#define CALIB_SCALE_GAIN 1.2767
+/* Drift: a level factor exp(level) multiplies the fit; level follows the
+ * clipped log residuals with gain CALIB_LEVEL_RATE per observation, and the
+ * fit learns the measurements divided by it. */
+#define CALIB_LEVEL_RATE 0.03125
+/* The tail: what clipping took off, as a share of the clipped time, in a
+ * slow running mean (gain CALIB_TAIL_RATE); predictions are multiplied by
+ * 1 + tail, so the model prices a shape's mean time, stalls included,
+ * while one stall moves it by its excess over 1/CALIB_TAIL_RATE calls. */
+#define CALIB_TAIL_RATE (1.0 / 2048.0)
+/* The clock's resolution: the scheduler times calls with a microsecond
+ * clock, so a call timed under CALIB_RESOLVE_US (4 ticks) is known only to
+ * 25% or worse, and one timed at 0 or 1 us only to be under a tick or two.
+ * Such a measurement says how fast the host is, not how its cost grows with
+ * the work: it informs the base feature alone (the fit scales the base,
+ * whose shape, fixed cost included, it keeps), and it moves neither the
+ * level, the tail nor the scales, which are kept in log space. */
+#define CALIB_RESOLVE_US 4.0
 
-/* The least-squares state of one call kind. */
+/* The robust least-squares state of one call kind. Residuals are e =
+ * ln(measured / predicted); "scale" is a robust estimate of their sigma. */
 typedef struct calib_fit {
-	double a[NF][NF]; /* sum of x x^T, forgotten geometrically */
-	double y[NF];     /* sum of x * measured_us */
-	double w[NF];     /* current solution; starts at w0 = (1, 0, ...) */
+	double a[NF][NF]; /* sum of x x^T / p^2, forgotten geometrically */
+	double y[NF];     /* sum of x * clipped measurement / p^2 */
+	double w[NF];     /* current solution, every entry >= 0; starts at
+			     w0 = (1, 0, ...) */
 	uint64_t n_obs;   /* observations taken (not weighted) */
+	double n_eff;     /* observations' total weight after forgetting
+			     (<= n_obs) */
+	double s_fit;     /* scale of the fit's residuals (before each refit) */
+	double s_base;    /* scale of the base model's residuals */
+	double level;     /* ln of the factor on the fit's prediction: the
+			     running mean of its clipped residuals */
+	double tail;      /* running mean of (measured - clipped) / clipped:
+			     the mean time clipping leaves out (stalls) */
 } calib_fit;
 
 struct bkv_cost_calib {
@@ -426,7 +469,7 @@ static void calib_features(const bkv_cost_calib *cal, const bkv_step_shape *shap
 	sum_chunks(shape, &cs);
 	double rows = call_rows(shape, &cs);
 	double base = cal->base.step_us ? cal->base.step_us(cal->base.ctx, shape) : 0.0;
-	if (!isfinite(base))
+	if (!isfinite(base) || base < 0.0)
 		base = 0.0;
 	x[0] = base;
 	x[1] = 1.0;
@@ -439,11 +482,56 @@ static void calib_features(const bkv_cost_calib *cal, const bkv_step_shape *shap
 	x[8] = rows * padded_q(&cs);
 }
 
-/* Solve (A + r*D) w = y + r*D*w0 in Jacobi-scaled coordinates by Cholesky,
- * over the features seen so far (diag(A) > 0); unseen ones keep w0. */
+/* Solve m[sub][sub] z = r[sub] (the n rows and columns listed in sub) by
+ * Cholesky. Returns 0 when that block is numerically singular or the
+ * answer not finite. */
+static int chol_solve(double m[NF][NF], const double *r, const int *sub, int n, double *z)
+{
+	double l[NF][NF];
+	for (int j = 0; j < n; j++) {
+		double d = m[sub[j]][sub[j]];
+		for (int p = 0; p < j; p++)
+			d -= l[j][p] * l[j][p];
+		if (!(d > 0.0))
+			return 0;
+		d = sqrt(d);
+		l[j][j] = d;
+		for (int i = j + 1; i < n; i++) {
+			double s = m[sub[i]][sub[j]];
+			for (int p = 0; p < j; p++)
+				s -= l[i][p] * l[j][p];
+			l[i][j] = s / d;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		double s = r[sub[i]];
+		for (int p = 0; p < i; p++)
+			s -= l[i][p] * z[p];
+		z[i] = s / l[i][i];
+	}
+	for (int i = n - 1; i >= 0; i--) {
+		double s = z[i];
+		for (int p = i + 1; p < n; p++)
+			s -= l[p][i] * z[p];
+		z[i] = s / l[i][i];
+		if (!isfinite(z[i]))
+			return 0;
+	}
+	return 1;
+}
+
+/* Refit: minimise w'(A + r*D)w/2 - (y + r*D*w0)'w subject to w >= 0 over
+ * the features seen so far (diag(A) > 0; unseen ones keep w0), in
+ * Jacobi-scaled coordinates. Every feature is a non-negative amount of work,
+ * so a negative price is noise fitted; the constraint keeps every
+ * prediction >= 0 and monotone in the work. Lawson and Hanson's active set
+ * on the normal equations: free the coordinate whose gradient most wants to
+ * rise, solve the free set, and step back to the boundary while a free
+ * entry would go negative (a few 9x9 Cholesky solves). A singular system
+ * keeps the previous fit. */
 static void calib_solve(calib_fit *f)
 {
-	double m[NF][NF], rhs[NF], sc[NF];
+	double m[NF][NF], rhs[NF], sc[NF], w[NF] = {0}, z[NF];
 	int idx[NF], k = 0;
 	for (int j = 0; j < NF; j++) {
 		if (f->a[j][j] > 0.0 && isfinite(f->a[j][j])) {
@@ -451,47 +539,107 @@ static void calib_solve(calib_fit *f)
 			idx[k++] = j;
 		}
 	}
+	double rmax = 0.0;
 	for (int i = 0; i < k; i++) {
 		double w0 = idx[i] == 0 ? 1.0 : 0.0;
 		for (int j = 0; j < k; j++)
 			m[i][j] = f->a[idx[i]][idx[j]] / (sc[i] * sc[j]);
 		m[i][i] += CALIB_RIDGE;
 		rhs[i] = f->y[idx[i]] / sc[i] + CALIB_RIDGE * sc[i] * w0;
+		if (fabs(rhs[i]) > rmax)
+			rmax = fabs(rhs[i]);
 	}
-	/* Cholesky: m = L L^T, in place (lower triangle). */
-	for (int j = 0; j < k; j++) {
-		double d = m[j][j];
-		for (int p = 0; p < j; p++)
-			d -= m[j][p] * m[j][p];
-		if (!(d > 0.0))
-			return; /* numerically singular: keep the previous fit */
-		d = sqrt(d);
-		m[j][j] = d;
-		for (int i = j + 1; i < k; i++) {
-			double s = m[i][j];
-			for (int p = 0; p < j; p++)
-				s -= m[i][p] * m[j][p];
-			m[i][j] = s / d;
+	const double tol = 1e-12 * (rmax > 0.0 ? rmax : 1.0);
+	int free_set[NF], n_free = 0, is_free[NF] = {0};
+	for (int outer = 0; outer < 4 * NF; outer++) {
+		int best = -1;
+		double gbest = tol;
+		for (int i = 0; i < k; i++) {
+			if (is_free[i])
+				continue;
+			double g = rhs[i];
+			for (int j = 0; j < k; j++)
+				g -= m[i][j] * w[j];
+			if (g > gbest) {
+				gbest = g;
+				best = i;
+			}
+		}
+		if (best < 0)
+			break;
+		is_free[best] = 1;
+		free_set[n_free++] = best;
+		for (int inner = 0; inner < NF; inner++) {
+			if (!chol_solve(m, rhs, free_set, n_free, z))
+				return;
+			double alpha = 1.0;
+			for (int i = 0; i < n_free; i++) {
+				int c = free_set[i];
+				if (z[i] <= 0.0 && w[c] - z[i] > 0.0 && w[c] / (w[c] - z[i]) < alpha)
+					alpha = w[c] / (w[c] - z[i]);
+			}
+			for (int i = 0; i < n_free; i++)
+				w[free_set[i]] += alpha * (z[i] - w[free_set[i]]);
+			if (alpha >= 1.0)
+				break;
+			/* Entries that reached 0 leave the free set. */
+			int n = 0;
+			for (int i = 0; i < n_free; i++) {
+				int c = free_set[i];
+				if (w[c] > 0.0 && z[i] > 0.0) {
+					free_set[n++] = c;
+				} else if (w[c] > 1e-15 * (1.0 + fabs(w[c]))) {
+					free_set[n++] = c;
+				} else {
+					w[c] = 0.0;
+					is_free[c] = 0;
+				}
+			}
+			n_free = n;
+			if (n_free == 0)
+				break;
 		}
 	}
-	double z[NF];
 	for (int i = 0; i < k; i++) {
-		double s = rhs[i];
-		for (int p = 0; p < i; p++)
-			s -= m[i][p] * z[p];
-		z[i] = s / m[i][i];
-	}
-	for (int i = k - 1; i >= 0; i--) {
-		double s = z[i];
-		for (int p = i + 1; p < k; p++)
-			s -= m[p][i] * z[p];
-		z[i] = s / m[i][i];
-	}
-	for (int i = 0; i < k; i++)
-		if (!isfinite(z[i]))
+		double v = w[i] > 0.0 ? w[i] / sc[i] : 0.0;
+		if (!isfinite(v))
 			return;
+		z[i] = v;
+	}
 	for (int i = 0; i < k; i++)
-		f->w[idx[i]] = z[i] / sc[i];
+		f->w[idx[i]] = z[i];
+}
+
+/* The fit's own prediction for features x, its level factor included
+ * (>= 0: every w and x is). */
+static double calib_fit_us(const calib_fit *f, const double *x)
+{
+	double t = 0.0;
+	for (int j = 0; j < NF; j++)
+		t += f->w[j] * x[j];
+	return t > 0.0 ? t * exp(f->level) : 0.0;
+}
+
+/* Whether the fit has enough weight behind it to be trusted at all. */
+static int calib_confident(const calib_fit *f)
+{
+	return f->n_obs >= BKV_COST_CALIB_MIN_OBS && f->n_eff >= BKV_COST_CALIB_MIN_OBS / 2.0;
+}
+
+/* Whether a prediction uses the fit (else the base): confident, and either
+ * there is no base or the fit's residuals are no wider than the base's. */
+static int calib_uses_fit(const calib_fit *f, double base_us)
+{
+	return calib_confident(f) && (!(base_us > 0.0) || f->s_fit <= f->s_base);
+}
+
+/* Update a robust scale with a residual e (clipped at CALIB_CLIP scales). */
+static void calib_scale_update(double *s, double e)
+{
+	double lim = CALIB_CLIP * *s, a = fabs(e);
+	*s += CALIB_SCALE_RATE * (CALIB_SCALE_GAIN * (a < lim ? a : lim) - *s);
+	if (*s < CALIB_SCALE_MIN)
+		*s = CALIB_SCALE_MIN;
 }
 
 int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc,
@@ -508,8 +656,11 @@ int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc
 	if (base)
 		cal->base = *base;
 	cal->forget = CALIB_DEFAULT_FORGET;
-	for (int k = 0; k < CALIB_KINDS; k++)
+	for (int k = 0; k < CALIB_KINDS; k++) {
 		cal->fit[k].w[0] = 1.0;
+		cal->fit[k].s_fit = CALIB_SCALE0;
+		cal->fit[k].s_base = CALIB_SCALE0;
+	}
 	*out = cal;
 	return BKV_OK;
 }
@@ -542,12 +693,14 @@ double bkv_cost_calib_step_us(bkv_cost_calib *calib, const bkv_step_shape *shape
 	double x[NF];
 	calib_features(calib, shape, x);
 	const calib_fit *f = &calib->fit[shape->kind];
-	if (f->n_obs < BKV_COST_CALIB_MIN_OBS)
-		return x[0];
-	double t = 0.0;
-	for (int j = 0; j < NF; j++)
-		t += f->w[j] * x[j];
-	return t > 0.0 ? t : 0.0;
+	return calib_uses_fit(f, x[0]) ? calib_fit_us(f, x) * (1.0 + f->tail) : x[0];
+}
+
+/* ln(t / ref) clipped at CALIB_CLIP * scale. */
+static double clipped_log_ratio(double t, double ref, double scale)
+{
+	double e = log(t / ref), lim = CALIB_CLIP * scale;
+	return e > lim ? lim : e < -lim ? -lim : e;
 }
 
 void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
@@ -562,17 +715,44 @@ void bkv_cost_calib_observe(bkv_cost_calib *calib, const bkv_step_shape *shape,
 	double x[NF];
 	calib_features(calib, shape, x);
 	calib_fit *f = &calib->fit[shape->kind];
-	/* Relative least squares: weight 1/t^2, so a 2% error on a 100 ms
-	 * prefill counts as much as one on a 2 ms decode (costs span orders of
-	 * magnitude and timing noise is roughly proportional). */
-	double lam = calib->forget;
-	double wt = 1.0 / (measured_us > 1.0 ? measured_us * measured_us : 1.0);
+	const double t = measured_us, base = x[0], pf = calib_fit_us(f, x);
+	const int confident = calib_confident(f) && pf > 0.0;
+	/* Judge the measurement against the fit once it is trusted, else the
+	 * base: clip it at CALIB_CLIP robust scales (in log space) from that
+	 * prediction, so a stall moves the fit as a CALIB_CLIP-sigma
+	 * measurement does, not as its full size. */
+	double tc = t;
+	const int resolved = t >= CALIB_RESOLVE_US;
+	if (resolved && confident) {
+		tc = pf * exp(clipped_log_ratio(t, pf, f->s_fit));
+		f->level += CALIB_LEVEL_RATE * log(tc / pf); /* drift */
+		f->tail += CALIB_TAIL_RATE * ((t - tc) / tc - f->tail);
+	} else if (resolved && base > 0.0) {
+		tc = base * exp(clipped_log_ratio(t, base, f->s_base));
+	}
+	if (resolved) {
+		if (pf > 0.0)
+			calib_scale_update(&f->s_fit, log(t / pf));
+		if (base > 0.0)
+			calib_scale_update(&f->s_base, log(t / base));
+	}
+	/* Relative least squares: weight 1/p^2 with p the trusted prediction
+	 * (the clipped measurement before there is one), so every call counts
+	 * by its relative error and the fit estimates the mean time of a shape
+	 * (weighing by the measurement itself would pull it below the mean). */
+	double p = confident ? pf : tc, lam = calib->forget;
+	double wt = 1.0 / (p > 1.0 ? p * p : 1.0);
+	tc *= exp(-f->level); /* the fit learns the measurement without the level */
+	if (!resolved && base > 0.0) /* under the clock's resolution: the */
+		for (int j = 1; j < NF; j++) /* base's scale only */
+			x[j] = 0.0;
 	for (int i = 0; i < NF; i++) {
 		for (int j = 0; j < NF; j++)
 			f->a[i][j] = lam * f->a[i][j] + wt * x[i] * x[j];
-		f->y[i] = lam * f->y[i] + wt * x[i] * measured_us;
+		f->y[i] = lam * f->y[i] + wt * x[i] * tc;
 	}
 	f->n_obs++;
+	f->n_eff = lam * f->n_eff + 1.0;
 	calib_solve(f);
 }
 
@@ -588,6 +768,21 @@ int bkv_cost_calib_coefficients_get(const bkv_cost_calib *calib, bkv_call_kind k
 	if (!calib || !w || !kind_ok(kind))
 		return BKV_EINVAL;
 	memcpy(w, calib->fit[kind].w, sizeof(calib->fit[kind].w));
+	return BKV_OK;
+}
+
+int bkv_cost_calib_confidence_get(const bkv_cost_calib *calib, bkv_call_kind kind,
+				  bkv_cost_calib_confidence *out)
+{
+	if (!calib || !out || !kind_ok(kind) || out->size < sizeof(*out))
+		return BKV_EINVAL;
+	const calib_fit *f = &calib->fit[kind];
+	out->n_eff = f->n_eff;
+	out->scale_fit = f->s_fit;
+	out->scale_base = calib->base.step_us ? f->s_base : 0.0;
+	out->level = exp(f->level);
+	out->trusted = calib_confident(f);
+	out->uses_fit = calib_uses_fit(f, calib->base.step_us ? 1.0 : 0.0);
 	return BKV_OK;
 }
 

@@ -37,8 +37,8 @@ see batchkv.sched.
 """
 from ._ffi import BKV_VERSION_STRING as __version__  # noqa: F401
 from ._native import _lib
-from .cost import (CalibratedCost, CallKind, PolyCost, RooflineCost, RooflinePreset,  # noqa: F401
-                   StepShape)
+from .cost import (CalibConfidence, CalibratedCost, CallKind, PolyCost, RooflineCost,  # noqa: F401
+                   RooflinePreset, StepShape)
 from .errors import (ERRORS, BkvError, HostError, InvalidArgumentError,  # noqa: F401
                      NoSpaceError, NotFoundError, OutOfMemoryError, StateError, TooBigError,
                      TryAgainError, strerror)

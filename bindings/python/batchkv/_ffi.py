@@ -306,6 +306,18 @@ class bkv_cost_roofline(Structure):
     ]
 
 
+class bkv_cost_calib_confidence(Structure):
+    _fields_ = [
+        ('size', c_size_t),
+        ('n_eff', c_double),
+        ('scale_fit', c_double),
+        ('scale_base', c_double),
+        ('level', c_double),
+        ('trusted', c_int),
+        ('uses_fit', c_int),
+    ]
+
+
 class bkv_table_delta(Structure):
     _fields_ = [
         ('slot', c_uint32),
@@ -615,6 +627,7 @@ FUNCTIONS = {
     'bkv_cost_calib_observe': (None, [c_void_p, POINTER(bkv_step_shape), c_double]),
     'bkv_cost_calib_observations': (c_uint64, [c_void_p, c_int]),
     'bkv_cost_calib_coefficients_get': (c_int, [c_void_p, c_int, POINTER(c_double)]),
+    'bkv_cost_calib_confidence_get': (c_int, [c_void_p, c_int, POINTER(bkv_cost_calib_confidence)]),
     'bkv_cost_calib_model': (bkv_cost_model, [c_void_p]),
     'bkv_sched_config_init': (None, [POINTER(bkv_sched_config)]),
     'bkv_request_init': (None, [POINTER(bkv_request)]),

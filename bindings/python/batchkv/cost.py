@@ -19,9 +19,14 @@ import numpy as np
 from . import _ffi
 from ._native import _lib
 from .errors import check
+from .pool import _from_struct, _record
 
 __all__ = ["CallKind", "StepShape", "PolyCost", "RooflineCost", "RooflinePreset",
-           "CalibratedCost"]
+           "CalibratedCost", "CalibConfidence"]
+
+CalibConfidence = _record("CalibConfidence", _ffi.bkv_cost_calib_confidence,
+                          "bkv_cost_calib_confidence: n_eff, scale_fit, scale_base, level, "
+                          "trusted, uses_fit. Field meanings as in batchkv.h.")
 
 
 class CallKind(enum.IntEnum):
@@ -213,6 +218,15 @@ class CalibratedCost:
                                                w.ctypes.data_as(ctypes.POINTER(ctypes.c_double))),
               "bkv_cost_calib_coefficients_get")
         return w
+
+    def confidence(self, kind):
+        """CalibConfidence of a CallKind: how much its fit knows and whether
+        predictions use it (bkv_cost_calib_confidence_get)."""
+        c = _ffi.bkv_cost_calib_confidence()
+        c.size = ctypes.sizeof(c)
+        check(_lib.bkv_cost_calib_confidence_get(self._h, int(kind), ctypes.byref(c)),
+              "bkv_cost_calib_confidence_get")
+        return _from_struct(CalibConfidence, c)
 
     def _model(self):
         return _lib.bkv_cost_calib_model(self._h)

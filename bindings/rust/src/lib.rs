@@ -108,6 +108,7 @@ use std::slice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub use sys::bkv_chunk_shape as ChunkShape;
+pub use sys::bkv_cost_calib_confidence as CalibConfidence;
 pub use sys::bkv_copy as Copy;
 pub use sys::bkv_kv_event as KvEvent;
 pub use sys::bkv_kv_group as KvGroup;
@@ -1281,6 +1282,15 @@ impl<'b> CalibratedCost<'b> {
         let mut w = [0.0; sys::BKV_COST_CALIB_FEATURES];
         unsafe { sys::bkv_cost_calib_coefficients_get(self.raw.as_ptr(), kind as c_int, w.as_mut_ptr()) };
         w
+    }
+    /// `bkv_cost_calib_confidence_get`: how much a kind's fit knows and
+    /// whether predictions use it.
+    pub fn confidence(&self, kind: CallKind) -> CalibConfidence {
+        let mut c = zeroed::<CalibConfidence>();
+        c.size = std::mem::size_of::<CalibConfidence>();
+        // cannot fail: the model, the kind and the struct are valid
+        unsafe { sys::bkv_cost_calib_confidence_get(self.raw.as_ptr(), kind as c_int, &mut c) };
+        c
     }
 }
 

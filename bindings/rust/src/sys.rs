@@ -109,6 +109,17 @@ pub const BKV_TABLE_OPENED: u32 = 0x1;
 pub const BKV_TABLE_CLOSED: u32 = 0x2;
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
+pub struct bkv_cost_calib_confidence {
+    pub size: usize,
+    pub n_eff: f64,
+    pub scale_fit: f64,
+    pub scale_base: f64,
+    pub level: f64,
+    pub trusted: c_int,
+    pub uses_fit: c_int,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_table_delta {
     pub slot: u32,
     pub start: u32,
@@ -613,6 +624,7 @@ extern "C" {
     pub fn bkv_cost_calib_observe(calib: *mut bkv_cost_calib, shape: *const bkv_step_shape, measured_us: f64);
     pub fn bkv_cost_calib_observations(calib: *const bkv_cost_calib, kind: bkv_call_kind) -> u64;
     pub fn bkv_cost_calib_coefficients_get(calib: *const bkv_cost_calib, kind: bkv_call_kind, w: *mut f64) -> c_int;
+    pub fn bkv_cost_calib_confidence_get(calib: *const bkv_cost_calib, kind: bkv_call_kind, out: *mut bkv_cost_calib_confidence) -> c_int;
     pub fn bkv_cost_calib_model(calib: *mut bkv_cost_calib) -> bkv_cost_model;
     pub fn bkv_sched_config_init(cfg: *mut bkv_sched_config);
     pub fn bkv_request_init(req: *mut bkv_request);
