@@ -564,7 +564,8 @@ int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode)
 size_t bkv__kv_value_bytes(const bkv__kv *kv)
 {
 	return (kv->val ? (size_t)kv->nb * sizeof(*kv->val) : 0) +
-	       (kv->val_exp ? (size_t)kv->nb * sizeof(uint64_t) : 0);
+	       (kv->val_exp ? (size_t)kv->nb * sizeof(uint64_t) : 0) +
+	       (kv->val_ghost ? ((size_t)kv->val_ghost_mask + 1) * sizeof(uint64_t) : 0);
 }
 
 void bkv__kv_retain_off(bkv__kv *kv, const bkv_allocator *a)
