@@ -18,10 +18,9 @@
  * scenario is counted under its combination and run again without one of
  * the two features (unless strict: then the refusal is a failure). */
 enum {
-	CX_REFUSE_HCACHE_GROUPS = 0, /* host cache with KV groups (pool create) */
-	CX_REFUSE_OVERLAP_GROUPS,    /* overlap with KV groups (sched create) */
-	CX_REFUSE_OVERLAP_SPEC,      /* overlap with speculative decoding */
-	CX_REFUSE_SPEC_STATE,        /* speculative decoding with a STATE group */
+	CX_REFUSE_OVERLAP_GROUPS = 0, /* overlap with KV groups (sched create) */
+	CX_REFUSE_OVERLAP_SPEC,       /* overlap with speculative decoding */
+	CX_REFUSE_SPEC_STATE,         /* speculative decoding with a STATE group */
 	CX_REFUSE_COUNT
 };
 
