@@ -440,20 +440,13 @@ uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
 void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e, int host);
-/* Host-cache hits with groups (pool/hcache.c): lane 0's run of n host hits
- * stashed at s->table[a ..) (tokens from block a's first on) shortened
- * until every lane holds what a sequence ending there reads next - lane
- * blocks in the host cache, or at block a on the device - and, with a
- * STATE group, a device checkpoint ends it; the lane blocks stashed in
- * the lanes' tables (host ids as -2 - h). Adds to *relinked the device
- * ones on the LRU; *units 1 when the checkpoint is. Returns the run kept.
- * _hold_host holds the stashed host ids, before any take; _reload_host,
- * after lane 0's reloads, makes each a device block with a swap-in copy,
- * indexed. */
-uint32_t bkv__lanes_fit_host(const bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t n,
-			     const int32_t *tokens, uint32_t *relinked, uint32_t *units);
-void bkv__lanes_hold_host(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
-void bkv__lanes_reload_host(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
+/* For the host cache's reloads (pool/hcache.c): lane l's cached device
+ * block i of a hit (lane 0's blocks through i - 1 in s->table, the
+ * tokens block i's), or -1; lane l's block s's lane table holds at pos
+ * became full, offered to the cache. */
+int32_t bkv__lane_lookup(const bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t i,
+			 const int32_t *tokens);
+void bkv__lane_block_filled(bkv_pool *pool, uint32_t l, uint32_t slot, uint32_t pos);
 /* A prefix lookup for s found lane 0's cached chain up to block e (before
  * the lanes shortened the hit): a keep point of s's lanes (an append's
  * commit records its own: seen, lane 0's hits before the lanes shortened
@@ -587,6 +580,20 @@ int32_t bkv__hc_reload(bkv_pool *pool, int32_t h, int32_t parent);
  * offered to the cache; n_blocks moves past them. Room for the blocks and
  * copies is reserved. */
 void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n);
+/* Host-cache hits with KV groups: lane 0's run of n host hits
+ * stashed at s->table[a ..) (tokens from block a's first on) shortened
+ * until every lane holds what a sequence ending there reads next - lane
+ * blocks in the host cache, or at block a on the device - and, with a
+ * STATE group, a device checkpoint ends it; the lane blocks stashed in
+ * the lanes' tables (host ids as -2 - h). Adds to *relinked the device
+ * ones on the LRU; *units 1 when the checkpoint is. Returns the run kept.
+ * bkv__hc_hold_lanes holds the stashed host ids, before any take;
+ * bkv__hc_reload_lanes, after lane 0's reloads, makes each a device
+ * block with a swap-in copy, indexed. */
+uint32_t bkv__hc_fit_lanes(const bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t n,
+			     const int32_t *tokens, uint32_t *relinked, uint32_t *units);
+void bkv__hc_hold_lanes(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
+void bkv__hc_reload_lanes(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
 /* Every unread cached host block dropped (bkv_pool_reset_cache). */
 void bkv__hc_reset(bkv_pool *pool);
 /* The host cache's invariants: CHECK_OK or CHECK_HOST. sc: nh entries. */

@@ -506,7 +506,7 @@ static void pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t h
 	for (i = 0; i < hh; i++)
 		bkv__hc_hold(pool, s->table[nb0 + hits + i]);
 	if (hh && pool->n_lanes)
-		bkv__lanes_hold_host(pool, s, nb0 + hits, nb0 + hits + hh);
+		bkv__hc_hold_lanes(pool, s, nb0 + hits, nb0 + hits + hh);
 	if (pool->st_share)
 		bkv__state_share_prepare(pool, (uint32_t)need, writes ? bkv__state_need(pool, s) : 0);
 }
@@ -559,7 +559,7 @@ static uint64_t append_need(const bkv_pool *pool, const bkv__seq *s, uint32_t n,
 
 /* append_any's host-cache hits after its hits (of n tokens), which end
  * where group 0's cached chain ends: group 0's run, shortened with groups
- * until every group has its blocks (bkv__lanes_fit_host), stashed; none
+ * until every group has its blocks (bkv__hc_fit_lanes), stashed; none
  * when what they pin beside the device hits would not fit. For the run
  * kept, *relinked and *units become the whole hit's (the pre-pass's). */
 static uint32_t host_run(const bkv_pool *pool, bkv__seq *s, const int32_t *tokens, uint32_t n,
@@ -572,7 +572,7 @@ static uint32_t host_run(const bkv_pool *pool, bkv__seq *s, const int32_t *token
 	uint64_t need;
 
 	if (hh && pool->grouped)
-		hh = bkv__lanes_fit_host(pool, s, a, hh, t, &rel, &u);
+		hh = bkv__hc_fit_lanes(pool, s, a, hh, t, &rel, &u);
 	if (!hh)
 		return 0;
 	need = append_need(pool, s, n, hits, hh, u, cow, &lcow, &writes);
@@ -640,7 +640,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	s->n_blocks = nb0 + hits;
 	bkv__hc_reload_run(pool, s, hh); /* after the pins: no take evicts a hit */
 	if (hh && pool->n_lanes)
-		bkv__lanes_reload_host(pool, s, nb0 + hits, nb0 + hits + hh);
+		bkv__hc_reload_lanes(pool, s, nb0 + hits, nb0 + hits + hh);
 	hits += hh;
 	pos = hits * bt;
 	rem = n - pos;
