@@ -440,7 +440,7 @@ uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
 void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e, int host);
-/* For the host cache's reloads (pool/hcache.c): lane l's cached device
+/* For the host cache's reloads (pool/hclanes.c): lane l's cached device
  * block i of a hit (lane 0's blocks through i - 1 in s->table, the
  * tokens block i's), or -1; lane l's block s's lane table holds at pos
  * became full, offered to the cache. */
@@ -580,7 +580,7 @@ int32_t bkv__hc_reload(bkv_pool *pool, int32_t h, int32_t parent);
  * offered to the cache; n_blocks moves past them. Room for the blocks and
  * copies is reserved. */
 void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n);
-/* Host-cache hits with KV groups: lane 0's run of n host hits
+/* pool/hclanes.c: host-cache hits with KV groups: lane 0's run of n host hits
  * stashed at s->table[a ..) (tokens from block a's first on) shortened
  * until every lane holds what a sequence ending there reads next - lane
  * blocks in the host cache, or at block a on the device - and, with a
