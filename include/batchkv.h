@@ -355,9 +355,12 @@ typedef struct bkv_pool_config {
 				      blocks the device evicts, and a later
 				      prefix hit reloads them with swap-in
 				      copies instead of recomputing (docs/
-				      design.md, "The host cache"). Needs
-				      host_blocks > 0 and prefix_cache, and
-				      no n_groups (else BKV_EINVAL). Swapped
+				      design.md, "The host cache"; with KV
+				      groups a hit reloads every group's
+				      blocks, and with a STATE group ends
+				      at a device checkpoint). Needs
+				      host_blocks > 0 and prefix_cache
+				      (else BKV_EINVAL). Swapped
 				      sequences take precedence: the host
 				      cache gives up its blocks to them.
 				      Default 0. */

@@ -3,7 +3,9 @@
  * blocks demoted to the host tier through swap-out copies, findable only
  * once the host performed them, reloaded by prefix hits through swap-in
  * copies; swapped sequences taking the host cache's blocks; failed calls
- * forgetting demotions; KV events naming each block's medium; and the
+ * forgetting demotions; KV events naming each block's medium; KV groups
+ * (every group's blocks demoted and reloaded, a hit whole in every group,
+ * a STATE group's hit ending at a device checkpoint); and the
  * configurations that are refused.
  */
 #include <criterion/criterion.h>
@@ -253,12 +255,179 @@ Test(hcache, pools_that_cannot_have_a_host_cache_are_refused)
 	c.prefix_cache = 0;
 	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL, "no prefix cache");
 	c.prefix_cache = 1;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	bkv_pool_destroy(p);
+	c.n_groups = 2; /* KV groups have a host cache too */
+	c.groups = g;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cr_assert(p->hc_on);
+	bkv_pool_destroy(p);
+}
+
+/* ---- KV groups ---------------------------------------------------------------- */
+
+/* full attention + a window of 8 tokens (two blocks), and full + a
+ * recurrent state checkpointed every 8 tokens */
+static const bkv_kv_group g_window[2] = {{BKV_GROUP_FULL, 1, 0, 0, 64},
+					 {BKV_GROUP_WINDOW, 1, 8, 0, 64}};
+static const bkv_kv_group g_state[2] = {{BKV_GROUP_FULL, 1, 0, 0, 64},
+					{BKV_GROUP_STATE, 1, 8, 0, 64}};
+
+static bkv_pool *group_hc_pool(const bkv_kv_group *g, uint32_t nb)
+{
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+
+	bkv_pool_config_init(&c);
+	c.block_tokens = BT;
+	c.device_blocks = nb;
+	c.host_blocks = 32;
+	c.host_cache = 1;
+	c.max_seqs = 8;
 	c.n_groups = 2;
 	c.groups = g;
-	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_EINVAL, "KV groups");
-	c.n_groups = 0;
-	c.groups = NULL;
+	if (g[1].kind == BKV_GROUP_STATE) { /* room for evict_all's checkpoints too */
+		c.state_units = 48;
+		c.device_blocks += c.state_units * bkv_kv_state_frames(g, 2, BT);
+	}
 	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	return p;
+}
+
+/* Append tokens first.. in the given chunks to a new sequence, then close
+ * it (a STATE group's state commits at the next append: a chunk ending at
+ * a multiple of 8 tokens leaves a checkpoint there once another follows). */
+static void cache_chunks(bkv_pool *p, int32_t first, const uint32_t *chunk, uint32_t n)
+{
+	int32_t t[64];
+	uint32_t s, i, len = 0;
+
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	for (i = 0; i < n; i++) {
+		fill_tokens(t, chunk[i], first + (int32_t)len);
+		cr_assert_eq(bkv_seq_append(p, s, t, chunk[i], NULL), BKV_OK);
+		len += chunk[i];
+	}
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+}
+
+/* Evict every cached block (another sequence, a token at a time, fills the
+ * device) and let the host perform the demotions. */
+static void evict_all(bkv_pool *p)
+{
+	uint32_t s, i;
+
+	cr_assert_eq(bkv_seq_open(p, &s), BKV_OK);
+	for (i = 0; p->kv.nr_cached && i < 256; i++) {
+		int32_t t = 9000 + (int32_t)i;
+
+		cr_assert_eq(bkv_seq_append(p, s, &t, 1, NULL), BKV_OK);
+		bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	}
+	cr_assert_eq(p->kv.nr_cached, 0);
+	cr_assert_eq(bkv_seq_drop(p, s), BKV_OK);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(bkv_pool_check(p), 0);
+}
+
+/* A new sequence of n tokens from first: the hit, the swap-in copies. */
+static uint32_t hit_of(bkv_pool *p, int32_t first, uint32_t n, uint32_t *copies)
+{
+	uint32_t s, hit;
+
+	s = seq_with(p, first, n, &hit);
+	*copies = pending(p, BKV_COPY_SWAP_IN, NULL);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	return hit;
+}
+
+/* Every group's evicted blocks go to the host; a hit reloads group 0's
+ * blocks and the window's last two, which a sequence ending there reads. */
+Test(hcache, a_hybrid_hit_reloads_every_groups_blocks)
+{
+	bkv_pool *p = group_hc_pool(g_window, 12);
+	const uint32_t chunk[1] = {16};
+	const bkv_copy *v;
+	uint32_t s, hit, nb, i;
+	const int32_t *win;
+
+	cache_chunks(p, 100, chunk, 1);
+	evict_all(p);
+	cr_assert_geq(pool_stats(p).host_cached, 4 + 2, "group 0's and the window's blocks");
+	s = seq_with(p, 100, 17, &hit);
+	cr_assert_eq(hit, 16);
+	cr_assert_eq(pool_stats(p).host_hit_blocks, 4 + 2);
+	cr_assert_eq(pending(p, BKV_COPY_SWAP_IN, &v), 4 + 2);
+	win = bkv_seq_group_blocks(p, s, 1, &nb);
+	cr_assert_eq(nb, 5);
+	/* the window's blocks 2 and 3 are reloaded, after group 0's */
+	for (i = 0; i < 2; i++)
+		cr_assert_eq(v[4 + i].dst, win[2 + i]);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
+	cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
+/* The window's block 3 is not on the host: a hit through block 3 would
+ * read it, so the hit ends at block 3, whose window (blocks 1 and 2) the
+ * host holds. */
+Test(hcache, a_hybrid_hit_ends_where_a_group_lacks_a_block)
+{
+	bkv_pool *p = group_hc_pool(g_window, 12);
+	const uint32_t chunk[1] = {16};
+	uint32_t h, copies, lost = 0;
+
+	cache_chunks(p, 100, chunk, 1);
+	evict_all(p);
+	for (h = 0; h < p->nh; h++) /* the window's block 3: key 0 xor the salt */
+		if (p->host_state[h] == BKV__HOST_CACHED && p->hc_key[h] == p->lanes[0].salt &&
+		    p->host_tok[h * BT] == 100 + 12) {
+			p->hc_key[h] ^= 1; /* not findable under that key */
+			lost++;
+		}
+	cr_assert_eq(lost, 1);
+	cr_assert_eq(hit_of(p, 100, 17, &copies), 12);
+	cr_assert_eq(copies, 3 + 2);
+	bkv_pool_destroy(p);
+}
+
+/* A recurrent state is not kept on the host: a hit ends at a checkpoint
+ * the device still holds (checkpoints outlive their blocks' eviction). */
+Test(hcache, a_hit_with_a_state_group_ends_at_a_device_checkpoint)
+{
+	bkv_pool *p = group_hc_pool(g_state, 24);
+	const uint32_t chunk[3] = {8, 8, 1};
+	uint32_t copies;
+
+	cache_chunks(p, 100, chunk, 3); /* checkpoints at 8 and 16 */
+	evict_all(p);
+	cr_assert_geq(pool_stats(p).state_checkpoints, 2, "A's, and evict_all's own");
+	cr_assert_eq(hit_of(p, 100, 17, &copies), 16);
+	cr_assert_eq(copies, 4);
+	cr_assert_eq(pool_stats(p).state_hits, 1);
+	evict_all(p);
+	/* 12 tokens on the host, a checkpoint at 8: the hit stops there */
+	cr_assert_eq(hit_of(p, 100, 13, &copies), 8);
+	cr_assert_eq(copies, 2);
+	cr_assert_eq(pool_stats(p).state_hits, 2);
+	bkv_pool_destroy(p);
+}
+
+Test(hcache, a_state_groups_hit_needs_a_checkpoint)
+{
+	bkv_pool *p = group_hc_pool(g_state, 24);
+	const uint32_t chunk[2] = {16, 1};
+	uint32_t copies;
+
+	cache_chunks(p, 100, chunk, 2); /* a checkpoint at 16 only */
+	evict_all(p);
+	cr_assert_eq(hit_of(p, 100, 13, &copies), 0, "no checkpoint at 8 or 12");
+	cr_assert_eq(copies, 0);
+	cr_assert_eq(pool_stats(p).host_hit_blocks, 0);
 	bkv_pool_destroy(p);
 }
 

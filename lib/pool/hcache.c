@@ -33,6 +33,14 @@
  * block stays cached, off the LRU while copies read it (hc_reads). A reload
  * needs no pending device copy (the rule swap-in follows, pool/swap.c).
  *
+ * KV groups. Every group's evicted block is demoted on its own, under its
+ * chain hash (a group's block at position i is the child of group 0's
+ * block i - 1, so its parent hash is that block's); a hit stays whole at
+ * the reload instead: bkv__hc_fit_lanes (pool/hclanes.c) shortens group
+ * 0's host run until every group holds what a sequence ending there reads,
+ * and a STATE group's device checkpoint ends it (states are not kept on
+ * the host). docs/design.md, "The host cache".
+ *
  * Room. Host blocks come from the host free list; when it is empty the
  * host cache's LRU head is dropped (bkv__hc_evict), so a swap-out never
  * fails for want of room the host cache holds. Only an unread CACHED block
@@ -56,7 +64,7 @@ int bkv__hc_init(bkv_pool *pool)
 	size_t cap = 2, i;
 
 	pool->hc_head = pool->hc_tail = -1;
-	if (!pool->cfg.host_cache || !nh || !pool->kv.index || pool->grouped)
+	if (!pool->cfg.host_cache || !nh || !pool->kv.index)
 		return BKV_OK;
 	while (cap < 2 * nh)
 		cap *= 2;
@@ -301,32 +309,38 @@ void bkv__hc_forget_demotions(bkv_pool *pool)
 
 /* ---- reload ---------------------------------------------------------------- */
 
+int32_t bkv__hc_lookup(const bkv_pool *pool, uint64_t ph, uint64_t key, const int32_t *tokens)
+{
+	const uint32_t bt = pool->kv.bt;
+	int32_t c = hc_find(pool, bkv__block_hash(pool->kv.hash_seed, ph, key, tokens, bt));
+
+	if (c < 0 || pool->hc_key[c] != key || pool->hc_phash[c] != ph ||
+	    memcmp(pool->host_tok + (size_t)c * bt, tokens, bt * sizeof(int32_t)) != 0)
+		return -1;
+	return c;
+}
+
 uint32_t bkv__hc_lookup_run(const bkv_pool *pool, uint64_t ph, uint64_t key,
 			    const int32_t *tokens, uint32_t max, int32_t *out)
 {
-	const bkv__kv *kv = &pool->kv;
-	const uint32_t bt = kv->bt;
 	uint32_t n;
 
 	if (!pool->hc_on || pool->hc_cached == 0 || pool->copies[BKV_COPY_DEVICE].n)
 		return 0;
 	for (n = 0; n < max; n++) {
-		const int32_t *t = tokens + (size_t)n * bt;
-		uint64_t h = bkv__block_hash(kv->hash_seed, ph, key, t, bt);
-		int32_t c = hc_find(pool, h);
+		int32_t c = bkv__hc_lookup(pool, ph, key, tokens + (size_t)n * pool->kv.bt);
 
-		if (c < 0 || pool->hc_key[c] != key || pool->hc_phash[c] != ph ||
-		    memcmp(pool->host_tok + (size_t)c * bt, t, bt * sizeof(int32_t)) != 0)
+		if (c < 0)
 			break;
 		out[n] = c;
-		ph = h;
+		ph = pool->hc_hash[c];
 	}
 	return n;
 }
 
 /* Host hit h will be read: off the LRU, so that no eviction the reloads'
  * takes cause (a demotion may need a host block) can drop it. */
-static void hc_hold(bkv_pool *pool, int32_t h)
+void bkv__hc_hold(bkv_pool *pool, int32_t h)
 {
 	BKV_ASSERT(pool->host_state[h] == BKV__HOST_CACHED);
 	if (!pool->hc_reused[h]) { /* a demotion that paid off */
@@ -339,7 +353,7 @@ static void hc_hold(bkv_pool *pool, int32_t h)
 
 /* A device block after parent with host block h's tokens and a pending
  * host->device copy (room reserved; h held). */
-static int32_t hc_reload(bkv_pool *pool, int32_t h, int32_t parent)
+int32_t bkv__hc_reload(bkv_pool *pool, int32_t h, int32_t parent)
 {
 	const uint32_t bt = pool->kv.bt;
 	int32_t d;
@@ -355,17 +369,23 @@ static int32_t hc_reload(bkv_pool *pool, int32_t h, int32_t parent)
 	return d;
 }
 
+void bkv__hc_hold_run(bkv_pool *pool, const bkv__seq *s, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		bkv__hc_hold(pool, s->table[s->n_blocks + i]);
+}
+
 void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n)
 {
 	const uint32_t at = s->n_blocks;
 	uint32_t i;
 
-	for (i = 0; i < n; i++)
-		hc_hold(pool, s->table[at + i]);
 	for (i = 0; i < n; i++) {
 		int32_t h = s->table[at + i], d, parent = at + i ? s->table[at + i - 1] : -1;
 
-		d = hc_reload(pool, h, parent);
+		d = bkv__hc_reload(pool, h, parent);
 		s->table[at + i] = d;
 		s->n_blocks = at + i + 1;
 		/* indexed under the hash the host lookup verified (a

@@ -525,10 +525,24 @@ uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t n
 	return e - nb0;
 }
 
+int32_t bkv__lane_lookup(const bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t i,
+			 const int32_t *tokens)
+{
+	return lane_lookup(pool, l, s, i, tokens);
+}
+
+void bkv__lane_block_filled(bkv_pool *pool, uint32_t l, uint32_t slot, uint32_t pos)
+{
+	lane_block_filled(pool, l, slot, pos);
+}
+
 /* Pin the lanes' hit blocks for s, whose lane 0 now ends at block e after
  * the hits from nb0 (bkv__lanes_fit_hits stashed them); entries in [nb0, e)
- * below what a sequence ending at e reads are -1 (a gap: see bkv__lseq). */
-void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e)
+ * below what a sequence ending at e reads are -1 (a gap: see bkv__lseq).
+ * With host (the hit goes on in the host cache, bkv__hc_fit_lanes) the
+ * host ids stashed are left for bkv__hc_reload_lanes, and the checkpoint
+ * is found by the chain hash of lane 0's host block e - 1. */
+void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e, int host)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
 	uint32_t l, i;
@@ -541,7 +555,7 @@ void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32
 		for (i = nb0; i < e; i++) {
 			if (i < first)
 				ls->table[i] = -1;
-			else
+			else if (ls->table[i] >= 0)
 				bkv__block_pin(&pool->kv, ls->table[i]);
 		}
 		/* nothing held below nb0 is released here: a rolled-back step
@@ -550,7 +564,9 @@ void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32
 		if (ls->lo == nb0 && first > nb0)
 			ls->lo = first;
 	}
-	if (pool->st_units)
+	if (pool->st_units && host)
+		bkv__state_take_at(pool, s, e, pool->hc_hash[s->table[e - 1]]);
+	else if (pool->st_units)
 		bkv__state_take_hit(pool, s, e);
 }
 

@@ -64,10 +64,9 @@ static int config_valid(const bkv_pool_config *c)
 		return 0;
 	if (c->reserved)
 		return 0;
-	/* a host cache keeps prefix-cache blocks on the host tier; KV groups
-	 * are not kept there (docs/design.md, "The host cache") */
-	if (c->host_cache > 1 ||
-	    (c->host_cache && (!c->host_blocks || !c->prefix_cache || c->n_groups)))
+	/* a host cache keeps prefix-cache blocks on the host tier
+	 * (docs/design.md, "The host cache") */
+	if (c->host_cache > 1 || (c->host_cache && (!c->host_blocks || !c->prefix_cache)))
 		return 0;
 	return bkv__lanes_valid(c);
 }

@@ -130,7 +130,7 @@ struct bkv_pool {
 	uint32_t host_pending; /* host blocks BKV__HOST_PENDING */
 	/* the host cache (pool/hcache.c); hc_on 0 without one */
 	int hc_on;             /* cfg.host_cache with a host tier and the
-				  prefix cache, no KV groups */
+				  prefix cache */
 	int hc_priced;         /* the scheduler gave prices: demote by them
 				  (else every block) */
 	double hc_p0, hc_p1;   /* recompute price of a block at depth d:
@@ -453,7 +453,14 @@ void bkv__lanes_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len0, uint32_
 uint32_t bkv__lanes_cows(const bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0,
 			     uint32_t hits, const int32_t *tokens, uint32_t *relinked, uint32_t *units);
-void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e);
+void bkv__lanes_pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e, int host);
+/* For the host cache's reloads (pool/hclanes.c): lane l's cached device
+ * block i of a hit (lane 0's blocks through i - 1 in s->table, the
+ * tokens block i's), or -1; lane l's block s's lane table holds at pos
+ * became full, offered to the cache. */
+int32_t bkv__lane_lookup(const bkv_pool *pool, uint32_t l, const bkv__seq *s, uint32_t i,
+			 const int32_t *tokens);
+void bkv__lane_block_filled(bkv_pool *pool, uint32_t l, uint32_t slot, uint32_t pos);
 /* A prefix lookup for s found lane 0's cached chain up to block e (before
  * the lanes shortened the hit): a keep point of s's lanes (an append's
  * commit records its own: seen, lane 0's hits before the lanes shortened
@@ -497,6 +504,12 @@ void bkv__state_write(bkv_pool *pool, const bkv__seq *s);
 uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t e,
 			uint32_t *units_relinked);
 void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e);
+/* The checkpoint of the position whose group-0 block has chain hash hash,
+ * or -1 (a checkpoint outlives its block's eviction: a host-cache hit may
+ * end at one). _take_at: s's hit ends at block e there (its group-0 block
+ * e - 1, of that hash, may still be on the host). */
+int32_t bkv__state_find(const bkv_pool *pool, uint64_t hash);
+void bkv__state_take_at(bkv_pool *pool, const bkv__seq *s, uint32_t e, uint64_t hash);
 void bkv__state_commit(bkv_pool *pool, const bkv__seq *s);
 /* A call of the open step computed s's tokens up to end: its scratch state
  * is the live one from now on (the next call of the step reads it); the
@@ -556,7 +569,7 @@ static inline void bkv__host_push(bkv_pool *pool, int32_t h)
 /* ---- pool/hcache.c: the host cache ---------------------------------------- */
 
 /* Allocate the host cache when cfg.host_cache asks for one (a host tier,
- * the prefix cache, no KV groups); sets hc_on. BKV_OK or BKV_ENOMEM. */
+ * the prefix cache); sets hc_on. BKV_OK or BKV_ENOMEM. */
 int bkv__hc_init(bkv_pool *pool);
 void bkv__hc_free(bkv_pool *pool);
 /* bkv__kv.demote: copy evicted block b to the host cache when worth it. */
@@ -581,11 +594,36 @@ int32_t bkv__hc_find(const bkv_pool *pool, uint64_t hash);
  * into out; returns how many. None while a device copy is pending. */
 uint32_t bkv__hc_lookup_run(const bkv_pool *pool, uint64_t ph, uint64_t key,
 			    const int32_t *tokens, uint32_t max, int32_t *out);
-/* Reload the n host hits stashed at s->table[n_blocks ..): each becomes a
- * device block with a host->device copy, in the table and offered to the
- * cache; n_blocks moves past them. Room for the blocks and copies is
- * reserved. */
+/* One verified host hit: the cached block after a block of chain hash ph
+ * with key and tokens' first block_tokens ids, or -1. */
+int32_t bkv__hc_lookup(const bkv_pool *pool, uint64_t ph, uint64_t key, const int32_t *tokens);
+/* Host hit h will be read: held off the LRU, so that no eviction the
+ * reloads' takes cause can drop it (every hit of an append is held before
+ * its first take). _hold_run: the n stashed at s->table[n_blocks ..). */
+void bkv__hc_hold(bkv_pool *pool, int32_t h);
+void bkv__hc_hold_run(bkv_pool *pool, const bkv__seq *s, uint32_t n);
+/* A device block after parent with held host block h's tokens and a
+ * pending host->device copy (room reserved), counted as a host hit. */
+int32_t bkv__hc_reload(bkv_pool *pool, int32_t h, int32_t parent);
+/* Reload the n held host hits stashed at s->table[n_blocks ..): each
+ * becomes a device block with a host->device copy, in the table and
+ * offered to the cache; n_blocks moves past them. Room for the blocks and
+ * copies is reserved. */
 void bkv__hc_reload_run(bkv_pool *pool, bkv__seq *s, uint32_t n);
+/* pool/hclanes.c: host-cache hits with KV groups: lane 0's run of n host hits
+ * stashed at s->table[a ..) (tokens from block a's first on) shortened
+ * until every lane holds what a sequence ending there reads next - lane
+ * blocks in the host cache, or at block a on the device - and, with a
+ * STATE group, a device checkpoint ends it; the lane blocks stashed in
+ * the lanes' tables (host ids as -2 - h). Adds to *relinked the device
+ * ones on the LRU; *units 1 when the checkpoint is. Returns the run kept.
+ * bkv__hc_hold_lanes holds the stashed host ids, before any take;
+ * bkv__hc_reload_lanes, after lane 0's reloads, makes each a device
+ * block with a swap-in copy, indexed. */
+uint32_t bkv__hc_fit_lanes(const bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t n,
+			     const int32_t *tokens, uint32_t *relinked, uint32_t *units);
+void bkv__hc_hold_lanes(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
+void bkv__hc_reload_lanes(bkv_pool *pool, const bkv__seq *s, uint32_t a, uint32_t e);
 /* Every unread cached host block dropped (bkv_pool_reset_cache). */
 void bkv__hc_reset(bkv_pool *pool);
 /* The host cache's invariants: CHECK_OK or CHECK_HOST. sc: nh entries. */

@@ -35,7 +35,6 @@ int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n)
 	return bkv__ids_grow(pool, &s->table, &s->cap, n, 0);
 }
 
-
 int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra)
 {
 	bkv__copy_list *l = &pool->copies[kind];
@@ -57,7 +56,6 @@ int bkv__copies_reserve(bkv_pool *pool, int kind, uint32_t extra)
 	l->cap = (uint32_t)cap;
 	return 0;
 }
-
 
 static void slot_close(bkv_pool *pool, bkv__seq *s)
 {
@@ -492,18 +490,23 @@ static int append_fits(const bkv_pool *pool, const bkv__seq *s, uint64_t need, u
 				     frees);
 }
 
-/* An append's commit begins: its hits (stashed past nb0) pinned in every
- * group, before any take can evict them; then, with a shared STATE group,
- * units lent or given back for the need blocks and the units it writes. */
+/* An append's commit begins: its hits (stashed past nb0: device hits,
+ * then hh host hits) pinned or held in every group, before any take can
+ * evict them; then, with a shared STATE group, units lent or given back
+ * for the need blocks and the units it writes. */
 static void pin_hits(bkv_pool *pool, const bkv__seq *s, uint32_t nb0, uint32_t hits,
-		     uint64_t need, uint32_t writes)
+		     uint32_t hh, uint64_t need, uint32_t writes)
 {
 	uint32_t i;
 
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
-	if (pool->grouped && hits)
-		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	if (pool->grouped && hits + hh)
+		bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits + hh, hh != 0);
+	for (i = 0; i < hh; i++)
+		bkv__hc_hold(pool, s->table[nb0 + hits + i]);
+	if (hh && pool->n_lanes)
+		bkv__hc_hold_lanes(pool, s, nb0 + hits, nb0 + hits + hh);
 	if (pool->st_share)
 		bkv__state_share_prepare(pool, (uint32_t)need, writes ? bkv__state_need(pool, s) : 0);
 }
@@ -522,11 +525,9 @@ static uint32_t host_hits(const bkv_pool *pool, bkv__seq *s, uint32_t at, const 
 /* append_any's pre-pass of a sequence that ends on an indexed block (or
  * is empty): its device hits among the next max whole blocks of tokens
  * (fitted to every KV group's needs; *seen gets group 0's before the
- * fitting), or after them its host-cache hits (*hh), all stashed past the
- * table's end. */
+ * fitting), all stashed past the table's end. */
 static uint32_t prepass_hits(const bkv_pool *pool, bkv__seq *s, const int32_t *tokens,
-			     uint32_t max, uint32_t *relinked, uint32_t *units, uint32_t *hh,
-			     uint32_t *seen)
+			     uint32_t max, uint32_t *relinked, uint32_t *units, uint32_t *seen)
 {
 	const uint32_t nb0 = s->n_blocks;
 	const int32_t last = nb0 ? s->table[nb0 - 1] : -1;
@@ -535,10 +536,51 @@ static uint32_t prepass_hits(const bkv_pool *pool, bkv__seq *s, const int32_t *t
 	*seen = hits;
 	if (pool->grouped && hits)
 		return bkv__lanes_fit_hits(pool, s, nb0, hits, tokens, relinked, units);
-	if (pool->hc_on && hits < max)
-		*hh = host_hits(pool, s, nb0 + hits, tokens + (size_t)hits * pool->kv.bt,
-				max - hits);
 	return hits;
+}
+
+/* The blocks an append takes (group 0's after its hits and hh host hits -
+ * a reload takes one as a write does - copy-on-write, the lanes'), with
+ * *lcow the lanes' copy-on-writes and *writes nonzero when it computes
+ * tokens (a STATE group's scratch unit, beside units cached checkpoints
+ * its hit pins). */
+static uint64_t append_need(const bkv_pool *pool, const bkv__seq *s, uint32_t n, uint32_t hits,
+			    uint32_t hh, uint32_t units, int cow, uint32_t *lcow, uint32_t *writes)
+{
+	const uint32_t nb0 = s->n_blocks, new_blocks = bkv__blocks_for(pool, (uint64_t)s->len + n);
+	uint64_t need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
+
+	*writes = n > (hits + hh) * pool->kv.bt ? units + 1 : 0;
+	*lcow = 0;
+	if (pool->grouped) /* a state unit it cannot have counts as no room */
+		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, lcow, *writes);
+	return need;
+}
+
+/* append_any's host-cache hits after its hits (of n tokens), which end
+ * where group 0's cached chain ends: group 0's run, shortened with groups
+ * until every group has its blocks (bkv__hc_fit_lanes), stashed; none
+ * when what they pin beside the device hits would not fit. For the run
+ * kept, *relinked and *units become the whole hit's (the pre-pass's). */
+static uint32_t host_run(const bkv_pool *pool, bkv__seq *s, const int32_t *tokens, uint32_t n,
+			 uint32_t hits, int cow, uint32_t *relinked, uint32_t *units)
+{
+	const uint32_t a = s->n_blocks + hits;
+	const int32_t *t = tokens + (size_t)hits * pool->kv.bt;
+	uint32_t hh = host_hits(pool, s, a, t, n / pool->kv.bt - hits), rel = *relinked, u = 0,
+		 lcow, writes;
+	uint64_t need;
+
+	if (hh && pool->grouped)
+		hh = bkv__hc_fit_lanes(pool, s, a, hh, t, &rel, &u);
+	if (!hh)
+		return 0;
+	need = append_need(pool, s, n, hits, hh, u, cow, &lcow, &writes);
+	if (!append_fits(pool, s, need, rel, u, writes))
+		return 0;
+	*relinked = rel;
+	*units = u; /* a STATE group's checkpoint at the run's end */
+	return hh;
 }
 
 /* Any append: validation, prefix hits (none with nohit: every token is
@@ -551,7 +593,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	int32_t last;
 	uint64_t need;
 	bkv__seq *s = NULL;
-	int cow, rc;
+	int cow, rc, lookup;
 
 	if ((rc = append_args(pool, seq, tokens, n, hit_tokens, &s)) != BKV_OK)
 		return rc > 0 ? BKV_OK : rc;
@@ -575,27 +617,30 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 	cow = needs_cow(pool, s);
 
 	/* Pre-pass: verified prefix hits, stashed past the table's end (not
-	 * visible until n_blocks moves). */
-	if (pool->kv.index && !nohit && off == 0 &&
-	    (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last])))
-		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &hh, &seen);
+	 * visible until n_blocks moves), then the host cache's after them
+	 * (when the device's were whole as found). */
+	lookup = pool->kv.index && !nohit && off == 0 &&
+		 (last < 0 || BLOCK_IS_INDEXED(&pool->kv.blk[last]));
+	if (lookup)
+		hits = prepass_hits(pool, s, tokens, n / bt, &relinked, &units, &seen);
+	if (lookup && pool->hc_on && hits == seen && hits < n / bt)
+		hh = host_run(pool, s, tokens, n, hits, cow, &relinked, &units);
 	BKV_ASSERT(relinked <= pool->kv.nr_cached);
-	need = (uint64_t)new_blocks - nb0 - hits + (uint64_t)cow;
-	writes = n > hits * bt ? units + 1 : 0;
-	if (pool->grouped) /* a state unit it cannot have counts as no room */
-		need += bkv__lanes_need(pool, s, nb0 + hits, new_blocks, &lcow, writes);
+	need = append_need(pool, s, n, hits, hh, units, cow, &lcow, &writes);
 	if (!append_fits(pool, s, need, relinked, units, writes))
 		return BKV_ENOSPC;
 	if (((cow || lcow) && bkv__copies_reserve(pool, BKV_COPY_DEVICE, (uint32_t)cow + lcow)) ||
-	    (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh)))
+	    (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh * (pool->n_lanes + 1))))
 		return BKV_ENOMEM;
 	if (pool->grouped)
 		bkv__lanes_touch(pool, s);
 
 	/* Commit. */
-	pin_hits(pool, s, nb0, hits, need, writes);
+	pin_hits(pool, s, nb0, hits, hh, need, writes);
 	s->n_blocks = nb0 + hits;
 	bkv__hc_reload_run(pool, s, hh); /* after the pins: no take evicts a hit */
+	if (hh && pool->n_lanes)
+		bkv__hc_reload_lanes(pool, s, nb0 + hits, nb0 + hits + hh);
 	hits += hh;
 	pos = hits * bt;
 	rem = n - pos;
@@ -646,7 +691,7 @@ static int take_hits_lanes(bkv_pool *pool, bkv__seq *s, const int32_t *tokens, u
 		return 0;
 	for (i = 0; i < hits; i++)
 		bkv__block_pin(&pool->kv, s->table[nb0 + i]);
-	bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits);
+	bkv__lanes_pin_hits(pool, s, nb0, nb0 + hits, 0);
 	s->n_blocks = nb0 + hits;
 	s->len += hits * bt;
 	pool->hit_tokens += (uint64_t)hits * bt;
@@ -664,6 +709,7 @@ static uint32_t take_host_hits(bkv_pool *pool, bkv__seq *s, const int32_t *token
 	hh = (uint32_t)BKV_MIN((uint64_t)hh, (uint64_t)pool->kv.nr_free + pool->kv.nr_cached);
 	if (hh && bkv__copies_reserve(pool, BKV_COPY_SWAP_IN, hh))
 		return 0;
+	bkv__hc_hold_run(pool, s, hh);
 	bkv__hc_reload_run(pool, s, hh);
 	return hh;
 }

@@ -666,8 +666,18 @@ uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, u
  * is the checkpoint at e * block_tokens (bkv__state_fit found it). */
 void bkv__state_take_hit(bkv_pool *pool, const bkv__seq *s, uint32_t e)
 {
+	bkv__state_take_at(pool, s, e, pool->kv.blk[s->table[e - 1]].hash);
+}
+
+int32_t bkv__state_find(const bkv_pool *pool, uint64_t hash)
+{
+	return pool->st_interval ? map_find(pool, hash ^ pool->st_salt) : -1;
+}
+
+void bkv__state_take_at(bkv_pool *pool, const bkv__seq *s, uint32_t e, uint64_t hash)
+{
 	const uint32_t slot = (uint32_t)(s - pool->seqs);
-	int32_t u = ckpt_find(pool, s->table, e);
+	int32_t u = bkv__state_find(pool, hash);
 
 	BKV_ASSERT(u >= 0);
 	unit_get(pool, u);

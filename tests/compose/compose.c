@@ -71,8 +71,7 @@
 #define CX_MAX_PINS 4u
 #define CX_JUNK 0x5eadbeef
 
-const char *const cx_refuse_names[CX_REFUSE_COUNT] = {
-	"host_cache+groups", "overlap+state"};
+const char *const cx_refuse_names[CX_REFUSE_COUNT] = {"overlap+state"};
 
 /* ---- random numbers ------------------------------------------------------- */
 
@@ -1544,18 +1543,6 @@ static int create(cx_run *x)
 			pc.device_blocks += 2 * f->max_seqs *
 					    bkv_kv_state_frames(x->groups, x->n_groups, f->bt);
 		rc = bkv_pool_create(&pc, NULL, &x->pool);
-		if (rc == BKV_EINVAL && f->host_cache && x->n_groups) {
-			x->res->refused[CX_REFUSE_HCACHE_GROUPS]++;
-			if (x->opt.strict) {
-				fail(x, "refused at pool create: host cache with KV groups");
-				return -1;
-			}
-			if (x->seed & 1)
-				f->host_cache = 0;
-			else
-				f->gmix = GM_NONE;
-			continue;
-		}
 		if (rc != BKV_OK) {
 			fail(x, "bkv_pool_create: %d", rc);
 			return -1;

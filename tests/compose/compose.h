@@ -18,8 +18,7 @@
  * scenario is counted under its combination and run again without one of
  * the two features (unless strict: then the refusal is a failure). */
 enum {
-	CX_REFUSE_HCACHE_GROUPS = 0, /* host cache with KV groups (pool create) */
-	CX_REFUSE_OVERLAP_STATE,     /* overlap with a STATE group (sched create) */
+	CX_REFUSE_OVERLAP_STATE = 0, /* overlap with a STATE group (sched create) */
 	CX_REFUSE_COUNT
 };
 
