@@ -51,7 +51,7 @@
  * demoted (its copy pending), REMOVED when the host cache drops it or a
  * failed call forgets it.
  */
-#include "pool/pool.h"
+#include "pool/hc.h"
 
 #include <string.h>
 

@@ -7,7 +7,7 @@
  * cache itself is pool/hcache.c, the groups pool/lanes.c; this file sits
  * above both. docs/design.md, "The host cache" (KV groups).
  */
-#include "pool/pool.h"
+#include "pool/hc.h"
 
 /* Lane l's block i of a host-cache hit run from lane 0's block a on (lane
  * 0's blocks [a, i) are host ids stashed in s->table): a device block id

@@ -24,7 +24,7 @@
  * close, truncate and swap-out release a sequence's blocks last to first
  * (the release rules: kv/frames.c); drop (abort) releases with drop set.
  */
-#include "pool/pool.h"
+#include "pool/hc.h"
 
 #include <string.h>
 

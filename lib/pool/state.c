@@ -625,17 +625,6 @@ void bkv__state_write(bkv_pool *pool, const bkv__seq *s)
 		pool->st_scratch[slot] = unit_take(pool);
 }
 
-/* The checkpoint for a sequence whose group-0 block e - 1 (table given)
- * ends at a multiple of the interval, or -1. */
-static int32_t ckpt_find(const bkv_pool *pool, const int32_t *table, uint32_t e)
-{
-	const bkv__block *k = &pool->kv.blk[table[e - 1]];
-
-	if (!BLOCK_IS_INDEXED(k))
-		return -1;
-	return map_find(pool, k->hash ^ pool->st_salt);
-}
-
 /* The longest hit end e' in (nb0, e] whose position is a checkpoint (the
  * stashed group-0 blocks name it), or nb0. *units_relinked counts a cached
  * checkpoint taken off the LRU. */
@@ -648,12 +637,14 @@ uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, u
 	*units_relinked = 0;
 	if (!pool->st_interval || !pool->kv.index)
 		return nb0;
-	for (i = e; i > nb0; i--) {
+	for (i = e; i > nb0; i--) { /* the checkpoint after block i - 1, if any */
+		const bkv__block *k;
 		int32_t u;
 
 		if (((uint64_t)i << shift) % pool->st_interval)
 			continue;
-		u = ckpt_find(pool, s->table, i);
+		k = &pool->kv.blk[s->table[i - 1]];
+		u = BLOCK_IS_INDEXED(k) ? bkv__state_find(pool, k->hash) : -1;
 		if (u >= 0) {
 			*units_relinked = pool->st_ref[u] == 0;
 			return i;
