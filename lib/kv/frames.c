@@ -215,6 +215,10 @@ void bkv__kv_free(bkv__kv *kv, const bkv_allocator *a)
 	bkv__free(a, kv->blk, nb * sizeof(bkv__block));
 	bkv__ck_free(kv, a);
 	bkv__free(a, kv->grp, kv->grp ? nb : 0);
+	/* the segmented LRU's ghosts, when its user outlived the pool */
+	bkv__free(a, kv->val_ghost,
+		  kv->val_ghost ? ((size_t)kv->val_ghost_mask + 1) * sizeof(uint64_t) : 0);
+	kv->val_ghost = NULL;
 	bkv__kv_retain_off(kv, a); /* a scheduler with retention outlived it */
 	if (kv->val) { /* a scheduler that set the value policy outlived it */
 		kv->val_users = 1;
