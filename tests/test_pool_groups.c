@@ -666,6 +666,47 @@ Test(pool_groups, refused_calls_leave_the_last_appends_releases_pending)
 	bkv_pool_destroy(p);
 }
 
+/* A swapped-in state is loaded by a copy the next host call makes; until
+ * the copies are cleared its unit holds nothing. Swapping the sequence out
+ * again before that would copy the unit out ahead of the load (swap-outs
+ * go first): refused, like a block still being loaded. */
+Test(pool_groups, a_state_still_being_swapped_in_is_not_swapped_out_again)
+{
+	static const bkv_kv_group g[2] = {
+		{BKV_GROUP_FULL, 1, 0, 0, 64},
+		{BKV_GROUP_STATE, 1, 4, 0, 128},
+	};
+	bkv_pool_config c;
+	bkv_pool *p = NULL;
+	int32_t tok[8], in, out;
+	uint32_t a, i;
+
+	for (i = 0; i < 8; i++)
+		tok[i] = (int32_t)i + 100;
+	bkv_pool_config_init(&c);
+	c.block_tokens = 4;
+	c.device_blocks = 16;
+	c.host_blocks = 16;
+	c.max_seqs = 2;
+	c.n_groups = 2;
+	c.groups = g;
+	c.state_units = 4;
+	cr_assert_eq(bkv_pool_create(&c, NULL, &p), BKV_OK);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, a, tok, 8, NULL), BKV_OK);
+	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_OK);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_OUT);
+	cr_assert_eq(bkv_seq_swap_in(p, a), BKV_OK);
+	cr_assert_eq(bkv_seq_state_frames(p, a, &in, &out), BKV_OK);
+	cr_assert_geq(in, 0, "the swapped-in state is live");
+	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_ESTATE, "its load is still pending");
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_clear_copies(p, BKV_COPY_SWAP_IN);
+	cr_assert_eq(bkv_seq_swap_out(p, a), BKV_OK, "loaded: it may go again");
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}
+
 /* ---- the scheduler on a grouped pool -------------------------------------- */
 
 /* One token each, no host state: the scheduler's progress is what is tested. */

@@ -217,6 +217,8 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 			/* a state unit's frames lie above the blocks */
 			if ((uint32_t)l->v[i].dst < pool->kv.nb)
 				pool->kv.blk[l->v[i].dst].flags &= ~BKV__BLOCK_PEND_SWAPIN;
+			if (pool->st_units)
+				bkv__state_swap_in_cleared(pool, l->v[i].dst);
 			if (pool->host_state[l->v[i].src] == BKV__HOST_CACHED) {
 				bkv__hc_swap_in_cleared(pool, l->v[i].src);
 				continue;
