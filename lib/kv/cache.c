@@ -858,6 +858,10 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	kv->dedup_blocks++;
 }
 
+/* A queue entry kept for the next commit: its index, encoded apart from
+ * the queue positions that prev holds while an entry waits its turn. */
+#define TXN_CARRY(i) (-2 - (int32_t)(i))
+
 void bkv__kv_txn_end(bkv__kv *kv, int commit)
 {
 	uint32_t i, left, carried;
@@ -867,14 +871,16 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 	kv->txn_active = 0;
 	if (commit && kv->index && kv->txn_n > 1)
 		txn_prefetch(kv);
-	/* Queue order is fill order, parents first, except after an abort
-	 * carried blocks over (below): a carried block's children that filled
-	 * in this transaction may come before it, and wait for another pass.
-	 * An abort keeps the swapped-in blocks queued (their swap-in copies
-	 * stay pending for the next call, which brings their KV; the next
-	 * commit indexes them), compacted to the queue's front; it forgets
-	 * the rest. */
-	carried = 0;
+	/* Queue order is fill order, parents first, except after blocks were
+	 * carried over (below): a carried block's children that filled in
+	 * this transaction may come before it, and wait for another pass.
+	 * Carried over to the next commit, compacted to the queue's front in
+	 * order: on an abort, the swapped-in blocks (their swap-in copies stay
+	 * pending for the next call, which brings their KV; the next commit
+	 * indexes them); on a commit, a swapped-in block whose content is
+	 * indexed already as another block, while its copy is pending (the
+	 * next commit puts that block in its place, txn_dedupe), and the
+	 * blocks that wait on it. The rest is forgotten. */
 	do {
 		left = 0;
 		progress = 0;
@@ -884,18 +890,15 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 
 			if (!(k->flags & BKV__BLOCK_TXN) || k->prev != (int32_t)i)
 				continue; /* released (and maybe retaken) since queued,
-					     or done in an earlier pass */
+					     done in an earlier pass, or carried */
 			if (!commit && (k->flags & BKV__BLOCK_PEND_SWAPIN) && k->ref > 0 &&
 			    k->fill == kv->bt && !BLOCK_IS_INDEXED(k)) {
-				kv->txn_owner[carried] = kv->txn_owner[i];
-				kv->txn_pending[carried] = b;
-				k->prev = (int32_t)carried++;
-				k->flags &= ~BKV__BLOCK_HASHED;
+				k->prev = TXN_CARRY(i);
 				continue;
 			}
 			if (commit && !(k->flags & BKV__BLOCK_HASHED) && k->parent >= 0 &&
 			    (kv->blk[k->parent].flags & BKV__BLOCK_TXN)) {
-				left++; /* its parent is queued later */
+				left++; /* its parent is queued later, or carried */
 				continue;
 			}
 			progress = 1;
@@ -908,13 +911,30 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 				txn_dedupe(kv, i, b, d);
 				if (!(k->flags & BKV__BLOCK_TXN))
 					continue; /* freed: d in its place */
+				if ((k->flags & BKV__BLOCK_PEND_SWAPIN) && k->ref > 0) {
+					k->prev = TXN_CARRY(i);
+					continue;
+				}
 			}
 			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
 			k->prev = -1;
 		}
 	} while (left && progress);
-	/* no pass ends without progress while blocks wait: a waiting block's
-	 * parent is queued, and the queue's first waiting parent is ready */
-	BKV_ASSERT(left == 0);
+	carried = 0;
+	for (i = 0; i < kv->txn_n; i++) {
+		int32_t b = kv->txn_pending[i];
+		bkv__block *k = &kv->blk[b];
+
+		if (!(k->flags & BKV__BLOCK_TXN) ||
+		    (k->prev != TXN_CARRY(i) && k->prev != (int32_t)i))
+			continue;
+		/* one still waiting descends from a carried block */
+		BKV_ASSERT(k->prev == TXN_CARRY(i) ||
+			   (k->parent >= 0 && (kv->blk[k->parent].flags & BKV__BLOCK_TXN)));
+		kv->txn_pending[carried] = b;
+		kv->txn_owner[carried] = kv->txn_owner[i];
+		k->prev = (int32_t)carried++;
+		k->flags &= ~BKV__BLOCK_HASHED;
+	}
 	kv->txn_n = carried;
 }

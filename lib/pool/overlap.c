@@ -51,12 +51,13 @@ uint32_t bkv__pool_txn_queued(const bkv_pool *pool)
 	return pool->kv.txn_n;
 }
 
-/* Move the queue's live entries of [from, n) to its front, in order (an
- * entry whose block was released since it was queued is dropped), and
- * make them the whole queue. Returns how many are left. */
-static uint32_t squeeze(bkv__kv *kv, uint32_t from, uint32_t n)
+/* Move the queue's live entries of [from, n) to positions j on, in order
+ * (an entry whose block was released since it was queued is dropped; the
+ * j entries before them stay), and make that the whole queue. Returns its
+ * length. */
+static uint32_t squeeze(bkv__kv *kv, uint32_t j, uint32_t from, uint32_t n)
 {
-	uint32_t i, j = 0;
+	uint32_t i;
 
 	for (i = from; i < n; i++) {
 		int32_t b = kv->txn_pending[i];
@@ -74,7 +75,7 @@ static uint32_t squeeze(bkv__kv *kv, uint32_t from, uint32_t n)
 
 uint32_t bkv__pool_txn_compact(bkv_pool *pool)
 {
-	return squeeze(&pool->kv, 0, pool->kv.txn_n);
+	return squeeze(&pool->kv, 0, 0, pool->kv.txn_n);
 }
 
 uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
@@ -85,8 +86,8 @@ uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 	BKV_ASSERT(kv->txn_active && mark <= n && !pool->st_units);
 	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
 	bkv__kv_txn_end(kv, 1);
-	BKV_ASSERT(kv->txn_n == 0);
-	j = squeeze(kv, mark, n);
+	/* what the commit carried over stays in front of the later step's */
+	j = squeeze(kv, kv->txn_n, mark, n);
 	kv->txn_active = 1; /* bkv__kv_txn_begin, keeping the entries */
 	return j;
 }

@@ -482,6 +482,8 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 #define BKV__ST_NO_UNDO (-2)
 #define BKV__ST_SPEC 0x4u /* st_flags: a speculated row's per-token state
 			     (st_spec; pool/state_spec.c) */
+#define BKV__ST_SWAPIN 0x8u /* st_flags: the destination of a pending swap-in
+			       copy (pool/swap.c) */
 uint64_t bkv__state_arena(const bkv_pool_config *c);
 int bkv__state_init(bkv_pool *pool);
 void bkv__state_free(bkv_pool *pool);
@@ -517,6 +519,7 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s);
 void bkv__state_advance(bkv_pool *pool, const bkv__seq *s, uint32_t end);
 int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
+/* (pool/swap.c) */
 int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need);
 void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s);
 int bkv__state_swap_in_room(const bkv_pool *pool, const bkv__seq *s);
@@ -541,6 +544,7 @@ uint32_t bkv__state_spare(const bkv_pool *pool);
 /* Units a STATE group of config c keeps at all times (fixed: the arena). */
 uint64_t bkv__state_floor_frames(const bkv_pool_config *c);
 void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s);
+/* (pool/swap.c) */
 void bkv__state_swap_in_cleared(bkv_pool *pool, int32_t f);
 void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out);
 /* Speculation over a STATE group (pool/state_spec.c): the units a row's

@@ -48,7 +48,6 @@
 
 #define ST_INDEXED 0x1u /* a checkpoint: in st_map under st_hash */
 #define ST_SCRATCH 0x2u /* some sequence's scratch unit */
-#define ST_SWAPIN 0x8u  /* the destination of a pending swap-in copy */
 
 /* ---- create / destroy ------------------------------------------------------- */
 
@@ -820,27 +819,6 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 
 /* ---- the host tier ---------------------------------------------------------- */
 
-/* Swap-out of s: BKV_ESTATE while its state lags its tokens; adds the host
- * blocks a live state needs to *host_need. */
-int bkv__state_swap_check(const bkv_pool *pool, const bkv__seq *s, uint32_t *host_need)
-{
-	const uint32_t slot = (uint32_t)(s - pool->seqs);
-	uint32_t len = pool->st_len[slot];
-
-	/* after bkv__state_settle: outside a step an append's state is live */
-	if (!pool->kv.txn_active && pool->st_scratch[slot] >= 0)
-		len = s->len;
-	if (len != s->len)
-		return BKV_ESTATE;
-	/* a state still being loaded: copying it out would read the unit
-	 * before the swap-in writes it (swap-outs go first) */
-	if (pool->st_live[slot] >= 0 && (pool->st_flags[pool->st_live[slot]] & ST_SWAPIN))
-		return BKV_ESTATE;
-	if (len)
-		*host_need += pool->st_frames;
-	return BKV_OK;
-}
-
 void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s)
 {
 	const uint32_t slot = (uint32_t)(s - pool->seqs), k = pool->st_frames;
@@ -882,7 +860,7 @@ void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
 	if (pool->st_len[slot] == 0)
 		return;
 	u = unit_take(pool);
-	pool->st_flags[u] = ST_SWAPIN;
+	pool->st_flags[u] = BKV__ST_SWAPIN;
 	pool->st_ref[u] = 1;
 	pool->st_live[slot] = u;
 	for (j = 0; j < k; j++) {
@@ -897,17 +875,6 @@ void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
 		pool->host_pending++;
 	}
 	pool->swap_in_blocks += k;
-}
-
-/* The host performed a swap-in copy into frame f: a state unit's load is
- * done (bkv_pool_clear_copies; frames that are no unit's are left alone). */
-void bkv__state_swap_in_cleared(bkv_pool *pool, int32_t f)
-{
-	const uint32_t k = pool->st_frames;
-
-	if (pool->st_units && (uint32_t)f >= pool->st_first &&
-	    ((uint32_t)f - pool->st_first) / k < pool->st_units)
-		pool->st_flags[((uint32_t)f - pool->st_first) / k] &= (uint8_t)~ST_SWAPIN;
 }
 
 /* ---- the checker ------------------------------------------------------------ */

@@ -49,7 +49,8 @@
  * calls (and failed launches and completions); KV events; eviction, victim
  * and admission policies; abandoning the scheduler with steps outstanding.
  * After every driver action bkv_sched_check (and, with nothing outstanding,
- * bkv_pool_check) must answer 0.
+ * bkv_pool_check) must answer 0. CX_TRACE=1 in the environment logs every
+ * call's copies and rows to stderr (a replay's trail).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "compose.h"
@@ -206,6 +207,7 @@ typedef struct cx_run {
 	uint64_t *chain;
 	uint32_t chain_cap;
 	int failed;
+	int trace;           /* CX_TRACE set: trace_call logs every call */
 	int unadmittable_ok;
 	uint32_t errors_unexplained;
 	/* abort thread */
@@ -787,6 +789,31 @@ static void compute_row(cx_run *x, const bkv_batch *b, const int32_t *ids, uint3
 	next[r] = tok(x, q, br, end);
 }
 
+/* CX_TRACE=1: every call's copies and rows on stderr (a replay's log). */
+static void trace_call(const cx_run *x, const bkv_batch *b)
+{
+	const char *const kind[3] = {"so", "si", "cp"};
+	const bkv_copy *v[3] = {b->swap_out, b->swap_in, b->copies};
+	const uint32_t n[3] = {b->n_swap_out, b->n_swap_in, b->n_copies};
+	uint32_t r, g, k;
+
+	fprintf(stderr, "call %llu: %u rows\n", (unsigned long long)x->res->calls, b->n_rows);
+	for (k = 0; k < 3; k++)
+		for (r = 0; r < n[k]; r++)
+			fprintf(stderr, "  %s %d -> %d\n", kind[k], v[k][r].src, v[k][r].dst);
+	for (r = 0; r < b->n_rows; r++) {
+		const cx_req *q = (const cx_req *)b->row_user[r];
+
+		fprintf(stderr, "  row %u: req %d [%d, +%d)", r, q ? (int)q->idx : -1,
+			b->positions[b->qo_indptr[r]], b->qo_indptr[r + 1] - b->qo_indptr[r]);
+		for (g = 0; g < b->n_groups; g++)
+			if (b->groups[g].state_in)
+				fprintf(stderr, " state %d -> %d", b->groups[g].state_in[r],
+					b->groups[g].state_out[r]);
+		fprintf(stderr, "\n");
+	}
+}
+
 /* One compute call. ids: token_ids with placeholders replaced. dry: the
  * device skips it (an overlapped step after a failed one). */
 static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *next, int dry)
@@ -818,6 +845,8 @@ static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *n
 	}
 	if (dry || x->failed)
 		return -1;
+	if (x->trace)
+		trace_call(x, b);
 	if (x->f.fail_permille && chance(&x->rng_fail, x->f.fail_permille)) {
 		x->res->failed_calls++;
 		if (chance(&x->rng_fail, 500))
@@ -1646,6 +1675,7 @@ int cx_run_seed(uint64_t seed, const cx_opts *opt, cx_result *res)
 		return -1;
 	}
 	x->opt = *opt;
+	x->trace = getenv("CX_TRACE") != NULL;
 	x->res = res;
 	x->seed = seed;
 	cx_draw(seed, &x->f);

@@ -3,7 +3,8 @@
  * of seeds, or seeds for a while, and prints every failing seed with its
  * features, what went wrong and the command that replays it.
  *
- *   compose                       the CI form: seeds 1..CX_CI_SEEDS
+ *   compose                       the CI form: seeds 1..CX_CI_SEEDS and the
+ *                                 seeds a longer soak once failed (found[])
  *   compose --seeds A:B           seeds A..B-1
  *   compose --seed N [-v]         one seed (replay), verbose
  *   compose --seeds A:B --time S  stop after S seconds (the soak)
@@ -32,6 +33,10 @@
 #include <unistd.h>
 
 #define CX_CI_SEEDS 3000u
+
+/* Seeds beyond CX_CI_SEEDS that a soak (bench/compose_soak.sh) found
+ * failing, each a defect since fixed: the CI form runs them too. */
+static const uint64_t found[] = {150332, 157918, 182639};
 
 static volatile uint64_t running_seed;
 static const char *prog = "compose";
@@ -177,13 +182,13 @@ static void run_children(tally *t, uint64_t lo, uint64_t hi, double t0, double l
 
 int main(int argc, char **argv)
 {
-	uint64_t lo = 1, hi = 1 + CX_CI_SEEDS, seed;
+	uint64_t lo = 1, hi = 1 + CX_CI_SEEDS, seed, n_found = 0;
 	double limit = 0, t0 = now_s();
 	cx_opts opt;
 	cx_result res;
 	tally t;
 	const char *env = getenv("BKV_COMPOSE_STRICT");
-	int i, k, in_process = 0;
+	int i, k, in_process = 0, ci_form = 1;
 
 	memset(&opt, 0, sizeof(opt));
 	memset(&t, 0, sizeof(t));
@@ -193,9 +198,11 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "--seeds") && i + 1 < argc) {
 			char *colon;
 
+			ci_form = 0;
 			lo = strtoull(argv[++i], &colon, 0);
 			hi = *colon == ':' ? strtoull(colon + 1, NULL, 0) : lo + 1;
 		} else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+			ci_form = 0;
 			lo = strtoull(argv[++i], NULL, 0);
 			hi = lo + 1;
 		} else if (!strcmp(argv[i], "--time") && i + 1 < argc) {
@@ -237,11 +244,18 @@ int main(int argc, char **argv)
 			account(&t, seed, &res, opt.verbose);
 		}
 	}
+	if (ci_form) {
+		for (k = 0; k < (int)(sizeof(found) / sizeof(found[0])); k++)
+			run_children(&t, found[k], found[k] + 1, t0, 0, &opt);
+		n_found = (uint64_t)k;
+		printf("compose: and the %llu seeds a soak once failed\n",
+		       (unsigned long long)n_found);
+	}
 	printf("compose: %llu seeds (%llu..%llu), %llu failed, %.1f s; %llu requests, %llu calls "
 	       "(%llu failed), %llu KV cells checked, %llu tokens, %llu preemptions, %llu drafts "
 	       "accepted, %llu hit tokens, %llu overlapped steps\n",
 	       (unsigned long long)t.ran, (unsigned long long)lo,
-	       (unsigned long long)(lo + t.ran - 1), (unsigned long long)t.failed, now_s() - t0,
+	       (unsigned long long)(lo + t.ran - n_found - 1), (unsigned long long)t.failed, now_s() - t0,
 	       (unsigned long long)t.reqs, (unsigned long long)t.calls, (unsigned long long)t.fcalls,
 	       (unsigned long long)t.cells, (unsigned long long)t.tokens,
 	       (unsigned long long)t.preempt, (unsigned long long)t.spec, (unsigned long long)t.hits,
