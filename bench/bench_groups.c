@@ -31,6 +31,10 @@ static const bkv_kv_group g_hybrid[3] = {
 	{BKV_GROUP_WINDOW, 12, 128, 0, 2048},
 	{BKV_GROUP_STATE, 1, 512, 0, 393216},
 };
+static const bkv_kv_group g_state[2] = {
+	{BKV_GROUP_FULL, 12, 0, 0, 2048},
+	{BKV_GROUP_STATE, 1, 512, 0, 393216},
+};
 static const bkv_kv_group g_full24[1] = {{BKV_GROUP_FULL, 24, 0, 0, 2048}};
 static const bkv_kv_group g_full12[1] = {{BKV_GROUP_FULL, 12, 0, 0, 2048}};
 
@@ -46,7 +50,7 @@ static bkv_pool *make_pool(const bkv_kv_group *g, uint32_t ng, uint32_t frames,
 	c.max_seqs = max_seqs;
 	c.n_groups = ng;
 	c.groups = g;
-	if (ng == 3)
+	if (g[ng - 1].kind == BKV_GROUP_STATE)
 		c.state_units = 4 * max_seqs;
 	if (bkv_pool_create(&c, NULL, &p) != BKV_OK) {
 		fprintf(stderr, "bench_groups: pool refused\n");
@@ -128,39 +132,49 @@ static int noop_forward(void *h, const bkv_batch *b, int32_t *next)
 	return 0;
 }
 
-static const bkv_kv_group *shape(uint32_t ng)
+/* G: 1 one full group, 2 full + window 128, 3 + a recurrent state, 4 full
+ * + a recurrent state (gpt-oss-20b-like layers, a state of Mamba's size). */
+static const bkv_kv_group *shape(uint32_t ng, uint32_t *n)
 {
-	return ng == 1 ? g_full12 : g_hybrid;
+	*n = ng == 4 ? 2 : ng;
+	return ng == 1 ? g_full12 : ng == 4 ? g_state : g_hybrid;
 }
 
-static int step(uint32_t ng, uint32_t rows, uint32_t steps)
+static int step(uint32_t ng, uint32_t rows, uint32_t steps, uint32_t ctx, int persistent)
 {
-	bkv_pool *p = make_pool(shape(ng), ng, 200000, 4096);
+	uint32_t n_groups;
+	const bkv_kv_group *g = shape(ng, &n_groups);
+	bkv_pool *p = make_pool(g, n_groups, 200000, 4096);
 	bkv_sched_config sc;
 	bkv_host_ops ops = {0};
 	bkv_sched *s = NULL;
 	bkv_step_info si;
-	int32_t prompt[64];
+	int32_t *prompt = malloc(ctx * sizeof(int32_t));
 	uint32_t i;
 
+	if (!prompt)
+		return 1;
 	bkv_sched_config_init(&sc);
 	sc.max_running = rows;
 	sc.admit_group = rows;
+	if (persistent)
+		sc.batch_layout = BKV_BATCH_PERSISTENT;
 	ops.forward = noop_forward;
 	if (bkv_sched_create(&sc, p, &ops, NULL, NULL, &s) != BKV_OK)
 		return 1;
 	for (i = 0; i < rows; i++) {
 		bkv_request q;
 
-		for (uint32_t k = 0; k < 64; k++)
+		for (uint32_t k = 0; k < ctx; k++)
 			prompt[k] = (int32_t)(i * 131 + k + 1);
 		bkv_request_init(&q);
 		q.prompt = prompt;
-		q.prompt_len = 64;
+		q.prompt_len = ctx;
 		q.max_new_tokens = 100000;
 		if (bkv_submit(s, &q, NULL) != BKV_OK)
 			return 1;
 	}
+	free(prompt);
 	for (i = 0; i < 300 + steps; i++) /* 300 warm-up steps, then measured */
 		if (bkv_step(s, &si) != BKV_OK)
 			return 1;
@@ -174,7 +188,9 @@ static int step(uint32_t ng, uint32_t rows, uint32_t steps)
 
 static int pool(uint32_t ng, uint32_t n)
 {
-	bkv_pool *p = make_pool(shape(ng), ng, 400000, 256);
+	uint32_t n_groups;
+	const bkv_kv_group *g = shape(ng, &n_groups);
+	bkv_pool *p = make_pool(g, n_groups, 400000, 256);
 	uint32_t seq[64], i, hit;
 	int32_t tok[16];
 
@@ -207,7 +223,8 @@ int main(int argc, char **argv)
 		return memory();
 	if (argc >= 5 && strcmp(argv[1], "step") == 0)
 		return step((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]),
-			    (uint32_t)atoi(argv[4]));
+			    (uint32_t)atoi(argv[4]), argc >= 6 ? (uint32_t)atoi(argv[5]) : 64,
+			    argc >= 7 && strcmp(argv[6], "persistent") == 0);
 	if (argc >= 4 && strcmp(argv[1], "pool") == 0)
 		return pool((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]));
 	fprintf(stderr, "usage: bench_groups memory | step G ROWS STEPS | pool G APPENDS\n");

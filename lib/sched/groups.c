@@ -121,7 +121,7 @@ static void fill_group(bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_
 	kvp[0] = 0;
 	for (r = 0; r < n_rows; r++) {
 		const uint32_t start = rows[r].start, end = rows[r].end;
-		const int32_t *table = bkv_seq_group_blocks(s->pool, rows[r].lane->seq, g, &nb);
+		const int32_t *table = bkv__pool_group_table(s->pool, rows[r].lane->seq, g, &nb);
 		uint32_t first;
 
 		BKV_ASSERT(table && nb == ((end + mask) >> shift));
