@@ -415,6 +415,18 @@ Test(trace, synthetic_arrivals_have_the_requested_rate)
 	cr_assert_eq(trace_synthetic(&t, 5, ARRIVAL_UNIFORM, 4.0, &p, &o, 1), TRACE_OK);
 	cr_expect_float_eq(t.reqs[4].arrival_us, 1e6, 1e-6);
 	trace_free(&t);
+	/* bursty: the same mean rate, in bursts of 8 requests on average */
+	cr_assert_eq(trace_synthetic(&t, 8000, ARRIVAL_BURSTY, 2.0, &p, &o, 42), TRACE_OK);
+	span = t.reqs[t.n - 1].arrival_us / 1e6;
+	cr_expect(fabs(8000 / span - 2.0) < 0.3, "rate %g", 8000 / span);
+	uint32_t bursts = 1;
+	for (uint32_t i = 1; i < t.n; i++) {
+		cr_assert(t.reqs[i].arrival_us >= t.reqs[i - 1].arrival_us);
+		bursts += t.reqs[i].arrival_us > t.reqs[i - 1].arrival_us;
+	}
+	cr_expect(fabs(8000.0 / bursts - TRACE_BURST_MEAN) < 1.0, "mean burst %g",
+		  8000.0 / bursts);
+	trace_free(&t);
 }
 
 Test(trace, rng_range_covers_its_bounds_uniformly)

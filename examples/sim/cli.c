@@ -295,15 +295,17 @@ static int set_order(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
-/* burst | uniform:R | poisson:R */
+/* burst | uniform:R | poisson:R | bursty:R */
 static int set_arrival(cli_args *a, const cli_option *opt, const char *v)
 {
 	if (!strcmp(v, "burst")) {
 		a->o.arrival = ARRIVAL_BURST;
-	} else if (!strncmp(v, "uniform:", 8) || !strncmp(v, "poisson:", 8)) {
-		a->o.arrival = v[0] == 'u' ? ARRIVAL_UNIFORM : ARRIVAL_POISSON;
+	} else if (!strncmp(v, "uniform:", 8) || !strncmp(v, "poisson:", 8) ||
+		   !strncmp(v, "bursty:", 7)) {
+		a->o.arrival = v[0] == 'u' ? ARRIVAL_UNIFORM : v[1] == 'o' ? ARRIVAL_POISSON
+									   : ARRIVAL_BURSTY;
 		char *end;
-		a->o.rate = strtod(v + 8, &end);
+		a->o.rate = strtod(strchr(v, ':') + 1, &end);
 		if (*end || !(a->o.rate > 0))
 			return SET_BAD;
 	} else {
@@ -541,8 +543,10 @@ static const cli_option options[] = {
 	HEADING("workload (one of):\n"),
 	VALUE("--workload", set_workload,
 	      "  --workload seed000         seed 000's 256 requests (default)\n"
-	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R\n"
+	      "  --workload synthetic       --n N --arrival burst|uniform:R|poisson:R|bursty:R\n"
 	      "                             --prompt N|LO..HI --output N|LO..HI|seed000\n"
+	      "                             (bursty: Poisson bursts of 8 requests on average,\n"
+	      "                             a geometric number, R requests/s in all)\n"
 	      "  --workload sessions        --sessions S --turns T --grow G --order rr|shuffle:\n"
 	      "                             S sessions in rotation, T rounds; a turn re-reads\n"
 	      "                             its session's context and adds G tokens (default\n"

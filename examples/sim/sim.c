@@ -627,7 +627,7 @@ static int plan_seeds(opts *o, int *n_seeds)
 	}
 	if (o->goodput && !o->trace_path && (!synthetic || o->arrival == ARRIVAL_BURST)) {
 		fprintf(stderr, "bkv-sim: --goodput needs arrivals spread in time: a --trace, or "
-				"--workload synthetic --arrival poisson:R|uniform:R (seed 000's "
+				"--workload synthetic --arrival poisson:R|uniform:R|bursty:R (seed 000's "
 				"shape: --prompt 8..64 --output seed000 --gen steps)\n");
 		return 2;
 	}
@@ -692,7 +692,8 @@ static void make_title(opts *o, const sim_config *c, const trace *traces, int n_
 		snprintf(src, sizeof(src), "%s", o->trace_path);
 	else if (!strcmp(o->workload, "synthetic"))
 		snprintf(src, sizeof(src), "synthetic %s%.6g", o->arrival == ARRIVAL_BURST ? "burst"
-				: o->arrival == ARRIVAL_POISSON ? "poisson:" : "uniform:",
+				: o->arrival == ARRIVAL_POISSON ? "poisson:"
+				: o->arrival == ARRIVAL_BURSTY ? "bursty:" : "uniform:",
 			 o->arrival == ARRIVAL_BURST ? 0.0 : o->rate);
 	else
 		snprintf(src, sizeof(src), "seed000");

@@ -148,11 +148,20 @@ uint32_t trace_dist_draw(const trace_dist *d, trace_rng *r);
 typedef enum trace_arrival {
 	ARRIVAL_BURST = 0,   /* everyone at time 0 */
 	ARRIVAL_UNIFORM = 1, /* evenly spaced at rate per second */
-	ARRIVAL_POISSON = 2  /* exponential gaps at rate per second */
+	ARRIVAL_POISSON = 2, /* exponential gaps at rate per second */
+	ARRIVAL_BURSTY = 3   /* bursts of requests arriving together, the
+				bursts Poisson at rate / TRACE_BURST_MEAN per
+				second, each of a geometric number of requests
+				(mean TRACE_BURST_MEAN): rate per second */
 } trace_arrival;
 
+#define TRACE_BURST_MEAN 8.0 /* mean requests of a bursty arrival's burst */
+
 /* n requests with the given arrivals and lengths, drawn from seed: per
- * request, gap (Poisson: -ln(1 - unit()) / rate), then prompt, then output. */
+ * request, gap (Poisson: -ln(1 - unit()) / rate; bursty: at a burst's first
+ * request the gap to it, -ln(1 - unit()) / (rate / TRACE_BURST_MEAN), then
+ * its size, 1 + floor(ln(1 - unit()) / ln(1 - 1 / TRACE_BURST_MEAN))), then
+ * prompt, then output. */
 int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
 		    const trace_dist *prompt, const trace_dist *output, uint64_t seed);
 

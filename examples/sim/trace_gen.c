@@ -230,6 +230,30 @@ int trace_seed000(trace *t, uint64_t seed)
 	return TRACE_OK;
 }
 
+/* The next request's arrival time (us) after now; first: the workload's
+ * first request. A bursty arrival draws, at a burst's first request, the gap
+ * to it and the burst's size (*burst_left: its requests still to come). */
+static double next_arrival(trace_arrival arr, double rate_per_s, trace_rng *r, double now,
+			   int first, uint32_t *burst_left)
+{
+	if (!(rate_per_s > 0.0))
+		return now;
+	if (arr == ARRIVAL_POISSON)
+		return now - log(1.0 - trace_rng_unit(r)) / rate_per_s * 1e6;
+	if (arr == ARRIVAL_UNIFORM)
+		return first ? now : now + 1e6 / rate_per_s;
+	if (arr != ARRIVAL_BURSTY)
+		return now;
+	if (*burst_left) {
+		(*burst_left)--;
+		return now;
+	}
+	now -= log(1.0 - trace_rng_unit(r)) / rate_per_s * TRACE_BURST_MEAN * 1e6;
+	double sz = log(1.0 - trace_rng_unit(r)) / log(1.0 - 1.0 / TRACE_BURST_MEAN);
+	*burst_left = sz < 1e9 ? (uint32_t)sz : 1000000000u;
+	return now;
+}
+
 int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
 		    const trace_dist *prompt, const trace_dist *output, uint64_t seed)
 {
@@ -239,11 +263,9 @@ int trace_synthetic(trace *t, uint32_t n, trace_arrival arr, double rate_per_s,
 	trace_rng r;
 	trace_rng_seed(&r, seed);
 	double now = 0.0;
+	uint32_t burst_left = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (arr == ARRIVAL_POISSON && rate_per_s > 0.0)
-			now += -log(1.0 - trace_rng_unit(&r)) / rate_per_s * 1e6;
-		else if (arr == ARRIVAL_UNIFORM && rate_per_s > 0.0 && i > 0)
-			now += 1e6 / rate_per_s;
+		now = next_arrival(arr, rate_per_s, &r, now, i == 0, &burst_left);
 		uint32_t p = trace_dist_draw(prompt, &r);
 		uint32_t o = trace_dist_draw(output, &r);
 		if (trace_push(t, now, p, o, NULL, 0)) {
@@ -278,7 +300,7 @@ int trace_sessions(trace *t, const trace_sessions_spec *sp, trace_arrival arr, d
 	uint32_t *ids = trace__malloc((size_t)ns * cap * sizeof(*ids));
 	uint32_t *len = trace__malloc((size_t)ns * sizeof(*len));
 	uint32_t *order = trace__malloc((size_t)ns * sizeof(*order));
-	uint32_t fresh = 0;
+	uint32_t fresh = 0, burst_left = 0;
 	int rc = TRACE_OK;
 	double now = 0.0;
 	if (!ids || !len || !order) {
@@ -304,10 +326,7 @@ int trace_sessions(trace *t, const trace_sessions_spec *sp, trace_arrival arr, d
 			if (turn > 0) /* the last answer and the next question */
 				for (uint32_t k = 0; k < grow; k++)
 					ctx[len[s]++] = fresh++;
-			if (arr == ARRIVAL_POISSON && rate_per_s > 0.0)
-				now += -log(1.0 - trace_rng_unit(&r)) / rate_per_s * 1e6;
-			else if (arr == ARRIVAL_UNIFORM && rate_per_s > 0.0 && t->n > 0)
-				now += 1e6 / rate_per_s;
+			now = next_arrival(arr, rate_per_s, &r, now, t->n == 0, &burst_left);
 			rc = trace_push(t, now, len[s] * TRACE_HASH_BLOCK, trace_dist_draw(output, &r),
 					ctx, len[s]);
 		}

@@ -69,15 +69,22 @@ static uint32_t budget_for_tpot(bkv_sched *s, bkv_step_shape *sh, double pl, uin
 
 /* The prefill work waiting, tokens: what the admitted prompts have still to
  * compute (admitted prompt tokens less those computed or served by the
- * prefix cache) and the queue's requests at per tokens each (the caller
- * passes the top of the observed prompt range: the tail request is the one
- * a p99 TTFT is about). At least one such prompt, the next arrival's. O(1). */
+ * prefix cache) and the queue's requests that free slots can take, at per
+ * tokens each (the caller passes the top of the observed prompt range: the
+ * tail request is the one a p99 TTFT is about). The queue behind a full set
+ * of slots waits for slots to free, which a larger chunk does not hasten
+ * (its longer steps slow the decode rows that free them): counting it made
+ * the budget grow with the queue once max_running bound. At least one
+ * prompt, the next arrival's. O(1). */
 static double backlog_tokens(const bkv_sched *s, double per)
 {
 	const bkv__auto *a = s->autos;
 	double done = (double)s->stats.prefill_tokens + (double)s->stats.hit_tokens;
 	double owed = a->adm_tokens > done ? a->adm_tokens - done : 0.0;
-	double w = owed + (double)s->q.queue_slots * per;
+	uint32_t free_slots = s->cfg.max_running > s->rs.slots_used
+				      ? s->cfg.max_running - s->rs.slots_used
+				      : 0;
+	double w = owed + (double)BKV_MIN(s->q.queue_slots, free_slots) * per;
 
 	return w > per ? w : per;
 }
