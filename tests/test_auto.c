@@ -715,7 +715,7 @@ Test(auto, slot_bound_azure_auto_budget_ttft_p50_within_10pct_of_a_fixed_512, .t
 {
 	trace t = {0};
 	char err[256] = "";
-need_trace(TRACES "AzureLLMInferenceTrace_conv.csv");
+	need_trace(TRACES "AzureLLMInferenceTrace_conv.csv");
 	cr_assert_eq(trace_load(TRACE_AZURE, TRACES "AzureLLMInferenceTrace_conv.csv", NULL, &t,
 				err, sizeof(err)),
 		     TRACE_OK, "%s", err);
