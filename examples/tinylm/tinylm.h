@@ -169,7 +169,11 @@ void tlm_workload_reset(tlm_workload *w);
 
 /* One serving run's settings. */
 typedef struct tlm_run_config {
-	bkv_sched_config sched;  /* policy, k, chunking, preemption, ... */
+	bkv_sched_config sched;  /* policy, k, chunking, preemption, ...;
+				    sched.overlap != 0: overlapped scheduling,
+				    the steps launched to a device thread
+				    (overlap.c) and completed one step
+				    behind (split and fail_every must be 0) */
 	uint32_t block_tokens;   /* pool and host block size */
 	uint32_t device_blocks;  /* device tier: the pool and the KV tensor
 				    (a recurrent model's state arena comes
