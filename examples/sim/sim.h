@@ -118,6 +118,10 @@ typedef struct sim_config {
 				      with more running rows keeps the
 				      machine's memory */
 	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU) */
+	bkv_batch_layout batch_layout; /* bkv_sched_config.batch_layout
+				      (--layout; default FLAT): the virtual
+				      host prices rows and tokens, so both
+				      layouts give the same times */
 	bkv_victim_policy victim;  /* bkv_sched_config.victim (default
 				      RECENT) */
 	bkv_admit_reserve admit_reserve; /* bkv_sched_config.admit_reserve
