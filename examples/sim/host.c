@@ -1002,6 +1002,7 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	res->preemptions = ss.preemptions;
 	res->spec_drafted = ss.spec_drafted;
 	res->spec_accepted = ss.spec_accepted;
+	res->spec_rows = ss.spec_rows;
 	if (r->h.spec_calls) {
 		res->spec_blocks_row = r->h.spec_blocks / (double)r->h.spec_calls;
 		res->spec_reserve_row = r->h.spec_reserve / (double)r->h.spec_calls;

@@ -236,6 +236,7 @@ typedef struct sim_result {
 	double span_us;            /* first to last arrival of the trace */
 	uint64_t spec_drafted;     /* draft tokens verified */
 	uint64_t spec_accepted;    /* of which accepted */
+	uint64_t spec_rows;        /* decode rows that carried drafts */
 	double spec_blocks_row;    /* mean over decode steps of the blocks the
 				      steps' drafts held past their rows'
 				      committed tokens, per running row */
