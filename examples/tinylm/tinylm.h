@@ -225,6 +225,13 @@ typedef struct tlm_run_result {
 	char host_error[256];    /* the paged host's last contract violation */
 } tlm_run_result;
 
+/* The pool of a run under rc for model m: rc's blocks and host tier, and a
+ * hybrid's KV groups (one per kind of layer, written to groups, which
+ * out->groups then points to) with a recurrent state's arena on top of
+ * rc->device_blocks. */
+void tlm_pool_config(const tlm_model *m, const tlm_run_config *rc,
+		     bkv_kv_group groups[TLM_MAX_GROUPS], bkv_pool_config *out);
+
 /* A run that did not finish within rc->max_steps steps. */
 #define TLM_STUCK (-100)
 
