@@ -372,3 +372,27 @@ Test(tinylm_production, every_feature_at_once_flat_layout_matches_reference,
 {
 	production(0);
 }
+
+/* The production configuration with the device failing every seventh
+ * launched step, before computing or after writing its K/V (alternately):
+ * every outstanding step completes failed, the last completion rolls them
+ * back, and the outputs are still the reference's. */
+static void production_failures(int persistent)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	production_config(&rc, persistent);
+	rc.fail_every = 7;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 1, "both kinds of failure were injected");
+	cr_assert_gt(res.sched.overlap_steps, 0);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
+Test(tinylm_production, device_failures_roll_back_and_match_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	production_failures(1);
+	production_failures(0);
+}

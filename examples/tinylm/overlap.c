@@ -39,6 +39,8 @@ typedef struct dev_step {
 	bkv_batch b;      /* the launched batch (struct copied) */
 	int32_t *next;    /* the library's next_tokens for it */
 	int status;       /* after it ran */
+	int fail;         /* 0, or tlm_host_fail_next's late + 1 (armed at
+			     launch) */
 	bkv_batch_group grp[BKV_MAX_GROUPS]; /* the call's groups (struct
 					  copied; b.groups points here) */
 	/* persistent: the call's rows' tables at launch, set 0 the batch's
@@ -65,6 +67,8 @@ struct tlm_device {
 	int quit;
 	int broken;            /* a step failed: the ones after it fail too
 				  until the queue drains */
+	int fail_next;         /* tlm_device_fail_next: the next launch's
+				  dev_step.fail */
 	/* device thread only */
 	int32_t *tok;          /* the running step's token ids, placeholders
 				  replaced */
@@ -105,6 +109,8 @@ static int dev_run(tlm_device *d, dev_step *st, int broken, uint64_t *subst)
 		d->tok[t] = v;
 	}
 	b.token_ids = d->tok;
+	if (st->fail) /* the host is the device thread's alone */
+		tlm_host_fail_next(d->host, st->fail - 1);
 	int rc = tlm_host_forward(d->host, &b, st->next);
 	if (rc == 0) {
 		memcpy(d->prev, st->next, (size_t)b.n_rows * sizeof(int32_t));
@@ -258,10 +264,12 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
 		st->b = *batch;
 		st->next = next_tokens;
 		st->status = 0;
+		st->fail = d->fail_next;
 		if (copy_tables(st, batch)) {
 			rc = -1;
 		} else {
 			d->n++;
+			d->fail_next = 0;
 			pthread_cond_broadcast(&d->cv);
 		}
 	}
@@ -286,6 +294,13 @@ int tlm_device_wait(tlm_device *d)
 		d->broken = 0; /* drained: the next step starts afresh */
 	pthread_mutex_unlock(&d->mu);
 	return rc;
+}
+
+void tlm_device_fail_next(tlm_device *d, int late)
+{
+	pthread_mutex_lock(&d->mu);
+	d->fail_next = late ? 2 : 1;
+	pthread_mutex_unlock(&d->mu);
 }
 
 uint64_t tlm_device_placeholders(tlm_device *d)

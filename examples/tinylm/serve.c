@@ -425,8 +425,8 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	}
 	bkv_host_ops ops = {.on_token = serve_token, .on_finish = serve_finish};
 	const int overlap = rc->sched.overlap != 0;
-	if (overlap && (rc->split || rc->fail_every)) {
-		st = BKV_EINVAL; /* a launch is one mixed call; no injection */
+	if (overlap && rc->split) {
+		st = BKV_EINVAL; /* a launch is one mixed call */
 		goto out;
 	}
 	if (overlap) {
@@ -468,8 +468,26 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 			goto out;
 		}
 		if (overlap) {
-			attempts++;
-			if ((st = overlap_step(sched, &sc)) != BKV_OK)
+			/* Fault injection, overlapped: the device fails the next
+			 * launched step (and the one launched after it, if any);
+			 * every outstanding step completes failed and the last
+			 * completion rolls them all back. */
+			const int inject = rc->fail_every && !last_failed &&
+					   ++attempts % rc->fail_every == 0;
+			if (inject)
+				tlm_device_fail_next(sc.dev, (int)(res->failed_steps & 1));
+			else if (!rc->fail_every)
+				attempts++;
+			st = overlap_step(sched, &sc);
+			last_failed = st == BKV_EHOST && rc->fail_every;
+			if (last_failed) {
+				while (sc.n_q) /* they failed with it */
+					(void)complete_oldest(sched, &sc);
+				res->failed_steps++;
+				st = BKV_OK; /* it may have been the last step */
+				continue;
+			}
+			if (st != BKV_OK)
 				goto out;
 			goto aborts;
 		}
@@ -488,6 +506,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		last_failed = st == BKV_EHOST && inject;
 		if (last_failed) {
 			res->failed_steps++;
+			st = BKV_OK;
 			continue;
 		}
 		if (st)

@@ -173,7 +173,9 @@ typedef struct tlm_run_config {
 				    sched.overlap != 0: overlapped scheduling,
 				    the steps launched to a device thread
 				    (overlap.c) and completed one step
-				    behind (split and fail_every must be 0) */
+				    behind (split must be 0; fail_every
+				    makes the device fail the launched
+				    step) */
 	uint32_t block_tokens;   /* pool and host block size */
 	uint32_t device_blocks;  /* device tier: the pool and the KV tensor
 				    (a recurrent model's state arena comes
@@ -187,7 +189,8 @@ typedef struct tlm_run_config {
 				     up front) */
 	uint32_t fail_every;     /* nonzero: make the host fail once every this
 				    many steps (the step is rolled back and
-				    retried) */
+				    retried); overlapped, the launched step
+				    and the one launched after it fail */
 	uint64_t max_steps;      /* give up (-100, "stuck") after this many
 				    steps; 0 = 200000 */
 	uint32_t state_units;    /* a recurrent model's state units (0: four per
