@@ -259,3 +259,41 @@ Test(shape, hybrid_run_completes_or_names_the_refusing_pool)
 	}
 	trace_free(&t);
 }
+
+/* A recurrent shape with the derived pool (no kv_blocks): the state arena
+ * comes on top of the frames every slot's longest request needs, so every
+ * request finishes (qwen3-next-80b's default pool was refused at create,
+ * and a custom state shape's requests all ended unadmittable). Overlapped,
+ * sim_run either completes or names the library's refusal of overlap with
+ * a STATE group. */
+Test(shape, state_shape_derived_pool_holds_the_arena)
+{
+	const char *specs[] = {"qwen3-next-80b", "custom:full:16x4096,state16:16x65536"};
+	for (int i = 0; i < 2; i++) {
+		for (int overlap = 0; overlap < 2; overlap++) {
+			sim_config c;
+			char err[256] = "";
+			sim_config_init(&c);
+			c.mixed_host = 1;
+			c.overlap = overlap;
+			sim_shape s = parse_ok(specs[i]);
+			cr_assert_eq(sim_shape_apply(&s, &c, err, sizeof(err)), 0, "%s", err);
+			trace t = {0};
+			for (int j = 0; j < 40; j++)
+				cr_assert_eq(trace_push(&t, 500.0 * j, 100 + 37 * j, 30, NULL, 0),
+					     TRACE_OK);
+			sim_result r;
+			memset(&r, 0, sizeof(r));
+			int rc = sim_run(&c, &t, &r, err, sizeof(err));
+			if (overlap && rc == BKV_EINVAL) {
+				cr_expect(strstr(err, "refuses overlapped scheduling") != NULL, "%s",
+					  err);
+			} else {
+				cr_expect_eq(rc, 0, "%s: %s", specs[i], err);
+				cr_expect_eq(r.finished, t.n, "%s", specs[i]);
+				cr_expect_eq(r.errors, 0u, "%s", specs[i]);
+			}
+			trace_free(&t);
+		}
+	}
+}

@@ -10,7 +10,9 @@
  * block the pool released too early, a slot in the wrong group, or a hit
  * that one group could not serve shows up as a different token. The runs
  * cover prefix hits, forks, chunked prefill, preemption by recompute and by
- * swap, host failures with rollback, split calls, and both batch layouts.
+ * swap, host failures with rollback, split calls, and both batch layouts;
+ * and the production configuration, every one of these features at once with
+ * overlapped steps, speculation and the host cache (tinylm_production).
  */
 #include <criterion/criterion.h>
 
@@ -319,4 +321,78 @@ Test(tinylm_recurrent, shared_state_units_match_reference, .init = recurrent_set
 	rc.sched.preempt = BKV_PREEMPT_RECOMPUTE;
 	serve_and_verify(&rc, &res);
 	(void)swap_and_failures(1);
+}
+
+/* ---- the production configuration ------------------------------------------ */
+
+/* Every feature a production server turns on at once, over the three-group
+ * model (full, window, chunked): overlapped steps on a device thread, n-gram
+ * speculation (library drafts, k = 4), the host tier for swap and the host
+ * cache, the prefix cache, chunked prefill, the persistent layout (or the
+ * flat one), and a pool of 60 blocks, small enough that requests are
+ * preempted and swapped (150 is not, with the host cache). */
+static void production_config(tlm_run_config *rc, int persistent)
+{
+	run_config(rc, 60, persistent);
+	rc->host_blocks = 600;
+	rc->host_cache = 1;
+	rc->sched.preempt = BKV_PREEMPT_SWAP;
+	rc->sched.chunked_prefill = 1;
+	rc->sched.token_budget = 64;
+	rc->sched.spec_max_k = 4;
+	rc->sched.spec_k_mode = BKV_SPEC_K_FIXED;
+	rc->sched.overlap = 1;
+	rc->submit_per_step = 3;
+}
+
+static void production(int persistent)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	production_config(&rc, persistent);
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.sched.overlap_steps, 0, "steps were planned while another ran");
+	cr_assert_gt(res.sched.spec_accepted, 0, "drafts were accepted");
+	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
+	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
+	cr_assert_gt(res.host.swap_in, 0);
+	cr_assert_gt(res.pool.host_demoted, 0, "evicted blocks went to the host cache");
+	cr_assert_gt(res.pool.host_hit_blocks, 0, "prefix hits were reloaded from the host");
+}
+
+Test(tinylm_production, every_feature_at_once_matches_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	production(1);
+}
+
+Test(tinylm_production, every_feature_at_once_flat_layout_matches_reference,
+     .init = hybrid_setup, .fini = hybrid_teardown)
+{
+	production(0);
+}
+
+/* The production configuration with the device failing every seventh
+ * launched step, before computing or after writing its K/V (alternately):
+ * every outstanding step completes failed, the last completion rolls them
+ * back, and the outputs are still the reference's. */
+static void production_failures(int persistent)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+
+	production_config(&rc, persistent);
+	rc.fail_every = 7;
+	serve_and_verify(&rc, &res);
+	cr_assert_gt(res.failed_steps, 1, "both kinds of failure were injected");
+	cr_assert_gt(res.sched.overlap_steps, 0);
+	cr_assert_gt(res.sched.preemptions, 0);
+}
+
+Test(tinylm_production, device_failures_roll_back_and_match_reference, .init = hybrid_setup,
+     .fini = hybrid_teardown)
+{
+	production_failures(1);
+	production_failures(0);
 }

@@ -438,6 +438,18 @@ static int set_evict(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+static int set_layout(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	if (!strcmp(v, "flat"))
+		a->c.batch_layout = BKV_BATCH_FLAT;
+	else if (!strcmp(v, "persistent"))
+		a->c.batch_layout = BKV_BATCH_PERSISTENT;
+	else
+		return SET_BAD;
+	return SET_OK;
+}
+
 static int set_victim(cli_args *a, const cli_option *opt, const char *v)
 {
 	(void)opt;
@@ -677,6 +689,9 @@ static const cli_option options[] = {
 	VALUE("--evict", set_evict,
 	      "  --evict lru|value|segmented  the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),
+	VALUE("--layout", set_layout,
+	      "  --layout flat|persistent   the batch layout (bkv_sched_config.\n"
+	      "                             batch_layout; default flat)\n"),
 	VALUE("--victim", set_victim,
 	      "  --victim recent|cost       preemption's victim (bkv_sched_config.victim;\n"
 	      "                             default recent)\n"),

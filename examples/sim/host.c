@@ -529,8 +529,16 @@ double sim_median(double *v, int n)
 	return sim_quantile(v, n, 0.5);
 }
 
+/* The pool's sequences (bkv_pool_config.max_seqs). */
+static uint32_t pool_max_seqs(const sim_config *cfg)
+{
+	return cfg->slots * 2 + 64;
+}
+
 /* Blocks enough for every slot to hold the trace's longest request (as it
- * runs: the cap does not size the machine). */
+ * runs: the cap does not size the machine), and a recurrent state's arena
+ * on top (its units are carved from the device frames unless they share
+ * them: --state-units, or the pool's default of 2 x max_seqs). */
 static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 {
 	uint64_t longest = 1;
@@ -546,6 +554,10 @@ static uint32_t default_blocks(const sim_config *cfg, const trace *t)
 	if (frame)
 		per = bkv_kv_seq_bytes(cfg->groups, cfg->n_groups, cfg->block_tokens, longest) / frame;
 	uint64_t n = per * (cfg->pool_slots ? cfg->pool_slots : cfg->slots) + 64;
+	const uint32_t unit = cfg->n_groups ? bkv_kv_state_frames(cfg->groups, cfg->n_groups,
+								    cfg->block_tokens) : 0;
+	if (unit && !cfg->state_share)
+		n += (uint64_t)unit * (cfg->state_units ? cfg->state_units : 2 * pool_max_seqs(cfg));
 	return n > (1u << 30) ? (1u << 30) : (uint32_t)n;
 }
 
@@ -726,7 +738,7 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 	}
 	pc->host_blocks = cfg->host_blocks;
 	pc->host_cache = (uint32_t)cfg->host_cache;
-	pc->max_seqs = cfg->slots * 2 + 64;
+	pc->max_seqs = pool_max_seqs(cfg);
 	pc->prefix_cache = cfg->prefix_cache;
 	pc->n_groups = cfg->n_groups;
 	pc->groups = cfg->n_groups ? cfg->groups : NULL;
@@ -756,6 +768,7 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->tpot_target_us = cfg->tpot_us;
 	sc->ttft_target_us = cfg->ttft_us;
 	sc->evict = cfg->evict;
+	sc->batch_layout = cfg->batch_layout;
 	sc->host_link_bytes_per_us = cfg->host_link_gbps * 1e3;
 	sc->copy_overlap = (uint32_t)cfg->copy_overlap;
 	sc->prefill_first = (uint32_t)cfg->prefill_first;
@@ -822,8 +835,15 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	ops.now_us = cb_now;
 	ops.draft = cb_draft;
 	rc = bkv_sched_create(&sc, r->pool, &ops, &r->h, NULL, &r->h.sched);
-	if (rc)
-		snprintf(err, errlen, "bkv_sched_create: %s", bkv_strerror(rc));
+	int state = 0;
+	for (uint32_t g = 0; g < cfg->n_groups; g++)
+		state |= cfg->groups[g].kind == BKV_GROUP_STATE;
+	if (rc) /* the library decides; name what it documents refusing */
+		snprintf(err, errlen, "bkv_sched_create: %s%s", bkv_strerror(rc),
+			 rc == BKV_EINVAL && sc.overlap && state
+				 ? " (the library refuses overlapped scheduling, --overlap, with a "
+				   "recurrent STATE group in the shape)"
+				 : "");
 	return rc;
 }
 
@@ -982,6 +1002,7 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	res->preemptions = ss.preemptions;
 	res->spec_drafted = ss.spec_drafted;
 	res->spec_accepted = ss.spec_accepted;
+	res->spec_rows = ss.spec_rows;
 	if (r->h.spec_calls) {
 		res->spec_blocks_row = r->h.spec_blocks / (double)r->h.spec_calls;
 		res->spec_reserve_row = r->h.spec_reserve / (double)r->h.spec_calls;

@@ -89,6 +89,9 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_D(ref_ttft_p90);
 	MED_D(ref_tpot_p90);
 	MED_D(span_us);
+	MED_U(spec_drafted);
+	MED_U(spec_accepted);
+	MED_U(spec_rows);
 	MED_U(overlap_steps);
 	MED_U(overlap_syncs);
 	MED_U(overlap_wasted);
@@ -191,6 +194,16 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 				     "\"link_us\": %.10g",
 				(unsigned long long)r->host_hit_tokens,
 				(unsigned long long)r->host_demoted, r->link_us);
+		if (r->spec_drafted)
+			fprintf(out, ", \"spec_rows\": %llu, \"spec_drafted\": %llu, "
+				     "\"spec_accepted\": %llu",
+				(unsigned long long)r->spec_rows,
+				(unsigned long long)r->spec_drafted,
+				(unsigned long long)r->spec_accepted);
+		if (r->overlap_steps || r->overlap_syncs)
+			fprintf(out, ", \"overlap_steps\": %llu, \"overlap_syncs\": %llu",
+				(unsigned long long)r->overlap_steps,
+				(unsigned long long)r->overlap_syncs);
 		if (r->state_ckpt_bytes || r->state_hits)
 			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
 				(unsigned long long)r->state_ckpt_bytes,

@@ -118,6 +118,10 @@ typedef struct sim_config {
 				      with more running rows keeps the
 				      machine's memory */
 	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU) */
+	bkv_batch_layout batch_layout; /* bkv_sched_config.batch_layout
+				      (--layout; default FLAT): the virtual
+				      host prices rows and tokens, so both
+				      layouts give the same times */
 	bkv_victim_policy victim;  /* bkv_sched_config.victim (default
 				      RECENT) */
 	bkv_admit_reserve admit_reserve; /* bkv_sched_config.admit_reserve
@@ -232,6 +236,7 @@ typedef struct sim_result {
 	double span_us;            /* first to last arrival of the trace */
 	uint64_t spec_drafted;     /* draft tokens verified */
 	uint64_t spec_accepted;    /* of which accepted */
+	uint64_t spec_rows;        /* decode rows that carried drafts */
 	double spec_blocks_row;    /* mean over decode steps of the blocks the
 				      steps' drafts held past their rows'
 				      committed tokens, per running row */

@@ -26,10 +26,19 @@
  * this CPU's rough figures; it starts from the base and fits itself to the
  * measured step times, and it keeps learning from run to run (same host).
  *
- * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid] [--spec K]
+ * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid] [--production]
+ *                    [--spec K]
  *   --hybrid  the model as a hybrid: full-attention, 24-token sliding-window,
  *             40-token chunked and (the last layer) recurrent layers, one KV
- *             group each, the state checkpointed every 16 tokens
+ *             group each, the state checkpointed every 16 tokens; then the
+ *             production section (below)
+ *   --production  only the production section: the hybrid without its
+ *             recurrent layer (overlapped scheduling refuses a STATE group)
+ *             served with every feature at once, overlapped steps on a
+ *             device thread, n-gram speculation (k = 4), the host tier for
+ *             swap and the host cache, the prefix cache, chunked prefill, the
+ *             persistent layout and a pool small enough to preempt and swap;
+ *             the same synchronous (bkv_step) for comparison
  *   --spec K  after the other runs, speculative decoding with K drafts per
  *             row: library n-gram drafts (fixed and auto k), and a draft
  *             model made of the model's first half of its layers; each
@@ -81,10 +90,91 @@ static void base_run(tlm_run_config *rc, uint32_t device_blocks)
 	rc->submit_per_step = 0;
 }
 
+/* The production section (--production, and after --hybrid's runs): a model
+ * of mc's shape with full, windowed and chunked layers and no recurrent one,
+ * its own workload from wc, served with every feature at once, synchronous
+ * and overlapped. Returns 0 when both runs match the reference, 1 if not,
+ * -1 on setup failure. */
+static int production(const tlm_config *mc0, const tlm_workload_config *wc)
+{
+	tlm_config mc = *mc0;
+	mc.window = 24;
+	mc.chunk = 40;
+	mc.recurrent = 0;
+	if (mc.layers < 3)
+		mc.layers = 3;
+	tlm_model *m = tlm_model_create(&mc);
+	tlm_workload w;
+	if (!m || tlm_workload_create(&w, wc, mc.vocab)) {
+		tlm_model_destroy(m);
+		return -1;
+	}
+	int failed = tlm_workload_reference(&w, m) ? -1 : 0;
+	const uint32_t blocks = 32; /* as many as the tight runs', shared
+				       by the three groups' frames */
+	printf("\nproduction: the same model with full, 24-window and 40-chunk layers (%u "
+	       "layers, no recurrent one),\n%u requests; overlapped steps on a device thread, "
+	       "n-gram speculation k=4, host cache\nand swap (512 host blocks), prefix cache, "
+	       "chunked prefill (budget 128), persistent layout,\n%u device blocks of 16 "
+	       "tokens for all three groups (preemption and swap happen)\n",
+	       mc.layers, w.n_jobs, blocks);
+	printf("%-26s %4s %6s %8s %8s %5s %7s %5s %9s %11s %8s\n", "run", "ok", "steps",
+	       "tokens/s", "ttft ms", "hit%", "preempt", "swaps", "host hits", "drafts acc",
+	       "overlap");
+	for (int ov = 0; ov < 2 && failed == 0; ov++) {
+		tlm_run_config rc;
+		base_run(&rc, blocks);
+		rc.host_blocks = 512;
+		rc.host_cache = 1;
+		rc.sched.preempt = BKV_PREEMPT_SWAP;
+		rc.sched.chunked_prefill = 1;
+		rc.sched.token_budget = 128;
+		rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+		rc.sched.spec_max_k = 4;
+		rc.sched.spec_k_mode = BKV_SPEC_K_FIXED;
+		rc.sched.overlap = (uint32_t)ov;
+		rc.submit_per_step = 4;
+		tlm_run_result res;
+		const int st = tlm_run(&w, m, &rc, &res);
+		char msg[512];
+		const uint32_t bad = st ? w.n_jobs : tlm_workload_verify(&w, msg, sizeof(msg));
+		if (st)
+			snprintf(msg, sizeof(msg), "run failed: %s (%d) %s", bkv_strerror(st), st,
+				 res.host_error);
+		char acc[32];
+		snprintf(acc, sizeof(acc), "%llu/%llu", (unsigned long long)res.sched.spec_accepted,
+			 (unsigned long long)res.sched.spec_drafted);
+		printf("%-26s %4s %6llu %8.0f %8.1f %4.1f%% %7llu %5llu %9llu %11s %8llu\n",
+		       ov ? "production, overlapped" : "production, synchronous",
+		       bad || res.check || res.host.mirror_mismatches ? "FAIL" : "yes",
+		       (unsigned long long)res.steps, (double)res.gen_tokens / (res.wall_us / 1e6),
+		       res.mean_ttft_us / 1e3,
+		       res.prompt_tokens ? 100.0 * (double)res.sched.hit_tokens /
+						   (double)res.prompt_tokens
+					 : 0.0,
+		       (unsigned long long)res.sched.preemptions, (unsigned long long)res.sched.swaps,
+		       (unsigned long long)res.pool.host_hit_blocks, acc,
+		       (unsigned long long)res.sched.overlap_steps);
+		if (bad || res.check || res.host.mirror_mismatches) {
+			printf("    %u requests differ from the reference; check %d; %llu mirrored "
+			       "tables differ; %s\n",
+			       bad, res.check, (unsigned long long)res.host.mirror_mismatches, msg);
+			failed = 1;
+		}
+	}
+	printf("host hits: prefix-hit blocks reloaded from the host cache; drafts acc: accepted "
+	       "of drafted;\noverlap: steps planned while the one before ran on the device "
+	       "thread.\n");
+	tlm_workload_destroy(&w);
+	tlm_model_destroy(m);
+	return failed;
+}
+
+
 int main(int argc, char **argv)
 {
 	uint32_t jobs = 200;
-	int small = 0, hybrid = 0;
+	int small = 0, hybrid = 0, prod_only = 0;
 	uint32_t spec_k = 0;
 	uint64_t seed = 42;
 	for (int i = 1; i < argc; i++) {
@@ -94,12 +184,15 @@ int main(int argc, char **argv)
 			small = 1;
 		else if (!strcmp(argv[i], "--hybrid"))
 			hybrid = 1;
+		else if (!strcmp(argv[i], "--production"))
+			prod_only = 1;
 		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
 			seed = strtoull(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--spec") && i + 1 < argc)
 			spec_k = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid] [--spec K]\n",
+			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid] [--production] "
+				"[--spec K]\n",
 				argv[0]);
 			return 2;
 		}
@@ -116,6 +209,18 @@ int main(int argc, char **argv)
 		if (mc.layers < 4)
 			mc.layers = 4;
 	}
+	tlm_workload_config wc;
+	tlm_workload_config_default(&wc);
+	wc.n_jobs = jobs;
+	wc.seed = seed;
+	if (prod_only) {
+		const int pr = production(&mc, &wc);
+		if (pr < 0)
+			fprintf(stderr, "production: out of memory\n");
+		printf("%s\n", pr ? "FAILED: the production runs differ from the reference"
+				   : "the production runs match the reference token for token");
+		return pr ? 1 : 0;
+	}
 	tlm_model *m = tlm_model_create(&mc);
 	if (!m) {
 		fprintf(stderr, "model: out of memory\n");
@@ -126,10 +231,6 @@ int main(int argc, char **argv)
 	       mc.vocab, mc.dim, mc.layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.ffn,
 	       (double)m->n_params / 1e6);
 
-	tlm_workload_config wc;
-	tlm_workload_config_default(&wc);
-	wc.n_jobs = jobs;
-	wc.seed = seed;
 	tlm_workload w;
 	if (tlm_workload_create(&w, &wc, mc.vocab)) {
 		fprintf(stderr, "workload: out of memory\n");
@@ -339,6 +440,12 @@ int main(int argc, char **argv)
 	bkv_cost_calib_destroy(calib);
 	tlm_workload_destroy(&w);
 	tlm_model_destroy(m);
+	if (hybrid) {
+		const int pr = production(&mc, &wc);
+		if (pr < 0)
+			fprintf(stderr, "production: out of memory\n");
+		failed |= pr != 0;
+	}
 	printf("%s\n", failed ? "FAILED: some runs differ from the reference"
 			      : "all runs match the reference token for token");
 	return failed;

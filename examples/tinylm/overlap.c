@@ -21,9 +21,11 @@
  * deltas to the host's mirror as it runs the step: in launch order, each
  * launch's deltas relative to the one before (what a runtime's stream-
  * ordered copy of its block tables does). The library's row_tables (the
- * host's self-check of its mirror) are valid only during the launch
- * callback, so the launch copies the tables of the call's rows with the
- * batch, and the device thread compares its mirror with that copy.
+ * host's self-check of its mirror, and a hybrid's tables of its other KV
+ * groups, which the host reads) are valid only during the launch callback,
+ * so the launch copies the tables of the call's rows with the batch (and
+ * the batch's groups with their tables), and the device thread reads that
+ * copy.
  */
 #include "overlap.h"
 
@@ -37,14 +39,22 @@ typedef struct dev_step {
 	bkv_batch b;      /* the launched batch (struct copied) */
 	int32_t *next;    /* the library's next_tokens for it */
 	int status;       /* after it ran */
-	/* persistent: the call's rows' tables at launch (b.row_tables and
-	 * b.row_table_len point here) */
-	const int32_t **tabs; /* [tabs_cap] each slot's copied table */
-	uint32_t *tlen;       /* [tabs_cap] its entries */
-	uint32_t tabs_cap;
+	int fail;         /* 0, or tlm_host_fail_next's late + 1 (armed at
+			     launch) */
+	bkv_batch_group grp[BKV_MAX_GROUPS]; /* the call's groups (struct
+					  copied; b.groups points here) */
+	/* persistent: the call's rows' tables at launch, set 0 the batch's
+	 * own (b.row_tables and b.row_table_len point there), set 1 + g
+	 * group g's (grp[g].row_tables and row_table_len) */
+	const int32_t **tabs; /* [TABLE_SETS * tabs_cap] each slot's copied
+				 table, set by set */
+	uint32_t *tlen;       /* [TABLE_SETS * tabs_cap] its entries */
+	uint32_t tabs_cap;    /* slots per set */
 	int32_t *blk;         /* the copied entries */
 	uint32_t blk_cap;
 } dev_step;
+
+#define TABLE_SETS (1u + BKV_MAX_GROUPS)
 
 struct tlm_device {
 	tlm_host *host;
@@ -57,6 +67,8 @@ struct tlm_device {
 	int quit;
 	int broken;            /* a step failed: the ones after it fail too
 				  until the queue drains */
+	int fail_next;         /* tlm_device_fail_next: the next launch's
+				  dev_step.fail */
 	/* device thread only */
 	int32_t *tok;          /* the running step's token ids, placeholders
 				  replaced */
@@ -97,6 +109,8 @@ static int dev_run(tlm_device *d, dev_step *st, int broken, uint64_t *subst)
 		d->tok[t] = v;
 	}
 	b.token_ids = d->tok;
+	if (st->fail) /* the host is the device thread's alone */
+		tlm_host_fail_next(d->host, st->fail - 1);
 	int rc = tlm_host_forward(d->host, &b, st->next);
 	if (rc == 0) {
 		memcpy(d->prev, st->next, (size_t)b.n_rows * sizeof(int32_t));
@@ -169,41 +183,72 @@ void tlm_device_destroy(tlm_device *d)
 	free(d);
 }
 
-/* Persistent layout: copy the tables of b's rows (valid during the launch
- * callback only) into st and point its batch at the copy. -1 without
- * memory. */
+/* Copy the tables of b's rows in one table set (tabs, len: the library's,
+ * valid during the launch callback only) to set `set` of st, at *off in
+ * st->blk. Returns the set's slots' tables. */
+static const int32_t **copy_set(dev_step *st, const bkv_batch *b, uint32_t set,
+				const int32_t *const *tabs, const uint32_t *len, uint32_t *off)
+{
+	const int32_t **out = st->tabs + (size_t)set * st->tabs_cap;
+	uint32_t *olen = st->tlen + (size_t)set * st->tabs_cap;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const uint32_t slot = b->row_slot[r];
+		if (slot >= b->n_row_slots)
+			continue; /* the host reports it */
+		const uint32_t n = len[slot];
+		memcpy(st->blk + *off, tabs[slot], (size_t)n * sizeof(int32_t));
+		out[slot] = st->blk + *off;
+		olen[slot] = n;
+		*off += n;
+	}
+	return out;
+}
+
+/* Copy b's groups into st and, in the persistent layout, the tables of b's
+ * rows in every table set (valid during the launch callback only); point
+ * st's batch at the copies. -1 without memory. */
 static int copy_tables(dev_step *st, const bkv_batch *b)
 {
-	uint32_t need = 0, off = 0, r;
+	uint32_t need = 0, off = 0, r, g;
+	const uint32_t ng = b->groups && b->n_groups <= BKV_MAX_GROUPS ? b->n_groups : 0;
 
+	if (ng) {
+		memcpy(st->grp, b->groups, ng * sizeof(*st->grp));
+		st->b.groups = st->grp;
+	}
 	if (b->layout != BKV_BATCH_PERSISTENT || !b->row_tables || !b->row_table_len)
 		return 0;
-	for (r = 0; r < b->n_rows; r++)
-		if (b->row_slot[r] < b->n_row_slots)
-			need += b->row_table_len[b->row_slot[r]];
+	for (r = 0; r < b->n_rows; r++) {
+		const uint32_t slot = b->row_slot[r];
+		if (slot >= b->n_row_slots)
+			continue;
+		need += b->row_table_len[slot];
+		for (g = 0; g < ng; g++)
+			if (b->groups[g].row_tables && b->groups[g].row_table_len)
+				need += b->groups[g].row_table_len[slot];
+	}
 	if (b->n_row_slots > st->tabs_cap) {
 		free(st->tabs);
 		free(st->tlen);
 		st->tabs_cap = b->n_row_slots;
-		st->tabs = calloc(st->tabs_cap, sizeof(*st->tabs));
-		st->tlen = calloc(st->tabs_cap, sizeof(*st->tlen));
-		if (!st->tabs || !st->tlen)
+		st->tabs = calloc((size_t)TABLE_SETS * st->tabs_cap, sizeof(*st->tabs));
+		st->tlen = calloc((size_t)TABLE_SETS * st->tabs_cap, sizeof(*st->tlen));
+		if (!st->tabs || !st->tlen) {
+			st->tabs_cap = 0;
 			return -1;
+		}
 	}
 	if (grow(&st->blk, &st->blk_cap, need ? need : 1))
 		return -1;
-	for (r = 0; r < b->n_rows; r++) {
-		const uint32_t slot = b->row_slot[r];
-		if (slot >= b->n_row_slots)
-			continue; /* the host reports it */
-		const uint32_t n = b->row_table_len[slot];
-		memcpy(st->blk + off, b->row_tables[slot], (size_t)n * sizeof(int32_t));
-		st->tabs[slot] = st->blk + off;
-		st->tlen[slot] = n;
-		off += n;
-	}
-	st->b.row_tables = st->tabs;
+	st->b.row_tables = copy_set(st, b, 0, b->row_tables, b->row_table_len, &off);
 	st->b.row_table_len = st->tlen;
+	for (g = 0; g < ng; g++) {
+		if (!b->groups[g].row_tables || !b->groups[g].row_table_len)
+			continue;
+		st->grp[g].row_tables = copy_set(st, b, 1 + g, b->groups[g].row_tables,
+						 b->groups[g].row_table_len, &off);
+		st->grp[g].row_table_len = st->tlen + (size_t)(1 + g) * st->tabs_cap;
+	}
 	return 0;
 }
 
@@ -219,10 +264,12 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
 		st->b = *batch;
 		st->next = next_tokens;
 		st->status = 0;
+		st->fail = d->fail_next;
 		if (copy_tables(st, batch)) {
 			rc = -1;
 		} else {
 			d->n++;
+			d->fail_next = 0;
 			pthread_cond_broadcast(&d->cv);
 		}
 	}
@@ -247,6 +294,13 @@ int tlm_device_wait(tlm_device *d)
 		d->broken = 0; /* drained: the next step starts afresh */
 	pthread_mutex_unlock(&d->mu);
 	return rc;
+}
+
+void tlm_device_fail_next(tlm_device *d, int late)
+{
+	pthread_mutex_lock(&d->mu);
+	d->fail_next = late ? 2 : 1;
+	pthread_mutex_unlock(&d->mu);
 }
 
 uint64_t tlm_device_placeholders(tlm_device *d)

@@ -24,6 +24,11 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens);
 /* Wait until the oldest launched step has run; its status (0 or the host's
  * negative answer; a step after a failed one fails too). */
 int tlm_device_wait(tlm_device *d);
+/* Make the next launched step fail on the device (tlm_host_fail_next: late
+ * == 0 before computing, else after writing its K/V), for tests of the
+ * overlapped rollback; the steps launched after it fail too until the queue
+ * drains. Engine thread. */
+void tlm_device_fail_next(tlm_device *d, int late);
 /* Placeholder tokens the device replaced so far (after the steps waited). */
 uint64_t tlm_device_placeholders(tlm_device *d);
 

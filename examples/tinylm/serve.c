@@ -16,8 +16,14 @@
  * issued between steps once a job has seen enough tokens; bkv_step until
  * nothing is pending. on_token appends each token to its (job, branch), and
  * tlm_workload_verify() compares token for token.
+ *
+ * Overlapped (sched.overlap): the same loop drives bkv_step_launch and
+ * bkv_step_complete instead, and a device thread (overlap.c) runs the
+ * launched steps, so the library plans step N+1 while step N computes;
+ * submissions and aborts go in between, as they do between steps.
  */
 #include "tinylm.h"
+#include "overlap.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +229,10 @@ void tlm_workload_latency(const tlm_workload *w, tlm_run_result *res)
 /* The host pointer the scheduler hands back: the paged host plus the run. */
 typedef struct serve_ctx {
 	tlm_host *host;
+	tlm_device *dev;        /* overlapped: the device thread (else NULL) */
+	uint64_t q[2];          /* overlapped: outstanding tickets, oldest
+				   first */
+	uint32_t n_q;
 	tlm_run_result *res;
 	const tlm_model *m;     /* the served model (its draft model's weights) */
 	uint32_t draft_layers;  /* the draft model's layers */
@@ -252,6 +262,11 @@ static int serve_prefill(void *p, const bkv_batch *b, int32_t *next)
 static int serve_decode(void *p, const bkv_batch *b, int32_t *next)
 {
 	return tlm_host_decode(((serve_ctx *)p)->host, b, next);
+}
+
+static int serve_launch(void *p, const bkv_batch *b, int32_t *next)
+{
+	return tlm_device_launch(((serve_ctx *)p)->dev, b, next);
 }
 
 static void serve_token(void *p, uint64_t req, uint32_t branch, int32_t token, void *user)
@@ -299,10 +314,58 @@ static int submit(bkv_sched *s, tlm_job *jb)
 	return st;
 }
 
-int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res)
+static void account(tlm_run_result *res, const bkv_step_info *info)
 {
-	memset(res, 0, sizeof(*res));
-	tlm_workload_reset(w);
+	res->steps++;
+	res->multi_prefill_steps += info->prefill_calls > 1;
+	res->measured_us += info->measured_us;
+	res->predicted_us += info->predicted_us;
+	res->abs_err_us += info->predicted_us > info->measured_us
+				   ? info->predicted_us - info->measured_us
+				   : info->measured_us - info->predicted_us;
+}
+
+/* Overlapped: wait for the oldest outstanding step on the device thread and
+ * complete it. */
+static int complete_oldest(bkv_sched *s, serve_ctx *sc)
+{
+	bkv_step_info info;
+	memset(&info, 0, sizeof(info));
+	const int dst = tlm_device_wait(sc->dev);
+	const int st = bkv_step_complete(s, sc->q[0], dst < 0 ? -1 : 0, &info);
+	sc->q[0] = sc->q[1];
+	sc->n_q--;
+	if (st == BKV_OK)
+		account(sc->res, &info);
+	return st;
+}
+
+/* Overlapped: launch the next step, then complete the one before it (the
+ * device computes it meanwhile). BKV_EAGAIN (the plan needs the results of
+ * the step in flight) completes what is outstanding; the next call launches
+ * again. */
+static int overlap_step(bkv_sched *s, serve_ctx *sc)
+{
+	uint64_t t = 0;
+	int st = bkv_step_launch(s, &t, NULL);
+	if (st == BKV_EAGAIN) {
+		while (sc->n_q)
+			if ((st = complete_oldest(s, sc)) != BKV_OK)
+				return st;
+		return BKV_OK;
+	}
+	if (st != BKV_OK)
+		return st;
+	if (t)
+		sc->q[sc->n_q++] = t;
+	if (sc->n_q == 2 || (t == 0 && sc->n_q))
+		return complete_oldest(s, sc);
+	return BKV_OK;
+}
+
+void tlm_pool_config(const tlm_model *m, const tlm_run_config *rc,
+		     bkv_kv_group groups[TLM_MAX_GROUPS], bkv_pool_config *out)
+{
 	bkv_pool_config pc;
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = rc->block_tokens;
@@ -311,7 +374,6 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	pc.host_cache = rc->host_cache;
 	pc.max_seqs = 4096;
 	/* a hybrid model: one KV group per kind of layer (tlm_layer_group) */
-	bkv_kv_group groups[TLM_MAX_GROUPS];
 	pc.n_groups = tlm_n_groups(&m->cfg);
 	for (uint32_t g = 0; g < pc.n_groups; g++) {
 		uint32_t span, kind = tlm_group_kind(&m->cfg, g, &span), layers = 0;
@@ -340,6 +402,16 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	}
 	if (pc.n_groups == 1)
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
+	*out = pc;
+}
+
+int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res)
+{
+	memset(res, 0, sizeof(*res));
+	tlm_workload_reset(w);
+	bkv_kv_group groups[TLM_MAX_GROUPS];
+	bkv_pool_config pc;
+	tlm_pool_config(m, rc, groups, &pc);
 	bkv_pool *pool = NULL;
 	bkv_sched *sched = NULL;
 	serve_ctx sc = {.res = res, .m = m, .draft_layers = rc->draft_layers};
@@ -352,7 +424,20 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		goto out;
 	}
 	bkv_host_ops ops = {.on_token = serve_token, .on_finish = serve_finish};
-	if (rc->split) {
+	const int overlap = rc->sched.overlap != 0;
+	if (overlap && rc->split) {
+		st = BKV_EINVAL; /* a launch is one mixed call */
+		goto out;
+	}
+	if (overlap) {
+		sc.dev = tlm_device_create(sc.host);
+		if (!sc.dev) {
+			st = BKV_ENOMEM;
+			goto out;
+		}
+		ops.launch = serve_launch;
+		ops.forward = serve_forward;
+	} else if (rc->split) {
 		ops.prefill = serve_prefill;
 		ops.decode = serve_decode;
 	} else {
@@ -376,11 +461,35 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 			if (st)
 				goto out;
 		}
-		if (next_job == w->n_jobs && bkv_sched_pending(sched) == 0)
+		if (next_job == w->n_jobs && bkv_sched_pending(sched) == 0 && sc.n_q == 0)
 			break;
-		if (res->steps >= max_steps) {
+		if (res->steps >= max_steps || attempts >= 4 * max_steps) {
 			st = TLM_STUCK;
 			goto out;
+		}
+		if (overlap) {
+			/* Fault injection, overlapped: the device fails the next
+			 * launched step (and the one launched after it, if any);
+			 * every outstanding step completes failed and the last
+			 * completion rolls them all back. */
+			const int inject = rc->fail_every && !last_failed &&
+					   ++attempts % rc->fail_every == 0;
+			if (inject)
+				tlm_device_fail_next(sc.dev, (int)(res->failed_steps & 1));
+			else if (!rc->fail_every)
+				attempts++;
+			st = overlap_step(sched, &sc);
+			last_failed = st == BKV_EHOST && rc->fail_every;
+			if (last_failed) {
+				while (sc.n_q) /* they failed with it */
+					(void)complete_oldest(sched, &sc);
+				res->failed_steps++;
+				st = BKV_OK; /* it may have been the last step */
+				continue;
+			}
+			if (st != BKV_OK)
+				goto out;
+			goto aborts;
 		}
 		bkv_step_info info;
 		memset(&info, 0, sizeof(info));
@@ -397,17 +506,13 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		last_failed = st == BKV_EHOST && inject;
 		if (last_failed) {
 			res->failed_steps++;
+			st = BKV_OK;
 			continue;
 		}
 		if (st)
 			goto out;
-		res->steps++;
-		res->multi_prefill_steps += info.prefill_calls > 1;
-		res->measured_us += info.measured_us;
-		res->predicted_us += info.predicted_us;
-		res->abs_err_us += info.predicted_us > info.measured_us
-					   ? info.predicted_us - info.measured_us
-					   : info.measured_us - info.predicted_us;
+		account(res, &info);
+	aborts:
 		/* Aborts chosen "after a few tokens" go out between steps. */
 		for (uint32_t j = 0; j < next_job; j++) {
 			tlm_job *jb = &w->jobs[j];
@@ -424,6 +529,8 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	res->check = bkv_sched_check(sched);
 	tlm_workload_latency(w, res);
 out:
+	while (sc.n_q) /* the device may still read the steps' arrays */
+		(void)complete_oldest(sched, &sc);
 	res->status = st;
 	if (sched) {
 		res->sched.size = sizeof(res->sched);
@@ -440,6 +547,7 @@ out:
 	}
 	bkv_sched_destroy(sched);
 	bkv_pool_destroy(pool);
+	tlm_device_destroy(sc.dev);
 	tlm_host_destroy(sc.host);
 	return st;
 }

@@ -12,8 +12,16 @@
  * --overlap its device thread applies them in launch order) and fails when
  * a mirrored table differs from the library's.
  *
+ * --production serves the production configuration from the client threads:
+ * a hybrid model (full, 24-window and 40-chunk layers, one KV group each),
+ * overlapped on the device thread, n-gram speculation (k = 4), the host tier
+ * for swap and as the host cache, chunked prefill, the persistent layout and
+ * a pool of 32 blocks of 16, and prints how many requests were preempted and
+ * swapped and how many drafts accepted (with client threads these vary from
+ * run to run; tests/test_tinylm_hybrid.c asserts them on a fixed schedule).
+ *
  * Usage: tinylm-threaded [--jobs N] [--clients C] [--small] [--overlap]
- *                        [--persistent]
+ *                        [--persistent] [--production]
  */
 #include "threaded.h"
 
@@ -24,7 +32,7 @@
 int main(int argc, char **argv)
 {
 	uint32_t jobs = 200, clients = 4;
-	int small = 0, overlap = 0, persistent = 0;
+	int small = 0, overlap = 0, persistent = 0, production = 0;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
 			jobs = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -36,8 +44,12 @@ int main(int argc, char **argv)
 			overlap = 1;
 		else if (!strcmp(argv[i], "--persistent"))
 			persistent = 1;
+		else if (!strcmp(argv[i], "--production"))
+			production = overlap = persistent = 1;
 		else {
-			fprintf(stderr, "usage: %s [--jobs N] [--clients C] [--small] [--overlap] [--persistent]\n",
+			fprintf(stderr,
+				"usage: %s [--jobs N] [--clients C] [--small] [--overlap] [--persistent] "
+				"[--production]\n",
 				argv[0]);
 			return 2;
 		}
@@ -47,6 +59,12 @@ int main(int argc, char **argv)
 		tlm_config_small(&mc);
 	else
 		tlm_config_default(&mc);
+	if (production) {
+		mc.window = 24;
+		mc.chunk = 40;
+		if (mc.layers < 3)
+			mc.layers = 3;
+	}
 	tlm_model *m = tlm_model_create(&mc);
 	tlm_workload_config wc;
 	tlm_workload_config_default(&wc);
@@ -66,6 +84,15 @@ int main(int argc, char **argv)
 	rc.device_blocks = 1024;
 	if (persistent)
 		rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	if (production) {
+		rc.device_blocks = 32;
+		rc.host_blocks = 512;
+		rc.host_cache = 1;
+		rc.sched.preempt = BKV_PREEMPT_SWAP;
+		rc.sched.token_budget = 128;
+		rc.sched.spec_max_k = 4;
+		rc.sched.spec_k_mode = BKV_SPEC_K_FIXED;
+	}
 	tlm_run_result res;
 	int st = overlap ? tlm_threaded_serve_overlap(&w, m, &rc, clients, 8, &res)
 			 : tlm_threaded_serve(&w, m, &rc, clients, 8, &res);
@@ -88,6 +115,14 @@ int main(int argc, char **argv)
 	       bad ? msg : "");
 	if (overlap && !bad && !st && res.sched.overlap_steps == 0)
 		bad = 1; /* nothing overlapped: the mode did not run */
+	if (production) {
+		printf("production: %llu preemptions, %llu swaps, %llu blocks reloaded from the host "
+		       "cache, %llu of %llu drafts accepted\n",
+		       (unsigned long long)res.sched.preemptions, (unsigned long long)res.sched.swaps,
+		       (unsigned long long)res.pool.host_hit_blocks,
+		       (unsigned long long)res.sched.spec_accepted,
+		       (unsigned long long)res.sched.spec_drafted);
+	}
 	if (persistent) {
 		printf("persistent: %llu deltas; %llu rows' mirrored tables compared, %llu differ\n",
 		       (unsigned long long)res.host.deltas, (unsigned long long)res.host.mirror_rows,

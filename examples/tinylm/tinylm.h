@@ -169,7 +169,13 @@ void tlm_workload_reset(tlm_workload *w);
 
 /* One serving run's settings. */
 typedef struct tlm_run_config {
-	bkv_sched_config sched;  /* policy, k, chunking, preemption, ... */
+	bkv_sched_config sched;  /* policy, k, chunking, preemption, ...;
+				    sched.overlap != 0: overlapped scheduling,
+				    the steps launched to a device thread
+				    (overlap.c) and completed one step
+				    behind (split must be 0; fail_every
+				    makes the device fail the launched
+				    step) */
 	uint32_t block_tokens;   /* pool and host block size */
 	uint32_t device_blocks;  /* device tier: the pool and the KV tensor
 				    (a recurrent model's state arena comes
@@ -183,7 +189,8 @@ typedef struct tlm_run_config {
 				     up front) */
 	uint32_t fail_every;     /* nonzero: make the host fail once every this
 				    many steps (the step is rolled back and
-				    retried) */
+				    retried); overlapped, the launched step
+				    and the one launched after it fail */
 	uint64_t max_steps;      /* give up (-100, "stuck") after this many
 				    steps; 0 = 200000 */
 	uint32_t state_units;    /* a recurrent model's state units (0: four per
@@ -220,6 +227,13 @@ typedef struct tlm_run_result {
 	int check;               /* bkv_sched_check after the run (0 = ok) */
 	char host_error[256];    /* the paged host's last contract violation */
 } tlm_run_result;
+
+/* The pool of a run under rc for model m: rc's blocks and host tier, and a
+ * hybrid's KV groups (one per kind of layer, written to groups, which
+ * out->groups then points to) with a recurrent state's arena on top of
+ * rc->device_blocks. */
+void tlm_pool_config(const tlm_model *m, const tlm_run_config *rc,
+		     bkv_kv_group groups[TLM_MAX_GROUPS], bkv_pool_config *out);
 
 /* A run that did not finish within rc->max_steps steps. */
 #define TLM_STUCK (-100)
