@@ -425,6 +425,8 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	tlm_workload_latency(w, res);
 out:
 	res->status = st;
+	if (st == BKV_EINVAL || st == BKV_E2BIG) /* this thread's refused create or submit */
+		snprintf(res->lib_error, sizeof(res->lib_error), "%s", bkv_last_error());
 	if (sched) {
 		res->sched.size = sizeof(res->sched);
 		bkv_sched_stats_get(sched, &res->sched);

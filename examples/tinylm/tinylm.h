@@ -219,6 +219,8 @@ typedef struct tlm_run_result {
 	uint64_t prompt_tokens;  /* prompt tokens submitted (incl. branches 0) */
 	int check;               /* bkv_sched_check after the run (0 = ok) */
 	char host_error[256];    /* the paged host's last contract violation */
+	char lib_error[256];     /* bkv_last_error() of a refused create or
+				    submit (the field and the rule); "" else */
 } tlm_run_result;
 
 /* A run that did not finish within rc->max_steps steps. */
