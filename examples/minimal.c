@@ -55,9 +55,13 @@ int main(void)
 	ops.forward = forward;
 	ops.on_token = on_token;
 	ops.on_finish = on_finish;
-	if (bkv_pool_create(&pc, NULL, &pool) != BKV_OK ||
-	    bkv_sched_create(&sc, pool, &ops, &finished, NULL, &sched) != BKV_OK)
-		return 1;
+	/* a refused config says which field and why (bkv_last_error) */
+	if ((rc = bkv_pool_create(&pc, NULL, &pool)) != BKV_OK)
+		return fprintf(stderr, "bkv_pool_create: %s: %s\n", bkv_strerror(rc),
+			       bkv_last_error()), 1;
+	if ((rc = bkv_sched_create(&sc, pool, &ops, &finished, NULL, &sched)) != BKV_OK)
+		return fprintf(stderr, "bkv_sched_create: %s: %s\n", bkv_strerror(rc),
+			       bkv_last_error()), 1;
 
 	for (i = 0; i < 3; i++) {
 		bkv_request req;
@@ -68,8 +72,9 @@ int main(void)
 		req.max_new_tokens = (uint32_t)(2 + 2 * i);
 		req.stop_tokens = &stop;
 		req.n_stop = 1;
-		if (bkv_submit(sched, &req, NULL) != BKV_OK)
-			return 1;
+		if ((rc = bkv_submit(sched, &req, NULL)) != BKV_OK)
+			return fprintf(stderr, "bkv_submit: %s: %s\n", bkv_strerror(rc),
+				       bkv_last_error()), 1;
 	}
 	while (bkv_sched_pending(sched) > 0)
 		if ((rc = bkv_step(sched, NULL)) != BKV_OK)

@@ -38,9 +38,10 @@
  * bkv_submit() is called from several threads (the libc default is).
  *
  * ERRORS. Every fallible call returns a bkv_status: BKV_OK (0) or a negative
- * code; bkv_strerror() names it. When a call fails, nothing it was given is kept,
- * no state it was about to change has changed, and no callback it registered
- * runs. Misuse (BKV_EINVAL, BKV_ENOENT, BKV_ESTATE) is kept apart from running
+ * code; bkv_strerror() names it, and after a refused config or request
+ * bkv_last_error() names the field and the rule it broke. When a call fails,
+ * nothing it was given is kept, no state it was about to change has changed,
+ * and no callback it registered runs. Misuse (BKV_EINVAL, BKV_ENOENT, BKV_ESTATE) is kept apart from running
  * out of blocks (BKV_ENOSPC), which is a normal event that triggers reclaim or
  * preemption.
  *
@@ -106,6 +107,25 @@ typedef enum bkv_status {
  * Thread rules: any thread.
  */
 BKV_API const char *bkv_strerror(int status);
+
+/**
+ * Say which argument the calling thread's last refused call refused, and why.
+ * These calls check their arguments and clear the message when they start:
+ * bkv_pool_create, bkv_sched_create, bkv_submit, bkv_cost_calib_create,
+ * bkv_cost_roofline_init and bkv_vllm_encoder_create. When one of them
+ * refuses an argument (BKV_EINVAL, and bkv_submit's BKV_E2BIG) it leaves a
+ * message naming the struct, the field and the rule, for example
+ * "bkv_pool_config.block_tokens = 24: must be a power of two in 1..65536"
+ * or "bkv_sched_config.overlap = 1 needs bkv_host_ops.launch". After any
+ * other outcome of those calls (success included) the message is empty;
+ * every other call leaves it as it was. Read it right after the call that
+ * failed, on the same thread.
+ * @return the calling thread's message, NUL-terminated, at most 255 bytes;
+ *         "" when there is none. Never NULL. Valid until the thread's next
+ *         call of one of the calls above.
+ * Thread rules: any thread; each thread has its own message.
+ */
+BKV_API const char *bkv_last_error(void);
 
 /**
  * The library's version.

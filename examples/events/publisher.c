@@ -257,7 +257,7 @@ int main(int argc, char **argv)
 	vc.key_name = evw_key_name;
 	if ((rc = evw_create(&w, ring, requests, 42)) != 0 ||
 	    (rc = bkv_vllm_encoder_create(&vc, w.pool, NULL, &enc)) != BKV_OK)
-		return fprintf(stderr, "setup: %s\n", bkv_strerror(rc)), 1;
+		return fprintf(stderr, "setup: %s %s\n", bkv_strerror(rc), bkv_last_error()), 1;
 	ps.size = sizeof ps;
 	bkv_pool_stats_get(w.pool, &ps);
 	dig = malloc((size_t)ps.device_blocks * BKV_VLLM_DIGEST_BYTES);

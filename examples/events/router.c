@@ -463,8 +463,10 @@ static int run(const opts *o, const trace *t, int pol, result *res)
 		ops.now_us = host_now;
 		if (bkv_pool_create(&pc, NULL, &P->pool) ||
 		    bkv_sched_create(&sc, P->pool, &ops, P, NULL, &P->sched) ||
-		    bkv_vllm_encoder_create(&vc, P->pool, NULL, &P->enc))
+		    bkv_vllm_encoder_create(&vc, P->pool, NULL, &P->enc)) {
+			fprintf(stderr, "bkv-router-sim: replica %u: %s\n", r, bkv_last_error());
 			return -1;
+		}
 		hs_init(&P->view, 1u << 16);
 	}
 	for (uint32_t i = 0; i < n; i++)

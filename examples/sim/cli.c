@@ -118,15 +118,33 @@ static int set_str(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
-/* A count in [lo, hi]: below lo or not a number is a bad value, above hi
+/* A count in [lo, hi]: not a number is a bad value, below lo or above hi
  * says the bound. */
 static int set_u32(cli_args *a, const cli_option *opt, const char *v)
 {
 	uint32_t *p = FIELD(a, opt, uint32_t);
-	if (parse_u32(v, p) || *p < opt->lo)
+	if (parse_u32(v, p))
 		return SET_BAD;
+	if (*p < opt->lo) {
+		fprintf(stderr, "bkv-sim: %s %u: at least %u\n", opt->name, *p, opt->lo);
+		return SET_STOP;
+	}
 	if (*p > opt->hi) {
 		fprintf(stderr, "bkv-sim: %s %u: at most %u\n", opt->name, *p, opt->hi);
+		return SET_STOP;
+	}
+	return SET_OK;
+}
+
+/* A power of two in [lo, hi] (--block-tokens: the pool's rule). */
+static int set_pow2(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t *p = FIELD(a, opt, uint32_t);
+	if (parse_u32(v, p))
+		return SET_BAD;
+	if (*p < opt->lo || *p > opt->hi || (*p & (*p - 1))) {
+		fprintf(stderr, "bkv-sim: %s %u: must be a power of two in %u..%u\n", opt->name,
+			*p, opt->lo, opt->hi);
 		return SET_STOP;
 	}
 	return SET_OK;
@@ -575,8 +593,9 @@ static const cli_option options[] = {
 	VALUE("--trace", set_trace,
 	      "  --trace azure:FILE | mooncake:FILE | distserve:FILE [--run NAME]\n"),
 	{"--run", ARG_VALUE, set_str, OPT(run), 0, 0, NULL},
-	COUNT("--limit", OPT(limit), 0, UINT32_MAX,
-	      "  --limit N                  first N requests of a trace\n"),
+	COUNT("--limit", OPT(limit), 1, UINT32_MAX,
+	      "  --limit N                  first N >= 1 requests of a trace (without\n"
+	      "                             it, the whole trace)\n"),
 	VALUE("--rate", set_rate,
 	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
 	      "                             rate: (n - 1) / span)\n"),
@@ -665,7 +684,7 @@ static const cli_option options[] = {
 	HEADING("pool:\n"),
 	COUNT("--kv-blocks", CFG(kv_blocks), 0, MAX_BLOCKS,
 	      "  --kv-blocks N --block-tokens N --host-blocks N --no-prefix-cache\n"),
-	COUNT("--block-tokens", CFG(block_tokens), 1, MAX_BLOCK_TOKENS, NULL),
+	{"--block-tokens", ARG_VALUE, set_pow2, CFG(block_tokens), 1, MAX_BLOCK_TOKENS, NULL},
 	COUNT("--host-blocks", CFG(host_blocks), 0, MAX_BLOCKS, NULL),
 	COUNT("--state-units", CFG(state_units), 0, MAX_BLOCKS,
 	      "  --state-units N            a recurrent-state shape's state units (live\n"
@@ -795,6 +814,25 @@ static void settle(cli_args *a)
 									     : SIM_GEN_TOKENS;
 }
 
+/* What one option alone cannot check: a fixed admission group must fit in
+ * the running slots (the scheduler refuses admit_group > max_running). */
+static int check_settled(const cli_args *a)
+{
+	const sim_config *c = &a->c;
+	if (c->k > c->slots) {
+		fprintf(stderr, "bkv-sim: --k %u: at most --slots (%u): an admission group "
+			"larger than the running slots never fills\n", c->k, c->slots);
+		return -1;
+	}
+	for (int i = 0; !strcmp(a->o.sweep_key, "k") && i < a->o.n_sweep; i++)
+		if (a->o.sweep_vals[i] > c->slots) {
+			fprintf(stderr, "bkv-sim: --sweep k=%u: at most --slots (%u)\n",
+				a->o.sweep_vals[i], c->slots);
+			return -1;
+		}
+	return 0;
+}
+
 /* --shape, once --cost and --block-tokens are known: the pool's groups and
  * the roofline's (shape.c). */
 static int apply_shape(cli_args *a)
@@ -844,5 +882,7 @@ int cli_parse(int argc, char **argv, cli_args *a)
 		}
 	}
 	settle(a);
+	if (check_settled(a))
+		return 2;
 	return a->o.shape && apply_shape(a) ? 2 : -1;
 }

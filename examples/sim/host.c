@@ -744,11 +744,8 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 	pc->groups = cfg->n_groups ? cfg->groups : NULL;
 	int rc = bkv_pool_create(pc, NULL, &r->pool);
 	if (rc)
-		snprintf(err, errlen, "bkv_pool_create: %s%s", bkv_strerror(rc),
-			 rc == BKV_EINVAL && cfg->n_groups
-				 ? " (the pool refused the shape's KV groups; a pool without "
-				   "KV-group support takes one full-attention group only)"
-				 : "");
+		snprintf(err, errlen, "bkv_pool_create: %s: %s", bkv_strerror(rc),
+			 *bkv_last_error() ? bkv_last_error() : "(no detail)");
 	return rc;
 }
 
@@ -796,7 +793,8 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 		/* from scratch, or (a noisy clock) over the host's own model */
 		int rc = bkv_cost_calib_create(cfg->calibrate ? NULL : &given, NULL, &r->calib);
 		if (rc) {
-			snprintf(err, errlen, "bkv_cost_calib_create: %s", bkv_strerror(rc));
+			snprintf(err, errlen, "bkv_cost_calib_create: %s %s", bkv_strerror(rc),
+				 bkv_last_error());
 			return rc;
 		}
 		sc->cost = bkv_cost_calib_model(r->calib);
@@ -835,15 +833,9 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	ops.now_us = cb_now;
 	ops.draft = cb_draft;
 	rc = bkv_sched_create(&sc, r->pool, &ops, &r->h, NULL, &r->h.sched);
-	int state = 0;
-	for (uint32_t g = 0; g < cfg->n_groups; g++)
-		state |= cfg->groups[g].kind == BKV_GROUP_STATE;
-	if (rc) /* the library decides; name what it documents refusing */
-		snprintf(err, errlen, "bkv_sched_create: %s%s", bkv_strerror(rc),
-			 rc == BKV_EINVAL && sc.overlap && state
-				 ? " (the library refuses overlapped scheduling, --overlap, with a "
-				   "recurrent STATE group in the shape)"
-				 : "");
+	if (rc)
+		snprintf(err, errlen, "bkv_sched_create: %s: %s", bkv_strerror(rc),
+			 *bkv_last_error() ? bkv_last_error() : "(no detail)");
 	return rc;
 }
 

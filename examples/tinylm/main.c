@@ -367,11 +367,11 @@ int main(int argc, char **argv)
 		rc->sched.kv_bytes_per_token = (uint64_t)rl.kv_bytes_per_token;
 		tlm_run_result res;
 		int st = tlm_run(&w, m, rc, &res);
-		char msg[512];
+		char msg[1024];
 		uint32_t bad = st ? w.n_jobs : tlm_workload_verify(&w, msg, sizeof(msg));
 		if (st)
-			snprintf(msg, sizeof(msg), "run failed: %s (%d) %s", bkv_strerror(st), st,
-				 res.host_error);
+			snprintf(msg, sizeof(msg), "run failed: %s (%d) %s%s", bkv_strerror(st), st,
+				 res.lib_error, res.host_error);
 		const double tps = (double)res.gen_tokens / (res.wall_us / 1e6);
 		if (i == 0)
 			static_tps = tps;

@@ -532,6 +532,8 @@ out:
 	while (sc.n_q) /* the device may still read the steps' arrays */
 		(void)complete_oldest(sched, &sc);
 	res->status = st;
+	if (st == BKV_EINVAL || st == BKV_E2BIG) /* this thread's refused create or submit */
+		snprintf(res->lib_error, sizeof(res->lib_error), "%s", bkv_last_error());
 	if (sched) {
 		res->sched.size = sizeof(res->sched);
 		bkv_sched_stats_get(sched, &res->sched);

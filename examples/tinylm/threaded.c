@@ -361,6 +361,8 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 	tlm_workload_latency(w, res);
 out:
 	res->status = st;
+	if (st == BKV_EINVAL || st == BKV_E2BIG) /* this thread's refused create or submit */
+		snprintf(res->lib_error, sizeof(res->lib_error), "%s", bkv_last_error());
 	if (e.sched) {
 		res->sched.size = sizeof(res->sched);
 		bkv_sched_stats_get(e.sched, &res->sched);

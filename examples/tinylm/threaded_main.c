@@ -99,7 +99,8 @@ int main(int argc, char **argv)
 	char msg[256] = "";
 	uint32_t bad = st ? w.n_jobs : tlm_workload_verify(&w, msg, sizeof(msg));
 	if (st)
-		printf("serve failed: %s (%d) %s\n", bkv_strerror(st), st, res.host_error);
+		printf("serve failed: %s (%d) %s%s\n", bkv_strerror(st), st, res.lib_error,
+		       res.host_error);
 	printf("tinylm-threaded: %u clients x 8 in flight, 1 engine thread: %u requests, %llu "
 	       "steps, %.2f s, %.0f generated tokens/s, prefix hits %.1f%% of prompt tokens\n",
 	       clients, w.n_jobs, (unsigned long long)res.steps, res.wall_us / 1e6,

@@ -226,6 +226,8 @@ typedef struct tlm_run_result {
 	uint64_t prompt_tokens;  /* prompt tokens submitted (incl. branches 0) */
 	int check;               /* bkv_sched_check after the run (0 = ok) */
 	char host_error[256];    /* the paged host's last contract violation */
+	char lib_error[256];     /* bkv_last_error() of a refused create or
+				    submit (the field and the rule); "" else */
 } tlm_run_result;
 
 /* The pool of a run under rc for model m: rc's blocks and host tier, and a

@@ -47,6 +47,18 @@ void *bkv__calloc(const bkv_allocator *a, size_t n, size_t size);
 void *bkv__realloc(const bkv_allocator *a, void *p, size_t old_size, size_t size);
 void bkv__free(const bkv_allocator *a, void *p, size_t size);
 
+/* ---- base/status.c: the last error message --------------------------------
+ * The calling thread's bkv_last_error() message. bkv__fail formats it
+ * (printf rules, cut at 255 bytes) and returns code, so a check reads
+ *     return bkv__fail(BKV_EINVAL, "bkv_pool_config.x = %u: must be ...", x);
+ * bkv__error_clear empties it: the calls that check arguments do so first
+ * (include/batchkv.h, bkv_last_error). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 3)))
+#endif
+int bkv__fail(int code, const char *fmt, ...);
+void bkv__error_clear(void);
+
 /* Overflow-checked n * size; returns 0 (and *out untouched) on overflow. */
 int bkv__mul_size(size_t n, size_t size, size_t *out);
 
@@ -60,9 +72,15 @@ uint64_t bkv__monotonic_us(void);
  * block_tokens. A
  * block_tokens of 0 skips the checks that need it; any other must be a
  * power of two. The list form also wants 1..BKV_MAX_GROUPS groups and at
- * most one STATE group. Both return 1 when valid, 0 otherwise. */
+ * most one STATE group. Both return 1 when valid, 0 otherwise.
+ * bkv__kv_groups_check keeps the list form's rules on the groups (not on
+ * block_tokens): BKV_OK, or BKV_EINVAL, and with owner (the config struct's
+ * name, "bkv_pool_config") the message names the field and the rule
+ * ("bkv_kv_group[1].span = 0: a WINDOW group needs a span ..."). */
 int bkv__kv_group_ok(const bkv_kv_group *g, uint32_t block_tokens);
 int bkv__kv_groups_ok(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens);
+int bkv__kv_groups_check(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens,
+			 const char *owner);
 
 
 #if defined(__GNUC__) || defined(__clang__)

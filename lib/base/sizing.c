@@ -36,6 +36,8 @@
  */
 #include "base/base.h"
 
+#include <stdio.h>
+
 /* ---- checked arithmetic --------------------------------------------------- */
 
 static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
@@ -92,37 +94,77 @@ uint32_t bkv_blocks_for_bytes(uint64_t budget, const bkv_model_shape *shape,
 
 /* ---- KV groups ------------------------------------------------------------- */
 
-int bkv__kv_group_ok(const bkv_kv_group *g, uint32_t block_tokens)
+static const char *const kind_names[] = {"FULL", "WINDOW", "CHUNKED", "STATE"};
+
+/* The rule group g breaks, as the tail of a message after the group's name
+ * ("span = 0: a WINDOW group needs a span in 1..2147483647"), written into
+ * buf (cap bytes; NULL, 0 to only ask): 1, or 0 when g keeps them all. */
+static int group_fault(const bkv_kv_group *g, uint32_t block_tokens, char *buf, size_t cap)
 {
-	if (!g || !g->layers || !g->bytes || g->reserved)
-		return 0;
-	if (block_tokens && !is_pow2(block_tokens))
-		return 0;
+	if (!g->layers)
+		return snprintf(buf, cap, "layers = 0: must be >= 1"), 1;
+	if (!g->bytes)
+		return snprintf(buf, cap, "bytes = 0: must be >= 1"), 1;
+	if (g->reserved)
+		return snprintf(buf, cap, "reserved = %u: must be 0", g->reserved), 1;
 	switch (g->kind) {
 	case BKV_GROUP_FULL:
-		return g->span == 0;
+		if (g->span == 0)
+			return 0;
+		return snprintf(buf, cap, "span = %u: a FULL group has no span (0)", g->span), 1;
 	case BKV_GROUP_WINDOW:
 	case BKV_GROUP_CHUNKED: /* positions are int32_t: a span fits one */
-		return g->span >= 1 && g->span <= INT32_MAX;
+		if (g->span >= 1 && g->span <= INT32_MAX)
+			return 0;
+		return snprintf(buf, cap, "span = %u: a %s group needs a span in 1..2147483647",
+				g->span, kind_names[g->kind]), 1;
 	case BKV_GROUP_STATE:
-		return !block_tokens || g->span % block_tokens == 0;
+		if (!block_tokens || g->span % block_tokens == 0)
+			return 0;
+		return snprintf(buf, cap,
+				"span = %u: a STATE group's span must be a multiple of "
+				"block_tokens (%u)", g->span, block_tokens), 1;
 	default:
-		return 0;
+		return snprintf(buf, cap,
+				"kind = %u: not a bkv_group_kind (FULL 0, WINDOW 1, "
+				"CHUNKED 2, STATE 3)", g->kind), 1;
 	}
+}
+
+int bkv__kv_group_ok(const bkv_kv_group *g, uint32_t block_tokens)
+{
+	if (!g || (block_tokens && !is_pow2(block_tokens)))
+		return 0;
+	return !group_fault(g, block_tokens, NULL, 0);
+}
+
+int bkv__kv_groups_check(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens,
+			 const char *owner)
+{
+	char why[160];
+	uint32_t states = 0;
+
+#define GROUPS_FAIL(...) (owner ? bkv__fail(BKV_EINVAL, __VA_ARGS__) : BKV_EINVAL)
+	if (n == 0 || n > BKV_MAX_GROUPS)
+		return GROUPS_FAIL("%s.n_groups = %u: must be 1..%u", owner, n, BKV_MAX_GROUPS);
+	if (!groups)
+		return GROUPS_FAIL("%s.groups = NULL with n_groups = %u", owner, n);
+	for (uint32_t i = 0; i < n; i++) {
+		if (group_fault(&groups[i], block_tokens, owner ? why : NULL, owner ? sizeof why : 0))
+			return GROUPS_FAIL("bkv_kv_group[%u].%s", i, why);
+		states += groups[i].kind == BKV_GROUP_STATE;
+		if (states > 1)
+			return GROUPS_FAIL("bkv_kv_group[%u].kind = STATE: at most one STATE group", i);
+	}
+#undef GROUPS_FAIL
+	return BKV_OK;
 }
 
 int bkv__kv_groups_ok(const bkv_kv_group *groups, uint32_t n, uint32_t block_tokens)
 {
-	uint32_t states = 0;
-
-	if (!groups || n == 0 || n > BKV_MAX_GROUPS)
+	if (block_tokens && !is_pow2(block_tokens))
 		return 0;
-	for (uint32_t i = 0; i < n; i++) {
-		if (!bkv__kv_group_ok(&groups[i], block_tokens))
-			return 0;
-		states += groups[i].kind == BKV_GROUP_STATE;
-	}
-	return states <= 1;
+	return bkv__kv_groups_check(groups, n, block_tokens, NULL) == BKV_OK;
 }
 
 uint64_t bkv_kv_group_page_bytes(const bkv_kv_group *g, uint32_t block_tokens)

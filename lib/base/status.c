@@ -1,8 +1,10 @@
 /*
- * status.c - status codes, the version and the allocator hook.
+ * status.c - status codes, the last error message, the version and the
+ * allocator hook.
  *
  * The small pieces every other file leans on. Status messages come from the
  * one X-macro in batchkv.h so the enum and bkv_strerror() cannot drift. The
+ * last error message (bkv_last_error) is per thread. The
  * allocator hook is per handle (never process-global): each handle copies the
  * caller's bkv_allocator at create time, or the libc one below, and hands the
  * old size back on realloc and free so a caller's allocator needs no header.
@@ -10,6 +12,8 @@
  */
 #include "base/base.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +29,33 @@ const char *bkv_strerror(int status)
 	default:
 		return "unknown error";
 	}
+}
+
+/* ---- the last error message ----------------------------------------------
+ * One buffer per thread: a refused call on one thread never overwrites what
+ * another thread is about to read. */
+
+static _Thread_local char last_error[256];
+
+const char *bkv_last_error(void)
+{
+	return last_error;
+}
+
+int bkv__fail(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	if (vsnprintf(last_error, sizeof last_error, fmt, ap) < 0)
+		last_error[0] = '\0';
+	va_end(ap);
+	return code;
+}
+
+void bkv__error_clear(void)
+{
+	last_error[0] = '\0';
 }
 
 const char *bkv_version(void)

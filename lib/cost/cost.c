@@ -231,8 +231,12 @@ static const roofline_preset presets[BKV_ROOFLINE_PRESET_COUNT] = {
 
 int bkv_cost_roofline_init(bkv_cost_roofline *rl, bkv_roofline_preset preset)
 {
-	if (!rl || (int)preset < 0 || preset >= BKV_ROOFLINE_PRESET_COUNT)
-		return BKV_EINVAL;
+	bkv__error_clear();
+	if (!rl)
+		return bkv__fail(BKV_EINVAL, "bkv_cost_roofline_init: rl is NULL");
+	if ((int)preset < 0 || preset >= BKV_ROOFLINE_PRESET_COUNT)
+		return bkv__fail(BKV_EINVAL, "bkv_cost_roofline_init: preset = %d: must be in 0..%d",
+				 (int)preset, (int)BKV_ROOFLINE_PRESET_COUNT - 1);
 	const roofline_preset *p = &presets[preset];
 	memset(rl, 0, sizeof(*rl));
 	rl->size = sizeof(*rl);
@@ -645,8 +649,9 @@ static void calib_scale_update(double *s, double e)
 int bkv_cost_calib_create(const bkv_cost_model *base, const bkv_allocator *alloc,
 			  bkv_cost_calib **out)
 {
+	bkv__error_clear();
 	if (!out)
-		return BKV_EINVAL;
+		return bkv__fail(BKV_EINVAL, "bkv_cost_calib_create: out is NULL");
 	bkv_allocator a;
 	bkv__alloc_init(&a, alloc);
 	bkv_cost_calib *cal = bkv__calloc(&a, 1, sizeof(*cal));

@@ -127,9 +127,12 @@ void bkv__decide_destroy(bkv_sched *s)
 }
 
 
-int bkv__decide_config_valid(const bkv_sched_config *cfg, uint32_t host_blocks)
+int bkv__decide_config_check(const bkv_sched_config *cfg, uint32_t host_blocks)
 {
-	return cfg->preempt != BKV_PREEMPT_SWAP || host_blocks > 0; /* SWAP needs a host tier */
+	if (cfg->preempt == BKV_PREEMPT_SWAP && host_blocks == 0) /* SWAP needs a host tier */
+		return bkv__fail(BKV_EINVAL, "bkv_sched_config.preempt = BKV_PREEMPT_SWAP needs a "
+				 "pool with host_blocks > 0");
+	return BKV_OK;
 }
 
 int bkv__decide_create(bkv_sched *s, const bkv_sched_config *user)

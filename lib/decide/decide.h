@@ -162,8 +162,9 @@ struct bkv__auto {
  * into s->cfg.cost when the host gave none), and the policy table. */
 int bkv__decide_create(bkv_sched *s, const bkv_sched_config *user);
 /* Whether the decisions cfg asks for can be made with this pool (preempt
- * SWAP needs a host tier). */
-int bkv__decide_config_valid(const bkv_sched_config *cfg, uint32_t host_blocks);
+ * SWAP needs a host tier): BKV_OK, or BKV_EINVAL naming the field
+ * (bkv_last_error). */
+int bkv__decide_config_check(const bkv_sched_config *cfg, uint32_t host_blocks);
 void bkv__decide_destroy(bkv_sched *s);
 /* Observations, whatever the policy: once per step before planning (the
  * slots freed since the last admission), per admitted request, after a

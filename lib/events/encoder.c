@@ -199,6 +199,32 @@ static int host_arrays(bkv_vllm_encoder *e, const bkv_vllm_config *cfg)
 		       : -1;
 }
 
+#define VC "bkv_vllm_config."
+
+/* BKV_OK, or BKV_EINVAL with the message naming the field (bkv_last_error). */
+static int config_check(const bkv_vllm_config *cfg, const bkv_pool *pool)
+{
+	if (cfg->size < sizeof *cfg)
+		return bkv__fail(BKV_EINVAL, VC "size = %u: must be sizeof(bkv_vllm_config) = %zu "
+				 "(call bkv_vllm_config_init)", cfg->size, sizeof *cfg);
+	if (cfg->wire > BKV_VLLM_WIRE_ARRAY_V0)
+		return bkv__fail(BKV_EINVAL, VC "wire = %u: not a bkv_vllm_wire", cfg->wire);
+	if (cfg->hash > BKV_VLLM_HASH_SHA256)
+		return bkv__fail(BKV_EINVAL, VC "hash = %u: not a bkv_vllm_hash", cfg->hash);
+	if (!bkv__vllm_seed_ok(cfg->hash_seed))
+		return bkv__fail(BKV_EINVAL, VC "hash_seed: must be a string of at most 255 bytes%s",
+				 cfg->hash_seed ? "" : " (is NULL)");
+	if (cfg->data_parallel_rank < -1)
+		return bkv__fail(BKV_EINVAL, VC "data_parallel_rank = %d: must be >= -1",
+				 (int)cfg->data_parallel_rank);
+	if (cfg->group_idx < -1)
+		return bkv__fail(BKV_EINVAL, VC "group_idx = %d: must be >= -1", (int)cfg->group_idx);
+	if (!pool->kv.ev)
+		return bkv__fail(BKV_EINVAL, "bkv_vllm_encoder_create: the pool keeps no KV events "
+				 "(bkv_pool_config.event_capacity = 0)");
+	return BKV_OK;
+}
+
 int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 			    const bkv_allocator *alloc, bkv_vllm_encoder **out)
 {
@@ -206,11 +232,11 @@ int bkv_vllm_encoder_create(const bkv_vllm_config *cfg, const bkv_pool *pool,
 	bkv_vllm_encoder *e;
 	size_t nb;
 
-	if (!cfg || !pool || !out || cfg->size < sizeof *cfg)
-		return BKV_EINVAL;
-	if (cfg->wire > BKV_VLLM_WIRE_ARRAY_V0 || cfg->hash > BKV_VLLM_HASH_SHA256 ||
-	    !bkv__vllm_seed_ok(cfg->hash_seed) || !pool->kv.ev || cfg->data_parallel_rank < -1 ||
-	    cfg->group_idx < -1)
+	bkv__error_clear();
+	if (!cfg || !pool || !out)
+		return bkv__fail(BKV_EINVAL, "bkv_vllm_encoder_create: %s is NULL",
+				 !cfg ? "cfg" : !pool ? "pool" : "out");
+	if (config_check(cfg, pool) != BKV_OK)
 		return BKV_EINVAL;
 	bkv__alloc_init(&a, alloc);
 	e = bkv__calloc(&a, 1, sizeof *e);

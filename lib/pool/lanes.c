@@ -88,26 +88,36 @@ static uint64_t lane_salt(uint32_t l)
 
 /* ---- create / destroy ------------------------------------------------------- */
 
-int bkv__lanes_valid(const bkv_pool_config *c)
+int bkv__lanes_config_check(const bkv_pool_config *c)
 {
-	uint32_t i;
+	uint32_t i, n = c->n_groups;
+	uint64_t need;
+	int rc;
 
-	if (c->n_groups == 0)
-		return 1;
+	if (n == 0)
+		return BKV_OK;
 	/* each group by the rules the sizing functions keep (base/sizing.c) */
-	if (!bkv__kv_groups_ok(c->groups, c->n_groups, c->block_tokens))
-		return 0;
-	for (i = 0; i < c->n_groups; i++) /* a STATE group: the last, not the only */
-		if (c->groups[i].kind == BKV_GROUP_STATE && (i != c->n_groups - 1 || i == 0))
-			return 0;
+	if ((rc = bkv__kv_groups_check(c->groups, n, c->block_tokens, "bkv_pool_config")) != BKV_OK)
+		return rc;
+	for (i = 0; i < n; i++) /* a STATE group: the last, not the only */
+		if (c->groups[i].kind == BKV_GROUP_STATE && (i != n - 1 || i == 0))
+			return bkv__fail(BKV_EINVAL, "bkv_kv_group[%u].kind = STATE: a STATE group "
+					 "must be the last group, after a FULL group 0", i);
 	/* group 0 is full attention (lane 0, the plain tables); the frame
 	 * arithmetic must hold (base/sizing.c) */
-	if (c->groups[0].kind != BKV_GROUP_FULL ||
-	    !bkv_kv_frame_bytes(c->groups, c->n_groups, c->block_tokens))
-		return 0;
-	if (c->state_share) /* the floor and one more unit fit */
-		return bkv__state_floor_frames(c) <= c->device_blocks;
-	return bkv__state_arena(c) < c->device_blocks;
+	if (c->groups[0].kind != BKV_GROUP_FULL)
+		return bkv__fail(BKV_EINVAL, "bkv_kv_group[0].kind = %u: group 0 must be FULL",
+				 c->groups[0].kind);
+	if (!bkv_kv_frame_bytes(c->groups, n, c->block_tokens))
+		return bkv__fail(BKV_EINVAL, "bkv_pool_config.groups: a frame's bytes (block_tokens "
+				 "x layers x bytes) overflow uint64_t");
+	/* sharing: the floor and one more unit fit; else the arena leaves a frame */
+	need = c->state_share ? bkv__state_floor_frames(c) : bkv__state_arena(c) + 1;
+	if (need > c->device_blocks)
+		return bkv__fail(BKV_EINVAL, "bkv_pool_config.state_units = %u (0: 2 x max_seqs): "
+				 "the STATE group needs %llu device frames, device_blocks = %u", c->state_units,
+				 (unsigned long long)need, c->device_blocks);
+	return BKV_OK;
 }
 
 /* Does the pool keep its lanes' released blocks by the rule above: a

@@ -39,36 +39,52 @@ void bkv_pool_config_init(bkv_pool_config *cfg)
 	cfg->hash_seed = 0;
 }
 
-static int config_valid(const bkv_pool_config *c)
+#define PC "bkv_pool_config."
+
+/* BKV_OK, or BKV_EINVAL with the message naming the field that breaks its
+ * rule (include/batchkv.h, bkv_pool_config). */
+static int config_check(const bkv_pool_config *c)
 {
 	if (c->size < sizeof *c)
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "size = %u: must be sizeof(bkv_pool_config) = %zu"
+				 " (call bkv_pool_config_init)", c->size, sizeof *c);
 	if (c->block_tokens == 0 || c->block_tokens > 65536 ||
 	    (c->block_tokens & (c->block_tokens - 1)) != 0)
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "block_tokens = %u: must be a power of two in 1..65536",
+				 c->block_tokens);
 	if (c->device_blocks == 0 || c->device_blocks > (1u << 30))
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "device_blocks = %u: must be in 1..2^30 (no default)",
+				 c->device_blocks);
 	/* slot_mapping holds block * block_tokens + offset as int32_t: every
 	 * device slot, up to device_blocks * block_tokens - 1, must fit. */
 	if ((uint64_t)c->device_blocks * c->block_tokens > BKV_MAX_TOKEN_SLOTS)
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "device_blocks = %u: device_blocks x block_tokens (%u)"
+				 " must be <= 2^31 token slots", c->device_blocks, c->block_tokens);
 	if (c->host_blocks > (1u << 30))
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "host_blocks = %u: must be in 0..2^30", c->host_blocks);
 	if (c->max_seqs == 0 || c->max_seqs > (1u << BKV__SEQ_SLOT_BITS))
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "max_seqs = %u: must be in 1..%u", c->max_seqs,
+				 1u << BKV__SEQ_SLOT_BITS);
 	if (c->watermark_blocks > c->device_blocks)
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "watermark_blocks = %u: must be <= device_blocks (%u)",
+				 c->watermark_blocks, c->device_blocks);
 	if (c->event_capacity > (1u << 24))
-		return 0;
-	if (c->pin_permille > 1000 || c->state_pad)
-		return 0;
-	if (c->reserved)
-		return 0;
+		return bkv__fail(BKV_EINVAL, PC "event_capacity = %u: must be in 0..2^24",
+				 c->event_capacity);
+	if (c->pin_permille > 1000)
+		return bkv__fail(BKV_EINVAL, PC "pin_permille = %u: must be in 0..1000", c->pin_permille);
+	if (c->state_pad || c->reserved)
+		return bkv__fail(BKV_EINVAL, PC "%s = %u: must be 0", c->reserved ? "reserved" : "state_pad",
+				 c->reserved ? c->reserved : c->state_pad);
 	/* a host cache keeps prefix-cache blocks on the host tier
 	 * (docs/design.md, "The host cache") */
-	if (c->host_cache > 1 || (c->host_cache && (!c->host_blocks || !c->prefix_cache)))
-		return 0;
-	return bkv__lanes_valid(c);
+	if (c->host_cache > 1)
+		return bkv__fail(BKV_EINVAL, PC "host_cache = %u: must be 0 or 1", c->host_cache);
+	if (c->host_cache && !c->host_blocks)
+		return bkv__fail(BKV_EINVAL, PC "host_cache = 1 needs host_blocks > 0");
+	if (c->host_cache && !c->prefix_cache)
+		return bkv__fail(BKV_EINVAL, PC "host_cache = 1 needs prefix_cache");
+	return bkv__lanes_config_check(c);
 }
 
 static void pool_free_all(bkv_pool *pool)
@@ -150,9 +166,13 @@ int bkv_pool_create(const bkv_pool_config *cfg, const bkv_allocator *alloc, bkv_
 {
 	bkv_allocator a;
 	bkv_pool *pool;
+	int rc;
 
-	if (!cfg || !out || !config_valid(cfg))
-		return BKV_EINVAL;
+	bkv__error_clear();
+	if (!cfg || !out)
+		return bkv__fail(BKV_EINVAL, "bkv_pool_create: %s is NULL", cfg ? "out" : "cfg");
+	if ((rc = config_check(cfg)) != BKV_OK)
+		return rc;
 	bkv__alloc_init(&a, alloc);
 	pool = bkv__calloc(&a, 1, sizeof *pool);
 	if (!pool)

@@ -412,8 +412,9 @@ static inline void bkv__seq_dirty_lane(bkv__lseq *ls, uint32_t pos)
 /* The first logical block a sequence of len tokens reads at its next token
  * in lane ln (0 for FULL). */
 uint32_t bkv__lane_first(const bkv_pool *pool, const bkv__glane *ln, uint64_t len);
-/* Are the config's groups valid (n_groups 0 included)? */
-int bkv__lanes_valid(const bkv_pool_config *c);
+/* Are the config's groups valid (n_groups 0 included)? BKV_OK, or
+ * BKV_EINVAL with the message naming the field (bkv_last_error). */
+int bkv__lanes_config_check(const bkv_pool_config *c);
 /* Copy the groups, set up the lanes' slots. BKV_OK or BKV_ENOMEM. */
 int bkv__lanes_init(bkv_pool *pool);
 void bkv__lanes_free(bkv_pool *pool);

@@ -117,41 +117,73 @@ static uint32_t ret_count(const bkv_request *q)
 	return q->n_retention;
 }
 
+#define RQ "bkv_request."
+#define RR "bkv_retention_range[%u]."
+#define REFUSE(...) return bkv__fail(BKV_EINVAL, __VA_ARGS__)
+
+/* One range: inside the prompt, its priority in scale, pad zero. */
+static int range_check(const bkv_request *q, const bkv_retention_range *a, uint32_t i)
+{
+	if (a->token_start >= a->token_end)
+		REFUSE(RR "token_start = %u: must be < token_end (%u)", i, a->token_start,
+		       a->token_end);
+	if (a->token_end > q->prompt_len)
+		REFUSE(RR "token_end = %u: must be <= bkv_request.prompt_len (%u)", i, a->token_end,
+		       q->prompt_len);
+	if (a->priority > BKV_RETENTION_PRIORITY_MAX)
+		REFUSE(RR "priority = %u: must be in 0..%u", i, a->priority,
+		       BKV_RETENTION_PRIORITY_MAX);
+	if (a->pad)
+		REFUSE(RR "pad = %u: must be 0", i, a->pad);
+	return BKV_OK;
+}
+
 /* Ranges inside the prompt, priorities in scale, no two overlapping, and
- * only on a scheduler with retention on. */
-static int ret_valid(const bkv_sched *s, const bkv_request *q)
+ * only on a scheduler with retention on: BKV_OK, or BKV_EINVAL naming the
+ * field (bkv_last_error). */
+static int ret_check(const bkv_sched *s, const bkv_request *q)
 {
 	uint32_t n = ret_count(q), i, j;
 
 	if (!n)
-		return 1;
-	if (!s->cfg.retention || n > BKV_RETENTION_MAX_RANGES || !q->retention)
-		return 0;
+		return BKV_OK;
+	if (!s->cfg.retention)
+		REFUSE(RQ "n_retention = %u needs bkv_sched_config.retention", n);
+	if (n > BKV_RETENTION_MAX_RANGES)
+		REFUSE(RQ "n_retention = %u: must be in 0..%u", n, BKV_RETENTION_MAX_RANGES);
+	if (!q->retention)
+		REFUSE(RQ "retention = NULL with n_retention = %u", n);
 	for (i = 0; i < n; i++) {
 		const bkv_retention_range *a = &q->retention[i];
 
-		if (a->token_start >= a->token_end || a->token_end > q->prompt_len ||
-		    a->priority > BKV_RETENTION_PRIORITY_MAX || a->pad)
-			return 0;
+		if (range_check(q, a, i) != BKV_OK)
+			return BKV_EINVAL;
 		for (j = 0; j < i; j++) {
 			const bkv_retention_range *b = &q->retention[j];
 
 			if (a->token_start < b->token_end && b->token_start < a->token_end)
-				return 0;
+				REFUSE(RR "token_start = %u: overlaps bkv_retention_range[%u] "
+				       "(%u..%u)", i, a->token_start, j, b->token_start, b->token_end);
 		}
 	}
-	return 1;
+	return BKV_OK;
 }
 
-static int request_valid(const bkv_sched *s, const bkv_request *q)
+static int request_check(const bkv_sched *s, const bkv_request *q)
 {
 	if (q->size < offsetof(bkv_request, retention))
-		return 0;
-	if (!q->prompt || q->prompt_len == 0 || q->max_new_tokens == 0 || q->n == 0)
-		return 0;
+		REFUSE(RQ "size = %u: must be sizeof(bkv_request) (call bkv_request_init)", q->size);
+	if (!q->prompt)
+		REFUSE(RQ "prompt = NULL: needs prompt_len tokens");
+	if (q->prompt_len == 0)
+		REFUSE(RQ "prompt_len = 0: must be >= 1");
+	if (q->max_new_tokens == 0)
+		REFUSE(RQ "max_new_tokens = 0: must be >= 1");
+	if (q->n == 0)
+		REFUSE(RQ "n = 0: must be >= 1");
 	if (q->n_stop && !q->stop_tokens)
-		return 0;
-	return ret_valid(s, q);
+		REFUSE(RQ "stop_tokens = NULL with n_stop = %u", q->n_stop);
+	return ret_check(s, q);
 }
 
 /* Copy q into one allocation: the request, its lanes, its stop tokens,
@@ -262,29 +294,56 @@ static uint64_t inbox_push(bkv_sched *s, bkv__req *r)
 	return id;
 }
 
+/* Could the request ever run, all n branches at once? BKV_OK with *tok and
+ * *kv the step arrays it needs, or BKV_E2BIG naming what is too big. */
+static int fits_check(const bkv_sched *s, const bkv_request *q, uint64_t hist, uint32_t *tok,
+		      uint32_t *kv)
+{
+	/* Each of the n lanes may have to be recomputed on its own, so all n
+	 * whole histories must fit at once for the request to finish alone.
+	 * group 0's blocks: with KV groups a request that passes may still
+	 * find no room for every group's blocks even alone; it then ends as
+	 * unadmittable (BKV_FINISH_ERROR). A STATE group's units must carry
+	 * its branches (bkv__pool_state_units). */
+	uint64_t blocks = (hist + s->bt - 1) / s->bt * q->n;
+	uint32_t units = bkv__pool_state_units(s->pool);
+
+	if (hist > INT32_MAX)
+		return bkv__fail(BKV_E2BIG, RQ "prompt_len + max_new_tokens = %llu: must be <= "
+				 "2^31 - 1", (unsigned long long)hist);
+	if (blocks > bkv__pool_attn_blocks(s->pool))
+		return bkv__fail(BKV_E2BIG, RQ "n x (prompt_len + max_new_tokens) needs %llu blocks, "
+				 "the pool has %u", (unsigned long long)blocks,
+				 bkv__pool_attn_blocks(s->pool));
+	if (q->n > s->cfg.max_running || q->n > bkv__pool_max_seqs(s->pool) ||
+	    (units && 4ull * q->n > units))
+		return bkv__fail(BKV_E2BIG, RQ "n = %u: more branches than bkv_sched_config."
+				 "max_running (%u), bkv_pool_config.max_seqs (%u) or a quarter of "
+				 "the STATE units (%u) allow", q->n, s->cfg.max_running,
+				 bkv__pool_max_seqs(s->pool), units);
+	/* a step's block-table array could not hold max_running such histories */
+	if (bkv__bufs_need(s, hist, tok, kv))
+		return bkv__fail(BKV_E2BIG, RQ "prompt_len + max_new_tokens = %llu: max_running (%u) "
+				 "such histories overflow a step's block-table array",
+				 (unsigned long long)hist, s->cfg.max_running);
+	return BKV_OK;
+}
+
 int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 {
-	uint64_t hist, blocks, id = 0;
+	uint64_t hist, id = 0;
 	uint32_t tok, kv;
 	bkv__req *r;
 	int rc = BKV_OK;
 
-	if (!s || !q || !request_valid(s, q))
-		return BKV_EINVAL;
-	/* Each of the n lanes may have to be recomputed on its own, so all n
-	 * whole histories must fit at once for the request to finish alone. */
+	bkv__error_clear();
+	if (!s || !q)
+		REFUSE("bkv_submit: %s is NULL", s ? "req" : "sched");
+	if ((rc = request_check(s, q)) != BKV_OK)
+		return rc;
 	hist = (uint64_t)q->prompt_len + q->max_new_tokens;
-	/* group 0's blocks: with KV groups a request that passes may still
-	 * find no room for every group's blocks even alone; it then ends as
-	 * unadmittable (BKV_FINISH_ERROR). A STATE group's units must carry
-	 * its branches (bkv__pool_state_units). */
-	blocks = (hist + s->bt - 1) / s->bt * q->n;
-	if (blocks > bkv__pool_attn_blocks(s->pool) || hist > INT32_MAX || q->n > s->cfg.max_running ||
-	    (bkv__pool_state_units(s->pool) && 4ull * q->n > bkv__pool_state_units(s->pool)) ||
-	    q->n > bkv__pool_max_seqs(s->pool) || bkv__bufs_need(s, hist, &tok, &kv))
-		return BKV_E2BIG; /* could never run all n branches at once, or a
-				     step's block-table array could not hold
-				     max_running such histories */
+	if ((rc = fits_check(s, q, hist, &tok, &kv)) != BKV_OK)
+		return rc;
 	r = req_copy(s, q, hist);
 	if (!r)
 		return BKV_ENOMEM;

@@ -41,69 +41,108 @@ void bkv_request_init(bkv_request *req)
 
 /* ---- create / destroy ---------------------------------------------------- */
 
-static int config_valid(const bkv_sched_config *c)
-{
+#define SC "bkv_sched_config."
+#define REFUSE(...) return bkv__fail(BKV_EINVAL, __VA_ARGS__)
 
-	if (c->size < sizeof(bkv_sched_config) || c->copy_overlap > 1 ||
-	    c->prefill_first > 1)
-		return 0;
-	if (c->policy != BKV_POLICY_CONTINUOUS && c->policy != BKV_POLICY_STATIC)
-		return 0;
+/* The numeric fields: BKV_OK, or BKV_EINVAL with the message naming the
+ * field (bkv_last_error). */
+static int config_check_sizes(const bkv_sched_config *c)
+{
+	if (c->size < sizeof(bkv_sched_config))
+		REFUSE(SC "size = %u: must be sizeof(bkv_sched_config) = %zu (call "
+		       "bkv_sched_config_init)", c->size, sizeof(bkv_sched_config));
+	if (c->copy_overlap > 1)
+		REFUSE(SC "copy_overlap = %u: must be 0 or 1", c->copy_overlap);
+	if (c->prefill_first > 1)
+		REFUSE(SC "prefill_first = %u: must be 0 or 1", c->prefill_first);
 	if (c->max_running < 1 || c->max_running > MAX_RUNNING_LIMIT)
-		return 0;
+		REFUSE(SC "max_running = %u: must be in 1..%u", c->max_running, MAX_RUNNING_LIMIT);
 	if (c->admit_group > c->max_running)
-		return 0;
+		REFUSE(SC "admit_group = %u: must be <= max_running (%u)", c->admit_group,
+		       c->max_running);
 	if (c->token_budget > MAX_BUDGET_LIMIT)
-		return 0;
+		REFUSE(SC "token_budget = %u: must be in 0..%u", c->token_budget, MAX_BUDGET_LIMIT);
 	if (c->max_queue < 1 || c->max_queue > MAX_QUEUE_LIMIT)
-		return 0;
+		REFUSE(SC "max_queue = %u: must be in 1..%u", c->max_queue, MAX_QUEUE_LIMIT);
+	if (!(c->host_link_bytes_per_us >= 0.0) || isinf(c->host_link_bytes_per_us))
+		REFUSE(SC "host_link_bytes_per_us = %g: must be finite and >= 0",
+		       c->host_link_bytes_per_us);
+	if (c->max_bypass_us > MAX_BYPASS_LIMIT && c->max_bypass_us != UINT64_MAX)
+		REFUSE(SC "max_bypass_us = %llu: must be <= %llu or UINT64_MAX",
+		       (unsigned long long)c->max_bypass_us, (unsigned long long)MAX_BYPASS_LIMIT);
+	if (c->spec_max_k > BKV_SPEC_MAX_K)
+		REFUSE(SC "spec_max_k = %u: must be in 0..%u", c->spec_max_k, BKV_SPEC_MAX_K);
+	return BKV_OK;
+}
+
+/* The fields that name one of a few choices, after the numeric ones. */
+static int config_check(const bkv_sched_config *c)
+{
+	int rc = config_check_sizes(c);
+
+	if (rc != BKV_OK)
+		return rc;
+	if (c->policy != BKV_POLICY_CONTINUOUS && c->policy != BKV_POLICY_STATIC)
+		REFUSE(SC "policy = %d: must be BKV_POLICY_CONTINUOUS or BKV_POLICY_STATIC",
+		       (int)c->policy);
 	if (c->preempt != BKV_PREEMPT_AUTO && c->preempt != BKV_PREEMPT_RECOMPUTE &&
 	    c->preempt != BKV_PREEMPT_SWAP)
-		return 0;
-	if (!(c->host_link_bytes_per_us >= 0.0) || isinf(c->host_link_bytes_per_us))
-		return 0;
-	if (c->max_bypass_us > MAX_BYPASS_LIMIT && c->max_bypass_us != UINT64_MAX)
-		return 0;
+		REFUSE(SC "preempt = %d: must be BKV_PREEMPT_AUTO, _RECOMPUTE or _SWAP",
+		       (int)c->preempt);
 	if (c->batch_layout != BKV_BATCH_FLAT && c->batch_layout != BKV_BATCH_PERSISTENT)
-		return 0;
-	if (c->spec_max_k > BKV_SPEC_MAX_K)
-		return 0;
+		REFUSE(SC "batch_layout = %d: must be BKV_BATCH_FLAT or BKV_BATCH_PERSISTENT",
+		       (int)c->batch_layout);
 	if (c->spec_k_mode != BKV_SPEC_K_AUTO && c->spec_k_mode != BKV_SPEC_K_FIXED)
-		return 0;
+		REFUSE(SC "spec_k_mode = %d: must be BKV_SPEC_K_AUTO or BKV_SPEC_K_FIXED",
+		       (int)c->spec_k_mode);
 	if (c->spec_drafts != BKV_SPEC_DRAFT_NGRAM && c->spec_drafts != BKV_SPEC_DRAFT_HOST)
-		return 0;
+		REFUSE(SC "spec_drafts = %d: must be BKV_SPEC_DRAFT_NGRAM or BKV_SPEC_DRAFT_HOST",
+		       (int)c->spec_drafts);
 	if (c->evict != BKV_EVICT_LRU && c->evict != BKV_EVICT_VALUE &&
 	    c->evict != BKV_EVICT_SEGMENTED)
-		return 0;
+		REFUSE(SC "evict = %d: must be BKV_EVICT_LRU, _VALUE or _SEGMENTED", (int)c->evict);
 	if (c->victim != BKV_VICTIM_RECENT && c->victim != BKV_VICTIM_COST)
-		return 0;
+		REFUSE(SC "victim = %d: must be BKV_VICTIM_RECENT or BKV_VICTIM_COST",
+		       (int)c->victim);
 	if (c->admit_reserve != BKV_RESERVE_PROMPT && c->admit_reserve != BKV_RESERVE_OUTPUT)
-		return 0;
-	return 1;
+		REFUSE(SC "admit_reserve = %d: must be BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT",
+		       (int)c->admit_reserve);
+	return BKV_OK;
 }
 
 /* The arguments of bkv_sched_create, and the pool they name: BKV_OK with
- * *ps filled, or BKV_EINVAL. */
+ * *ps filled, or BKV_EINVAL with the message naming what is wrong. */
 static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host_ops *ops,
 			     bkv_sched **out, bkv_pool_stats *ps)
 {
-	if (!cfg || !pool || !ops || !out || !config_valid(cfg))
-		return BKV_EINVAL;
+	int rc;
+
+	if (!cfg || !pool || !ops || !out)
+		REFUSE("bkv_sched_create: %s is NULL",
+		       !cfg ? "cfg" : !pool ? "pool" : !ops ? "ops" : "out");
+	if ((rc = config_check(cfg)) != BKV_OK)
+		return rc;
 	if (!ops->forward && !(ops->prefill && ops->decode) && !(cfg->overlap && ops->launch))
-		return BKV_EINVAL;
+		REFUSE("bkv_host_ops: needs forward, or prefill and decode%s",
+		       cfg->overlap ? ", or launch" : " (launch only with bkv_sched_config.overlap)");
 	if (cfg->spec_max_k && cfg->spec_drafts == BKV_SPEC_DRAFT_HOST && !ops->draft)
-		return BKV_EINVAL;
-	if (cfg->overlap && (!ops->launch || (!ops->forward && (ops->prefill || ops->decode))))
-		return BKV_EINVAL; /* overlap: one mixed launch; not a split
-				      host */
+		REFUSE(SC "spec_drafts = BKV_SPEC_DRAFT_HOST (spec_max_k = %u) needs "
+		       "bkv_host_ops.draft", cfg->spec_max_k);
+	if (cfg->overlap && !ops->launch)
+		REFUSE(SC "overlap = %u needs bkv_host_ops.launch", cfg->overlap);
+	if (cfg->overlap && !ops->forward && (ops->prefill || ops->decode))
+		REFUSE(SC "overlap = %u: one mixed launch, not a split host (bkv_host_ops.prefill "
+		       "and .decode without .forward)", cfg->overlap);
 	memset(ps, 0, sizeof(*ps));
 	ps->size = sizeof(*ps);
 	bkv_pool_stats_get(pool, ps);
 	if (!ps->block_tokens || !ps->device_blocks)
-		return BKV_EINVAL;
-	if (!bkv__decide_config_valid(cfg, ps->host_blocks))
-		return BKV_EINVAL;
-	return BKV_OK;
+		REFUSE("bkv_sched_create: the pool has no device blocks");
+	/* overlap: no STATE group (a state's undo covers one step, pool/state.c) */
+	if (cfg->overlap && bkv__pool_n_groups(pool) > 1 &&
+	    bkv__pool_group(pool, bkv__pool_n_groups(pool) - 1)->kind == BKV_GROUP_STATE)
+		REFUSE(SC "overlap = %u: not with a pool that has a STATE group", cfg->overlap);
+	return bkv__decide_config_check(cfg, ps->host_blocks);
 }
 
 /* Copy the configuration, resolve its "auto" fields to their fixed values
@@ -177,6 +216,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	uint32_t tok, kv;
 	int rc;
 
+	bkv__error_clear();
 	if ((rc = create_args_valid(cfg, pool, ops, out, &ps)) != BKV_OK)
 		return rc;
 	bkv__alloc_init(&a, alloc);
@@ -185,12 +225,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
-	if (cfg->overlap && s->call.has_state) {
-		bkv__free(&a, s, sizeof(*s)); /* overlap: no STATE group (a
-						 state's undo covers one step,
-						 pool/state.c) */
-		return BKV_EINVAL;
-	}
+	BKV_ASSERT(!(cfg->overlap && s->call.has_state)); /* create_args_valid */
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||

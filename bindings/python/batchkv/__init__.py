@@ -41,7 +41,7 @@ from .cost import (CalibConfidence, CalibratedCost, CallKind, PolyCost, Roofline
                    RooflinePreset, StepShape)
 from .errors import (ERRORS, BkvError, HostError, InvalidArgumentError,  # noqa: F401
                      NoSpaceError, NotFoundError, OutOfMemoryError, StateError, TooBigError,
-                     TryAgainError, strerror)
+                     TryAgainError, last_error, strerror)
 from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEvent,  # noqa: F401
                    KvGroup, ModelShape, Pool, PoolMemory, PoolStats, SeqImage, SeqInfo,
                    block_hashes, blocks_for_bytes, frames_for_bytes, kv_bytes_per_token,

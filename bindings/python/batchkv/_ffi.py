@@ -576,6 +576,7 @@ class bkv_vllm_config(Structure):
 
 FUNCTIONS = {
     'bkv_strerror': (c_char_p, [c_int]),
+    'bkv_last_error': (c_char_p, []),
     'bkv_version': (c_char_p, []),
     'bkv_kv_bytes_per_token': (c_uint64, [POINTER(bkv_model_shape)]),
     'bkv_blocks_for_bytes': (c_uint32, [c_uint64, POINTER(bkv_model_shape), c_uint32]),

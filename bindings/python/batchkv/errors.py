@@ -2,7 +2,10 @@
 
 Every call of the package that the C library can refuse raises a subclass of
 BkvError named after the status; `err.status` is the negative code and
-`str(err)` the library's bkv_strerror() text plus what was being done. The
+`str(err)` the C function that failed, the library's bkv_strerror() text and,
+when the call left one, its bkv_last_error() message naming the refused field
+("bkv_pool_create: invalid argument: bkv_pool_config.block_tokens = 24: must
+be a power of two in 1..65536"). The
 classes also derive from the closest built-in exception, so code that catches
 MemoryError, LookupError or ValueError keeps working:
 
@@ -85,9 +88,29 @@ def strerror(status):
     return _lib.bkv_strerror(int(status)).decode()
 
 
+def last_error():
+    """bkv_last_error(): this thread's message for the last refused config
+    or request ("" when there is none)."""
+    return _lib.bkv_last_error().decode(errors="replace")
+
+
+# The calls that leave a bkv_last_error() message when they refuse an
+# argument (include/batchkv.h, bkv_last_error); every other call leaves the
+# message of an earlier one, so only these read it.
+NAMING_CALLS = frozenset(("bkv_pool_create", "bkv_sched_create", "bkv_submit",
+                          "bkv_cost_calib_create", "bkv_cost_roofline_init",
+                          "bkv_vllm_encoder_create"))
+
+
 def error(status, what):
-    """The exception for a negative status (BkvError for an unknown one)."""
+    """The exception for a negative status (BkvError for an unknown one).
+    what is the C function that failed; when it is one of NAMING_CALLS,
+    call this right after it, on its thread: the text then carries the
+    library's bkv_last_error() message (the field and the rule)."""
     cls = ERRORS.get(status, BkvError)
+    detail = last_error() if what in NAMING_CALLS else ""
+    if detail:
+        return cls("%s: %s: %s" % (what, strerror(status), detail), status)
     return cls("%s: %s" % (what, strerror(status)), status)
 
 

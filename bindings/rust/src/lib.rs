@@ -134,9 +134,9 @@ pub const UNBOUND: &[(&str, &str)] = &[
 
 // ------------------------------------------------------------------ errors --
 
-/// A failed call: one variant per `bkv_status` code.
+/// What kind of failure: one variant per `bkv_status` code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Error {
+pub enum ErrorKind {
     /// `BKV_EINVAL`: an argument or config field out of range (misuse).
     InvalidArgument,
     /// `BKV_ENOMEM`: the allocator failed.
@@ -157,42 +157,112 @@ pub enum Error {
     Unknown(i32),
 }
 
+/// A failed call: its [`ErrorKind`] and, for a refused config or request,
+/// the library's `bkv_last_error` message naming the field and the rule
+/// ([`Error::detail`]). `Display` gives the `bkv_strerror` text, then the
+/// message when there is one ("invalid argument:
+/// bkv_pool_config.block_tokens = 24: must be a power of two in 1..65536").
+/// Errors compare by kind only, so `err == Error::InvalidArgument` holds
+/// whatever the message; `match err.kind()` to branch on the kind.
+#[derive(Debug, Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    detail: Option<Box<str>>,
+}
+
+#[allow(non_upper_case_globals)]
 impl Error {
+    /// `BKV_EINVAL` (no message).
+    pub const InvalidArgument: Error = Error::of(ErrorKind::InvalidArgument);
+    /// `BKV_ENOMEM`.
+    pub const OutOfMemory: Error = Error::of(ErrorKind::OutOfMemory);
+    /// `BKV_ENOSPC`.
+    pub const NoSpace: Error = Error::of(ErrorKind::NoSpace);
+    /// `BKV_E2BIG` (no message).
+    pub const TooBig: Error = Error::of(ErrorKind::TooBig);
+    /// `BKV_EAGAIN`.
+    pub const TryAgain: Error = Error::of(ErrorKind::TryAgain);
+    /// `BKV_ENOENT`.
+    pub const NotFound: Error = Error::of(ErrorKind::NotFound);
+    /// `BKV_EHOST`.
+    pub const Host: Error = Error::of(ErrorKind::Host);
+    /// `BKV_ESTATE`.
+    pub const State: Error = Error::of(ErrorKind::State);
+
+    /// The error of a kind, with no message.
+    pub const fn of(kind: ErrorKind) -> Error {
+        Error { kind, detail: None }
+    }
+
     /// The error of a negative status; `None` for `BKV_OK` and positive values.
     pub fn from_status(status: c_int) -> Option<Error> {
-        Some(match status {
+        Some(Error::of(match status {
             s if s >= 0 => return None,
-            sys::BKV_EINVAL => Error::InvalidArgument,
-            sys::BKV_ENOMEM => Error::OutOfMemory,
-            sys::BKV_ENOSPC => Error::NoSpace,
-            sys::BKV_E2BIG => Error::TooBig,
-            sys::BKV_EAGAIN => Error::TryAgain,
-            sys::BKV_ENOENT => Error::NotFound,
-            sys::BKV_EHOST => Error::Host,
-            sys::BKV_ESTATE => Error::State,
-            s => Error::Unknown(s),
-        })
+            sys::BKV_EINVAL => ErrorKind::InvalidArgument,
+            sys::BKV_ENOMEM => ErrorKind::OutOfMemory,
+            sys::BKV_ENOSPC => ErrorKind::NoSpace,
+            sys::BKV_E2BIG => ErrorKind::TooBig,
+            sys::BKV_EAGAIN => ErrorKind::TryAgain,
+            sys::BKV_ENOENT => ErrorKind::NotFound,
+            sys::BKV_EHOST => ErrorKind::Host,
+            sys::BKV_ESTATE => ErrorKind::State,
+            s => ErrorKind::Unknown(s),
+        }))
+    }
+
+    /// `BKV_EINVAL` with a message of the safe layer's own.
+    fn refused(detail: &str) -> Error {
+        Error { kind: ErrorKind::InvalidArgument, detail: Some(detail.into()) }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The library's message naming the refused field and the rule, when
+    /// the failed call left one (`bkv_last_error`).
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
     }
 
     /// The `bkv_status` code.
-    pub fn status(self) -> c_int {
-        match self {
-            Error::InvalidArgument => sys::BKV_EINVAL,
-            Error::OutOfMemory => sys::BKV_ENOMEM,
-            Error::NoSpace => sys::BKV_ENOSPC,
-            Error::TooBig => sys::BKV_E2BIG,
-            Error::TryAgain => sys::BKV_EAGAIN,
-            Error::NotFound => sys::BKV_ENOENT,
-            Error::Host => sys::BKV_EHOST,
-            Error::State => sys::BKV_ESTATE,
-            Error::Unknown(s) => s,
+    pub fn status(&self) -> c_int {
+        match self.kind {
+            ErrorKind::InvalidArgument => sys::BKV_EINVAL,
+            ErrorKind::OutOfMemory => sys::BKV_ENOMEM,
+            ErrorKind::NoSpace => sys::BKV_ENOSPC,
+            ErrorKind::TooBig => sys::BKV_E2BIG,
+            ErrorKind::TryAgain => sys::BKV_EAGAIN,
+            ErrorKind::NotFound => sys::BKV_ENOENT,
+            ErrorKind::Host => sys::BKV_EHOST,
+            ErrorKind::State => sys::BKV_ESTATE,
+            ErrorKind::Unknown(s) => s,
         }
+    }
+}
+
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        self.kind == other.kind
+    }
+}
+
+impl Eq for Error {}
+
+impl PartialEq<ErrorKind> for Error {
+    fn eq(&self, other: &ErrorKind) -> bool {
+        self.kind == *other
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(strerror(self.status()))
+        f.write_str(strerror(self.status()))?;
+        match &self.detail {
+            Some(d) => write!(f, ": {}", d),
+            None => Ok(()),
+        }
     }
 }
 
@@ -208,10 +278,32 @@ fn check(rc: c_int) -> Result<c_int> {
     }
 }
 
+/// [`check`] for the calls that name a refused field (`bkv_pool_create`,
+/// `bkv_sched_create`, `bkv_submit`, `bkv_cost_calib_create`,
+/// `bkv_cost_roofline_init`, `bkv_vllm_encoder_create`): right after one of
+/// them, on its thread, the error carries `bkv_last_error`'s message.
+fn check_named(rc: c_int) -> Result<c_int> {
+    check(rc).map_err(|mut e| {
+        let d = last_error();
+        if !d.is_empty() {
+            e.detail = Some(d.into());
+        }
+        e
+    })
+}
+
 /// `bkv_strerror`: the library's message for a status code.
 pub fn strerror(status: c_int) -> &'static str {
     // SAFETY: bkv_strerror returns a static NUL-terminated string, never NULL.
     unsafe { CStr::from_ptr(sys::bkv_strerror(status)) }.to_str().unwrap_or("?")
+}
+
+/// `bkv_last_error`: the calling thread's message for the last refused
+/// config or request ("" when there is none); see the header for which
+/// calls set and clear it.
+pub fn last_error() -> String {
+    // SAFETY: a thread-local NUL-terminated buffer, never NULL; copied at once.
+    unsafe { CStr::from_ptr(sys::bkv_last_error()) }.to_string_lossy().into_owned()
 }
 
 /// `bkv_version`: the version string the library was built with.
@@ -418,7 +510,7 @@ impl Pool {
     /// pointer: give the groups to [`Pool::with_groups`]), `Err(OutOfMemory)`.
     pub fn new(cfg: &PoolConfig) -> Result<Pool> {
         if cfg.n_groups != 0 || !cfg.groups.is_null() {
-            return Err(Error::InvalidArgument);
+            return Err(Error::refused("bkv_pool_config.groups: give the groups to Pool::with_groups"));
         }
         Self::create(cfg, &[])
     }
@@ -436,7 +528,7 @@ impl Pool {
         c.n_groups = group_count(groups);
         c.groups = if groups.is_empty() { ptr::null() } else { groups.as_ptr() };
         let mut p = ptr::null_mut();
-        check(unsafe { sys::bkv_pool_create(&c, ptr::null(), &mut p) })?;
+        check_named(unsafe { sys::bkv_pool_create(&c, ptr::null(), &mut p) })?;
         Ok(Pool { raw: NonNull::new(p).ok_or(Error::OutOfMemory)?,
                   id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed) })
     }
@@ -473,7 +565,7 @@ impl Pool {
     pub fn blocks_needed(&self, seq: u32, n: u32) -> Result<u64> {
         let r = unsafe { sys::bkv_seq_blocks_needed(self.as_ptr(), seq, n) };
         if r < 0 {
-            Err(Error::from_status(r as c_int).unwrap_or(Error::Unknown(r as i32)))
+            Err(Error::from_status(r as c_int).unwrap_or(Error::of(ErrorKind::Unknown(r as i32))))
         } else {
             Ok(r as u64)
         }
@@ -989,7 +1081,7 @@ impl VllmEncoder {
             c.raw.key_name_ud = &mut **k as *mut KeyNames as *mut c_void;
         }
         let mut e = ptr::null_mut();
-        check(unsafe { sys::bkv_vllm_encoder_create(&c.raw, pool.as_ptr(), ptr::null(), &mut e) })?;
+        check_named(unsafe { sys::bkv_vllm_encoder_create(&c.raw, pool.as_ptr(), ptr::null(), &mut e) })?;
         Ok(VllmEncoder { raw: NonNull::new(e).ok_or(Error::OutOfMemory)?, pool_id: pool.id,
                          names, last_events: 0 })
     }
@@ -1200,7 +1292,7 @@ impl RooflineCost {
     /// `bkv_cost_roofline_init` with a `sys::BKV_ROOFLINE_*` preset.
     pub fn new(preset: sys::bkv_roofline_preset) -> Result<RooflineCost> {
         let mut raw = Box::new(zeroed::<sys::bkv_cost_roofline>());
-        check(unsafe { sys::bkv_cost_roofline_init(&mut *raw, preset) })?;
+        check_named(unsafe { sys::bkv_cost_roofline_init(&mut *raw, preset) })?;
         Ok(RooflineCost { raw, groups: Vec::new() })
     }
     /// The model's figures, to read or change (leave `groups` and `n_groups`
@@ -1253,7 +1345,7 @@ impl<'b> CalibratedCost<'b> {
     pub fn new(base: Option<&'b mut dyn CostModel>) -> Result<CalibratedCost<'b>> {
         let b = base.map(|m| m.raw_model());
         let mut p = ptr::null_mut();
-        check(unsafe {
+        check_named(unsafe {
             sys::bkv_cost_calib_create(b.as_ref().map_or(ptr::null(), |m| m as *const _),
                                        ptr::null(), &mut p)
         })?;
@@ -1768,7 +1860,7 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         }
         let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None) });
         let mut s = ptr::null_mut();
-        check(unsafe {
+        check_named(unsafe {
             sys::bkv_sched_create(&c, pool.as_ptr(), &ops,
                                   &*host as *const HostCell<H> as *mut c_void, ptr::null(), &mut s)
         })?;
@@ -1799,7 +1891,7 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         q.predicted_output = req.predicted_output;
         q.user = req.user as *mut c_void;
         let mut id = 0;
-        check(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
+        check_named(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
         Ok(id)
     }
 

@@ -573,6 +573,7 @@ pub struct bkv_vllm_config {
 }
 extern "C" {
     pub fn bkv_strerror(status: c_int) -> *const c_char;
+    pub fn bkv_last_error() -> *const c_char;
     pub fn bkv_version() -> *const c_char;
     pub fn bkv_kv_bytes_per_token(shape: *const bkv_model_shape) -> u64;
     pub fn bkv_blocks_for_bytes(budget: u64, shape: *const bkv_model_shape, block_tokens: u32) -> u32;

@@ -314,7 +314,9 @@ fn roofline_prices_kv_groups_and_pool_takes_them_only_by_slice() {
     let mut cfg = PoolConfig { device_blocks: 8, ..Default::default() };
     cfg.n_groups = 1;
     cfg.groups = one.as_ptr();
-    assert!(matches!(Pool::new(&cfg), Err(Error::InvalidArgument)));
+    let err = Pool::new(&cfg).err().unwrap();
+    assert!(matches!(err.kind(), ErrorKind::InvalidArgument));
+    assert!(err.to_string().contains("bkv_pool_config.groups"), "{}", err);
     let cfg = PoolConfig { device_blocks: 8, ..Default::default() };
     assert!(Pool::with_groups(&cfg, &one).is_ok());
 }
