@@ -286,7 +286,7 @@ Test(shape, state_shape_derived_pool_holds_the_arena)
 			memset(&r, 0, sizeof(r));
 			int rc = sim_run(&c, &t, &r, err, sizeof(err));
 			if (overlap && rc == BKV_EINVAL) {
-				cr_expect(strstr(err, "refuses overlapped scheduling") != NULL, "%s",
+				cr_expect(strstr(err, "bkv_sched_config.overlap") != NULL, "%s",
 					  err);
 			} else {
 				cr_expect_eq(rc, 0, "%s: %s", specs[i], err);
