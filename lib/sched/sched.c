@@ -185,12 +185,6 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
-	if (cfg->overlap && s->call.has_state) {
-		bkv__free(&a, s, sizeof(*s)); /* overlap: no STATE group (a
-						 state's undo covers one step,
-						 pool/state.c) */
-		return BKV_EINVAL;
-	}
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||
