@@ -1250,6 +1250,132 @@ Test(overlap_state, speculation_writes_per_token_states_and_matches_the_synchron
 	cr_assert_gt(failed, f0 + 5);
 }
 
+/* One request in decode over full + STATE, and two steps outstanding: the
+ * launch planned on the step in flight reads the unit that step writes and
+ * writes a third. Returns the three units and the first step's position. */
+typedef struct st_pair {
+	uint64_t t1, t2;
+	int32_t in0, out0, out1;
+	int32_t pos0;
+} st_pair;
+
+static void st_env(ov_env *e, kh_req *r, const int32_t *p, uint32_t n)
+{
+	ov_opts o;
+
+	ov_opts_init(&o);
+	o.cfg.max_running = 2;
+	st_opts(&o, 1, 64);
+	ov_env_init(e, &o);
+	cr_assert_eq(kh_req_init(r, 4242, p, n, 20, 1), 0);
+	cr_assert_eq(kh_submit(e->s, r, 0), BKV_OK);
+	while (r->n_out[0] < 3) { /* into decode, nothing outstanding */
+		cr_assert(ov_iter(e));
+		if (r->n_out[0] >= 3)
+			ov_complete_all(e);
+	}
+	cr_assert_eq(e->n_q, 0);
+}
+
+static void st_launch2(ov_env *e, st_pair *sp)
+{
+	const bkv_batch_group *G;
+
+	cr_assert_eq(bkv_step_launch(e->s, &sp->t1, NULL), BKV_OK);
+	e->q[e->n_q++] = sp->t1;
+	G = st_group(&e->h.dev_batch[e->h.dev_head]);
+	cr_assert(G && e->h.dev_batch[e->h.dev_head].n_rows == 1);
+	sp->in0 = G->state_in[0];
+	sp->out0 = G->state_out[0];
+	sp->pos0 = e->h.dev_batch[e->h.dev_head].positions[0];
+	cr_assert_eq(bkv_step_launch(e->s, &sp->t2, NULL), BKV_OK);
+	e->q[e->n_q++] = sp->t2;
+	G = st_group(&e->h.dev_batch[(e->h.dev_head + 1) % OV_DEPTH]);
+	cr_assert(G && e->h.dev_batch[(e->h.dev_head + 1) % OV_DEPTH].n_rows == 1);
+	cr_assert_eq(G->state_in[0], sp->out0, "the later step reads what the one in flight writes");
+	sp->out1 = G->state_out[0];
+	cr_assert(sp->out1 >= 0 && sp->out1 != sp->out0 && sp->out1 != sp->in0,
+		  "a second unit: %d after %d from %d", sp->out1, sp->out0, sp->in0);
+	cr_assert_eq(bkv_sched_check(e->s), 0);
+}
+
+/* The next launch's row: its position and the unit it reads. */
+static void st_next_row(ov_env *e, int32_t *pos, int32_t *in)
+{
+	uint64_t t = 0;
+	const bkv_batch_group *G;
+
+	cr_assert_eq(bkv_step_launch(e->s, &t, NULL), BKV_OK);
+	cr_assert(t);
+	e->q[e->n_q++] = t;
+	G = st_group(&e->h.dev_batch[e->h.dev_head]);
+	*pos = e->h.dev_batch[e->h.dev_head].positions[0];
+	*in = G->state_in[0];
+	ov_complete_all(e);
+}
+
+/* A failed completion of the step in flight fails the one planned on it
+ * too: both steps' state advance is undone, and the request goes on from
+ * the state before the first (the device computed both correctly and
+ * reported the first failed late, so only the units tell). */
+Test(overlap_state, a_failed_completion_undoes_two_steps_of_state)
+{
+	int32_t p[10] = {300, 301, 302, 303, 304, 305, 306, 307, 308, 309}, pos, in;
+	ov_env e;
+	kh_req r;
+	st_pair sp;
+	bkv_sched_stats st;
+
+	st_env(&e, &r, p, 10);
+	st_launch2(&e, &sp);
+	e.h.dev_failed[e.h.dev_head] = 1; /* reported failed at completion */
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST, "the later step fails with it");
+	ov_check(&e);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	st_next_row(&e, &pos, &in);
+	cr_assert_eq(pos, sp.pos0, "the rerun starts where the first failed step did");
+	cr_assert_eq(in, sp.in0, "from the state before both steps");
+	ov_check(&e);
+	ov_run(&e, 200);
+	cr_assert_eq(r.finished, 1);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 2);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
+}
+
+/* The step in flight commits and the one planned on it fails: the state
+ * the first one wrote is kept (committed), the second one's is undone. */
+Test(overlap_state, a_failed_later_step_keeps_the_state_the_committed_one_wrote)
+{
+	int32_t p[10] = {400, 401, 402, 403, 404, 405, 406, 407, 408, 409}, pos, in;
+	ov_env e;
+	kh_req r;
+	st_pair sp;
+
+	st_env(&e, &r, p, 10);
+	st_launch2(&e, &sp);
+	cr_assert_eq(ov_complete1(&e), BKV_OK);
+	cr_assert_eq(bkv_sched_check(e.s), 0);
+	e.h.dev_failed[e.h.dev_head] = 1;
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	ov_check(&e);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	st_next_row(&e, &pos, &in);
+	cr_assert_eq(pos, sp.pos0 + 1, "the rerun starts after the committed step");
+	cr_assert_eq(in, sp.out0, "from the state the committed step wrote");
+	ov_check(&e);
+	ov_run(&e, 200);
+	cr_assert_eq(r.finished, 1);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
+}
+
 Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)
 {
 	ov_opts o;

@@ -37,6 +37,13 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 		if (pool->st_len[i] > s->len ||
 		    (pool->st_pend[i] >= 0 && pool->st_pend_len[i] >= pool->st_len[i]))
 			return CHECK_SEQS;
+		/* a state that lags its tokens has the unit the device writes
+		 * them to (with overlap, the later step's second unit), and a
+		 * kept undo is older than the live state */
+		if ((s->state == BKV__SEQ_OPEN && pool->st_len[i] < s->len &&
+		     pool->st_scratch[i] < 0) ||
+		    (pool->st_undo[i] != BKV__ST_NO_UNDO && pool->st_undo_len[i] >= pool->st_len[i]))
+			return CHECK_SEQS;
 		if (s->state == BKV__SEQ_OPEN ? (pool->st_len[i] == 0) != (pool->st_live[i] < 0)
 					      : pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0)
 			return CHECK_SEQS;

@@ -135,14 +135,14 @@ void bkv__ovl_destroy(bkv_sched *s)
 
 	if (!o)
 		return;
+	for (l = o->def_head; l; l = l->def_next)
+		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
 	if (o->n_out) { /* steps the host never completed: as if they failed,
 			   so the pool's step transaction closes (aborted)
 			   and nothing they computed is indexed */
 		memset(&si, 0, sizeof(si));
 		rollback_all(s, 0, &si);
 	}
-	for (l = o->def_head; l; l = l->def_next)
-		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
 	release_deferred(s);
 	free_held(s);
 	for (i = 0; i < OVL_DEPTH; i++) {
@@ -583,6 +583,11 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		if (t->id > o->committed)
 			o->committed = t->id;
 	}
+	/* the deferred sequences, which the truncates above skip, go back to
+	 * their committed lengths (or go) before the abort, as every other
+	 * sequence did: a STATE group's states must not outlive the step
+	 * (pool/state.c) */
+	release_deferred(s);
 	bkv__pool_txn_abort(s->pool);
 	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
