@@ -299,10 +299,9 @@ static int submit(bkv_sched *s, tlm_job *jb)
 	return st;
 }
 
-int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res)
+void tlm_pool_config(const tlm_model *m, const tlm_run_config *rc, bkv_pool_config *out,
+		     bkv_kv_group *groups)
 {
-	memset(res, 0, sizeof(*res));
-	tlm_workload_reset(w);
 	bkv_pool_config pc;
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = rc->block_tokens;
@@ -311,7 +310,6 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	pc.host_cache = rc->host_cache;
 	pc.max_seqs = 4096;
 	/* a hybrid model: one KV group per kind of layer (tlm_layer_group) */
-	bkv_kv_group groups[TLM_MAX_GROUPS];
 	pc.n_groups = tlm_n_groups(&m->cfg);
 	for (uint32_t g = 0; g < pc.n_groups; g++) {
 		uint32_t span, kind = tlm_group_kind(&m->cfg, g, &span), layers = 0;
@@ -340,6 +338,16 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	}
 	if (pc.n_groups == 1)
 		pc.n_groups = 0, pc.groups = NULL; /* the plain pool */
+	*out = pc;
+}
+
+int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res)
+{
+	memset(res, 0, sizeof(*res));
+	tlm_workload_reset(w);
+	bkv_pool_config pc;
+	bkv_kv_group groups[TLM_MAX_GROUPS];
+	tlm_pool_config(m, rc, &pc, groups);
 	bkv_pool *pool = NULL;
 	bkv_sched *sched = NULL;
 	serve_ctx sc = {.res = res, .m = m, .draft_layers = rc->draft_layers};

@@ -281,12 +281,8 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 		return BKV_EINVAL;
 	tlm_workload_reset(w);
 	bkv_pool_config pc;
-	bkv_pool_config_init(&pc);
-	pc.block_tokens = rc->block_tokens;
-	pc.device_blocks = rc->device_blocks;
-	pc.host_blocks = rc->host_blocks;
-	pc.host_cache = rc->host_cache;
-	pc.max_seqs = 4096;
+	bkv_kv_group groups[TLM_MAX_GROUPS];
+	tlm_pool_config(m, rc, &pc, groups); /* tlm_run's (a hybrid's groups) */
 	bkv_pool *pool = NULL;
 	engine e = {.res = res, .clients_left = n_clients,
 		    .max_steps = rc->max_steps ? rc->max_steps : 200000};
@@ -297,7 +293,7 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 	int st = !cls || !reqs ? BKV_ENOMEM : bkv_pool_create(&pc, NULL, &pool);
 	if (st)
 		goto out;
-	e.host = tlm_host_create(m, rc->block_tokens, rc->device_blocks, rc->host_blocks);
+	e.host = tlm_host_create(m, rc->block_tokens, pc.device_blocks, rc->host_blocks);
 	if (!e.host) {
 		st = BKV_ENOMEM;
 		goto out;

@@ -228,6 +228,11 @@ typedef struct tlm_run_result {
  * Returns 0, or a negative bkv_status / TLM_STUCK. */
 int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_run_result *res);
 
+/* The pool tlm_run serves m from under rc (its groups written to groups,
+ * [TLM_MAX_GROUPS]; a recurrent state's arena added to device_blocks). */
+void tlm_pool_config(const tlm_model *m, const tlm_run_config *rc, bkv_pool_config *pc,
+		     bkv_kv_group *groups);
+
 /* Compare served outputs with the reference. Returns the number of jobs that
  * differ (aborted jobs must be a prefix); describes the first one in msg. */
 uint32_t tlm_workload_verify(const tlm_workload *w, char *msg, size_t msg_len);
