@@ -38,6 +38,13 @@
  * units of its own (pool/state_spec.c); a truncate to an accepted length
  * makes the one there live.
  *
+ * Overlapped scheduling (pool/overlap.c): a step planned while one is in
+ * flight promotes that step's scratch (the shift, bkv__state_advance) and
+ * writes a second unit; the state the step in flight started from stays in
+ * st_undo until that step commits alone (bkv__state_commit_to), so a
+ * rollback truncates back through both. Meanwhile no hit replaces a state
+ * an outstanding step's rollback needs (bkv__state_hit_ok).
+ *
  * Swap moves a live state to st_frames host blocks and back; export names
  * the live unit's first frame and import lists its frames as transfers
  * (pool/image.c).
