@@ -14,6 +14,10 @@ rows with one vectorised assignment. Variants:
   forward+on_token   plus an on_token method (one Python call per row)
   forward+views      forward also touches every batch array (creating all
                      13 views), as a real host reading the whole batch would
+  forward+outputs    no on_token: after each step the host reads the
+                     step's outputs as arrays (Scheduler(outputs=True),
+                     outputs()) and copies every token and its request id
+                     into its own arrays (one crossing per step)
 
 Usage: BATCHKV_LIBRARY=build/lib/libbatchkv.so /usr/bin/python3 \
            bench/bindings_step.py [STEPS]      (PYTHONPATH=bindings/python)
@@ -45,6 +49,19 @@ class NoopTokens(Noop):
         pass
 
 
+class NoopOutputs(Noop):
+    outputs = True
+
+    def __init__(self):
+        self.tok = np.zeros(1 << 16, np.int32)
+        self.req = np.zeros(1 << 16, np.uint64)
+
+    def consume(self, o):
+        n = len(o.token_ids)
+        self.tok[:n] = o.token_ids
+        self.req[:n] = o.token_req
+
+
 class NoopViews(Noop):
     def forward(self, b, next_tokens):
         (b.token_ids, b.positions, b.qo_indptr, b.kv_indptr, b.kv_indices, b.kv_last_page_len,
@@ -58,8 +75,9 @@ def run(running, steps, host):
     per_req = (prompt_len + max_new + bt - 1) // bt
     pool = batchkv.Pool(block_tokens=bt, device_blocks=running * per_req + 64,
                         max_seqs=running + 16)
+    outs = getattr(host, "outputs", False)
     s = batchkv.Scheduler(pool, host, max_running=running, admit_group=1,
-                          max_wait_us=2 ** 64 - 1, max_queue=running + 16)
+                          max_wait_us=2 ** 64 - 1, max_queue=running + 16, outputs=outs)
     prompt = np.arange(100, 100 + prompt_len, dtype=np.int32)
     for i in range(running):
         prompt[0] = i
@@ -69,8 +87,13 @@ def run(running, steps, host):
     best = 1e30
     for _ in range(8):
         t0 = time.perf_counter()
-        for _ in range(steps // 8):
-            s.step()
+        if outs:
+            for _ in range(steps // 8):
+                s.step()
+                host.consume(s.outputs())
+        else:
+            for _ in range(steps // 8):
+                s.step()
         best = min(best, (time.perf_counter() - t0) * 1e6 / (steps // 8))
     st = s.stats()
     assert st.running == running and s.pending == running and s.check() == 0
@@ -84,7 +107,7 @@ def main():
     print("python %s, numpy %s, %d timed steps, us per step (best of 8 batches)"
           % (sys.version.split()[0], np.__version__, steps))
     for name, host in (("bare", Bare), ("forward", Noop), ("forward+on_token", NoopTokens),
-                       ("forward+views", NoopViews)):
+                       ("forward+outputs", NoopOutputs), ("forward+views", NoopViews)):
         for running in (32, 1024):
             print("python %-17s running %5d: %9.2f us/step" % (name, running,
                                                                run(running, steps, host())))

@@ -336,6 +336,15 @@ int main(void)
 	F(bkv_sched_stats, overlap_spec_waits);
 	F(bkv_sched_stats, overlap_spec_undrafted);
 	F(bkv_sched_stats, overlap_spec_idle);
+	S(bkv_step_outputs);
+	F(bkv_step_outputs, size);
+	F(bkv_step_outputs, n_tokens);
+	F(bkv_step_outputs, token_req);
+	F(bkv_step_outputs, token_branch);
+	F(bkv_step_outputs, token_ids);
+	F(bkv_step_outputs, n_finished);
+	F(bkv_step_outputs, finished_req);
+	F(bkv_step_outputs, finished_reason);
 	S(bkv_kv_event);
 	F(bkv_kv_event, seq);
 	F(bkv_kv_event, hash);

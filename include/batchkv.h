@@ -2245,6 +2245,50 @@ BKV_API int bkv_step_complete(bkv_sched *sched, uint64_t ticket, int status,
 BKV_API uint64_t bkv_sched_pending(bkv_sched *sched);
 
 /**
+ * What a step delivered, as arrays (bkv_sched_outputs_get): the tokens, in
+ * the order on_token would see them, and the ended requests, in the order
+ * of on_finish. The arrays belong to the scheduler: valid until the next
+ * bkv_step, bkv_step_launch or bkv_step_complete call.
+ */
+typedef struct bkv_step_outputs {
+	uint32_t size;                   /* sizeof(bkv_step_outputs); set by
+					    the caller (0: the whole struct) */
+	uint32_t n_tokens;               /* tokens delivered */
+	const uint64_t *token_req;       /* [n_tokens] each token's request id */
+	const uint32_t *token_branch;    /* [n_tokens] its branch (0 .. n - 1) */
+	const int32_t *token_ids;        /* [n_tokens] the tokens */
+	uint32_t n_finished;             /* requests ended */
+	const uint64_t *finished_req;    /* [n_finished] each one's id */
+	const int32_t *finished_reason;  /* [n_finished] its bkv_finish_reason */
+} bkv_step_outputs;
+
+/**
+ * Record each step's outputs as arrays, for a host that reads them once per
+ * step instead of taking on_token per token (a Python or Rust engine). Off
+ * by default; the callbacks run either way. On, the arrays are sized for
+ * every row a step may deliver and every request that may be alive
+ * (max_running + max_queue), allocated here: recording never allocates.
+ * @param sched  the scheduler.
+ * @param on     1 to record (allocates once), 0 to stop (frees).
+ * @return BKV_OK; BKV_EINVAL (NULL, on not 0 or 1); BKV_ESTATE inside a
+ *         step; BKV_ENOMEM (nothing changed).
+ * Thread rules: the stepping thread, between steps.
+ */
+BKV_API int bkv_sched_outputs_enable(bkv_sched *sched, int on);
+
+/**
+ * The outputs delivered since the previous bkv_step or bkv_step_complete
+ * returned: the tokens and ends of the last bkv_step (or of the last
+ * bkv_step_complete, with those of the launches between: requests a launch
+ * ends, such as aborts, are read with the completion that follows).
+ * @param sched  the scheduler (outputs enabled).
+ * @param out    filled up to min(out->size, sizeof(bkv_step_outputs)).
+ * @return BKV_OK; BKV_EINVAL (NULL); BKV_ESTATE (outputs not enabled).
+ * Thread rules: the stepping thread, between steps.
+ */
+BKV_API int bkv_sched_outputs_get(const bkv_sched *sched, bkv_step_outputs *out);
+
+/**
  * Read the scheduler's cumulative counters into the caller's struct (size
  * convention as bkv_pool_stats_get).
  * @param sched  the scheduler.

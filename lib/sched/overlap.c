@@ -685,6 +685,7 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	if (!t || ticket != t->id || status > 0) /* 0 and negative are defined */
 		return BKV_EINVAL;
 	s->plan.in_step = 1;
+	bkv__outs_begin(s);
 	now = bkv__clock_us(s);
 	si = t->si;
 	si.finished = 0;
@@ -704,6 +705,7 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	 * they are freed at once): their lanes may be deferred */
 	release_after(s, o->committed);
 	bkv__step_end(s, now, &si, info, 1);
+	bkv__outs_end(s);
 	s->plan.in_step = 0;
 	return rc;
 }

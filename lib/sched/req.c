@@ -186,6 +186,8 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 	if (why == BKV_FINISH_ABORT)
 		s->stats.aborted++;
 	si->finished++;
+	if (s->outs)
+		bkv__outs_finish(s, r->id, why);
 	if (s->ops.on_finish)
 		s->ops.on_finish(s->host, r->id, why, r->user);
 }

@@ -282,6 +282,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__free(a, s->plan.touched, 3 * (size_t)m * sizeof(bkv__lane *));
 	bkv__free(a, s->plan.swap_pend, (size_t)m * sizeof(bkv__req *));
 	bkv__rows_free(s);
+	bkv__outs_destroy(s);
 	bkv__spec_free(s);
 	bkv__groups_free(s);
 	bkv__call_arrays_free(a, s->plan.row_cap, &s->call.arr);

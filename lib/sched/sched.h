@@ -442,6 +442,8 @@ struct bkv_sched {
 				   cfg.spec_max_k is 0 (sched/spec.c) */
 	struct bkv__ovl *ovl;  /* overlapped scheduling's state
 				  (sched/overlap.c); NULL when off */
+	struct bkv__outs *outs; /* the per-step output arrays
+				   (sched/outputs.c); NULL when off */
 };
 
 /* ---- shared helpers --------------------------------------------------------- */
@@ -464,6 +466,16 @@ static inline uint64_t bkv__clock_us(const bkv_sched *s)
 /* The step-duration histogram's bucket bounds in us (sched/step.c); the last
  * bucket, +Inf, has none. */
 extern const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1];
+
+/* ---- sched/outputs.c: what a step delivered, as arrays --------------------- */
+
+/* Record a delivered token / an ended request (s->outs is on), and mark the
+ * start and the end of a delivery point (bkv_step, bkv_step_complete). */
+void bkv__outs_token(bkv_sched *s, uint64_t req, uint32_t branch, int32_t t);
+void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reason why);
+void bkv__outs_begin(bkv_sched *s);
+void bkv__outs_end(bkv_sched *s);
+void bkv__outs_destroy(bkv_sched *s);
 
 /* ---- sched/step.c: the step's pieces, shared with sched/overlap.c ---------- */
 

@@ -478,6 +478,8 @@ void bkv__spec_deliver_step(bkv_sched *s, const bkv__spec_step *st, const bkv__r
 			l->n_gen++;
 			s->stats.decode_tokens++; /* a decode row's, delivered */
 			l->decoding = 1;
+			if (s->outs)
+				bkv__outs_token(s, r->id, l->branch, t[j]);
 			if (s->ops.on_token) {
 				s->ops.on_token(s->host, r->id, l->branch, t[j], r->user);
 				if (!REQ_IS_RUNNING(r) || l->done)

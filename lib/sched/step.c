@@ -266,6 +266,8 @@ static ALWAYS_INLINE void commit_rows(bkv_sched *s, const bkv__row *rows, uint32
 		l->n_gen++;
 		s->stats.decode_tokens += l->decoding;
 		l->decoding = 1;
+		if (s->outs)
+			bkv__outs_token(s, r->id, l->branch, t);
 		if (on_token) {
 			on_token(s->host, r->id, l->branch, t, r->user);
 			if (!REQ_IS_RUNNING(r) || l->done)
@@ -539,6 +541,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 		return BKV_ESTATE; /* overlap: a two-phase step is outstanding,
 				      or the host has only ops.launch */
 	s->plan.in_step = 1;
+	bkv__outs_begin(s);
 	memset(&si, 0, sizeof(si));
 	now = bkv__clock_us(s);
 	bkv__step_plan(s, now, &si, 1);
@@ -549,6 +552,7 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	else
 		bkv__step_rollback(s, now, &si);
 	bkv__step_end(s, now, &si, info, 1);
+	bkv__outs_end(s);
 	s->plan.in_step = 0;
 	return rc;
 }

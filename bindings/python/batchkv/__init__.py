@@ -48,7 +48,7 @@ from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEven
                    kv_frame_bytes, kv_group_blocks_held, kv_group_page_bytes, kv_seq_bytes,
                    kv_state_frames)
 from .sched import (TOKEN_FAIL, Batch, BatchGroup, BatchLayout, FinishReason,  # noqa: F401
-                    Policy, Preempt, SchedStats, Scheduler, StepInfo)
+                    Policy, Preempt, SchedStats, Scheduler, StepInfo, StepOutputs)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401
                    vllm_hash_int)
 

@@ -478,6 +478,19 @@ class bkv_step_info(Structure):
     ]
 
 
+class bkv_step_outputs(Structure):
+    _fields_ = [
+        ('size', c_uint32),
+        ('n_tokens', c_uint32),
+        ('token_req', POINTER(c_uint64)),
+        ('token_branch', POINTER(c_uint32)),
+        ('token_ids', POINTER(c_int32)),
+        ('n_finished', c_uint32),
+        ('finished_req', POINTER(c_uint64)),
+        ('finished_reason', POINTER(c_int32)),
+    ]
+
+
 class bkv_sched_stats(Structure):
     _fields_ = [
         ('size', c_uint32),
@@ -641,6 +654,8 @@ FUNCTIONS = {
     'bkv_step_complete': (c_int, [c_void_p, c_uint64, c_int, POINTER(bkv_step_info)]),
     'bkv_sched_pending': (c_uint64, [c_void_p]),
     'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
+    'bkv_sched_outputs_enable': (c_int, [c_void_p, c_int]),
+    'bkv_sched_outputs_get': (c_int, [c_void_p, POINTER(bkv_step_outputs)]),
     'bkv_sched_check': (c_int, [c_void_p]),
     'bkv_pool_drain_events': (c_uint32, [c_void_p, POINTER(bkv_kv_event), c_uint32]),
     'bkv_block_hashes': (c_uint32, [c_uint64, c_uint64, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),

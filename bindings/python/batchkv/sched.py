@@ -33,6 +33,7 @@ released, and the callbacks (which take the GIL back) never run under the
 library's lock, so the two never deadlock. Everything else belongs to the
 stepping thread, between steps.
 """
+import collections
 import ctypes
 import enum
 import itertools
@@ -82,6 +83,19 @@ class FinishReason(enum.IntEnum):
 StepInfo = _record("StepInfo", _ffi.bkv_step_info, "bkv_step_info: what one step did.")
 SchedStats = _record("SchedStats", _ffi.bkv_sched_stats,
                      "bkv_sched_stats: the scheduler's cumulative counters.")
+StepOutputs = collections.namedtuple("StepOutputs", "token_req token_branch token_ids "
+                                     "finished_req finished_reason")
+StepOutputs.__doc__ = ("bkv_step_outputs: what a step delivered, as read-only numpy arrays: "
+                       "token_req (uint64), token_branch (uint32), token_ids (int32) per token, "
+                       "finished_req (uint64), finished_reason (int32, FinishReason) per ended "
+                       "request; views valid until the next step (copy to keep).")
+
+
+class _OutsWords(ctypes.Structure):
+    """bkv_step_outputs with its pointers as plain addresses (cheaper to read
+    than ctypes pointer objects; the same layout)."""
+    _fields_ = [(f, ctypes.c_void_p if t is not ctypes.c_uint32 else t)
+                for f, t in _ffi.bkv_step_outputs._fields_]
 
 _I32 = ctypes.c_int32
 # Pointer fields of bkv_batch by word index, read from a word view of the struct.
@@ -391,6 +405,9 @@ class Scheduler:
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).
 
+    outputs=True records each step's outputs as arrays (outputs(): a host
+    needs no on_token, one crossing per step instead of one per token).
+
     Raises InvalidArgumentError (a field out of range), TypeError (a host
     with neither forward nor both prefill and decode), OutOfMemoryError.
 
@@ -399,7 +416,7 @@ class Scheduler:
     collector.
     """
 
-    def __init__(self, pool, host, cost=None, **config):
+    def __init__(self, pool, host, cost=None, outputs=False, **config):
         cfg = _ffi.bkv_sched_config()
         _lib.bkv_sched_config_init(ctypes.byref(cfg))
         _fill(cfg, config, "Scheduler")
@@ -444,6 +461,13 @@ class Scheduler:
         pool._users += 1
         self._info = _ffi.bkv_step_info()
         self._info_ref = ctypes.byref(self._info)
+        self._outs_c = _ffi.bkv_step_outputs()
+        self._outs_c.size = ctypes.sizeof(self._outs_c)
+        self._outs_ref = ctypes.byref(self._outs_c)
+        self._outs = _OutsWords.from_address(ctypes.addressof(self._outs_c))  # same memory
+        self._out_views = _Views()
+        if outputs:
+            self.enable_outputs(True)
 
     # -- callbacks (called by the library on the stepping thread) ----------
     def _fail(self, e):
@@ -608,6 +632,27 @@ class Scheduler:
         if rc < 0:
             raise error(rc, "bkv_step")
         return _from_struct(StepInfo, self._info)
+
+    def enable_outputs(self, on=True):
+        """Record each step's outputs as arrays (bkv_sched_outputs_enable;
+        Scheduler(outputs=True) does it at creation): read them with
+        outputs() after each step, with or without host.on_token."""
+        check(_lib.bkv_sched_outputs_enable(self._between(), 1 if on else 0),
+              "bkv_sched_outputs_enable")
+
+    def outputs(self):
+        """What the last step delivered (bkv_sched_outputs_get), a
+        StepOutputs of read-only numpy views valid until the next step: the
+        tokens in on_token's order and the ended requests in on_finish's.
+        StateError when outputs are off (enable_outputs)."""
+        check(_lib.bkv_sched_outputs_get(self._between(), self._outs_ref), "bkv_sched_outputs_get")
+        o, v = self._outs, self._out_views
+        nt, nf = o.n_tokens, o.n_finished
+        return StepOutputs(v.get("req", o.token_req, nt, ctypes.c_uint64, np.uint64),
+                           v.get("branch", o.token_branch, nt, ctypes.c_uint32, np.uint32),
+                           v.get("tok", o.token_ids, nt, ctypes.c_int32, np.int32),
+                           v.get("freq", o.finished_req, nf, ctypes.c_uint64, np.uint64),
+                           v.get("fwhy", o.finished_reason, nf, ctypes.c_int32, np.int32))
 
     def run(self, max_steps=None):
         """step() until nothing is pending (or max_steps steps); returns the

@@ -404,3 +404,43 @@ def test_batch_state_group_hands_each_row_its_state_units():
         assert attention <= c["out"][0] < 64 and c["out"][0] != c["in"][0]
         if prev is not None:                  # each call reads the state the last one wrote
             assert c["in"][0] == prev["out"][0]
+
+
+class NoTokenCallback(PlusOne):
+    """PlusOne without on_token: the tokens come from outputs()."""
+    on_token = None
+
+
+def test_step_outputs_as_arrays_repeat_the_callbacks():
+    host = PlusOne()
+    pool, s, ids = minimal(host, outputs=True)
+    seen, ended = {}, {}
+    while s.pending:
+        s.step()
+        o = s.outputs()
+        assert o.token_ids.dtype == np.int32 and o.token_req.dtype == np.uint64
+        for r, b, t in zip(o.token_req, o.token_branch, o.token_ids):
+            assert b == 0
+            seen.setdefault(int(r), []).append(int(t))
+        for r, why in zip(o.finished_req, o.finished_reason):
+            ended[int(r)] = FinishReason(int(why))
+    assert seen == host.tokens
+    assert ended == {r: host.finished[r][0] for r in host.finished}
+    with pytest.raises(ValueError):
+        o.token_ids[:1] = 0  # read-only views
+
+
+def test_step_outputs_serve_a_host_without_on_token():
+    host = NoTokenCallback()
+    pool, s, ids = minimal(host)
+    with pytest.raises(batchkv.StateError):
+        s.outputs()  # not enabled
+    s.enable_outputs()
+    tokens = {}
+    while s.pending:
+        s.step()
+        o = s.outputs()
+        for r, t in zip(o.token_req.tolist(), o.token_ids.tolist()):
+            tokens.setdefault(r, []).append(t)
+    assert tokens == {ids[0]: [105, 106], ids[1]: [105, 106, 107, 108],
+                      ids[2]: [105, 106, 107, 108, 109, 110]}

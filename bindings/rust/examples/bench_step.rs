@@ -2,7 +2,8 @@
 //! steady decode (64-token distinct prompts, block_tokens 16, nothing
 //! finishes, admit_group 1, best of 8 batches) with a no-op host writing
 //! next_tokens[r] = 7 + r for the sampled rows. "+on_token" also has an
-//! on_token method (called once per row).
+//! on_token method (called once per row); "+outputs" reads each step's
+//! outputs as slices (Scheduler::outputs) and sums every token instead.
 //!
 //!     cargo run --release --example bench_step [STEPS]
 use batchkv::*;
@@ -28,7 +29,7 @@ impl<const TOKENS: bool> Host for Noop<TOKENS> {
     }
 }
 
-fn run<const TOKENS: bool>(running: u32, steps: u32) -> f64 {
+fn run<const TOKENS: bool>(running: u32, steps: u32, outputs: bool) -> f64 {
     let (prompt_len, bt, warm) = (64u32, 16u32, 16u32);
     let max_new = warm + steps + 8;
     let per_req = (prompt_len + max_new + bt - 1) / bt;
@@ -36,7 +37,11 @@ fn run<const TOKENS: bool>(running: u32, steps: u32) -> f64 {
                                            max_seqs: running + 16, ..Default::default() }).unwrap();
     let cfg = SchedConfig { max_running: running, admit_group: 1, max_wait_us: u64::MAX,
                             max_queue: running + 16, ..Default::default() };
-    let s = Scheduler::new(&mut pool, Noop::<TOKENS> { seen: 0 }, &cfg, None).unwrap();
+    let mut s = Scheduler::new(&mut pool, Noop::<TOKENS> { seen: 0 }, &cfg, None).unwrap();
+    if outputs {
+        s.enable_outputs(true).unwrap();
+    }
+    let mut sum = 0u64;
     let mut prompt: Vec<i32> = (100..100 + prompt_len as i32).collect();
     for i in 0..running {
         prompt[0] = i as i32;
@@ -50,11 +55,15 @@ fn run<const TOKENS: bool>(running: u32, steps: u32) -> f64 {
         let t0 = Instant::now();
         for _ in 0..steps / 8 {
             s.step().unwrap();
+            if outputs {
+                sum += s.outputs().unwrap().token_ids.iter().map(|&t| t as u64).sum::<u64>();
+            }
         }
         best = best.min(t0.elapsed().as_secs_f64() * 1e6 / (steps / 8) as f64);
     }
     assert_eq!(s.stats().unwrap().running, running);
     assert_eq!(s.check().unwrap(), 0);
+    assert!(!outputs || sum > 0);
     best
 }
 
@@ -63,10 +72,14 @@ fn main() {
     println!("rust, {} timed steps, us per step (best of 8 batches)", steps);
     for &running in &[32u32, 1024] {
         println!("rust forward           running {:5}: {:9.2} us/step", running,
-                 run::<false>(running, steps));
+                 run::<false>(running, steps, false));
     }
     for &running in &[32u32, 1024] {
         println!("rust forward+on_token  running {:5}: {:9.2} us/step", running,
-                 run::<true>(running, steps));
+                 run::<true>(running, steps, false));
+    }
+    for &running in &[32u32, 1024] {
+        println!("rust forward+outputs   running {:5}: {:9.2} us/step", running,
+                 run::<false>(running, steps, true));
     }
 }

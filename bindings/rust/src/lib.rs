@@ -1799,6 +1799,19 @@ unsafe extern "C" fn clock_cb<H: Host>(h: *mut c_void) -> u64 {
 
 // ------------------------------------------------------------- scheduler --
 
+/// What a step delivered (`bkv_step_outputs`): per token its request, branch
+/// and id, in `on_token`'s order; per ended request its id and
+/// `bkv_finish_reason`, in `on_finish`'s order. Borrowed from the scheduler
+/// until the next step.
+#[derive(Debug)]
+pub struct StepOutputs<'s> {
+    pub token_req: &'s [u64],
+    pub token_branch: &'s [u32],
+    pub token_ids: &'s [i32],
+    pub finished_req: &'s [u64],
+    pub finished_reason: &'s [i32],
+}
+
 /// A scheduler (`bkv_sched`) over a pool borrowed for `'pool`, driving a host
 /// `H`. See the crate documentation for its thread rules.
 pub struct Scheduler<'pool, H: Host> {
@@ -1938,6 +1951,36 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         s.size = std::mem::size_of::<SchedStats>() as u32;
         unsafe { sys::bkv_sched_stats_get(self.raw.as_ptr(), &mut s) };
         Ok(s)
+    }
+
+    /// `bkv_sched_outputs_enable`: record each step's outputs as arrays
+    /// (read with [`Scheduler::outputs`]); `false` stops and frees them.
+    pub fn enable_outputs(&mut self, on: bool) -> Result<()> {
+        let _x = self.exclusive()?;
+        check(unsafe { sys::bkv_sched_outputs_enable(self.raw.as_ptr(), on as c_int) }).map(|_| ())
+    }
+
+    /// `bkv_sched_outputs_get`: what the last step delivered, as slices of
+    /// the scheduler's arrays. They borrow the scheduler mutably, so no step
+    /// can run while they are alive (the arrays change at the next step):
+    /// misuse is a compile error. `Err(State)` when outputs are off.
+    pub fn outputs(&mut self) -> Result<StepOutputs<'_>> {
+        let _x = self.exclusive()?;
+        let mut o = zeroed::<sys::bkv_step_outputs>();
+        o.size = std::mem::size_of::<sys::bkv_step_outputs>() as u32;
+        check(unsafe { sys::bkv_sched_outputs_get(self.raw.as_ptr(), &mut o) })?;
+        // SAFETY: the library's arrays hold n_tokens / n_finished entries
+        // and stay unchanged until the next step, which the &mut borrow of
+        // the returned value rules out.
+        unsafe {
+            Ok(StepOutputs {
+                token_req: raw_slice(o.token_req, o.n_tokens as usize),
+                token_branch: raw_slice(o.token_branch, o.n_tokens as usize),
+                token_ids: raw_slice(o.token_ids, o.n_tokens as usize),
+                finished_req: raw_slice(o.finished_req, o.n_finished as usize),
+                finished_reason: raw_slice(o.finished_reason, o.n_finished as usize),
+            })
+        }
     }
 
     /// `bkv_sched_check`: 0 when consistent.

@@ -487,6 +487,19 @@ pub struct bkv_step_info {
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
+pub struct bkv_step_outputs {
+    pub size: u32,
+    pub n_tokens: u32,
+    pub token_req: *const u64,
+    pub token_branch: *const u32,
+    pub token_ids: *const i32,
+    pub n_finished: u32,
+    pub finished_req: *const u64,
+    pub finished_reason: *const i32,
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
 pub struct bkv_sched_stats {
     pub size: u32,
     pub waiting: u32,
@@ -637,6 +650,8 @@ extern "C" {
     pub fn bkv_step_launch(sched: *mut bkv_sched, ticket: *mut u64, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_step_complete(sched: *mut bkv_sched, ticket: u64, status: c_int, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_sched_pending(sched: *mut bkv_sched) -> u64;
+    pub fn bkv_sched_outputs_enable(sched: *mut bkv_sched, on: c_int) -> c_int;
+    pub fn bkv_sched_outputs_get(sched: *const bkv_sched, out: *mut bkv_step_outputs) -> c_int;
     pub fn bkv_sched_stats_get(sched: *const bkv_sched, stats: *mut bkv_sched_stats);
     pub fn bkv_sched_check(sched: *const bkv_sched) -> c_int;
     pub fn bkv_pool_drain_events(pool: *mut bkv_pool, out: *mut bkv_kv_event, max: u32) -> u32;

@@ -51,6 +51,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user, retention, n_retention, pad }),
         layout!(bkv_retention_range { token_start, token_end, priority, pad, duration_us }),
         layout!(bkv_step_info { rows, prefill_tokens, decode_tokens, hit_tokens, prefill_calls, decode_calls, admitted, finished, preempted, running, waiting, predicted_us, measured_us }),
+        layout!(bkv_step_outputs { size, n_tokens, token_req, token_branch, token_ids, n_finished, finished_req, finished_reason }),
         layout!(bkv_sched_stats { size, waiting, running, swapped, steps, failed_steps, submitted, finished, aborted, prefill_tokens, decode_tokens, hit_tokens, preemptions, swaps, prefill_calls, decode_calls, busy_us, unadmittable, spec_rows, spec_drafted, spec_accepted, overlap_steps, overlap_syncs, overlap_wasted_tokens, spec_skipped_rows, overlap_spec_waits, overlap_spec_undrafted, overlap_spec_idle }),
         layout!(bkv_kv_event { seq, hash, parent_hash, key, kind, token_count, block, has_parent, medium, reserved }),
         layout!(bkv_seq_image { size, block_tokens, len, n_blocks, key, hash_seed, blocks, hashes, tokens, cap_blocks, cap_tokens, n_groups, state_frames, group_blocks, state_frame, reserved, group_layout }),

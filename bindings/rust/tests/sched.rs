@@ -608,3 +608,30 @@ fn batch_state_group_hands_each_row_its_state_units() {
         prev_out = Some(sout[0]);
     }
 }
+
+#[test]
+fn step_outputs_as_slices_repeat_the_callbacks() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    assert_eq!(s.outputs().unwrap_err(), Error::State); // not enabled
+    s.enable_outputs(true).unwrap();
+    let ids = submit3(&s);
+    let mut seen: HashMap<u64, Vec<i32>> = HashMap::new();
+    let mut ended: HashMap<u64, i32> = HashMap::new();
+    while s.pending() > 0 {
+        s.step().unwrap();
+        let o = s.outputs().unwrap();
+        assert_eq!(o.token_req.len(), o.token_ids.len());
+        for i in 0..o.token_ids.len() {
+            assert_eq!(o.token_branch[i], 0);
+            seen.entry(o.token_req[i]).or_insert_with(Vec::new).push(o.token_ids[i]);
+        }
+        for i in 0..o.finished_req.len() {
+            ended.insert(o.finished_req[i], o.finished_reason[i]);
+        }
+    }
+    assert_eq!(seen, s.host_mut().tokens);
+    assert_eq!(seen[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+    assert_eq!(ended.len(), 3);
+    assert_eq!(ended[&ids[2]], FinishReason::Stop as i32);
+}
