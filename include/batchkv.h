@@ -1835,11 +1835,13 @@ typedef struct bkv_sched_config {
 				      two-phase step (bkv_step_launch,
 				      bkv_step_complete; docs/integration.md,
 				      "Overlapped scheduling"). Needs
-				      host ops.launch, not a split host
-				      (prefill or decode without forward)
-				      and a pool without a STATE group
-				      (else EINVAL); either batch_layout,
-				      FULL, WINDOW and CHUNKED groups. With
+				      host ops.launch and not a split host
+				      (prefill or decode without forward;
+				      else EINVAL); either batch_layout,
+				      every group kind (a STATE group's
+				      states are double-buffered: a launch
+				      planned on a step in flight reads the
+				      unit that step writes). With
 				      spec_max_k > 0 a row with drafts
 				      delays its lane's next row to the
 				      launch after its completion
@@ -2066,8 +2068,8 @@ BKV_API void bkv_request_init(bkv_request *req);
  *               bkv_submit is called from several threads.
  * @param out    receives the scheduler.
  * @return BKV_OK; BKV_EINVAL (NULL argument, a config field out of range, no
- *         forward and not both prefill and decode, overlap without launch,
- *         with a split host, speculation or a STATE group); BKV_ENOMEM.
+ *         forward and not both prefill and decode, overlap without launch
+ *         or with a split host); BKV_ENOMEM.
  * Thread rules: any thread; the scheduler then belongs to one stepping thread
  * (bkv_submit and bkv_abort excepted).
  */

@@ -269,8 +269,8 @@ Test(errors, every_sched_config_field_is_named)
 	SCHED_BAD(c.overlap = 1, "bkv_sched_config.overlap = 1 needs bkv_host_ops.launch");
 	SCHED_BAD((c.overlap = 1, o.launch = forward, o.forward = NULL, o.prefill = forward),
 		  "bkv_sched_config.overlap = 1: one mixed launch");
-	SCHED_BAD_ON(state_pool, (c.overlap = 1, o.launch = forward),
-		     "bkv_sched_config.overlap = 1: not with a pool that has a STATE group");
+	SCHED_BAD_ON(state_pool, (c.overlap = 1, o.launch = NULL),
+		     "bkv_sched_config.overlap = 1 needs bkv_host_ops.launch");
 	SCHED_BAD(o.forward = NULL, "bkv_host_ops: needs forward");
 	SCHED_BAD((o.forward = NULL, o.prefill = forward), "bkv_host_ops: needs forward");
 	bkv_pool_destroy(state_pool);

@@ -48,6 +48,17 @@ typedef struct ov_host {
 	uint64_t grp_bad;         /* KV groups: a slot or a context cell of a
 				      group after the first that is wrong */
 	uint64_t grp_reads;       /* KV groups: context cells checked there */
+	/* a STATE group (ov_state_*): each frame's state as the device wrote
+	 * it - the group-0 cell of the last token it consumed (the chain over
+	 * the history) and the tokens consumed (-7: a failing call's) */
+	uint64_t *st_val;         /* [nb] (NULL without a STATE group) */
+	int32_t *st_pos;          /* [nb] */
+	uint64_t *st_hval;        /* [nh + 1] the host tier's (swaps) */
+	int32_t *st_hpos;         /* [nh + 1] */
+	uint64_t st_reads;        /* states read and checked */
+	uint64_t st_bad;          /* a state read that is wrong */
+	uint64_t st_clash;        /* a state a launch writes that the step in
+				     flight reads or writes */
 } ov_host;
 
 /* Persistent layout: a launch's deltas may close a slot a step in flight
@@ -128,6 +139,18 @@ static uint64_t batch_sum(const bkv_batch *b)
 
 		MIX(G->kind);
 		MIX(G->span);
+		if (G->kind == BKV_GROUP_STATE) { /* the units each row reads
+						     and writes */
+			for (i = 0; i < b->n_rows; i++) {
+				MIX(G->state_in[i]);
+				MIX(G->state_out[i]);
+			}
+			for (i = 0; G->state_out_spec &&
+				    i < (uint32_t)b->qo_indptr[b->n_decode_rows];
+			     i++)
+				MIX(G->state_out_spec[i]);
+			continue;
+		}
 		for (i = 0; i < b->n_tokens; i++)
 			MIX(G->slot_mapping[i]);
 		if (b->layout != BKV_BATCH_FLAT)
@@ -224,6 +247,123 @@ static void grp_writes(ov_host *h, const bkv_batch *b)
 			h->kh.dev[b->groups[g].slot_mapping[t]] = h->kh.dev[b->slot_mapping[t]];
 }
 
+/* ---- a STATE group: the state units --------------------------------------
+ *
+ * A row reads its state from state_in (-1: the zero state, at position 0
+ * only) and writes the state after its last token to state_out (a row with
+ * drafts: after each token, state_out_spec). The model keeps, per frame,
+ * the group-0 cell of the last token a state consumed (that cell is the
+ * chain over the whole history) and how many tokens it consumed, so a row
+ * that reads a state of another history, of another length, or one a
+ * failing call wrote (-7), is caught; and a launch must write no unit the
+ * step in flight reads or writes (double-buffered states). */
+
+static const bkv_batch_group *st_group(const bkv_batch *b)
+{
+	return b->n_groups > 1 && b->groups[b->n_groups - 1].kind == BKV_GROUP_STATE
+		       ? &b->groups[b->n_groups - 1]
+		       : NULL;
+}
+
+/* The group-0 cell of position p of row r (0 when the batch lacks it). */
+static uint64_t st_cell(ov_host *h, const bkv_batch *b, uint32_t r, uint32_t p)
+{
+	int32_t k = grp_block(b, &b->groups[0], r, p);
+
+	return k < 0 ? 0 : h->kh.dev[(size_t)k * b->block_tokens + p % b->block_tokens];
+}
+
+/* The call's copies, in their order (swap-out, swap-in, device): a
+ * swapped state's frames move with them. */
+static void st_copies(ov_host *h, const bkv_batch *b)
+{
+	uint32_t i;
+
+	for (i = 0; i < b->n_swap_out; i++) {
+		h->st_hval[b->swap_out[i].dst] = h->st_val[b->swap_out[i].src];
+		h->st_hpos[b->swap_out[i].dst] = h->st_pos[b->swap_out[i].src];
+	}
+	for (i = 0; i < b->n_swap_in; i++) {
+		h->st_val[b->swap_in[i].dst] = h->st_hval[b->swap_in[i].src];
+		h->st_pos[b->swap_in[i].dst] = h->st_hpos[b->swap_in[i].src];
+	}
+	for (i = 0; i < b->n_copies; i++) {
+		h->st_val[b->copies[i].dst] = h->st_val[b->copies[i].src];
+		h->st_pos[b->copies[i].dst] = h->st_pos[b->copies[i].src];
+	}
+}
+
+static void st_reads(ov_host *h, const bkv_batch *b)
+{
+	const bkv_batch_group *G = st_group(b);
+	uint32_t r;
+
+	st_copies(h, b);
+	for (r = 0; G && r < b->n_rows; r++) {
+		uint32_t start = (uint32_t)b->positions[b->qo_indptr[r]];
+		int32_t in = G->state_in[r];
+
+		h->st_reads++;
+		if (in < 0 ? start != 0
+			   : (uint32_t)in >= h->kh.nb || h->st_pos[in] != (int32_t)start ||
+				     h->st_val[in] != st_cell(h, b, r, start - 1))
+			h->st_bad++;
+	}
+}
+
+static void st_writes(ov_host *h, const bkv_batch *b, int failing)
+{
+	const bkv_batch_group *G = st_group(b);
+	uint32_t r, j;
+
+	for (r = 0; G && r < b->n_rows; r++) {
+		uint32_t q0 = (uint32_t)b->qo_indptr[r], n = (uint32_t)b->qo_indptr[r + 1] - q0;
+		uint32_t start = (uint32_t)b->positions[q0];
+		uint32_t k = b->row_drafts && r < b->n_decode_rows ? b->row_drafts[r] : 0;
+
+		for (j = k ? 0 : n - 1; j < n; j++) {
+			int32_t u = k ? G->state_out_spec[q0 + j] : G->state_out[r];
+
+			if (u < 0 || (uint32_t)u >= h->kh.nb) {
+				h->st_bad++;
+				continue;
+			}
+			h->st_val[u] = st_cell(h, b, r, start + j);
+			h->st_pos[u] = failing ? -7 : (int32_t)(start + j + 1);
+		}
+	}
+}
+
+/* Does the launched step d read or write unit u? */
+static int st_names(const bkv_batch *d, int32_t u)
+{
+	const bkv_batch_group *G = st_group(d);
+	uint32_t i;
+
+	for (i = 0; G && i < d->n_rows; i++)
+		if (G->state_in[i] == u || G->state_out[i] == u)
+			return 1;
+	for (i = 0; G && G->state_out_spec && i < (uint32_t)d->qo_indptr[d->n_decode_rows]; i++)
+		if (G->state_out_spec[i] == u)
+			return 1;
+	return 0;
+}
+
+static void st_in_flight(ov_host *h, const bkv_batch *b)
+{
+	const bkv_batch_group *G = st_group(b);
+	uint32_t k, r;
+
+	for (k = 0; G && k < h->dev_n; k++) {
+		const bkv_batch *d = &h->dev_batch[(h->dev_head + k) % OV_DEPTH];
+
+		for (r = 0; r < b->n_rows; r++)
+			h->st_clash += st_names(d, G->state_out[r]);
+		for (r = 0; G->state_out_spec && r < (uint32_t)b->qo_indptr[b->n_decode_rows]; r++)
+			h->st_clash += st_names(d, G->state_out_spec[r]);
+	}
+}
+
 /* One compute on the device: group 0 by the fake host, the others here. */
 static int ov_compute(ov_host *h, const bkv_batch *b, int32_t *next)
 {
@@ -234,6 +374,12 @@ static int ov_compute(ov_host *h, const bkv_batch *b, int32_t *next)
 				  group 0's new positions */
 		grp_reads(h, b);
 		grp_writes(h, b);
+	}
+	if (h->st_val) { /* after the copies (the context cells a state is
+			    compared with: a row's own, which no row of the
+			    call writes), all reads before the writes */
+		st_reads(h, b);
+		st_writes(h, b, rc < 0);
 	}
 	return rc;
 }
@@ -247,6 +393,8 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 
 	h->launches++;
 	check_slots_in_flight(h, b);
+	if (h->st_val)
+		st_in_flight(h, b);
 	if (h->fail_launch_at && h->launches == h->fail_launch_at)
 		return -1;
 	if (b->n_tokens > h->tok_cap) {
@@ -298,7 +446,9 @@ typedef struct ov_opts {
 	int prefix;               /* prefix cache */
 	int host_cache;           /* the host tier keeps evicted prefix blocks */
 	uint32_t n_groups;        /* KV groups (0: none) */
-	bkv_kv_group groups[2];   /* [n_groups] */
+	bkv_kv_group groups[3];   /* [n_groups] */
+	uint32_t state_units;     /* a STATE group: bkv_pool_config's */
+	int state_share;
 	bkv_sched_config cfg;
 	const bkv_allocator *alloc; /* the scheduler's */
 } ov_opts;
@@ -353,8 +503,17 @@ static void ov_env_init(ov_env *e, const ov_opts *o)
 	pc.host_cache = (uint32_t)o->host_cache;
 	pc.n_groups = o->n_groups;
 	pc.groups = o->n_groups ? o->groups : NULL;
+	pc.state_units = o->state_units;
+	pc.state_share = o->state_share;
 	rc = bkv_pool_create(&pc, NULL, &e->pool);
 	cr_assert_eq(rc, BKV_OK, "pool: %s", bkv_strerror(rc));
+	if (o->n_groups && o->groups[o->n_groups - 1].kind == BKV_GROUP_STATE) {
+		e->h.st_val = calloc(o->nb, sizeof(uint64_t));
+		e->h.st_pos = calloc(o->nb, sizeof(int32_t));
+		e->h.st_hval = calloc(o->nh + 1, sizeof(uint64_t));
+		e->h.st_hpos = calloc(o->nh + 1, sizeof(int32_t));
+		cr_assert(e->h.st_val && e->h.st_pos && e->h.st_hval && e->h.st_hpos);
+	}
 	ops = kh_ops(0);
 	ops.forward = ov_forward;
 	ops.launch = ov_launch;
@@ -368,6 +527,10 @@ static void ov_env_fini(ov_env *e)
 	bkv_pool_destroy(e->pool);
 	kh_fini(&e->h.kh);
 	free(e->h.tok);
+	free(e->h.st_val);
+	free(e->h.st_pos);
+	free(e->h.st_hval);
+	free(e->h.st_hpos);
 }
 
 static uint64_t xs(uint64_t *x)
@@ -387,6 +550,8 @@ static void ov_check(ov_env *e)
 	cr_assert_eq(e->h.bad_placeholders, 0);
 	cr_assert_eq(e->h.slot_reuse_in_flight, 0, "a slot was reopened while a step read it");
 	cr_assert_eq(e->h.grp_bad, 0, "a group's slot or context cell is wrong");
+	cr_assert_eq(e->h.st_bad, 0, "a row read a wrong state");
+	cr_assert_eq(e->h.st_clash, 0, "a launch wrote a state unit the step in flight names");
 }
 
 /* Complete the oldest outstanding ticket with the device's verdict. */
@@ -690,6 +855,9 @@ static bkv_sched_stats spec_sum;
  * it keeps, and launches after a device failure it never applies) */
 static uint64_t mirrored, undone, opened;
 static uint64_t grp_checked; /* KV groups: context cells checked, over model checks */
+/* a STATE group, over model checks: states read and checked (both runs),
+ * checkpoint hits of the overlapped runs */
+static uint64_t st_checked, st_hits;
 
 static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fails,
 			uint32_t fail_permille, uint32_t abort_permille, uint64_t *overlapped)
@@ -748,6 +916,15 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 			(unsigned long long)st.overlap_spec_idle);
 	ov_check(&b);
 	grp_checked += a.h.grp_reads + b.h.grp_reads;
+	st_checked += a.h.st_reads + b.h.st_reads;
+	{
+		bkv_pool_stats ps;
+
+		memset(&ps, 0, sizeof(ps));
+		ps.size = sizeof(ps);
+		bkv_pool_stats_get(b.pool, &ps);
+		st_hits += ps.state_hits;
+	}
 	mirrored += b.h.kh.deltas_applied;
 	undone += b.h.kh.undone_calls;
 	opened += b.h.slots_opened;
@@ -932,9 +1109,9 @@ Test(overlap_groups, failed_steps_preemption_and_swap_restore_every_group)
 	cr_assert_gt(swapped, s0 + 3);
 }
 
-/* A STATE group is the one group overlap refuses (its undo covers one
- * step); attention groups are accepted. */
-Test(overlap_groups, a_state_group_is_refused_and_attention_groups_are_not)
+/* Every group kind is accepted with overlap: full, window, and a STATE
+ * group after them. */
+Test(overlap_groups, every_group_kind_is_accepted)
 {
 	bkv_kv_group g[3] = {{BKV_GROUP_FULL, 1, 0, 0, 64}, {BKV_GROUP_WINDOW, 1, 8, 0, 64},
 			     {BKV_GROUP_STATE, 1, 16, 0, 64}};
@@ -956,14 +1133,247 @@ Test(overlap_groups, a_state_group_is_refused_and_attention_groups_are_not)
 		pc.n_groups = n;
 		pc.groups = g;
 		cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
-		if (n == 3) {
-			cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
-		} else {
-			cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
-			bkv_sched_destroy(s);
-		}
+		cr_assert_eq(bkv_sched_create(&c, pool, &ops, NULL, NULL, &s), BKV_OK);
+		bkv_sched_destroy(s);
 		bkv_pool_destroy(pool);
 	}
+}
+
+/* ---- a STATE group ---------------------------------------------------------
+ *
+ * Full attention and a recurrent STATE group (a window between them for
+ * some seeds), checkpoints every 1 to 3 blocks: a step planned while one is
+ * in flight reads the state unit the step in flight writes and writes a
+ * second one, and a failed completion restores the state before both. The
+ * fake device checks every state a row reads (its history and length, not
+ * a failing call's) and that no launch writes a unit the step in flight
+ * names (ov_check); tokens equal a synchronous run's. */
+
+/* Groups and room: attention blocks for the requests plus the state arena
+ * (units for three states per running sequence and cached checkpoints). */
+static void st_opts(ov_opts *o, uint64_t seed, uint32_t att_blocks)
+{
+	uint32_t k;
+
+	o->n_groups = 0;
+	o->groups[o->n_groups++] = (bkv_kv_group){BKV_GROUP_FULL, 1, 0, 0, 64};
+	if (seed % 4 == 3)
+		o->groups[o->n_groups++] =
+			(bkv_kv_group){BKV_GROUP_WINDOW, 1, 1 + (uint32_t)seed % 9, 0, 64};
+	o->groups[o->n_groups++] =
+		(bkv_kv_group){BKV_GROUP_STATE, 1, o->bt * (1 + (uint32_t)seed % 3), 0, 64 * o->bt};
+	o->state_share = seed % 5 == 2;
+	o->state_units = 3 * o->cfg.max_running + 16;
+	k = bkv_kv_state_frames(o->groups, o->n_groups, o->bt);
+	o->nb = att_blocks * (o->n_groups - 1) + o->state_units * k;
+}
+
+Test(overlap_state, full_and_state_groups_deliver_the_synchronous_tokens)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, c0 = st_checked, h0 = st_hits;
+
+	load_max_new = 24;
+	load_stop_mod = 11;
+	for (seed = 1; seed <= 10; seed++) {
+		ov_opts_init(&o);
+		o.cfg.chunked_prefill = seed % 3 != 0;
+		o.cfg.token_budget = 24 + 8 * (uint32_t)seed;
+		o.bt = seed % 4 == 1 ? 1 : 4;
+		st_opts(&o, seed, 256);
+		model_check(&o, 50, seed, 1, 0, 0, 0, &ov);
+	}
+	cr_assert_gt(ov, 100);
+	cr_assert_gt(st_checked, c0 + 2000, "states checked: %llu",
+		     (unsigned long long)(st_checked - c0));
+	cr_assert_gt(st_hits, h0 + 20, "prefix hits at checkpoints: %llu",
+		     (unsigned long long)(st_hits - h0));
+}
+
+Test(overlap_state, failed_steps_preemption_and_swap_restore_the_states)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, f0 = failed, p0 = preempted, s0 = swapped, a0 = aborted;
+	bkv_preempt_mode modes[3] = {BKV_PREEMPT_RECOMPUTE, BKV_PREEMPT_SWAP, BKV_PREEMPT_AUTO};
+
+	load_max_new = 48;
+	load_stop_mod = 31;
+	for (seed = 1; seed <= 10; seed++) {
+		ov_opts_init(&o);
+		o.nh = seed % 2 ? 48 : 0;
+		o.cfg.preempt = o.nh ? modes[seed % 3] : BKV_PREEMPT_RECOMPUTE;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		st_opts(&o, seed, 44 + 4 * (uint32_t)seed); /* a few requests' histories */
+		model_check(&o, 40, seed + 60, 1, 1, 60, seed % 3 ? 0 : 200, &ov);
+	}
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(failed, f0 + 20);
+	cr_assert_gt(preempted, p0 + 8);
+	cr_assert_gt(swapped, s0 + 3);
+	cr_assert_gt(aborted, a0 + 5);
+}
+
+Test(overlap_state, speculation_writes_per_token_states_and_matches_the_synchronous_run)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, f0 = failed;
+
+	memset(&spec_sum, 0, sizeof(spec_sum));
+	spec_branches_race = 1;
+	load_max_new = 40;
+	load_stop_mod = 29;
+	for (seed = 1; seed <= 8; seed++) {
+		ov_opts_init(&o);
+		o.cfg.spec_max_k = 2 + (uint32_t)seed % 4;
+		o.cfg.spec_k_mode = seed % 2 ? BKV_SPEC_K_FIXED : BKV_SPEC_K_AUTO;
+		o.cfg.spec_drafts = seed % 4 == 3 ? BKV_SPEC_DRAFT_NGRAM : BKV_SPEC_DRAFT_HOST;
+		o.cfg.chunked_prefill = seed % 2;
+		o.cfg.token_budget = 32;
+		/* per-token states: k more units per speculated row */
+		o.cfg.max_running = 4;
+		st_opts(&o, seed, seed % 2 ? 256 : 60);
+		o.state_units += 4 * 6;
+		o.nb += 4 * 6 * bkv_kv_state_frames(o.groups, o.n_groups, o.bt);
+		spec_host_accepts = (seed >> 1) % 2;
+		spec_permille = 500 + 100 * (uint32_t)(seed % 5);
+		model_check(&o, 40, seed + 400, 1, seed % 2 == 0, seed % 2 ? 0 : 40, 0, &ov);
+	}
+	spec_host_accepts = 0;
+	spec_permille = 700;
+	spec_branches_race = 0;
+	cr_assert_gt(ov, 50);
+	cr_assert_gt(spec_sum.spec_rows, 100, "rows with drafts: %llu",
+		     (unsigned long long)spec_sum.spec_rows);
+	cr_assert_gt(spec_sum.spec_accepted, 50);
+	cr_assert_gt(spec_sum.overlap_spec_waits, 20, "lanes waited for their drafts");
+	cr_assert_gt(failed, f0 + 5);
+}
+
+/* One request in decode over full + STATE, and two steps outstanding: the
+ * launch planned on the step in flight reads the unit that step writes and
+ * writes a third. Returns the three units and the first step's position. */
+typedef struct st_pair {
+	uint64_t t1, t2;
+	int32_t in0, out0, out1;
+	int32_t pos0;
+} st_pair;
+
+static void st_env(ov_env *e, kh_req *r, const int32_t *p, uint32_t n)
+{
+	ov_opts o;
+
+	ov_opts_init(&o);
+	o.cfg.max_running = 2;
+	st_opts(&o, 1, 64);
+	ov_env_init(e, &o);
+	cr_assert_eq(kh_req_init(r, 4242, p, n, 20, 1), 0);
+	cr_assert_eq(kh_submit(e->s, r, 0), BKV_OK);
+	while (r->n_out[0] < 3) { /* into decode, nothing outstanding */
+		cr_assert(ov_iter(e));
+		if (r->n_out[0] >= 3)
+			ov_complete_all(e);
+	}
+	cr_assert_eq(e->n_q, 0);
+}
+
+static void st_launch2(ov_env *e, st_pair *sp)
+{
+	const bkv_batch_group *G;
+
+	cr_assert_eq(bkv_step_launch(e->s, &sp->t1, NULL), BKV_OK);
+	e->q[e->n_q++] = sp->t1;
+	G = st_group(&e->h.dev_batch[e->h.dev_head]);
+	cr_assert(G && e->h.dev_batch[e->h.dev_head].n_rows == 1);
+	sp->in0 = G->state_in[0];
+	sp->out0 = G->state_out[0];
+	sp->pos0 = e->h.dev_batch[e->h.dev_head].positions[0];
+	cr_assert_eq(bkv_step_launch(e->s, &sp->t2, NULL), BKV_OK);
+	e->q[e->n_q++] = sp->t2;
+	G = st_group(&e->h.dev_batch[(e->h.dev_head + 1) % OV_DEPTH]);
+	cr_assert(G && e->h.dev_batch[(e->h.dev_head + 1) % OV_DEPTH].n_rows == 1);
+	cr_assert_eq(G->state_in[0], sp->out0, "the later step reads what the one in flight writes");
+	sp->out1 = G->state_out[0];
+	cr_assert(sp->out1 >= 0 && sp->out1 != sp->out0 && sp->out1 != sp->in0,
+		  "a second unit: %d after %d from %d", sp->out1, sp->out0, sp->in0);
+	cr_assert_eq(bkv_sched_check(e->s), 0);
+}
+
+/* The next launch's row: its position and the unit it reads. */
+static void st_next_row(ov_env *e, int32_t *pos, int32_t *in)
+{
+	uint64_t t = 0;
+	const bkv_batch_group *G;
+
+	cr_assert_eq(bkv_step_launch(e->s, &t, NULL), BKV_OK);
+	cr_assert(t);
+	e->q[e->n_q++] = t;
+	G = st_group(&e->h.dev_batch[e->h.dev_head]);
+	*pos = e->h.dev_batch[e->h.dev_head].positions[0];
+	*in = G->state_in[0];
+	ov_complete_all(e);
+}
+
+/* A failed completion of the step in flight fails the one planned on it
+ * too: both steps' state advance is undone, and the request goes on from
+ * the state before the first (the device computed both correctly and
+ * reported the first failed late, so only the units tell). */
+Test(overlap_state, a_failed_completion_undoes_two_steps_of_state)
+{
+	int32_t p[10] = {300, 301, 302, 303, 304, 305, 306, 307, 308, 309}, pos, in;
+	ov_env e;
+	kh_req r;
+	st_pair sp;
+	bkv_sched_stats st;
+
+	st_env(&e, &r, p, 10);
+	st_launch2(&e, &sp);
+	e.h.dev_failed[e.h.dev_head] = 1; /* reported failed at completion */
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST, "the later step fails with it");
+	ov_check(&e);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	st_next_row(&e, &pos, &in);
+	cr_assert_eq(pos, sp.pos0, "the rerun starts where the first failed step did");
+	cr_assert_eq(in, sp.in0, "from the state before both steps");
+	ov_check(&e);
+	ov_run(&e, 200);
+	cr_assert_eq(r.finished, 1);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	cr_assert_eq(st.failed_steps, 2);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
+}
+
+/* The step in flight commits and the one planned on it fails: the state
+ * the first one wrote is kept (committed), the second one's is undone. */
+Test(overlap_state, a_failed_later_step_keeps_the_state_the_committed_one_wrote)
+{
+	int32_t p[10] = {400, 401, 402, 403, 404, 405, 406, 407, 408, 409}, pos, in;
+	ov_env e;
+	kh_req r;
+	st_pair sp;
+
+	st_env(&e, &r, p, 10);
+	st_launch2(&e, &sp);
+	cr_assert_eq(ov_complete1(&e), BKV_OK);
+	cr_assert_eq(bkv_sched_check(e.s), 0);
+	e.h.dev_failed[e.h.dev_head] = 1;
+	cr_assert_eq(ov_complete1(&e), BKV_EHOST);
+	ov_check(&e);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	st_next_row(&e, &pos, &in);
+	cr_assert_eq(pos, sp.pos0 + 1, "the rerun starts after the committed step");
+	cr_assert_eq(in, sp.out0, "from the state the committed step wrote");
+	ov_check(&e);
+	ov_run(&e, 200);
+	cr_assert_eq(r.finished, 1);
+	cr_assert_eq(bkv_pool_check(e.pool), 0);
+	ov_env_fini(&e);
+	kh_req_fini(&r);
 }
 
 Test(overlap, a_failed_launch_rolls_back_with_the_step_in_flight)

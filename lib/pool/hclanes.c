@@ -40,7 +40,7 @@ uint32_t bkv__hc_fit_lanes(const bkv_pool *pool, const bkv__seq *s, uint32_t a, 
 		changed = 0;
 		/* a hit ends at a checkpoint: the device keeps them, under the
 		 * chain hash of group 0's block before it */
-		if (pool->st_units && !pool->st_interval)
+		if (pool->st_units && (!pool->st_interval || !bkv__state_hit_ok(pool, s)))
 			return 0;
 		while (pool->st_units && e > a &&
 		       (((uint64_t)e * bt) % pool->st_interval ||

@@ -83,7 +83,7 @@ uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 	bkv__kv *kv = &pool->kv;
 	uint32_t n = kv->txn_n, j;
 
-	BKV_ASSERT(kv->txn_active && mark <= n && !pool->st_units);
+	BKV_ASSERT(kv->txn_active && mark <= n);
 	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
 	bkv__kv_txn_end(kv, 1);
 	/* what the commit carried over stays in front of the later step's */
@@ -162,10 +162,27 @@ void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t 
 	}
 }
 
-void bkv__pool_seq_trim_to(bkv_pool *pool, uint32_t id, uint32_t len)
+void bkv__pool_seq_commit_to(bkv_pool *pool, uint32_t id, uint32_t len)
 {
 	const bkv__seq *s = bkv__seq_get(pool, id);
 
-	if (s && s->state == BKV__SEQ_OPEN && pool->n_lanes)
+	if (!s || s->state != BKV__SEQ_OPEN)
+		return;
+	if (pool->n_lanes)
 		bkv__lanes_trim_to(pool, s, BKV_MIN(len, s->len));
+	if (pool->st_units)
+		bkv__state_commit_to(pool, s, len);
+}
+
+void bkv__pool_seq_state_shift(bkv_pool *pool, uint32_t id)
+{
+	const bkv__seq *s = bkv__seq_get(pool, id);
+
+	if (s && pool->st_units && s->state == BKV__SEQ_OPEN)
+		bkv__state_advance(pool, s, s->len);
+}
+
+void bkv__pool_state_fence(bkv_pool *pool, int on)
+{
+	pool->st_fenced = on && pool->st_units;
 }

@@ -33,9 +33,22 @@ void bkv__pool_copies_release_held(bkv_pool *pool, int performed);
  * not sampled yet) becomes token: the token store only, in a block only the
  * sequence holds and not indexed (its KV is not committed). */
 void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token);
-/* Release, in every window or chunked lane of sequence id, the blocks a
- * sequence of len tokens no longer reads (len: its committed length, below
- * what outstanding steps appended; nothing without such lanes). */
-void bkv__pool_seq_trim_to(bkv_pool *pool, uint32_t id, uint32_t len);
+/* The older of two outstanding steps committed sequence id's first len
+ * tokens (len: its committed length, below what the later step appended):
+ * every window or chunked lane releases the blocks a sequence of len
+ * tokens no longer reads, and a STATE group's state at len is committed
+ * (its checkpoints indexed, the state the older step started from
+ * dropped; pool/state.c). Nothing without such groups. */
+void bkv__pool_seq_commit_to(bkv_pool *pool, uint32_t id, uint32_t len);
+/* A step is planned while one is in flight: the state sequence id's
+ * in-flight step writes (a pending scratch) becomes its live state, which
+ * the new step reads, and its next append takes a second unit to write
+ * (the state the in-flight step started from is kept for a rollback of
+ * both). Nothing without a STATE group or a pending scratch. */
+void bkv__pool_seq_state_shift(bkv_pool *pool, uint32_t id);
+/* A step is planned while one is in flight (on 1) or not (0): with a STATE
+ * group a sequence an outstanding step changed the state of takes no
+ * prefix hit meanwhile (bkv__state_hit_ok). */
+void bkv__pool_state_fence(bkv_pool *pool, int on);
 
 #endif /* BKV_POOL_OVERLAP_H */

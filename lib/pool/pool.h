@@ -224,6 +224,7 @@ struct bkv_pool {
 	uint32_t st_held;      /* units the group holds: st_units, or with
 				  st_share the chunks lent to it */
 	uint32_t st_interval;  /* checkpoint interval in tokens (0: none) */
+	int st_fenced;         /* overlap: bkv__state_hit_ok */
 	uint32_t st_map_mask;  /* st_map capacity - 1 (a power of two) */
 	uint64_t st_salt;      /* xor-ed into a checkpoint's chain hash */
 	uint32_t *st_ref;      /* [st_units] live references (branches) */
@@ -481,6 +482,8 @@ int bkv__lanes_check(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs, in
 /* ---- pool/state.c: a recurrent-state group ------------------------------------ */
 
 #define BKV__ST_NO_UNDO (-2)
+#define BKV__ST_INDEXED 0x1u /* st_flags: a checkpoint (st_map, st_hash) */
+#define BKV__ST_SCRATCH 0x2u /* st_flags: a sequence's scratch unit */
 #define BKV__ST_SPEC 0x4u /* st_flags: a speculated row's per-token state
 			     (st_spec; pool/state_spec.c) */
 #define BKV__ST_SWAPIN 0x8u /* st_flags: the destination of a pending swap-in
@@ -518,6 +521,9 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s);
  * is the live one from now on (the next call of the step reads it); the
  * step's first state is kept for a rollback. */
 void bkv__state_advance(bkv_pool *pool, const bkv__seq *s, uint32_t end);
+/* Overlapped scheduling (pool/overlap.c; pool/state.c says what). */
+int bkv__state_hit_ok(const bkv_pool *pool, const bkv__seq *s);
+void bkv__state_commit_to(bkv_pool *pool, const bkv__seq *s, uint32_t len);
 int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len);
 /* (pool/swap.c) */

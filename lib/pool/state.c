@@ -38,6 +38,13 @@
  * units of its own (pool/state_spec.c); a truncate to an accepted length
  * makes the one there live.
  *
+ * Overlapped scheduling (pool/overlap.c): a step planned while one is in
+ * flight promotes that step's scratch (the shift, bkv__state_advance) and
+ * writes a second unit; the state the step in flight started from stays in
+ * st_undo until that step commits alone (bkv__state_commit_to), so a
+ * rollback truncates back through both. Meanwhile no hit replaces a state
+ * an outstanding step's rollback needs (bkv__state_hit_ok).
+ *
  * Swap moves a live state to st_frames host blocks and back; export names
  * the live unit's first frame and import lists its frames as transfers
  * (pool/image.c).
@@ -46,8 +53,8 @@
 
 #include <string.h>
 
-#define ST_INDEXED 0x1u /* a checkpoint: in st_map under st_hash */
-#define ST_SCRATCH 0x2u /* some sequence's scratch unit */
+#define ST_INDEXED BKV__ST_INDEXED
+#define ST_SCRATCH BKV__ST_SCRATCH
 
 /* ---- create / destroy ------------------------------------------------------- */
 
@@ -635,7 +642,7 @@ uint32_t bkv__state_fit(const bkv_pool *pool, const bkv__seq *s, uint32_t nb0, u
 	uint32_t i;
 
 	*units_relinked = 0;
-	if (!pool->st_interval || !pool->kv.index)
+	if (!pool->st_interval || !pool->kv.index || !bkv__state_hit_ok(pool, s))
 		return nb0;
 	for (i = e; i > nb0; i--) { /* the checkpoint after block i - 1, if any */
 		const bkv__block *k;
@@ -764,6 +771,42 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
 	undo_drop(pool, slot); /* the step is over */
 }
 
+/* May a prefix hit replace s's state? Not while a step is planned on one in
+ * flight (overlapped scheduling) and s keeps the state an outstanding step
+ * started from: its live state is then one a rollback of the later step
+ * needs back. */
+int bkv__state_hit_ok(const bkv_pool *pool, const bkv__seq *s)
+{
+	return !pool->st_fenced || pool->st_undo[s - pool->seqs] == BKV__ST_NO_UNDO;
+}
+
+/* Overlapped scheduling: the older of two outstanding steps committed, and
+ * s's first len tokens with it; the later step stays open. Its state at
+ * len is live (a pending scratch of the older step's is promoted), the
+ * state the older step started from is dropped (a rollback of the later
+ * step goes back to len, the live one), and states at multiples of the
+ * interval become checkpoints as at a whole commit. A scratch covering
+ * more than len is the later step's and stays pending. */
+void bkv__state_commit_to(bkv_pool *pool, const bkv__seq *s, uint32_t len)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+
+	if (s->state != BKV__SEQ_OPEN || len > s->len)
+		return;
+	if (pool->st_scratch[slot] >= 0 && pool->st_len[slot] < len)
+		promote(pool, slot, len);
+	if (pool->st_len[slot] != len)
+		return; /* no state of the older step's to commit here */
+	if (pool->st_spec[slot] >= 0 && pool->st_spec_base[slot] <= len)
+		spec_drop(pool, slot); /* the older step's drafts are settled */
+	if (pool->st_pend[slot] >= 0) {
+		checkpoint(pool, s, pool->st_pend[slot], pool->st_pend_len[slot]);
+		pend_drop(pool, slot);
+	}
+	checkpoint(pool, s, pool->st_live[slot], len);
+	undo_drop(pool, slot);
+}
+
 /* Truncate: the state exists only at its own length. */
 int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 {
@@ -875,106 +918,4 @@ void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s)
 		pool->host_pending++;
 	}
 	pool->swap_in_blocks += k;
-}
-
-/* ---- the checker ------------------------------------------------------------ */
-
-int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
-{
-	const uint32_t ms = pool->cfg.max_seqs, nu = pool->st_units;
-	uint32_t i, n, cached = 0, free = 0, indexed = 0, held = 0;
-	int32_t u;
-
-	memset(sc, 0, (size_t)nu * sizeof *sc);
-	for (i = 0; i < ms; i++) {
-		const bkv__seq *s = &pool->seqs[i];
-
-		if (s->state == BKV__SEQ_FREE) {
-			if (pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0 || pool->st_len[i] ||
-			    pool->st_spec[i] >= 0)
-				return CHECK_SEQS;
-			continue;
-		}
-		if (pool->st_len[i] > s->len ||
-		    (pool->st_pend[i] >= 0 && pool->st_pend_len[i] >= pool->st_len[i]))
-			return CHECK_SEQS;
-		if (s->state == BKV__SEQ_OPEN ? (pool->st_len[i] == 0) != (pool->st_live[i] < 0)
-					      : pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0)
-			return CHECK_SEQS;
-		if (pool->st_live[i] >= 0)
-			sc[pool->st_live[i]]++;
-		if (pool->st_undo[i] >= 0)
-			sc[pool->st_undo[i]]++;
-		if (pool->st_pend[i] >= 0)
-			sc[pool->st_pend[i]]++;
-		if (pool->st_scratch[i] >= 0) {
-			if (!(pool->st_flags[pool->st_scratch[i]] & ST_SCRATCH))
-				return CHECK_SEQS;
-			sc[pool->st_scratch[i]] += 1u << 16;
-		}
-		for (n = 0, u = pool->st_spec[i]; u >= 0; u = pool->st_next[u], n++) {
-			if (n >= nu || pool->st_flags[u] != BKV__ST_SPEC || !pool->kv.txn_active)
-				return CHECK_SEQS;
-			sc[u] += 1u << 16;
-		}
-	}
-	for (u = 0; (uint32_t)u < nu; u++) {
-		const uint8_t f = pool->st_flags[u];
-
-		if (pool->st_share && !pool->kv.ck_lent[u]) { /* attention's chunk */
-			if (f || pool->st_ref[u] || sc[u])
-				return CHECK_CHUNKS;
-			continue;
-		}
-		held++;
-		if ((sc[u] & 0xFFFF) != pool->st_ref[u])
-			return CHECK_REFS;
-		if ((f & (ST_SCRATCH | BKV__ST_SPEC)) != 0) {
-			if ((sc[u] >> 16) != 1 || pool->st_ref[u] || (f & ST_INDEXED))
-				return CHECK_SEQS;
-			continue;
-		}
-		if (sc[u] >> 16)
-			return CHECK_SEQS;
-		indexed += (f & ST_INDEXED) != 0;
-		if ((f & ST_INDEXED) && map_find(pool, pool->st_hash[u]) != u)
-			return CHECK_INDEX;
-		cached += (f & ST_INDEXED) && pool->st_ref[u] == 0;
-		free += !f && pool->st_ref[u] == 0;
-	}
-	for (n = 0, u = pool->st_lru_head; u >= 0; u = pool->st_next[u], n++)
-		if (n >= nu || pool->st_ref[u] || !(pool->st_flags[u] & ST_INDEXED))
-			return CHECK_LRU;
-	if (n != cached || n != pool->st_nr_cached)
-		return CHECK_LRU;
-	for (n = 0, u = pool->st_free_head; u >= 0; u = pool->st_next[u], n++)
-		if (n >= nu || pool->st_flags[u] || pool->st_ref[u] ||
-		    (pool->st_share && !pool->kv.ck_lent[u]))
-			return CHECK_FREE_LIST;
-	if (n != free || n != pool->st_nr_free)
-		return CHECK_FREE_LIST;
-	if (held != pool->st_held || held < (pool->st_share ? pool->st_floor : nu) ||
-	    (pool->st_share && held * pool->st_frames != pool->kv.nr_lent))
-		return CHECK_CHUNKS;
-	for (i = 0, n = 0; i <= pool->st_map_mask; i++)
-		n += pool->st_map[i] >= 0;
-	return n == indexed && n == pool->st_nr_indexed ? CHECK_OK : CHECK_INDEX;
-}
-
-/* The host blocks swapped states hold, counted into sc (the host tier's
- * check). */
-void bkv__state_check_host(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs)
-{
-	uint32_t i, j;
-
-	for (i = 0; i < pool->cfg.max_seqs; i++) {
-		if (pool->seqs[i].state != BKV__SEQ_SWAPPED || !pool->st_len[i])
-			continue;
-		for (j = 0; j < pool->st_frames; j++) {
-			if (sc)
-				sc[pool->st_host[(size_t)i * pool->st_frames + j]]++;
-			else
-				(*host_refs)++;
-		}
-	}
 }

@@ -42,11 +42,16 @@
  * buffers; a slot released while a step is outstanding waits with the
  * deferred sequences (sched/rows.c's pending list, freed by release_after).
  *
- * KV groups (full, window, chunked; not STATE): the groups' row arrays
+ * KV groups: the groups' row arrays (and a STATE group's state units)
  * alternate too, and a step committed while a later one is outstanding
  * trims each window or chunked lane it appended to only up to the
  * sequence's committed length (trim_committed), so no block an outstanding
- * step reads, or their rollback needs, is released.
+ * step reads, or their rollback needs, is released. A STATE group's state
+ * is double-buffered: a step planned while one is in flight reads the unit
+ * the step in flight writes and writes a second one (state_shift), and the
+ * state the step in flight started from is kept until that step commits
+ * (then trim_committed commits the state at the committed length), so a
+ * rollback of both finds it.
  */
 #include "sched/batch.h"
 #include "decide/decide.h"
@@ -69,6 +74,7 @@ static void set_free(bkv_sched *s, bkv__ovl_set *x)
 		  x->deltas ? (rc + s->call.n_slots) * sizeof(bkv_table_delta) : 0);
 	if (s->call.n_lanes)
 		bkv__groups_rows_free(s, x->g_kv_indptr, x->g_kv_first);
+	bkv__free(a, x->g_state, x->g_state ? 2 * rc * sizeof(int32_t) : 0);
 	memset(x, 0, sizeof(*x));
 }
 
@@ -84,6 +90,8 @@ static int set_alloc(bkv_sched *s, bkv__ovl_set *x)
 			return BKV_ENOMEM;
 	}
 	if (s->call.n_lanes && bkv__groups_rows_alloc(s, &x->g_kv_indptr, &x->g_kv_first) != BKV_OK)
+		return BKV_ENOMEM;
+	if (s->call.has_state && !(x->g_state = bkv__calloc(a, 2 * rc, sizeof(int32_t))))
 		return BKV_ENOMEM;
 	return bkv__call_arrays_alloc(a, rc, s->call.arr.bufs.tok_cap, s->call.arr.bufs.kv_cap,
 				      s->call.arr.bufs.ng, &x->arr);
@@ -127,14 +135,14 @@ void bkv__ovl_destroy(bkv_sched *s)
 
 	if (!o)
 		return;
+	for (l = o->def_head; l; l = l->def_next)
+		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
 	if (o->n_out) { /* steps the host never completed: as if they failed,
 			   so the pool's step transaction closes (aborted)
 			   and nothing they computed is indexed */
 		memset(&si, 0, sizeof(si));
 		rollback_all(s, 0, &si);
 	}
-	for (l = o->def_head; l; l = l->def_next)
-		l->def_keep = UINT32_MAX; /* drop: nothing is committed any more */
 	release_deferred(s);
 	free_held(s);
 	for (i = 0; i < OVL_DEPTH; i++) {
@@ -161,11 +169,13 @@ static void set_swap(bkv_sched *s)
 	x->deltas = c->deltas;
 	x->g_kv_indptr = c->g_kv_indptr;
 	x->g_kv_first = c->g_kv_first;
+	x->g_state = c->g_state;
 	c->arr = t.arr;
 	c->row_slot = t.row_slot;
 	c->deltas = t.deltas;
 	c->g_kv_indptr = t.g_kv_indptr;
 	c->g_kv_first = t.g_kv_first;
+	c->g_state = t.g_state;
 	if (s->spec) /* the drafts' arrays alternate with them */
 		bkv__spec_swap(s);
 }
@@ -355,6 +365,22 @@ static void unprovision(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
 	t->provisional = 0;
 }
 
+/* A STATE group, a step planned while t is in flight: the state each of
+ * t's sequences gets from t (its pending scratch unit) is the input of the
+ * new step, which writes a second unit; the state t started from stays
+ * for a rollback of both (pool/overlap.c). */
+static void state_shift(bkv_sched *s, const bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_undo; i++) {
+		const bkv__lane *l = t->undo[i].lane;
+
+		if (REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE)
+			bkv__pool_seq_state_shift(s->pool, l->seq);
+	}
+}
+
 /* ---- launch ---------------------------------------------------------------- */
 
 /* May a step be planned while one is in flight? Not when the plan would need
@@ -472,14 +498,18 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		if (!prev->provisional)
 			waits = provision(s, prev);
 		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
+		if (s->call.has_state)
+			state_shift(s, prev);
 	}
 	set_swap(s); /* the set of the step in flight stays untouched */
 	s->plan.open_from = prev ? prev->id : 0;
 	s->plan.fenced = n_out > 0;
+	bkv__pool_state_fence(s->pool, n_out > 0);
 	bkv__step_plan(s, now, &si, n_out == 0);
 	s->plan.launching = 1;
 	rc = bkv__step_run_calls(s, &si, &called);
 	s->plan.launching = 0;
+	bkv__pool_state_fence(s->pool, 0);
 	s->plan.open_from = 0;
 	if (!called) { /* nothing to compute */
 		if (!n_out) { /* as bkv_step's empty step */
@@ -553,6 +583,11 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		if (t->id > o->committed)
 			o->committed = t->id;
 	}
+	/* the deferred sequences, which the truncates above skip, go back to
+	 * their committed lengths (or go) before the abort, as every other
+	 * sequence did: a STATE group's states must not outlive the step
+	 * (pool/state.c) */
+	release_deferred(s);
 	bkv__pool_txn_abort(s->pool);
 	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
@@ -578,8 +613,8 @@ static void trim_committed(bkv_sched *s, const bkv__ticket *t)
 
 		if (!REQ_IS_RUNNING(l->req) || l->seq == BKV__SEQ_NONE)
 			continue;
-		bkv__pool_seq_trim_to(s->pool, l->seq,
-				      l->touch_step > t->id ? l->pre_len : l->kv_len);
+		bkv__pool_seq_commit_to(s->pool, l->seq,
+					l->touch_step > t->id ? l->pre_len : l->kv_len);
 	}
 }
 

@@ -22,6 +22,8 @@ typedef struct bkv__ovl_set {
 	bkv_table_delta *deltas;   /* persistent: [row_cap + n_slots] */
 	int32_t *g_kv_indptr;      /* KV groups: as bkv__call's (NULL without) */
 	int32_t *g_kv_first;       /* KV groups: as bkv__call's (NULL without) */
+	int32_t *g_state;          /* a STATE group: as bkv__call's (NULL
+				      without) */
 } bkv__ovl_set;
 
 /* A lane a step appended to, with its length before the step (rollback). */

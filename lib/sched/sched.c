@@ -138,10 +138,6 @@ static int create_args_valid(const bkv_sched_config *cfg, bkv_pool *pool, const 
 	bkv_pool_stats_get(pool, ps);
 	if (!ps->block_tokens || !ps->device_blocks)
 		REFUSE("bkv_sched_create: the pool has no device blocks");
-	/* overlap: no STATE group (a state's undo covers one step, pool/state.c) */
-	if (cfg->overlap && bkv__pool_n_groups(pool) > 1 &&
-	    bkv__pool_group(pool, bkv__pool_n_groups(pool) - 1)->kind == BKV_GROUP_STATE)
-		REFUSE(SC "overlap = %u: not with a pool that has a STATE group", cfg->overlap);
 	return bkv__decide_config_check(cfg, ps->host_blocks);
 }
 
@@ -225,7 +221,6 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		return BKV_ENOMEM;
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
-	BKV_ASSERT(!(cfg->overlap && s->call.has_state)); /* create_args_valid */
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||

@@ -652,6 +652,7 @@ typedef struct bkv__spec {
 	uint32_t *alt_want;    /* [row_cap] */
 	int32_t *alt_accepted; /* [row_cap] */
 	int32_t *alt_tokens;   /* [row_cap * (1 + max_k)] */
+	int32_t *alt_st_out;   /* [row_cap * (1 + max_k)] with a STATE group */
 } bkv__spec;
 
 /* One step's drafts, as its commit reads them: the current step's (in

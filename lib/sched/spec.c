@@ -88,7 +88,11 @@ int bkv__spec_alloc(bkv_sched *s)
 		sp->alt_accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
 		sp->alt_tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k),
 					     sizeof(int32_t));
-		if (!sp->alt_drafts || !sp->alt_want || !sp->alt_accepted || !sp->alt_tokens)
+		if (s->call.has_state)
+			sp->alt_st_out = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k),
+						     sizeof(int32_t));
+		if (!sp->alt_drafts || !sp->alt_want || !sp->alt_accepted || !sp->alt_tokens ||
+		    (s->call.has_state && !sp->alt_st_out))
 			return BKV_ENOMEM;
 	}
 	if (s->cfg.spec_drafts == BKV_SPEC_DRAFT_NGRAM) {
@@ -120,6 +124,8 @@ void bkv__spec_free(bkv_sched *s)
 	bkv__free(a, sp->alt_tokens,
 		  sp->alt_tokens ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
 	bkv__free(a, sp->st_out, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
+	bkv__free(a, sp->alt_st_out,
+		  sp->alt_st_out ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
 	bkv__free(a, sp->tab, (size_t)sp->n_tab * sizeof(bkv__ngram));
 	bkv__free(a, sp->slots, (size_t)sp->n_tab * BKV__NGRAM_SLOTS * sizeof(uint32_t));
 	bkv__free(a, sp, sizeof(*sp));
@@ -552,6 +558,8 @@ void bkv__spec_swap(bkv_sched *s)
 	swap_u32(&sp->want, &sp->alt_want);
 	swap_i32(&sp->accepted, &sp->alt_accepted);
 	swap_i32(&sp->tokens, &sp->alt_tokens);
+	if (sp->alt_st_out)
+		swap_i32(&sp->st_out, &sp->alt_st_out);
 }
 
 void bkv__spec_rollback(bkv_sched *s)

@@ -138,7 +138,10 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		si->decode_calls++;
 	else if (n > n_decode)
 		si->prefill_calls++;
-	if (s->call.has_state) /* the step's next call reads these states */
+	if (s->call.has_state && !s->plan.fenced) /* the step's next call reads
+						      these states (with a step in
+						      flight: the next launch's
+						      shift, sched/overlap.c) */
 		for (i = 0; i < n; i++)
 			bkv__pool_state_advance(s->pool, rows[i].lane->seq, rows[i].end);
 	return BKV_OK;

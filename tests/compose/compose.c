@@ -168,6 +168,9 @@ typedef struct cx_dev {      /* one outstanding overlapped step */
 	int32_t *next;       /* its next_tokens (the library's) */
 	uint32_t rows;
 	int failed;          /* the device failed it (or skipped it) */
+	const bkv_batch_group *st; /* its STATE group (the library's arrays,
+				      valid until it completes), or NULL */
+	uint32_t spec_n;     /* entries of st->state_out_spec */
 } cx_dev;
 
 typedef struct cx_run {
@@ -282,9 +285,6 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 		f->split = 0;
 		f->static_policy = 0;
 		f->tiny = 1; /* (speculation as drawn) */
-		/* attention groups stay (overlap refuses a STATE group) */
-		f->gmix = f->gmix == GM_WINDOW_STATE ? GM_WINDOW
-			  : f->gmix == GM_STATE ? GM_NONE : f->gmix;
 		f->preempt = chance(&s, 700) ? BKV_PREEMPT_RECOMPUTE : BKV_PREEMPT_AUTO;
 		f->fail_permille = 30 + below(&s, 150);
 	}
@@ -893,6 +893,50 @@ static int cx_decode(void *host, const bkv_batch *b, int32_t *next)
 	return compute(x, b, b->token_ids, next, 0);
 }
 
+/* Does unit u appear among the state units step d reads or writes? */
+static int dev_names_unit(const cx_dev *d, int32_t u)
+{
+	uint32_t i;
+
+	for (i = 0; d->st && i < d->rows; i++)
+		if (d->st->state_in[i] == u || d->st->state_out[i] == u)
+			return 1;
+	for (i = 0; d->st && d->st->state_out_spec && i < d->spec_n; i++)
+		if (d->st->state_out_spec[i] == u)
+			return 1;
+	return 0;
+}
+
+/* An overlapped launch with a STATE group: no unit it writes is one the
+ * step in flight reads or writes (double-buffered states: a rollback of
+ * both steps needs the first one's input, a rollback of the later one the
+ * first one's output), and the step in flight's arrays are still its own
+ * (they alternate with the later step's). */
+static void check_state_units(cx_run *x, const bkv_batch *b, const cx_dev *prev)
+{
+	const bkv_batch_group *G = &b->groups[x->state_group];
+	const uint32_t nd = (uint32_t)b->qo_indptr[b->n_decode_rows];
+	uint32_t r;
+
+	if (!prev->st || G->state_out == prev->st->state_out || G->state_in == prev->st->state_in ||
+	    (G->state_out_spec && G->state_out_spec == prev->st->state_out_spec)) {
+		fail(x, "an overlapped launch's state arrays are the step in flight's");
+		return;
+	}
+	for (r = 0; r < b->n_rows; r++)
+		if (dev_names_unit(prev, G->state_out[r])) {
+			fail(x, "row %u writes state unit %d, which the step in flight names", r,
+			     G->state_out[r]);
+			return;
+		}
+	for (r = 0; G->state_out_spec && r < nd; r++)
+		if (dev_names_unit(prev, G->state_out_spec[r])) {
+			fail(x, "token %u writes state unit %d, which the step in flight names", r,
+			     G->state_out_spec[r]);
+			return;
+		}
+}
+
 static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 {
 	cx_run *x = host;
@@ -930,9 +974,13 @@ static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 			(void)apply_deltas(x, b);
 		return -1; /* refused at launch */
 	}
+	if (prev && x->state_group != UINT32_MAX)
+		check_state_units(x, b, prev);
 	rc = compute(x, b, x->subst, next, dry);
 	x->q[x->nq].next = next;
 	x->q[x->nq].rows = b->n_rows;
+	x->q[x->nq].st = x->state_group != UINT32_MAX ? &b->groups[x->state_group] : NULL;
+	x->q[x->nq].spec_n = (uint32_t)b->qo_indptr[b->n_decode_rows];
 	x->q[x->nq].failed = rc != 0;
 	x->nq++;
 	return 0;

@@ -16,7 +16,9 @@
 
 /* Combinations the library may refuse at create (BKV_EINVAL). A refused
  * scenario is counted under its combination and run again without one of
- * the two features (unless strict: then the refusal is a failure). */
+ * the two features (unless strict: then the refusal is a failure). The
+ * library accepts every combination listed; the meson test runs strict, so
+ * a refusal fails it. */
 enum {
 	CX_REFUSE_OVERLAP_STATE = 0, /* overlap with a STATE group (sched create) */
 	CX_REFUSE_COUNT
