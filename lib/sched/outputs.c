@@ -18,20 +18,6 @@
 
 #include <string.h>
 
-struct bkv__outs {
-	uint64_t *tok_req;    /* [tok_cap] a delivered token's request */
-	uint32_t *tok_branch; /* [tok_cap] its branch */
-	int32_t *tok;         /* [tok_cap] the token */
-	uint32_t n_tok;       /* tokens recorded */
-	uint32_t tok_cap;     /* entries of the three arrays above */
-	uint64_t *fin_req;    /* [fin_cap] an ended request */
-	int32_t *fin_why;     /* [fin_cap] its bkv_finish_reason */
-	uint32_t n_fin;       /* ends recorded */
-	uint32_t fin_cap;     /* entries of the two arrays above */
-	int stale;            /* a delivery point returned since the last
-				 record: the next one starts afresh */
-};
-
 static void outs_free(bkv_sched *s, struct bkv__outs *o)
 {
 	const bkv_allocator *a = &s->alloc;
@@ -87,43 +73,10 @@ void bkv__outs_destroy(bkv_sched *s)
 	s->outs = NULL;
 }
 
-static void fresh(struct bkv__outs *o)
-{
-	if (o->stale) {
-		o->n_tok = o->n_fin = 0;
-		o->stale = 0;
-	}
-}
-
-void bkv__outs_token(bkv_sched *s, uint64_t req, uint32_t branch, int32_t t)
-{
-	struct bkv__outs *o = s->outs;
-
-	fresh(o);
-	BKV_ASSERT(o->n_tok < o->tok_cap);
-	if (o->n_tok >= o->tok_cap)
-		return;
-	o->tok_req[o->n_tok] = req;
-	o->tok_branch[o->n_tok] = branch;
-	o->tok[o->n_tok++] = t;
-}
-
-void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reason why)
-{
-	struct bkv__outs *o = s->outs;
-
-	fresh(o);
-	BKV_ASSERT(o->n_fin < o->fin_cap);
-	if (o->n_fin >= o->fin_cap)
-		return;
-	o->fin_req[o->n_fin] = req;
-	o->fin_why[o->n_fin++] = (int32_t)why;
-}
-
 void bkv__outs_begin(bkv_sched *s)
 {
 	if (s->outs)
-		fresh(s->outs);
+		bkv__outs_fresh(s->outs);
 }
 
 void bkv__outs_end(bkv_sched *s)

@@ -469,10 +469,61 @@ extern const uint64_t bkv__step_bound_us[BKV__STEP_BUCKETS - 1];
 
 /* ---- sched/outputs.c: what a step delivered, as arrays --------------------- */
 
-/* Record a delivered token / an ended request (s->outs is on), and mark the
- * start and the end of a delivery point (bkv_step, bkv_step_complete). */
-void bkv__outs_token(bkv_sched *s, uint64_t req, uint32_t branch, int32_t t);
-void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reason why);
+/* The arrays (sized at bkv_sched_outputs_enable; see outputs.c). */
+struct bkv__outs {
+	uint64_t *tok_req;    /* [tok_cap] a delivered token's request */
+	uint32_t *tok_branch; /* [tok_cap] its branch */
+	int32_t *tok;         /* [tok_cap] the token */
+	uint32_t n_tok;       /* tokens recorded */
+	uint32_t tok_cap;     /* entries of the three arrays above */
+	uint64_t *fin_req;    /* [fin_cap] an ended request */
+	int32_t *fin_why;     /* [fin_cap] its bkv_finish_reason */
+	uint32_t n_fin;       /* ends recorded */
+	uint32_t fin_cap;     /* entries of the two arrays above */
+	int stale;            /* a delivery point returned since the last
+				 record: the next one starts afresh */
+};
+
+/* The first record after a delivery point returned empties the arrays. */
+static inline void bkv__outs_fresh(struct bkv__outs *o)
+{
+	if (o->stale) {
+		o->n_tok = o->n_fin = 0;
+		o->stale = 0;
+	}
+}
+
+/* Record a delivered token / an ended request (s->outs is on; inline: the
+ * commit's per-token loop). The arrays have room for every one a delivery
+ * point makes (outputs.c); the test keeps a broken bound from writing out
+ * of them. */
+static inline void bkv__outs_token(bkv_sched *s, uint64_t req, uint32_t branch, int32_t t)
+{
+	struct bkv__outs *o = s->outs;
+
+	bkv__outs_fresh(o);
+	BKV_ASSERT(o->n_tok < o->tok_cap);
+	if (UNLIKELY(o->n_tok >= o->tok_cap))
+		return;
+	o->tok_req[o->n_tok] = req;
+	o->tok_branch[o->n_tok] = branch;
+	o->tok[o->n_tok++] = t;
+}
+
+static inline void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reason why)
+{
+	struct bkv__outs *o = s->outs;
+
+	bkv__outs_fresh(o);
+	BKV_ASSERT(o->n_fin < o->fin_cap);
+	if (UNLIKELY(o->n_fin >= o->fin_cap))
+		return;
+	o->fin_req[o->n_fin] = req;
+	o->fin_why[o->n_fin++] = (int32_t)why;
+}
+
+/* Mark the start and the end of a delivery point (bkv_step,
+ * bkv_step_complete). */
 void bkv__outs_begin(bkv_sched *s);
 void bkv__outs_end(bkv_sched *s);
 void bkv__outs_destroy(bkv_sched *s);
