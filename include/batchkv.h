@@ -2289,6 +2289,32 @@ BKV_API int bkv_sched_outputs_enable(bkv_sched *sched, int on);
 BKV_API int bkv_sched_outputs_get(const bkv_sched *sched, bkv_step_outputs *out);
 
 /**
+ * Wait for work: block the calling thread until a request is pending
+ * (bkv_sched_pending > 0), another thread calls bkv_sched_wake, or
+ * timeout_us microseconds pass on the monotonic clock. An engine thread's
+ * loop: while (running) { if (bkv_sched_wait(s, UINT64_MAX) == BKV_OK)
+ * bkv_step(s, NULL); } with bkv_sched_wake to stop it. Returns at once when
+ * a request is pending already.
+ * @param sched       the scheduler.
+ * @param timeout_us  the longest wait; 0: a poll; UINT64_MAX: no limit.
+ * @return BKV_OK when a request is pending; BKV_EAGAIN when the wait ended
+ *         without one (timeout, or bkv_sched_wake); BKV_EINVAL (NULL);
+ *         BKV_ESTATE from inside a step (a callback).
+ * Thread rules: the stepping thread, between steps (as bkv_step).
+ */
+BKV_API int bkv_sched_wait(bkv_sched *sched, uint64_t timeout_us);
+
+/**
+ * End the wait of bkv_sched_wait now, or the next one if none is waiting
+ * (it answers BKV_EAGAIN unless a request is pending): how another thread
+ * stops an engine loop without a race.
+ * @param sched  the scheduler.
+ * @return BKV_OK; BKV_EINVAL (NULL).
+ * Thread rules: any thread.
+ */
+BKV_API int bkv_sched_wake(bkv_sched *sched);
+
+/**
  * Read the scheduler's cumulative counters into the caller's struct (size
  * convention as bkv_pool_stats_get).
  * @param sched  the scheduler.

@@ -16,8 +16,10 @@
  * flight, and aborts a request itself once enough tokens have arrived (a user
  * closing the connection), from its own thread.
  *
- * The engine sleeps on a condition variable when nothing is pending; a client
- * signals it after each submission. Lock order: the engine may hold a
+ * The engine sleeps in bkv_sched_wait while nothing is pending (a
+ * submission ends it; the last client to leave calls bkv_sched_wake); the
+ * overlapped engine sleeps on a condition variable of its own, which a
+ * client signals after each submission, as it also waits for the device. Lock order: the engine may hold a
  * client's mutex inside a callback (called from bkv_step), so a client never
  * calls into the library while holding its own mutex.
  *
@@ -116,13 +118,16 @@ static void *engine_main(void *arg)
 {
 	engine *e = arg;
 	for (;;) {
-		pthread_mutex_lock(&e->mu);
-		while (bkv_sched_pending(e->sched) == 0 && e->clients_left > 0)
-			pthread_cond_wait(&e->cv, &e->mu);
-		const int quit = e->clients_left == 0 && bkv_sched_pending(e->sched) == 0;
-		pthread_mutex_unlock(&e->mu);
-		if (quit)
-			return NULL;
+		/* sleep in the library until a client submits (bkv_sched_wait);
+		 * the last client to leave wakes it (bkv_sched_wake) */
+		if (bkv_sched_wait(e->sched, UINT64_MAX) != BKV_OK) {
+			pthread_mutex_lock(&e->mu);
+			const int quit = e->clients_left == 0 && bkv_sched_pending(e->sched) == 0;
+			pthread_mutex_unlock(&e->mu);
+			if (quit)
+				return NULL;
+			continue;
+		}
 		bkv_step_info info;
 		int st = e->res->steps >= e->max_steps ? TLM_STUCK : bkv_step(e->sched, &info);
 		if (st) {
@@ -268,6 +273,7 @@ static void *client_main(void *arg)
 	e->clients_left--;
 	pthread_cond_signal(&e->cv);
 	pthread_mutex_unlock(&e->mu);
+	(void)bkv_sched_wake(e->sched); /* the engine sees clients_left */
 	return NULL;
 }
 

@@ -354,6 +354,8 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 		rc = BKV_ENOMEM;
 	else
 		id = inbox_push(s, r);
+	if (rc == BKV_OK)
+		bkv__wait_signal(s);
 	UNLOCK(s);
 	if (rc != BKV_OK) {
 		bkv__req_free(s, r);

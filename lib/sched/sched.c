@@ -231,6 +231,10 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
+	if (bkv__wait_init(s) != BKV_OK) {
+		bkv_sched_destroy(s);
+		return BKV_ENOMEM;
+	}
 	if (bkv__decide_create(s, cfg) != BKV_OK) { /* the decisions and the default cost model */
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
@@ -269,6 +273,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	}
 	if (s->pool) /* its forks' slots are the pool's again */
 		bkv__pool_reserve_seqs(s->pool, 0);
+	bkv__wait_destroy(s);
 	if (s->in.lock) {
 		pthread_mutex_destroy((pthread_mutex_t *)s->in.lock);
 		bkv__free(a, s->in.lock, sizeof(pthread_mutex_t));

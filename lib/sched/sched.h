@@ -199,6 +199,12 @@ typedef struct bkv__bufs {
  * read without it. */
 typedef struct bkv__inbox {
 	void *lock;            /* pthread_mutex_t, allocated */
+	void *cv;              /* pthread_cond_t on the monotonic clock,
+				  allocated: bkv_sched_wait's sleep
+				  (sched/wait.c) */
+	uint32_t waiters;      /* lock: threads in bkv_sched_wait */
+	uint32_t wakes;        /* lock: bkv_sched_wake calls, counted */
+	uint32_t wakes_seen;   /* lock: wakes when the last wait ended */
 	bkv__req *inbox_head;  /* lock: FIFO of submitted requests */
 	bkv__req *inbox_tail;  /* lock */
 	bkv__req *abort_head;  /* lock: LIFO of requests to abort */
@@ -527,6 +533,18 @@ static inline void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reaso
 void bkv__outs_begin(bkv_sched *s);
 void bkv__outs_end(bkv_sched *s);
 void bkv__outs_destroy(bkv_sched *s);
+
+/* ---- sched/wait.c: bkv_sched_wait ------------------------------------------ */
+
+/* Set up and tear down the condition variable (create / destroy). */
+int bkv__wait_init(bkv_sched *s);
+void bkv__wait_destroy(bkv_sched *s);
+/* A submission arrived (under the lock): wake the waiters. */
+static inline void bkv__wait_signal(bkv_sched *s)
+{
+	if (s->in.waiters)
+		pthread_cond_broadcast((pthread_cond_t *)s->in.cv);
+}
 
 /* ---- sched/step.c: the step's pieces, shared with sched/overlap.c ---------- */
 

@@ -654,6 +654,8 @@ FUNCTIONS = {
     'bkv_step_complete': (c_int, [c_void_p, c_uint64, c_int, POINTER(bkv_step_info)]),
     'bkv_sched_pending': (c_uint64, [c_void_p]),
     'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
+    'bkv_sched_wait': (c_int, [c_void_p, c_uint64]),
+    'bkv_sched_wake': (c_int, [c_void_p]),
     'bkv_sched_outputs_enable': (c_int, [c_void_p, c_int]),
     'bkv_sched_outputs_get': (c_int, [c_void_p, POINTER(bkv_step_outputs)]),
     'bkv_sched_check': (c_int, [c_void_p]),

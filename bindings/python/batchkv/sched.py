@@ -633,6 +633,22 @@ class Scheduler:
             raise error(rc, "bkv_step")
         return _from_struct(StepInfo, self._info)
 
+    def wait(self, timeout=None):
+        """Block until a request is pending, wake() is called from another
+        thread, or timeout seconds pass (None: no limit; 0: a poll)
+        (bkv_sched_wait; the GIL is released meanwhile). True when a request
+        is pending. The stepping thread, between steps."""
+        us = 2 ** 64 - 1 if timeout is None else max(0, int(timeout * 1e6))
+        rc = _lib.bkv_sched_wait(self._between(), us)
+        if rc == _ffi.BKV_EAGAIN:
+            return False
+        check(rc, "bkv_sched_wait")
+        return True
+
+    def wake(self):
+        """End a wait() now (bkv_sched_wake; any thread)."""
+        check(_lib.bkv_sched_wake(self._s()), "bkv_sched_wake")
+
     def enable_outputs(self, on=True):
         """Record each step's outputs as arrays (bkv_sched_outputs_enable;
         Scheduler(outputs=True) does it at creation): read them with

@@ -444,3 +444,20 @@ def test_step_outputs_serve_a_host_without_on_token():
             tokens.setdefault(r, []).append(t)
     assert tokens == {ids[0]: [105, 106], ids[1]: [105, 106, 107, 108],
                       ids[2]: [105, 106, 107, 108, 109, 110]}
+
+
+def test_wait_returns_when_another_thread_submits_and_wake_ends_it():
+    import threading
+    host = NoTokenCallback()
+    pool = Pool(device_blocks=64)
+    s = Scheduler(pool, host)
+    assert s.wait(0) is False
+    t = threading.Timer(0.02, lambda: s.submit(PROMPT, 2))
+    t.start()
+    assert s.wait() is True
+    t.join()
+    s.run()
+    w = threading.Timer(0.02, s.wake)
+    w.start()
+    assert s.wait() is False
+    w.join()

@@ -1953,6 +1953,23 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         Ok(s)
     }
 
+    /// `bkv_sched_wait`: block until a request is pending (`Ok(true)`),
+    /// [`Scheduler::wake`] is called or `timeout` passes (`Ok(false)`);
+    /// `None`: no limit. On the stepping thread, between steps.
+    pub fn wait(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+        let _x = self.exclusive()?;
+        let us = timeout.map_or(u64::MAX, |d| d.as_micros().min(u64::MAX as u128 - 1) as u64);
+        match unsafe { sys::bkv_sched_wait(self.raw.as_ptr(), us) } {
+            sys::BKV_EAGAIN => Ok(false),
+            rc => check(rc).map(|_| true),
+        }
+    }
+
+    /// `bkv_sched_wake` (any thread): ends a [`Scheduler::wait`] now.
+    pub fn wake(&self) -> Result<()> {
+        check(unsafe { sys::bkv_sched_wake(self.raw.as_ptr()) }).map(|_| ())
+    }
+
     /// `bkv_sched_outputs_enable`: record each step's outputs as arrays
     /// (read with [`Scheduler::outputs`]); `false` stops and frees them.
     pub fn enable_outputs(&mut self, on: bool) -> Result<()> {

@@ -650,6 +650,8 @@ extern "C" {
     pub fn bkv_step_launch(sched: *mut bkv_sched, ticket: *mut u64, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_step_complete(sched: *mut bkv_sched, ticket: u64, status: c_int, info: *mut bkv_step_info) -> c_int;
     pub fn bkv_sched_pending(sched: *mut bkv_sched) -> u64;
+    pub fn bkv_sched_wait(sched: *mut bkv_sched, timeout_us: u64) -> c_int;
+    pub fn bkv_sched_wake(sched: *mut bkv_sched) -> c_int;
     pub fn bkv_sched_outputs_enable(sched: *mut bkv_sched, on: c_int) -> c_int;
     pub fn bkv_sched_outputs_get(sched: *const bkv_sched, out: *mut bkv_step_outputs) -> c_int;
     pub fn bkv_sched_stats_get(sched: *const bkv_sched, stats: *mut bkv_sched_stats);

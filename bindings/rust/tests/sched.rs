@@ -635,3 +635,25 @@ fn step_outputs_as_slices_repeat_the_callbacks() {
     assert_eq!(ended.len(), 3);
     assert_eq!(ended[&ids[2]], FinishReason::Stop as i32);
 }
+
+#[test]
+fn wait_returns_when_another_thread_submits_and_wake_ends_it() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    assert!(!s.wait(Some(std::time::Duration::from_millis(0))).unwrap());
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            s.submit(&Request::new(&PROMPT, 2)).unwrap();
+        });
+        assert!(s.wait(None).unwrap());
+    });
+    s.run().unwrap();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            s.wake().unwrap();
+        });
+        assert!(!s.wait(None).unwrap());
+    });
+}
