@@ -649,7 +649,9 @@ static const cli_option options[] = {
 	VALUE("--host", set_host,
 	      "  --host split|mixed         split prefill/decode kernels or one forward\n"),
 	FLAG("--no-baseline", OPT(baseline), 0,
-	     "  --no-baseline              no static row; speed-ups are not reported\n"),
+	     "  --no-baseline              no static row; speed-ups are not reported\n"
+	     "                             (not with --compare: its static row is the\n"
+	     "                             reference of its ratios)\n"),
 	VALUE("--sweep", set_sweep, "  --sweep k=1,2,4|budget=..|slots=..\n"),
 	HEADING("cost model:\n"),
 	VALUE("--cost", set_cost,
@@ -819,6 +821,12 @@ static void settle(cli_args *a)
 static int check_settled(const cli_args *a)
 {
 	const sim_config *c = &a->c;
+	if (a->o.compare && !a->o.baseline) {
+		fprintf(stderr, "bkv-sim: --no-baseline does not apply to --compare: its static "
+			"row is the reference of every speed-up and ratio it reports (without "
+			"--compare, --policy P or --sweep runs rows without it)\n");
+		return -1;
+	}
 	if (c->k > c->slots) {
 		fprintf(stderr, "bkv-sim: --k %u: at most --slots (%u): an admission group "
 			"larger than the running slots never fills\n", c->k, c->slots);

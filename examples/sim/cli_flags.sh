@@ -20,4 +20,6 @@ expect "--sweep k=64: at most --slots (32)" --sweep k=1,64
 expect "--block-tokens 3: must be a power of two" --block-tokens 3
 expect "--limit 0: at least 1" --limit 0
 expect "--slots 0: at least 1" --slots 0
+expect "--no-baseline does not apply to --compare" --compare --no-baseline
+expect "--no-baseline does not apply to --compare" --no-baseline --compare 1,2
 exit $fail
