@@ -170,6 +170,26 @@ static int production(const tlm_config *mc0, const tlm_workload_config *wc)
 	return failed;
 }
 
+/* --hybrid's header: the layers by kind (tlm_layer_group), not the plain
+ * model's line. */
+static void print_hybrid_header(const tlm_config *mc, double mparams)
+{
+	uint32_t per[TLM_MAX_GROUPS] = {0}, rec = 0;
+	for (uint32_t l = 0; l < mc->layers; l++) {
+		if (tlm_layer_recurrent(mc, l))
+			rec++;
+		else
+			per[tlm_layer_group(mc, l) % TLM_MAX_GROUPS]++;
+	}
+	uint32_t full = per[0], win = mc->window ? per[1] : 0;
+	uint32_t chk = mc->chunk ? per[mc->window ? 2 : 1] : 0;
+	printf("tinylm hybrid: vocab %u, dim %u, %u layers: %u full-attention, %u sliding-window "
+	       "(%u tokens), %u chunked (%u tokens), %u recurrent (state checkpointed every %u "
+	       "tokens); %u query heads over %u KV heads of %u, SwiGLU %u: %.2f M parameters "
+	       "(float32)\n",
+	       mc->vocab, mc->dim, mc->layers, full, win, mc->window, chk, mc->chunk, rec,
+	       mc->recurrent, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->ffn, mparams);
+}
 
 int main(int argc, char **argv)
 {
@@ -226,10 +246,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "model: out of memory\n");
 		return 1;
 	}
-	printf("tinylm: vocab %u, dim %u, %u layers, %u query heads over %u KV heads of %u, "
-	       "SwiGLU %u: %.2f M parameters (float32)\n",
-	       mc.vocab, mc.dim, mc.layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.ffn,
-	       (double)m->n_params / 1e6);
+	if (hybrid)
+		print_hybrid_header(&mc, (double)m->n_params / 1e6);
+	else
+		printf("tinylm: vocab %u, dim %u, %u layers, %u query heads over %u KV heads of "
+		       "%u, SwiGLU %u: %.2f M parameters (float32)\n",
+		       mc.vocab, mc.dim, mc.layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.ffn,
+		       (double)m->n_params / 1e6);
 
 	tlm_workload w;
 	if (tlm_workload_create(&w, &wc, mc.vocab)) {
