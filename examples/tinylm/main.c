@@ -217,6 +217,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	setvbuf(stdout, NULL, _IOLBF, 0); /* piped or logged: each line as it comes */
 	tlm_config mc;
 	if (small)
 		tlm_config_small(&mc);
@@ -260,6 +261,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	uint64_t ref_tokens = 0, forks = 0, aborts = 0;
+	fprintf(stderr, "tinylm-demo: computing every request's reference output alone "
+			"(%u requests)...\n", w.n_jobs);
 	const uint64_t t0 = tlm_now_us();
 	if (tlm_workload_reference(&w, m)) {
 		fprintf(stderr, "reference failed\n");
@@ -377,6 +380,11 @@ int main(int argc, char **argv)
 	}
 	uint64_t p_deltas = 0, p_entries = 0, p_rows = 0, p_differ = 0;
 
+	printf("wall-clock figures (tokens/s, speedup, ttft, lat, meas ms) vary from run to run "
+	       "on a shared machine;\nthe stable ones: ok (token-exact against the "
+	       "reference), and steps, hit%%, preempt, swaps and cow\nof the static, "
+	       "continuous, chunked, split and tight-pool rows (they do not time themselves).\n");
+	fprintf(stderr, "tinylm-demo: %u runs, each row printed when its run ends\n", nr);
 	printf("%-26s %4s %6s %8s %7s %8s %8s %5s %7s %5s %4s %8s %8s %5s\n", "run", "ok",
 	       "steps", "tokens/s", "speedup", "ttft ms", "lat ms", "hit%", "preempt", "swaps",
 	       "cow", "pred ms", "meas ms", "err%");
