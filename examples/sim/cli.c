@@ -599,6 +599,11 @@ static const cli_option options[] = {
 	VALUE("--rate", set_rate,
 	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
 	      "                             rate: (n - 1) / span)\n"),
+	FLAG("--no-spread", OPT(no_spread), 1,
+	     "  --no-spread                with --rate or --goodput, keep a bucketed\n"
+	     "                             trace's arrivals as recorded (default: the\n"
+	     "                             requests sharing a time are spread uniformly\n"
+	     "                             over their bucket, by the first seed)\n"),
 	VALUE("--seeds", set_seeds,
 	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"),
 	HEADING("policy:\n"),

@@ -191,6 +191,17 @@ static void print_goodput(const opts *o, const sim_row *rows, int n_rows, const 
 	printf("goodput: the highest arrival rate at which %g%% of requests meet TTFT <= %g ms "
 	       "and TPOT <= %g ms (bisection to 1%%; the workload's own rate %.4g req/s)\n",
 	       o->gp_pct, o->gp_ttft_ms, o->gp_tpot_ms, base_rate(o, t));
+	if (o->spread)
+		printf("(the trace's arrivals come in %.3g s buckets, %u of %u requests sharing "
+		       "a time; they are spread uniformly over their bucket, seed %llu, so that "
+		       "rescaling separates them; --no-spread keeps them)\n",
+		       o->buckets.width_us / 1e6, o->buckets.shared, t->n,
+		       (unsigned long long)o->seed_lo);
+	else if (o->bucketed)
+		printf("(WARNING: the trace's arrivals come in %.3g s buckets, %u of %u requests "
+		       "sharing a time, kept as recorded (--no-spread): each bucket arrives as one "
+		       "burst at every rate)\n",
+		       o->buckets.width_us / 1e6, o->buckets.shared, t->n);
 	for (int i = 0; i < n_rows; i++) {
 		const sim_row *r = &rows[i];
 		if (r->goodput_capped < 0)
@@ -660,6 +671,40 @@ static int make_traces(const opts *o, int n_seeds, trace **out)
 	return 0;
 }
 
+/* A trace file whose arrivals come in buckets (many requests sharing one
+ * time, Mooncake's 3 s): rescaled by --rate or --goodput, each bucket would
+ * stay one burst at every rate. Spread them over their bucket (unless
+ * --no-spread) and say so on stderr; print_goodput says it again. */
+static void spread_buckets(opts *o, trace *t)
+{
+	if (!o->trace_path || !sim_trace_buckets(t, &o->buckets))
+		return;
+	o->bucketed = 1;
+	const sim_buckets *b = &o->buckets;
+	if (!(o->trace_rate > 0.0) && !o->goodput) {
+		fprintf(stderr, "bkv-sim: note: %s: arrivals come in %.3g s buckets (%u of %u "
+			"requests share a time, up to %u at once); replayed as recorded\n",
+			o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest);
+		return;
+	}
+	if (o->no_spread) {
+		fprintf(stderr, "bkv-sim: WARNING: %s: arrivals come in %.3g s buckets (%u of %u "
+			"requests share a time, up to %u at once) and --no-spread keeps them: "
+			"rescaling the rate never separates a bucket, so each arrives as one "
+			"burst at every rate and TTFT includes its queue (goodput may be 0 at "
+			"every rate)\n",
+			o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest);
+		return;
+	}
+	sim_trace_spread(t, b, o->seed_lo);
+	o->spread = 1;
+	fprintf(stderr, "bkv-sim: %s: arrivals come in %.3g s buckets (%u of %u requests "
+		"share a time, up to %u at once); spread uniformly over their bucket (seed "
+		"%llu) before rescaling; --no-spread keeps them\n",
+		o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest,
+		(unsigned long long)o->seed_lo);
+}
+
 /* --rate scales a trace file's arrivals to that mean rate; --goodput needs a
  * file whose arrivals are spread in time. 0, or exit status 2. */
 static int scale_trace_rate(const opts *o, trace *traces)
@@ -728,6 +773,7 @@ int main(int argc, char **argv)
 	trace *traces = NULL;
 	if ((st = plan_seeds(o, &n_seeds)) || (st = make_traces(o, n_seeds, &traces)))
 		return st;
+	spread_buckets(o, &traces[0]);
 	st = scale_trace_rate(o, traces);
 	if (!st) {
 		make_title(o, &a.c, traces, n_seeds);
