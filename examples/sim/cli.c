@@ -764,7 +764,9 @@ static const cli_option options[] = {
 	FLAG("--allow-errors", OPT(allow_errors), 1,
 	     "  --allow-errors             exit 0 even when requests fail (default: a\n"
 	     "                             warning and exit status 3)\n"),
-	FLAG("--quiet", OPT(quiet), 1, "  --quiet                    no progress line\n"),
+	FLAG("--quiet", OPT(quiet), 1,
+	     "  --quiet                    no progress on stderr (on a terminal a line\n"
+	     "                             rewritten in place; else a line every few s)\n"),
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -815,7 +817,7 @@ static void settle(cli_args *a)
 	}
 	if (c->overlap && !o->host_set)
 		c->mixed_host = 1; /* a launch is one mixed call */
-	c->progress = !o->quiet && isatty(2);
+	c->progress = o->quiet ? 0 : isatty(2) ? 1 : 2;
 	if (!o->gen_set)
 		c->gen = (!o->trace_path && !strcmp(o->workload, "seed000")) ? SIM_GEN_STEPS
 									     : SIM_GEN_TOKENS;

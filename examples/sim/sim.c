@@ -23,8 +23,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Build the trace of one seed. */
@@ -79,13 +81,49 @@ static void policy_label(const sim_config *c, char *label, size_t len)
 		snprintf(label, len, "k=%u", c->k);
 }
 
+/* The monotonic wall clock, s. */
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* When the last progress line went to a stderr that is not a terminal. */
+static double last_line_s;
+
+/* Progress on stderr, stdout untouched: on a terminal one line rewritten in
+ * place; else (a pipe, a log) a whole line at most every SIM_PROGRESS_S,
+ * or always with force. */
+static void progress_line(const opts *o, int force, const char *fmt, ...)
+{
+	if (o->quiet)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	if (isatty(2)) {
+		fputc('\r', stderr);
+		vfprintf(stderr, fmt, ap);
+		fflush(stderr);
+	} else {
+		double now = wall_s();
+		if (force || last_line_s == 0.0 || now - last_line_s >= SIM_PROGRESS_S) {
+			char line[256];
+			vsnprintf(line, sizeof(line), fmt, ap);
+			size_t n = strlen(line);
+			while (n && line[n - 1] == ' ') /* the terminal's padding */
+				line[--n] = 0;
+			fprintf(stderr, "bkv-sim: %s\n", line);
+			last_line_s = now;
+		}
+	}
+	va_end(ap);
+}
+
 static void progress(const opts *o, const char *label, uint64_t seed, int done, int total)
 {
-	if (o->quiet || !isatty(2))
-		return;
-	fprintf(stderr, "\r[%d/%d] %-16s seed %-6llu", done, total, label,
-		(unsigned long long)seed);
-	fflush(stderr);
+	progress_line(o, 0, "[%d/%d] %-16s seed %-6llu", done, total, label,
+		      (unsigned long long)seed);
 }
 
 /* Run every seed of one configuration into runs[]. */
@@ -147,10 +185,7 @@ static int goodput_rows(const opts *o, const sim_config *cf, sim_row *rows, int 
 	for (int i = 0; i < n_rows; i++) {
 		sim_goodput g;
 		char err[256] = "";
-		if (!o->quiet && isatty(2)) {
-			fprintf(stderr, "\r[goodput %d/%d] %-16s", i + 1, n_rows, rows[i].med.label);
-			fflush(stderr);
-		}
+		progress_line(o, 1, "[goodput %d/%d] %-16s", i + 1, n_rows, rows[i].med.label);
 		sim_config c = cf[i];
 		c.progress = 0;
 		if (sim_goodput_search(&c, traces, n_seeds, r0, o->gp_ttft_ms, o->gp_tpot_ms,

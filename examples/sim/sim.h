@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Progress when stderr is not a terminal: a line at most this often, s. */
+#define SIM_PROGRESS_S 3.0
+
 /* Which cost model prices the virtual host's calls. */
 typedef enum sim_cost_kind {
 	SIM_COST_POLY = 0,      /* seed 000's polynomial (bkv_cost_poly) */
@@ -106,8 +109,12 @@ typedef struct sim_config {
 				      model (no calibration) instead of a
 				      calibrated model over it */
 	int check;                 /* run bkv_sched_check after every step */
-	int progress;              /* nonzero: a progress line on stderr every
-				      2^16 steps (the caller checks isatty) */
+	int progress;              /* 1: a progress line on stderr every 2^16
+				      steps, rewritten in place (a terminal);
+				      2: a whole line at most every
+				      SIM_PROGRESS_S of wall time (stderr is
+				      a pipe or a file); 0: none. The caller
+				      checks isatty. */
 	double slo_ttft_ms;        /* > 0: count the requests whose TTFT is at
 				      most this and whose TPOT is at most
 				      slo_tpot_ms (sim_result.slo_met) */
