@@ -364,3 +364,57 @@ Test(sim_goodput, spreading_a_bucketed_trace_raises_its_goodput)
 	cr_expect_eq(g0.capped, -1, "bucketed: %g req/s", g0.rps);
 	trace_free(&t);
 }
+
+/* Rows with identical searches share one line and one legend entry that
+ * names them all; distinct rows get distinct colours; the rate axis fits
+ * the rates simulated. */
+Test(sim_goodput, goodput_chart_draws_identical_rows_once_in_distinct_colours)
+{
+	sim_config c[2] = {config(), config()};
+	c[1].policy = BKV_POLICY_STATIC;
+	sim_goodput g[3];
+	g[0] = search(&c[0], 20.0, 3.0, 90.0);
+	g[1] = g[0];
+	g[2] = search(&c[1], 20.0, 3.0, 90.0);
+	char path[] = "/tmp/bkv_sim_gpXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	const char *labels[] = {"k=1", "k=4", "static"};
+	cr_assert_eq(sim_goodput_svg(path, "t", labels, g, 3, 20.0, 3.0, 90.0), 0);
+	FILE *f = fopen(path, "r");
+	static char buf[1 << 18];
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[len] = 0;
+	fclose(f);
+	remove(path);
+	cr_expect(strstr(buf, "k=1, k=4: ") != NULL, "one legend entry names both");
+	cr_expect(strstr(buf, "identical results share one line") != NULL);
+	int lines = 0;
+	for (const char *p = buf; (p = strstr(p, "<polyline")); p++)
+		lines++;
+	cr_expect_eq(lines, 4, "two series in two panels, not three: %d", lines);
+	cr_expect(strstr(buf, "stroke=\"#0072B2\"") && strstr(buf, "stroke=\"#D55E00\""),
+		  "Okabe-Ito colours, one per series");
+	/* every rate tick lies within 1.2x of the rates simulated */
+	double lo = 1e300, hi = 0.0;
+	for (int i = 0; i < 3; i++)
+		for (int k = 0; k < g[i].evals && k < SIM_GOODPUT_POINTS; k++) {
+			if (g[i].pt[k].rps < lo)
+				lo = g[i].pt[k].rps;
+			if (g[i].pt[k].rps > hi)
+				hi = g[i].pt[k].rps;
+		}
+	int ticks = 0;
+	const char *key = "text-anchor=\"middle\">";
+	for (const char *p = buf; (p = strstr(p, key)); p++) {
+		char *end;
+		double v = strtod(p + strlen(key), &end);
+		if (end == p + strlen(key) || strncmp(end, "</text>", 7))
+			continue;
+		ticks++;
+		cr_expect(v >= lo / 1.2 * (1 - 1e-9) && v <= hi * 1.2 * (1 + 1e-9),
+			  "rate tick %g outside %g .. %g", v, lo, hi);
+	}
+	cr_expect(ticks >= 2, "%d rate ticks", ticks);
+}
