@@ -518,19 +518,26 @@ static void gp_panel_axes(FILE *f, const gp_chart *c, int p)
 				left, gp_y(c, p, v), left + pw, gp_y(c, p, v), left - 6,
 				gp_y(c, p, v) + 4, lab);
 		}
-	int last_x = -1000;
+	/* past 3 decades only 10^k; a label that would overlap the one before
+	 * is left out (about 7 pixels a character) */
+	double shown = lx1 - lx0 - (c->bhi > c->blo ? log10(c->bhi / c->blo) : 0.0);
+	int last_x = -1000, last_w = 0, sparse = shown > 3.0;
 	for (int e = (int)floor(lx0) - 1; e <= (int)ceil(lx1); e++)
-		for (int m = 0; m < 3; m++) {
+		for (int m = 0; m < (sparse ? 1 : 3); m++) {
 			double v = m125[m] * pow(10.0, e);
 			if (v < c->xlo || v > c->xhi || in_break(c, v))
 				continue;
 			int x = gp_x(c, v);
+			char lab[32];
+			snprintf(lab, sizeof(lab), "%g", v);
+			int w = 7 * (int)strlen(lab);
 			fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#e5e5e5\"/>",
 				x, y0, x, y0 + ph);
-			if (x - last_x >= 28) { /* labels that would overlap are left out */
-				fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%g</text>", x,
-					y0 + ph + 16, v);
+			if (x - last_x >= (w + last_w) / 2 + 6) {
+				fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%s</text>", x,
+					y0 + ph + 16, lab);
 				last_x = x;
+				last_w = w;
 			}
 			fputc('\n', f);
 		}
