@@ -4,7 +4,9 @@
  * (within 1%, the rate found meets the targets and 1.02x of it does not,
  * attainment falls as the rate rises, looser targets never lower it), the
  * arrivals restored afterwards, failed requests counted as errors and the
- * overload line.
+ * overload line; bucketed arrivals (many requests sharing one time) found,
+ * spread within their bucket, and the goodput that spreading makes
+ * meaningful.
  */
 #include "../examples/sim/sim.h"
 
@@ -287,4 +289,132 @@ Test(sim_goodput, goodput_chart_has_every_row_and_both_panels)
 	cr_expect(strstr(buf, "k=1: ") && strstr(buf, "static: "));
 	cr_expect(strstr(buf, "<polyline") != NULL);
 	cr_expect(strstr(buf, "</svg>") != NULL);
+}
+
+/* n_b buckets 3 s apart of k requests each sharing one time (Mooncake's
+ * shape), prompts of 64 tokens, 8 generated. */
+static void bucketed(trace *t, uint32_t n_b, uint32_t k)
+{
+	memset(t, 0, sizeof(*t));
+	for (uint32_t b = 0; b < n_b; b++)
+		for (uint32_t j = 0; j < k; j++)
+			cr_assert_eq(trace_push(t, 3e6 * b, 64, 8, NULL, 0), TRACE_OK);
+}
+
+Test(sim_goodput, bucketed_arrivals_are_found_and_spread_within_their_bucket)
+{
+	trace t, u;
+	sim_buckets b;
+	bucketed(&t, 10, 12);
+	cr_assert_eq(sim_trace_buckets(&t, &b), 1, "bucketed");
+	cr_expect_eq(b.shared, 120);
+	cr_expect_eq(b.times, 10);
+	cr_expect_eq(b.largest, 12);
+	cr_expect_eq(b.width_us, 3e6);
+	sim_trace_spread(&t, &b, 5);
+	for (uint32_t i = 0; i < t.n; i++) {
+		double a0 = 3e6 * (i / 12);
+		cr_expect(t.reqs[i].arrival_us >= a0 && t.reqs[i].arrival_us < a0 + 3e6,
+			  "request %u at %g stays in its bucket", i, t.reqs[i].arrival_us);
+		if (i)
+			cr_expect(t.reqs[i].arrival_us > t.reqs[i - 1].arrival_us,
+				  "file order kept, no two at once");
+	}
+	cr_expect_eq(sim_trace_buckets(&t, &b), 0, "spread: no longer bucketed");
+	/* the same seed gives the same arrivals, another seed others */
+	bucketed(&u, 10, 12);
+	sim_buckets bu;
+	sim_trace_buckets(&u, &bu);
+	sim_trace_spread(&u, &bu, 5);
+	cr_expect_eq(memcmp(t.reqs, u.reqs, t.n * sizeof(t.reqs[0])), 0);
+	trace_free(&u);
+	bucketed(&u, 10, 12);
+	sim_trace_spread(&u, &bu, 6);
+	cr_expect_neq(t.reqs[3].arrival_us, u.reqs[3].arrival_us);
+	trace_free(&u);
+	trace_free(&t);
+	/* Poisson arrivals are not bucketed */
+	trace p[N_SEEDS];
+	workload(p, RATE0);
+	cr_expect_eq(sim_trace_buckets(&p[0], &b), 0);
+	free_all(p);
+}
+
+/* Bucketed arrivals stay a burst at every rate: spreading them within their
+ * bucket gives the goodput search rates that separate the requests. */
+Test(sim_goodput, spreading_a_bucketed_trace_raises_its_goodput)
+{
+	sim_config c = config();
+	c.gen = SIM_GEN_TOKENS;
+	trace t;
+	sim_buckets b;
+	char err[256] = "";
+	sim_goodput g0, g1;
+	bucketed(&t, 20, 16);
+	double r0 = sim_trace_rate(&t);
+	cr_assert_eq(sim_goodput_search(&c, &t, 1, r0, 5.0, 3.0, 90.0, &g0, err, sizeof(err)), 0,
+		     "%s", err);
+	cr_assert_eq(sim_trace_buckets(&t, &b), 1);
+	sim_trace_spread(&t, &b, 0);
+	r0 = sim_trace_rate(&t);
+	cr_assert_eq(sim_goodput_search(&c, &t, 1, r0, 5.0, 3.0, 90.0, &g1, err, sizeof(err)), 0,
+		     "%s", err);
+	cr_expect(g1.rps > g0.rps, "spread %g (capped %d) against bucketed %g (capped %d) req/s",
+		  g1.rps, g1.capped, g0.rps, g0.capped);
+	cr_expect_eq(g0.capped, -1, "bucketed: %g req/s", g0.rps);
+	trace_free(&t);
+}
+
+/* Rows with identical searches share one line and one legend entry that
+ * names them all; distinct rows get distinct colours; the rate axis fits
+ * the rates simulated. */
+Test(sim_goodput, goodput_chart_draws_identical_rows_once_in_distinct_colours)
+{
+	sim_config c[2] = {config(), config()};
+	c[1].policy = BKV_POLICY_STATIC;
+	sim_goodput g[3];
+	g[0] = search(&c[0], 20.0, 3.0, 90.0);
+	g[1] = g[0];
+	g[2] = search(&c[1], 20.0, 3.0, 90.0);
+	char path[] = "/tmp/bkv_sim_gpXXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	const char *labels[] = {"k=1", "k=4", "static"};
+	cr_assert_eq(sim_goodput_svg(path, "t", labels, g, 3, 20.0, 3.0, 90.0), 0);
+	FILE *f = fopen(path, "r");
+	static char buf[1 << 18];
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[len] = 0;
+	fclose(f);
+	remove(path);
+	cr_expect(strstr(buf, "k=1, k=4: ") != NULL, "one legend entry names both");
+	cr_expect(strstr(buf, "identical results share one line") != NULL);
+	int lines = 0;
+	for (const char *p = buf; (p = strstr(p, "<polyline")); p++)
+		lines++;
+	cr_expect_eq(lines, 4, "two series in two panels, not three: %d", lines);
+	cr_expect(strstr(buf, "stroke=\"#0072B2\"") && strstr(buf, "stroke=\"#D55E00\""),
+		  "Okabe-Ito colours, one per series");
+	/* every rate tick lies within 1.2x of the rates simulated */
+	double lo = 1e300, hi = 0.0;
+	for (int i = 0; i < 3; i++)
+		for (int k = 0; k < g[i].evals && k < SIM_GOODPUT_POINTS; k++) {
+			if (g[i].pt[k].rps < lo)
+				lo = g[i].pt[k].rps;
+			if (g[i].pt[k].rps > hi)
+				hi = g[i].pt[k].rps;
+		}
+	int ticks = 0;
+	const char *key = "text-anchor=\"middle\">";
+	for (const char *p = buf; (p = strstr(p, key)); p++) {
+		char *end;
+		double v = strtod(p + strlen(key), &end);
+		if (end == p + strlen(key) || strncmp(end, "</text>", 7))
+			continue;
+		ticks++;
+		cr_expect(v >= lo / 1.2 * (1 - 1e-9) && v <= hi * 1.2 * (1 + 1e-9),
+			  "rate tick %g outside %g .. %g", v, lo, hi);
+	}
+	cr_expect(ticks >= 2, "%d rate ticks", ticks);
 }

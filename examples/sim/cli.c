@@ -599,6 +599,11 @@ static const cli_option options[] = {
 	VALUE("--rate", set_rate,
 	      "  --rate R                   a trace's arrivals scaled to R req/s (its mean\n"
 	      "                             rate: (n - 1) / span)\n"),
+	FLAG("--no-spread", OPT(no_spread), 1,
+	     "  --no-spread                with --rate or --goodput, keep a bucketed\n"
+	     "                             trace's arrivals as recorded (default: the\n"
+	     "                             requests sharing a time are spread uniformly\n"
+	     "                             over their bucket, by the first seed)\n"),
 	VALUE("--seeds", set_seeds,
 	      "  --seeds N | A..B           seeds of synthetic workloads (seed000: 0..20)\n"),
 	HEADING("policy:\n"),
@@ -649,7 +654,9 @@ static const cli_option options[] = {
 	VALUE("--host", set_host,
 	      "  --host split|mixed         split prefill/decode kernels or one forward\n"),
 	FLAG("--no-baseline", OPT(baseline), 0,
-	     "  --no-baseline              no static row; speed-ups are not reported\n"),
+	     "  --no-baseline              no static row; speed-ups are not reported\n"
+	     "                             (not with --compare: its static row is the\n"
+	     "                             reference of its ratios)\n"),
 	VALUE("--sweep", set_sweep, "  --sweep k=1,2,4|budget=..|slots=..\n"),
 	HEADING("cost model:\n"),
 	VALUE("--cost", set_cost,
@@ -757,7 +764,9 @@ static const cli_option options[] = {
 	FLAG("--allow-errors", OPT(allow_errors), 1,
 	     "  --allow-errors             exit 0 even when requests fail (default: a\n"
 	     "                             warning and exit status 3)\n"),
-	FLAG("--quiet", OPT(quiet), 1, "  --quiet                    no progress line\n"),
+	FLAG("--quiet", OPT(quiet), 1,
+	     "  --quiet                    no progress on stderr (on a terminal a line\n"
+	     "                             rewritten in place; else a line every few s)\n"),
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
@@ -808,7 +817,7 @@ static void settle(cli_args *a)
 	}
 	if (c->overlap && !o->host_set)
 		c->mixed_host = 1; /* a launch is one mixed call */
-	c->progress = !o->quiet && isatty(2);
+	c->progress = o->quiet ? 0 : isatty(2) ? 1 : 2;
 	if (!o->gen_set)
 		c->gen = (!o->trace_path && !strcmp(o->workload, "seed000")) ? SIM_GEN_STEPS
 									     : SIM_GEN_TOKENS;
@@ -819,6 +828,12 @@ static void settle(cli_args *a)
 static int check_settled(const cli_args *a)
 {
 	const sim_config *c = &a->c;
+	if (a->o.compare && !a->o.baseline) {
+		fprintf(stderr, "bkv-sim: --no-baseline does not apply to --compare: its static "
+			"row is the reference of every speed-up and ratio it reports (without "
+			"--compare, --policy P or --sweep runs rows without it)\n");
+		return -1;
+	}
 	if (c->k > c->slots) {
 		fprintf(stderr, "bkv-sim: --k %u: at most --slots (%u): an admission group "
 			"larger than the running slots never fills\n", c->k, c->slots);

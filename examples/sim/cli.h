@@ -58,6 +58,12 @@ typedef struct opts {
 	const char *shape;       /* --shape as given (shape.c); NULL: none */
 	int big_gpu;             /* the cost model is an H100's (vLLM's larger
 				    defaults) */
+	int no_spread;           /* --no-spread: a bucketed trace's arrivals
+				    stay as recorded when rescaled */
+	int bucketed;            /* the trace's arrivals come in buckets
+				    (sim_trace_buckets; sim.c fills it in) */
+	int spread;              /* ... and were spread within them */
+	sim_buckets buckets;     /* what sim_trace_buckets counted */
 	int goodput;             /* --goodput given */
 	double gp_ttft_ms, gp_tpot_ms, gp_pct; /* its targets */
 	char title[256];         /* the table's title (sim.c fills it in) */

@@ -1,6 +1,8 @@
 #!/bin/sh
 # cli_flags.sh BKV_SIM - the meson test 'sim_flags': bad flags stop bkv-sim
-# with exit status 2 and a message naming the flag and the rule.
+# with exit status 2 and a message naming the flag and the rule; progress
+# goes to stderr as whole lines when stderr is not a terminal (none with
+# --quiet), and stdout is the same either way.
 set -u
 sim=$1
 fail=0
@@ -20,4 +22,20 @@ expect "--sweep k=64: at most --slots (32)" --sweep k=1,64
 expect "--block-tokens 3: must be a power of two" --block-tokens 3
 expect "--limit 0: at least 1" --limit 0
 expect "--slots 0: at least 1" --slots 0
+expect "--no-baseline does not apply to --compare" --compare --no-baseline
+expect "--no-baseline does not apply to --compare" --no-baseline --compare 1,2
+# progress on a piped stderr: whole lines, stdout unchanged by --quiet
+out=$("$sim" --workload seed000 --seeds 2 2>/dev/null)
+err=$("$sim" --workload seed000 --seeds 2 2>&1 >/dev/null)
+case "$err" in
+"bkv-sim: [1/4] static"*) ;;
+*) echo "piped stderr: '$err' has no progress line"; fail=1 ;;
+esac
+case "$out" in
+*"bkv-sim: ["*) echo "progress on stdout"; fail=1 ;;
+esac
+quiet_out=$("$sim" --workload seed000 --seeds 2 --quiet 2>/dev/null)
+quiet_err=$("$sim" --workload seed000 --seeds 2 --quiet 2>&1 >/dev/null)
+[ -z "$quiet_err" ] || { echo "--quiet: stderr '$quiet_err'"; fail=1; }
+[ "$out" = "$quiet_out" ] || { echo "stdout differs with --quiet"; fail=1; }
 exit $fail

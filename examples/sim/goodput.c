@@ -26,6 +26,73 @@ double sim_trace_rate(const trace *t)
 	return span > 0.0 ? (t->n - 1) / (span / 1e6) : 0.0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+int sim_trace_buckets(const trace *t, sim_buckets *b)
+{
+	memset(b, 0, sizeof(*b));
+	if (!t->n)
+		return 0;
+	double *gaps = malloc((size_t)t->n * sizeof(double));
+	uint32_t ng = 0, run = 1;
+	b->times = 1;
+	b->largest = 1;
+	for (uint32_t i = 1; i < t->n; i++) {
+		double d = t->reqs[i].arrival_us - t->reqs[i - 1].arrival_us;
+		if (d == 0.0) {
+			b->shared += run == 1 ? 2 : 1; /* the run's first one too */
+			if (++run > b->largest)
+				b->largest = run;
+		} else {
+			run = 1;
+			b->times++;
+			if (gaps && d > 0.0)
+				gaps[ng++] = d;
+		}
+	}
+	if (gaps && ng) {
+		qsort(gaps, ng, sizeof(double), cmp_double);
+		b->width_us = gaps[ng / 2];
+	}
+	free(gaps);
+	return t->n >= 4 && 2u * b->shared >= t->n && b->times > 1 && b->width_us > 0.0;
+}
+
+/* splitmix64 of x, as a double in [0, 1) */
+static double unit_hash(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return (double)(x >> 11) / 9007199254740992.0;
+}
+
+void sim_trace_spread(trace *t, const sim_buckets *b, uint64_t seed)
+{
+	uint32_t i = 0;
+	while (i < t->n) {
+		const double a = t->reqs[i].arrival_us;
+		uint32_t k = 1;
+		while (i + k < t->n && t->reqs[i + k].arrival_us == a)
+			k++;
+		double w = b->width_us;
+		if (i + k < t->n && t->reqs[i + k].arrival_us > a &&
+		    t->reqs[i + k].arrival_us - a < w)
+			w = t->reqs[i + k].arrival_us - a;
+		if (k > 1 && w > 0.0)
+			for (uint32_t j = 0; j < k; j++) {
+				double u = unit_hash(seed * 0x100000001b3ULL ^ (uint64_t)(i + j));
+				t->reqs[i + j].arrival_us = a + w * ((double)j + u) / (double)k;
+			}
+		i += k;
+	}
+}
+
 int sim_attainment_p99(const sim_config *cfg, const trace *t, int n, double ttft_ms,
 		       double tpot_ms, double *attain, double *ttft_p99, double *tpot_p99,
 		       char *err, size_t errlen)

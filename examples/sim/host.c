@@ -691,7 +691,17 @@ typedef struct run {
 	uint64_t waste_n;      /* steps in waste_sum (those with used blocks) */
 	double err_sum;        /* sum of the calibrated model's relative errors */
 	uint64_t err_n;        /* steps in err_sum */
+	double line_s;         /* progress 2: wall time of the last line, s
+				  (0: none yet) */
 } run;
+
+/* The monotonic wall clock, s. */
+static double wall_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 /* The timelines and the prompt scratch; the clock at the first arrival. */
 static int run_alloc(run *r, const sim_config *cfg, const trace *t, sim_result *res, char *err,
@@ -908,10 +918,20 @@ static void account_step(run *r, const sim_config *cfg, const trace *t, sim_resu
 			 const bkv_step_info *info)
 {
 	res->steps++;
-	if (cfg->progress && (res->steps & 0xffff) == 0) {
+	if (cfg->progress == 1 && (res->steps & 0xffff) == 0) {
 		fprintf(stderr, "\r  %-12s %u/%u requests done, virtual time %.0f s   ",
 			res->label, r->h.n_done, t->n, r->h.now / 1e6);
 		fflush(stderr);
+	} else if (cfg->progress == 2 && (res->steps & 0xfff) == 0) {
+		/* not a terminal: a whole line, at most every SIM_PROGRESS_S */
+		double now = wall_now_s();
+		if (r->line_s == 0.0)
+			r->line_s = now;
+		else if (now - r->line_s >= SIM_PROGRESS_S) {
+			fprintf(stderr, "bkv-sim: %s: %u/%u requests done, virtual time %.0f s\n",
+				res->label, r->h.n_done, t->n, r->h.now / 1e6);
+			r->line_s = now;
+		}
 	}
 	if ((r->calib ? res->steps > SIM_CALIB_WARMUP : cfg->give_model) &&
 	    info->measured_us > 0.0) {

@@ -23,8 +23,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Build the trace of one seed. */
@@ -79,13 +81,49 @@ static void policy_label(const sim_config *c, char *label, size_t len)
 		snprintf(label, len, "k=%u", c->k);
 }
 
+/* The monotonic wall clock, s. */
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* When the last progress line went to a stderr that is not a terminal. */
+static double last_line_s;
+
+/* Progress on stderr, stdout untouched: on a terminal one line rewritten in
+ * place; else (a pipe, a log) a whole line at most every SIM_PROGRESS_S,
+ * or always with force. */
+static void progress_line(const opts *o, int force, const char *fmt, ...)
+{
+	if (o->quiet)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	if (isatty(2)) {
+		fputc('\r', stderr);
+		vfprintf(stderr, fmt, ap);
+		fflush(stderr);
+	} else {
+		double now = wall_s();
+		if (force || last_line_s == 0.0 || now - last_line_s >= SIM_PROGRESS_S) {
+			char line[256];
+			vsnprintf(line, sizeof(line), fmt, ap);
+			size_t n = strlen(line);
+			while (n && line[n - 1] == ' ') /* the terminal's padding */
+				line[--n] = 0;
+			fprintf(stderr, "bkv-sim: %s\n", line);
+			last_line_s = now;
+		}
+	}
+	va_end(ap);
+}
+
 static void progress(const opts *o, const char *label, uint64_t seed, int done, int total)
 {
-	if (o->quiet || !isatty(2))
-		return;
-	fprintf(stderr, "\r[%d/%d] %-16s seed %-6llu", done, total, label,
-		(unsigned long long)seed);
-	fflush(stderr);
+	progress_line(o, 0, "[%d/%d] %-16s seed %-6llu", done, total, label,
+		      (unsigned long long)seed);
 }
 
 /* Run every seed of one configuration into runs[]. */
@@ -147,10 +185,7 @@ static int goodput_rows(const opts *o, const sim_config *cf, sim_row *rows, int 
 	for (int i = 0; i < n_rows; i++) {
 		sim_goodput g;
 		char err[256] = "";
-		if (!o->quiet && isatty(2)) {
-			fprintf(stderr, "\r[goodput %d/%d] %-16s", i + 1, n_rows, rows[i].med.label);
-			fflush(stderr);
-		}
+		progress_line(o, 1, "[goodput %d/%d] %-16s", i + 1, n_rows, rows[i].med.label);
 		sim_config c = cf[i];
 		c.progress = 0;
 		if (sim_goodput_search(&c, traces, n_seeds, r0, o->gp_ttft_ms, o->gp_tpot_ms,
@@ -191,6 +226,17 @@ static void print_goodput(const opts *o, const sim_row *rows, int n_rows, const 
 	printf("goodput: the highest arrival rate at which %g%% of requests meet TTFT <= %g ms "
 	       "and TPOT <= %g ms (bisection to 1%%; the workload's own rate %.4g req/s)\n",
 	       o->gp_pct, o->gp_ttft_ms, o->gp_tpot_ms, base_rate(o, t));
+	if (o->spread)
+		printf("(the trace's arrivals come in %.3g s buckets, %u of %u requests sharing "
+		       "a time; they are spread uniformly over their bucket, seed %llu, so that "
+		       "rescaling separates them; --no-spread keeps them)\n",
+		       o->buckets.width_us / 1e6, o->buckets.shared, t->n,
+		       (unsigned long long)o->seed_lo);
+	else if (o->bucketed)
+		printf("(WARNING: the trace's arrivals come in %.3g s buckets, %u of %u requests "
+		       "sharing a time, kept as recorded (--no-spread): each bucket arrives as one "
+		       "burst at every rate)\n",
+		       o->buckets.width_us / 1e6, o->buckets.shared, t->n);
 	for (int i = 0; i < n_rows; i++) {
 		const sim_row *r = &rows[i];
 		if (r->goodput_capped < 0)
@@ -660,6 +706,40 @@ static int make_traces(const opts *o, int n_seeds, trace **out)
 	return 0;
 }
 
+/* A trace file whose arrivals come in buckets (many requests sharing one
+ * time, Mooncake's 3 s): rescaled by --rate or --goodput, each bucket would
+ * stay one burst at every rate. Spread them over their bucket (unless
+ * --no-spread) and say so on stderr; print_goodput says it again. */
+static void spread_buckets(opts *o, trace *t)
+{
+	if (!o->trace_path || !sim_trace_buckets(t, &o->buckets))
+		return;
+	o->bucketed = 1;
+	const sim_buckets *b = &o->buckets;
+	if (!(o->trace_rate > 0.0) && !o->goodput) {
+		fprintf(stderr, "bkv-sim: note: %s: arrivals come in %.3g s buckets (%u of %u "
+			"requests share a time, up to %u at once); replayed as recorded\n",
+			o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest);
+		return;
+	}
+	if (o->no_spread) {
+		fprintf(stderr, "bkv-sim: WARNING: %s: arrivals come in %.3g s buckets (%u of %u "
+			"requests share a time, up to %u at once) and --no-spread keeps them: "
+			"rescaling the rate never separates a bucket, so each arrives as one "
+			"burst at every rate and TTFT includes its queue (goodput may be 0 at "
+			"every rate)\n",
+			o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest);
+		return;
+	}
+	sim_trace_spread(t, b, o->seed_lo);
+	o->spread = 1;
+	fprintf(stderr, "bkv-sim: %s: arrivals come in %.3g s buckets (%u of %u requests "
+		"share a time, up to %u at once); spread uniformly over their bucket (seed "
+		"%llu) before rescaling; --no-spread keeps them\n",
+		o->trace_path, b->width_us / 1e6, b->shared, t->n, b->largest,
+		(unsigned long long)o->seed_lo);
+}
+
 /* --rate scales a trace file's arrivals to that mean rate; --goodput needs a
  * file whose arrivals are spread in time. 0, or exit status 2. */
 static int scale_trace_rate(const opts *o, trace *traces)
@@ -728,6 +808,7 @@ int main(int argc, char **argv)
 	trace *traces = NULL;
 	if ((st = plan_seeds(o, &n_seeds)) || (st = make_traces(o, n_seeds, &traces)))
 		return st;
+	spread_buckets(o, &traces[0]);
 	st = scale_trace_rate(o, traces);
 	if (!st) {
 		make_title(o, &a.c, traces, n_seeds);

@@ -18,6 +18,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Progress when stderr is not a terminal: a line at most this often, s. */
+#define SIM_PROGRESS_S 3.0
+
 /* Which cost model prices the virtual host's calls. */
 typedef enum sim_cost_kind {
 	SIM_COST_POLY = 0,      /* seed 000's polynomial (bkv_cost_poly) */
@@ -106,8 +109,12 @@ typedef struct sim_config {
 				      model (no calibration) instead of a
 				      calibrated model over it */
 	int check;                 /* run bkv_sched_check after every step */
-	int progress;              /* nonzero: a progress line on stderr every
-				      2^16 steps (the caller checks isatty) */
+	int progress;              /* 1: a progress line on stderr every 2^16
+				      steps, rewritten in place (a terminal);
+				      2: a whole line at most every
+				      SIM_PROGRESS_S of wall time (stderr is
+				      a pipe or a file); 0: none. The caller
+				      checks isatty. */
 	double slo_ttft_ms;        /* > 0: count the requests whose TTFT is at
 				      most this and whose TPOT is at most
 				      slo_tpot_ms (sim_result.slo_met) */
@@ -386,6 +393,27 @@ int sim_goodput_search(const sim_config *cfg, trace *t, int n, double rate0, dou
 		       double tpot_ms, double pct, sim_goodput *out, char *err, size_t errlen);
 /* A trace's own arrival rate, (n - 1) / span in req/s; 0 when the span is 0. */
 double sim_trace_rate(const trace *t);
+
+/* Arrivals recorded in time buckets (Mooncake's come in 3 s buckets): many
+ * requests share one timestamp, so rescaling the rate never separates
+ * them and every bucket stays a burst at any rate. */
+typedef struct sim_buckets {
+	uint32_t shared;   /* requests arriving at the same time as another */
+	uint32_t times;    /* distinct arrival times */
+	uint32_t largest;  /* most requests sharing one time */
+	double width_us;   /* the bucket: the median gap between consecutive
+			      distinct times, us (0 with one time) */
+} sim_buckets;
+/* Count t's shared arrival times into *b. Returns 1 when the arrivals are
+ * bucketed (at least 4 requests, at least half of them sharing their time
+ * with another, more than one distinct time), else 0. */
+int sim_trace_buckets(const trace *t, sim_buckets *b);
+/* Spread each run of k requests sharing a time a over its bucket: request
+ * j of the run (file order kept) arrives at a + w (j + u_j) / k, w the
+ * bucket's width or the gap to the next distinct time when shorter, u_j
+ * uniform in [0, 1) drawn from seed and the request's index (splitmix64):
+ * the same seed gives the same arrivals. */
+void sim_trace_spread(trace *t, const sim_buckets *b, uint64_t seed);
 int sim_svg(const char *path, const sim_row *rows, int n, const char *title);
 double sim_median(double *v, int n);
 double sim_quantile(double *v, int n, double q);

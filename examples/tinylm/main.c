@@ -170,6 +170,26 @@ static int production(const tlm_config *mc0, const tlm_workload_config *wc)
 	return failed;
 }
 
+/* --hybrid's header: the layers by kind (tlm_layer_group), not the plain
+ * model's line. */
+static void print_hybrid_header(const tlm_config *mc, double mparams)
+{
+	uint32_t per[TLM_MAX_GROUPS] = {0}, rec = 0;
+	for (uint32_t l = 0; l < mc->layers; l++) {
+		if (tlm_layer_recurrent(mc, l))
+			rec++;
+		else
+			per[tlm_layer_group(mc, l) % TLM_MAX_GROUPS]++;
+	}
+	uint32_t full = per[0], win = mc->window ? per[1] : 0;
+	uint32_t chk = mc->chunk ? per[mc->window ? 2 : 1] : 0;
+	printf("tinylm hybrid: vocab %u, dim %u, %u layers: %u full-attention, %u sliding-window "
+	       "(%u tokens), %u chunked (%u tokens), %u recurrent (state checkpointed every %u "
+	       "tokens); %u query heads over %u KV heads of %u, SwiGLU %u: %.2f M parameters "
+	       "(float32)\n",
+	       mc->vocab, mc->dim, mc->layers, full, win, mc->window, chk, mc->chunk, rec,
+	       mc->recurrent, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->ffn, mparams);
+}
 
 int main(int argc, char **argv)
 {
@@ -197,6 +217,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	setvbuf(stdout, NULL, _IOLBF, 0); /* piped or logged: each line as it comes */
 	tlm_config mc;
 	if (small)
 		tlm_config_small(&mc);
@@ -226,10 +247,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "model: out of memory\n");
 		return 1;
 	}
-	printf("tinylm: vocab %u, dim %u, %u layers, %u query heads over %u KV heads of %u, "
-	       "SwiGLU %u: %.2f M parameters (float32)\n",
-	       mc.vocab, mc.dim, mc.layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.ffn,
-	       (double)m->n_params / 1e6);
+	if (hybrid)
+		print_hybrid_header(&mc, (double)m->n_params / 1e6);
+	else
+		printf("tinylm: vocab %u, dim %u, %u layers, %u query heads over %u KV heads of "
+		       "%u, SwiGLU %u: %.2f M parameters (float32)\n",
+		       mc.vocab, mc.dim, mc.layers, mc.n_heads, mc.n_kv_heads, mc.head_dim, mc.ffn,
+		       (double)m->n_params / 1e6);
 
 	tlm_workload w;
 	if (tlm_workload_create(&w, &wc, mc.vocab)) {
@@ -237,6 +261,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	uint64_t ref_tokens = 0, forks = 0, aborts = 0;
+	fprintf(stderr, "tinylm-demo: computing every request's reference output alone "
+			"(%u requests)...\n", w.n_jobs);
 	const uint64_t t0 = tlm_now_us();
 	if (tlm_workload_reference(&w, m)) {
 		fprintf(stderr, "reference failed\n");
@@ -354,6 +380,11 @@ int main(int argc, char **argv)
 	}
 	uint64_t p_deltas = 0, p_entries = 0, p_rows = 0, p_differ = 0;
 
+	printf("wall-clock figures (tokens/s, speedup, ttft, lat, meas ms) vary from run to run "
+	       "on a shared machine;\nthe stable ones: ok (token-exact against the "
+	       "reference), and steps, hit%%, preempt, swaps and cow\nof the static, "
+	       "continuous, chunked, split and tight-pool rows (they do not time themselves).\n");
+	fprintf(stderr, "tinylm-demo: %u runs, each row printed when its run ends\n", nr);
 	printf("%-26s %4s %6s %8s %7s %8s %8s %5s %7s %5s %4s %8s %8s %5s\n", "run", "ok",
 	       "steps", "tokens/s", "speedup", "ttft ms", "lat ms", "hit%", "preempt", "swaps",
 	       "cow", "pred ms", "meas ms", "err%");
