@@ -165,7 +165,13 @@ class Batch:
     (BatchLayout), n_row_slots, row_slot [n_rows] (uint32; persistent:
     each row's row slot, else empty).
     n_groups and groups: the pool's KV groups (a list of BatchGroup; one,
-    group 0, for a pool without groups); groups[0] is the arrays above."""
+    group 0, for a pool without groups); groups[0] is the arrays above.
+    Speculative decoding (Scheduler(spec_max_k=K)): n_spec_rows, row_drafts
+    [n_rows] (uint32: a decode row with k drafts carries 1 + k tokens),
+    spec_tokens (writable int32, indexed like token_ids over the decode
+    rows: the token sampled after each of a drafted row's tokens) and
+    n_accepted (writable int32 [n_rows]: the drafts accepted, or -1 for the
+    library's greedy rule); a drafted row's next_tokens entry is not read."""
 
     __slots__ = ("_words", "_raw", "_sched", "_views", "_groups", "kind", "n_rows",
                  "n_decode_rows", "n_tokens", "block_tokens")
@@ -247,6 +253,25 @@ class Batch:
     @property
     def swap_in(self):
         return self._copies("swap_in", "n_swap_in")
+
+    @property
+    def n_spec_rows(self):
+        return self._raw.n_spec_rows
+
+    @property
+    def row_drafts(self):
+        return self._view("row_drafts", self.n_rows, ctypes.c_uint32, np.uint32)
+
+    @property
+    def spec_tokens(self):
+        n = int(self.qo_indptr[self.n_decode_rows]) if self.n_decode_rows else 0
+        return self._views.get(("spec_tokens", self.kind), self._ptr("spec_tokens"), n, _I32,
+                               np.int32, writable=True)
+
+    @property
+    def n_accepted(self):
+        return self._views.get(("n_accepted", self.kind), self._ptr("n_accepted"), self.n_rows,
+                               _I32, np.int32, writable=True)
 
     @property
     def layout(self):
@@ -453,6 +478,9 @@ class Scheduler:
         if callable(getattr(host, "now_us", None)):
             keep.append(fn["now_us"](self._clock_cb(host.now_us)))
             ops.now_us = keep[-1]
+        if callable(getattr(host, "draft", None)):
+            keep.append(fn["draft"](self._draft_cb(host.draft)))
+            ops.draft = keep[-1]
         self._keep = keep          # the C function pointers must outlive the scheduler
         h = ctypes.c_void_p()
         check(_lib.bkv_sched_create(ctypes.byref(cfg), pool._p(), ctypes.byref(ops), None, None,
@@ -473,6 +501,26 @@ class Scheduler:
     def _fail(self, e):
         if self._exc is None:
             self._exc = e
+
+    def _draft_cb(self, method):
+        users = self._users
+
+        def cb(_host, req, branch, ctx, n_ctx, out, k, user):
+            try:
+                context = np.ctypeslib.as_array(ctx, shape=(n_ctx,)) if n_ctx else \
+                    np.zeros(0, np.int32)
+                context.flags.writeable = False
+                got = method(req, branch, context, k, users.get(user))
+                if got is None:
+                    return 0
+                d = np.asarray(got, dtype=np.int32).ravel()[:k]
+                for j, t in enumerate(d.tolist()):
+                    out[j] = t
+                return len(d)
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return 0
+        return cb
 
     def _compute_cb(self, method):
         structs = {}                # batch address -> its ctypes struct (reused)

@@ -1486,6 +1486,32 @@ impl<'a> Batch<'a> {
     pub fn row_user(&self) -> &'a [usize] {
         self.t(self.raw.row_user as *const usize, self.n_rows())
     }
+    /// Speculative decoding: rows carrying drafts in this call.
+    pub fn n_spec_rows(&self) -> usize {
+        self.raw.n_spec_rows as usize
+    }
+    /// `[n_rows]` drafts in each row (a decode row with k drafts carries
+    /// 1 + k tokens); empty without speculation.
+    pub fn row_drafts(&self) -> &'a [u32] {
+        if self.raw.row_drafts.is_null() {
+            return &[];
+        }
+        self.t(self.raw.row_drafts, self.n_rows())
+    }
+    /// Writable, indexed like `token_ids` over the decode rows: the token
+    /// sampled after each token of a row with drafts (`Cell`s: written
+    /// through the shared batch). Empty without speculation.
+    pub fn spec_tokens(&self) -> &'a [Cell<i32>] {
+        let n = if self.n_decode_rows() > 0 { self.qo_indptr()[self.n_decode_rows()] as usize } else { 0 };
+        // SAFETY: the library hands the array over for the call; Cell<i32>
+        // has i32's layout, and nothing else in Rust refers to it.
+        unsafe { raw_slice(self.raw.spec_tokens as *const Cell<i32>, n) }
+    }
+    /// Writable `[n_rows]`: the drafts the host accepted in each row, or -1
+    /// (the default) for the library's greedy rule. Empty without speculation.
+    pub fn n_accepted(&self) -> &'a [Cell<i32>] {
+        unsafe { raw_slice(self.raw.n_accepted as *const Cell<i32>, self.n_rows()) }
+    }
     /// Device -> device copies (copy-on-write), performed last.
     pub fn copies(&self) -> &'a [Copy] {
         self.t(self.raw.copies, self.raw.n_copies as usize)
@@ -1690,6 +1716,15 @@ pub trait Host {
     fn on_token(&mut self, _req: u64, _branch: u32, _token: i32, _user: usize) {}
     /// A request ended (exactly once per request).
     fn on_finish(&mut self, _req: u64, _reason: FinishReason, _user: usize) {}
+    /// true: speculative decoding's drafts come from `draft`
+    /// (`SchedConfig::spec_drafts = BKV_SPEC_DRAFT_HOST`).
+    const HAS_DRAFT: bool = false;
+    /// Propose up to `out.len()` tokens to follow `ctx` (the branch's known
+    /// tokens); returns how many it wrote (used when `HAS_DRAFT`).
+    fn draft(&mut self, _req: u64, _branch: u32, _ctx: &[i32], _out: &mut [i32], _user: usize)
+        -> usize {
+        0
+    }
     /// true: the library reads the clock from `now_us` (else its monotonic one).
     const HAS_CLOCK: bool = false;
     /// Microseconds of the host's clock (used when `HAS_CLOCK`).
@@ -1792,6 +1827,17 @@ unsafe extern "C" fn finish_cb<H: Host>(h: *mut c_void, req: u64, why: sys::bkv_
     guarded(cell, (), |h| h.on_finish(req, why, user as usize))
 }
 
+unsafe extern "C" fn draft_cb<H: Host>(h: *mut c_void, req: u64, branch: u32, ctx: *const i32,
+                                        n_ctx: u32, out: *mut i32, k: u32,
+                                        user: *mut c_void) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    let ctx = raw_slice(ctx, n_ctx as usize);
+    let out = if out.is_null() || k == 0 { &mut [][..] } else {
+        std::slice::from_raw_parts_mut(out, k as usize)
+    };
+    guarded(cell, 0, |h| h.draft(req, branch, ctx, out, user as usize).min(k as usize) as c_int)
+}
+
 unsafe extern "C" fn clock_cb<H: Host>(h: *mut c_void) -> u64 {
     let cell = &*(h as *const HostCell<H>);
     guarded(cell, 0, |h| h.now_us())
@@ -1870,6 +1916,9 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         ops.on_finish = Some(finish_cb::<H>);
         if H::HAS_CLOCK {
             ops.now_us = Some(clock_cb::<H>);
+        }
+        if H::HAS_DRAFT {
+            ops.draft = Some(draft_cb::<H>);
         }
         let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None) });
         let mut s = ptr::null_mut();

@@ -657,3 +657,65 @@ fn wait_returns_when_another_thread_submits_and_wake_ends_it() {
         assert!(!s.wait(None).unwrap());
     });
 }
+
+/// PlusOne that verifies drafts: after every token it samples token + 1.
+#[derive(Default)]
+struct SpecPlusOne {
+    inner: PlusOne,
+    drafted: usize,
+    host_drafts: bool,
+}
+
+impl Host for SpecPlusOne {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        self.inner.forward(b, next)?;
+        if b.n_spec_rows() > 0 {
+            self.drafted += b.n_spec_rows();
+            let tok = b.token_ids();
+            for (i, c) in b.spec_tokens().iter().enumerate() {
+                c.set(tok[i] + 1);
+            }
+            assert!(b.n_accepted().iter().all(|c| c.get() == -1));
+            assert_eq!(b.row_drafts().len(), b.n_rows());
+        }
+        Ok(())
+    }
+    fn on_token(&mut self, req: u64, b: u32, token: i32, u: usize) {
+        self.inner.on_token(req, b, token, u)
+    }
+    fn on_finish(&mut self, req: u64, why: FinishReason, user: usize) {
+        self.inner.on_finish(req, why, user)
+    }
+    const HAS_DRAFT: bool = true;
+    fn draft(&mut self, _req: u64, _branch: u32, ctx: &[i32], out: &mut [i32], _u: usize) -> usize {
+        if !self.host_drafts {
+            return 0;
+        }
+        let n = out.len().min(3);
+        for (j, o) in out.iter_mut().take(n).enumerate() {
+            *o = ctx[ctx.len() - 1] + 1 + j as i32;
+        }
+        n
+    }
+}
+
+#[test]
+fn speculative_decoding_with_host_drafts_matches_plain() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    submit3(&s);
+    s.run().unwrap();
+    drop(s);
+    let mut pool2 = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let cfg = SchedConfig { spec_max_k: 4, spec_k_mode: 1, spec_drafts: 1, ..Default::default() };
+    let mut s2 = Scheduler::new(&mut pool2, SpecPlusOne { host_drafts: true, ..Default::default() },
+                                &cfg, None).unwrap();
+    let ids = submit3(&s2);
+    s2.run().unwrap();
+    assert!(s2.stats().unwrap().spec_accepted > 0);
+    let h = s2.host_mut();
+    assert!(h.drafted > 0);
+    assert_eq!(h.inner.tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+    assert_eq!(h.inner.tokens[&ids[1]], vec![105, 106, 107, 108]);
+    assert_eq!(h.inner.finished[&ids[2]].0, FinishReason::Stop);
+}
