@@ -606,11 +606,13 @@ class Scheduler:
 
     # -- any thread -------------------------------------------------------
     def submit(self, prompt, max_new_tokens, stop_tokens=(), priority=0, cache_key=0, n=1,
-               predicted_output=0, user=None):
+               predicted_output=0, user=None, retention=()):
         """Submit a request (bkv_submit); returns its id (never 0). It enters
         the queue at the next step. prompt and stop_tokens are token
         sequences (copied). user is handed back to on_token/on_finish and in
-        Batch.users. Any thread, concurrently with step().
+        Batch.users. retention: (token_start, token_end, priority,
+        duration_us) tuples, bkv_retention_range (needs
+        Scheduler(retention=1)). Any thread, concurrently with step().
 
         Raises InvalidArgumentError (empty prompt, max_new_tokens 0, n 0),
         TooBigError (can never fit the pool, n > max_running or max_seqs),
@@ -629,6 +631,13 @@ class Scheduler:
         q.cache_key = cache_key
         q.n = n
         q.predicted_output = predicted_output
+        if len(retention):
+            rr = (_ffi.bkv_retention_range * len(retention))()
+            for i, (a, b, prio, dur) in enumerate(retention):
+                rr[i].token_start, rr[i].token_end = a, b
+                rr[i].priority, rr[i].duration_us = prio, dur
+            q.retention = ctypes.cast(rr, type(q.retention))
+            q.n_retention = len(retention)
         ticket = next(self._ticket)
         self._users[ticket] = user  # before submit: a step may start at once
         q.user = ticket

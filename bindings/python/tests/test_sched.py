@@ -502,3 +502,19 @@ def test_speculative_decoding_with_library_and_host_drafts_matches_plain():
         st = s.stats()
         if kw:  # host drafts always match: every step of a row accepts
             assert host.drafted_rows > 0 and st.spec_accepted > 0
+
+
+def test_submit_with_retention_ranges():
+    host = PlusOne()
+    pool = Pool(device_blocks=64, block_tokens=4)
+    s = Scheduler(pool, host, retention=1)
+    prompt = list(range(200, 216))
+    rid = s.submit(prompt, 2, retention=[(0, 8, 90, 0), (8, 16, 10, 1000)])
+    s.run()
+    assert host.finished[rid][0] == FinishReason.LENGTH
+    with pytest.raises(batchkv.InvalidArgumentError) as e:
+        s.submit(prompt, 2, retention=[(8, 4, 1, 0)])  # start after end
+    assert "retention" in str(e.value)
+    s2 = Scheduler(Pool(device_blocks=64, block_tokens=4), PlusOne())
+    with pytest.raises(batchkv.InvalidArgumentError):
+        s2.submit(prompt, 2, retention=[(0, 8, 90, 0)])  # retention off

@@ -1746,13 +1746,19 @@ pub struct Request<'a> {
     pub predicted_output: u32,
     /// handed back in callbacks and `Batch::row_user` (an index, a key)
     pub user: usize,
+    /// retention ranges of the prompt (`bkv_request.retention`; needs
+    /// `SchedConfig::retention = 1`)
+    pub retention: &'a [RetentionRange],
 }
+
+/// A retention range of a request's prompt (`bkv_retention_range`).
+pub type RetentionRange = sys::bkv_retention_range;
 
 impl<'a> Request<'a> {
     /// A request with `bkv_request_init`'s defaults (n = 1).
     pub fn new(prompt: &'a [i32], max_new_tokens: u32) -> Request<'a> {
         Request { prompt, max_new_tokens, stop_tokens: &[], priority: 0, cache_key: 0, n: 1,
-                  predicted_output: 0, user: 0 }
+                  predicted_output: 0, user: 0, retention: &[] }
     }
 }
 
@@ -1952,6 +1958,8 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         q.n = req.n;
         q.predicted_output = req.predicted_output;
         q.user = req.user as *mut c_void;
+        q.retention = if req.retention.is_empty() { ptr::null() } else { req.retention.as_ptr() };
+        q.n_retention = req.retention.len() as u32;
         let mut id = 0;
         check_named(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
         Ok(id)

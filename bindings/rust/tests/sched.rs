@@ -719,3 +719,21 @@ fn speculative_decoding_with_host_drafts_matches_plain() {
     assert_eq!(h.inner.tokens[&ids[1]], vec![105, 106, 107, 108]);
     assert_eq!(h.inner.finished[&ids[2]].0, FinishReason::Stop);
 }
+
+#[test]
+fn submit_with_retention_ranges() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, block_tokens: 4, ..Default::default() })
+        .unwrap();
+    let cfg = SchedConfig { retention: 1, ..Default::default() };
+    let s = Scheduler::new(&mut pool, PlusOne::default(), &cfg, None).unwrap();
+    let prompt: Vec<i32> = (200..216).collect();
+    let keep = [RetentionRange { token_start: 0, token_end: 8, priority: 90, pad: 0, duration_us: 0 }];
+    let id = s.submit(&Request { retention: &keep, ..Request::new(&prompt, 2) }).unwrap();
+    s.run().unwrap();
+    let bad = [RetentionRange { token_start: 8, token_end: 4, priority: 1, pad: 0, duration_us: 0 }];
+    let e = s.submit(&Request { retention: &bad, ..Request::new(&prompt, 2) }).unwrap_err();
+    assert_eq!(e, Error::InvalidArgument);
+    assert!(e.to_string().contains("retention"), "{}", e);
+    drop(s);
+    let _ = id;
+}
