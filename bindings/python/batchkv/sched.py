@@ -120,6 +120,7 @@ def _empty(dtype, shape=(0,)):
 
 
 _EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64)}
+_NO_DELTAS = _empty(np.uint32, (0, 5))
 _NO_COPIES = _empty(np.int32, (0, 2))
 
 
@@ -163,7 +164,8 @@ class Batch:
     perform swap_out, swap_in, copies in that order before computing).
     users: the user objects of the rows' requests (a list). layout
     (BatchLayout), n_row_slots, row_slot [n_rows] (uint32; persistent:
-    each row's row slot, else empty).
+    each row's row slot, else empty), table_deltas and delta_blocks
+    (persistent: the changes to the host's copy of the slots' tables).
     n_groups and groups: the pool's KV groups (a list of BatchGroup; one,
     group 0, for a pool without groups); groups[0] is the arrays above.
     Speculative decoding (Scheduler(spec_max_k=K)): n_spec_rows, row_drafts
@@ -253,6 +255,27 @@ class Batch:
     @property
     def swap_in(self):
         return self._copies("swap_in", "n_swap_in")
+
+    @property
+    def table_deltas(self):
+        """Persistent layout: the changes to apply to the host's copy of the
+        row slots' tables, in order, as a read-only (n, 5) uint32 view of
+        bkv_table_delta (columns slot, start, n, len, flags); delta n writes
+        the next n entries of delta_blocks at [start, start + n) of slot's
+        table, which then has len entries. Empty in the flat layout."""
+        n = self._raw.n_table_deltas
+        if not n:
+            return _NO_DELTAS
+        return self._views.get(("table_deltas", self.kind), self._ptr("table_deltas"), 5 * n,
+                               ctypes.c_uint32, np.uint32).reshape(n, 5)
+
+    @property
+    def delta_blocks(self):
+        """Persistent layout: the block ids the table deltas write, in delta
+        order (read-only int32)."""
+        d = self.table_deltas
+        n = int(d[:, 2].sum()) if len(d) else 0
+        return self._view("delta_blocks", n, _I32, np.int32)
 
     @property
     def n_spec_rows(self):

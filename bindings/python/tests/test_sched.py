@@ -518,3 +518,38 @@ def test_submit_with_retention_ranges():
     s2 = Scheduler(Pool(device_blocks=64, block_tokens=4), PlusOne())
     with pytest.raises(batchkv.InvalidArgumentError):
         s2.submit(prompt, 2, retention=[(0, 8, 90, 0)])  # retention off
+
+
+class MirrorTables(PlusOne):
+    """A persistent-layout host: keeps its own copy of every row slot's
+    table from the deltas and checks it against the library's tables."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables = {}
+        self.deltas = 0
+
+    def forward(self, b, next_tokens):
+        assert b.layout == batchkv.BatchLayout.PERSISTENT
+        blocks, at = b.delta_blocks, 0
+        for slot, start, n, length, _flags in b.table_deltas.tolist():
+            t = self.tables.setdefault(slot, [])
+            t.extend([0] * max(0, start + n - len(t)))
+            t[start:start + n] = blocks[at:at + n].tolist()
+            del t[length:]
+            at += n
+            self.deltas += 1
+        assert at == len(blocks)
+        for slot in b.row_slot.tolist():
+            assert self.tables[slot] == b.groups[0].row_table(slot).tolist()
+        PlusOne.forward(self, b, next_tokens)
+
+
+def test_persistent_layout_deltas_rebuild_the_libraries_tables():
+    host = MirrorTables()
+    pool = Pool(device_blocks=64, block_tokens=4)
+    s = Scheduler(pool, host, batch_layout=batchkv.BatchLayout.PERSISTENT)
+    for i in range(4):
+        s.submit(list(range(100 + i, 110 + i)), 9)
+    s.run()
+    assert host.deltas > 0 and len(host.finished) == 4

@@ -1537,6 +1537,18 @@ impl<'a> Batch<'a> {
     pub fn row_slot(&self) -> &'a [u32] {
         self.t(self.raw.row_slot, self.n_rows())
     }
+    /// Persistent layout: the changes to apply, in order, to the host's
+    /// copy of the row slots' tables (delta d writes the next `d.n` entries
+    /// of [`Batch::delta_blocks`] at `d.start..` of slot `d.slot`'s table,
+    /// which then has `d.len` entries); empty when flat.
+    pub fn table_deltas(&self) -> &'a [TableDelta] {
+        self.t(self.raw.table_deltas, self.raw.n_table_deltas as usize)
+    }
+    /// Persistent layout: the block ids the table deltas write, in order.
+    pub fn delta_blocks(&self) -> &'a [i32] {
+        let n = self.table_deltas().iter().map(|d| d.n as usize).sum();
+        self.t(self.raw.delta_blocks, n)
+    }
     /// The pool's KV groups (1 for a pool without groups).
     pub fn n_groups(&self) -> usize {
         self.raw.n_groups as usize
@@ -1750,6 +1762,9 @@ pub struct Request<'a> {
     /// `SchedConfig::retention = 1`)
     pub retention: &'a [RetentionRange],
 }
+
+/// One change to a row slot's table (`bkv_table_delta`, persistent layout).
+pub type TableDelta = sys::bkv_table_delta;
 
 /// A retention range of a request's prompt (`bkv_retention_range`).
 pub type RetentionRange = sys::bkv_retention_range;

@@ -737,3 +737,50 @@ fn submit_with_retention_ranges() {
     drop(s);
     let _ = id;
 }
+
+/// A persistent-layout host keeping its own copy of the tables from the deltas.
+#[derive(Default)]
+struct Mirror {
+    inner: PlusOne,
+    tables: HashMap<u32, Vec<i32>>,
+    deltas: usize,
+}
+
+impl Host for Mirror {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        assert_eq!(b.layout(), batchkv::sys::BKV_BATCH_PERSISTENT);
+        let blocks = b.delta_blocks();
+        let mut at = 0usize;
+        for d in b.table_deltas() {
+            let t = self.tables.entry(d.slot).or_insert_with(Vec::new);
+            let need = (d.start + d.n) as usize;
+            if t.len() < need {
+                t.resize(need, 0);
+            }
+            t[d.start as usize..need].copy_from_slice(&blocks[at..at + d.n as usize]);
+            t.truncate(d.len as usize);
+            at += d.n as usize;
+            self.deltas += 1;
+        }
+        assert_eq!(at, blocks.len());
+        let g0 = b.group(0).unwrap();
+        for &slot in b.row_slot() {
+            assert_eq!(self.tables[&slot].as_slice(), g0.row_table(slot as usize));
+        }
+        self.inner.forward(b, next)
+    }
+}
+
+#[test]
+fn persistent_layout_deltas_rebuild_the_librarys_tables() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, block_tokens: 4, ..Default::default() })
+        .unwrap();
+    let cfg = SchedConfig { batch_layout: batchkv::sys::BKV_BATCH_PERSISTENT, ..Default::default() };
+    let mut s = Scheduler::new(&mut pool, Mirror::default(), &cfg, None).unwrap();
+    for i in 0..4 {
+        let p: Vec<i32> = (100 + i..110 + i).collect();
+        s.submit(&Request::new(&p, 9)).unwrap();
+    }
+    s.run().unwrap();
+    assert!(s.host_mut().deltas > 0);
+}
