@@ -122,6 +122,104 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
+/* Drafts appended to rows the fused pass wrote (dec[0, fill_rows), one
+ * token each): row i now computes 1 + drafts[i] tokens, and its table may
+ * have grown by the blocks the drafts opened. Rows before the first drafted
+ * one stay as they are; after it, one pass from the last row back moves
+ * each run of undrafted rows at once: their tokens by the drafts before
+ * them (three memmoves and an add per row to qo_indptr), and in the flat
+ * layout their kv_indices by the blocks the drafts before them opened (a
+ * memmove, none while no drafted row opened a block). Each drafted row is
+ * written whole from its table: its tokens, last_page_len, and its block
+ * ids when they moved or grew (in the persistent layout it joins the dirty
+ * list: the call sends its table's change, sched/rows.c). */
+void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts)
+{
+	const uint32_t n = s->plan.fill_rows, shift = s->bt_shift, mask = s->bt - 1;
+	const bkv__row *const rows = s->plan.dec;
+	int32_t *const tok_ids = s->call.arr.bufs.token_ids, *const pos = s->call.arr.bufs.positions;
+	int32_t *const slots = s->call.arr.bufs.slot_mapping, *const kvi = s->call.arr.bufs.kv_indices;
+	int32_t *const qo = s->call.arr.qo_indptr, *const kvp = s->call.arr.kv_indptr;
+	int32_t *const lpl = s->call.arr.last_page_len;
+	const int persistent = s->call.persistent;
+	uint32_t i, d = 0, g = 0, hi = n, first = n, kend;
+
+	BKV_ASSERT(s->plan.fill_tok == n); /* one token a row so far */
+	for (i = 0; i < n; i++) { /* the tokens and blocks the drafts add */
+		const uint32_t k = drafts[i], start = rows[i].start;
+
+		if (!k)
+			continue;
+		BKV_ASSERT(rows[i].end == start + 1 + k);
+		first = BKV_MIN(first, i);
+		d += k;
+		if (!persistent)
+			g += ((start + 1 + k + mask) >> shift) - ((start + 1 + mask) >> shift);
+	}
+	if (!d)
+		return;
+	s->plan.fill_tok = n + d;
+	s->plan.fill_chk = first;
+	s->plan.fill_ctx += d;
+	kend = persistent ? 0 : s->plan.fill_kv; /* the old end of rows [i + 1, hi) */
+	s->plan.fill_kv += g;
+	BKV_ASSERT(n + d <= s->call.arr.bufs.tok_cap);
+	BKV_ASSERT(persistent || s->plan.fill_kv <= s->call.arr.bufs.kv_cap);
+	for (i = n; i-- > first;) {
+		const uint32_t k = drafts[i];
+		uint32_t r, m, nb = 0, need, t;
+		const bkv__lane *l;
+		const int32_t *table;
+
+		if (!k)
+			continue;
+		/* rows (i, hi), undrafted: tokens [i + 1, hi) move by d, their
+		 * block ids by g (the drafts and blocks of rows <= i) */
+		m = hi - i - 1;
+		if (m) {
+			memmove(&tok_ids[i + 1 + d], &tok_ids[i + 1], m * sizeof(int32_t));
+			memmove(&pos[i + 1 + d], &pos[i + 1], m * sizeof(int32_t));
+			memmove(&slots[i + 1 + d], &slots[i + 1], m * sizeof(int32_t));
+			for (r = i + 1; r < hi; r++)
+				qo[r + 1] += (int32_t)d;
+			if (g) {
+				const uint32_t k0 = (uint32_t)kvp[i + 1];
+
+				memmove(&kvi[k0 + g], &kvi[k0], (kend - k0) * sizeof(int32_t));
+				for (r = i + 1; r < hi; r++)
+					kvp[r + 1] += (int32_t)g;
+			}
+		}
+		/* row i itself: what comes before it moves it by d - k tokens and
+		 * by g less its own new blocks */
+		l = rows[i].lane;
+		table = bkv_seq_blocks(s->pool, l->seq, &nb);
+		need = (rows[i].end + mask) >> shift;
+		BKV_ASSERT(table && nb == need);
+		d -= k;
+		t = row_tokens(tok_ids, pos, slots, i + d, l->tok, table, rows[i].start, rows[i].end,
+			       shift);
+		qo[i + 1] = (int32_t)t;
+		lpl[i] = (int32_t)(rows[i].end - ((need - 1) << shift));
+		if (persistent) {
+			BKV_ASSERT(s->call.n_dirty < s->plan.row_cap);
+			s->call.dirty[s->call.n_dirty++] = i; /* twice is harmless:
+								 the second sends nothing */
+		} else {
+			const uint32_t k0 = (uint32_t)kvp[i], grew = need - ((uint32_t)kvp[i + 1] - k0);
+
+			kend = k0; /* the old end of the run before row i */
+			g -= grew;
+			if (g || grew) {
+				memcpy(&kvi[k0 + g], table, need * sizeof(int32_t));
+				kvp[i + 1] = (int32_t)(k0 + g + need);
+			}
+		}
+		hi = i;
+	}
+	BKV_ASSERT(!d && !g);
+}
+
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
@@ -143,7 +241,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 
 	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
 		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
-		r = t = first;
+		r = first;
+		t = s->plan.fill_tok;
 		k = s->plan.fill_kv;
 		ctx = s->plan.fill_ctx;
 	} else {

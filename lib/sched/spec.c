@@ -262,6 +262,8 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	if (si->preempted) { /* drafts index plan.dec as the call will see it */
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
+		s->plan.fill_rows = 0; /* the written rows may be among them */
+		s->call.n_dirty = 0;
 	}
 	n_dec = s->plan.n_dec;
 	if (n_dec > sp->row_cap)
@@ -318,9 +320,11 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
 	}
 	s->stats.spec_skipped_rows += skipped;
-	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
-		s->plan.fill_rows = 0;
-		s->call.n_dirty = 0;
+	if (sp->n_rows) {
+		/* the fused pass wrote its rows one token each: lay the drafts
+		 * into them (the call writes the rows planned after them) */
+		if (s->plan.fill_rows)
+			bkv__batch_drafts(s, sp->drafts);
 	} else {
 		sp->n_set = 0;
 	}

@@ -44,8 +44,9 @@
  * writing row's sequence holds: one table reference and not in the prefix
  * cache. Checked under BKV_DEBUG_LEVEL >= 1 from token `first` on (one load
  * per row and block); a violation sticks and bkv_sched_check reports it
- * (invariant 30). The tokens before `first` are the decode rows the fused
- * pass wrote (plan_decode): each is its lane's append into its last block
+ * (invariant 30). The tokens before `first` are decode rows the fused
+ * pass wrote (plan_decode; drafts laid into them move `first` to the first
+ * drafted row's token, sched/spec.c): each is its lane's append into its last block
  * through bkv__append_fast, whose test is this one (one reference, filled
  * to the token's offset, so not indexed), or through the private append of
  * bkv__seq_append1_slow (copy-on-write first, no prefix lookup). */
@@ -108,8 +109,8 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	if (s->spec) /* speculative decoding's arrays (sched/spec.c) */
 		bkv__spec_batch(s, &b, &sh, rows, n);
 #if BKV_DEBUG_LEVEL >= 1
-	if (!s->bad_write && first < b.n_tokens)
-		s->bad_write = batch_writes_shared(s, &b, first);
+	if (!s->bad_write && (first ? s->plan.fill_chk : 0) < b.n_tokens)
+		s->bad_write = batch_writes_shared(s, &b, first ? s->plan.fill_chk : 0);
 #endif
 	if (n_decode)
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
