@@ -159,7 +159,6 @@ void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts)
 	if (!d)
 		return;
 	s->plan.fill_tok = n + d;
-	s->plan.fill_chk = first;
 	s->plan.fill_ctx += d;
 	kend = persistent ? 0 : s->plan.fill_kv; /* the old end of rows [i + 1, hi) */
 	s->plan.fill_kv += g;
@@ -200,6 +199,10 @@ void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts)
 		t = row_tokens(tok_ids, pos, slots, i + d, l->tok, table, rows[i].start, rows[i].end,
 			       shift);
 		qo[i + 1] = (int32_t)t;
+#if BKV_DEBUG_LEVEL >= 1
+		if (!s->bad_write) /* the call checks from fill_tok on (sched/step.c) */
+			s->bad_write = bkv__writes_shared(s, slots, i + d, t);
+#endif
 		lpl[i] = (int32_t)(rows[i].end - ((need - 1) << shift));
 		if (persistent) {
 			BKV_ASSERT(s->call.n_dirty < s->plan.row_cap);

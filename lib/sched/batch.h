@@ -19,6 +19,12 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
  * drafted rows and the rows after them, the fill_* counts updated. */
 void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts);
 
+#if BKV_DEBUG_LEVEL >= 1
+/* sched/step.c: whether slots[from, to) write a block another sequence or
+ * the prefix cache holds (invariant 30). */
+int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from, uint32_t to);
+#endif
+
 /* Decode rows written into the batch arrays while the step plans them, so
  * that the planning pass, which has the request, lane and block table at
  * hand, also writes each row's batch entries instead of a second pass

@@ -278,9 +278,6 @@ typedef struct bkv__plan {
 				  prefill call reused the arrays */
 	uint32_t fill_tok;     /* their tokens (fill_rows, plus the drafts
 				  bkv__batch_drafts laid in) */
-	uint32_t fill_chk;     /* the first of those tokens the call's debug
-				  write check reads (the fused pass's own
-				  appends are checked as they happen) */
 	uint32_t fill_kv;      /* kv_indices entries of those rows */
 	uint64_t fill_ctx;     /* their summed context lengths */
 	double dec_ctx_row;    /* context per decode row in the last call
