@@ -405,18 +405,24 @@ void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__
 /* The cut of one step: rows[0, n) its call's rows, st its drafts. */
 void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, uint32_t n)
 {
+	/* in locals: the stores below would reload them for every row, and
+	 * most rows have no drafts */
+	const uint32_t *const drafts = st->drafts, n_end = BKV_MIN(st->n_set, n);
 	uint32_t i;
 
-	for (i = 0; i < st->n_set && i < n; i++) {
-		bkv__row *row = &rows[i];
-		bkv__lane *l = row->lane;
-		bkv__req *r = l->req;
-		const uint32_t k = st->drafts[i];
+	for (i = 0; i < n_end; i++) {
+		bkv__row *row;
+		bkv__lane *l;
+		bkv__req *r;
+		const uint32_t k = drafts[i];
 		const int32_t *t, *d;
 		uint32_t m, j, c = 0, keep, fail = 0;
 
 		if (!k)
 			continue;
+		row = &rows[i];
+		l = row->lane;
+		r = l->req;
 		row->sample = 0; /* delivered by bkv__spec_deliver_step */
 		st->want[i] = 0;
 		if (!REQ_IS_RUNNING(r) || l->done)
@@ -458,16 +464,20 @@ void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, 
 void bkv__spec_deliver_step(bkv_sched *s, const bkv__spec_step *st, const bkv__row *rows,
 			    uint32_t n, bkv_step_info *si)
 {
+	const uint32_t *const drafts = st->drafts, n_end = BKV_MIN(st->n_set, n);
 	uint32_t i, j;
 
-	for (i = 0; i < st->n_set && i < n; i++) {
-		const bkv__row *row = &rows[i];
-		bkv__lane *l = row->lane;
-		bkv__req *r = l->req;
+	for (i = 0; i < n_end; i++) {
+		bkv__lane *l;
+		bkv__req *r;
 		const int32_t *t;
 		uint32_t c;
 
-		if (!st->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
+		if (!drafts[i])
+			continue;
+		l = rows[i].lane;
+		r = l->req;
+		if (!REQ_IS_RUNNING(r) || l->done)
 			continue;
 		t = st->tokens + st->qo[i];
 		c = st->want[i] & ~CUT_FAIL;
