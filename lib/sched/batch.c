@@ -122,6 +122,64 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
+#if BKV_DEBUG_LEVEL >= 1
+/* Every slot a call writes (slot_mapping) must lie in a block only the
+ * writing row's sequence holds: one table reference and not in the prefix
+ * cache. Checked under BKV_DEBUG_LEVEL >= 1 for tokens [from, to) (one load
+ * per row and block); a violation sticks and bkv_sched_check reports it
+ * (invariant 30). A call (sched/step.c) checks its tokens from
+ * s->plan.fill_tok on: the ones before are decode rows the fused pass wrote
+ * (plan_decode), each its lane's append into its last block through
+ * bkv__append_fast, whose test is this one (one reference, filled to the
+ * token's offset, so not indexed), or through the private append of
+ * bkv__seq_append1_slow (copy-on-write first, no prefix lookup); drafts
+ * laid into those rows are checked as they are (bkv__batch_drafts). */
+COLD int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from,
+			    uint32_t to)
+{
+	const bkv_pool *p = s->pool;
+	uint32_t t, last = UINT32_MAX;
+
+	for (t = from; t < to; t++) {
+		uint32_t id = (uint32_t)slots[t] >> s->bt_shift;
+
+		if (id == last)
+			continue;
+		last = id;
+		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
+		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
+			return 1;
+	}
+	return 0;
+}
+#endif
+
+/* bkv__batch_drafts: rows (i, hi), undrafted, move: tokens [i + 1, hi) by
+ * d, their block ids [kv_indptr[i + 1], kend) by g (the drafts and blocks
+ * of rows <= i). */
+static void drafts_move_run(bkv_sched *s, uint32_t i, uint32_t hi, uint32_t d, uint32_t g,
+			    uint32_t kend)
+{
+	int32_t *const tok_ids = s->call.arr.bufs.token_ids, *const pos = s->call.arr.bufs.positions;
+	int32_t *const slots = s->call.arr.bufs.slot_mapping, *const kvi = s->call.arr.bufs.kv_indices;
+	int32_t *const qo = s->call.arr.qo_indptr, *const kvp = s->call.arr.kv_indptr;
+	const uint32_t m = hi - i - 1;
+	uint32_t r;
+
+	memmove(&tok_ids[i + 1 + d], &tok_ids[i + 1], m * sizeof(int32_t));
+	memmove(&pos[i + 1 + d], &pos[i + 1], m * sizeof(int32_t));
+	memmove(&slots[i + 1 + d], &slots[i + 1], m * sizeof(int32_t));
+	for (r = i + 1; r < hi; r++)
+		qo[r + 1] += (int32_t)d;
+	if (g) {
+		const uint32_t k0 = (uint32_t)kvp[i + 1];
+
+		memmove(&kvi[k0 + g], &kvi[k0], (kend - k0) * sizeof(int32_t));
+		for (r = i + 1; r < hi; r++)
+			kvp[r + 1] += (int32_t)g;
+	}
+}
+
 /* Drafts appended to rows the fused pass wrote (dec[0, fill_rows), one
  * token each): row i now computes 1 + drafts[i] tokens, and its table may
  * have grown by the blocks the drafts opened. Rows before the first drafted
@@ -166,29 +224,14 @@ void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts)
 	BKV_ASSERT(persistent || s->plan.fill_kv <= s->call.arr.bufs.kv_cap);
 	for (i = n; i-- > first;) {
 		const uint32_t k = drafts[i];
-		uint32_t r, m, nb = 0, need, t;
+		uint32_t nb = 0, need, t;
 		const bkv__lane *l;
 		const int32_t *table;
 
 		if (!k)
 			continue;
-		/* rows (i, hi), undrafted: tokens [i + 1, hi) move by d, their
-		 * block ids by g (the drafts and blocks of rows <= i) */
-		m = hi - i - 1;
-		if (m) {
-			memmove(&tok_ids[i + 1 + d], &tok_ids[i + 1], m * sizeof(int32_t));
-			memmove(&pos[i + 1 + d], &pos[i + 1], m * sizeof(int32_t));
-			memmove(&slots[i + 1 + d], &slots[i + 1], m * sizeof(int32_t));
-			for (r = i + 1; r < hi; r++)
-				qo[r + 1] += (int32_t)d;
-			if (g) {
-				const uint32_t k0 = (uint32_t)kvp[i + 1];
-
-				memmove(&kvi[k0 + g], &kvi[k0], (kend - k0) * sizeof(int32_t));
-				for (r = i + 1; r < hi; r++)
-					kvp[r + 1] += (int32_t)g;
-			}
-		}
+		if (hi > i + 1)
+			drafts_move_run(s, i, hi, d, g, kend);
 		/* row i itself: what comes before it moves it by d - k tokens and
 		 * by g less its own new blocks */
 		l = rows[i].lane;

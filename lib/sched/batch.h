@@ -20,7 +20,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts);
 
 #if BKV_DEBUG_LEVEL >= 1
-/* sched/step.c: whether slots[from, to) write a block another sequence or
+/* sched/batch.c: whether slots[from, to) write a block another sequence or
  * the prefix cache holds (invariant 30). */
 int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from, uint32_t to);
 #endif

@@ -320,14 +320,10 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
 	}
 	s->stats.spec_skipped_rows += skipped;
-	if (sp->n_rows) {
-		/* the fused pass wrote its rows one token each: lay the drafts
-		 * into them (the call writes the rows planned after them) */
-		if (s->plan.fill_rows)
-			bkv__batch_drafts(s, sp->drafts);
-	} else {
+	if (!sp->n_rows)
 		sp->n_set = 0;
-	}
+	else if (s->plan.fill_rows) /* the fused pass wrote its rows one token each */
+		bkv__batch_drafts(s, sp->drafts);
 }
 
 int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l)

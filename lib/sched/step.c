@@ -39,37 +39,6 @@
 
 /* ---- calls --------------------------------------------------------------- */
 
-#if BKV_DEBUG_LEVEL >= 1
-/* Every slot a call writes (slot_mapping) must lie in a block only the
- * writing row's sequence holds: one table reference and not in the prefix
- * cache. Checked under BKV_DEBUG_LEVEL >= 1 for tokens [from, to) (one load
- * per row and block); a violation sticks and bkv_sched_check reports it
- * (invariant 30). A call checks its tokens from s->plan.fill_tok on: the
- * ones before are decode rows the fused pass wrote (plan_decode), each its
- * lane's append into its last block through bkv__append_fast, whose test
- * is this one (one reference, filled to the token's offset, so not
- * indexed), or through the private append of bkv__seq_append1_slow
- * (copy-on-write first, no prefix lookup); drafts laid into those rows are
- * checked as they are (bkv__batch_drafts). */
-COLD int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from, uint32_t to)
-{
-	const bkv_pool *p = s->pool;
-	uint32_t t, last = UINT32_MAX;
-
-	for (t = from; t < to; t++) {
-		uint32_t id = (uint32_t)slots[t] >> s->bt_shift;
-
-		if (id == last)
-			continue;
-		last = id;
-		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
-		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
-			return 1;
-	}
-	return 0;
-}
-#endif
-
 /* The model's price of a call with its swap copies: the host link's time
  * for them added, or overlapped (bkv_sched_config.copy_overlap: the longer
  * of compute and one direction's copies). */
