@@ -18,7 +18,8 @@
  * Decode rows are usually written while the step plans them (sched/plan.c's
  * plan_decode, through bkv__fill in sched/batch.h: the planning pass has the
  * request, lane and block table in hand, so a second pass here would only
- * load them again); bkv__batch_fill then starts after those rows (`first`)
+ * load them again; speculation's drafts are laid into them in place,
+ * bkv__batch_drafts); bkv__batch_fill then starts after those rows (`first`)
  * and writes the rest: prefill chunks, rows planned later, or everything
  * when a preemption pruned rows or a split host's prefill call reused the
  * arrays.
