@@ -18,13 +18,17 @@
  *
  * The n-gram proposer's cost (point 2), for callgrind (bench/spec_instr.sh):
  *
- *   bench_spec --ngram R STEPS cyclic|random [K]
+ *   bench_spec --ngram R STEPS cyclic|random [K] [--ctx C] [--drafting D]
  *
- * runs R rows of 512-token prompts for STEPS decode steps with library n-gram
- * drafts of K (default 4, 0 = off), fixed k, a host whose output is a cycle
- * of 7 tokens (every lookup matches) or a hash of the position (lookups
- * miss); the script takes bkv__spec_plan's and bkv_step's inclusive
- * instructions per row from the difference of two step counts.
+ * runs R rows of 512-token prompts (C with --ctx) for STEPS decode steps
+ * with library n-gram drafts of K (default 4, 0 = off), fixed k, a host
+ * whose output is a cycle of 7 tokens (every lookup matches) or a hash of
+ * the position (lookups miss); the script takes bkv__spec_plan's and
+ * bkv_step's inclusive instructions per row from the difference of two step
+ * counts. --drafting D: only D rows draft, spread evenly over the batch (a
+ * cyclic output, the others a hash), their K drafts from the host's draft
+ * callback (every other row is offered k and proposes none): the cost of a
+ * step where a few rows draft (bench/spec_fill.sh).
  */
 #include "sim.h"
 
@@ -58,10 +62,13 @@ static double run_one(const sim_config *base, const trace *t, uint32_t rows, dou
 /* ---- the n-gram proposer's cost ------------------------------------------ */
 
 static int cyclic;
+static int host_drafts;   /* --drafting given: drafts from ng_draft */
+static uint32_t drafting; /* of which rows (user &cyc_tag) draft */
+static int cyc_tag;
 
-static int32_t ng_next(int32_t t, int32_t pos)
+static int32_t ng_next(int32_t t, int32_t pos, int cyc)
 {
-	if (cyclic)
+	if (cyc)
 		return 100 + (t - 100 + 1) % 7;
 	return 100 + (int32_t)(((uint32_t)pos * 2654435761u) >> 20) % 5000;
 }
@@ -71,18 +78,31 @@ static int ng_forward(void *h, const bkv_batch *b, int32_t *next)
 	(void)h;
 	for (uint32_t r = 0; r < b->n_rows; r++) {
 		int32_t q0 = b->qo_indptr[r], q1 = b->qo_indptr[r + 1];
+		int cyc = host_drafts ? b->row_user[r] == &cyc_tag : cyclic;
 		if (!b->row_sample[r])
 			continue;
 		if (b->row_drafts && b->row_drafts[r])
 			for (int32_t t = q0; t < q1; t++)
-				b->spec_tokens[t] = ng_next(b->token_ids[t], b->positions[t]);
+				b->spec_tokens[t] = ng_next(b->token_ids[t], b->positions[t], cyc);
 		else
-			next[r] = ng_next(b->token_ids[q1 - 1], b->positions[q1 - 1]);
+			next[r] = ng_next(b->token_ids[q1 - 1], b->positions[q1 - 1], cyc);
 	}
 	return 0;
 }
 
-static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k)
+/* --drafting: the cycle's next k tokens for a drafting row, none else */
+static int ng_draft(void *h, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
+		    int32_t *out, uint32_t k, void *user)
+{
+	(void)h, (void)req, (void)branch;
+	if (user != &cyc_tag)
+		return 0;
+	for (uint32_t j = 0; j < k; j++)
+		out[j] = ng_next(j ? out[j - 1] : ctx[n_ctx - 1], 0, 1);
+	return (int)k;
+}
+
+static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k, uint32_t plen)
 {
 	bkv_pool_config pc;
 	bkv_sched_config c;
@@ -90,13 +110,18 @@ static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k)
 	bkv_pool *pool;
 	bkv_sched *s;
 	bkv_sched_stats st;
-	int32_t prompt[512];
+	int32_t *prompt = malloc(plen * sizeof(int32_t)), *cprompt = malloc(plen * sizeof(int32_t));
+	uint32_t every = drafting ? rows / drafting : 0;
 
-	for (uint32_t i = 0; i < 512; i++)
-		prompt[i] = cyclic ? 100 + (int32_t)(i % 7) : 100 + (int32_t)((i * 2654435761u) >> 20) % 5000;
+	if (!prompt || !cprompt)
+		return 2;
+	for (uint32_t i = 0; i < plen; i++) {
+		cprompt[i] = 100 + (int32_t)(i % 7);
+		prompt[i] = cyclic ? cprompt[i] : 100 + (int32_t)((i * 2654435761u) >> 20) % 5000;
+	}
 	bkv_pool_config_init(&pc);
 	pc.block_tokens = 16;
-	pc.device_blocks = rows * ((512 + 4096) / 16 + 2);
+	pc.device_blocks = rows * ((plen + 4096) / 16 + 2);
 	pc.prefix_cache = 0;
 	if (bkv_pool_create(&pc, NULL, &pool))
 		return 2;
@@ -105,15 +130,22 @@ static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k)
 	c.admit_group = 1;
 	c.spec_max_k = k;
 	c.spec_k_mode = BKV_SPEC_K_FIXED;
+	if (host_drafts)
+		c.spec_drafts = BKV_SPEC_DRAFT_HOST;
 	memset(&ops, 0, sizeof(ops));
 	ops.forward = ng_forward;
+	ops.draft = ng_draft;
 	if (bkv_sched_create(&c, pool, &ops, NULL, NULL, &s))
 		return 2;
 	for (uint32_t i = 0; i < rows; i++) {
 		bkv_request q;
 		bkv_request_init(&q);
 		q.prompt = prompt;
-		q.prompt_len = 512;
+		q.prompt_len = plen;
+		if (every && i % every == every / 2 && i / every < drafting) {
+			q.prompt = cprompt;
+			q.user = &cyc_tag;
+		}
 		q.max_new_tokens = 4000;
 		if (bkv_submit(s, &q, NULL))
 			return 2;
@@ -129,6 +161,8 @@ static int ngram_bench(uint32_t rows, uint32_t steps, uint32_t k)
 	       (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
 	bkv_sched_destroy(s);
 	bkv_pool_destroy(pool);
+	free(prompt);
+	free(cprompt);
 	return 0;
 }
 
@@ -142,9 +176,20 @@ int main(int argc, char **argv)
 	int i;
 
 	if (argc >= 5 && !strcmp(argv[1], "--ngram")) {
+		uint32_t k = 4, plen = 512;
+
 		cyclic = !strcmp(argv[4], "cyclic");
-		return ngram_bench((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]),
-				   argc > 5 ? (uint32_t)atoi(argv[5]) : 4);
+		for (i = 5; i < argc; i++) {
+			if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
+				plen = (uint32_t)atoi(argv[++i]);
+			else if (!strcmp(argv[i], "--drafting") && i + 1 < argc)
+				drafting = (uint32_t)atoi(argv[++i]), host_drafts = 1;
+			else
+				k = (uint32_t)atoi(argv[i]);
+		}
+		if (plen < 8 || (drafting && drafting > (uint32_t)atoi(argv[2])))
+			return 2;
+		return ngram_bench((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), k, plen);
 	}
 	for (i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--preset"))

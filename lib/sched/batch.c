@@ -18,7 +18,8 @@
  * Decode rows are usually written while the step plans them (sched/plan.c's
  * plan_decode, through bkv__fill in sched/batch.h: the planning pass has the
  * request, lane and block table in hand, so a second pass here would only
- * load them again); bkv__batch_fill then starts after those rows (`first`)
+ * load them again; speculation's drafts are laid into them in place,
+ * bkv__batch_drafts); bkv__batch_fill then starts after those rows (`first`)
  * and writes the rest: prefill chunks, rows planned later, or everything
  * when a preemption pruned rows or a split host's prefill call reused the
  * arrays.
@@ -122,6 +123,150 @@ static void batch_copies(bkv_sched *s, bkv_batch *b)
 	}
 }
 
+#if BKV_DEBUG_LEVEL >= 1
+/* Every slot a call writes (slot_mapping) must lie in a block only the
+ * writing row's sequence holds: one table reference and not in the prefix
+ * cache. Checked under BKV_DEBUG_LEVEL >= 1 for tokens [from, to) (one load
+ * per row and block); a violation sticks and bkv_sched_check reports it
+ * (invariant 30). A call (sched/step.c) checks its tokens from
+ * s->plan.fill_tok on: the ones before are decode rows the fused pass wrote
+ * (plan_decode), each its lane's append into its last block through
+ * bkv__append_fast, whose test is this one (one reference, filled to the
+ * token's offset, so not indexed), or through the private append of
+ * bkv__seq_append1_slow (copy-on-write first, no prefix lookup); drafts
+ * laid into those rows are checked as they are (bkv__batch_drafts). */
+COLD int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from,
+			    uint32_t to)
+{
+	const bkv_pool *p = s->pool;
+	uint32_t t, last = UINT32_MAX;
+
+	for (t = from; t < to; t++) {
+		uint32_t id = (uint32_t)slots[t] >> s->bt_shift;
+
+		if (id == last)
+			continue;
+		last = id;
+		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
+		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
+			return 1;
+	}
+	return 0;
+}
+#endif
+
+/* bkv__batch_drafts: rows (i, hi), undrafted, move: tokens [i + 1, hi) by
+ * d, their block ids [kv_indptr[i + 1], kend) by g (the drafts and blocks
+ * of rows <= i). */
+static void drafts_move_run(bkv_sched *s, uint32_t i, uint32_t hi, uint32_t d, uint32_t g,
+			    uint32_t kend)
+{
+	int32_t *const tok_ids = s->call.arr.bufs.token_ids, *const pos = s->call.arr.bufs.positions;
+	int32_t *const slots = s->call.arr.bufs.slot_mapping, *const kvi = s->call.arr.bufs.kv_indices;
+	int32_t *const qo = s->call.arr.qo_indptr, *const kvp = s->call.arr.kv_indptr;
+	const uint32_t m = hi - i - 1;
+	uint32_t r;
+
+	memmove(&tok_ids[i + 1 + d], &tok_ids[i + 1], m * sizeof(int32_t));
+	memmove(&pos[i + 1 + d], &pos[i + 1], m * sizeof(int32_t));
+	memmove(&slots[i + 1 + d], &slots[i + 1], m * sizeof(int32_t));
+	for (r = i + 1; r < hi; r++)
+		qo[r + 1] += (int32_t)d;
+	if (g) {
+		const uint32_t k0 = (uint32_t)kvp[i + 1];
+
+		memmove(&kvi[k0 + g], &kvi[k0], (kend - k0) * sizeof(int32_t));
+		for (r = i + 1; r < hi; r++)
+			kvp[r + 1] += (int32_t)g;
+	}
+}
+
+/* Drafts appended to rows the fused pass wrote (dec[0, fill_rows), one
+ * token each): row i now computes 1 + drafts[i] tokens, and its table may
+ * have grown by the blocks the drafts opened. Rows before the first drafted
+ * one stay as they are; after it, one pass from the last row back moves
+ * each run of undrafted rows at once: their tokens by the drafts before
+ * them (three memmoves and an add per row to qo_indptr), and in the flat
+ * layout their kv_indices by the blocks the drafts before them opened (a
+ * memmove, none while no drafted row opened a block). Each drafted row is
+ * written whole from its table: its tokens, last_page_len, and its block
+ * ids when they moved or grew (in the persistent layout it joins the dirty
+ * list: the call sends its table's change, sched/rows.c). */
+void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts)
+{
+	const uint32_t n = s->plan.fill_rows, shift = s->bt_shift, mask = s->bt - 1;
+	const bkv__row *const rows = s->plan.dec;
+	int32_t *const tok_ids = s->call.arr.bufs.token_ids, *const pos = s->call.arr.bufs.positions;
+	int32_t *const slots = s->call.arr.bufs.slot_mapping, *const kvi = s->call.arr.bufs.kv_indices;
+	int32_t *const qo = s->call.arr.qo_indptr, *const kvp = s->call.arr.kv_indptr;
+	int32_t *const lpl = s->call.arr.last_page_len;
+	const int persistent = s->call.persistent;
+	uint32_t i, d = 0, g = 0, hi = n, first = n, kend;
+
+	BKV_ASSERT(s->plan.fill_tok == n); /* one token a row so far */
+	for (i = 0; i < n; i++) { /* the tokens and blocks the drafts add */
+		const uint32_t k = drafts[i], start = rows[i].start;
+
+		if (!k)
+			continue;
+		BKV_ASSERT(rows[i].end == start + 1 + k);
+		first = BKV_MIN(first, i);
+		d += k;
+		if (!persistent)
+			g += ((start + 1 + k + mask) >> shift) - ((start + 1 + mask) >> shift);
+	}
+	if (!d)
+		return;
+	s->plan.fill_tok = n + d;
+	s->plan.fill_ctx += d;
+	kend = persistent ? 0 : s->plan.fill_kv; /* the old end of rows [i + 1, hi) */
+	s->plan.fill_kv += g;
+	BKV_ASSERT(n + d <= s->call.arr.bufs.tok_cap);
+	BKV_ASSERT(persistent || s->plan.fill_kv <= s->call.arr.bufs.kv_cap);
+	for (i = n; i-- > first;) {
+		const uint32_t k = drafts[i];
+		uint32_t nb = 0, need, t;
+		const bkv__lane *l;
+		const int32_t *table;
+
+		if (!k)
+			continue;
+		if (hi > i + 1)
+			drafts_move_run(s, i, hi, d, g, kend);
+		/* row i itself: what comes before it moves it by d - k tokens and
+		 * by g less its own new blocks */
+		l = rows[i].lane;
+		table = bkv_seq_blocks(s->pool, l->seq, &nb);
+		need = (rows[i].end + mask) >> shift;
+		BKV_ASSERT(table && nb == need);
+		d -= k;
+		t = row_tokens(tok_ids, pos, slots, i + d, l->tok, table, rows[i].start, rows[i].end,
+			       shift);
+		qo[i + 1] = (int32_t)t;
+#if BKV_DEBUG_LEVEL >= 1
+		if (!s->bad_write) /* the call checks from fill_tok on (sched/step.c) */
+			s->bad_write = bkv__writes_shared(s, slots, i + d, t);
+#endif
+		lpl[i] = (int32_t)(rows[i].end - ((need - 1) << shift));
+		if (persistent) {
+			BKV_ASSERT(s->call.n_dirty < s->plan.row_cap);
+			s->call.dirty[s->call.n_dirty++] = i; /* twice is harmless:
+								 the second sends nothing */
+		} else {
+			const uint32_t k0 = (uint32_t)kvp[i], grew = need - ((uint32_t)kvp[i + 1] - k0);
+
+			kend = k0; /* the old end of the run before row i */
+			g -= grew;
+			if (g || grew) {
+				memcpy(&kvi[k0 + g], table, need * sizeof(int32_t));
+				kvp[i + 1] = (int32_t)(k0 + g + need);
+			}
+		}
+		hi = i;
+	}
+	BKV_ASSERT(!d && !g);
+}
+
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *b, bkv_step_shape *shape)
 {
@@ -143,7 +288,8 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 
 	if (first) { /* decode rows the planning pass wrote (bkv__fill) */
 		BKV_ASSERT(first <= n_decode && rows == s->plan.dec);
-		r = t = first;
+		r = first;
+		t = s->plan.fill_tok;
 		k = s->plan.fill_kv;
 		ctx = s->plan.fill_ctx;
 	} else {

@@ -14,6 +14,17 @@
 uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t n_rows,
 			 uint32_t n_decode, uint32_t first, bkv_batch *batch, bkv_step_shape *shape);
 
+/* sched/batch.c: drafts[i] more tokens in each of the rows the fused pass
+ * wrote (s->plan.fill_rows of them): the arrays moved and rewritten for the
+ * drafted rows and the rows after them, the fill_* counts updated. */
+void bkv__batch_drafts(bkv_sched *s, const uint32_t *drafts);
+
+#if BKV_DEBUG_LEVEL >= 1
+/* sched/batch.c: whether slots[from, to) write a block another sequence or
+ * the prefix cache holds (invariant 30). */
+int bkv__writes_shared(const bkv_sched *s, const int32_t *slots, uint32_t from, uint32_t to);
+#endif
+
 /* Decode rows written into the batch arrays while the step plans them, so
  * that the planning pass, which has the request, lane and block table at
  * hand, also writes each row's batch entries instead of a second pass

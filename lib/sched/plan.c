@@ -442,6 +442,7 @@ general:
 	BKV_ASSERT(si->preempted || f.r == n_dec);
 	s->plan.fill_rows = si->preempted ? 0 : f.r;
 	s->call.n_dirty = si->preempted ? 0 : f.n_dirty;
+	s->plan.fill_tok = f.r;
 	s->plan.fill_kv = f.k;
 	s->plan.fill_ctx = f.ctx;
 	return prefilling;

@@ -282,6 +282,8 @@ typedef struct bkv__plan {
 				  already (written while planning, bkv__fill);
 				  0 once a preemption pruned rows or a
 				  prefill call reused the arrays */
+	uint32_t fill_tok;     /* their tokens (fill_rows, plus the drafts
+				  bkv__batch_drafts laid in) */
 	uint32_t fill_kv;      /* kv_indices entries of those rows */
 	uint64_t fill_ctx;     /* their summed context lengths */
 	double dec_ctx_row;    /* context per decode row in the last call

@@ -268,6 +268,8 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 	if (si->preempted) { /* drafts index plan.dec as the call will see it */
 		bkv__rows_prune(s->plan.dec, &s->plan.n_dec);
 		bkv__rows_prune(s->plan.pre, &s->plan.n_pre);
+		s->plan.fill_rows = 0; /* the written rows may be among them */
+		s->call.n_dirty = 0;
 	}
 	n_dec = s->plan.n_dec;
 	if (n_dec > sp->row_cap)
@@ -324,12 +326,10 @@ void bkv__spec_plan(bkv_sched *s, bkv_step_info *si)
 		s->plan.budget_left -= BKV_MIN(s->plan.budget_left, got);
 	}
 	s->stats.spec_skipped_rows += skipped;
-	if (sp->n_rows) { /* the fused pass wrote these rows one token each */
-		s->plan.fill_rows = 0;
-		s->call.n_dirty = 0;
-	} else {
+	if (!sp->n_rows)
 		sp->n_set = 0;
-	}
+	else if (s->plan.fill_rows) /* the fused pass wrote its rows one token each */
+		bkv__batch_drafts(s, sp->drafts);
 }
 
 int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l)
@@ -407,18 +407,24 @@ void bkv__spec_batch(bkv_sched *s, bkv_batch *b, bkv_step_shape *sh, const bkv__
 /* The cut of one step: rows[0, n) its call's rows, st its drafts. */
 void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, uint32_t n)
 {
+	/* in locals: the stores below would reload them for every row, and
+	 * most rows have no drafts */
+	const uint32_t *const drafts = st->drafts, n_end = BKV_MIN(st->n_set, n);
 	uint32_t i;
 
-	for (i = 0; i < st->n_set && i < n; i++) {
-		bkv__row *row = &rows[i];
-		bkv__lane *l = row->lane;
-		bkv__req *r = l->req;
-		const uint32_t k = st->drafts[i];
+	for (i = 0; i < n_end; i++) {
+		bkv__row *row;
+		bkv__lane *l;
+		bkv__req *r;
+		const uint32_t k = drafts[i];
 		const int32_t *t, *d;
 		uint32_t m, j, c = 0, keep, fail = 0;
 
 		if (!k)
 			continue;
+		row = &rows[i];
+		l = row->lane;
+		r = l->req;
 		row->sample = 0; /* delivered by bkv__spec_deliver_step */
 		st->want[i] = 0;
 		if (!REQ_IS_RUNNING(r) || l->done)
@@ -460,16 +466,20 @@ void bkv__spec_cut_step(bkv_sched *s, const bkv__spec_step *st, bkv__row *rows, 
 void bkv__spec_deliver_step(bkv_sched *s, const bkv__spec_step *st, const bkv__row *rows,
 			    uint32_t n, bkv_step_info *si)
 {
+	const uint32_t *const drafts = st->drafts, n_end = BKV_MIN(st->n_set, n);
 	uint32_t i, j;
 
-	for (i = 0; i < st->n_set && i < n; i++) {
-		const bkv__row *row = &rows[i];
-		bkv__lane *l = row->lane;
-		bkv__req *r = l->req;
+	for (i = 0; i < n_end; i++) {
+		bkv__lane *l;
+		bkv__req *r;
 		const int32_t *t;
 		uint32_t c;
 
-		if (!st->drafts[i] || !REQ_IS_RUNNING(r) || l->done)
+		if (!drafts[i])
+			continue;
+		l = rows[i].lane;
+		r = l->req;
+		if (!REQ_IS_RUNNING(r) || l->done)
 			continue;
 		t = st->tokens + st->qo[i];
 		c = st->want[i] & ~CUT_FAIL;

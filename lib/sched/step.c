@@ -39,35 +39,6 @@
 
 /* ---- calls --------------------------------------------------------------- */
 
-#if BKV_DEBUG_LEVEL >= 1
-/* Every slot a call writes (slot_mapping) must lie in a block only the
- * writing row's sequence holds: one table reference and not in the prefix
- * cache. Checked under BKV_DEBUG_LEVEL >= 1 from token `first` on (one load
- * per row and block); a violation sticks and bkv_sched_check reports it
- * (invariant 30). The tokens before `first` are the decode rows the fused
- * pass wrote (plan_decode): each is its lane's append into its last block
- * through bkv__append_fast, whose test is this one (one reference, filled
- * to the token's offset, so not indexed), or through the private append of
- * bkv__seq_append1_slow (copy-on-write first, no prefix lookup). */
-static COLD int batch_writes_shared(const bkv_sched *s, const bkv_batch *b, uint32_t first)
-{
-	const bkv_pool *p = s->pool;
-	uint32_t t, last = UINT32_MAX;
-
-	for (t = first; t < b->n_tokens; t++) {
-		uint32_t id = (uint32_t)b->slot_mapping[t] >> s->bt_shift;
-
-		if (id == last)
-			continue;
-		last = id;
-		if (id >= s->device_blocks || bkv__pool_block_ref(p, (int32_t)id) != 1 ||
-		    (bkv__pool_block_flags(p, (int32_t)id) & BKV__BLOCK_INDEXED))
-			return 1;
-	}
-	return 0;
-}
-#endif
-
 /* The model's price of a call with its swap copies: the host link's time
  * for them added, or overlapped (bkv_sched_config.copy_overlap: the longer
  * of compute and one direction's copies). */
@@ -108,8 +79,9 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 	if (s->spec) /* speculative decoding's arrays (sched/spec.c) */
 		bkv__spec_batch(s, &b, &sh, rows, n);
 #if BKV_DEBUG_LEVEL >= 1
-	if (!s->bad_write && first < b.n_tokens)
-		s->bad_write = batch_writes_shared(s, &b, first);
+	if (!s->bad_write && (first ? s->plan.fill_tok : 0) < b.n_tokens)
+		s->bad_write = bkv__writes_shared(s, b.slot_mapping, first ? s->plan.fill_tok : 0,
+						  b.n_tokens);
 #endif
 	if (n_decode)
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;

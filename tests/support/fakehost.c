@@ -528,7 +528,7 @@ int kh_draft(void *host, uint64_t req, uint32_t branch, const int32_t *ctx, uint
 	uint32_t j;
 
 	(void)req;
-	if (!q || q->magic != KH_MAGIC)
+	if (!q || q->magic != KH_MAGIC || (h->spec_draft_every && q->tag % h->spec_draft_every))
 		return 0;
 	for (j = 0; j < k; j++) {
 		int32_t t = kh_sample(q, branch, n_ctx + j, prev);

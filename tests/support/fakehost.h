@@ -182,6 +182,8 @@ struct kh_host {
 	 * continuation, each draft right with spec_accept_permille / 1000
 	 * (by hash, so reruns propose the same) */
 	uint32_t spec_accept_permille; /* kh_draft's per-draft accuracy */
+	uint32_t spec_draft_every; /* kh_draft proposes only for requests whose
+				      tag is a multiple of it (0: every one) */
 	int spec_host_accepts;     /* write n_accepted */
 	uint64_t spec_rows;        /* rows with drafts computed */
 	uint64_t spec_drafts;      /* drafts they carried */
