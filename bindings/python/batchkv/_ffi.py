@@ -720,7 +720,4 @@ def load():
 # Functions of the header the safe layer does not wrap, with the reason (the
 # drift guard reads this table).
 UNBOUND = {
-    "bkv_step_launch": "overlapped scheduling needs a host whose launch returns before its "
-                       "tokens are sampled (a device queue); the safe Scheduler drives bkv_step",
-    "bkv_step_complete": "the second phase of bkv_step_launch (see there)",
 }

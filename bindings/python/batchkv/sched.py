@@ -483,6 +483,9 @@ class Scheduler:
         ops = _ffi.bkv_host_ops()
         fn = _ffi.HOST_FN
         keep = []
+        if callable(getattr(host, "launch", None)):  # overlapped scheduling
+            keep.append(self._compute_cb(host.launch))
+            ops.launch = keep[-1]
         if callable(getattr(host, "forward", None)):
             keep.append(self._compute_cb(host.forward))
             ops.forward = keep[-1]
@@ -491,8 +494,9 @@ class Scheduler:
             ops.prefill = keep[-1]
             keep.append(self._compute_cb(host.decode))
             ops.decode = keep[-1]
-        else:
-            raise TypeError("Scheduler: the host needs forward(), or prefill() and decode()")
+        elif not callable(getattr(host, "launch", None)):
+            raise TypeError("Scheduler: the host needs forward(), or prefill() and decode(), "
+                            "or launch() with overlap=1")
         if callable(getattr(host, "on_token", None)):
             keep.append(fn["on_token"](self._token_cb(host.on_token)))
             ops.on_token = keep[-1]
@@ -749,6 +753,57 @@ class Scheduler:
                            v.get("tok", o.token_ids, nt, ctypes.c_int32, np.int32),
                            v.get("freq", o.finished_req, nf, ctypes.c_uint64, np.uint64),
                            v.get("fwhy", o.finished_reason, nf, ctypes.c_int32, np.int32))
+
+    def _two_phase(self, call):
+        h = self._s()
+        if not self._step_lock.acquire(False):
+            raise StateError("Scheduler: already stepping (a callback or another thread)",
+                             _ffi.BKV_ESTATE)
+        self._stepping = True
+        self._pool._stepping = True
+        try:
+            rc = call(h)
+        finally:
+            self._stepping = False
+            self._pool._stepping = False
+            self._step_lock.release()
+        exc = self._exc
+        if exc is not None:
+            self._exc = None
+            raise exc
+        return rc
+
+    def launch(self):
+        """Overlapped scheduling (Scheduler(overlap=1), a host with
+        launch(batch, next_tokens)): plan the next step while the one in
+        flight runs, and hand it to host.launch, which enqueues it and
+        returns at once; the host writes next_tokens (a view that stays valid
+        until complete) before completing. Returns the step's ticket (0:
+        nothing to compute: complete the step in flight, launch again), or
+        None when the plan needs the step in flight's results first
+        (bkv_step_launch answered BKV_EAGAIN: complete it). The batch's
+        views are valid during host.launch only (copy what the device reads
+        later). HostError when host.launch failed."""
+        t = ctypes.c_uint64()
+        rc = self._two_phase(lambda h: _lib.bkv_step_launch(h, ctypes.byref(t), self._info_ref))
+        if rc == _ffi.BKV_EAGAIN:
+            return None
+        if rc < 0:
+            raise error(rc, "bkv_step_launch")
+        return t.value
+
+    def complete(self, ticket, ok=True):
+        """Complete the oldest outstanding step (bkv_step_complete): ok=True
+        when the device ran it and its next_tokens are written; False when it
+        failed (every outstanding step then fails: complete each; the last
+        completion rolls them back). Returns its StepInfo; HostError when
+        this or an earlier outstanding step failed (rolled back: launch
+        again)."""
+        rc = self._two_phase(lambda h: _lib.bkv_step_complete(h, int(ticket), 0 if ok else -1,
+                                                              self._info_ref))
+        if rc < 0:
+            raise error(rc, "bkv_step_complete")
+        return _from_struct(StepInfo, self._info)
 
     def run(self, max_steps=None):
         """step() until nothing is pending (or max_steps steps); returns the

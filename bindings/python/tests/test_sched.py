@@ -553,3 +553,51 @@ def test_persistent_layout_deltas_rebuild_the_libraries_tables():
         s.submit(list(range(100 + i, 110 + i)), 9)
     s.run()
     assert host.deltas > 0 and len(host.finished) == 4
+
+
+class OverlappedPlusOne(PlusOne):
+    """An overlapped host: launch() queues the batch's answers (the input
+    tokens, placeholders included, are resolved when the device runs it) and
+    the test's loop runs the device between launch and complete."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue = []
+        self.last = {}  # (req, branch) -> the last token the device produced
+
+    def launch(self, b, next_tokens):
+        rows = []
+        for r in range(b.n_rows):
+            if b.row_sample[r]:
+                t = int(b.token_ids[b.qo_indptr[r + 1] - 1])
+                rows.append((r, int(b.row_req[r]), int(b.row_branch[r]), t))
+        self.queue.append((rows, next_tokens))
+
+    def run_device(self):
+        rows, next_tokens = self.queue.pop(0)
+        for r, req, br, t in rows:
+            if t < -1:  # a placeholder: the token the step before produced
+                t = self.last[(req, br)]
+            next_tokens[r] = t + 1
+            self.last[(req, br)] = t + 1
+
+
+def test_overlapped_scheduling_launch_complete_matches_plain():
+    plain = PlusOne()
+    minimal(plain)[1].run()
+    host = OverlappedPlusOne()
+    pool, s, ids = minimal(host, overlap=1)
+    outstanding = []
+    while s.pending or outstanding:
+        t = s.launch() if s.pending else 0
+        if t is None or t == 0:
+            while outstanding:
+                host.run_device()
+                s.complete(outstanding.pop(0))
+            continue
+        outstanding.append(t)
+        if len(outstanding) == 2:
+            host.run_device()
+            s.complete(outstanding.pop(0))
+    assert host.tokens == plain.tokens
+    assert s.stats().overlap_steps > 0
