@@ -28,7 +28,12 @@ What it checks, against what bkvheader.py reads from the header:
     `sys::<name>` reference in src/lib.rs), or is listed in that language's
     UNBOUND table with the reason. An entry in UNBOUND that is in fact used,
     or that names no header function, fails too.
- 3. bindings/layout.c (the sizeof/offsetof program the layout tests compare
+ 3. Use, not names: every function the safe layer wraps is reached by a
+    test of that binding (bindings/python/tests, bindings/rust/tests and
+    examples): the wrapper that calls it - or a wrapper whose body names
+    that wrapper, transitively, or a trait or dunder method - is named in a
+    test. A function reached by none fails.
+ 4. bindings/layout.c (the sizeof/offsetof program the layout tests compare
     ctypes and Rust against) is exactly what --emit-layout prints now.
 
 The layout itself (sizes, offsets) is checked by the languages' own tests,
@@ -326,6 +331,65 @@ def check_python(hdr, root, problems):
         if fn.endswith(".py") and fn != "_ffi.py":
             used |= set(re.findall(r"_lib\.(bkv_\w+)", open(os.path.join(pkg, "batchkv", fn)).read()))
     check_safe("python", hdr, used, getattr(ffi, "UNBOUND", {}), problems)
+    src = read_tree(root, "bindings/python/batchkv", ".py", skip=("_ffi.py",))
+    tests = read_tree(root, "bindings/python/tests", ".py") + read_tree(root, "examples/python", ".py")
+    check_reached("python", hdr, defs_of(src, r"\s*def (\w+)"), tests, r"_lib\.%s\b",
+                  getattr(ffi, "UNBOUND", {}), problems)
+
+
+# Methods a test reaches without naming them (operators, conversions,
+# destructors, context managers).
+IMPLICIT = {"fmt", "drop", "from", "deref", "deref_mut", "clone", "eq", "hash", "default",
+            "next", "__init__", "__del__", "__enter__", "__exit__", "__repr__", "__len__",
+            "__iter__", "__getitem__"}
+
+
+def defs_of(text, defre):
+    """name -> the text of every def of that name (a def runs to the next)."""
+    out, cur, buf = {}, None, []
+    for ln in text.split("\n"):
+        m = re.match(defre, ln)
+        if m:
+            if cur:
+                out[cur] = out.get(cur, "") + "\n".join(buf)
+            cur, buf = m.group(1), []
+        buf.append(ln)
+    if cur:
+        out[cur] = out.get(cur, "") + "\n".join(buf)
+    return out
+
+
+def reached_defs(defs, tests):
+    """The defs a test names, and those a reached def names, transitively."""
+    word = lambda d, text: re.search(r"\b%s\b" % re.escape(d), text)  # noqa: E731
+    reached = {d for d in defs if d in IMPLICIT or word(d, tests)}
+    grew = True
+    while grew:
+        grew = False
+        for d in defs:
+            if d not in reached and any(word(d, defs[r]) for r in reached):
+                reached.add(d)
+                grew = True
+    return reached
+
+
+def check_reached(lang, hdr, defs, tests, call, unbound, problems):
+    reached = reached_defs(defs, tests)
+    for name in hdr["functions"]:
+        if name in unbound:
+            continue
+        pat = re.compile(call % re.escape(name))
+        if not any(pat.search(defs[d]) for d in reached):
+            problems.append("%s: no test reaches %s (no test names a wrapper that calls it)"
+                            % (lang, name))
+
+
+def read_tree(root, sub, ext, skip=()):
+    d = os.path.join(root, sub)
+    if not os.path.isdir(d):
+        return ""
+    return "".join(open(os.path.join(d, f)).read() + "\n" for f in sorted(os.listdir(d))
+                   if f.endswith(ext) and f not in skip)
 
 
 def check_safe(lang, hdr, used, unbound, problems):
@@ -427,6 +491,10 @@ def check_rust(hdr, root, problems):
         for a, b in re.findall(r"\(\s*\"(bkv_\w+)\"\s*,\s*\"((?:[^\"\\]|\\.)*)\"\s*,?\s*\)", m.group(1)):
             unbound[a] = b
     check_safe("rust", hdr, used, unbound, problems)
+    tests = read_tree(root, "bindings/rust/tests", ".rs") + read_tree(root, "bindings/rust/examples", ".rs")
+    check_reached("rust", hdr, defs_of(lib, r'\s*(?:pub(?:\(crate\))? )?(?:const )?(?:unsafe )?'
+                                       r'(?:extern "C" )?fn (\w+)'),
+                  tests, r"sys::%s\s*\(", unbound, problems)
 
 
 def main(argv):

@@ -15,7 +15,10 @@ FILES = ["include/batchkv.h", "bindings/layout.c", "bindings/rust/src/sys.rs",
          "bindings/tools/bkvheader.py"] + \
     ["bindings/python/batchkv/" + f for f in os.listdir(os.path.join(ROOT, "bindings", "python",
                                                                       "batchkv"))
-     if f.endswith(".py")]
+     if f.endswith(".py")] + \
+    [d + "/" + f for d, ext in (("bindings/python/tests", ".py"), ("bindings/rust/tests", ".rs"),
+                                ("bindings/rust/examples", ".rs"), ("examples/python", ".py"))
+     for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(ext)]
 
 
 @pytest.fixture
@@ -105,6 +108,18 @@ def test_a_rust_function_no_wrapper_uses_is_caught(tree):
     edit(tree, "bindings/rust/src/lib.rs", "sys::bkv_seq_drop(", "sys::bkv_seq_close(")
     rc, out = check(tree)
     assert rc == 1 and "rust: bkv_seq_drop is declared but no safe wrapper uses it" in out
+
+
+def test_a_function_no_test_reaches_is_caught(tree):
+    # the Rust tests stop naming drop_seq: bkv_seq_drop is wrapped but untested
+    for f in os.listdir(tree / "bindings/rust/tests"):
+        p = tree / "bindings/rust/tests" / f
+        p.write_text(p.read_text().replace("drop_seq", "close_seq"))
+    rc, out = check(tree)
+    assert rc == 1 and "rust: no test reaches bkv_seq_drop" in out
+    # a Python wrapper reached only through another wrapper still counts
+    rc, out = check(tree)
+    assert "python: no test reaches" not in out
 
 
 def test_a_changed_enum_value_is_caught(tree):

@@ -784,3 +784,27 @@ fn persistent_layout_deltas_rebuild_the_librarys_tables() {
     s.run().unwrap();
     assert!(s.host_mut().deltas > 0);
 }
+
+#[test]
+fn pool_room_pins_and_dropped_sequences() {
+    let mut p = Pool::new(&PoolConfig { device_blocks: 16, block_tokens: 4, pin_permille: 500,
+                                        ..Default::default() }).unwrap();
+    assert_eq!(p.available(), 16);
+    assert!(p.can_admit(16 * 4));
+    assert!(!p.can_admit(16 * 4 + 1));
+    let a = p.open().unwrap();
+    let toks: Vec<i32> = (100..112).collect();
+    assert_eq!(p.blocks_needed(a, 12).unwrap(), 3);
+    p.append(a, &toks).unwrap();
+    assert_eq!(p.blocks_needed(a, 1).unwrap(), 1);
+    p.close_seq(a).unwrap(); // its 3 full blocks stay cached
+    let (pin, got) = p.pin_prefix(0, &toks).unwrap();
+    assert_eq!(got, 12);
+    let b = p.open().unwrap();
+    p.append(b, &[1, 2, 3]).unwrap();
+    p.drop_seq(b).unwrap(); // dropped: its blocks are not cached
+    assert_eq!(p.unpin(pin), Ok(()));
+    assert_eq!(p.unpin(pin).unwrap_err(), Error::NotFound);
+    assert_eq!(p.check(), 0);
+    assert_eq!(p.available(), 16);
+}
