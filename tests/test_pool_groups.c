@@ -967,3 +967,34 @@ Test(pool_groups, one_group_filling_the_frames_never_stalls_the_other)
 	cr_assert_eq(bkv_pool_check(p), 0);
 	bkv_pool_destroy(p);
 }
+
+/* A cache reset disowns the states too: a checkpoint a sequence could start
+ * from before bkv_pool_reset_cache gives no hit after it (after a weight
+ * update, or with the device memory released, its state is not the
+ * model's), and the unreferenced ones are free units again. */
+Test(pool_groups, a_cache_reset_drops_the_state_checkpoints)
+{
+	bkv_pool *p = trade_pool(0);
+	bkv_pool_stats st = {.size = sizeof(st)};
+	int32_t tok[8];
+	uint32_t a, b, hit = 0, i;
+
+	for (i = 0; i < 8; i++)
+		tok[i] = (int32_t)(3 * 1000 + i);
+	cr_assert_eq(bkv_seq_open(p, &a), BKV_OK);
+	cr_assert_eq(trade_append(p, a, 8, 3), BKV_OK);
+	cr_assert_eq(bkv_seq_close(p, a), BKV_OK);
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, tok, 8, &hit), BKV_OK);
+	cr_assert_eq(hit, 8, "before the reset: a hit ending at the checkpoint");
+	cr_assert_eq(bkv_seq_drop(p, b), BKV_OK);
+	cr_assert_eq(bkv_pool_reset_cache(p), BKV_OK);
+	bkv_pool_stats_get(p, &st);
+	cr_assert_eq(st.state_checkpoints, 0);
+	cr_assert_eq(bkv_pool_check(p), 0);
+	cr_assert_eq(bkv_seq_open(p, &b), BKV_OK);
+	cr_assert_eq(bkv_seq_append(p, b, tok, 8, &hit), BKV_OK);
+	cr_assert_eq(hit, 0, "after the reset: computed again");
+	cr_assert_eq(bkv_pool_check(p), 0);
+	bkv_pool_destroy(p);
+}

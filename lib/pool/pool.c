@@ -277,6 +277,8 @@ int bkv_pool_reset_cache(bkv_pool *pool)
 	if (!pool)
 		return BKV_EINVAL;
 	bkv__kv_reset_cache(&pool->kv);
+	if (pool->st_units)
+		bkv__state_reset_cache(pool);
 	for (i = 0; i < pool->cfg.max_seqs; i++) {
 		bkv__seq *s = &pool->seqs[i];
 

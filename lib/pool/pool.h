@@ -551,6 +551,7 @@ uint32_t bkv__state_spare(const bkv_pool *pool);
 /* Units a STATE group of config c keeps at all times (fixed: the arena). */
 uint64_t bkv__state_floor_frames(const bkv_pool_config *c);
 void bkv__state_swap_in(bkv_pool *pool, const bkv__seq *s);
+void bkv__state_reset_cache(bkv_pool *pool);
 /* (pool/swap.c) */
 void bkv__state_swap_in_cleared(bkv_pool *pool, int32_t f);
 void bkv__state_frames(const bkv_pool *pool, uint32_t slot, int32_t *in, int32_t *out);

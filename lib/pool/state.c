@@ -354,6 +354,21 @@ static int32_t ckpt_evict(bkv_pool *pool)
 	return u;
 }
 
+/* bkv_pool_reset_cache: every checkpoint leaves the map (a later sequence
+ * must not start from a state the reset disowned); the unreferenced ones
+ * are freed, a referenced one stays its holder's live state. O(units): not
+ * on the step's path. */
+void bkv__state_reset_cache(bkv_pool *pool)
+{
+	int32_t u;
+
+	while (pool->st_lru_head >= 0)
+		unit_free(pool, ckpt_evict(pool));
+	for (u = 0; (uint32_t)u < pool->st_units; u++)
+		if (pool->st_flags[u] & ST_INDEXED)
+			map_remove(pool, u);
+}
+
 /* ---- sharing frames with attention (kv/chunks.c) ---------------------------- */
 
 uint32_t bkv__state_spare(const bkv_pool *pool)
