@@ -112,8 +112,9 @@ BKV_API const char *bkv_strerror(int status);
  * Say which argument the calling thread's last refused call refused, and why.
  * These calls check their arguments and clear the message when they start:
  * bkv_pool_create, bkv_sched_create, bkv_submit, bkv_cost_calib_create,
- * bkv_cost_roofline_init and bkv_vllm_encoder_create. When one of them
- * refuses an argument (BKV_EINVAL, and bkv_submit's BKV_E2BIG) it leaves a
+ * bkv_cost_roofline_init, bkv_vllm_encoder_create and bkv_sched_kv_release.
+ * When one of them refuses an argument (BKV_EINVAL, bkv_submit's BKV_E2BIG,
+ * bkv_sched_kv_release's BKV_ESTATE) it leaves a
  * message naming the struct, the field and the rule, for example
  * "bkv_pool_config.block_tokens = 24: must be a power of two in 1..65536"
  * or "bkv_sched_config.overlap = 1 needs bkv_host_ops.launch". After any
@@ -863,7 +864,7 @@ BKV_API int bkv_pool_unpin(bkv_pool *pool, uint32_t pin);
 /**
  * Empty the prefix cache: every cached (unreferenced) block goes to the free
  * list and every indexed block leaves the index (blocks in use stay with their
- * sequences). A device-resident sequence that holds a full block stays out of
+ * sequences); so do a STATE group's checkpoints, and the host cache. A device-resident sequence that holds a full block stays out of
  * the cache from then on: the blocks it fills later are not cached either
  * (each block's hash chains from the blocks before it), until it is swapped
  * out (swap-in caches its full blocks again) or truncated below one block.
@@ -2287,6 +2288,45 @@ BKV_API int bkv_sched_outputs_enable(bkv_sched *sched, int on);
  * Thread rules: the stepping thread, between steps.
  */
 BKV_API int bkv_sched_outputs_get(const bkv_sched *sched, bkv_step_outputs *out);
+
+/* What bkv_sched_kv_release does with the running requests. */
+typedef enum bkv_kv_release_mode {
+	BKV_RELEASE_REFUSE = 0,    /* BKV_ESTATE while any request runs */
+	BKV_RELEASE_RECOMPUTE = 1, /* they give up their KV and recompute their
+				      prompts and outputs after the resume */
+	BKV_RELEASE_SWAP = 2       /* they are swapped out to the host tier
+				      (recomputed where it has no room): the
+				      pool's pending swap-out copies
+				      (bkv_pool_pending_copies) must be made,
+				      then cleared, before the device KV is
+				      freed */
+} bkv_kv_release_mode;
+
+/**
+ * Give the device KV memory back, for a while (weight updates, sleep, another
+ * model): the running requests leave the device (mode), the prefix cache is
+ * dropped (the host cache too), and until bkv_sched_kv_resume a step only
+ * drains the inbox and ends aborted requests (requests may be submitted; they
+ * wait). The host may then free its KV tensors; it allocates them again
+ * before resuming (their contents are not read: nothing the library keeps
+ * lives there).
+ * @param sched  the scheduler: no step outstanding, no prefix pin held.
+ * @param mode   what happens to the running requests (bkv_kv_release_mode).
+ * @return BKV_OK; BKV_EINVAL (NULL, a bad mode); BKV_ESTATE (a step running
+ *         or outstanding, pins held, released already, or requests running
+ *         with BKV_RELEASE_REFUSE); bkv_last_error says which.
+ * Thread rules: the stepping thread, between steps.
+ */
+BKV_API int bkv_sched_kv_release(bkv_sched *sched, bkv_kv_release_mode mode);
+
+/**
+ * Take the device KV memory again after bkv_sched_kv_release: steps plan
+ * again (swapped requests come back through swap-in copies, the others
+ * recompute).
+ * @return BKV_OK; BKV_EINVAL (NULL); BKV_ESTATE (not released, or in a step).
+ * Thread rules: the stepping thread, between steps.
+ */
+BKV_API int bkv_sched_kv_resume(bkv_sched *sched);
 
 /**
  * Wait for work: block the calling thread until a request is pending

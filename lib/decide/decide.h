@@ -192,6 +192,9 @@ double bkv__price_group(const bkv_sched *s, uint32_t k, double mean, double sd, 
 /* ---- decide/queue.c --------------------------------------------------------- */
 
 void bkv__queue_push(bkv_sched *s, bkv__req *r);
+/* Could running request r be swapped out now (one live lane holding KV, and
+ * the host tier has room for every group's blocks)? (decide/preempt.c) */
+int bkv__swap_fits(const bkv_sched *s, const bkv__req *r);
 bkv__req *bkv__queue_pop(bkv_sched *s);
 void bkv__queue_remove(bkv_sched *s, bkv__req *r);
 int bkv__queue_less(const bkv__req *a, const bkv__req *b);

@@ -180,6 +180,11 @@ static int swap_fits(const bkv_sched *s, const bkv__req *r, int ask_cost)
 	return bkv__pool_host_room(s->pool) >= n_blocks;
 }
 
+int bkv__swap_fits(const bkv_sched *s, const bkv__req *r)
+{
+	return swap_fits(s, r, 0);
+}
+
 static int want_swap_room(const bkv_sched *s, const bkv__req *r)
 {
 	return swap_fits(s, r, 0);

@@ -482,6 +482,10 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	if (!o || s->plan.in_step || o->failed || o->n_out >= OVL_DEPTH)
 		return BKV_ESTATE;
 	*ticket = 0;
+	if (s->kv_released) { /* nothing is outstanding (release refused it) */
+		BKV_ASSERT(!o->n_out);
+		return bkv__released_step(s, info);
+	}
 	n_out = o->n_out;
 	if (n_out && (!overlap_ok(s) || bkv__pool_copies_hold(s->pool) != BKV_OK)) {
 		s->stats.overlap_syncs++;

@@ -452,6 +452,9 @@ struct bkv_sched {
 				  (sched/overlap.c); NULL when off */
 	struct bkv__outs *outs; /* the per-step output arrays
 				   (sched/outputs.c); NULL when off */
+	int kv_released;       /* bkv_sched_kv_release: the device KV is the
+				  host's until bkv_sched_kv_resume; steps
+				  only drain (sched/release.c) */
 };
 
 /* ---- shared helpers --------------------------------------------------------- */
@@ -535,6 +538,11 @@ static inline void bkv__outs_finish(bkv_sched *s, uint64_t req, bkv_finish_reaso
 void bkv__outs_begin(bkv_sched *s);
 void bkv__outs_end(bkv_sched *s);
 void bkv__outs_destroy(bkv_sched *s);
+
+/* ---- sched/step.c: a step while the device KV is released (release.c) ----- */
+
+/* A step (or launch) while released: the inbox drained, nothing planned. */
+int bkv__released_step(bkv_sched *s, bkv_step_info *info);
 
 /* ---- sched/wait.c: bkv_sched_wait ------------------------------------------ */
 

@@ -501,6 +501,23 @@ void bkv__step_end(bkv_sched *s, uint64_t now, bkv_step_info *si, bkv_step_info 
 		*info = *si;
 }
 
+/* A step while the device KV is released (sched/release.c): the inbox
+ * drained, aborts ended, nothing planned or computed. */
+int bkv__released_step(bkv_sched *s, bkv_step_info *info)
+{
+	bkv_step_info si;
+	uint64_t now = bkv__clock_us(s);
+
+	s->plan.in_step = 1;
+	bkv__outs_begin(s);
+	memset(&si, 0, sizeof(si));
+	bkv__drain(s, now, &si);
+	bkv__step_end(s, now, &si, info, 0);
+	bkv__outs_end(s);
+	s->plan.in_step = 0;
+	return BKV_OK;
+}
+
 int bkv_step(bkv_sched *s, bkv_step_info *info)
 {
 	bkv_step_info si;
@@ -512,6 +529,8 @@ int bkv_step(bkv_sched *s, bkv_step_info *info)
 	if (s->plan.in_step || s->plan.fenced || (s->ovl && !s->ops.forward && !s->split))
 		return BKV_ESTATE; /* overlap: a two-phase step is outstanding,
 				      or the host has only ops.launch */
+	if (s->kv_released)
+		return bkv__released_step(s, info);
 	s->plan.in_step = 1;
 	bkv__outs_begin(s);
 	memset(&si, 0, sizeof(si));

@@ -1343,6 +1343,46 @@ static void misuse_pin(cx_run *x, uint32_t pin)
 		fail(x, "bkv_pool_check after bkv_seq_%s(pin id %u): %d", what[which], pin, rc);
 }
 
+static void drive_sync(cx_run *x);
+
+/* The device KV given back and taken again (bkv_sched_kv_release): with
+ * swap, the host makes the pending swap-out copies first; then the device
+ * memory is gone (every cell poisoned), a released step computes nothing,
+ * and after the resume every request must still read only what it wrote. */
+static void release_kv(cx_run *x)
+{
+	const bkv_kv_release_mode mode = (bkv_kv_release_mode)below(&x->rng_drive, 3);
+	const bkv_copy *v;
+	uint64_t calls = x->res->calls;
+	uint32_t n, i;
+	int rc = bkv_sched_kv_release(x->s, mode);
+
+	if (rc == BKV_ESTATE && mode == BKV_RELEASE_REFUSE)
+		return; /* requests are running */
+	if (rc != BKV_OK) {
+		fail(x, "bkv_sched_kv_release(%d): %d (%s)", mode, rc, bkv_last_error());
+		return;
+	}
+	n = bkv_pool_pending_copies(x->pool, BKV_COPY_SWAP_OUT, &v);
+	copy_frames(x, v, n, x->dev, x->nframes, x->host, x->f.host_blocks, "swap-out");
+	bkv_pool_clear_copies(x->pool, BKV_COPY_SWAP_OUT);
+	for (i = 0; i < x->nframes * x->f.bt; i++) {
+		x->dev[i].chain = 0x9015011ed;
+		x->dev[i].pos = -11;
+		x->dev[i].group = -11;
+	}
+	check_all(x);
+	if (chance(&x->rng_drive, 500)) {
+		drive_sync(x); /* drains only */
+		if (x->res->calls != calls)
+			fail(x, "a step computed while the KV was released");
+	}
+	if (bkv_sched_kv_resume(x->s) != BKV_OK)
+		fail(x, "bkv_sched_kv_resume refused");
+	x->res->releases++;
+	check_all(x);
+}
+
 static void between_steps(cx_run *x)
 {
 	const cx_feat *f = &x->f;
@@ -1389,6 +1429,8 @@ static void between_steps(cx_run *x)
 			misuse_pin(x, x->pins[below(&x->rng_drive, x->n_pins)]);
 		check_all(x);
 	}
+	if (!x->n_pins && chance(&x->rng_drive, 8))
+		release_kv(x);
 }
 
 static void drive_sync(cx_run *x)

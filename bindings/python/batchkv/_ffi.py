@@ -63,6 +63,9 @@ BKV_POLICY_STATIC = 1
 BKV_PREEMPT_AUTO = 0
 BKV_PREEMPT_RECOMPUTE = 1
 BKV_PREEMPT_SWAP = 2
+BKV_RELEASE_REFUSE = 0
+BKV_RELEASE_RECOMPUTE = 1
+BKV_RELEASE_SWAP = 2
 BKV_EVICT_LRU = 0
 BKV_EVICT_VALUE = 1
 BKV_EVICT_SEGMENTED = 2
@@ -654,6 +657,8 @@ FUNCTIONS = {
     'bkv_step_complete': (c_int, [c_void_p, c_uint64, c_int, POINTER(bkv_step_info)]),
     'bkv_sched_pending': (c_uint64, [c_void_p]),
     'bkv_sched_stats_get': (None, [c_void_p, POINTER(bkv_sched_stats)]),
+    'bkv_sched_kv_release': (c_int, [c_void_p, c_int]),
+    'bkv_sched_kv_resume': (c_int, [c_void_p]),
     'bkv_sched_wait': (c_int, [c_void_p, c_uint64]),
     'bkv_sched_wake': (c_int, [c_void_p]),
     'bkv_sched_outputs_enable': (c_int, [c_void_p, c_int]),

@@ -99,7 +99,7 @@ def last_error():
 # message of an earlier one, so only these read it.
 NAMING_CALLS = frozenset(("bkv_pool_create", "bkv_sched_create", "bkv_submit",
                           "bkv_cost_calib_create", "bkv_cost_roofline_init",
-                          "bkv_vllm_encoder_create"))
+                          "bkv_vllm_encoder_create", "bkv_sched_kv_release"))
 
 
 def error(status, what):

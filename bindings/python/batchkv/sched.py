@@ -717,6 +717,17 @@ class Scheduler:
             raise error(rc, "bkv_step")
         return _from_struct(StepInfo, self._info)
 
+    def release_kv(self, mode=_ffi.BKV_RELEASE_REFUSE):
+        """Give the device KV memory back (bkv_sched_kv_release): mode
+        BKV_RELEASE_REFUSE (StateError while requests run), _RECOMPUTE or
+        _SWAP (then make the pool's pending swap-out copies and clear them
+        before freeing the memory). Until resume_kv() a step only drains."""
+        check(_lib.bkv_sched_kv_release(self._between(), int(mode)), "bkv_sched_kv_release")
+
+    def resume_kv(self):
+        """Take the device KV memory again (bkv_sched_kv_resume)."""
+        check(_lib.bkv_sched_kv_resume(self._between()), "bkv_sched_kv_resume")
+
     def wait(self, timeout=None):
         """Block until a request is pending, wake() is called from another
         thread, or timeout seconds pass (None: no limit; 0: a poll)

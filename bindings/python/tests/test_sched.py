@@ -601,3 +601,19 @@ def test_overlapped_scheduling_launch_complete_matches_plain():
             s.complete(outstanding.pop(0))
     assert host.tokens == plain.tokens
     assert s.stats().overlap_steps > 0
+
+
+def test_release_and_resume_the_device_kv():
+    host = PlusOne()
+    pool, s, ids = minimal(host)
+    s.step()
+    with pytest.raises(batchkv.StateError) as e:
+        s.release_kv()  # BKV_RELEASE_REFUSE with requests running
+    assert "running" in str(e.value)
+    s.release_kv(batchkv._ffi.BKV_RELEASE_RECOMPUTE)
+    batches = host.batches
+    s.step()  # released: drains only
+    assert host.batches == batches and s.pending == 3
+    s.resume_kv()
+    s.run()
+    assert host.tokens[ids[2]] == [105, 106, 107, 108, 109, 110]

@@ -2025,6 +2025,21 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         Ok(s)
     }
 
+    /// `bkv_sched_kv_release`: give the device KV memory back (`mode`:
+    /// `sys::BKV_RELEASE_REFUSE`, `_RECOMPUTE` or `_SWAP`; with swap, make
+    /// the pool's pending swap-out copies and clear them before freeing the
+    /// memory). Until [`Scheduler::resume_kv`] a step only drains.
+    pub fn release_kv(&self, mode: sys::bkv_kv_release_mode) -> Result<()> {
+        let _x = self.exclusive()?;
+        check_named(unsafe { sys::bkv_sched_kv_release(self.raw.as_ptr(), mode) }).map(|_| ())
+    }
+
+    /// `bkv_sched_kv_resume`: take the device KV memory again.
+    pub fn resume_kv(&self) -> Result<()> {
+        let _x = self.exclusive()?;
+        check(unsafe { sys::bkv_sched_kv_resume(self.raw.as_ptr()) }).map(|_| ())
+    }
+
     /// `bkv_sched_wait`: block until a request is pending (`Ok(true)`),
     /// [`Scheduler::wake`] is called or `timeout` passes (`Ok(false)`);
     /// `None`: no limit. On the stepping thread, between steps.

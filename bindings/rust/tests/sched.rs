@@ -808,3 +808,21 @@ fn pool_room_pins_and_dropped_sequences() {
     assert_eq!(p.check(), 0);
     assert_eq!(p.available(), 16);
 }
+
+#[test]
+fn release_and_resume_the_device_kv() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let mut s = Scheduler::new(&mut pool, PlusOne::default(), &SchedConfig::default(), None).unwrap();
+    let ids = submit3(&s);
+    s.step().unwrap();
+    let e = s.release_kv(batchkv::sys::BKV_RELEASE_REFUSE).unwrap_err();
+    assert_eq!(e, Error::State);
+    assert!(e.to_string().contains("running"), "{}", e);
+    s.release_kv(batchkv::sys::BKV_RELEASE_RECOMPUTE).unwrap();
+    let calls = s.host_mut().calls;
+    s.step().unwrap(); // released: drains only
+    assert_eq!(s.host_mut().calls, calls);
+    s.resume_kv().unwrap();
+    s.run().unwrap();
+    assert_eq!(s.host_mut().tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+}
