@@ -502,7 +502,7 @@ def workload(m, n_jobs=40, block_tokens=4, seed=3, max_new=(6, 14)):
     return jobs
 
 
-def serve(m, jobs, layout, spec=0, block_tokens=4, device_blocks=40, host_blocks=256,
+def serve(m, jobs, layout, spec=0, block_tokens=4, device_blocks=20, host_blocks=256,
           max_running=8, mode="exact"):
     """Serve jobs through a fresh pool and scheduler; returns (stats, host)."""
     for j in jobs:
@@ -538,7 +538,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda when available)")
     ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--device-blocks", type=int, default=40)
+    ap.add_argument("--device-blocks", type=int, default=20)
     ap.add_argument("--spec-k", type=int, default=3)
     args = ap.parse_args(argv)
     dev = args.device
