@@ -64,18 +64,25 @@ class Timing(torch_host.TorchHost):
         self.call_log = []
 
 
-def serve_shape(m, host, prompts, max_new, token_budget, max_running):
-    """Serve prompts to the end; host.call_log holds every call."""
+def serve_shape(m, host, prompts, max_new, token_budget, max_running, enough=None):
+    """Serve prompts until nothing is pending or enough(call_log) says so
+    (the requests still open are dropped); returns the calls' records."""
     blocks = host.kv_k[0].shape[0]
     pool = batchkv.Pool(block_tokens=BT, device_blocks=blocks)
     s = batchkv.Scheduler(pool, host, max_running=max_running, token_budget=token_budget)
     for i, p in enumerate(prompts):
         s.submit(p, max_new, user=torch_host.Job(p, max_new, (), 1, i))
     host.call_log.clear()
-    s.run()
+    while s.pending and not (enough and enough(host.call_log)):
+        s.step()
     s.close()
     pool.close()
     return list(host.call_log)
+
+
+def decode_calls(log, rows):
+    """The calls with `rows` decode rows and no prefill chunk."""
+    return [c for c in log if c[0] == rows and not c[2]]
 
 
 def main(argv=None):
@@ -83,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--out", default="step_times.csv")
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
     ap.add_argument("--reps", type=int, default=6, help="timed decode steps / prefills per shape")
+    ap.add_argument("--token-budget", dest="token_budget", type=int,
+                    default=8192, help="prefill tokens per step while the decode rows fill")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check the script on the CPU: a tiny model, the quick grid; the "
                     "times mean nothing")
@@ -106,6 +115,7 @@ def main(argv=None):
 def smoke(args):
     torch.set_num_threads(1)
     m = torch_host.Llama(max_pos=1024)
+    args.token_budget = 96  # the decode shapes fill over several steps
     return measure(args, m, "the CPU (smoke test)", (1, 4), (64,), (32, 64))
 
 
@@ -123,11 +133,18 @@ def measure(args, m, name, rows_grid, ctx_grid, pre_grid):
     serve_shape(m, host, [prompt(256) for _ in range(4)], 4, 4096, 4)
     for C in ctx_grid:
         for R in rows_grid:
-            blocks = R * ((C + reps + 4) // BT + 2) + 16
+            # rows admitted first decode while the others prefill: enough
+            # tokens that all R are still running when the last prefill ends
+            budget = max(args.token_budget, C)
+            max_new = -(-R * C // budget) + 2 * reps + 8
+            blocks = R * ((C + max_new) // BT + 2) + 16
             host = Timing(m, BT, blocks)
-            log = serve_shape(m, host, [prompt(C) for _ in range(R)], reps + 3,
-                              max(8192, C), R)
-            dec = [c for c in log if c[0] == R and not c[2]]
+            log = serve_shape(m, host, [prompt(C) for _ in range(R)], max_new, budget, R,
+                              enough=lambda log: len(decode_calls(log, R)) > reps)
+            dec = decode_calls(log, R)
+            if not dec:
+                print("  decode  rows %4d context %5d: never all running; skipped" % (R, C))
+                continue
             times = [c[4] for c in dec[1:]] or [c[4] for c in dec]
             ctx = int(statistics.median([c[1] for c in dec]))
             us = statistics.median(times) * 1e6

@@ -226,7 +226,8 @@ class TorchHost:
         pin = dev.type == "cuda"
         self.host_k = [torch.zeros((max(host_blocks, 1),) + shape, dtype=dt, pin_memory=pin)
                        for _ in range(model.layers)]
-        self.host_v = [torch.zeros_like(t, pin_memory=pin) for t in self.host_k]
+        self.host_v = [torch.zeros((max(host_blocks, 1),) + shape, dtype=dt, pin_memory=pin)
+                       for _ in range(model.layers)]
         self.mode = mode
         self.checks = checks              # verify slot_mapping and tables against positions
         self.tables = {}                  # persistent layout: row slot -> its block table
