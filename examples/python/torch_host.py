@@ -237,6 +237,7 @@ class TorchHost:
         self.counts = dict(calls=0, copies=0, swap_out=0, swap_in=0, deltas=0, drafts=0,
                            spec_rows=0)
         self.call_log = None              # a list to record (shape, seconds) per call, or None
+        self.virtual_clock = None         # microseconds, or None: the real clock (now_us)
 
     # -- copies ---------------------------------------------------------------
     @staticmethod
@@ -295,6 +296,8 @@ class TorchHost:
         self._copy(b.copies, self.kv_k, self.kv_k)
         self._copy(b.copies, self.kv_v, self.kv_v)
         self.counts["calls"] += 1
+        if self.virtual_clock is not None:
+            self.virtual_clock += 100 + 10 * b.n_tokens
         for f in ("copies", "swap_out", "swap_in"):
             self.counts[f] += len(getattr(b, f))
         tables = self._row_tables(b)
@@ -475,6 +478,16 @@ class TorchHost:
         self.counts["drafts"] += 1
         return out
 
+    # -- the clock ----------------------------------------------------------------
+    def now_us(self):
+        """A virtual clock when virtual_clock is set (serve() sets it): it
+        moves only by what the host calls cost (100 us a call, 10 a token),
+        so the scheduler's time-based choices, and so the whole run, repeat
+        exactly; else the real monotonic clock."""
+        if self.virtual_clock is None:
+            return time.monotonic_ns() // 1000
+        return self.virtual_clock
+
     # -- notifications ------------------------------------------------------------
     def on_token(self, req, branch, token, job):
         job.got[branch].append(token)
@@ -504,12 +517,14 @@ def workload(m, n_jobs=40, block_tokens=4, seed=3, max_new=(6, 14)):
 
 
 def serve(m, jobs, layout, spec=0, block_tokens=4, device_blocks=20, host_blocks=256,
-          max_running=8, mode="exact"):
+          max_running=8, mode="exact", draft_layers=None):
     """Serve jobs through a fresh pool and scheduler; returns (stats, host)."""
     for j in jobs:
         j.got = [[] for _ in range(j.n)]
         j.finished = 0
-    host = TorchHost(m, block_tokens, device_blocks, host_blocks, mode=mode)
+    host = TorchHost(m, block_tokens, device_blocks, host_blocks, mode=mode,
+                     draft_layers=draft_layers, draft_k=max(spec, 1))
+    host.virtual_clock = 1  # the run repeats exactly (see TorchHost.now_us)
     pool = batchkv.Pool(block_tokens=block_tokens, device_blocks=device_blocks,
                         host_blocks=host_blocks)
     kw = dict(max_running=max_running, preempt=batchkv.Preempt.SWAP, batch_layout=layout)
@@ -541,6 +556,8 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--device-blocks", type=int, default=20)
     ap.add_argument("--spec-k", type=int, default=3)
+    ap.add_argument("--draft-layers", type=int, default=None,
+                    help="the draft model's layers (default: half the model's)")
     args = ap.parse_args(argv)
     dev = args.device
     if dev.startswith("cuda") and not torch.cuda.is_available():
@@ -558,7 +575,8 @@ def main(argv=None):
     for layout in (batchkv.BatchLayout.FLAT, batchkv.BatchLayout.PERSISTENT):
         for spec in (0, args.spec_k):
             t0 = time.perf_counter()
-            st, host = serve(m, jobs, layout, spec, device_blocks=args.device_blocks)
+            st, host = serve(m, jobs, layout, spec, device_blocks=args.device_blocks,
+                             draft_layers=args.draft_layers)
             bad = mismatches(jobs)
             ok = ok and not bad
             print("  %-10s spec_k=%d: %s  hits=%d cow=%d swaps=%d preempt=%d spec_accepted=%d "
