@@ -34,8 +34,11 @@ relative error per shape, its median and mean |log ratio|.
 
 The default model is TinyLlama-1.1B's shape (22 layers, dim 2048, 32 query
 and 4 KV heads of 64, SwiGLU 5632, vocab 32000) in bfloat16 with random
-weights; the grid takes about 3 to 5 minutes on one H100 (--quick: under
-one). Exits 2 with a message when no CUDA device is present.
+weights; the grid (15 decode shapes, 5 prefill sizes) is sized to finish well
+within 8 minutes on one H100 (--quick: a 6-shape smoke run). It has not been
+run on a GPU yet (none was available when it was written). Exits 2 with a
+message when no CUDA device is present; --cpu-smoke runs its code path on the
+CPU with the small model (the times mean nothing there).
 """
 import argparse
 import os
