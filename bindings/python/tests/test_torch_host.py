@@ -69,3 +69,17 @@ def test_batched_mode_agrees_with_the_reference_on_most_tokens(model_and_jobs):
     assert all(j.finished == 1 for j in greedy)
     same = sum(a == b for j in greedy for a, b in zip(j.got[0], j.ref[0]))
     assert same >= 0.9 * sum(len(j.ref[0]) for j in greedy)
+
+
+def test_gpu_step_times_runs_its_grid_on_the_cpu(tmp_path, capsys):
+    """gpu_step_times.py --cpu-smoke: the CUDA script's code path with the
+    small model (the times mean nothing on the CPU), its CSV and its report."""
+    import gpu_step_times
+    out = tmp_path / "steps.csv"
+    assert gpu_step_times.main(["--cpu-smoke", "--reps", "2", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "kind,decode_rows,decode_context,prefill_tokens,measured_us"
+    kinds = [line.split(",")[0] for line in lines[1:]]
+    assert kinds.count("decode") == 2 and kinds.count("prefill") == 2
+    assert all(float(line.split(",")[4]) > 0 for line in lines[1:])
+    assert "median |error|" in capsys.readouterr().out
