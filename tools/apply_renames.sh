@@ -1,13 +1,13 @@
 #!/bin/sh
-# apply_renames.sh [ROOT] - apply the public renames of issue 14 (the table
-# "Public renames (issue 14)" in docs/design.md) to every tracked text file of
-# the tree at ROOT (default: the current directory): include, lib, tests,
-# examples, bench, bindings (Python ctypes and Rust), docs, README.
+# apply_renames.sh [ROOT] - apply the public renames listed below (old name,
+# new name) to every tracked text file of the tree at ROOT (default: the
+# current directory): include, lib, tests, examples, bench, bindings (Python
+# ctypes and Rust), docs, README: for a tree written against the old names.
 #
 # Word-boundary GNU sed over the files git tracks, so build folders, cargo
-# targets and .git are never touched. Left alone: this script, and the rename
-# table itself in docs/design.md (from its heading to the next "## " heading),
-# which must keep naming the old names. Idempotent: no new name contains an old
+# targets and .git are never touched. Left alone: this script, and a section
+# of docs/design.md headed "## Public renames", should one name the old names.
+# Idempotent: no new name contains an old
 # one as a whole word, so a second run finds nothing to change. docs/api.md is
 # then regenerated from the header, as the api_docs test expects.
 set -eu
@@ -30,7 +30,7 @@ done <<LIST
 $renames
 LIST
 
-table='/^## Public renames (issue 14)/,/^## /'
+table='/^## Public renames/,/^## /'
 n=0
 # -I: text files only; -w -E: the old names as whole words.
 git grep -l -I -z -w -E "$pattern" -- . ':(exclude)tools/apply_renames.sh' |

@@ -4,7 +4,7 @@
  * steps). A lane's released sequence goes on the deferred list instead of
  * being closed, an ended request is held instead of freed, a larger batch
  * buffer set goes to a set no step in flight uses; and the invariants of all
- * of it (bkv_sched_check 34-36). Nothing here calls back into the other files
+ * of it (bkv_sched_check 35-37). Nothing here calls back into the other files
  * of the layer; sched/overlap.c releases the lists.
  */
 #include "sched/overlap.h"
@@ -120,12 +120,12 @@ int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
 
 /* ---- invariants ------------------------------------------------------------ */
 
-/* 34: the deferred list: each entry's lane has given up its sequence, which
+/* 35: the deferred list: each entry's lane has given up its sequence, which
  *     the pool still holds open; its count; nothing deferred while no step
  *     is outstanding.
- * 35: the tickets: at most OVL_DEPTH, numbers increasing and past the last
+ * 36: the tickets: at most OVL_DEPTH, numbers increasing and past the last
  *     completed step, only the oldest provisional; fenced iff outstanding.
- * 36: held requests have ended; a lane counts a placeholder only while a
+ * 37: held requests have ended; a lane counts a placeholder only while a
  *     provisional ticket is outstanding, and waits for its drafts only
  *     while a ticket is. */
 int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)

@@ -335,5 +335,6 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  *       (a duplicate of an indexed block is swapped for it, txn_dedupe in
  *       pool.c), or still waits for the swap-in copy that brings its KV
  * 33    persistent layout: the row slots
- * 34-36 overlapped scheduling: the deferred-release list, the tickets, the
+ * 34    speculative decoding's per-step state (sched/spec.c)
+ * 35-37 overlapped scheduling: the deferred-release list, the tickets, the
  *       held requests and placeholders (sched/defer.c) */
