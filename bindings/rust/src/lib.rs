@@ -124,13 +124,7 @@ pub use sys::bkv_step_info as StepInfo;
 /// Functions of the header the safe layer does not wrap, with the reason.
 /// The drift guard reads this table (and fails on an entry that is wrapped
 /// after all).
-pub const UNBOUND: &[(&str, &str)] = &[
-    (
-        "bkv_step_launch",
-        "overlapped scheduling needs a host whose launch returns before its tokens are sampled (a device queue); the safe Scheduler drives bkv_step",
-    ),
-    ("bkv_step_complete", "the second phase of bkv_step_launch (see there)"),
-];
+pub const UNBOUND: &[(&str, &str)] = &[];
 
 // ------------------------------------------------------------------ errors --
 
@@ -1728,6 +1722,17 @@ pub trait Host {
     fn on_token(&mut self, _req: u64, _branch: u32, _token: i32, _user: usize) {}
     /// A request ended (exactly once per request).
     fn on_finish(&mut self, _req: u64, _reason: FinishReason, _user: usize) {}
+    /// true: overlapped scheduling (`SchedConfig::overlap = 1`): the
+    /// library calls `launch`, and [`Scheduler::launch`] /
+    /// [`Scheduler::complete`] drive the two-phase step.
+    const HAS_LAUNCH: bool = false;
+    /// Enqueue the batch on the device and return at once: copy what the
+    /// device reads later (the batch is borrowed for this call only); the
+    /// tokens go to [`Scheduler::complete`]. Token ids of at most -2 in
+    /// `token_ids` are placeholders for tokens the step in flight samples.
+    fn launch(&mut self, _batch: &Batch<'_>) -> std::result::Result<(), HostFailed> {
+        Err(HostFailed)
+    }
     /// true: speculative decoding's drafts come from `draft`
     /// (`SchedConfig::spec_drafts = BKV_SPEC_DRAFT_HOST`).
     const HAS_DRAFT: bool = false;
@@ -1780,6 +1785,8 @@ impl<'a> Request<'a> {
 struct HostCell<H> {
     host: UnsafeCell<H>,
     panic: Cell<Option<Box<dyn Any + Send + 'static>>>,
+    /// the last launch callback's next_tokens array and its rows (overlap)
+    launched: Cell<(*mut i32, usize)>,
 }
 
 /// Run a callback body, catching a panic into the cell (never unwinding into C).
@@ -1810,6 +1817,18 @@ unsafe fn compute<H: Host>(host: *mut c_void, b: *const sys::bkv_batch, next: *m
         slice::from_raw_parts_mut(next, b.n_rows as usize)
     };
     guarded(cell, -1, |h| match f(h, &batch, nt) {
+        Ok(()) => 0,
+        Err(HostFailed) => -1,
+    })
+}
+
+unsafe extern "C" fn launch_cb<H: Host>(h: *mut c_void, b: *const sys::bkv_batch,
+                                         n: *mut i32) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    let b = &*b;
+    cell.launched.set((n, b.n_rows as usize));
+    let batch = Batch { raw: b };
+    guarded(cell, -1, |h| match h.launch(&batch) {
         Ok(()) => 0,
         Err(HostFailed) => -1,
     })
@@ -1866,6 +1885,36 @@ unsafe extern "C" fn clock_cb<H: Host>(h: *mut c_void) -> u64 {
 
 // ------------------------------------------------------------- scheduler --
 
+/// An outstanding overlapped step ([`Scheduler::launch`]); consumed by
+/// [`Scheduler::complete`].
+#[derive(Debug)]
+pub struct Ticket {
+    id: u64,
+    n_rows: usize,
+}
+
+impl Ticket {
+    /// The step's number (`bkv_step_launch`'s ticket).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// Rows of the launched batch: the tokens [`Scheduler::complete`] takes.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+}
+
+/// What [`Scheduler::launch`] did.
+#[derive(Debug)]
+pub enum Launch {
+    /// A step was launched: complete it with its ticket.
+    Step(Ticket),
+    /// Nothing to compute: complete the step in flight, then launch again.
+    Nothing,
+    /// The plan needs the step in flight's tokens (`BKV_EAGAIN`).
+    Busy,
+}
+
 /// What a step delivered (`bkv_step_outputs`): per token its request, branch
 /// and id, in `on_token`'s order; per ended request its id and
 /// `bkv_finish_reason`, in `on_finish`'s order. Borrowed from the scheduler
@@ -1884,6 +1933,9 @@ pub struct StepOutputs<'s> {
 pub struct Scheduler<'pool, H: Host> {
     raw: NonNull<sys::bkv_sched>,
     host: Box<HostCell<H>>,
+    /// outstanding overlapped steps: ticket, its next_tokens, its rows
+    /// (written under the stepping flag only)
+    tickets: UnsafeCell<Vec<(u64, *mut i32, usize)>>,
     stepping: AtomicBool,
     pool: *mut sys::bkv_pool,
     pool_id: u64,
@@ -1941,13 +1993,18 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         if H::HAS_DRAFT {
             ops.draft = Some(draft_cb::<H>);
         }
-        let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None) });
+        if H::HAS_LAUNCH {
+            ops.launch = Some(launch_cb::<H>);
+        }
+        let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None),
+                                       launched: Cell::new((ptr::null_mut(), 0)) });
         let mut s = ptr::null_mut();
         check_named(unsafe {
             sys::bkv_sched_create(&c, pool.as_ptr(), &ops,
                                   &*host as *const HostCell<H> as *mut c_void, ptr::null(), &mut s)
         })?;
         Ok(Scheduler { raw: NonNull::new(s).ok_or(Error::OutOfMemory)?, host,
+                       tickets: UnsafeCell::new(Vec::new()),
                        stepping: AtomicBool::new(false), pool: pool.as_ptr(), pool_id: pool.id,
                        _pool: PhantomData })
     }
@@ -2001,6 +2058,74 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         if let Some(p) = self.host.panic.take() {
             drop(_x);
             panic::resume_unwind(p);
+        }
+        check(rc)?;
+        Ok(info)
+    }
+
+    /// `bkv_step_launch` (overlapped scheduling, a host with `HAS_LAUNCH`):
+    /// plan the next step while the one in flight runs, and hand it to
+    /// `Host::launch`. [`Launch::Step`] carries its ticket, which
+    /// [`Scheduler::complete`] consumes (a step cannot be completed twice);
+    /// [`Launch::Nothing`]: nothing to compute (complete the step in flight,
+    /// launch again); [`Launch::Busy`]: the plan needs the step in flight's
+    /// tokens first (`BKV_EAGAIN`: complete it).
+    pub fn launch(&self) -> Result<Launch> {
+        let _x = self.exclusive()?;
+        let mut t = 0u64;
+        let rc = unsafe { sys::bkv_step_launch(self.raw.as_ptr(), &mut t, ptr::null_mut()) };
+        if let Some(p) = self.host.panic.take() {
+            drop(_x);
+            panic::resume_unwind(p);
+        }
+        if rc == sys::BKV_EAGAIN {
+            return Ok(Launch::Busy);
+        }
+        check(rc)?;
+        if t == 0 {
+            return Ok(Launch::Nothing);
+        }
+        let (p, n) = self.host.launched.get();
+        // SAFETY: under the stepping flag, the only access
+        unsafe { (*self.tickets.get()).push((t, p, n)) };
+        Ok(Launch::Step(Ticket { id: t, n_rows: n }))
+    }
+
+    /// `bkv_step_complete` of the oldest outstanding step: `Some(tokens)`
+    /// (one per row of the launched batch; rows that do not sample are not
+    /// read) when the device ran it, `None` when it failed (every
+    /// outstanding step then fails: complete each; the last completion rolls
+    /// them back, `Err(Host)`). `Err(InvalidArgument)` for a token count
+    /// other than the ticket's rows (the step is then completed as failed).
+    pub fn complete(&self, ticket: Ticket, tokens: Option<&[i32]>) -> Result<StepInfo> {
+        let _x = self.exclusive()?;
+        // SAFETY: under the stepping flag, the only access
+        let tickets = unsafe { &mut *self.tickets.get() };
+        let at = tickets.iter().position(|e| e.0 == ticket.id).ok_or(Error::InvalidArgument)?;
+        let (_, p, n) = tickets[at];
+        let mut status = if tokens.is_some() { 0 } else { -1 };
+        let mut bad = false;
+        if let Some(tk) = tokens {
+            if tk.len() != n {
+                status = -1;
+                bad = true;
+            } else if n > 0 {
+                // SAFETY: the launch's next_tokens holds n entries until the
+                // step completes, which happens only here
+                unsafe { std::slice::from_raw_parts_mut(p, n) }.copy_from_slice(tk);
+            }
+        }
+        let mut info = zeroed::<StepInfo>();
+        let rc = unsafe { sys::bkv_step_complete(self.raw.as_ptr(), ticket.id, status, &mut info) };
+        if rc != sys::BKV_EINVAL && rc != sys::BKV_ESTATE {
+            tickets.remove(at);
+        }
+        if let Some(p) = self.host.panic.take() {
+            drop(_x);
+            panic::resume_unwind(p);
+        }
+        if bad {
+            return Err(Error::InvalidArgument);
         }
         check(rc)?;
         Ok(info)

@@ -826,3 +826,84 @@ fn release_and_resume_the_device_kv() {
     s.run().unwrap();
     assert_eq!(s.host_mut().tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
 }
+
+/// An overlapped host: `launch` queues what the device will compute (the
+/// last input token of each sampling row, a placeholder resolved when the
+/// device runs it); the test's loop runs the device and completes the step.
+#[derive(Default)]
+struct OverlapPlusOne {
+    inner: PlusOne,
+    queue: Vec<Vec<(usize, u64, u32, i32)>>,
+    rows: Vec<usize>,
+    last: HashMap<(u64, u32), i32>,
+}
+
+impl OverlapPlusOne {
+    fn run_device(&mut self) -> Vec<i32> {
+        let rows = self.queue.remove(0);
+        let n = self.rows.remove(0);
+        let mut next = vec![0i32; n];
+        for (r, req, br, t) in rows {
+            let t = if t <= -2 { self.last[&(req, br)] } else { t };
+            next[r] = t + 1;
+            self.last.insert((req, br), t + 1);
+        }
+        next
+    }
+}
+
+impl Host for OverlapPlusOne {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        self.inner.forward(b, next)
+    }
+    const HAS_LAUNCH: bool = true;
+    fn launch(&mut self, b: &Batch<'_>) -> std::result::Result<(), HostFailed> {
+        let (tok, qo) = (b.token_ids(), b.qo_indptr());
+        let mut rows = Vec::new();
+        for r in 0..b.n_rows() {
+            if b.row_sample()[r] != 0 {
+                rows.push((r, b.row_req()[r], b.row_branch()[r], tok[qo[r + 1] as usize - 1]));
+            }
+        }
+        self.queue.push(rows);
+        self.rows.push(b.n_rows());
+        Ok(())
+    }
+    fn on_token(&mut self, req: u64, b: u32, token: i32, u: usize) {
+        self.inner.on_token(req, b, token, u)
+    }
+    fn on_finish(&mut self, req: u64, why: FinishReason, user: usize) {
+        self.inner.on_finish(req, why, user)
+    }
+}
+
+#[test]
+fn overlapped_launch_and_complete_match_plain() {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 64, ..Default::default() }).unwrap();
+    let cfg = SchedConfig { overlap: 1, ..Default::default() };
+    let mut s = Scheduler::new(&mut pool, OverlapPlusOne::default(), &cfg, None).unwrap();
+    let ids = submit3(&s);
+    let mut out: Vec<Ticket> = Vec::new();
+    while s.pending() > 0 || !out.is_empty() {
+        let l = if s.pending() > 0 { s.launch().unwrap() } else { Launch::Nothing };
+        match l {
+            Launch::Step(t) => {
+                out.push(t);
+                if out.len() == 2 {
+                    let next = s.host_mut().run_device();
+                    s.complete(out.remove(0), Some(&next)).unwrap();
+                }
+            }
+            Launch::Nothing | Launch::Busy => {
+                while !out.is_empty() {
+                    let next = s.host_mut().run_device();
+                    s.complete(out.remove(0), Some(&next)).unwrap();
+                }
+            }
+        }
+    }
+    assert!(s.stats().unwrap().overlap_steps > 0);
+    let h = s.host_mut();
+    assert_eq!(h.inner.tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
+    assert_eq!(h.inner.tokens[&ids[1]], vec![105, 106, 107, 108]);
+}
