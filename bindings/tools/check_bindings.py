@@ -33,7 +33,11 @@ What it checks, against what bkvheader.py reads from the header:
     examples): the wrapper that calls it - or a wrapper whose body names
     that wrapper, transitively, or a trait or dunder method - is named in a
     test. A function reached by none fails.
- 4. bindings/layout.c (the sizeof/offsetof program the layout tests compare
+    The same for every field of every public struct: named in a test of
+    the binding (its layout test aside) or in a wrapper a test reaches, or
+    listed in the language's FIELDS_UNREACHED table ("struct" or
+    "struct.field") with the reason.
+ 5. bindings/layout.c (the sizeof/offsetof program the layout tests compare
     ctypes and Rust against) is exactly what --emit-layout prints now.
 
 The layout itself (sizes, offsets) is checked by the languages' own tests,
@@ -332,9 +336,12 @@ def check_python(hdr, root, problems):
             used |= set(re.findall(r"_lib\.(bkv_\w+)", open(os.path.join(pkg, "batchkv", fn)).read()))
     check_safe("python", hdr, used, getattr(ffi, "UNBOUND", {}), problems)
     src = read_tree(root, "bindings/python/batchkv", ".py", skip=("_ffi.py",))
-    tests = read_tree(root, "bindings/python/tests", ".py") + read_tree(root, "examples/python", ".py")
-    check_reached("python", hdr, defs_of(src, r"\s*def (\w+)"), tests, r"_lib\.%s\b",
-                  getattr(ffi, "UNBOUND", {}), problems)
+    tests = read_tree(root, "bindings/python/tests", ".py", skip=("test_layout.py", "test_drift.py")) + \
+        read_tree(root, "examples/python", ".py")
+    pydefs = defs_of(src, r"\s*def (\w+)")
+    check_reached("python", hdr, pydefs, tests, r"_lib\.%s\b", getattr(ffi, "UNBOUND", {}),
+                  problems)
+    check_fields("python", hdr, pydefs, tests, getattr(ffi, "FIELDS_UNREACHED", {}), problems)
 
 
 # Methods a test reaches without naming them (operators, conversions,
@@ -382,6 +389,25 @@ def check_reached(lang, hdr, defs, tests, call, unbound, problems):
         if not any(pat.search(defs[d]) for d in reached):
             problems.append("%s: no test reaches %s (no test names a wrapper that calls it)"
                             % (lang, name))
+
+
+def check_fields(lang, hdr, defs, tests, unreached, problems):
+    reached = reached_defs(defs, tests)
+    body = "\n".join(defs[d] for d in reached)
+    for sname, fields in hdr["structs"].items():
+        for _t, f, _arr in fields:
+            if f in ("size", "pad", "reserved", "state_pad") or sname in unreached or \
+                    "%s.%s" % (sname, f) in unreached:
+                continue
+            w = re.compile(r"\b%s\b" % re.escape(f))
+            if not (w.search(tests) or w.search(body)):
+                problems.append("%s: no test reaches %s.%s (named in no test nor in a wrapper "
+                                "one reaches), and it is not in FIELDS_UNREACHED" % (lang, sname, f))
+    for k, why in unreached.items():
+        if k.split(".")[0] not in hdr["structs"]:
+            problems.append("%s: FIELDS_UNREACHED names %s, which the header does not" % (lang, k))
+        elif not why or len(why.strip()) < 10:
+            problems.append("%s: FIELDS_UNREACHED[%s] gives no reason" % (lang, k))
 
 
 def read_tree(root, sub, ext, skip=()):
@@ -491,10 +517,17 @@ def check_rust(hdr, root, problems):
         for a, b in re.findall(r"\(\s*\"(bkv_\w+)\"\s*,\s*\"((?:[^\"\\]|\\.)*)\"\s*,?\s*\)", m.group(1)):
             unbound[a] = b
     check_safe("rust", hdr, used, unbound, problems)
-    tests = read_tree(root, "bindings/rust/tests", ".rs") + read_tree(root, "bindings/rust/examples", ".rs")
-    check_reached("rust", hdr, defs_of(lib, r'\s*(?:pub(?:\(crate\))? )?(?:const )?(?:unsafe )?'
-                                       r'(?:extern "C" )?fn (\w+)'),
-                  tests, r"sys::%s\s*\(", unbound, problems)
+    tests = read_tree(root, "bindings/rust/tests", ".rs", skip=("layout.rs",)) + \
+        read_tree(root, "bindings/rust/examples", ".rs")
+    rsdefs = defs_of(lib, r'\s*(?:pub(?:\(crate\))? )?(?:const )?(?:unsafe )?'
+                          r'(?:extern "C" )?fn (\w+)')
+    check_reached("rust", hdr, rsdefs, tests, r"sys::%s\s*\(", unbound, problems)
+    fu = {}
+    m = re.search(r"FIELDS_UNREACHED: &\[\(&str, &str\)\] = &\[(.*?)\];", lib, re.S)
+    if m:
+        for a, b in re.findall(r"\(\s*\"([\w.]+)\"\s*,\s*\"((?:[^\"\\]|\\.)*)\"\s*,?\s*\)", m.group(1)):
+            fu[a] = b
+    check_fields("rust", hdr, rsdefs, tests, fu, problems)
 
 
 def main(argv):

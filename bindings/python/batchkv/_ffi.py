@@ -724,5 +724,16 @@ def load():
 
 # Functions of the header the safe layer does not wrap, with the reason (the
 # drift guard reads this table).
+# Struct fields no test of this binding reaches, with the reason (the drift
+# guard reads this table).
+FIELDS_UNREACHED = {
+    "bkv_allocator": "the allocator hook is not in the safe layer: a Pool or Scheduler "
+                     "passes NULL (libc's allocator)",
+    "bkv_step_shape.decode_drafts": "priced shapes the Python cost wrappers build carry no "
+                                    "drafts; the library fills it for its own pricing",
+    "bkv_vllm_config.key_name_ud": "VllmEncoder's key_name is a Python closure: the C user "
+                                   "pointer is the encoder's own",
+}
+
 UNBOUND = {
 }

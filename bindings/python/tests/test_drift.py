@@ -122,6 +122,23 @@ def test_a_function_no_test_reaches_is_caught(tree):
     assert "python: no test reaches" not in out
 
 
+def test_a_field_no_test_reaches_is_caught(tree):
+    for d in ("bindings/python/tests", "bindings/rust/tests"):
+        for f in os.listdir(tree / d):
+            if f not in ("test_layout.py", "layout.rs", "test_drift.py"):
+                p = tree / d / f
+                p.write_text(p.read_text().replace("overlap_spec_idle", "overlap_syncs"))
+    rc, out = check(tree)
+    assert rc == 1
+    assert "python: no test reaches bkv_sched_stats.overlap_spec_idle" in out
+    assert "rust: no test reaches bkv_sched_stats.overlap_spec_idle" in out
+    with open(tree / "bindings/python/batchkv/_ffi.py", "a") as f:
+        f.write('\nFIELDS_UNREACHED = dict(FIELDS_UNREACHED, '
+                'bkv_sched_stats="a reason long enough")\n')
+    rc, out = check(tree)
+    assert "python: no test reaches bkv_sched_stats" not in out
+
+
 def test_a_changed_enum_value_is_caught(tree):
     edit(tree, "include/batchkv.h", "BKV_PREEMPT_SWAP = 2", "BKV_PREEMPT_SWAP = 3")
     rc, out = check(tree)

@@ -126,6 +126,12 @@ pub use sys::bkv_step_info as StepInfo;
 /// after all).
 pub const UNBOUND: &[(&str, &str)] = &[];
 
+/// Struct fields no test reaches through the safe layer, with the reason.
+/// The drift guard reads this table.
+pub const FIELDS_UNREACHED: &[(&str, &str)] = &[
+    ("bkv_allocator", "the allocator hook is not in the safe layer: Pool and Scheduler pass NULL (libc's allocator)"),
+];
+
 // ------------------------------------------------------------------ errors --
 
 /// What kind of failure: one variant per `bkv_status` code.
@@ -884,6 +890,8 @@ pub struct VllmConfig {
     pub sliding_window: u32,
     /// Map layout: send BlockStored.extra_keys. Default false.
     pub extra_keys: bool,
+    /// The medium named for host-cache blocks (`bkv_vllm_config.host_medium`).
+    pub host_medium: Option<String>,
 }
 
 unsafe fn opt_string(p: *const c_char) -> Option<String> {
@@ -918,6 +926,7 @@ impl Default for VllmConfig {
             spec_kind: unsafe { opt_string(c.spec_kind) },
             sliding_window: c.sliding_window,
             extra_keys: c.extra_keys != 0,
+            host_medium: unsafe { opt_string(c.host_medium) },
         }
     }
 }
@@ -925,7 +934,7 @@ impl Default for VllmConfig {
 /// A raw config and the C strings it points into.
 struct RawVllmConfig {
     raw: sys::bkv_vllm_config,
-    _strings: (CString, Option<CString>, Option<CString>),
+    _strings: (CString, Option<CString>, Option<CString>, Option<CString>),
 }
 
 fn c_string(s: &str) -> Result<CString> {
@@ -943,8 +952,13 @@ impl VllmConfig {
             Some(k) => Some(c_string(k)?),
             None => None,
         };
+        let host_medium = match &self.host_medium {
+            Some(m) => Some(c_string(m)?),
+            None => None,
+        };
         let mut c = zeroed::<sys::bkv_vllm_config>();
         unsafe { sys::bkv_vllm_config_init(&mut c) };
+        c.host_medium = host_medium.as_ref().map_or(ptr::null(), |m| m.as_ptr());
         c.wire = self.wire as u32;
         c.hash = self.hash as u32;
         c.int_hashes = self.int_hashes as u32;
@@ -956,7 +970,7 @@ impl VllmConfig {
         c.sliding_window = self.sliding_window;
         c.extra_keys = self.extra_keys as u32;
         // the CStrings' buffers are on the heap: moving them keeps the pointers
-        Ok(RawVllmConfig { raw: c, _strings: (seed, medium, kind) })
+        Ok(RawVllmConfig { raw: c, _strings: (seed, medium, kind, host_medium) })
     }
 }
 
