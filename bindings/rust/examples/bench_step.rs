@@ -2,8 +2,9 @@
 //! steady decode (64-token distinct prompts, block_tokens 16, nothing
 //! finishes, admit_group 1, best of 8 batches) with a no-op host writing
 //! next_tokens[r] = 7 + r for the sampled rows. "+on_token" also has an
-//! on_token method (called once per row); "+outputs" reads each step's
-//! outputs as slices (Scheduler::outputs) and sums every token instead.
+//! on_token method (called once per row); "+outputs" has no on_token
+//! (HAS_ON_TOKEN false), reads each step's outputs as slices
+//! (Scheduler::outputs) and sums every token instead.
 //!
 //!     cargo run --release --example bench_step [STEPS]
 use batchkv::*;
@@ -11,6 +12,21 @@ use std::time::Instant;
 
 struct Noop<const TOKENS: bool> {
     seen: u64,
+}
+
+/// The outputs host: no on_token at all (the tokens come from outputs()).
+struct NoopOutputs;
+
+impl Host for NoopOutputs {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        for (r, &s) in b.row_sample().iter().enumerate() {
+            if s != 0 {
+                next[r] = 7 + r as i32;
+            }
+        }
+        Ok(())
+    }
+    const HAS_ON_TOKEN: bool = false;
 }
 
 impl<const TOKENS: bool> Host for Noop<TOKENS> {
@@ -29,7 +45,7 @@ impl<const TOKENS: bool> Host for Noop<TOKENS> {
     }
 }
 
-fn run<const TOKENS: bool>(running: u32, steps: u32, outputs: bool) -> f64 {
+fn run<H: Host>(host: H, running: u32, steps: u32, outputs: bool) -> f64 {
     let (prompt_len, bt, warm) = (64u32, 16u32, 16u32);
     let max_new = warm + steps + 8;
     let per_req = (prompt_len + max_new + bt - 1) / bt;
@@ -37,7 +53,7 @@ fn run<const TOKENS: bool>(running: u32, steps: u32, outputs: bool) -> f64 {
                                            max_seqs: running + 16, ..Default::default() }).unwrap();
     let cfg = SchedConfig { max_running: running, admit_group: 1, max_wait_us: u64::MAX,
                             max_queue: running + 16, ..Default::default() };
-    let mut s = Scheduler::new(&mut pool, Noop::<TOKENS> { seen: 0 }, &cfg, None).unwrap();
+    let mut s = Scheduler::new(&mut pool, host, &cfg, None).unwrap();
     if outputs {
         s.enable_outputs(true).unwrap();
     }
@@ -72,14 +88,14 @@ fn main() {
     println!("rust, {} timed steps, us per step (best of 8 batches)", steps);
     for &running in &[32u32, 1024] {
         println!("rust forward           running {:5}: {:9.2} us/step", running,
-                 run::<false>(running, steps, false));
+                 run(Noop::<false> { seen: 0 }, running, steps, false));
     }
     for &running in &[32u32, 1024] {
         println!("rust forward+on_token  running {:5}: {:9.2} us/step", running,
-                 run::<true>(running, steps, false));
+                 run(Noop::<true> { seen: 0 }, running, steps, false));
     }
     for &running in &[32u32, 1024] {
         println!("rust forward+outputs   running {:5}: {:9.2} us/step", running,
-                 run::<false>(running, steps, true));
+                 run(NoopOutputs, running, steps, true));
     }
 }

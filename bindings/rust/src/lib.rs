@@ -1732,6 +1732,9 @@ pub trait Host {
         -> std::result::Result<(), HostFailed> {
         self.forward(batch, next_tokens)
     }
+    /// false: the library calls no `on_token` (a host that reads each
+    /// step's tokens from [`Scheduler::outputs`] saves a call per token).
+    const HAS_ON_TOKEN: bool = true;
     /// A token reached a request's branch (`user`: [`Request::user`]).
     fn on_token(&mut self, _req: u64, _branch: u32, _token: i32, _user: usize) {}
     /// A request ended (exactly once per request).
@@ -1999,7 +2002,9 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         } else {
             ops.forward = Some(forward_cb::<H>);
         }
-        ops.on_token = Some(token_cb::<H>);
+        if H::HAS_ON_TOKEN {
+            ops.on_token = Some(token_cb::<H>);
+        }
         ops.on_finish = Some(finish_cb::<H>);
         if H::HAS_CLOCK {
             ops.now_us = Some(clock_cb::<H>);
