@@ -823,8 +823,13 @@ static void txn_prefetch(bkv__kv *kv)
  * block is indexed only under an indexed parent). d's KV is b's (same tokens
  * under the same parent and key), written by an earlier successful call or
  * earlier in this commit's call. Only a private block that nothing else
- * reads (one reference, no pending copy) in a table that still holds it at
- * the recorded place (the owner checks that). */
+ * reads (one reference, no pending device copy) in a table that still holds
+ * it at the recorded place (the owner checks that). A pending swap-in copy
+ * into b does not hold it: b is freed with the copy still listed, as when a
+ * sequence ends before a call carried its swap-in; the copy lands in b
+ * before any later call computes into it, and b's holder reads d. (Merging
+ * at once matters: a block left private until its copy clears could be
+ * shared by a fork first, and a block two tables hold is never merged.) */
 static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 {
 	bkv__block *k = &kv->blk[b];
@@ -833,7 +838,7 @@ static void txn_dedupe(bkv__kv *kv, uint32_t q, int32_t b, int32_t d)
 	int32_t next = -1;
 
 	if (own == UINT64_MAX || !kv->dedupe || k->ref != 1 ||
-	    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_PEND_SWAPIN | BKV__BLOCK_COPY_SRC)))
+	    (k->flags & (BKV__BLOCK_PEND_DEV | BKV__BLOCK_COPY_SRC)))
 		return;
 	if (c->parent != k->parent || c->fill != kv->bt ||
 	    memcmp(bkv__tok(kv, d), bkv__tok(kv, b),
@@ -871,16 +876,13 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 	kv->txn_active = 0;
 	if (commit && kv->index && kv->txn_n > 1)
 		txn_prefetch(kv);
-	/* Queue order is fill order, parents first, except after blocks were
-	 * carried over (below): a carried block's children that filled in
-	 * this transaction may come before it, and wait for another pass.
-	 * Carried over to the next commit, compacted to the queue's front in
-	 * order: on an abort, the swapped-in blocks (their swap-in copies stay
-	 * pending for the next call, which brings their KV; the next commit
-	 * indexes them); on a commit, a swapped-in block whose content is
-	 * indexed already as another block, while its copy is pending (the
-	 * next commit puts that block in its place, txn_dedupe), and the
-	 * blocks that wait on it. The rest is forgotten. */
+	/* Queue order is fill order, parents first, except after an abort
+	 * carried blocks over (below): a carried block's children that filled
+	 * in this transaction may come before it, and wait for another pass.
+	 * An abort keeps the swapped-in blocks queued (their swap-in copies
+	 * stay pending for the next call, which brings their KV; the next
+	 * commit indexes them), compacted to the queue's front in order; it
+	 * forgets the rest. */
 	do {
 		left = 0;
 		progress = 0;
@@ -911,10 +913,6 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 				txn_dedupe(kv, i, b, d);
 				if (!(k->flags & BKV__BLOCK_TXN))
 					continue; /* freed: d in its place */
-				if ((k->flags & BKV__BLOCK_PEND_SWAPIN) && k->ref > 0) {
-					k->prev = TXN_CARRY(i);
-					continue;
-				}
 			}
 			k->flags &= ~(BKV__BLOCK_TXN | BKV__BLOCK_HASHED);
 			k->prev = -1;
@@ -928,9 +926,7 @@ void bkv__kv_txn_end(bkv__kv *kv, int commit)
 		if (!(k->flags & BKV__BLOCK_TXN) ||
 		    (k->prev != TXN_CARRY(i) && k->prev != (int32_t)i))
 			continue;
-		/* one still waiting descends from a carried block */
-		BKV_ASSERT(k->prev == TXN_CARRY(i) ||
-			   (k->parent >= 0 && (kv->blk[k->parent].flags & BKV__BLOCK_TXN)));
+		BKV_ASSERT(k->prev == TXN_CARRY(i)); /* a commit leaves none waiting */
 		kv->txn_pending[carried] = b;
 		kv->txn_owner[carried] = kv->txn_owner[i];
 		k->prev = (int32_t)carried++;

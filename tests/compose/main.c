@@ -36,7 +36,7 @@
 
 /* Seeds beyond CX_CI_SEEDS that a soak (bench/compose_soak.sh) found
  * failing, each a defect since fixed: the CI form runs them too. */
-static const uint64_t found[] = {150332, 157918, 182639};
+static const uint64_t found[] = {150332, 157918, 182639, 1013044};
 
 static volatile uint64_t running_seed;
 static const char *prog = "compose";
