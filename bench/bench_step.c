@@ -21,6 +21,9 @@
  *        bench_step --context           flat against persistent, 64 .. 131,072
  *                                       tokens of context
  *        bench_step --churn R STEPS     one churn configuration
+ *        bench_step --minimal R STEPS CONTEXT
+ *                                       a minimal step writing the same flat
+ *                                       batch (bench/step_lines.sh)
  */
 #include <batchkv.h>
 
@@ -269,6 +272,80 @@ static result run_churn(uint32_t running, uint32_t steps)
 	return res;
 }
 
+/* ---- a minimal step: the same flat batch, nothing else --------------------
+ *
+ * What any scheduler must do each decode step for R rows of a flat batch:
+ * append the row's token (a new block from a free list at a boundary), and
+ * write its batch entries (token, position, slot, qo/kv indptr, the block
+ * table into kv_indices, last-page length, sample flag, request id). The
+ * reference that bench/step_lines.sh compares bkv_step against, in
+ * instructions and in cache misses per row (callgrind --cache-sim). */
+typedef struct min_batch {
+	int32_t *tok, *pos, *slot, *qo, *kvp, *kvi, *lpl;
+	uint8_t *smp;
+	uint64_t *rid;
+} min_batch;
+
+static void run_minimal(uint32_t rows, uint32_t steps, uint32_t ctx)
+{
+	const uint32_t bt = 16, cap = (ctx + steps + bt) / bt + 1;
+	int32_t **table = malloc(rows * sizeof(int32_t *));
+	uint32_t *len = malloc(rows * sizeof(uint32_t)), *nb = malloc(rows * sizeof(uint32_t));
+	int32_t *last = malloc(rows * sizeof(int32_t)), next_free = 0;
+	min_batch b;
+	uint32_t r, i, st;
+	uint64_t sink = 0;
+
+	b.tok = malloc(rows * sizeof(int32_t));
+	b.pos = malloc(rows * sizeof(int32_t));
+	b.slot = malloc(rows * sizeof(int32_t));
+	b.qo = malloc((rows + 1) * sizeof(int32_t));
+	b.kvp = malloc((rows + 1) * sizeof(int32_t));
+	b.kvi = malloc((size_t)rows * cap * sizeof(int32_t));
+	b.lpl = malloc(rows * sizeof(int32_t));
+	b.smp = malloc(rows);
+	b.rid = malloc(rows * sizeof(uint64_t));
+	for (r = 0; r < rows; r++) { /* a prompt of ctx tokens in place */
+		table[r] = malloc(cap * sizeof(int32_t));
+		len[r] = ctx;
+		nb[r] = (ctx + bt - 1) / bt;
+		for (i = 0; i < nb[r]; i++)
+			table[r][i] = next_free++;
+		last[r] = 100 + (int32_t)r;
+	}
+	for (st = 0; st < steps; st++) {
+		uint32_t k = 0;
+
+		b.qo[0] = b.kvp[0] = 0;
+		for (r = 0; r < rows; r++) {
+			uint32_t off = len[r] % bt;
+
+			if (off == 0) /* a boundary: one more block */
+				table[r][nb[r]++] = next_free++;
+			b.tok[r] = last[r];
+			b.pos[r] = (int32_t)len[r];
+			b.slot[r] = table[r][nb[r] - 1] * (int32_t)bt + (int32_t)off;
+			b.qo[r + 1] = (int32_t)r + 1;
+			memcpy(&b.kvi[k], table[r], nb[r] * sizeof(int32_t));
+			k += nb[r];
+			b.kvp[r + 1] = (int32_t)k;
+			b.lpl[r] = (int32_t)(off + 1);
+			b.smp[r] = 1;
+			b.rid[r] = r + 1;
+			len[r]++;
+		}
+		sink += (uint64_t)b.kvp[rows];
+		for (r = 0; r < rows; r++) /* the host's tokens */
+			last[r] = 7 + (int32_t)r;
+	}
+	printf("minimal: %u rows, %u steps, %llu kv entries\n", rows, steps, (unsigned long long)sink);
+	for (r = 0; r < rows; r++)
+		free(table[r]);
+	free(table); free(len); free(nb); free(last);
+	free(b.tok); free(b.pos); free(b.slot); free(b.qo); free(b.kvp); free(b.kvi); free(b.lpl);
+	free(b.smp); free(b.rid);
+}
+
 int main(int argc, char **argv)
 {
 	static const uint32_t runs[] = {32, 256, 1024};
@@ -276,6 +353,10 @@ int main(int argc, char **argv)
 	uint32_t steps = 256, i, j, k;
 	int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
 
+	if (argc == 5 && strcmp(argv[1], "--minimal") == 0) {
+		run_minimal((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]));
+		return 0;
+	}
 	if (argc == 4 && strcmp(argv[1], "--churn") == 0) {
 		result r = run_churn((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]));
 

@@ -332,7 +332,7 @@ static int fits_check(const bkv_sched *s, const bkv_request *q, uint64_t hist, u
 int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 {
 	uint64_t hist, id = 0;
-	uint32_t tok, kv;
+	uint32_t tok = 0, kv = 0;
 	bkv__req *r;
 	int rc = BKV_OK;
 
