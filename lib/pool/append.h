@@ -54,11 +54,8 @@ typedef struct bkv__appender {
 	uint32_t max_seqs;  /* pool->cfg.max_seqs */
 	uint32_t n;         /* tokens appended inline, not yet in the pool's
 			       tokens and miss_tokens counters */
-	const bkv__glane *lanes; /* pool->lanes: with KV groups every group's
-				    last block takes the token too */
-	uint32_t n_lanes;   /* their count (0: a plain pool) */
-	uint32_t nl;        /* lane tokens appended inline, not yet in the
-			       pool's tokens counter */
+	uint32_t n_lanes;   /* pool->n_lanes with KV groups and no STATE group
+			       (bkv__append_groups), else 0 */
 } bkv__appender;
 
 static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
@@ -75,16 +72,14 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	 * takes the general path (its scratch unit, pool/state.c) */
 	a->max_seqs = pool->grouped ? 0 : pool->cfg.max_seqs;
 	a->n = 0;
-	a->lanes = pool->lanes;
 	a->n_lanes = pool->grouped && !pool->st_units ? pool->n_lanes : 0;
-	a->nl = 0;
 }
 
 static inline void bkv__append_flush(bkv__appender *a)
 {
-	a->pool->kv.tokens += a->n + a->nl;
+	a->pool->kv.tokens += a->n;
 	a->pool->miss_tokens += a->n;
-	a->n = a->nl = 0;
+	a->n = 0;
 }
 
 /* What a decode row's batch entries need from its append: the sequence's
@@ -142,9 +137,9 @@ static inline bkv__appended bkv__append_fast(bkv__appender *a, uint32_t seq, int
 
 /* bkv__append_fast's case in a pool with KV groups (and no STATE group;
  * else it declines): the token lands inside every group's last block, each
- * private and filled exactly to its offset, and no window or chunk passes
- * a block (that append trims: the general path's). Same answers as
- * bkv__append_fast (pool/seq.c). */
+ * private and filled exactly to its offset (bkv__lanes_append1, which
+ * notes a window that passes a block for the commit's trim). Same answers
+ * as bkv__append_fast (pool/seq.c). */
 bkv__appended bkv__append_groups(bkv__appender *a, uint32_t seq, int32_t token);
 
 #endif /* BKV_POOL_APPEND_H */

@@ -294,48 +294,22 @@ int bkv__seq_append1_slow(bkv_pool *pool, uint32_t seq, int32_t token, uint32_t 
 
 bkv__appended bkv__append_groups(bkv__appender *a, uint32_t seq, int32_t token)
 {
-	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK, n_lanes = a->n_lanes;
-	const bkv_pool *pool = a->pool;
+	const uint32_t slot = seq & BKV__SEQ_SLOT_MASK;
 	bkv__appended res = {NULL, 0, 0, 0, 0};
 	bkv__seq *s;
-	uint32_t off, last, l;
-	int32_t b;
+	uint32_t off;
 
-	if (!n_lanes || slot >= pool->cfg.max_seqs)
+	if (!a->n_lanes || slot >= a->pool->cfg.max_seqs)
 		return res;
 	s = &a->seqs[slot];
 	off = s->len & (a->bt - 1);
-	if (off - 1 >= a->bt_m2 || s->state != BKV__SEQ_OPEN ||
-	    s->gen != (seq >> BKV__SEQ_SLOT_BITS))
+	if (s->state != BKV__SEQ_OPEN || s->gen != (seq >> BKV__SEQ_SLOT_BITS) ||
+	    !bkv__lanes_append1(a->pool, s, token)) /* its checks, its counters */
 		return res;
-	last = s->n_blocks - 1;
-	b = s->table[last];
-	if (a->blk[b].ref != 1 || a->blk[b].fill != off)
-		return res;
-	for (l = 0; l < n_lanes; l++) {
-		const bkv__glane *ln = &a->lanes[l];
-		const bkv__lseq *ls = &ln->seqs[slot];
-		const int32_t lb = ls->table[last];
-
-		if (lb < 0 || a->blk[lb].ref != 1 || a->blk[lb].fill != off ||
-		    (ln->kind != BKV_GROUP_FULL && bkv__lane_first(pool, ln, s->len + 1) > ls->lo))
-			return res;
-	}
-	for (l = 0; l < n_lanes; l++) {
-		const int32_t lb = a->lanes[l].seqs[slot].table[last];
-
-		a->tok[((size_t)lb << a->shift) + off] = token;
-		a->blk[lb].fill = off + 1;
-	}
-	a->tok[((size_t)b << a->shift) + off] = token;
-	a->blk[b].fill = off + 1;
-	s->len++;
-	a->n++;
-	a->nl += n_lanes;
 	res.table = s->table;
-	res.nb = last + 1;
+	res.nb = s->n_blocks;
 	res.off = off;
-	res.slot = (int32_t)(((size_t)b << a->shift) + off);
+	res.slot = (int32_t)(((size_t)s->table[s->n_blocks - 1] << a->shift) + off);
 	res.clean = s->clean;
 	return res;
 }

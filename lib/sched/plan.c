@@ -74,21 +74,26 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 	}
 	if (!swap)
 		bkv__req_close_lanes(s, r);
-	s->rs.slots_used -= r->n_live;
-	s->rs.run_dirty = 1;
-	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
+	bkv__req_requeue(s, r, swap, now);
 	r->swap_unsent = (uint8_t)swap;
 	if (swap)
 		s->plan.swap_pend[s->plan.n_swap_pend++] = r;
+	si->preempted++;
+}
+
+void bkv__req_requeue(bkv_sched *s, bkv__req *r, int swapped, uint64_t now)
+{
+	s->rs.slots_used -= r->n_live;
+	s->rs.run_dirty = 1;
+	r->state = swapped ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
+	r->swap_unsent = 0;
 	r->order = --s->q.front;
 	r->enq_us = now;
 	r->preempt_step = s->plan.step_no;
 	bkv__queue_push(s, r);
 	ATOMIC_ADD(&s->in.nr_queued, 1);
 	s->stats.preemptions++;
-	if (swap)
-		s->stats.swaps++;
-	si->preempted++;
+	s->stats.swaps += (uint64_t)(swapped != 0);
 }
 
 /* Append n tokens of a lane's history. A row that samples appends its last

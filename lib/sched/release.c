@@ -60,17 +60,8 @@ static void leave(bkv_sched *s, bkv__req *r, int swap, uint64_t now)
 	}
 	if (!swap)
 		bkv__req_close_lanes(s, r);
-	s->rs.slots_used -= r->n_live;
-	s->rs.run_dirty = 1;
-	r->state = swap ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
-	r->swap_unsent = 0; /* the host performs the copies before it frees */
-	r->order = --s->q.front;
-	r->enq_us = now;
-	r->preempt_step = s->plan.step_no;
-	bkv__queue_push(s, r);
-	ATOMIC_ADD(&s->in.nr_queued, 1);
-	s->stats.preemptions++;
-	s->stats.swaps += (uint64_t)swap;
+	/* swap_unsent stays 0: the host makes the copies before it frees */
+	bkv__req_requeue(s, r, swap, now);
 }
 
 int bkv_sched_kv_release(bkv_sched *s, bkv_kv_release_mode mode)

@@ -654,6 +654,10 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si);
 void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_info *si);
 void bkv__release_done(bkv_sched *s);
 void bkv__req_close_lanes(bkv_sched *s, bkv__req *r);
+/* A running request preempted (its lanes closed, or swapped out when
+ * swapped): back to the queue at the front of its priority class, its
+ * slots given back, counted (sched/plan.c). */
+void bkv__req_requeue(bkv_sched *s, bkv__req *r, int swapped, uint64_t now);
 void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r);
 void bkv__req_free(bkv_sched *s, bkv__req *r);
 void bkv__run_compact(bkv_sched *s);
