@@ -19,11 +19,9 @@ It writes a CSV, one line per shape:
 
 (kind: decode or prefill; decode_context: the sum of the decode rows'
 context lengths, as bkv_step_shape counts it; measured_us: the median).
-bkv-sim has no option that reads measured step times (its --calibrate
-learns online from its own clock and fidelity_calib.py fits engine overheads
-to DistServe's TTFT/TPOT), so this is the column set the library's
-calibrated model observes: each line is one bkv_step_shape and its time
-(batchkv.CalibratedCost.observe(StepShape(...), measured_us)).
+bkv-sim reads it with --calib-csv FILE: the scheduler's calibrated model
+learns these times before the run (each line one bkv_step_shape and its
+time, as batchkv.CalibratedCost.observe(StepShape(...), measured_us) would).
 
 Then it prices every shape with the roofline (bkv_cost_roofline through
 batchkv.RooflineCost, the H100 preset's peak FLOP/s and bandwidth, this

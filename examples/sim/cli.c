@@ -272,6 +272,13 @@ static int set_workload(cli_args *a, const cli_option *opt, const char *v)
 }
 
 /* FORMAT:PATH */
+static int set_calib_csv(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	a->c.calib_csv = v;
+	return SET_OK;
+}
+
 static int set_trace(cli_args *a, const cli_option *opt, const char *v)
 {
 	const char *colon = strchr(v, ':');
@@ -682,6 +689,13 @@ static const cli_option options[] = {
 	      "                             given one, learning from what it measures\n"),
 	COUNT("--noise-seed", CFG(noise_seed32), 0, UINT32_MAX,
 	      "  --noise-seed N             the noise's generator seed (default 1)\n"),
+	VALUE("--calib-csv", set_calib_csv,
+	      "  --calib-csv FILE           the scheduler's calibrated model (over the\n"
+	      "                             given one, or from scratch with --calibrate)\n"
+	      "                             first learns the step times FILE measured\n"
+	      "                             (kind,decode_rows,decode_context,\n"
+	      "                             prefill_tokens,measured_us: a real engine's,\n"
+	      "                             e.g. examples/python/gpu_step_times.py)\n"),
 	FLAG("--noise-exact", CFG(noise_exact), 1,
 	     "  --noise-exact              with --noise, give the scheduler the exact\n"
 	     "                             model instead (no calibration)\n"),

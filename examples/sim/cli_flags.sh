@@ -24,6 +24,20 @@ expect "--limit 0: at least 1" --limit 0
 expect "--slots 0: at least 1" --slots 0
 expect "--no-baseline does not apply to --compare" --compare --no-baseline
 expect "--no-baseline does not apply to --compare" --no-baseline --compare 1,2
+# --calib-csv: measured step times the calibrated model learns first; a bad
+# file stops the run with its line named
+t=$(mktemp -d)
+printf 'kind,decode_rows,decode_context,prefill_tokens,measured_us\ndecode,8,4096,0,6100\nprefill,0,0,512,21000\n' > "$t/ok.csv"
+printf 'decode,x\n' > "$t/bad.csv"
+"$sim" --workload seed000 --seeds 1 --calib-csv "$t/ok.csv" >/dev/null 2>&1 ||
+	{ echo "--calib-csv with a good file failed"; fail=1; }
+err=$("$sim" --workload seed000 --seeds 1 --calib-csv "$t/bad.csv" 2>&1 >/dev/null) &&
+	{ echo "--calib-csv with a bad file ran"; fail=1; }
+case "$err" in
+*"bad.csv:1: not kind,decode_rows"*) ;;
+*) echo "--calib-csv bad file: '$err'"; fail=1 ;;
+esac
+rm -rf "$t"
 # progress on a piped stderr: whole lines, stdout unchanged by --quiet
 out=$("$sim" --workload seed000 --seeds 2 2>/dev/null)
 err=$("$sim" --workload seed000 --seeds 2 2>&1 >/dev/null)

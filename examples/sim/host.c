@@ -761,6 +761,56 @@ static int open_pool(run *r, const sim_config *cfg, const trace *t, char *err, s
 
 /* The scheduler's settings from cfg; the cost model it is given (a
  * calibrated one learning from scratch, or the host's own, or none). */
+/* --calib-csv: the step times a real engine measured, one call a line
+ * (kind,decode_rows,decode_context,prefill_tokens,measured_us; a header line
+ * and blank lines are skipped), observed by the calibrated model before the
+ * run. A decode line is a decode call of its rows and context; a prefill
+ * line one chunk of its tokens from the prompt's start. */
+static int learn_csv(bkv_cost_calib *calib, const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "r");
+	char line[256], kind[16];
+	unsigned rows, prefill, n = 0, lineno = 0;
+	unsigned long long ctx;
+	double us;
+
+	if (!f) {
+		snprintf(err, errlen, "--calib-csv %s: cannot open it", path);
+		return -1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		bkv_chunk_shape ch;
+		bkv_step_shape sh;
+
+		lineno++;
+		if (line[0] == '\n' || !strncmp(line, "kind,", 5))
+			continue;
+		if (sscanf(line, "%15[^,],%u,%llu,%u,%lf", kind, &rows, &ctx, &prefill, &us) != 5 ||
+		    (strcmp(kind, "decode") && strcmp(kind, "prefill")) || !(us >= 0.0)) {
+			snprintf(err, errlen, "--calib-csv %s:%u: not kind,decode_rows,"
+				 "decode_context,prefill_tokens,measured_us", path, lineno);
+			fclose(f);
+			return -1;
+		}
+		memset(&sh, 0, sizeof(sh));
+		ch.start = 0;
+		ch.len = prefill;
+		sh.kind = kind[0] == 'd' ? BKV_CALL_DECODE : BKV_CALL_PREFILL;
+		sh.decode_rows = sh.padded_rows = kind[0] == 'd' ? rows : 0;
+		sh.decode_context = kind[0] == 'd' ? ctx : 0;
+		sh.n_chunks = kind[0] == 'd' ? 0 : 1;
+		sh.chunks = kind[0] == 'd' ? NULL : &ch;
+		bkv_cost_calib_observe(calib, &sh, us);
+		n++;
+	}
+	fclose(f);
+	if (!n) {
+		snprintf(err, errlen, "--calib-csv %s: no measured step", path);
+		return -1;
+	}
+	return 0;
+}
+
 static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched_config *sc,
 			char *err, size_t errlen)
 {
@@ -799,14 +849,17 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 			given = sim_distserve_model();
 	}
 	int noisy = (cfg->noise_sigma > 0.0 || cfg->noise_stall_p > 0.0) && !cfg->noise_exact;
-	if (cfg->calibrate || (noisy && cfg->give_model)) {
-		/* from scratch, or (a noisy clock) over the host's own model */
+	if (cfg->calibrate || cfg->calib_csv || (noisy && cfg->give_model)) {
+		/* from scratch, or (a noisy clock, measured times) over the
+		 * host's own model */
 		int rc = bkv_cost_calib_create(cfg->calibrate ? NULL : &given, NULL, &r->calib);
 		if (rc) {
 			snprintf(err, errlen, "bkv_cost_calib_create: %s %s", bkv_strerror(rc),
 				 bkv_last_error());
 			return rc;
 		}
+		if (cfg->calib_csv && (rc = learn_csv(r->calib, cfg->calib_csv, err, errlen)))
+			return rc;
 		sc->cost = bkv_cost_calib_model(r->calib);
 	} else if (cfg->give_model) {
 		sc->cost = given;

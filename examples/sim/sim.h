@@ -108,6 +108,11 @@ typedef struct sim_config {
 	int noise_exact;           /* with noise: give the scheduler the exact
 				      model (no calibration) instead of a
 				      calibrated model over it */
+	const char *calib_csv;     /* measured step times (kind,decode_rows,
+				      decode_context,prefill_tokens,measured_us;
+				      examples/python/gpu_step_times.py) the
+				      scheduler's calibrated model learns before
+				      the run; NULL: none */
 	int check;                 /* run bkv_sched_check after every step */
 	int progress;              /* 1: a progress line on stderr every 2^16
 				      steps, rewritten in place (a terminal);
