@@ -14,9 +14,8 @@
  * source release, reset), kv/cache.c (chained hashes, index, LRU, events,
  * the transaction queue), kv/chunks.c (frames shared with a STATE group in
  * chunks: their counts, free lists, lending), kv/check.c (the block
- * invariants). The fast frame
- * operations are inline below: every append and release of the pool layer
- * runs them.
+ * invariants), kv/value.c (eviction policies). The fast frame operations
+ * are inline below: every append and release of the pool layer runs them.
  */
 #ifndef BKV_KV_H
 #define BKV_KV_H
@@ -254,6 +253,8 @@ typedef struct bkv__kv {
 	uint32_t val_seg;      /* segmented LRU (kv/value.c) on-calls left */
 	uint32_t val_prot_n;   /* cached blocks on the protected list */
 	uint32_t val_prot_max; /* its room, blocks, in [nb / 8, nb - nb / 8] */
+	uint32_t val_rel_n;    /* blocks the close under way releases; 0 none */
+	uint32_t val_rel_dec;  /* its BACK blocks' list, set at the first; 0 */
 	uint32_t val_pclock;   /* ticks on every push to the lists (wraps):
 				  a cached block's stamp is its push's */
 	uint64_t *val_ghost;   /* [val_ghost_mask + 1] evictions by hash:
@@ -417,13 +418,14 @@ static inline int bkv__val_unpriced(const bkv__kv *kv)
 }
 
 /* The segmented LRU's classes (kv/value.c): cold lane blocks, probation
- * (evicted first), protected; off the lists a hit earning protection (HIT)
- * and a block extending such a chain (EXT). */
+ * (evicted first), protected; off the lists a hit earning protection (HIT),
+ * a block extending such a chain (EXT), one back after its eviction (BACK). */
 #define BKV__SEG_COLD 0u
 #define BKV__SEG_PROB 1u
 #define BKV__SEG_PROT 2u
 #define BKV__SEG_HIT 0xffu
 #define BKV__SEG_EXT 0xfeu
+#define BKV__SEG_BACK 0xfdu
 
 /* LRU chunks for nb blocks: the list never holds more than 2 * (nb / 17)
  * + 2 (every pair of neighbours but the newest holds 17 or more blocks),
@@ -793,26 +795,22 @@ uint32_t bkv__cache_lookup_run(const bkv__kv *kv, uint64_t parent_hash, int32_t 
  * commit. */
 void bkv__kv_txn_begin(bkv__kv *kv);
 void bkv__kv_txn_end(bkv__kv *kv, int commit);
-/* Queue a block that just became full (bkv__cache_add inside a
- * transaction). */
+/* Queue a block that just became full (bkv__cache_add in a transaction). */
 void bkv__kv_txn_defer(bkv__kv *kv, int32_t b);
 
 /* ---- kv/value.c ----------------------------------------------------------- */
 
-/* Turn eviction by value on (or, when on already, count one more user and
- * take the new prices): p0 + p1 x depth is a block's recompute price. The
- * records of blocks indexed already get their depths now. BKV_OK or
- * BKV_ENOMEM (nothing changed). */
+/* Eviction by value on (or one more user, taking the new prices): p0 + p1 x
+ * depth is a block's recompute price; indexed blocks get their depths now.
+ * BKV_OK or BKV_ENOMEM (nothing changed). */
 int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1);
 /* Undo one bkv__kv_value_on; the last one frees the records (LRU again). */
 void bkv__kv_value_off(bkv__kv *kv, const bkv_allocator *a);
-/* The lane keeping rule on (a pool whose attention lanes release blocks,
- * pool/lanes.c): the value records on as one more user, keeping the
- * prices another user set; blocks released cold (bkv__block_put_cold)
+/* The lane keeping rule on (pool/lanes.c): the value records on as one more
+ * user, keeping another's prices; blocks released cold (bkv__block_put_cold)
  * are evicted first. BKV_OK or BKV_ENOMEM (nothing changed). */
 int bkv__kv_lanes_on(bkv__kv *kv, const bkv_allocator *a);
-/* Per-group frame counts on (pool/lanes.c, every frame free). BKV_OK or
- * BKV_ENOMEM. */
+/* Per-group frame counts on (pool/lanes.c, every frame free): 0, ENOMEM. */
 int bkv__kv_groups_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_lanes_on (a no-op when it is not on). */
 void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
@@ -821,6 +819,9 @@ void bkv__kv_lanes_off(bkv__kv *kv, const bkv_allocator *a);
 int bkv__kv_seg_on(bkv__kv *kv, const bkv_allocator *a);
 /* Undo bkv__kv_seg_on (a no-op when it is not on). */
 void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a);
+/* A sequence's close releasing n blocks (every lane's) begins; it ends. */
+void bkv__kv_close_begin(bkv__kv *kv, uint32_t n);
+void bkv__kv_close_end(bkv__kv *kv);
 /* Retention priorities (needs the value records on): mode BKV__RET_BANDS or
  * BKV__RET_VALUE; allocates the expiry clocks. BKV_OK or BKV_ENOMEM. */
 int bkv__kv_retain_on(bkv__kv *kv, const bkv_allocator *a, uint32_t mode);
@@ -843,10 +844,9 @@ void bkv__block_hit_slow(bkv__kv *kv, int32_t b);
 void bkv__val_push(bkv__kv *kv, int32_t b);
 /* b left the LRU (bkv__lru_unlink): off its class list. */
 void bkv__val_unlink(bkv__kv *kv, int32_t b);
-/* Which block to evict by value (the LRU is not empty): the head of the
- * lowest class without indexed children (a head with them moves up a
- * class; at most 2 x BKV__VAL_CLASSES moves, then the LRU head). The caller
- * (bkv__cache_evict) evicts it. */
+/* Which block to evict by value (the LRU is not empty): the lowest class's
+ * head without indexed children (one with them moves up a class; at most 2
+ * x BKV__VAL_CLASSES moves, then the LRU head); bkv__cache_evict evicts it. */
 int32_t bkv__val_pick(bkv__kv *kv);
 /* Value records consistent (depths follow parents, every cached block on
  * the class list it records, once): 0 or CHECK_VALUE. */

@@ -73,7 +73,14 @@
  * indexed: a conversation's next turn joins its protected prefix whole),
  * when it was protected already (a hit that failed the test, or a lift),
  * or while the protected list has room (val_prot_max: a cache that has
- * never been full is all protected); else probation. A push that leaves
+ * never been full is all protected); else probation. A block computed
+ * again after its eviction (its ghost is in val_ghost), or extending a
+ * chain that was, is BKV__SEG_BACK: its release joins the protected list
+ * whole when the whole release fits in the room, else probation whole
+ * (seg_back_class). Protecting part of a chain that comes back keeps
+ * blocks no hit can use when a hit needs a window's blocks at its end
+ * (KV groups), and a cycle's chains come back every turn: whole or not at
+ * all, the protected list keeps as many whole chains as it holds. A push that leaves
  * the protected list over its room moves its head (its least recently
  * used block, a chain's deepest first) to the probation tail. So a prefix
  * used once waits in probation and goes first (admission control), and a
@@ -280,9 +287,41 @@ static void seg_demote(bkv__kv *kv)
 	kv->val_demoted++;
 }
 
+/* A BACK block's list: the protected list when the close releasing it
+ * (bkv__kv_close_begin: val_rel_n blocks, every lane's) fits in the room
+ * whole, decided at its first BACK block and kept for the rest; probation
+ * outside a close (a window's or a truncate's release is no whole chain). */
+static uint32_t seg_back_class(bkv__kv *kv)
+{
+	if (!kv->val_rel_n)
+		return BKV__SEG_PROB;
+	if (!kv->val_rel_dec)
+		kv->val_rel_dec = (uint64_t)kv->val_prot_n + kv->val_rel_n <= kv->val_prot_max
+					  ? BKV__SEG_PROT
+					  : BKV__SEG_PROB;
+	return kv->val_rel_dec;
+}
+
+/* A sequence's close begins: it releases n blocks (every lane's), whose
+ * BACK blocks join one list together (seg_back_class). */
+void bkv__kv_close_begin(bkv__kv *kv, uint32_t n)
+{
+	if (kv->val_seg) {
+		kv->val_rel_n = n ? n : 1;
+		kv->val_rel_dec = 0;
+	}
+}
+
+void bkv__kv_close_end(bkv__kv *kv)
+{
+	kv->val_rel_n = 0;
+}
+
 /* b joins the cache: protected after a hit that passed the test, as an
  * extension of such a chain, when it was protected, or while there is
- * room; else probation. Then the protected list back within its room. */
+ * room; when it comes back after an eviction, protected only with its whole
+ * release (seg_back_class); else probation. Then the protected list back
+ * within its room. */
 static void seg_push(bkv__kv *kv, int32_t b)
 {
 	bkv__val *v = &kv->val[b];
@@ -291,6 +330,8 @@ static void seg_push(bkv__kv *kv, int32_t b)
 	v->stamp = v->cold ? kv->val_pclock : kv->val_pclock++;
 	if (v->cold) {
 		c = BKV__SEG_COLD;
+	} else if (v->cls == BKV__SEG_BACK) {
+		c = seg_back_class(kv);
 	} else if (v->cls == BKV__SEG_PROT || v->cls == BKV__SEG_HIT || v->cls == BKV__SEG_EXT ||
 		   kv->val_prot_n < kv->val_prot_max) {
 		kv->val_promoted += v->cls == BKV__SEG_HIT;
@@ -464,16 +505,18 @@ void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a)
 /* ---- records ------------------------------------------------------------- */
 
 /* b was indexed (its hash set) and may have been evicted recently: LRU
- * would have kept it when its ghost is within LRU's reach: less room. */
-static void seg_ghost_hit(bkv__kv *kv, int32_t b)
+ * would have kept it when its ghost is within LRU's reach: less room.
+ * Returns whether it had a ghost (it comes back). */
+static int seg_ghost_hit(bkv__kv *kv, int32_t b)
 {
 	uint64_t h = kv->blk[b].hash, *g = &kv->val_ghost[(uint32_t)h & kv->val_ghost_mask];
 
 	if (*g >> 32 != h >> 32 || !*g)
-		return;
+		return 0;
 	if (kv->val_pclock - (uint32_t)*g < kv->nb - kv->nr_used && kv->val_prot_max > kv->nb / 8)
 		kv->val_prot_max--;
 	*g = 0;
+	return 1;
 }
 
 /* b is the eviction's victim: its ghost, and less room when it had to
@@ -492,15 +535,16 @@ void bkv__val_indexed(bkv__kv *kv, int32_t b)
 {
 	bkv__val *v = &kv->val[b];
 	int32_t p = kv->blk[b].parent;
+	uint8_t pc = p >= 0 ? kv->val[p].cls : BKV__SEG_PROB;
 
 	v->depth = p >= 0 ? kv->val[p].depth + 1 : 0;
 	/* a new block; with the segmented LRU, an extension of a chain just
-	 * reused when its parent is (both are pinned: markers) */
-	v->cls = p >= 0 && (kv->val[p].cls == BKV__SEG_HIT || kv->val[p].cls == BKV__SEG_EXT)
-			 ? BKV__SEG_EXT
-			 : BKV__SEG_PROB;
-	if (kv->val_seg && kv->val_ghost)
-		seg_ghost_hit(kv, b);
+	 * reused when its parent is (both are pinned: markers), else back
+	 * after an eviction when it has a ghost or extends a chain that has */
+	v->cls = pc == BKV__SEG_HIT || pc == BKV__SEG_EXT ? BKV__SEG_EXT : BKV__SEG_PROB;
+	if (kv->val_seg && kv->val_ghost &&
+	    (seg_ghost_hit(kv, b) || pc == BKV__SEG_BACK) && v->cls == BKV__SEG_PROB)
+		v->cls = BKV__SEG_BACK;
 	v->freq = 0;
 	v->stamp = kv->val_clock;
 	v->rprio = 0;

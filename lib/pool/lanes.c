@@ -263,6 +263,20 @@ void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks)
 		bkv__state_fork(pool, p, c);
 }
 
+/* The device blocks slot's lanes hold among its first n_blocks entries. */
+uint32_t bkv__lanes_held(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks)
+{
+	uint32_t l, i, n = 0;
+
+	for (l = 0; l < pool->n_lanes; l++) {
+		const bkv__lseq *ls = &pool->lanes[l].seqs[slot];
+
+		for (i = ls->lo; i < n_blocks; i++)
+			n += ls->table[i] >= 0;
+	}
+	return n;
+}
+
 /* Release every held entry of slot's lanes (close, drop): device blocks by
  * the release rules, host blocks to the host free list. Lanes go before
  * lane 0 so that the cache keeps a lane block older than its parent. */

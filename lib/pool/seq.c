@@ -142,6 +142,11 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
+	if (s->state != BKV__SEQ_SWAPPED)
+		bkv__kv_close_begin(&pool->kv,
+				    s->n_blocks + (pool->grouped ? bkv__lanes_held(pool, (uint32_t)(s - pool->seqs),
+										   s->n_blocks)
+								 : 0));
 	if (pool->grouped)
 		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
 				   s->state == BKV__SEQ_SWAPPED, drop);
@@ -152,6 +157,7 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	} else {
 		for (i = s->n_blocks; i-- > 0;)
 			bkv__block_put(&pool->kv, s->table[i], drop);
+		bkv__kv_close_end(&pool->kv);
 	}
 	slot_close(pool, s);
 	return BKV_OK;
