@@ -903,17 +903,16 @@ static inline void bkv__block_put(bkv__kv *kv, int32_t b, int drop)
 
 /* bkv__block_put of a block worth little cached (a lane block its window
  * left behind where no hit is expected to end, pool/lanes.c). With the
- * lane keeping rule on and no prices in force, a last reference that
- * sends b straight to the LRU sends it cold: class 0, evicted before any
- * block released otherwise. Else exactly bkv__block_put(kv, b, 0). */
+ * lane keeping rule on, a last reference that sends b straight to the LRU
+ * sends it cold: class 0, evicted before any block released otherwise.
+ * Else exactly bkv__block_put(kv, b, 0). */
 static inline void bkv__block_put_cold(bkv__kv *kv, int32_t b)
 {
 	const bkv__block *k = &kv->blk[b];
 
 	if (kv->val_lanes && k->ref == 1 &&
 	    (k->flags & (BKV__BLOCK_INDEXED | BKV__BLOCK_COPY_SRC | BKV__BLOCK_TXN)) ==
-		    BKV__BLOCK_INDEXED &&
-	    bkv__val_unpriced(kv))
+		    BKV__BLOCK_INDEXED)
 		kv->val[b].cold = 1;
 	bkv__block_put(kv, b, 0);
 }

@@ -52,10 +52,10 @@
  * no hit is expected to end at), evicted first, oldest first; every other
  * block is in class 1 in release order, which is LRU's order. With
  * retention bands, band 0 shares class 1 with band 1; with eviction by
- * value (another user's prices) nothing is released cold and the classes
- * are the values' (a block released cold before stays in class 0 until
- * it leaves the LRU). A cold block never has indexed children (a lane
- * block is a leaf), so the chain rule below never moves one.
+ * value (another user's prices) the values' classes move up by one, above
+ * the cold (priced alongside, a window's leftovers would take half the
+ * cache in release order). A cold block never has indexed children (a
+ * lane block is a leaf), so the chain rule below never moves one.
  *
  * The segmented LRU (BKV_EVICT_SEGMENTED, bkv__kv_seg_on) uses the same
  * lists without prices, for traffic that comes back in cycles (sessions
@@ -74,8 +74,9 @@
  * when it was protected already (a hit that failed the test, or a lift),
  * or while the protected list has room (val_prot_max: a cache that has
  * never been full is all protected); else probation. A block computed
- * again after its eviction (its ghost is in val_ghost), or extending a
- * chain that was, is BKV__SEG_BACK: its release joins the protected list
+ * again after an eviction that LRU would have made too (its ghost is in
+ * val_ghost, further back than LRU reaches), or extending a chain that
+ * was, is BKV__SEG_BACK: its release joins the protected list
  * whole when the whole release fits in the room, else probation whole
  * (seg_back_class). Protecting part of a chain that comes back keeps
  * blocks no hit can use when a hit needs a window's blocks at its end
@@ -220,12 +221,12 @@ static uint32_t class_of(const bkv__kv *kv, int32_t b)
 	if (kv->val_ret == BKV__RET_VALUE)
 		x *= (double)prio_now(kv, b) / BKV_RETENTION_PRIORITY_DEFAULT;
 	if (!(x > 0.0))
-		return 0;
+		return kv->val_lanes ? 1 : 0;
 	m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
 	c = 2 * (e - 1) + (m >= 0.70710678118654752); /* floor(2 log2 x) */
-
-	if (c <= 0)
-		return 0;
+	if (c < 0)
+		c = 0;
+	c += kv->val_lanes != 0; /* (class 0: the lane keeping rule's cold) */
 	return c >= (int)BKV__VAL_CLASSES - 1 ? BKV__VAL_CLASSES - 1 : (uint32_t)c;
 }
 
@@ -506,17 +507,21 @@ void bkv__kv_seg_off(bkv__kv *kv, const bkv_allocator *a)
 
 /* b was indexed (its hash set) and may have been evicted recently: LRU
  * would have kept it when its ghost is within LRU's reach: less room.
- * Returns whether it had a ghost (it comes back). */
+ * Returns whether it had a ghost beyond that reach (it comes back where
+ * LRU would have missed it too). */
 static int seg_ghost_hit(bkv__kv *kv, int32_t b)
 {
 	uint64_t h = kv->blk[b].hash, *g = &kv->val_ghost[(uint32_t)h & kv->val_ghost_mask];
 
+	int near;
+
 	if (*g >> 32 != h >> 32 || !*g)
 		return 0;
-	if (kv->val_pclock - (uint32_t)*g < kv->nb - kv->nr_used && kv->val_prot_max > kv->nb / 8)
+	near = kv->val_pclock - (uint32_t)*g < kv->nb - kv->nr_used;
+	if (near && kv->val_prot_max > kv->nb / 8)
 		kv->val_prot_max--;
 	*g = 0;
-	return 1;
+	return !near;
 }
 
 /* b is the eviction's victim: its ghost, and less room when it had to

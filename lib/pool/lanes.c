@@ -50,7 +50,7 @@
  * first(first(prompt_end)). What a close, truncate or swap releases is the
  * sequence's end and is kept as before. O(1) a block; only a pool with a
  * prefix cache and a WINDOW or CHUNKED lane does it (bkv__kv_lanes_on),
- * and with eviction by value the values decide instead.
+ * with every eviction policy.
  */
 #include "pool/pool.h"
 
