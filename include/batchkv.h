@@ -916,7 +916,7 @@ typedef struct bkv_pool_memory {
 	uint32_t reserved;       /* zero */
 	uint64_t blocks;         /* the device blocks' records: device_blocks
 				    x block_bytes; plus, while they exist,
-				    the eviction value records (24 B a block:
+				    the eviction value records (28 B a block:
 				    a sliding-window or chunked group's kept
 				    blocks, BKV_EVICT_VALUE, retention) and
 				    retention's clocks (8 B a block); with a
@@ -1713,9 +1713,12 @@ typedef enum bkv_spec_k_mode {
 typedef enum bkv_evict_policy {
 	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
 			       first (the default) */
-	BKV_EVICT_VALUE = 1, /* of the oldest cached leaves, the one whose
+	BKV_EVICT_VALUE = 1, /* GreedyDual: LRU in which a block's
 			       expected saving (its recompute price at its
-			       depth x its decayed hit count) is lowest */
+			       depth x its decayed hit count) buys it
+			       time; with sliding-window or chunked
+			       groups, LRU's order (docs/design.md,
+			       "Eviction by value") */
 	BKV_EVICT_SEGMENTED = 2 /* LRU in two segments: blocks hit since
 			       they were cached (or kept while the cache
 			       had room) are protected, prefixes used
@@ -1852,7 +1855,7 @@ typedef struct bkv_sched_config {
 				      scheduler runs it; default
 				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
 				      blocks with cost (taken at create)
-				      and allocates 24 bytes a device block;
+				      and allocates 28 bytes a device block;
 				      BKV_EVICT_SEGMENTED too (no prices) */
 	bkv_victim_policy victim;  /* preemption's victim; default
 				      BKV_VICTIM_RECENT */

@@ -157,10 +157,10 @@ Test(evict, equal_values_evict_what_lru_evicts)
 		bkv_pool_destroy(p[k]);
 }
 
-/* The policy's hits decay. A chain hit once outlasts never-hit chains
- * released after it while its hit is fresh; after many evictions (each a
- * clock tick; the half-life is about the pool's blocks) the evictions'
- * re-pricing moves it back to class 0, and it goes before them. */
+/* A hit buys time (GreedyDual): a chain hit once (v = 2) outlasts the
+ * never-hit chains released after it for two rounds of evictions, where
+ * LRU would take it in the first; after many rounds the clock has passed
+ * it (and its hit has decayed), and it goes before them. */
 static uint32_t hit_chain_after_rounds(uint32_t rounds)
 {
 	bkv_pool *p = pool_with(0.0, 1);
@@ -180,10 +180,12 @@ static uint32_t hit_chain_after_rounds(uint32_t rounds)
 	return h;
 }
 
-Test(evict, old_hits_decay_and_lose_their_class)
+Test(evict, a_hit_buys_a_chain_time_that_runs_out)
 {
-	cr_expect_eq(hit_chain_after_rounds(3), 8, "a fresh hit keeps the chain");
-	cr_expect_eq(hit_chain_after_rounds(64), 0, "a decayed hit does not");
+	cr_expect_eq(hit_chain_after_rounds(1), 8, "a fresh hit keeps the chain");
+	cr_expect_eq(hit_chain_after_rounds(2), 8, "for two rounds");
+	cr_expect_eq(hit_chain_after_rounds(3), 0, "then the clock has passed it");
+	cr_expect_eq(hit_chain_after_rounds(64), 0, "and it stays gone");
 }
 
 /* ---- with the scheduler -------------------------------------------------- */

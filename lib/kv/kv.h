@@ -124,7 +124,7 @@ typedef void (*bkv__kv_demote_fn)(void *arg, int32_t b);
 #define BKV__VAL_CLASSES 16u
 
 /* The value policy's record of one device block (kv/value.c; bkv__kv.val,
- * 24 bytes a block, only while the policy is on). */
+ * 28 bytes a block, only while the policy is on). */
 typedef struct bkv__val {
 	uint32_t depth; /* logical position in its chain (0: the first
 			   block), set when it is indexed */
@@ -142,9 +142,9 @@ typedef struct bkv__val {
 	uint8_t rprio;  /* retention (bkv__kv.val_ret): a request's
 			   retention priority + 1 given to it while indexed,
 			   0 = none (BKV_RETENTION_PRIORITY_DEFAULT) */
-	uint8_t cold;   /* 1: cached cold (bkv__block_put_cold), in class 0,
-			   evicted before every block that is not; else
-			   0 (always 0 off the LRU) */
+	uint8_t cold;   /* 1: cached cold (bkv__block_put_cold), class 0,
+			   evicted before any block that is not; else 0 */
+	float h;        /* cached, by value: val_gd at its push + its v */
 } bkv__val;
 
 /* bkv__kv.val_ret: how retention priorities place a cached block. */
@@ -224,6 +224,7 @@ typedef struct bkv__kv {
 	double val_p0;         /* recompute price of a block at depth 0 */
 	double val_p1;         /* price added per block of depth */
 	double val_r1;         /* val_p1 / val_p0 */
+	double val_gd;         /* by value: GreedyDual's clock, victims' max h */
 	uint32_t val_clock;    /* ticks on every hit taken from the cache and
 				  every eviction (wraps; only differences
 				  are read) */

@@ -130,7 +130,7 @@ typedef struct cx_feat {
 	int abort_thread;
 	uint32_t fail_permille;
 	uint32_t vocab, stop_mod, fail_mod;
-	int evict_value, victim_cost, reserve_output, static_policy;
+	int evict_value, evict_seg, victim_cost, reserve_output, static_policy;
 	int abandon;
 	uint32_t n_reqs;
 	uint32_t max_prompt, max_new;
@@ -278,6 +278,9 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	f->stop_mod = chance(&s, 500) ? 4 + below(&s, 20) : 0;
 	f->fail_mod = chance(&s, 100) ? 20 + below(&s, 40) : 0;
 	f->evict_value = chance(&s, 250);
+	/* the segmented LRU, from the seed (the draws above and below stay
+	 * as found seeds replay them) */
+	f->evict_seg = !f->evict_value && (seed * 0x9e3779b97f4a7c15ull) >> 62 == 1;
 	f->victim_cost = chance(&s, 250);
 	f->reserve_output = chance(&s, 150);
 	f->static_policy = !f->overlap && chance(&s, 60);
@@ -327,7 +330,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 "ckpt=%u state_share=%u chunked=%d budget=%u prefix=%d prefixes=%u max_n=%u pins=%d "
 		 "reset=%d host_cache=%d retention=%d events=%d split=%d overlap=%d spec_k=%u(%s,%s,%s) "
 		 "tiny=%d preempt=%u aborts=%u/%u%s fail=%u vocab=%u stop_mod=%u fail_mod=%u "
-		 "evict_value=%d victim_cost=%d reserve_output=%d static=%d abandon=%d reqs=%u "
+		 "evict_value=%d evict_seg=%d victim_cost=%d reserve_output=%d static=%d abandon=%d reqs=%u "
 		 "prompt<=%u new<=%u keys=%u",
 		 f->bt, f->device_blocks, f->host_blocks, f->max_seqs, f->max_running,
 		 f->layout ? "persistent" : "flat", gm_names[f->gmix], f->span, f->ckpt,
@@ -337,7 +340,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 f->spec_fixed ? "fixed" : "auto", f->spec_host_accepts ? "host-accepts" : "greedy",
 		 f->tiny, f->preempt, f->abort_permille, f->token_abort_permille,
 		 f->abort_thread ? " abort-thread" : "", f->fail_permille, f->vocab, f->stop_mod,
-		 f->fail_mod, f->evict_value, f->victim_cost, f->reserve_output, f->static_policy,
+		 f->fail_mod, f->evict_value, f->evict_seg, f->victim_cost, f->reserve_output, f->static_policy,
 		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys);
 }
 
@@ -1728,7 +1731,9 @@ static int create(cx_run *x)
 		sc.spec_k_mode = f->spec_fixed ? BKV_SPEC_K_FIXED : BKV_SPEC_K_AUTO;
 		sc.spec_drafts = f->spec_host ? BKV_SPEC_DRAFT_HOST : BKV_SPEC_DRAFT_NGRAM;
 		sc.overlap = f->overlap;
-		sc.evict = f->evict_value ? BKV_EVICT_VALUE : BKV_EVICT_LRU;
+		sc.evict = f->evict_value ? BKV_EVICT_VALUE
+					  : f->evict_seg ? BKV_EVICT_SEGMENTED
+							 : BKV_EVICT_LRU;
 		sc.victim = f->victim_cost ? BKV_VICTIM_COST : BKV_VICTIM_RECENT;
 		sc.admit_reserve = f->reserve_output ? BKV_RESERVE_OUTPUT : BKV_RESERVE_PROMPT;
 		sc.retention = f->retention;
