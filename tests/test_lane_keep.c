@@ -240,6 +240,46 @@ Test(lane_keep, eviction_by_value_keeps_the_cold_blocks_below_every_value)
 	bkv_pool_destroy(p);
 }
 
+/* Chains of 6 families, some reused, their prompts decoded on, through a
+ * 64-frame pool: the hit tokens of each open, in order. */
+static void lane_traffic(int value, uint32_t *hits, uint32_t n)
+{
+	bkv_pool *p = make_pool(64, full_window, 2, 1);
+	int32_t a[40];
+	uint32_t i, s;
+
+	if (value)
+		cr_assert_eq(bkv__pool_value_on(p, 1.0, 0.5), BKV_OK);
+	for (i = 0; i < n; i++) {
+		int32_t f = (int32_t)((i * 7u + i / 3u) % 6u) + 1;
+
+		toks(a, 40, f);
+		hits[i] = open_append(p, a, 24 + 4 * (i % 3), &s);
+		decode(p, s, a + 36, 4);
+		cr_assert_eq(bkv_seq_close(p, s), BKV_OK);
+		cr_assert_eq(bkv_pool_check(p), 0);
+	}
+	if (value)
+		bkv__pool_value_off(p);
+	bkv_pool_destroy(p);
+}
+
+Test(lane_keep, eviction_by_value_with_a_window_orders_as_lru)
+{
+	/* a price per block would keep a chain's prefix once the window's
+	 * blocks at its end are gone: with a window group, value's order is
+	 * the lane keeping rule's LRU, hit for hit */
+	uint32_t h[2][48], i, any = 0;
+
+	lane_traffic(0, h[0], 48);
+	lane_traffic(1, h[1], 48);
+	for (i = 0; i < 48; i++) {
+		cr_expect_eq(h[0][i], h[1][i], "open %u: LRU hit %u, value %u", i, h[0][i], h[1][i]);
+		any += h[0][i];
+	}
+	cr_expect_gt(any, 0, "the traffic hits");
+}
+
 Test(lane_keep, retention_bands_keep_cold_blocks_below_every_band)
 {
 	bkv_pool *p = make_pool(64, full_window, 2, 1);
