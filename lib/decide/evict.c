@@ -11,6 +11,8 @@
  * blocks, per block, as the line p0 + p1 x depth (attention over a deeper
  * prefix costs more; a model without that term gives p1 = 0). A model that
  * has no answer leaves p0 = 1 and p1 = 0: eviction by hit history alone.
+ * The KV layer orders by GreedyDual (a price buys a block time) and, with
+ * window or chunked groups, as LRU (kv/value.c).
  *
  * SEGMENTED turns on the KV layer's segmented LRU (kv/value.c): probation
  * and protected lists, no prices.
