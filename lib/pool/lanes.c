@@ -263,8 +263,9 @@ void bkv__lanes_fork(bkv_pool *pool, uint32_t p, uint32_t c, uint32_t n_blocks)
 		bkv__state_fork(pool, p, c);
 }
 
-/* The device blocks slot's lanes hold among its first n_blocks entries. */
-uint32_t bkv__lanes_held(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks)
+/* The device blocks slot's lanes hold the last reference of among its
+ * first n_blocks entries (a close releases them). */
+uint32_t bkv__lanes_last_refs(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks)
 {
 	uint32_t l, i, n = 0;
 
@@ -272,7 +273,7 @@ uint32_t bkv__lanes_held(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks)
 		const bkv__lseq *ls = &pool->lanes[l].seqs[slot];
 
 		for (i = ls->lo; i < n_blocks; i++)
-			n += ls->table[i] >= 0;
+			n += ls->table[i] >= 0 && pool->kv.blk[ls->table[i]].ref == 1;
 	}
 	return n;
 }

@@ -422,8 +422,9 @@ void bkv__lanes_free(bkv_pool *pool);
 /* What bkv__lanes_free frees: *slot the bytes per sequence slot (the lanes'
  * records and stamps), *entries the lane tables' entries (4 B each). */
 void bkv__lanes_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *entries);
-/* The device blocks slot's lanes hold among its first n_blocks entries. */
-uint32_t bkv__lanes_held(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks);
+/* The device blocks slot's lanes hold the last reference of among its
+ * first n_blocks entries (a close releases them). */
+uint32_t bkv__lanes_last_refs(const bkv_pool *pool, uint32_t slot, uint32_t n_blocks);
 /* Room for n entries in every lane table of slot. */
 int bkv__lanes_reserve(bkv_pool *pool, uint32_t slot, uint32_t n);
 void bkv__lanes_open(bkv_pool *pool, uint32_t slot);

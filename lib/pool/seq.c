@@ -132,6 +132,20 @@ int bkv_seq_fork(bkv_pool *pool, uint32_t parent, uint32_t *child)
 	return BKV_OK;
 }
 
+/* The frames a device close of s releases to the cache or the free list:
+ * those it holds the last reference of, in every lane (the segmented LRU
+ * protects a chain that comes back whole or not at all: kv/value.c). */
+static uint32_t close_frames(const bkv_pool *pool, const bkv__seq *s)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < s->n_blocks; i++)
+		n += pool->kv.blk[s->table[i]].ref == 1;
+	if (pool->grouped)
+		n += bkv__lanes_last_refs(pool, (uint32_t)(s - pool->seqs), s->n_blocks);
+	return n;
+}
+
 static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 {
 	bkv__seq *s;
@@ -142,11 +156,8 @@ static int seq_end(bkv_pool *pool, uint32_t seq, int drop)
 	s = bkv__seq_get(pool, seq);
 	if (!s)
 		return BKV_ENOENT;
-	if (s->state != BKV__SEQ_SWAPPED)
-		bkv__kv_close_begin(&pool->kv,
-				    s->n_blocks + (pool->grouped ? bkv__lanes_held(pool, (uint32_t)(s - pool->seqs),
-										   s->n_blocks)
-								 : 0));
+	if (s->state != BKV__SEQ_SWAPPED && pool->kv.val_seg)
+		bkv__kv_close_begin(&pool->kv, close_frames(pool, s));
 	if (pool->grouped)
 		bkv__lanes_release(pool, (uint32_t)(s - pool->seqs), s->n_blocks,
 				   s->state == BKV__SEQ_SWAPPED, drop);
