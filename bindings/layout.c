@@ -236,6 +236,9 @@ int main(void)
 	F(bkv_batch, row_drafts);
 	F(bkv_batch, spec_tokens);
 	F(bkv_batch, n_accepted);
+	F(bkv_batch, row_adapter);
+	F(bkv_batch, n_adapters);
+	F(bkv_batch, adapters);
 	S(bkv_host_ops);
 	F(bkv_host_ops, forward);
 	F(bkv_host_ops, prefill);
@@ -272,6 +275,9 @@ int main(void)
 	F(bkv_sched_config, retention);
 	F(bkv_sched_config, copy_overlap);
 	F(bkv_sched_config, prefill_first);
+	F(bkv_sched_config, max_adapters);
+	F(bkv_sched_config, pad0);
+	F(bkv_sched_config, adapter_wait_us);
 	S(bkv_retention_range);
 	F(bkv_retention_range, token_start);
 	F(bkv_retention_range, token_end);
@@ -292,7 +298,7 @@ int main(void)
 	F(bkv_request, user);
 	F(bkv_request, retention);
 	F(bkv_request, n_retention);
-	F(bkv_request, pad);
+	F(bkv_request, adapter);
 	S(bkv_step_info);
 	F(bkv_step_info, rows);
 	F(bkv_step_info, prefill_tokens);

@@ -1625,6 +1625,15 @@ typedef struct bkv_batch {
 	int32_t *n_accepted;              /* writable, [n_rows]: drafts the
 					     host accepted, or -1 (the
 					     default): greedy by the library */
+	/* Adapters (bkv_sched_config.max_adapters > 0; NULL and 0 otherwise).
+	 * A host applies adapter row_adapter[r] to row r's tokens (0: none)
+	 * and has every entry of adapters loaded for the call. */
+	const uint32_t *row_adapter;      /* [n_rows] bkv_request.adapter of
+					     each row */
+	uint32_t n_adapters;              /* distinct nonzero adapters of the
+					     call's rows, <= max_adapters */
+	const uint32_t *adapters;         /* [n_adapters] them, in the order
+					     of their first row */
 } bkv_batch;
 
 /* Why a request ended. For a request with n > 1 samples: the reason of the
@@ -1903,7 +1912,29 @@ typedef struct bkv_sched_config {
 				      the fresh ones included. A mixed host
 				      ignores it. Appended under the size
 				      convention. */
+	uint32_t max_adapters;     /* 0 (the default): no adapters (a request
+				      with bkv_request.adapter != 0 gets
+				      BKV_EINVAL). 1..BKV_MAX_ADAPTERS: at
+				      most this many distinct nonzero
+				      adapters among the running requests,
+				      so in any call, chunks of prompts in
+				      progress, swap-ins and every overlap
+				      or speculative row included. A request
+				      whose adapter finds no room is passed
+				      by those behind it for at most
+				      adapter_wait_us; then admission waits
+				      for it (docs/integration.md,
+				      "Adapters") */
+	uint32_t pad0;             /* zero */
+	uint64_t adapter_wait_us;  /* the bound on that passing: a request
+				      waits at most this long plus the time
+				      one held adapter's running requests
+				      take to end. 0 = auto (the bypass
+				      bound's estimate, max_bypass_us; 1 s
+				      before any request ended) */
 } bkv_sched_config;
+
+#define BKV_MAX_ADAPTERS 1024u /* most bkv_sched_config.max_adapters */
 
 /* Retention priorities of bkv_retention_range (TensorRT-LLM's scale). */
 #define BKV_RETENTION_PRIORITY_MAX 100u    /* highest priority */
@@ -1959,8 +1990,23 @@ typedef struct bkv_request {
 				       before it gives none */
 	uint32_t n_retention;       /* entries in retention,
 				       0..BKV_RETENTION_MAX_RANGES */
-	uint32_t pad;               /* zero */
+	uint32_t adapter;           /* the adapter (LoRA) its rows run with;
+				       0 = none (the base model). Nonzero
+				       needs bkv_sched_config.max_adapters;
+				       its blocks are cached under
+				       bkv_adapter_cache_key(cache_key,
+				       adapter), so requests of different
+				       adapters never share KV */
 } bkv_request;
+
+/**
+ * The prefix-cache key a request's blocks are cached under: cache_key when
+ * adapter is 0, else a 64-bit mix of both that is never 0 (so an adapter's
+ * KV never hits another adapter's, nor the base model's). Pass it to
+ * bkv_seq_open_keyed or bkv_pool_pin_prefix to reach a request's blocks.
+ * @return the key. Thread rules: any thread.
+ */
+BKV_API uint64_t bkv_adapter_cache_key(uint64_t cache_key, uint32_t adapter);
 
 /* What one bkv_step did. */
 typedef struct bkv_step_info {

@@ -203,6 +203,9 @@ int bkv__queue_check(const bkv_sched *s);
  * of its class has waited past the bypass bound (then that one). Queue not
  * empty. */
 bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now);
+/* The auto bypass bound for a (us): 2 * S * (1 + Q / max_running), S the
+ * mean run time of ended requests; -1 before any ended (no estimate). */
+double bkv__bypass_bound(const bkv_sched *s, const bkv__req *a);
 /* A request ran from admission to a LENGTH/STOP end: feed run_mean_us and
  * the output-length estimate (bkv__auto_ended). */
 void bkv__queue_ran(bkv_sched *s, const bkv__req *r);

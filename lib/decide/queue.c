@@ -185,14 +185,18 @@ bkv__req *bkv__queue_head(const bkv_sched *s, uint64_t now)
 	if (s->cfg.max_bypass_us == UINT64_MAX || now <= a->enq_us)
 		return h;
 	waited = (double)(now - a->enq_us);
-	if (s->cfg.max_bypass_us)
-		bound = (double)s->cfg.max_bypass_us;
-	else if (s->q.run_mean_us > 0.0)
-		bound = BYPASS_FACTOR * s->q.run_mean_us *
-			(1.0 + (double)a->queued_with / (double)s->cfg.max_running);
-	else
+	bound = s->cfg.max_bypass_us ? (double)s->cfg.max_bypass_us : bkv__bypass_bound(s, a);
+	if (bound < 0.0)
 		return h; /* auto, and no request has ended yet: no estimate */
 	return waited > bound ? a : h;
+}
+
+double bkv__bypass_bound(const bkv_sched *s, const bkv__req *a)
+{
+	if (s->q.run_mean_us <= 0.0)
+		return -1.0;
+	return BYPASS_FACTOR * s->q.run_mean_us *
+	       (1.0 + (double)a->queued_with / (double)s->cfg.max_running);
 }
 
 /* The output lengths the calendar draws from (decide.c, expected_rem):

@@ -61,9 +61,9 @@ static ALWAYS_INLINE uint32_t row_tokens(int32_t *tok_ids, int32_t *pos, int32_t
 	return t;
 }
 
-/* The batch's array pointers and counts. */
-static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, uint32_t n_rows,
-			uint32_t n_decode, uint32_t n_tokens)
+/* The batch's array pointers and counts, and its rows' adapters. */
+static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, const bkv__row *rows,
+			uint32_t n_rows, uint32_t n_decode, uint32_t n_tokens)
 {
 	b->kind = kind;
 	b->n_rows = n_rows;
@@ -81,6 +81,11 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, ui
 	b->row_req = s->call.arr.row_req;
 	b->row_branch = s->call.arr.row_branch;
 	b->row_user = s->call.arr.row_user;
+	b->row_adapter = NULL;
+	b->n_adapters = 0;
+	b->adapters = NULL;
+	if (s->ad)
+		bkv__adapters_batch(s, b, rows, n_rows);
 	if (s->call.persistent) {
 		b->layout = BKV_BATCH_PERSISTENT;
 		b->kv_indptr = NULL;
@@ -335,7 +340,7 @@ uint32_t bkv__batch_fill(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint3
 			n_chunks++;
 		}
 	}
-	batch_point(s, b, kind, n_rows, n_decode, t);
+	batch_point(s, b, kind, rows, n_rows, n_decode, t);
 	batch_copies(s, b);
 	shape->kind = kind;
 	shape->decode_rows = n_decode;

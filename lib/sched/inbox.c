@@ -62,6 +62,8 @@ void bkv__call_arrays_free(const bkv_allocator *a, size_t rc, bkv__call_arrays *
 	bkv__free(a, x->row_user, rc * sizeof(void *));
 	bkv__free(a, x->next_tokens, rc * sizeof(int32_t));
 	bkv__free(a, x->chunks, rc * sizeof(bkv_chunk_shape));
+	bkv__free(a, x->row_adapter, rc * sizeof(uint32_t));
+	bkv__free(a, x->adapters, rc * sizeof(uint32_t));
 	memset(x, 0, sizeof(*x));
 }
 
@@ -77,8 +79,11 @@ int bkv__call_arrays_alloc(const bkv_allocator *a, size_t rc, uint32_t tok_cap, 
 	x->row_user = bkv__calloc(a, rc, sizeof(void *));
 	x->next_tokens = bkv__calloc(a, rc, sizeof(int32_t));
 	x->chunks = bkv__calloc(a, rc, sizeof(bkv_chunk_shape));
+	x->row_adapter = bkv__calloc(a, rc, sizeof(uint32_t));
+	x->adapters = bkv__calloc(a, rc, sizeof(uint32_t));
 	if (!x->qo_indptr || !x->kv_indptr || !x->last_page_len || !x->row_sample || !x->row_req ||
-	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks)
+	    !x->row_branch || !x->row_user || !x->next_tokens || !x->chunks || !x->row_adapter ||
+	    !x->adapters)
 		return BKV_ENOMEM;
 	return bkv__bufs_alloc(a, &x->bufs, tok_cap, kv_cap, ng);
 }
@@ -112,12 +117,18 @@ int bkv__bufs_need(const bkv_sched *s, uint64_t hist, uint32_t *tok, uint32_t *k
  * (a caller built against the struct without them). */
 static uint32_t ret_count(const bkv_request *q)
 {
-	if (q->size < offsetof(bkv_request, pad) + sizeof(q->pad))
+	if (q->size < offsetof(bkv_request, adapter) + sizeof(q->adapter))
 		return 0;
 	return q->n_retention;
 }
 
 #define RQ "bkv_request."
+
+/* The request's adapter: 0 when its size ends before the field. */
+static uint32_t req_adapter(const bkv_request *q)
+{
+	return q->size < offsetof(bkv_request, adapter) + sizeof(q->adapter) ? 0 : q->adapter;
+}
 #define RR "bkv_retention_range[%u]."
 #define REFUSE(...) return bkv__fail(BKV_EINVAL, __VA_ARGS__)
 
@@ -183,6 +194,8 @@ static int request_check(const bkv_sched *s, const bkv_request *q)
 		REFUSE(RQ "n = 0: must be >= 1");
 	if (q->n_stop && !q->stop_tokens)
 		REFUSE(RQ "stop_tokens = NULL with n_stop = %u", q->n_stop);
+	if (req_adapter(q) && !s->cfg.max_adapters)
+		REFUSE(RQ "adapter = %u needs bkv_sched_config.max_adapters", req_adapter(q));
 	return ret_check(s, q);
 }
 
@@ -215,7 +228,8 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 	r->n = q->n;
 	r->n_live = q->n;
 	r->n_stop = q->n_stop;
-	r->cache_key = q->cache_key;
+	r->adapter = req_adapter(q);
+	r->cache_key = bkv_adapter_cache_key(q->cache_key, r->adapter);
 	r->user = q->user;
 	r->predicted_output = q->predicted_output;
 	r->state = BKV__REQ_INBOX;

@@ -84,6 +84,8 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 void bkv__req_requeue(bkv_sched *s, bkv__req *r, int swapped, uint64_t now)
 {
 	s->rs.slots_used -= r->n_live;
+	if (s->ad)
+		bkv__adapter_drop(s, r);
 	s->rs.run_dirty = 1;
 	r->state = swapped ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
 	r->swap_unsent = 0;
@@ -666,6 +668,11 @@ int bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_o
 		}
 		if (r->n_live > free_slots)
 			break;
+		if (s->ad && !bkv__adapter_fits(s, r)) {
+			if (bkv__adapter_pass(s, r, now))
+				continue; /* its adapter has no room: passed */
+			break;    /* passed long enough: it is next */
+		}
 		if (!s->pol.admit_ok(s, r))
 			break; /* auto.c: batch cap, TPOT target, padding */
 		/* a new (or recomputing) request opens n_live sequences, now or
@@ -687,11 +694,14 @@ int bkv__plan_admit(bkv_sched *s, uint64_t now, bkv_step_info *si, int waiting_o
 		s->rs.nr_run_multi += r->n > 1;
 		s->rs.slots_used += r->n_live;
 		s->rs.last_admit_us = now;
+		if (s->ad)
+			bkv__adapter_hold(s, r);
 		si->admitted++;
 		if (r->n > 1 && !r->forked)
 			forks += r->n - 1;
 		bkv__auto_admitted(s, r);
 	}
+	bkv__adapters_unpass(s);
 	s->pol.admit_end(s, was_empty);
 	return at_swapped;
 }

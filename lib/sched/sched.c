@@ -72,6 +72,13 @@ static int config_check_sizes(const bkv_sched_config *c)
 		       (unsigned long long)c->max_bypass_us, (unsigned long long)MAX_BYPASS_LIMIT);
 	if (c->spec_max_k > BKV_SPEC_MAX_K)
 		REFUSE(SC "spec_max_k = %u: must be in 0..%u", c->spec_max_k, BKV_SPEC_MAX_K);
+	if (c->max_adapters > BKV_MAX_ADAPTERS)
+		REFUSE(SC "max_adapters = %u: must be in 0..%u", c->max_adapters, BKV_MAX_ADAPTERS);
+	if (c->pad0)
+		REFUSE(SC "pad0 = %u: must be 0", c->pad0);
+	if (c->adapter_wait_us > MAX_BYPASS_LIMIT)
+		REFUSE(SC "adapter_wait_us = %llu: must be <= %llu",
+		       (unsigned long long)c->adapter_wait_us, (unsigned long long)MAX_BYPASS_LIMIT);
 	return BKV_OK;
 }
 
@@ -222,7 +229,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	s->alloc = a;
 	config_resolve(s, cfg, ops, host, pool, &ps);
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
-	    bkv__spec_alloc(s) != BKV_OK ||
+	    bkv__spec_alloc(s) != BKV_OK || bkv__adapters_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
@@ -289,6 +296,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__rows_free(s);
 	bkv__outs_destroy(s);
 	bkv__spec_free(s);
+	bkv__adapters_free(s);
 	bkv__groups_free(s);
 	bkv__call_arrays_free(a, s->plan.row_cap, &s->call.arr);
 	bkv__bufs_free(a, &s->in.spare);
@@ -337,4 +345,6 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 33    persistent layout: the row slots
  * 34    speculative decoding's per-step state (sched/spec.c)
  * 35-37 overlapped scheduling: the deferred-release list, the tickets, the
- *       held requests and placeholders (sched/defer.c) */
+ *       held requests and placeholders (sched/defer.c)
+ * 38    adapters: the held table counts exactly the running requests'
+ *       adapters, at most max_adapters (sched/adapters.c) */

@@ -155,6 +155,9 @@ typedef struct bkv__req {
 				  inside the allocation (after lane[]);
 				  NULL when none */
 	uint32_t n_ret;        /* entries in ret */
+	uint32_t adapter;      /* bkv_request.adapter; 0 = none */
+	uint32_t ad_slot;      /* running with an adapter: its entry in
+				  s->ad->tab (sched/adapters.c) */
 	bkv__lane lane[];      /* [n] */
 } bkv__req;
 
@@ -324,6 +327,8 @@ typedef struct bkv__call_arrays {
 	void **row_user;       /* [row_cap] */
 	int32_t *next_tokens;  /* [row_cap] */
 	bkv_chunk_shape *chunks; /* [row_cap] */
+	uint32_t *row_adapter; /* [row_cap] */
+	uint32_t *adapters;    /* [row_cap] the call's distinct adapters */
 } bkv__call_arrays;
 
 typedef struct bkv__call {
@@ -452,6 +457,9 @@ struct bkv_sched {
 				  (sched/overlap.c); NULL when off */
 	struct bkv__outs *outs; /* the per-step output arrays
 				   (sched/outputs.c); NULL when off */
+	struct bkv__adapters *ad; /* the adapters held by running requests
+				     (sched/adapters.c); NULL when
+				     cfg.max_adapters is 0 */
 	int kv_released;       /* bkv_sched_kv_release: the device KV is the
 				  host's until bkv_sched_kv_resume; steps
 				  only drain (sched/release.c) */
@@ -761,6 +769,23 @@ typedef struct bkv__spec_step {
 	uint32_t n_rows;       /* rows with drafts */
 	uint32_t n_set;        /* entries of drafts[] valid */
 } bkv__spec_step;
+
+/* ---- sched/adapters.c: adapters per request, max_adapters per call ------- */
+
+int bkv__adapters_alloc(bkv_sched *s);
+void bkv__adapters_free(bkv_sched *s);
+/* Admission meets r, whose adapter (nonzero) is not held and no entry is
+ * free: 1 when r was set aside (passed; call bkv__adapters_unpass when
+ * admission ends), 0 when admission must stop here. */
+int bkv__adapter_pass(bkv_sched *s, bkv__req *r, uint64_t now);
+void bkv__adapters_unpass(bkv_sched *s);
+void bkv__adapter_hold(bkv_sched *s, bkv__req *r);
+void bkv__adapter_drop(bkv_sched *s, bkv__req *r);
+void bkv__adapters_batch(const bkv_sched *s, bkv_batch *b, const bkv__row *rows, uint32_t n_rows);
+int bkv__adapters_check(const bkv_sched *s);
+
+/* Can r join the adapters held now (adapter 0, held, or a free entry)? */
+int bkv__adapter_fits(const bkv_sched *s, const bkv__req *r);
 
 int bkv__spec_alloc(bkv_sched *s);
 void bkv__spec_free(bkv_sched *s);

@@ -47,7 +47,9 @@
  * steps mixed in); a split host; tiny pools (preemption) with swap; aborts
  * from the driver, from on_token and from a second thread; failing host
  * calls (and failed launches and completions); KV events; eviction, victim
- * and admission policies; abandoning the scheduler with steps outstanding.
+ * and admission policies; adapters (more distinct ones than the cap, each
+ * call's checked against it, and their KV kept apart: a request's cells
+ * chain over its adapter); abandoning the scheduler with steps outstanding.
  * After every driver action bkv_sched_check (and, with nothing outstanding,
  * bkv_pool_check) must answer 0. CX_TRACE=1 in the environment logs every
  * call's copies and rows to stderr (a replay's trail).
@@ -135,6 +137,8 @@ typedef struct cx_feat {
 	uint32_t n_reqs;
 	uint32_t max_prompt, max_new;
 	uint32_t keys;        /* distinct cache keys (1: all 0) */
+	uint32_t max_adapters; /* 0: no adapters; else the cap, and requests
+				  draw adapters 0..max_adapters + 1 */
 } cx_feat;
 
 typedef struct cx_req {
@@ -143,7 +147,9 @@ typedef struct cx_req {
 	uint64_t tag;
 	int32_t prompt[96];
 	uint32_t plen, max_new, n;
-	uint64_t key;
+	uint64_t key;         /* its cache identity: cache key and adapter */
+	uint64_t cache_key;   /* bkv_request.cache_key */
+	uint32_t adapter;     /* bkv_request.adapter */
 	int32_t priority;
 	bkv_retention_range ret[2];
 	uint32_t n_ret;
@@ -281,6 +287,9 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	/* the segmented LRU, from the seed (the draws above and below stay
 	 * as found seeds replay them) */
 	f->evict_seg = !f->evict_value && (seed * 0x9e3779b97f4a7c15ull) >> 62 == 1;
+	/* adapters, from the seed alone too */
+	if ((mix(seed ^ 0xada97e5ull) & 3) == 0)
+		f->max_adapters = 1 + (uint32_t)(mix(seed ^ 0xada97e6ull) % 3);
 	f->victim_cost = chance(&s, 250);
 	f->reserve_output = chance(&s, 150);
 	f->static_policy = !f->overlap && chance(&s, 60);
@@ -331,7 +340,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 "reset=%d host_cache=%d retention=%d events=%d split=%d overlap=%d spec_k=%u(%s,%s,%s) "
 		 "tiny=%d preempt=%u aborts=%u/%u%s fail=%u vocab=%u stop_mod=%u fail_mod=%u "
 		 "evict_value=%d evict_seg=%d victim_cost=%d reserve_output=%d static=%d abandon=%d reqs=%u "
-		 "prompt<=%u new<=%u keys=%u",
+		 "prompt<=%u new<=%u keys=%u adapters=%u",
 		 f->bt, f->device_blocks, f->host_blocks, f->max_seqs, f->max_running,
 		 f->layout ? "persistent" : "flat", gm_names[f->gmix], f->span, f->ckpt,
 		 f->state_share, f->chunked, f->token_budget, f->prefix_cache, f->n_prefixes,
@@ -341,7 +350,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 f->tiny, f->preempt, f->abort_permille, f->token_abort_permille,
 		 f->abort_thread ? " abort-thread" : "", f->fail_permille, f->vocab, f->stop_mod,
 		 f->fail_mod, f->evict_value, f->evict_seg, f->victim_cost, f->reserve_output, f->static_policy,
-		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys);
+		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys, f->max_adapters);
 }
 
 void cx_describe_seed(uint64_t seed, char *buf, uint32_t cap)
@@ -823,6 +832,38 @@ static void trace_call(const cx_run *x, const bkv_batch *b)
 
 /* One compute call. ids: token_ids with placeholders replaced. dry: the
  * device skips it (an overlapped step after a failed one). */
+/* Each row's adapter is its request's; the call lists its rows' distinct
+ * nonzero adapters, first row first, at most the cap. */
+static void check_adapters(cx_run *x, const bkv_batch *b)
+{
+	uint32_t r, i, n = 0, seen[BKV_MAX_ADAPTERS];
+
+	if (!x->f.max_adapters) {
+		if (b->row_adapter || b->n_adapters || b->adapters)
+			fail(x, "adapters in a call without max_adapters");
+		return;
+	}
+	for (r = 0; r < b->n_rows && !x->failed; r++) {
+		cx_req *q = row_req(x, b, r);
+		uint32_t a = b->row_adapter[r];
+
+		if (q && a != q->adapter)
+			fail(x, "row %u: adapter %u, its request's is %u", r, a, q->adapter);
+		for (i = 0; a && i < n && seen[i] != a; i++)
+			;
+		if (a && i == n) {
+			if (n == x->f.max_adapters) {
+				fail(x, "a call with more than %u adapters", n);
+				return;
+			}
+			seen[n++] = a;
+		}
+	}
+	if (b->n_adapters != n || (n && memcmp(b->adapters, seen, n * sizeof(uint32_t))))
+		fail(x, "the call lists %u adapters, its rows have %u", b->n_adapters, n);
+	x->res->adapter_calls += n > 0;
+}
+
 static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *next, int dry)
 {
 	uint32_t r;
@@ -865,6 +906,7 @@ static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *n
 	copy_frames(x, b->swap_in, b->n_swap_in, x->host, x->f.host_blocks, x->dev, x->nframes,
 		    "swap-in");
 	copy_frames(x, b->copies, b->n_copies, x->dev, x->nframes, x->dev, x->nframes, "device");
+	check_adapters(x, b);
 	for (r = 0; r < b->n_rows; r++)
 		check_row(x, b, ids, r);
 	for (r = 0; r < b->n_rows; r++)
@@ -1183,7 +1225,13 @@ static void make_requests(cx_run *x, uint64_t *s)
 			q->prompt[j] = 1000 + (int32_t)below(s, f->vocab);
 		q->max_new = 1 + below(s, f->max_new);
 		q->n = 1 + below(s, f->max_n);
-		q->key = f->keys > 1 ? below(s, f->keys) : 0;
+		q->cache_key = f->keys > 1 ? below(s, f->keys) : 0;
+		/* (drawn off the scenario's stream: seeds replay as before) */
+		q->adapter = f->max_adapters
+				     ? (uint32_t)(mix(x->seed ^ (0xada0000ull + i)) % (f->max_adapters + 2))
+				     : 0;
+		/* the tester's own mix: KV of different adapters must differ */
+		q->key = q->cache_key ^ ((uint64_t)q->adapter << 40);
 		q->priority = chance(s, 200) ? (int32_t)below(s, 3) : 0;
 		q->submit_at = chance(s, 500) ? 0 : below(s, 40);
 		if (f->retention && q->plen >= 2 && chance(s, 600)) {
@@ -1222,7 +1270,8 @@ static void submit_due(cx_run *x)
 		r.stop_tokens = (const int32_t[]){CX_STOP};
 		r.n_stop = 1;
 		r.priority = q->priority;
-		r.cache_key = q->key;
+		r.cache_key = q->cache_key;
+		r.adapter = q->adapter;
 		r.n = q->n;
 		r.user = q;
 		r.predicted_output = chance(&x->rng_drive, 200) ? q->max_new : 0;
@@ -1553,6 +1602,7 @@ static void rerun_on_pool(cx_run *x)
 	sc.max_running = x->f.max_running;
 	sc.batch_layout = (bkv_batch_layout)x->f.layout;
 	sc.max_wait_us = 1;
+	sc.max_adapters = x->f.max_adapters;
 	memset(&ops, 0, sizeof(ops));
 	ops.forward = cx_forward;
 	ops.on_token = cx_on_token;
@@ -1737,6 +1787,8 @@ static int create(cx_run *x)
 		sc.victim = f->victim_cost ? BKV_VICTIM_COST : BKV_VICTIM_RECENT;
 		sc.admit_reserve = f->reserve_output ? BKV_RESERVE_OUTPUT : BKV_RESERVE_PROMPT;
 		sc.retention = f->retention;
+		sc.max_adapters = f->max_adapters;
+		sc.adapter_wait_us = 1000 * (1 + x->seed % 20);
 		sc.max_wait_us = 1;
 		memset(&ops, 0, sizeof(ops));
 		if (f->split) {

@@ -69,6 +69,7 @@ typedef struct tally {
 	uint64_t calls, cells, tokens, reqs, fcalls, preempt, spec, hits, ovl;
 	uint64_t spec_states; /* per-token states of speculated rows */
 	uint64_t releases;    /* device KV released and resumed */
+	uint64_t adapter_calls; /* calls whose rows carried adapters */
 } tally;
 
 static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
@@ -84,6 +85,7 @@ static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
 	t->calls += res->calls;
 	t->spec_states += res->spec_states;
 	t->releases += res->releases;
+	t->adapter_calls += res->adapter_calls;
 	t->cells += res->cells_checked;
 	t->tokens += res->tokens;
 	t->reqs += res->requests;
@@ -265,6 +267,7 @@ int main(int argc, char **argv)
 	printf("speculation over a STATE group: %llu per-token states of drafts\n",
 	       (unsigned long long)t.spec_states);
 	printf("device KV released and resumed: %llu times\n", (unsigned long long)t.releases);
+	printf("calls with adapters: %llu\n", (unsigned long long)t.adapter_calls);
 	for (k = 0, seed = 0; k < CX_REFUSE_COUNT; k++)
 		seed += t.refused[k];
 	printf("refused: %llu combos (in %llu seeds:", (unsigned long long)seed,

@@ -213,7 +213,7 @@ kh_req *fh_next_req(fake_host *f, const bkv_request *q)
 	r = &f->req[id];
 	kh_req_fini(r);
 	cr_assert_eq(kh_req_init(r, id, q->prompt, q->prompt_len, q->max_new_tokens, q->n), 0);
-	r->key = q->cache_key;
+	r->key = bkv_adapter_cache_key(q->cache_key, q->adapter); /* the pool key */
 	for (i = 0; i < q->n_stop; i++)
 		r->stop[i] = q->stop_tokens[i];
 	r->n_stop = q->n_stop;
