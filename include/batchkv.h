@@ -1430,13 +1430,16 @@ typedef struct bkv_sched bkv_sched;
  * BKV_FINISH_ERROR. */
 #define BKV_TOKEN_FAIL (-1)
 
-/* Overlapped scheduling (bkv_step_launch): a token id of at most -2 in a
- * batch's token_ids is a placeholder. BKV_TOKEN_PENDING(i) stands for the
- * token the step still in flight samples for its row i (its next_tokens[i]);
- * the host substitutes it, on the device, before computing. Positions and
- * slot_mapping of a placeholder's row are exact. */
+/* Overlapped scheduling (bkv_step_launch): a token id in [-2 -
+ * BKV_TOKEN_PENDING_ROWS + 1, -2] in a batch's token_ids is a placeholder.
+ * BKV_TOKEN_PENDING(i) stands for the token the step still in flight
+ * samples for its row i (its next_tokens[i]); the host substitutes it, on
+ * the device, before computing. Positions and slot_mapping of a
+ * placeholder's row are exact. (Encoder inputs' ids lie below that range:
+ * bkv_encoder_token.) */
+#define BKV_TOKEN_PENDING_ROWS (1 << 22) /* rows a placeholder can name */
 #define BKV_TOKEN_PENDING(i) (-2 - (int32_t)(i))
-#define BKV_TOKEN_IS_PENDING(t) ((t) <= -2)
+#define BKV_TOKEN_IS_PENDING(t) ((t) <= -2 && (t) > -2 - BKV_TOKEN_PENDING_ROWS)
 #define BKV_TOKEN_PENDING_ROW(t) ((uint32_t)(-2 - (int64_t)(t)))
 
 /* How a batch describes the rows' block tables (bkv_sched_config.batch_layout). */
@@ -1539,6 +1542,14 @@ typedef struct bkv_batch_group {
  * swap_out, swap_in, copies. In the persistent layout the host first applies
  * table_deltas to its copy of the row slots' tables (docs/integration.md,
  * "The persistent layout"). */
+/* An encoder input to run (bkv_batch.encode). */
+typedef struct bkv_encode {
+	uint64_t cache_id; /* cache its outputs under this id */
+	uint64_t req;      /* a request giving it (its id) */
+	uint32_t input;    /* its index in that request's inputs */
+	uint32_t len;      /* its token_len: the outputs' positions */
+} bkv_encode;
+
 typedef struct bkv_batch {
 	bkv_call_kind kind;               /* which callback this is */
 	uint32_t n_rows;                  /* sequences in the call */
@@ -1634,6 +1645,18 @@ typedef struct bkv_batch {
 					     call's rows, <= max_adapters */
 	const uint32_t *adapters;         /* [n_adapters] them, in the order
 					     of their first row */
+	/* Encoder inputs (bkv_sched_config.encoder_cache > 0; NULL and 0
+	 * otherwise). Before its rows, the host drops the outputs of the
+	 * cache ids in encoder_free (ids it does not hold are ignored: a
+	 * failed call's list is sent again), then runs the encoder on each
+	 * input in encode and caches the outputs by cache id. A row reads the
+	 * outputs of every input whose span it covers (its request's inputs;
+	 * the token ids there are bkv_encoder_token's); they are cached by
+	 * then, by this call or an earlier one. */
+	uint32_t n_encode;                /* inputs to encode now */
+	const bkv_encode *encode;         /* [n_encode] */
+	uint32_t n_encoder_free;          /* cache ids to drop first */
+	const uint64_t *encoder_free;     /* [n_encoder_free] */
 } bkv_batch;
 
 /* Why a request ended. For a request with n > 1 samples: the reason of the
@@ -1932,6 +1955,19 @@ typedef struct bkv_sched_config {
 				      take to end. 0 = auto (the bypass
 				      bound's estimate, max_bypass_us; 1 s
 				      before any request ended) */
+	uint32_t encoder_cache;    /* encoder inputs: the host's encoder cache
+				      in tokens (the sum of token_len of the
+				      inputs it holds); 0 (the default): no
+				      encoder inputs (a request giving some
+				      gets BKV_EINVAL). A chunk that reads an
+				      input runs only once its outputs are
+				      cached or computed in the same call
+				      (bkv_batch.encode); inputs no running
+				      request needs stay cached for hits
+				      until room is needed (LRU,
+				      bkv_batch.encoder_free) */
+	uint32_t encoder_budget;   /* encoder work per step, in the unit of
+				      bkv_encoder_input.cost; 0 = no bound */
 } bkv_sched_config;
 
 #define BKV_MAX_ADAPTERS 1024u /* most bkv_sched_config.max_adapters */
@@ -1959,6 +1995,33 @@ typedef struct bkv_retention_range {
 				 BKV_RETENTION_PRIORITY_DEFAULT; 0 = no
 				 expiry */
 } bkv_retention_range;
+
+/* One encoder input of a request (an image, an audio clip): its encoder's
+ * outputs are the embeddings of prompt positions [token_start, token_start
+ * + token_len). The library puts bkv_encoder_token(cache_id, i) at position
+ * token_start + i of the token history (whatever the prompt held there), so
+ * the prefix cache keys that KV by the input's content. */
+typedef struct bkv_encoder_input {
+	uint64_t cache_id;    /* the content's identity (a hash of the image),
+				 nonzero: equal ids share encoder outputs and
+				 KV (so they must have equal token_len) */
+	uint32_t token_start; /* first prompt position it fills */
+	uint32_t token_len;   /* positions it fills, >= 1; inside the prompt,
+				 after the previous input's */
+	uint32_t cost;        /* its encoder work in bkv_sched_config.
+				 encoder_budget's unit; 0 = token_len */
+	uint32_t pad;         /* zero */
+} bkv_encoder_input;
+
+#define BKV_MAX_ENCODER_INPUTS 64u /* most bkv_request.n_inputs */
+
+/**
+ * The token id the library puts at position i of an encoder input's span:
+ * at most -2^23 (below BKV_TOKEN_FAIL and every BKV_TOKEN_PENDING), a
+ * function of (cache_id, i) alone.
+ * @return the id. Thread rules: any thread.
+ */
+BKV_API int32_t bkv_encoder_token(uint64_t cache_id, uint32_t i);
 
 /* One request. Arrays are copied by bkv_submit. */
 typedef struct bkv_request {
@@ -1997,6 +2060,11 @@ typedef struct bkv_request {
 				       bkv_adapter_cache_key(cache_key,
 				       adapter), so requests of different
 				       adapters never share KV */
+	uint32_t n_inputs;          /* entries in inputs,
+				       0..BKV_MAX_ENCODER_INPUTS; nonzero needs
+				       bkv_sched_config.encoder_cache */
+	const bkv_encoder_input *inputs; /* [n_inputs] its encoder inputs,
+				       copied; spans ordered, not overlapping */
 } bkv_request;
 
 /**

@@ -210,11 +210,12 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fake_host *f;
 
 	cr_assert_eq(sizeof(bkv_sched_config),
-		     offsetof(bkv_sched_config, adapter_wait_us) + 8,
+		     offsetof(bkv_sched_config, encoder_budget) + 4,
 		     "the bound took two reserved slots, batch_layout and ttft_target_us "
 		     "one each, speculative decoding three, overlap, evict, victim, "
 		     "admit_reserve and retention one each; copy_overlap and "
-		     "prefill_first, the adapters' cap and wait were appended");
+		     "prefill_first, the adapters' cap and wait and the encoder's cache "
+		     "and budget were appended");
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
 		fh_opts_init(&o);
 		o.cfg.max_bypass_us = ok[i];

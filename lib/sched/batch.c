@@ -86,6 +86,8 @@ static void batch_point(const bkv_sched *s, bkv_batch *b, bkv_call_kind kind, co
 	b->adapters = NULL;
 	if (s->ad)
 		bkv__adapters_batch(s, b, rows, n_rows);
+	if (s->enc)
+		bkv__enc_batch(s->enc, b);
 	if (s->call.persistent) {
 		b->layout = BKV_BATCH_PERSISTENT;
 		b->kv_indptr = NULL;

@@ -142,6 +142,8 @@ int bkv_sched_check(const bkv_sched *s)
 		return 34; /* speculative decoding (sched/spec.c) */
 	if (bkv__adapters_check(s))
 		return 38; /* adapters (sched/adapters.c) */
+	if (bkv__enc_check(s))
+		return 39; /* encoder inputs (sched/encoder.c) */
 	rc = bkv_pool_check(s->pool);
 	return rc > 0 ? 1000 + rc : rc;
 }

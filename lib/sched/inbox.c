@@ -124,6 +124,12 @@ static uint32_t ret_count(const bkv_request *q)
 
 #define RQ "bkv_request."
 
+/* The request's encoder inputs: none when its size ends before them. */
+static uint32_t req_n_inputs(const bkv_request *q)
+{
+	return q->size < offsetof(bkv_request, inputs) + sizeof(q->inputs) ? 0 : q->n_inputs;
+}
+
 /* The request's adapter: 0 when its size ends before the field. */
 static uint32_t req_adapter(const bkv_request *q)
 {
@@ -182,6 +188,8 @@ static int ret_check(const bkv_sched *s, const bkv_request *q)
 
 static int request_check(const bkv_sched *s, const bkv_request *q)
 {
+	int rc;
+
 	if (q->size < offsetof(bkv_request, retention))
 		REFUSE(RQ "size = %u: must be sizeof(bkv_request) (call bkv_request_init)", q->size);
 	if (!q->prompt)
@@ -196,6 +204,9 @@ static int request_check(const bkv_sched *s, const bkv_request *q)
 		REFUSE(RQ "stop_tokens = NULL with n_stop = %u", q->n_stop);
 	if (req_adapter(q) && !s->cfg.max_adapters)
 		REFUSE(RQ "adapter = %u needs bkv_sched_config.max_adapters", req_adapter(q));
+	rc = bkv__enc_request_check(s, q, req_n_inputs(q));
+	if (rc != BKV_OK)
+		return rc;
 	return ret_check(s, q);
 }
 
@@ -209,10 +220,11 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 	uint32_t i;
 	bkv__req *r;
 
-	uint32_t n_ret = ret_count(q);
+	uint32_t n_ret = ret_count(q), n_enc = req_n_inputs(q);
 
 	bytes = sizeof(bkv__req) + (uint64_t)q->n * sizeof(bkv__lane) +
 		(uint64_t)n_ret * sizeof(bkv_retention_range) +
+		(uint64_t)n_enc * sizeof(bkv__enc_use) +
 		(uint64_t)q->n_stop * sizeof(int32_t) + (uint64_t)q->n * hist * sizeof(int32_t);
 	if (bytes > SIZE_MAX / 2)
 		return NULL;
@@ -239,8 +251,13 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 	r->ret = n_ret ? (bkv_retention_range *)(void *)&r->lane[q->n] : NULL;
 	if (n_ret)
 		memcpy(r->ret, q->retention, (size_t)n_ret * sizeof(bkv_retention_range));
+	r->n_enc = n_enc;
+	r->enc = n_enc ? (bkv__enc_use *)(void *)((char *)&r->lane[q->n] +
+						  (size_t)n_ret * sizeof(bkv_retention_range))
+		       : NULL;
 	r->stop = (int32_t *)(void *)((char *)&r->lane[q->n] +
-				      (size_t)n_ret * sizeof(bkv_retention_range));
+				      (size_t)n_ret * sizeof(bkv_retention_range) +
+				      (size_t)n_enc * sizeof(bkv__enc_use));
 	if (q->n_stop)
 		memcpy(r->stop, q->stop_tokens, (size_t)q->n_stop * sizeof(int32_t));
 	for (i = 0; i < q->n; i++) {
@@ -255,6 +272,8 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
 		l->tok = r->stop + q->n_stop + (size_t)i * hist;
 		memcpy(l->tok, q->prompt, (size_t)q->prompt_len * sizeof(int32_t));
 	}
+	if (n_enc)
+		bkv__enc_copy(r, q, (uint32_t)hist);
 	return r;
 }
 

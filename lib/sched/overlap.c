@@ -593,6 +593,7 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	 * (pool/state.c) */
 	release_deferred(s);
 	bkv__pool_txn_abort(s->pool);
+	bkv__enc_rollback(s);
 	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
 	o->n_out = 0;
@@ -662,6 +663,7 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 		bkv__pool_txn_commit(s->pool);
 	}
 	o->committed = t->id;
+	bkv__enc_commit(s, t->id);
 	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
 	if (t->spec.n_rows)
 		bkv__spec_deliver_step(s, &t->spec, t->rows, t->n_rows, si);

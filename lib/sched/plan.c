@@ -86,6 +86,7 @@ void bkv__req_requeue(bkv_sched *s, bkv__req *r, int swapped, uint64_t now)
 	s->rs.slots_used -= r->n_live;
 	if (s->ad)
 		bkv__adapter_drop(s, r);
+	bkv__enc_drop(s, r);
 	s->rs.run_dirty = 1;
 	r->state = swapped ? BKV__REQ_SWAPPED : BKV__REQ_WAITING;
 	r->swap_unsent = 0;
@@ -423,6 +424,9 @@ general:
 				continue;
 			}
 			BKV_ASSERT(l->kv_len + 1 == LANE_KNOWN(l));
+			if (r->n_enc && old < r->prompt_len && !bkv__enc_cut(s, l, 1))
+				continue; /* a fork's first row reads an input that
+					     is not encoded (sched/encoder.c) */
 			if (append_room(s, l, 1, 1, &hit, now, si) != BKV_OK)
 				continue;
 			charge(s, bkv__add_row(s, s->plan.dec, &s->plan.n_dec, l, old, hit, 1));
@@ -478,7 +482,7 @@ void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			c = l->kv_len < target ? bkv__auto_chunk_fit(s, l->kv_len,
 								     bkv__chunk_len(s, target - l->kv_len))
 					       : 0;
-			c = chunk_cut(s, l->kv_len, c, target);
+			c = bkv__enc_cut(s, l, chunk_cut(s, l->kv_len, c, target));
 			sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 			if (c == 0 || append_room(s, l, c, sample, &hit, now, si) != BKV_OK) {
 				if (REQ_IS_RUNNING(r))
@@ -534,7 +538,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 			continue;
 		}
 		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));
-		c = chunk_cut(s, l->kv_len, c, target);
+		c = bkv__enc_cut(s, l, chunk_cut(s, l->kv_len, c, target));
 		if (c == 0 && (j > 0 || (s->call.n_lanes && l->kv_len > 0))) {
 			s->plan.step_hits += h0;
 			continue; /* the budget went to earlier branches (or, with
@@ -554,6 +558,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		charge(s, bkv__add_row(s, s->plan.pre, &s->plan.n_pre, l, 0, h0 + hit, sample));
 	}
 	if (rc != BKV_OK) {
+		bkv__enc_drop(s, r); /* the gate's references (encoder.c) */
 		for (j = 0; j < r->n; j++) {
 			bkv__lane *l = &r->lane[j];
 
@@ -593,6 +598,9 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 		return rc;
 	old = l->kv_len;
 	if (l->decoding) {
+		if (r->n_enc && old < r->prompt_len && !bkv__enc_cut(s, l, 1))
+			return BKV_OK; /* a fork's first row reads an input that is
+					  not encoded: it decodes next step */
 		touch(s, l);
 		if (bkv__seq_append_private(s->pool, l->seq, l->tok + l->kv_len, 1) == BKV_OK) {
 			l->kv_len++;
@@ -605,6 +613,7 @@ static int admit_swapped(bkv_sched *s, bkv__req *r)
 		touch(s, l);
 		h0 = l->kv_len < target ? lane_hits(s, l, target) : 0;
 		c = chunk_cut(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len), target);
+		c = bkv__enc_cut(s, l, c);
 		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		if (c && lane_append(s, l, c, sample, &hit) == BKV_OK) {
 			l->kv_len += c;

@@ -169,6 +169,7 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 		s->rs.slots_used -= r->n_live;
 		if (s->ad)
 			bkv__adapter_drop(s, r);
+		bkv__enc_drop(s, r);
 		s->rs.run_dirty = 1;
 		if (why == BKV_FINISH_LENGTH || why == BKV_FINISH_STOP)
 			bkv__queue_ran(s, r); /* the auto bypass bound's S */

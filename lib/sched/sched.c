@@ -230,6 +230,7 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 	config_resolve(s, cfg, ops, host, pool, &ps);
 	if (arrays_alloc(s, &tok, &kv) != BKV_OK || bkv__rows_alloc(s) != BKV_OK ||
 	    bkv__spec_alloc(s) != BKV_OK || bkv__adapters_alloc(s) != BKV_OK ||
+	    bkv__enc_alloc(s) != BKV_OK ||
 	    bkv__ovl_create(s) != BKV_OK ||
 	    pthread_mutex_init((pthread_mutex_t *)s->in.lock, NULL) != 0) {
 		if (s->in.lock)
@@ -297,6 +298,7 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__outs_destroy(s);
 	bkv__spec_free(s);
 	bkv__adapters_free(s);
+	bkv__enc_free(s);
 	bkv__groups_free(s);
 	bkv__call_arrays_free(a, s->plan.row_cap, &s->call.arr);
 	bkv__bufs_free(a, &s->in.spare);
@@ -347,4 +349,6 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 35-37 overlapped scheduling: the deferred-release list, the tickets, the
  *       held requests and placeholders (sched/defer.c)
  * 38    adapters: the held table counts exactly the running requests'
- *       adapters, at most max_adapters (sched/adapters.c) */
+ *       adapters, at most max_adapters (sched/adapters.c)
+ * 39    encoder inputs: the cache's references, LRU list, tokens and index
+ *       (sched/encoder.c) */

@@ -108,6 +108,17 @@ typedef struct bkv__lane {
 
 #define BKV__SLOT_NONE UINT32_MAX /* lane holds no row slot */
 
+/* One encoder input of a request (bkv_encoder_input, resolved). */
+typedef struct bkv__enc_use {
+	uint64_t id;           /* cache_id */
+	uint32_t start;        /* token_start */
+	uint32_t end;          /* token_start + token_len */
+	uint32_t cost;         /* its encoder work (cost, or token_len) */
+	uint32_t entry;        /* its encoder-cache entry while held */
+	uint8_t held;          /* holds a reference on entry (running
+				  requests only; sched/encoder.c) */
+} bkv__enc_use;
+
 typedef struct bkv__req {
 	uint64_t id;           /* nonzero, from next_id */
 	int64_t order;         /* queue key after priority: arrival order
@@ -158,6 +169,12 @@ typedef struct bkv__req {
 	uint32_t adapter;      /* bkv_request.adapter; 0 = none */
 	uint32_t ad_slot;      /* running with an adapter: its entry in
 				  s->ad->tab (sched/adapters.c) */
+	bkv__enc_use *enc;     /* [n_enc] its encoder inputs, inside the
+				  allocation; NULL when none */
+	uint32_t n_enc;        /* entries in enc */
+	uint32_t enc_next;     /* enc[0, enc_next) are passed (their
+				  references dropped) */
+	uint8_t enc_pend;      /* on the encoder's release list */
 	bkv__lane lane[];      /* [n] */
 } bkv__req;
 
@@ -457,6 +474,8 @@ struct bkv_sched {
 				  (sched/overlap.c); NULL when off */
 	struct bkv__outs *outs; /* the per-step output arrays
 				   (sched/outputs.c); NULL when off */
+	struct bkv__enc *enc;  /* the encoder inputs' cache (sched/encoder.c);
+				  NULL when cfg.encoder_cache is 0 */
 	struct bkv__adapters *ad; /* the adapters held by running requests
 				     (sched/adapters.c); NULL when
 				     cfg.max_adapters is 0 */
@@ -769,6 +788,25 @@ typedef struct bkv__spec_step {
 	uint32_t n_rows;       /* rows with drafts */
 	uint32_t n_set;        /* entries of drafts[] valid */
 } bkv__spec_step;
+
+/* ---- sched/encoder.c: encoder inputs, their cache and budget ------------- */
+
+int bkv__enc_alloc(bkv_sched *s);
+void bkv__enc_free(bkv_sched *s);
+/* Submit: BKV_OK, or BKV_EINVAL / BKV_E2BIG naming what is wrong. */
+int bkv__enc_request_check(const bkv_sched *s, const bkv_request *q, uint32_t n);
+/* Copy q's inputs into r->enc and their ids into the histories. */
+void bkv__enc_copy(bkv__req *r, const bkv_request *q, uint32_t hist);
+/* The chunk of c tokens from lane l's kv_len, shortened so that every input
+ * it reads is cached or encoded in this step (which it schedules). */
+uint32_t bkv__enc_cut(bkv_sched *s, bkv__lane *l, uint32_t c);
+void bkv__enc_drop(bkv_sched *s, bkv__req *r);
+void bkv__enc_step_begin(bkv_sched *s);
+void bkv__enc_batch(struct bkv__enc *c, bkv_batch *b);
+void bkv__enc_step_end(bkv_sched *s);
+void bkv__enc_commit(bkv_sched *s, uint64_t step);
+void bkv__enc_rollback(bkv_sched *s);
+int bkv__enc_check(const bkv_sched *s);
 
 /* ---- sched/adapters.c: adapters per request, max_adapters per call ------- */
 

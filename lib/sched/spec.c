@@ -199,10 +199,11 @@ static uint32_t ngram_propose(bkv_sched *s, bkv__lane *l, uint32_t known, uint32
 		p = e - 1; /* the n-gram ended at p < known - 1 */
 		if (p + 1 < n || memcmp(tok + p + 1 - n, tok + known - n, n * sizeof(int32_t)) != 0)
 			continue; /* another n-gram in the slot */
-		/* tok[p + j] is known or a draft written before it (p < known - 1) */
-		for (j = 1; j <= k; j++)
+		/* tok[p + j] is known or a draft written before it (p < known -
+		 * 1); an encoder input's ids (negative) are never drafted */
+		for (j = 1; j <= k && tok[p + j] >= 0; j++)
 			tok[known + j - 1] = tok[p + j];
-		return k;
+		return j - 1;
 	}
 	return 0;
 }

@@ -168,7 +168,7 @@ static int run_prefill(bkv_sched *s, bkv_step_info *si)
 	return BKV_OK;
 }
 
-int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called)
+static int run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 {
 	int rc;
 
@@ -205,6 +205,14 @@ int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called)
 			return rc;
 	}
 	return BKV_OK;
+}
+
+int bkv__step_run_calls(bkv_sched *s, bkv_step_info *si, int *called)
+{
+	int rc = run_calls(s, si, called);
+
+	bkv__enc_step_end(s); /* encodings of rows no call carried */
+	return rc;
 }
 
 /* ---- commit / rollback --------------------------------------------------- */
@@ -280,6 +288,7 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 	if (s->spec && s->spec->n_rows) /* keep the accepted drafts' KV only */
 		bkv__spec_commit_cut(s);
 	bkv__pool_txn_commit(s->pool);
+	bkv__enc_commit(s, s->plan.step_no);
 	if (s->split)
 		commit_rows(s, s->plan.pre, s->plan.n_pre, 0, NULL, s->ops.on_token, si);
 	if (s->ops.on_token)
@@ -358,6 +367,7 @@ void bkv__step_rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		bkv__rows_rollback(s);
 	if (s->spec)
 		bkv__spec_rollback(s);
+	bkv__enc_rollback(s);
 	bkv__swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
@@ -447,6 +457,7 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	s->call.n_sent = 0;
 	bkv__auto_step_begin(s);
 	s->plan.budget_left = s->pol.budget(s);
+	bkv__enc_step_begin(s);
 	if (open_txn)
 		bkv__pool_txn_begin(s->pool);
 	bkv__plan_forks(s);

@@ -139,6 +139,8 @@ typedef struct cx_feat {
 	uint32_t keys;        /* distinct cache keys (1: all 0) */
 	uint32_t max_adapters; /* 0: no adapters; else the cap, and requests
 				  draw adapters 0..max_adapters + 1 */
+	uint32_t enc_cache;   /* 0: no encoder inputs; else encoder_cache */
+	uint32_t enc_budget;  /* encoder_budget */
 } cx_feat;
 
 typedef struct cx_req {
@@ -149,6 +151,10 @@ typedef struct cx_req {
 	uint32_t plen, max_new, n;
 	uint64_t key;         /* its cache identity: cache key and adapter */
 	uint64_t cache_key;   /* bkv_request.cache_key */
+	bkv_encoder_input in[3]; /* its encoder inputs (their ids are in
+				    prompt; sub has placeholders there) */
+	uint32_t n_in;
+	int32_t sub[96];      /* the prompt as submitted */
 	uint32_t adapter;     /* bkv_request.adapter */
 	int32_t priority;
 	bkv_retention_range ret[2];
@@ -197,6 +203,11 @@ typedef struct cx_run {
 	uint32_t prefix_len[4];
 	cx_req req[CX_MAX_REQ];
 	uint32_t n_req;
+	/* the host's encoder cache: ids and lengths */
+	uint64_t hc_id[256];
+	uint32_t hc_len[256];
+	uint32_t hc_n;
+	uint64_t enc_cost;   /* encoder work in the current driver step */
 	uint64_t iter;
 	/* persistent mirror of group 0 */
 	uint32_t n_slots, width;
@@ -287,6 +298,11 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	/* the segmented LRU, from the seed (the draws above and below stay
 	 * as found seeds replay them) */
 	f->evict_seg = !f->evict_value && (seed * 0x9e3779b97f4a7c15ull) >> 62 == 1;
+	/* encoder inputs, from the seed alone too */
+	if ((mix(seed ^ 0xe1c0deull) & 3) == 0) {
+		f->enc_cache = 24 + (uint32_t)(mix(seed ^ 0xe1c0dfull) % 80);
+		f->enc_budget = mix(seed ^ 0xe1c0e0ull) & 1 ? 0 : 18 + (uint32_t)(mix(seed) % 30);
+	}
 	/* adapters, from the seed alone too */
 	if ((mix(seed ^ 0xada97e5ull) & 3) == 0)
 		f->max_adapters = 1 + (uint32_t)(mix(seed ^ 0xada97e6ull) % 3);
@@ -340,7 +356,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 "reset=%d host_cache=%d retention=%d events=%d split=%d overlap=%d spec_k=%u(%s,%s,%s) "
 		 "tiny=%d preempt=%u aborts=%u/%u%s fail=%u vocab=%u stop_mod=%u fail_mod=%u "
 		 "evict_value=%d evict_seg=%d victim_cost=%d reserve_output=%d static=%d abandon=%d reqs=%u "
-		 "prompt<=%u new<=%u keys=%u adapters=%u",
+		 "prompt<=%u new<=%u keys=%u adapters=%u enc=%u/%u",
 		 f->bt, f->device_blocks, f->host_blocks, f->max_seqs, f->max_running,
 		 f->layout ? "persistent" : "flat", gm_names[f->gmix], f->span, f->ckpt,
 		 f->state_share, f->chunked, f->token_budget, f->prefix_cache, f->n_prefixes,
@@ -350,7 +366,8 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 f->tiny, f->preempt, f->abort_permille, f->token_abort_permille,
 		 f->abort_thread ? " abort-thread" : "", f->fail_permille, f->vocab, f->stop_mod,
 		 f->fail_mod, f->evict_value, f->evict_seg, f->victim_cost, f->reserve_output, f->static_policy,
-		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys, f->max_adapters);
+		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys, f->max_adapters,
+		 f->enc_cache, f->enc_budget);
 }
 
 void cx_describe_seed(uint64_t seed, char *buf, uint32_t cap)
@@ -362,6 +379,8 @@ void cx_describe_seed(uint64_t seed, char *buf, uint32_t cap)
 }
 
 /* ---- the oracle ------------------------------------------------------------ */
+
+static void draw_inputs(cx_run *x, cx_req *q, uint32_t i);
 
 static int32_t tok(const cx_run *x, const cx_req *q, uint32_t br, uint32_t pos)
 {
@@ -814,6 +833,12 @@ static void trace_call(const cx_run *x, const bkv_batch *b)
 	uint32_t r, g, k;
 
 	fprintf(stderr, "call %llu: %u rows\n", (unsigned long long)x->res->calls, b->n_rows);
+	for (r = 0; r < b->n_encoder_free; r++)
+		fprintf(stderr, "  encoder free %llu\n", (unsigned long long)b->encoder_free[r]);
+	for (r = 0; r < b->n_encode; r++)
+		fprintf(stderr, "  encode %llu (req %llu input %u)\n",
+			(unsigned long long)b->encode[r].cache_id, (unsigned long long)b->encode[r].req,
+			b->encode[r].input);
 	for (k = 0; k < 3; k++)
 		for (r = 0; r < n[k]; r++)
 			fprintf(stderr, "  %s %d -> %d\n", kind[k], v[k][r].src, v[k][r].dst);
@@ -832,6 +857,88 @@ static void trace_call(const cx_run *x, const bkv_batch *b)
 
 /* One compute call. ids: token_ids with placeholders replaced. dry: the
  * device skips it (an overlapped step after a failed one). */
+/* The host drops the ids the call frees (whatever it returns). */
+static void enc_frees(cx_run *x, const bkv_batch *b)
+{
+	uint32_t i, j;
+
+	if (!x->f.enc_cache) {
+		if (b->n_encode || b->encode || b->n_encoder_free || b->encoder_free)
+			fail(x, "encoder lists in a call without encoder_cache");
+		return;
+	}
+	for (i = 0; i < b->n_encoder_free; i++)
+		for (j = 0; j < x->hc_n; j++)
+			if (x->hc_id[j] == b->encoder_free[i]) {
+				x->hc_id[j] = x->hc_id[x->hc_n - 1];
+				x->hc_len[j] = x->hc_len[--x->hc_n];
+				break;
+			}
+}
+
+static cx_req *req_by_id(cx_run *x, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < x->n_req; i++)
+		if (__atomic_load_n(&x->req[i].id, __ATOMIC_ACQUIRE) == id)
+			return &x->req[i];
+	return NULL;
+}
+
+/* The host runs the call's encodes: each names an input of its request,
+ * within the step's budget; its cache stays within encoder_cache. Then
+ * every row's span positions read cached outputs. */
+static void enc_run(cx_run *x, const bkv_batch *b)
+{
+	uint32_t i, j, k, r, sum = 0;
+
+	for (i = 0; i < b->n_encode && !x->failed; i++) {
+		const bkv_encode *w = &b->encode[i];
+		cx_req *q = req_by_id(x, w->req);
+		const bkv_encoder_input *u = q && w->input < q->n_in ? &q->in[w->input] : NULL;
+
+		if (!u || u->cache_id != w->cache_id || u->token_len != w->len) {
+			fail(x, "encode %u: not an input of request %llu", i,
+			     (unsigned long long)w->req);
+			return;
+		}
+		x->enc_cost += u->cost ? u->cost : u->token_len;
+		for (j = 0; j < x->hc_n && x->hc_id[j] != w->cache_id; j++)
+			;
+		if (j == x->hc_n && x->hc_n < 256) {
+			x->hc_id[x->hc_n] = w->cache_id;
+			x->hc_len[x->hc_n++] = w->len;
+		}
+	}
+	if (x->f.enc_budget && x->enc_cost > x->f.enc_budget)
+		fail(x, "encoder work %llu in a step, budget %u", (unsigned long long)x->enc_cost,
+		     x->f.enc_budget);
+	for (j = 0; j < x->hc_n; j++)
+		sum += x->hc_len[j];
+	if (sum > x->f.enc_cache)
+		fail(x, "the host caches %u encoder tokens, encoder_cache %u", sum, x->f.enc_cache);
+	for (r = 0; r < b->n_rows && !x->failed; r++) {
+		cx_req *q = row_req(x, b, r);
+		uint32_t start = (uint32_t)b->positions[b->qo_indptr[r]];
+		uint32_t end = start + (uint32_t)(b->qo_indptr[r + 1] - b->qo_indptr[r]);
+
+		for (k = 0; q && k < q->n_in; k++) {
+			const bkv_encoder_input *u = &q->in[k];
+
+			if (u->token_start >= end || u->token_start + u->token_len <= start)
+				continue;
+			for (j = 0; j < x->hc_n && x->hc_id[j] != u->cache_id; j++)
+				;
+			if (j == x->hc_n)
+				fail(x, "row %u reads input %u (id %llu) before it is encoded", r, k,
+				     (unsigned long long)u->cache_id);
+		}
+	}
+	if (b->n_encode)
+		x->res->encodes += b->n_encode;
+}
+
 /* Each row's adapter is its request's; the call lists its rows' distinct
  * nonzero adapters, first row first, at most the cap. */
 static void check_adapters(cx_run *x, const bkv_batch *b)
@@ -876,6 +983,7 @@ static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *n
 		     b->n_tokens);
 		return -1;
 	}
+	enc_frees(x, b);
 	if (b->layout == BKV_BATCH_PERSISTENT) {
 		if (apply_deltas(x, b)) {
 			fail(x, "out of memory");
@@ -907,6 +1015,7 @@ static int compute(cx_run *x, const bkv_batch *b, const int32_t *ids, int32_t *n
 		    "swap-in");
 	copy_frames(x, b->copies, b->n_copies, x->dev, x->nframes, x->dev, x->nframes, "device");
 	check_adapters(x, b);
+	enc_run(x, b);
 	for (r = 0; r < b->n_rows; r++)
 		check_row(x, b, ids, r);
 	for (r = 0; r < b->n_rows; r++)
@@ -1021,6 +1130,7 @@ static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 		x->res->failed_calls++;
 		if (b->layout == BKV_BATCH_PERSISTENT)
 			(void)apply_deltas(x, b);
+		enc_frees(x, b);
 		return -1; /* refused at launch */
 	}
 	if (prev && x->state_group != UINT32_MAX)
@@ -1232,6 +1342,7 @@ static void make_requests(cx_run *x, uint64_t *s)
 				     : 0;
 		/* the tester's own mix: KV of different adapters must differ */
 		q->key = q->cache_key ^ ((uint64_t)q->adapter << 40);
+		draw_inputs(x, q, i);
 		q->priority = chance(s, 200) ? (int32_t)below(s, 3) : 0;
 		q->submit_at = chance(s, 500) ? 0 : below(s, 40);
 		if (f->retention && q->plen >= 2 && chance(s, 600)) {
@@ -1251,6 +1362,39 @@ static void make_requests(cx_run *x, uint64_t *s)
 	}
 }
 
+/* Encoder inputs of request i (up to 3, ids 1..5 so that they recur): the
+ * prompt gets their ids, the submitted copy a placeholder 7. */
+static void draw_inputs(cx_run *x, cx_req *q, uint32_t i)
+{
+	uint64_t h = mix(x->seed ^ (0xe1c0000ull + i));
+	uint32_t k, p = 0, j;
+
+	memcpy(q->sub, q->prompt, q->plen * sizeof(int32_t));
+	if (!x->f.enc_cache)
+		return;
+	for (k = 0; k < (uint32_t)(h % 4); k++) {
+		uint64_t g = mix(h + k);
+		bkv_encoder_input *u = &q->in[q->n_in];
+
+		p += (uint32_t)(g % 5);
+		if (p + 1 > q->plen)
+			break;
+		memset(u, 0, sizeof(*u));
+		u->cache_id = 1 + (g >> 8) % 5;
+		u->token_start = p;
+		u->token_len = 1 + (uint32_t)(u->cache_id * 5 % 6); /* the id's */
+		if (u->token_len > q->plen - p)
+			break;
+		u->cost = (g >> 24) & 1 ? 0 : 1 + (uint32_t)((g >> 28) % 6);
+		for (j = 0; j < u->token_len; j++) {
+			q->prompt[p + j] = bkv_encoder_token(u->cache_id, j);
+			q->sub[p + j] = 7;
+		}
+		p += u->token_len;
+		q->n_in++;
+	}
+}
+
 static void submit_due(cx_run *x)
 {
 	uint32_t i;
@@ -1264,8 +1408,10 @@ static void submit_due(cx_run *x)
 		if (q->submitted || q->refused || q->submit_at > x->iter)
 			continue;
 		bkv_request_init(&r);
-		r.prompt = q->prompt;
+		r.prompt = q->sub;
 		r.prompt_len = q->plen;
+		r.inputs = q->n_in ? q->in : NULL;
+		r.n_inputs = q->n_in;
 		r.max_new_tokens = q->max_new;
 		r.stop_tokens = (const int32_t[]){CX_STOP};
 		r.n_stop = 1;
@@ -1488,7 +1634,10 @@ static void between_steps(cx_run *x)
 static void drive_sync(cx_run *x)
 {
 	bkv_step_info info;
-	int rc = bkv_step(x->s, &info);
+	int rc;
+
+	x->enc_cost = 0;
+	rc = bkv_step(x->s, &info);
 
 	check_outputs(x, rc);
 	if (rc != BKV_OK && rc != BKV_EHOST)
@@ -1505,6 +1654,7 @@ static void drive_overlap(cx_run *x)
 		drive_sync(x); /* bkv_step between launches */
 		return;
 	}
+	x->enc_cost = 0;
 	rc = bkv_step_launch(x->s, &t, NULL);
 	if (rc == BKV_EAGAIN) {
 		if (!x->nt)
@@ -1603,6 +1753,8 @@ static void rerun_on_pool(cx_run *x)
 	sc.batch_layout = (bkv_batch_layout)x->f.layout;
 	sc.max_wait_us = 1;
 	sc.max_adapters = x->f.max_adapters;
+	sc.encoder_cache = x->f.enc_cache;
+	sc.encoder_budget = x->f.enc_budget;
 	memset(&ops, 0, sizeof(ops));
 	ops.forward = cx_forward;
 	ops.on_token = cx_on_token;
@@ -1789,6 +1941,8 @@ static int create(cx_run *x)
 		sc.retention = f->retention;
 		sc.max_adapters = f->max_adapters;
 		sc.adapter_wait_us = 1000 * (1 + x->seed % 20);
+		sc.encoder_cache = f->enc_cache;
+		sc.encoder_budget = f->enc_budget;
 		sc.max_wait_us = 1;
 		memset(&ops, 0, sizeof(ops));
 		if (f->split) {

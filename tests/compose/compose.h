@@ -60,6 +60,7 @@ typedef struct cx_result {
 	uint64_t overlap_steps;     /* from bkv_sched_stats */
 	uint64_t releases;          /* bkv_sched_kv_release / _resume rounds */
 	uint64_t adapter_calls;     /* calls whose rows carried adapters */
+	uint64_t encodes;           /* encoder inputs the calls ran */
 	uint32_t abandoned;         /* the scheduler was destroyed mid-run:
 				       1 + the steps it had outstanding */
 } cx_result;

@@ -70,6 +70,7 @@ typedef struct tally {
 	uint64_t spec_states; /* per-token states of speculated rows */
 	uint64_t releases;    /* device KV released and resumed */
 	uint64_t adapter_calls; /* calls whose rows carried adapters */
+	uint64_t encodes;     /* encoder inputs run */
 } tally;
 
 static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
@@ -86,6 +87,7 @@ static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
 	t->spec_states += res->spec_states;
 	t->releases += res->releases;
 	t->adapter_calls += res->adapter_calls;
+	t->encodes += res->encodes;
 	t->cells += res->cells_checked;
 	t->tokens += res->tokens;
 	t->reqs += res->requests;
@@ -267,7 +269,8 @@ int main(int argc, char **argv)
 	printf("speculation over a STATE group: %llu per-token states of drafts\n",
 	       (unsigned long long)t.spec_states);
 	printf("device KV released and resumed: %llu times\n", (unsigned long long)t.releases);
-	printf("calls with adapters: %llu\n", (unsigned long long)t.adapter_calls);
+	printf("calls with adapters: %llu, encoder inputs run: %llu\n",
+	       (unsigned long long)t.adapter_calls, (unsigned long long)t.encodes);
 	for (k = 0, seed = 0; k < CX_REFUSE_COUNT; k++)
 		seed += t.refused[k];
 	printf("refused: %llu combos (in %llu seeds:", (unsigned long long)seed,
