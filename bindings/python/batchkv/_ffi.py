@@ -80,6 +80,7 @@ BKV_SPEC_DRAFT_HOST = 1
 BKV_SPEC_K_AUTO = 0
 BKV_SPEC_K_FIXED = 1
 BKV_SPEC_MAX_K = 16
+BKV_MAX_ADAPTERS = 1024
 BKV_TABLE_OPENED = 0x1
 BKV_TABLE_CLOSED = 0x2
 BKV_EVENT_STORED = 0
@@ -386,6 +387,9 @@ class bkv_batch(Structure):
         ('row_drafts', POINTER(c_uint32)),
         ('spec_tokens', POINTER(c_int32)),
         ('n_accepted', POINTER(c_int32)),
+        ('row_adapter', POINTER(c_uint32)),
+        ('n_adapters', c_uint32),
+        ('adapters', POINTER(c_uint32)),
     ]
 
 
@@ -431,6 +435,9 @@ class bkv_sched_config(Structure):
         ('retention', c_uint32),
         ('copy_overlap', c_uint32),
         ('prefill_first', c_uint32),
+        ('max_adapters', c_uint32),
+        ('pad0', c_uint32),
+        ('adapter_wait_us', c_uint64),
     ]
 
 
@@ -459,7 +466,7 @@ class bkv_request(Structure):
         ('user', c_void_p),
         ('retention', POINTER(bkv_retention_range)),
         ('n_retention', c_uint32),
-        ('pad', c_uint32),
+        ('adapter', c_uint32),
     ]
 
 
@@ -648,6 +655,7 @@ FUNCTIONS = {
     'bkv_cost_calib_model': (bkv_cost_model, [c_void_p]),
     'bkv_sched_config_init': (None, [POINTER(bkv_sched_config)]),
     'bkv_request_init': (None, [POINTER(bkv_request)]),
+    'bkv_adapter_cache_key': (c_uint64, [c_uint64, c_uint32]),
     'bkv_sched_create': (c_int, [POINTER(bkv_sched_config), c_void_p, POINTER(bkv_host_ops), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
     'bkv_sched_destroy': (None, [c_void_p]),
     'bkv_submit': (c_int, [c_void_p, POINTER(bkv_request), POINTER(c_uint64)]),

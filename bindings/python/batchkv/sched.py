@@ -13,9 +13,9 @@ user) and now_us() (a clock in microseconds). A compute method returns None
 
 THE BATCH IS BORROWED. A Batch's arrays (token_ids, positions, qo_indptr,
 kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req,
-row_branch, copies, swap_out, swap_in, row_slot, and those of each
-BatchGroup in Batch.groups) are zero-copy numpy views of the library's
-buffers, read-only, and next_tokens is a writable view of the
+row_branch, copies, swap_out, swap_in, row_slot, row_adapter, adapters, and
+those of each BatchGroup in Batch.groups) are zero-copy numpy views of the
+library's buffers, read-only, and next_tokens is a writable view of the
 library's output array. They are valid only while the callback runs: the next
 step reuses the memory. Copy (np.array(view)) anything kept.
 
@@ -47,9 +47,17 @@ from .errors import StateError, check, error
 from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
 __all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
-           "StepInfo", "SchedStats", "TOKEN_FAIL"]
+           "StepInfo", "SchedStats", "TOKEN_FAIL", "adapter_cache_key"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
+
+
+def adapter_cache_key(cache_key, adapter):
+    """The prefix-cache key a request's blocks are cached under
+    (bkv_adapter_cache_key): cache_key when adapter is 0, else a 64-bit mix
+    of both that is never 0. Pass it to Pool.open(key=...) or
+    Pool.pin_prefix(key=...) to reach a request's blocks."""
+    return _lib.bkv_adapter_cache_key(int(cache_key), int(adapter))
 
 
 class Policy(enum.IntEnum):
@@ -173,7 +181,12 @@ class Batch:
     spec_tokens (writable int32, indexed like token_ids over the decode
     rows: the token sampled after each of a drafted row's tokens) and
     n_accepted (writable int32 [n_rows]: the drafts accepted, or -1 for the
-    library's greedy rule); a drafted row's next_tokens entry is not read."""
+    library's greedy rule); a drafted row's next_tokens entry is not read.
+    Adapters (Scheduler(max_adapters=N)): row_adapter [n_rows] (uint32: the
+    adapter of each row's request, 0 for none; empty without max_adapters),
+    n_adapters and adapters [n_adapters] (uint32: the call's distinct
+    nonzero adapters, at most max_adapters, in the order of their first
+    row: the host has each loaded for the call)."""
 
     __slots__ = ("_words", "_raw", "_sched", "_views", "_groups", "kind", "n_rows",
                  "n_decode_rows", "n_tokens", "block_tokens")
@@ -295,6 +308,18 @@ class Batch:
     def n_accepted(self):
         return self._views.get(("n_accepted", self.kind), self._ptr("n_accepted"), self.n_rows,
                                _I32, np.int32, writable=True)
+
+    @property
+    def row_adapter(self):
+        return self._view("row_adapter", self.n_rows, ctypes.c_uint32, np.uint32)
+
+    @property
+    def n_adapters(self):
+        return self._raw.n_adapters
+
+    @property
+    def adapters(self):
+        return self._view("adapters", self._raw.n_adapters, ctypes.c_uint32, np.uint32)
 
     @property
     def layout(self):
@@ -448,7 +473,7 @@ class Scheduler:
     Keyword arguments are bkv_sched_config fields (policy, max_running,
     admit_group, max_wait_us, chunked_prefill, token_budget, max_queue,
     preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us,
-    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT); unset ones keep bkv_sched_config_init's defaults. cost:
+    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT, max_adapters: the most distinct adapters among the running requests, so in any call, adapter_wait_us: the bound on passing a request whose adapter has no room); unset ones keep bkv_sched_config_init's defaults. cost:
     a PolyCost, RooflineCost or CalibratedCost (default: the library's
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).
@@ -633,15 +658,19 @@ class Scheduler:
 
     # -- any thread -------------------------------------------------------
     def submit(self, prompt, max_new_tokens, stop_tokens=(), priority=0, cache_key=0, n=1,
-               predicted_output=0, user=None, retention=()):
+               predicted_output=0, user=None, retention=(), adapter=0):
         """Submit a request (bkv_submit); returns its id (never 0). It enters
         the queue at the next step. prompt and stop_tokens are token
         sequences (copied). user is handed back to on_token/on_finish and in
         Batch.users. retention: (token_start, token_end, priority,
         duration_us) tuples, bkv_retention_range (needs
-        Scheduler(retention=1)). Any thread, concurrently with step().
+        Scheduler(retention=1)). adapter: the adapter (LoRA) its rows run
+        with, 0 for none (needs Scheduler(max_adapters=N)); its blocks are
+        cached under adapter_cache_key(cache_key, adapter). Any thread,
+        concurrently with step().
 
-        Raises InvalidArgumentError (empty prompt, max_new_tokens 0, n 0),
+        Raises InvalidArgumentError (empty prompt, max_new_tokens 0, n 0,
+        an adapter without max_adapters),
         TooBigError (can never fit the pool, n > max_running or max_seqs),
         TryAgainError (queue full), OutOfMemoryError."""
         p = _i32(prompt)
@@ -658,6 +687,7 @@ class Scheduler:
         q.cache_key = cache_key
         q.n = n
         q.predicted_output = predicted_output
+        q.adapter = adapter
         if len(retention):
             rr = (_ffi.bkv_retention_range * len(retention))()
             for i, (a, b, prio, dur) in enumerate(retention):

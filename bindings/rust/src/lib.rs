@@ -399,6 +399,14 @@ pub fn block_hashes(hash_seed: u64, key: u64, block_tokens: u32, tokens: &[i32])
     out
 }
 
+/// `bkv_adapter_cache_key`: the prefix-cache key a request's blocks are
+/// cached under: `cache_key` when `adapter` is 0, else a 64-bit mix of both
+/// that is never 0. Pass it to [`Pool::open_keyed`] or [`Pool::pin_prefix`]
+/// to reach a request's blocks.
+pub fn adapter_cache_key(cache_key: u64, adapter: u32) -> u64 {
+    unsafe { sys::bkv_adapter_cache_key(cache_key, adapter) }
+}
+
 // ---------------------------------------------------------------- configs --
 
 impl Default for PoolConfig {
@@ -1532,6 +1540,21 @@ impl<'a> Batch<'a> {
     pub fn swap_in(&self) -> &'a [Copy] {
         self.t(self.raw.swap_in, self.raw.n_swap_in as usize)
     }
+    /// `[n_rows]` adapters: the adapter of each row's request (0: none);
+    /// empty without `SchedConfig::max_adapters`.
+    pub fn row_adapter(&self) -> &'a [u32] {
+        self.t(self.raw.row_adapter, self.n_rows())
+    }
+    /// Adapters: the call's distinct nonzero adapters, at most
+    /// `SchedConfig::max_adapters`.
+    pub fn n_adapters(&self) -> usize {
+        self.raw.n_adapters as usize
+    }
+    /// `[n_adapters]` those adapters, in the order of their first row: the
+    /// host has each loaded for the call.
+    pub fn adapters(&self) -> &'a [u32] {
+        self.t(self.raw.adapters, self.n_adapters())
+    }
     /// The scheduler's batch layout (`sys::BKV_BATCH_FLAT` or
     /// `sys::BKV_BATCH_PERSISTENT`).
     pub fn layout(&self) -> sys::bkv_batch_layout {
@@ -1783,6 +1806,10 @@ pub struct Request<'a> {
     /// retention ranges of the prompt (`bkv_request.retention`; needs
     /// `SchedConfig::retention = 1`)
     pub retention: &'a [RetentionRange],
+    /// the adapter (LoRA) its rows run with, 0 = none (`bkv_request.adapter`;
+    /// nonzero needs `SchedConfig::max_adapters`); its blocks are cached
+    /// under [`adapter_cache_key`]`(cache_key, adapter)`
+    pub adapter: u32,
 }
 
 /// One change to a row slot's table (`bkv_table_delta`, persistent layout).
@@ -1795,7 +1822,7 @@ impl<'a> Request<'a> {
     /// A request with `bkv_request_init`'s defaults (n = 1).
     pub fn new(prompt: &'a [i32], max_new_tokens: u32) -> Request<'a> {
         Request { prompt, max_new_tokens, stop_tokens: &[], priority: 0, cache_key: 0, n: 1,
-                  predicted_output: 0, user: 0, retention: &[] }
+                  predicted_output: 0, user: 0, retention: &[], adapter: 0 }
     }
 }
 
@@ -2051,6 +2078,7 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         q.user = req.user as *mut c_void;
         q.retention = if req.retention.is_empty() { ptr::null() } else { req.retention.as_ptr() };
         q.n_retention = req.retention.len() as u32;
+        q.adapter = req.adapter;
         let mut id = 0;
         check_named(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
         Ok(id)

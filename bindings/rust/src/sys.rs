@@ -109,6 +109,7 @@ pub type bkv_spec_k_mode = c_int;
 pub const BKV_SPEC_K_AUTO: bkv_spec_k_mode = 0;
 pub const BKV_SPEC_K_FIXED: bkv_spec_k_mode = 1;
 pub const BKV_SPEC_MAX_K: u32 = 16;
+pub const BKV_MAX_ADAPTERS: u32 = 1024;
 pub const BKV_TABLE_OPENED: u32 = 0x1;
 pub const BKV_TABLE_CLOSED: u32 = 0x2;
 #[repr(C)]
@@ -402,6 +403,9 @@ pub struct bkv_batch {
     pub row_drafts: *const u32,
     pub spec_tokens: *mut i32,
     pub n_accepted: *mut i32,
+    pub row_adapter: *const u32,
+    pub n_adapters: u32,
+    pub adapters: *const u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -444,6 +448,9 @@ pub struct bkv_sched_config {
     pub retention: u32,
     pub copy_overlap: u32,
     pub prefill_first: u32,
+    pub max_adapters: u32,
+    pub pad0: u32,
+    pub adapter_wait_us: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -461,7 +468,7 @@ pub struct bkv_request {
     pub user: *mut c_void,
     pub retention: *const bkv_retention_range,
     pub n_retention: u32,
-    pub pad: u32,
+    pub adapter: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -646,6 +653,7 @@ extern "C" {
     pub fn bkv_cost_calib_model(calib: *mut bkv_cost_calib) -> bkv_cost_model;
     pub fn bkv_sched_config_init(cfg: *mut bkv_sched_config);
     pub fn bkv_request_init(req: *mut bkv_request);
+    pub fn bkv_adapter_cache_key(cache_key: u64, adapter: u32) -> u64;
     pub fn bkv_sched_create(cfg: *const bkv_sched_config, pool: *mut bkv_pool, ops: *const bkv_host_ops, host: *mut c_void, alloc: *const bkv_allocator, out: *mut *mut bkv_sched) -> c_int;
     pub fn bkv_sched_destroy(sched: *mut bkv_sched);
     pub fn bkv_submit(sched: *mut bkv_sched, req: *const bkv_request, req_id: *mut u64) -> c_int;
