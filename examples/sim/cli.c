@@ -398,7 +398,7 @@ static int set_host(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
-/* KEY=V,V,.. with KEY one of k, budget, slots */
+/* KEY=V,V,.. with KEY one of k, budget, slots, max_adapters */
 static int set_sweep(cli_args *a, const cli_option *opt, const char *v)
 {
 	opts *o = &a->o;
@@ -407,7 +407,7 @@ static int set_sweep(cli_args *a, const cli_option *opt, const char *v)
 		return SET_BAD;
 	snprintf(o->sweep_key, sizeof(o->sweep_key), "%.*s", (int)(eq - v), v);
 	if (strcmp(o->sweep_key, "k") && strcmp(o->sweep_key, "budget") &&
-	    strcmp(o->sweep_key, "slots"))
+	    strcmp(o->sweep_key, "slots") && strcmp(o->sweep_key, "max_adapters"))
 		return SET_BAD;
 	o->n_sweep = 0;
 	if (parse_list(eq + 1, o->sweep_vals, &o->n_sweep) || !o->n_sweep)
@@ -656,6 +656,18 @@ static const cli_option options[] = {
 	VALUE("--spec-accept", set_spec_accept,
 	      "  --spec-accept A[,S]        each draft accepted with probability A (each\n"
 	      "                             request's A drawn from A +- S); default 0\n"),
+	COUNT("--adapters", CFG(adapters), 0, 1000000,
+	      "  --adapters N               LoRA: each request runs with one of N adapters,\n"
+	      "                             rank k drawn with weight k^-S (--adapter-zipf S,\n"
+	      "                             default 1; 0 = uniform); default none\n"),
+	{"--adapter-zipf", ARG_VALUE, set_double, CFG(adapter_zipf), 0, 10, NULL},
+	COUNT("--max-adapters", CFG(max_adapters), 0, BKV_MAX_ADAPTERS,
+	      "  --max-adapters K           with --adapters: at most K adapters among the\n"
+	      "                             running requests (the host's LoRA slots;\n"
+	      "                             default 0 = N, no cap)\n"),
+	COUNT("--adapter-wait-us", CFG(adapter_wait_us), 0, UINT32_MAX,
+	      "  --adapter-wait-us US       bound on how long a request whose adapter has\n"
+	      "                             no slot is passed by others (default 0 = auto)\n"),
 	COUNT("--slots", CFG(slots), 1, MAX_SLOTS,
 	      "  --slots N                  running slots (default 32)\n"),
 	VALUE("--host", set_host,
@@ -664,7 +676,7 @@ static const cli_option options[] = {
 	     "  --no-baseline              no static row; speed-ups are not reported\n"
 	     "                             (not with --compare: its static row is the\n"
 	     "                             reference of its ratios)\n"),
-	VALUE("--sweep", set_sweep, "  --sweep k=1,2,4|budget=..|slots=..\n"),
+	VALUE("--sweep", set_sweep, "  --sweep k=1,2,4|budget=..|slots=..|max_adapters=..\n"),
 	HEADING("cost model:\n"),
 	VALUE("--cost", set_cost,
 	      "  --cost poly|poly-packed|distserve|roofline:PRESET\n"
@@ -837,6 +849,27 @@ static void settle(cli_args *a)
 									     : SIM_GEN_TOKENS;
 }
 
+/* The adapters' options need --adapters; a swept cap is at most
+ * BKV_MAX_ADAPTERS. */
+static int check_adapters(const cli_args *a)
+{
+	const sim_config *c = &a->c;
+	const int swept = !strcmp(a->o.sweep_key, "max_adapters");
+	if (!c->adapters && (c->max_adapters || c->adapter_wait_us || swept)) {
+		fprintf(stderr, "bkv-sim: %s needs --adapters N\n",
+			swept ? "--sweep max_adapters" : c->max_adapters ? "--max-adapters"
+									  : "--adapter-wait-us");
+		return -1;
+	}
+	for (int i = 0; swept && i < a->o.n_sweep; i++)
+		if (a->o.sweep_vals[i] > BKV_MAX_ADAPTERS) {
+			fprintf(stderr, "bkv-sim: --sweep max_adapters=%u: at most %u\n",
+				a->o.sweep_vals[i], BKV_MAX_ADAPTERS);
+			return -1;
+		}
+	return 0;
+}
+
 /* What one option alone cannot check: a fixed admission group must fit in
  * the running slots (the scheduler refuses admit_group > max_running). */
 static int check_settled(const cli_args *a)
@@ -853,6 +886,8 @@ static int check_settled(const cli_args *a)
 			"larger than the running slots never fills\n", c->k, c->slots);
 		return -1;
 	}
+	if (check_adapters(a))
+		return -1;
 	for (int i = 0; !strcmp(a->o.sweep_key, "k") && i < a->o.n_sweep; i++)
 		if (a->o.sweep_vals[i] > c->slots) {
 			fprintf(stderr, "bkv-sim: --sweep k=%u: at most --slots (%u)\n",

@@ -24,6 +24,17 @@ expect "--limit 0: at least 1" --limit 0
 expect "--slots 0: at least 1" --slots 0
 expect "--no-baseline does not apply to --compare" --compare --no-baseline
 expect "--no-baseline does not apply to --compare" --no-baseline --compare 1,2
+# --adapters: the cap and the wait need it; a cap is at most BKV_MAX_ADAPTERS
+expect "--max-adapters needs --adapters N" --max-adapters 4
+expect "--adapter-wait-us needs --adapters N" --adapter-wait-us 1000
+expect "--sweep max_adapters needs --adapters N" --sweep max_adapters=1,2
+expect "--max-adapters 2000: at most 1024" --adapters 8 --max-adapters 2000
+expect "--sweep max_adapters=2000: at most 1024" --adapters 8 --sweep max_adapters=1,2000
+out=$("$sim" --workload seed000 --seeds 1 --adapters 8 --max-adapters 2 --quiet 2>&1)
+case "$out" in
+*"adapters: 8 used, cap 2; per call mean "*" max 2;"*) ;;
+*) echo "--adapters 8 --max-adapters 2: no adapters line: '$out'"; fail=1 ;;
+esac
 # --calib-csv: measured step times the calibrated model learns first; a bad
 # file stops the run with its line named
 t=$(mktemp -d)

@@ -85,6 +85,8 @@ typedef struct vhost {
 	double dev_end[2];      /* device end of each outstanding step */
 	uint64_t q[2];          /* outstanding tickets, oldest first */
 	uint32_t n_q;
+	sim_adapters *ad;       /* --adapters: each request's adapter, the
+				   calls' counts (adapters.c); NULL without */
 } vhost;
 
 /* ---- the DistServe latency model ----------------------------------------- */
@@ -307,6 +309,7 @@ static void engine_overhead(const sim_config *cfg, uint32_t rows, bkv_call_kind 
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
+	sim_adapters_call(h->ad, b, h->launching && h->dev_free > h->now ? h->dev_free : h->now);
 	if (n_chunks > h->chunk_cap) {
 		uint32_t cap = n_chunks * 2;
 		bkv_chunk_shape *c = realloc(h->chunks, cap * sizeof(*c));
@@ -673,6 +676,7 @@ void sim_config_init(sim_config *c)
 	c->noise_stall_x = 10.0;
 	c->cost_kind = SIM_COST_POLY;
 	c->max_tokens = SIM_MAX_TOKENS;
+	c->adapter_zipf = 1.0;
 	bkv_cost_poly_init(&c->poly);
 }
 
@@ -717,7 +721,7 @@ static int run_alloc(run *r, const sim_config *cfg, const trace *t, sim_result *
 		if (t->reqs[i].prompt_len > max_prompt)
 			max_prompt = t->reqs[i].prompt_len;
 	r->prompt = malloc((size_t)max_prompt * sizeof(int32_t));
-	if (!r->h.req || !r->prompt) {
+	if (!r->h.req || !r->prompt || sim_adapters_open(cfg, t, &r->h.ad)) {
 		snprintf(err, errlen, "out of memory");
 		return BKV_ENOMEM;
 	}
@@ -832,6 +836,8 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->victim = cfg->victim;
 	sc->admit_reserve = cfg->admit_reserve;
 	sc->max_bypass_us = cfg->max_bypass_us;
+	sc->max_adapters = sim_adapters_cap(cfg);
+	sc->adapter_wait_us = cfg->adapter_wait_us;
 	sc->spec_max_k = cfg->spec_k;
 	sc->spec_k_mode = cfg->spec_auto ? BKV_SPEC_K_AUTO : BKV_SPEC_K_FIXED;
 	sc->spec_drafts = BKV_SPEC_DRAFT_HOST;
@@ -911,6 +917,7 @@ static void run_close(run *r)
 	free(r->h.chunks);
 	free(r->h.gaps);
 	free(r->prompt);
+	sim_adapters_close(r->h.ad);
 }
 
 /* Submit every request whose arrival the clock has reached. A request the
@@ -934,6 +941,7 @@ static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 		}
 		if (cfg->hints)
 			rq.predicted_output = gen_tokens(cfg, q);
+		rq.adapter = sim_adapter_of(h->ad, r->next);
 		rq.user = (void *)(uintptr_t)(r->next + 1);
 		if (bkv_submit(h->sched, &rq, NULL)) {
 			h->req[r->next].failed = 1;
@@ -1101,6 +1109,7 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	if (r->calib)
 		res->pred_err = r->err_n ? r->err_sum / r->err_n : 0.0;
 	finish_latencies(&r->h, t, res);
+	sim_adapters_collect(r->h.ad, t, res);
 	double busy = res->prefill_us + res->decode_us;
 	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE && busy > 0.0) {

@@ -96,6 +96,14 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(overlap_syncs);
 	MED_U(overlap_wasted);
 	MED_D(device_busy_us);
+	MED_U32(adapters);
+	MED_D(adapters_call_mean);
+	MED_D(wait_p99_ms);
+	MED_D(wait_p99_hot_ms);
+	MED_D(wait_p99_cold_ms);
+	MED_D(wait_max_ms);
+	MED_U32(n_hot);
+	MED_U32(n_cold);
 #undef MED_D
 #undef MED_U
 #undef MED_U32
@@ -115,8 +123,15 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	m->n_req = runs[0].n_req;
 	m->host_model = runs[0].host_model;
 	m->host_overhead_us = runs[0].host_overhead_us;
+	m->adapter_cap = runs[0].adapter_cap;
 	m->finished = runs[0].finished;
 	m->errors = runs[0].errors;
+	for (int i = 0; i < n; i++) { /* the worst over seeds */
+		if (runs[i].adapter_bad_calls > m->adapter_bad_calls)
+			m->adapter_bad_calls = runs[i].adapter_bad_calls;
+		if (runs[i].adapters_call_max > m->adapters_call_max)
+			m->adapters_call_max = runs[i].adapters_call_max;
+	}
 	for (int i = 1; i < n; i++) {
 		if (runs[i].finished < m->finished)
 			m->finished = runs[i].finished;
@@ -204,6 +219,16 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 			fprintf(out, ", \"overlap_steps\": %llu, \"overlap_syncs\": %llu",
 				(unsigned long long)r->overlap_steps,
 				(unsigned long long)r->overlap_syncs);
+		if (r->adapter_cap)
+			fprintf(out, ", \"adapters\": %u, \"max_adapters\": %u, "
+				     "\"adapters_per_call_mean\": %.10g, \"adapters_per_call_max\": %u, "
+				     "\"adapter_bad_calls\": %llu, \"wait_ms\": {\"p99\": %.10g, "
+				     "\"p99_hot\": %.10g, \"p99_cold\": %.10g, \"max\": %.10g}, "
+				     "\"hot_requests\": %u, \"cold_requests\": %u",
+				r->adapters, r->adapter_cap, r->adapters_call_mean,
+				r->adapters_call_max, (unsigned long long)r->adapter_bad_calls,
+				r->wait_p99_ms, r->wait_p99_hot_ms, r->wait_p99_cold_ms,
+				r->wait_max_ms, r->n_hot, r->n_cold);
 		if (r->state_ckpt_bytes || r->state_hits)
 			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
 				(unsigned long long)r->state_ckpt_bytes,
@@ -249,6 +274,24 @@ static void report_csv(FILE *out, const sim_row *rows, int n, int roofline)
 		if (rows[i].has_goodput)
 			fprintf(out, "%.10g", rows[i].goodput_rps);
 		fprintf(out, "\n");
+	}
+}
+
+/* The table's line per row of a run with adapters (--adapters). */
+static void report_adapters(FILE *out, const sim_row *rows, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		if (!r->adapter_cap)
+			continue;
+		fprintf(out,
+			"%-14s adapters: %u used, cap %u; per call mean %.2f max %u; queue wait "
+			"p99 %.2f ms, hot quarter %.2f (%u req), cold half %.2f (%u req); max "
+			"%.2f ms%s\n",
+			r->label, r->adapters, r->adapter_cap, r->adapters_call_mean,
+			r->adapters_call_max, r->wait_p99_ms, r->wait_p99_hot_ms, r->n_hot,
+			r->wait_p99_cold_ms, r->n_cold, r->wait_max_ms,
+			r->adapter_bad_calls ? " CALLS OVER THE CAP" : "");
 	}
 }
 
@@ -301,6 +344,7 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 			(unsigned long long)r->overlap_wasted,
 			r->out_tokens ? 100.0 * (double)r->overlap_wasted / (double)r->out_tokens : 0.0);
 	}
+	report_adapters(out, rows, n);
 	if (n)
 		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "
 			     "same traces)\n",
@@ -319,6 +363,12 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 		if (roofline)
 			fputs("; MFU% / MBU% = roofline FLOPs / bytes over busy time at peak", out);
 		fputs(".\n", out);
+		if (n && rows[0].med.adapter_cap)
+			fputs("adapters: per call = distinct adapters of a host call; queue wait =\n"
+			      "  arrival to the start of the first host call carrying the request; hot\n"
+			      "  quarter = requests of adapters of popularity ranks 1..N/4, cold half =\n"
+			      "  ranks > N/2 (p99 each).\n",
+			      out);
 	}
 }
 

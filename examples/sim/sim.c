@@ -64,6 +64,9 @@ static void apply_sweep(sim_config *c, const char *key, uint32_t v, char *label,
 	} else if (!strcmp(key, "slots")) {
 		c->slots = v;
 		snprintf(label, len, "slots=%u", v);
+	} else if (!strcmp(key, "max_adapters")) {
+		c->max_adapters = v;
+		snprintf(label, len, "adapters<=%u", v);
 	}
 }
 

@@ -187,6 +187,18 @@ typedef struct sim_config {
 				      prepares the next (a step then takes
 				      max(device, host), not their sum); needs
 				      a mixed host */
+	/* adapters (LoRA; --adapters, adapters.c) */
+	uint32_t adapters;         /* distinct adapters the requests run with,
+				      drawn per request by popularity (0:
+				      none, the base model) */
+	double adapter_zipf;       /* popularity: rank k drawn with weight
+				      k^-adapter_zipf (default 1; 0 =
+				      uniform) */
+	uint32_t max_adapters;     /* bkv_sched_config.max_adapters; 0 = no
+				      cap (every adapter, at most
+				      BKV_MAX_ADAPTERS) */
+	uint32_t adapter_wait_us;  /* bkv_sched_config.adapter_wait_us; 0 =
+				      auto */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -269,6 +281,24 @@ typedef struct sim_result {
 				      (--host-overhead-us or --overlap): the
 				      table adds a line per row */
 	uint32_t host_overhead_us; /* its host time per step */
+	/* adapters (--adapters; all 0 without) */
+	uint32_t adapters;         /* distinct adapters the requests used */
+	uint32_t adapter_cap;      /* the scheduler's max_adapters */
+	uint32_t adapters_call_max; /* most adapters of one host call
+				      (bkv_batch.n_adapters; <= adapter_cap) */
+	double adapters_call_mean; /* mean adapters per host call with rows */
+	uint64_t adapter_bad_calls; /* calls whose adapters broke the contract
+				      (over the cap, a row's adapter not its
+				      request's or not listed): 0 */
+	double wait_p99_ms;        /* p99 queue wait: arrival to the start of
+				      the first host call carrying a row of
+				      the request, ms */
+	double wait_p99_hot_ms;    /* ... of the requests of the hot quarter
+				      of the adapters (popularity ranks
+				      1..ceil(N/4)) */
+	double wait_p99_cold_ms;   /* ... of the cold half (ranks > N/2) */
+	double wait_max_ms;        /* the longest queue wait, ms */
+	uint32_t n_hot, n_cold;    /* requests in those two groups */
 } sim_result;
 
 /* The default cap on generated tokens (sim_config.max_tokens), and the
@@ -300,6 +330,25 @@ double sim_price_us(const sim_config *cfg, const bkv_step_shape *s);
  * model; ctx unused. */
 bkv_cost_model sim_distserve_model(void);
 double sim_distserve_step_us(const bkv_step_shape *shape);
+
+/* ---- adapters (adapters.c) ------------------------------------------------
+ * Each request's adapter (Zipf-like popularity, ids = ranks), the count of
+ * every call's adapters and each request's queue wait, for a run with
+ * cfg->adapters. */
+typedef struct sim_adapters sim_adapters;
+/* The scheduler's max_adapters for cfg (0 without adapters). */
+uint32_t sim_adapters_cap(const sim_config *cfg);
+/* Draw t's requests' adapters into *out (NULL without cfg->adapters).
+ * 0, or -1 out of memory. */
+int sim_adapters_open(const sim_config *cfg, const trace *t, sim_adapters **out);
+void sim_adapters_close(sim_adapters *a);
+/* Request i's adapter (0 with a NULL). */
+uint32_t sim_adapter_of(const sim_adapters *a, uint32_t i);
+/* A host call starting at start_us (its rows' row_user are request index
+ * + 1). NULL a: nothing. */
+void sim_adapters_call(sim_adapters *a, const bkv_batch *b, double start_us);
+/* The adapter fields of res. NULL a: nothing. */
+void sim_adapters_collect(const sim_adapters *a, const trace *t, sim_result *res);
 
 /* ---- reports ------------------------------------------------------------- */
 

@@ -27,7 +27,7 @@
  * measured step times, and it keeps learning from run to run (same host).
  *
  * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid] [--production]
- *                    [--spec K]
+ *                    [--spec K] [--adapters N]
  *   --hybrid  the model as a hybrid: full-attention, 24-token sliding-window,
  *             40-token chunked and (the last layer) recurrent layers, one KV
  *             group each, the state checkpointed every 16 tokens; then the
@@ -43,6 +43,10 @@
  *             row: library n-gram drafts (fixed and auto k), and a draft
  *             model made of the model's first half of its layers; each
  *             run's acceptance is printed (no effect on the runs before)
+ *   --adapters N  the requests run with adapters 0..N (0: the base model; a
+ *             LoRA stand-in, model.h), the reference too, and every run
+ *             holds at most (N + 1) / 2 adapters at once
+ *             (bkv_sched_config.max_adapters); not the production section
  * Exit status 0 only when every run matched the reference.
  */
 #include "tinylm.h"
@@ -195,7 +199,7 @@ int main(int argc, char **argv)
 {
 	uint32_t jobs = 200;
 	int small = 0, hybrid = 0, prod_only = 0;
-	uint32_t spec_k = 0;
+	uint32_t spec_k = 0, n_adapters = 0;
 	uint64_t seed = 42;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
@@ -210,9 +214,11 @@ int main(int argc, char **argv)
 			seed = strtoull(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--spec") && i + 1 < argc)
 			spec_k = (uint32_t)strtoul(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--adapters") && i + 1 < argc)
+			n_adapters = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else {
 			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid] [--production] "
-				"[--spec K]\n",
+				"[--spec K] [--adapters N]\n",
 				argv[0]);
 			return 2;
 		}
@@ -256,6 +262,7 @@ int main(int argc, char **argv)
 		       (double)m->n_params / 1e6);
 
 	tlm_workload w;
+	wc.n_adapters = n_adapters;
 	if (tlm_workload_create(&w, &wc, mc.vocab)) {
 		fprintf(stderr, "workload: out of memory\n");
 		return 1;
@@ -279,6 +286,9 @@ int main(int argc, char **argv)
 	       "max_new %u..%u), %llu with n > 1, %llu aborted\n",
 	       w.n_jobs, wc.n_system, wc.system_len, wc.user_min, wc.user_max, wc.new_min,
 	       wc.new_max, (unsigned long long)forks, (unsigned long long)aborts);
+	if (n_adapters)
+		printf("adapters: each request runs with one of 0..%u (0: the base model); at "
+		       "most %u held at once\n", n_adapters, (n_adapters + 1) / 2);
 	printf("reference (each request alone, contiguous KV): %.2f s, %.0f tokens/s\n", ref_s,
 	       (double)ref_tokens / ref_s);
 
@@ -396,6 +406,7 @@ int main(int argc, char **argv)
 			printf("\n");
 		rc->sched.cost = bkv_cost_calib_model(calib);
 		rc->sched.kv_bytes_per_token = (uint64_t)rl.kv_bytes_per_token;
+		rc->sched.max_adapters = (n_adapters + 1) / 2;
 		tlm_run_result res;
 		int st = tlm_run(&w, m, rc, &res);
 		char msg[1024];
@@ -472,6 +483,7 @@ int main(int argc, char **argv)
 	tlm_workload_destroy(&w);
 	tlm_model_destroy(m);
 	if (hybrid) {
+		wc.n_adapters = 0; /* its runs set no max_adapters */
 		const int pr = production(&mc, &wc);
 		if (pr < 0)
 			fprintf(stderr, "production: out of memory\n");

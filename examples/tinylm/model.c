@@ -378,6 +378,37 @@ void tlm_logits(const tlm_model *m, const float *x, float *logits, float *tmp)
 	tlm_matmul(logits, tmp, m->lm_head, 1, m->cfg.dim, m->cfg.vocab);
 }
 
+/* Element i of adapter's bias number `which` (a layer, or UINT32_MAX for
+ * the logits), uniform in [-scale, scale]. */
+static float adapter_bias(const tlm_model *m, uint32_t adapter, uint32_t which, uint32_t i,
+			  float scale)
+{
+	const uint64_t h = tlm_mix64(m->cfg.seed ^ tlm_mix64(((uint64_t)adapter << 32) | which) ^
+				     tlm_mix64(0xADA7u + (uint64_t)i));
+	const float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+	return (2.0f * u - 1.0f) * scale;
+}
+
+void tlm_adapter_layer(const tlm_model *m, uint32_t adapter, uint32_t l, uint32_t n, float *x)
+{
+	const uint32_t d = m->cfg.dim;
+	if (!adapter)
+		return;
+	for (uint32_t i = 0; i < d; i++) {
+		const float bias = adapter_bias(m, adapter, l, i, TLM_ADAPTER_RESID);
+		for (uint32_t r = 0; r < n; r++)
+			x[(size_t)r * d + i] += bias;
+	}
+}
+
+void tlm_adapter_logits(const tlm_model *m, uint32_t adapter, float *logits)
+{
+	if (!adapter)
+		return;
+	for (uint32_t i = 0; i < m->cfg.vocab; i++)
+		logits[i] += adapter_bias(m, adapter, UINT32_MAX, i, TLM_ADAPTER_LOGIT);
+}
+
 int32_t tlm_sample(const float *logits, uint32_t vocab, uint32_t n_samples, uint64_t seed,
 		   uint32_t branch, uint32_t pos)
 {

@@ -154,6 +154,23 @@ void tlm_layer_out(const tlm_model *m, uint32_t l, uint32_t n, float *x, const f
 void tlm_logits(const tlm_model *m, const float *x, float *logits, float *tmp);
 
 /*
+ * Adapters (a LoRA stand-in). Adapter a (1, 2, ...) adds a fixed bias vector,
+ * drawn from a hash of (cfg.seed, a, layer, element) uniform in
+ * [-TLM_ADAPTER_RESID, TLM_ADAPTER_RESID], to the residual stream after each
+ * layer (so later layers' K/V depend on it), and one uniform in
+ * [-TLM_ADAPTER_LOGIT, TLM_ADAPTER_LOGIT] to each logit (so its sampled
+ * tokens do). Adapter 0 is the base model: both add nothing. The biases are
+ * added element by element, after tlm_layer_out and tlm_logits, so a row's
+ * result still does not depend on its batch.
+ */
+#define TLM_ADAPTER_RESID 0.5f
+#define TLM_ADAPTER_LOGIT 1.0f
+/* Add adapter's bias of layer l to n hidden rows x[n][dim]. */
+void tlm_adapter_layer(const tlm_model *m, uint32_t adapter, uint32_t l, uint32_t n, float *x);
+/* Add adapter's bias to one row of logits[vocab]. */
+void tlm_adapter_logits(const tlm_model *m, uint32_t adapter, float *logits);
+
+/*
  * The sampling rule. n_samples == 1: greedy (argmax, lowest id on ties).
  * n_samples > 1: branch b samples from softmax(logits / 0.8) with a uniform
  * drawn from a hash of (seed, branch, pos), so branches differ but every run

@@ -18,7 +18,9 @@
  * context is (blocks - 1) * block_tokens + kv_last_page_len[r] tokens, and its
  * qo_len tokens are the last ones of that context (causal: token i of the row
  * sees positions 0 .. ctx - qo_len + i). Rows marked in row_sample then
- * sample a token from their last token's logits.
+ * sample a token from their last token's logits. A row with an adapter
+ * (bkv_batch.row_adapter[r] != 0) gets its bias after every layer and on its
+ * logits (tlm_adapter_layer, tlm_adapter_logits), as ref.c applies it.
  *
  * In the persistent layout (bkv_batch.layout) kv_indptr/kv_indices are NULL.
  * The host keeps its own table per row slot, as a GPU host keeps a 2-D block
@@ -583,6 +585,87 @@ static void recurrent_layer(tlm_host *h, const bkv_batch *b, uint32_t l, const b
 	}
 }
 
+/* A row's adapter: bkv_batch.row_adapter[r], 0 when adapters are off. */
+static uint32_t row_adapter(const bkv_batch *b, uint32_t r)
+{
+	return b->row_adapter ? b->row_adapter[r] : 0;
+}
+
+/* Each row's adapter bias of layer l on its tokens' hidden rows. */
+static void adapt_rows(tlm_host *h, const bkv_batch *b, uint32_t l)
+{
+	if (!b->row_adapter)
+		return;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const uint32_t q0 = (uint32_t)b->qo_indptr[r], q1 = (uint32_t)b->qo_indptr[r + 1];
+		tlm_adapter_layer(h->m, b->row_adapter[r], l, q1 - q0,
+				  h->x + (size_t)q0 * h->m->cfg.dim);
+	}
+}
+
+/* The call's adapters: each nonzero, listed once, and every row's adapter
+ * (when nonzero) among them: the adapters the host would have loaded. */
+static int check_adapters(tlm_host *h, const bkv_batch *b)
+{
+	if (!b->row_adapter)
+		return b->n_adapters ? violation(h, "n_adapters %u without row_adapter",
+						 b->n_adapters) : 0;
+	for (uint32_t i = 0; i < b->n_adapters; i++) {
+		if (!b->adapters[i])
+			return violation(h, "adapters[%u] is 0", i);
+		for (uint32_t j = 0; j < i; j++)
+			if (b->adapters[j] == b->adapters[i])
+				return violation(h, "adapter %u listed twice", b->adapters[i]);
+	}
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		uint32_t i = 0;
+		while (b->row_adapter[r] && i < b->n_adapters && b->adapters[i] != b->row_adapter[r])
+			i++;
+		if (i == b->n_adapters && b->row_adapter[r])
+			return violation(h, "row %u: adapter %u not in the call's adapters", r,
+					 b->row_adapter[r]);
+		h->stats.adapter_rows += b->row_adapter[r] != 0;
+	}
+	if (b->n_adapters > h->stats.max_adapters)
+		h->stats.max_adapters = b->n_adapters;
+	return 0;
+}
+
+/* Sample the rows marked in row_sample from their last token's logits (a
+ * speculated row: after each of its tokens), with the row's adapter. */
+static void sample_rows(tlm_host *h, const bkv_batch *b, int32_t *next_tokens)
+{
+	const tlm_model *m = h->m;
+	const tlm_config *c = &m->cfg;
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		if (!b->row_sample[r])
+			continue;
+		const uint32_t last = (uint32_t)b->qo_indptr[r + 1] - 1;
+		const tlm_sampling *s = b->row_user[r];
+		if (b->row_drafts && b->row_drafts[r]) {
+			/* speculated: a token after each of the row's tokens; the
+			 * library accepts greedily (n_accepted left at -1) */
+			for (uint32_t t = (uint32_t)b->qo_indptr[r]; t <= last; t++) {
+				tlm_logits(m, h->x + (size_t)t * c->dim, h->logits, h->ltmp);
+				tlm_adapter_logits(m, row_adapter(b, r), h->logits);
+				b->spec_tokens[t] = tlm_sample(
+					h->logits, c->vocab, s ? s->n_samples : 1, s ? s->seed : 0,
+					b->row_branch[r], (uint32_t)b->positions[t] + 1);
+				h->stats.spec_tokens++;
+			}
+			h->stats.spec_rows++;
+			h->stats.sampled++;
+			continue;
+		}
+		tlm_logits(m, h->x + (size_t)last * c->dim, h->logits, h->ltmp);
+		tlm_adapter_logits(m, row_adapter(b, r), h->logits);
+		next_tokens[r] = tlm_sample(h->logits, c->vocab, s ? s->n_samples : 1,
+					    s ? s->seed : 0, b->row_branch[r],
+					    (uint32_t)b->positions[last] + 1);
+		h->stats.sampled++;
+	}
+}
+
 static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_call_kind want)
 {
 	const uint64_t t0 = tlm_now_us();
@@ -596,7 +679,7 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	if (fail == 1)
 		return -1;
 	uint32_t max_ctx = 0;
-	if (validate(h, b, want, &max_ctx))
+	if (validate(h, b, want, &max_ctx) || check_adapters(h, b))
 		return -1;
 	if (reserve(h, b->n_tokens, max_ctx > tlm_state_floats(&h->m->cfg)
 					     ? max_ctx : tlm_state_floats(&h->m->cfg)))
@@ -617,6 +700,7 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 		if (tlm_layer_recurrent(c, l)) {
 			recurrent_layer(h, b, l, &b->groups[g]);
 			tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
+			adapt_rows(h, b, l);
 			continue;
 		}
 		/* reshape_and_cache: new K/V go where the layer's group's
@@ -650,34 +734,11 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 			}
 		}
 		tlm_layer_out(m, l, n, h->x, h->attn, h->tmp, h->hid);
+		adapt_rows(h, b, l);
 	}
 	if (fail == 2)
 		return -1; /* K/V written, no token: a kernel failing late */
-	for (uint32_t r = 0; r < b->n_rows; r++) {
-		if (!b->row_sample[r])
-			continue;
-		const uint32_t last = (uint32_t)b->qo_indptr[r + 1] - 1;
-		const tlm_sampling *s = b->row_user[r];
-		if (b->row_drafts && b->row_drafts[r]) {
-			/* speculated: a token after each of the row's tokens; the
-			 * library accepts greedily (n_accepted left at -1) */
-			for (uint32_t t = (uint32_t)b->qo_indptr[r]; t <= last; t++) {
-				tlm_logits(m, h->x + (size_t)t * c->dim, h->logits, h->ltmp);
-				b->spec_tokens[t] = tlm_sample(
-					h->logits, c->vocab, s ? s->n_samples : 1, s ? s->seed : 0,
-					b->row_branch[r], (uint32_t)b->positions[t] + 1);
-				h->stats.spec_tokens++;
-			}
-			h->stats.spec_rows++;
-			h->stats.sampled++;
-			continue;
-		}
-		tlm_logits(m, h->x + (size_t)last * c->dim, h->logits, h->ltmp);
-		next_tokens[r] = tlm_sample(h->logits, c->vocab, s ? s->n_samples : 1,
-					    s ? s->seed : 0, b->row_branch[r],
-					    (uint32_t)b->positions[last] + 1);
-		h->stats.sampled++;
-	}
+	sample_rows(h, b, next_tokens);
 	h->stats.rows += b->n_rows;
 	h->stats.tokens += n;
 	h->stats.compute_us += (double)(tlm_now_us() - t0);

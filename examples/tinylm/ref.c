@@ -11,7 +11,8 @@
  * branch, which then samples with its own branch index (tlm_sample). It uses
  * the same kernels as the paged host, so any difference in generated tokens is
  * a difference in which K/V the paged host was shown, i.e. a scheduling or
- * block-table bug, never rounding.
+ * block-table bug, never rounding. A request's adapter (tlm_adapter_layer,
+ * tlm_adapter_logits) is applied here as the paged host applies a row's.
  */
 #include "tinylm.h"
 
@@ -21,6 +22,7 @@
 /* Scratch of one reference run; everything sized for max_len tokens. */
 typedef struct ref_ctx {
 	const tlm_model *m;
+	uint32_t adapter;   /* the request's adapter (0: the base model) */
 	uint32_t max_len;   /* prompt_len + max_new */
 	float *k, *v;       /* [layers][max_len][kv_width] contiguous caches */
 	float *x, *q, *kn, *vn, *attn, *tmp, *hid; /* per-token activations */
@@ -54,6 +56,7 @@ static void run(ref_ctx *r, float *kc, float *vc, float *st, const int32_t *toke
 				tlm_recurrent_step(m, st, r->q + (size_t)i * qw, r->kn + (size_t)i * kvw,
 						   r->vn + (size_t)i * kvw, r->attn + (size_t)i * qw);
 			tlm_layer_out(m, l, n, r->x, r->attn, r->tmp, r->hid);
+			tlm_adapter_layer(m, r->adapter, l, n, r->x);
 			continue;
 		}
 		memcpy(K + (size_t)start * kvw, r->kn, (size_t)n * kvw * sizeof(float));
@@ -69,6 +72,7 @@ static void run(ref_ctx *r, float *kc, float *vc, float *st, const int32_t *toke
 				   r->vrows + lo, r->attn + (size_t)i * qw, r->scores);
 		}
 		tlm_layer_out(m, l, n, r->x, r->attn, r->tmp, r->hid);
+		tlm_adapter_layer(m, r->adapter, l, n, r->x);
 	}
 	free(pos);
 }
@@ -77,6 +81,7 @@ static int32_t next_token(ref_ctx *r, uint32_t last_row, uint32_t n_samples, uin
 			  uint32_t branch, uint32_t pos)
 {
 	tlm_logits(r->m, r->x + (size_t)last_row * r->m->cfg.dim, r->logits, r->tmp);
+	tlm_adapter_logits(r->m, r->adapter, r->logits);
 	return tlm_sample(r->logits, r->m->cfg.vocab, n_samples, seed, branch, pos);
 }
 
@@ -92,10 +97,19 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 		     uint32_t max_new, const int32_t *stop, uint32_t n_stop, uint32_t n_samples,
 		     uint64_t seed, int32_t *out, uint32_t *out_len)
 {
+	return tlm_ref_generate_adapter(m, 0, prompt, prompt_len, max_new, stop, n_stop,
+					n_samples, seed, out, out_len);
+}
+
+int tlm_ref_generate_adapter(const tlm_model *m, uint32_t adapter, const int32_t *prompt,
+			     uint32_t prompt_len, uint32_t max_new, const int32_t *stop,
+			     uint32_t n_stop, uint32_t n_samples, uint64_t seed, int32_t *out,
+			     uint32_t *out_len)
+{
 	const tlm_config *c = &m->cfg;
 	if (!prompt_len || !max_new || !n_samples || prompt_len + max_new > c->max_pos)
 		return -1;
-	ref_ctx r = {.m = m, .max_len = prompt_len + max_new};
+	ref_ctx r = {.m = m, .adapter = adapter, .max_len = prompt_len + max_new};
 	const size_t kvw = tlm_kv_width(c), qw = tlm_q_width(c), L = c->layers;
 	const size_t cache = L * r.max_len * kvw, n = prompt_len;
 	r.k = malloc(cache * sizeof(float));
@@ -123,6 +137,7 @@ int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_
 	run(&r, r.k, r.v, st, prompt, prompt_len, 0);
 	/* Every branch starts from the prompt's logits. */
 	tlm_logits(m, r.x + (n - 1) * c->dim, r.logits, r.tmp);
+	tlm_adapter_logits(m, adapter, r.logits);
 	float *prompt_logits = malloc(c->vocab * sizeof(float));
 	if (!prompt_logits) {
 		rc = -1;

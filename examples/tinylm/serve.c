@@ -10,6 +10,8 @@
  * arrived). The reference output of every job comes from ref.c, one request at
  * a time; a stop token is chosen from the job's own reference output so that
  * it really fires, which is sound because a stop token only truncates.
+ * With wc.n_adapters, jobs also get adapters (a LoRA stand-in, model.h),
+ * which the reference applies as the paged host does.
  *
  * tlm_run() then serves the workload with one scheduler configuration: pool,
  * paged host, scheduler; submissions (all up front or a few per step); aborts
@@ -108,6 +110,9 @@ int tlm_workload_create(tlm_workload *w, const tlm_workload_config *wc, uint32_t
 			return -1;
 		}
 	}
+	uint64_t ast = tlm_mix64(wc->seed ^ 0xADA97E25ull); /* adapters' own stream */
+	for (uint32_t j = 0; wc->n_adapters && j < wc->n_jobs; j++)
+		w->jobs[j].adapter = rnd(&ast, 0, wc->n_adapters);
 	return 0;
 }
 
@@ -129,8 +134,9 @@ int tlm_workload_reference(tlm_workload *w, const tlm_model *m)
 		tlm_job *jb = &w->jobs[j];
 		const int want_stop = jb->stop >= 0;
 		jb->stop = -1;
-		if (tlm_ref_generate(m, jb->prompt, jb->prompt_len, jb->max_new, NULL, 0,
-				     jb->sampling.n_samples, jb->sampling.seed, jb->ref, jb->ref_len))
+		if (tlm_ref_generate_adapter(m, jb->adapter, jb->prompt, jb->prompt_len,
+					     jb->max_new, NULL, 0, jb->sampling.n_samples,
+					     jb->sampling.seed, jb->ref, jb->ref_len))
 			return -1;
 		if (!want_stop)
 			continue;
@@ -198,8 +204,10 @@ uint32_t tlm_workload_verify(const tlm_workload *w, char *msg, size_t msg_len)
 		}
 		if (why[0]) {
 			if (!bad && msg_len)
-				snprintf(msg, msg_len, "job %u (prompt %u, n %u, max_new %u): %s", j,
-					 jb->prompt_len, jb->sampling.n_samples, jb->max_new, why);
+				snprintf(msg, msg_len,
+					 "job %u (prompt %u, n %u, max_new %u, adapter %u): %s", j,
+					 jb->prompt_len, jb->sampling.n_samples, jb->max_new,
+					 jb->adapter, why);
 			bad++;
 		}
 	}
@@ -246,7 +254,8 @@ static int serve_draft(void *p, uint64_t req, uint32_t branch, const int32_t *ct
 	const tlm_job *jb = user;
 	(void)req;
 	return (int)tlm_draft_generate(sc->m, sc->draft_layers, ctx, n_ctx, k,
-				       jb->sampling.n_samples, jb->sampling.seed, branch, out);
+				       jb->sampling.n_samples, jb->sampling.seed, branch,
+				       jb->adapter, out);
 }
 
 static int serve_forward(void *p, const bkv_batch *b, int32_t *next)
@@ -305,6 +314,7 @@ static int submit(bkv_sched *s, tlm_job *jb)
 	rq.n_stop = jb->stop >= 0 ? 1 : 0;
 	rq.n = jb->sampling.n_samples;
 	rq.user = jb;
+	rq.adapter = jb->adapter;
 	jb->submit_us = tlm_now_us();
 	int st = bkv_submit(s, &rq, &jb->req_id);
 	if (st == BKV_OK && jb->abort_after == ABORT_AT_SUBMIT) {

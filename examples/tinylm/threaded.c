@@ -246,6 +246,7 @@ static void *client_main(void *arg)
 		rq.n_stop = jb->stop >= 0 ? 1 : 0;
 		rq.n = jb->sampling.n_samples;
 		rq.user = cr;
+		rq.adapter = jb->adapter;
 		pthread_mutex_lock(&cl->mu);
 		cl->in_flight++;
 		jb->submit_us = tlm_now_us();

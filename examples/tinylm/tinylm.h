@@ -24,6 +24,11 @@
 int tlm_ref_generate(const tlm_model *m, const int32_t *prompt, uint32_t prompt_len,
 		     uint32_t max_new, const int32_t *stop, uint32_t n_stop, uint32_t n_samples,
 		     uint64_t seed, int32_t *out, uint32_t *out_len);
+/* tlm_ref_generate with an adapter (0: the base model, as tlm_ref_generate). */
+int tlm_ref_generate_adapter(const tlm_model *m, uint32_t adapter, const int32_t *prompt,
+			     uint32_t prompt_len, uint32_t max_new, const int32_t *stop,
+			     uint32_t n_stop, uint32_t n_samples, uint64_t seed, int32_t *out,
+			     uint32_t *out_len);
 
 /* ------------------------------------------------------------------------ */
 /* paged.c                                                                   */
@@ -57,6 +62,9 @@ typedef struct tlm_host_stats {
 	double compute_us;      /* time in compute callbacks (host clock) */
 	uint64_t spec_rows;     /* speculative decoding: rows with drafts */
 	uint64_t spec_tokens;   /* ... tokens sampled at their positions */
+	uint64_t adapter_rows;  /* rows computed with an adapter (!= 0) */
+	uint32_t max_adapters;  /* most adapters (bkv_batch.n_adapters) of one
+				   call */
 } tlm_host_stats;
 
 /* The paged host: the model, one preallocated device KV tensor of blocks, a
@@ -125,6 +133,8 @@ typedef struct tlm_job {
 	uint64_t submit_us;    /* tlm_now_us at bkv_submit */
 	uint64_t first_us;     /* at the first token (0: none yet) */
 	uint64_t done_us;      /* at on_finish */
+	uint32_t adapter;      /* its adapter (bkv_request.adapter; 0: the base
+				  model), applied by the reference too */
 } tlm_job;
 
 typedef struct tlm_workload {
@@ -147,6 +157,11 @@ typedef struct tlm_workload_config {
 	uint32_t pct_abort;     /* percent of requests aborted mid-way */
 	uint32_t pct_stop;      /* percent of requests with a stop token */
 	uint64_t seed;          /* everything above is drawn from it */
+	uint32_t n_adapters;    /* 0: every job runs the base model; else each
+				   job's adapter is uniform in 0..n_adapters
+				   (0: the base model), drawn from a stream of
+				   its own so the rest of the workload is the
+				   same as without */
 } tlm_workload_config;
 
 void tlm_workload_config_default(tlm_workload_config *wc);
@@ -155,12 +170,13 @@ int tlm_workload_create(tlm_workload *w, const tlm_workload_config *wc, uint32_t
 void tlm_workload_destroy(tlm_workload *w);
 /* Speculative decoding's draft model (spec.c): up to k tokens that follow
  * ctx[0, n_ctx) in branch `branch` of a request sampled as tlm_sample does
- * (n_samples, seed), from m cut to its first `layers` layers. Returns the
+ * (n_samples, seed), from m cut to its first `layers` layers, with the
+ * request's adapter. Returns the
  * drafts written to out, 0 when there are none (context too long, out of
  * memory). */
 uint32_t tlm_draft_generate(const tlm_model *m, uint32_t layers, const int32_t *ctx,
 			    uint32_t n_ctx, uint32_t k, uint32_t n_samples, uint64_t seed,
-			    uint32_t branch, int32_t *out);
+			    uint32_t branch, uint32_t adapter, int32_t *out);
 
 /* Fill every job's reference output with tlm_ref_generate. */
 int tlm_workload_reference(tlm_workload *w, const tlm_model *m);
