@@ -38,6 +38,15 @@
 #define BKV_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define BKV_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* MurmurHash3's 64-bit finalizer: every input bit reaches every output bit
+ * (keys of the adapters' and the encoder inputs' domains). */
+static inline uint64_t bkv__fmix64(uint64_t z)
+{
+	z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
+	z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
+	return z ^ (z >> 33);
+}
+
 /* ---- base/status.c: allocator hook --------------------------------------------
  * Every handle copies the caller's bkv_allocator (or the libc one) and all of
  * its memory goes through these. Sizes are passed back on free and realloc. */

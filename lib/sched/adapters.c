@@ -245,9 +245,6 @@ uint64_t bkv_adapter_cache_key(uint64_t cache_key, uint32_t adapter)
 
 	if (!adapter)
 		return cache_key;
-	z = (cache_key ^ 0x6a09e667f3bcc909ull) + 0xd1b54a32d192ed03ull * (uint64_t)adapter;
-	z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
-	z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
-	z ^= z >> 33;
+	z = bkv__fmix64((cache_key ^ 0x6a09e667f3bcc909ull) + 0xd1b54a32d192ed03ull * (uint64_t)adapter);
 	return z ? z : 1u;
 }

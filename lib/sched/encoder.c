@@ -86,16 +86,9 @@ struct bkv__enc {
 
 /* ---- the ids ---------------------------------------------------------------- */
 
-static uint64_t fmix(uint64_t z)
-{
-	z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
-	z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
-	return z ^ (z >> 33);
-}
-
 int32_t bkv_encoder_token(uint64_t cache_id, uint32_t i)
 {
-	uint64_t h = fmix(cache_id ^ (0x8cb92ba72f3d8dd7ull * ((uint64_t)i + 1u)));
+	uint64_t h = bkv__fmix64(cache_id ^ (0x8cb92ba72f3d8dd7ull * ((uint64_t)i + 1u)));
 
 	/* [-(2^31 - 1), -2^23]: below BKV_TOKEN_FAIL and the placeholders */
 	return -(int32_t)(0x800000u + (uint32_t)(h % (0x80000000ull - 0x800000u)));
@@ -221,7 +214,7 @@ void bkv__enc_copy(bkv__req *r, const bkv_request *q, uint32_t hist)
 
 static uint32_t find(const struct bkv__enc *c, uint64_t id)
 {
-	uint32_t h = (uint32_t)fmix(id) & c->hmask;
+	uint32_t h = (uint32_t)bkv__fmix64(id) & c->hmask;
 
 	for (; c->idx[h]; h = (h + 1) & c->hmask)
 		if (c->e[c->idx[h] - 1].id == id)
@@ -231,7 +224,7 @@ static uint32_t find(const struct bkv__enc *c, uint64_t id)
 
 static void index_put(struct bkv__enc *c, uint32_t e)
 {
-	uint32_t h = (uint32_t)fmix(c->e[e].id) & c->hmask;
+	uint32_t h = (uint32_t)bkv__fmix64(c->e[e].id) & c->hmask;
 
 	while (c->idx[h])
 		h = (h + 1) & c->hmask;
@@ -242,12 +235,12 @@ static void index_put(struct bkv__enc *c, uint32_t e)
  * entries' home slots allow. */
 static void index_del(struct bkv__enc *c, uint32_t e)
 {
-	uint32_t h = (uint32_t)fmix(c->e[e].id) & c->hmask, j, home;
+	uint32_t h = (uint32_t)bkv__fmix64(c->e[e].id) & c->hmask, j, home;
 
 	while (c->idx[h] != e + 1)
 		h = (h + 1) & c->hmask;
 	for (j = (h + 1) & c->hmask; c->idx[j]; j = (j + 1) & c->hmask) {
-		home = (uint32_t)fmix(c->e[c->idx[j] - 1].id) & c->hmask;
+		home = (uint32_t)bkv__fmix64(c->e[c->idx[j] - 1].id) & c->hmask;
 		/* movable to h unless home lies cyclically in (h, j] */
 		if (((j - home) & c->hmask) >= ((j - h) & c->hmask)) {
 			c->idx[h] = c->idx[j];
