@@ -8,7 +8,8 @@ its whole public API in Python:
                      cache, swap, copy lists, stats, KV events, export/import
     KvGroup, kv_seq_bytes, frames_for_bytes, ...   KV sizing of hybrid models
     Scheduler        requests, step(), the host callbacks, stats, metrics;
-                     adapter_cache_key: the pool key of an adapter's blocks
+                     adapter_cache_key: the pool key of an adapter's blocks;
+                     encoder_token: the ids an encoder input's span holds
     Batch            what a compute callback receives: zero-copy numpy views
                      of the library's arrays, VALID ONLY DURING THE CALLBACK
     BatchGroup       one KV group's part of a Batch (Batch.groups): its slot
@@ -50,7 +51,7 @@ from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEven
                    kv_state_frames)
 from .sched import (TOKEN_FAIL, Batch, BatchGroup, BatchLayout, FinishReason,  # noqa: F401
                     Policy, Preempt, SchedStats, Scheduler, StepInfo, StepOutputs,
-                    adapter_cache_key)
+                    ENCODE_DTYPE, adapter_cache_key, encoder_token)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401
                    vllm_hash_int)
 

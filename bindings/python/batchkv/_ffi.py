@@ -81,6 +81,8 @@ BKV_SPEC_K_AUTO = 0
 BKV_SPEC_K_FIXED = 1
 BKV_SPEC_MAX_K = 16
 BKV_MAX_ADAPTERS = 1024
+BKV_MAX_ENCODER_INPUTS = 64
+BKV_TOKEN_PENDING_ROWS = 1 << 22
 BKV_TABLE_OPENED = 0x1
 BKV_TABLE_CLOSED = 0x2
 BKV_EVENT_STORED = 0
@@ -349,6 +351,15 @@ class bkv_batch_group(Structure):
     ]
 
 
+class bkv_encode(Structure):
+    _fields_ = [
+        ('cache_id', c_uint64),
+        ('req', c_uint64),
+        ('input', c_uint32),
+        ('len', c_uint32),
+    ]
+
+
 class bkv_batch(Structure):
     _fields_ = [
         ('kind', c_int),
@@ -390,6 +401,10 @@ class bkv_batch(Structure):
         ('row_adapter', POINTER(c_uint32)),
         ('n_adapters', c_uint32),
         ('adapters', POINTER(c_uint32)),
+        ('n_encode', c_uint32),
+        ('encode', POINTER(bkv_encode)),
+        ('n_encoder_free', c_uint32),
+        ('encoder_free', POINTER(c_uint64)),
     ]
 
 
@@ -438,6 +453,8 @@ class bkv_sched_config(Structure):
         ('max_adapters', c_uint32),
         ('pad0', c_uint32),
         ('adapter_wait_us', c_uint64),
+        ('encoder_cache', c_uint32),
+        ('encoder_budget', c_uint32),
     ]
 
 
@@ -448,6 +465,16 @@ class bkv_retention_range(Structure):
         ('priority', c_uint32),
         ('pad', c_uint32),
         ('duration_us', c_uint64),
+    ]
+
+
+class bkv_encoder_input(Structure):
+    _fields_ = [
+        ('cache_id', c_uint64),
+        ('token_start', c_uint32),
+        ('token_len', c_uint32),
+        ('cost', c_uint32),
+        ('pad', c_uint32),
     ]
 
 
@@ -467,6 +494,8 @@ class bkv_request(Structure):
         ('retention', POINTER(bkv_retention_range)),
         ('n_retention', c_uint32),
         ('adapter', c_uint32),
+        ('n_inputs', c_uint32),
+        ('inputs', POINTER(bkv_encoder_input)),
     ]
 
 
@@ -655,6 +684,7 @@ FUNCTIONS = {
     'bkv_cost_calib_model': (bkv_cost_model, [c_void_p]),
     'bkv_sched_config_init': (None, [POINTER(bkv_sched_config)]),
     'bkv_request_init': (None, [POINTER(bkv_request)]),
+    'bkv_encoder_token': (c_int32, [c_uint64, c_uint32]),
     'bkv_adapter_cache_key': (c_uint64, [c_uint64, c_uint32]),
     'bkv_sched_create': (c_int, [POINTER(bkv_sched_config), c_void_p, POINTER(bkv_host_ops), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
     'bkv_sched_destroy': (None, [c_void_p]),

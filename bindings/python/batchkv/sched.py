@@ -13,11 +13,12 @@ user) and now_us() (a clock in microseconds). A compute method returns None
 
 THE BATCH IS BORROWED. A Batch's arrays (token_ids, positions, qo_indptr,
 kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req,
-row_branch, copies, swap_out, swap_in, row_slot, row_adapter, adapters, and
-those of each BatchGroup in Batch.groups) are zero-copy numpy views of the
-library's buffers, read-only, and next_tokens is a writable view of the
-library's output array. They are valid only while the callback runs: the next
-step reuses the memory. Copy (np.array(view)) anything kept.
+row_branch, copies, swap_out, swap_in, row_slot, row_adapter, adapters,
+encode, encoder_free, and those of each BatchGroup in Batch.groups) are
+zero-copy numpy views of the library's buffers, read-only, and next_tokens
+is a writable view of the library's output array. They are valid only while
+the callback runs: the next step reuses the memory. Copy (np.array(view))
+anything kept.
 
 EXCEPTIONS. An exception raised by forward/prefill/decode makes that host call
 fail (BKV_EHOST): the step is rolled back (no token reached any request, every
@@ -47,7 +48,8 @@ from .errors import StateError, check, error
 from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
 __all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
-           "StepInfo", "SchedStats", "TOKEN_FAIL", "adapter_cache_key"]
+           "StepInfo", "SchedStats", "TOKEN_FAIL", "adapter_cache_key", "encoder_token",
+           "ENCODE_DTYPE"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
 
@@ -58,6 +60,20 @@ def adapter_cache_key(cache_key, adapter):
     of both that is never 0. Pass it to Pool.open(key=...) or
     Pool.pin_prefix(key=...) to reach a request's blocks."""
     return _lib.bkv_adapter_cache_key(int(cache_key), int(adapter))
+
+
+def encoder_token(cache_id, i):
+    """The token id the library puts at position i of an encoder input's
+    span (bkv_encoder_token): at most -2**23 (below TOKEN_FAIL and every
+    overlap placeholder), a function of (cache_id, i) alone. A batch's
+    token_ids carry it at the positions of a request's inputs, whatever the
+    submitted prompt held there."""
+    return _lib.bkv_encoder_token(int(cache_id), int(i))
+
+
+# bkv_encode as a numpy structured dtype: fields cache_id, req (uint64),
+# input, len (uint32); Batch.encode is a read-only array of it.
+ENCODE_DTYPE = np.dtype(_ffi.bkv_encode)
 
 
 class Policy(enum.IntEnum):
@@ -127,7 +143,8 @@ def _empty(dtype, shape=(0,)):
     return a
 
 
-_EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64)}
+_EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64,
+                                            ENCODE_DTYPE)}
 _NO_DELTAS = _empty(np.uint32, (0, 5))
 _NO_COPIES = _empty(np.int32, (0, 2))
 
@@ -186,7 +203,16 @@ class Batch:
     adapter of each row's request, 0 for none; empty without max_adapters),
     n_adapters and adapters [n_adapters] (uint32: the call's distinct
     nonzero adapters, at most max_adapters, in the order of their first
-    row: the host has each loaded for the call)."""
+    row: the host has each loaded for the call).
+    Encoder inputs (Scheduler(encoder_cache=N)): n_encoder_free and
+    encoder_free [n_encoder_free] (uint64: cache ids whose outputs the host
+    drops first; ids it does not hold are ignored), then n_encode and
+    encode [n_encode] (ENCODE_DTYPE records: cache_id, req, input, len; the
+    host runs the encoder on input `input` of request `req` and caches its
+    len outputs under cache_id). A row reads the outputs of every input of
+    its request whose span it covers; they are cached by then (this call
+    or an earlier one), and token_ids there are encoder_token(cache_id, i).
+    Empty without encoder_cache."""
 
     __slots__ = ("_words", "_raw", "_sched", "_views", "_groups", "kind", "n_rows",
                  "n_decode_rows", "n_tokens", "block_tokens")
@@ -320,6 +346,23 @@ class Batch:
     @property
     def adapters(self):
         return self._view("adapters", self._raw.n_adapters, ctypes.c_uint32, np.uint32)
+
+    @property
+    def n_encode(self):
+        return self._raw.n_encode
+
+    @property
+    def encode(self):
+        return self._views.get(("encode", self.kind), self._ptr("encode"), self._raw.n_encode,
+                               _ffi.bkv_encode, ENCODE_DTYPE)
+
+    @property
+    def n_encoder_free(self):
+        return self._raw.n_encoder_free
+
+    @property
+    def encoder_free(self):
+        return self._view("encoder_free", self._raw.n_encoder_free, ctypes.c_uint64, np.uint64)
 
     @property
     def layout(self):
@@ -473,7 +516,7 @@ class Scheduler:
     Keyword arguments are bkv_sched_config fields (policy, max_running,
     admit_group, max_wait_us, chunked_prefill, token_budget, max_queue,
     preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us,
-    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT, max_adapters: the most distinct adapters among the running requests, so in any call, adapter_wait_us: the bound on passing a request whose adapter has no room); unset ones keep bkv_sched_config_init's defaults. cost:
+    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT, max_adapters: the most distinct adapters among the running requests, so in any call, adapter_wait_us: the bound on passing a request whose adapter has no room, encoder_cache: the host's encoder cache in tokens (0: no encoder inputs), encoder_budget: encoder work per step in the inputs' cost unit (0: no bound)); unset ones keep bkv_sched_config_init's defaults. cost:
     a PolyCost, RooflineCost or CalibratedCost (default: the library's
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).
@@ -658,7 +701,7 @@ class Scheduler:
 
     # -- any thread -------------------------------------------------------
     def submit(self, prompt, max_new_tokens, stop_tokens=(), priority=0, cache_key=0, n=1,
-               predicted_output=0, user=None, retention=(), adapter=0):
+               predicted_output=0, user=None, retention=(), adapter=0, inputs=()):
         """Submit a request (bkv_submit); returns its id (never 0). It enters
         the queue at the next step. prompt and stop_tokens are token
         sequences (copied). user is handed back to on_token/on_finish and in
@@ -666,12 +709,19 @@ class Scheduler:
         duration_us) tuples, bkv_retention_range (needs
         Scheduler(retention=1)). adapter: the adapter (LoRA) its rows run
         with, 0 for none (needs Scheduler(max_adapters=N)); its blocks are
-        cached under adapter_cache_key(cache_key, adapter). Any thread,
-        concurrently with step().
+        cached under adapter_cache_key(cache_key, adapter). inputs:
+        encoder inputs (images, audio), (cache_id, token_start, token_len,
+        cost) tuples, bkv_encoder_input (cost may be left out: 0, meaning
+        token_len; needs Scheduler(encoder_cache=N)); the spans are ordered,
+        inside the prompt, and hold encoder_token(cache_id, i) in every
+        batch whatever the prompt held there. Any thread, concurrently with
+        step().
 
         Raises InvalidArgumentError (empty prompt, max_new_tokens 0, n 0,
-        an adapter without max_adapters),
-        TooBigError (can never fit the pool, n > max_running or max_seqs),
+        an adapter without max_adapters, inputs without encoder_cache or
+        with a bad span), TooBigError (can never fit the pool, n >
+        max_running or max_seqs, an input longer than encoder_cache or
+        costlier than encoder_budget),
         TryAgainError (queue full), OutOfMemoryError."""
         p = _i32(prompt)
         q = _ffi.bkv_request()
@@ -695,6 +745,14 @@ class Scheduler:
                 rr[i].priority, rr[i].duration_us = prio, dur
             q.retention = ctypes.cast(rr, type(q.retention))
             q.n_retention = len(retention)
+        if len(inputs):
+            ei = (_ffi.bkv_encoder_input * len(inputs))()
+            for i, u in enumerate(inputs):
+                cid, start, length = u[0], u[1], u[2]
+                ei[i].cache_id, ei[i].token_start, ei[i].token_len = cid, start, length
+                ei[i].cost = u[3] if len(u) > 3 else 0
+            q.inputs = ctypes.cast(ei, type(q.inputs))
+            q.n_inputs = len(inputs)
         ticket = next(self._ticket)
         self._users[ticket] = user  # before submit: a step may start at once
         q.user = ticket

@@ -407,6 +407,15 @@ pub fn adapter_cache_key(cache_key: u64, adapter: u32) -> u64 {
     unsafe { sys::bkv_adapter_cache_key(cache_key, adapter) }
 }
 
+/// `bkv_encoder_token`: the token id the library puts at position `i` of an
+/// encoder input's span: at most -2^23 (below `BKV_TOKEN_FAIL` and every
+/// overlap placeholder), a function of `(cache_id, i)` alone. A batch's
+/// `token_ids` carry it at the positions of a request's inputs, whatever
+/// the submitted prompt held there.
+pub fn encoder_token(cache_id: u64, i: u32) -> i32 {
+    unsafe { sys::bkv_encoder_token(cache_id, i) }
+}
+
 // ---------------------------------------------------------------- configs --
 
 impl Default for PoolConfig {
@@ -1555,6 +1564,29 @@ impl<'a> Batch<'a> {
     pub fn adapters(&self) -> &'a [u32] {
         self.t(self.raw.adapters, self.n_adapters())
     }
+    /// Encoder inputs (`SchedConfig::encoder_cache`): inputs to encode in
+    /// this call.
+    pub fn n_encode(&self) -> usize {
+        self.raw.n_encode as usize
+    }
+    /// `[n_encode]` the inputs to encode, after dropping `encoder_free`:
+    /// input `input` of request `req`, whose `len` outputs the host caches
+    /// under `cache_id`. A row reads the outputs of every input of its
+    /// request whose span it covers; they are cached by then (this call or
+    /// an earlier one). Empty without `encoder_cache`.
+    pub fn encode(&self) -> &'a [Encode] {
+        self.t(self.raw.encode, self.n_encode())
+    }
+    /// Cache ids whose outputs the host drops first.
+    pub fn n_encoder_free(&self) -> usize {
+        self.raw.n_encoder_free as usize
+    }
+    /// `[n_encoder_free]` those ids (ids the host does not hold are
+    /// ignored: a failed call's list is sent again). Empty without
+    /// `encoder_cache`.
+    pub fn encoder_free(&self) -> &'a [u64] {
+        self.t(self.raw.encoder_free, self.n_encoder_free())
+    }
     /// The scheduler's batch layout (`sys::BKV_BATCH_FLAT` or
     /// `sys::BKV_BATCH_PERSISTENT`).
     pub fn layout(&self) -> sys::bkv_batch_layout {
@@ -1810,6 +1842,11 @@ pub struct Request<'a> {
     /// nonzero needs `SchedConfig::max_adapters`); its blocks are cached
     /// under [`adapter_cache_key`]`(cache_key, adapter)`
     pub adapter: u32,
+    /// encoder inputs (images, audio) of the prompt (`bkv_request.inputs`,
+    /// at most `sys::BKV_MAX_ENCODER_INPUTS`; needs
+    /// `SchedConfig::encoder_cache`): spans ordered and inside the prompt,
+    /// holding [`encoder_token`]`(cache_id, i)` in every batch
+    pub inputs: &'a [EncoderInput],
 }
 
 /// One change to a row slot's table (`bkv_table_delta`, persistent layout).
@@ -1818,11 +1855,27 @@ pub type TableDelta = sys::bkv_table_delta;
 /// A retention range of a request's prompt (`bkv_retention_range`).
 pub type RetentionRange = sys::bkv_retention_range;
 
+/// An encoder input of a request's prompt (`bkv_encoder_input`): the
+/// embeddings of positions `[token_start, token_start + token_len)`.
+pub type EncoderInput = sys::bkv_encoder_input;
+
+impl EncoderInput {
+    /// An input `cache_id` (nonzero: equal ids share outputs and KV) over
+    /// `token_len` positions from `token_start`; `cost` its encoder work
+    /// (0 = `token_len`).
+    pub fn new(cache_id: u64, token_start: u32, token_len: u32, cost: u32) -> EncoderInput {
+        EncoderInput { cache_id, token_start, token_len, cost, pad: 0 }
+    }
+}
+
+/// An input to encode (`bkv_encode`, [`Batch::encode`]).
+pub type Encode = sys::bkv_encode;
+
 impl<'a> Request<'a> {
     /// A request with `bkv_request_init`'s defaults (n = 1).
     pub fn new(prompt: &'a [i32], max_new_tokens: u32) -> Request<'a> {
         Request { prompt, max_new_tokens, stop_tokens: &[], priority: 0, cache_key: 0, n: 1,
-                  predicted_output: 0, user: 0, retention: &[], adapter: 0 }
+                  predicted_output: 0, user: 0, retention: &[], adapter: 0, inputs: &[] }
     }
 }
 
@@ -2079,6 +2132,8 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         q.retention = if req.retention.is_empty() { ptr::null() } else { req.retention.as_ptr() };
         q.n_retention = req.retention.len() as u32;
         q.adapter = req.adapter;
+        q.inputs = if req.inputs.is_empty() { ptr::null() } else { req.inputs.as_ptr() };
+        q.n_inputs = req.inputs.len() as u32;
         let mut id = 0;
         check_named(unsafe { sys::bkv_submit(self.raw.as_ptr(), &q, &mut id) })?;
         Ok(id)

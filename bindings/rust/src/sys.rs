@@ -110,6 +110,8 @@ pub const BKV_SPEC_K_AUTO: bkv_spec_k_mode = 0;
 pub const BKV_SPEC_K_FIXED: bkv_spec_k_mode = 1;
 pub const BKV_SPEC_MAX_K: u32 = 16;
 pub const BKV_MAX_ADAPTERS: u32 = 1024;
+pub const BKV_MAX_ENCODER_INPUTS: u32 = 64;
+pub const BKV_TOKEN_PENDING_ROWS: i32 = 1 << 22;
 pub const BKV_TABLE_OPENED: u32 = 0x1;
 pub const BKV_TABLE_CLOSED: u32 = 0x2;
 #[repr(C)]
@@ -365,6 +367,14 @@ pub struct bkv_batch_group {
     pub state_out_spec: *const i32,
 }
 #[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct bkv_encode {
+    pub cache_id: u64,
+    pub req: u64,
+    pub input: u32,
+    pub len: u32,
+}
+#[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct bkv_batch {
     pub kind: bkv_call_kind,
@@ -406,6 +416,10 @@ pub struct bkv_batch {
     pub row_adapter: *const u32,
     pub n_adapters: u32,
     pub adapters: *const u32,
+    pub n_encode: u32,
+    pub encode: *const bkv_encode,
+    pub n_encoder_free: u32,
+    pub encoder_free: *const u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -451,6 +465,17 @@ pub struct bkv_sched_config {
     pub max_adapters: u32,
     pub pad0: u32,
     pub adapter_wait_us: u64,
+    pub encoder_cache: u32,
+    pub encoder_budget: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct bkv_encoder_input {
+    pub cache_id: u64,
+    pub token_start: u32,
+    pub token_len: u32,
+    pub cost: u32,
+    pub pad: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -469,6 +494,8 @@ pub struct bkv_request {
     pub retention: *const bkv_retention_range,
     pub n_retention: u32,
     pub adapter: u32,
+    pub n_inputs: u32,
+    pub inputs: *const bkv_encoder_input,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -653,6 +680,7 @@ extern "C" {
     pub fn bkv_cost_calib_model(calib: *mut bkv_cost_calib) -> bkv_cost_model;
     pub fn bkv_sched_config_init(cfg: *mut bkv_sched_config);
     pub fn bkv_request_init(req: *mut bkv_request);
+    pub fn bkv_encoder_token(cache_id: u64, i: u32) -> i32;
     pub fn bkv_adapter_cache_key(cache_key: u64, adapter: u32) -> u64;
     pub fn bkv_sched_create(cfg: *const bkv_sched_config, pool: *mut bkv_pool, ops: *const bkv_host_ops, host: *mut c_void, alloc: *const bkv_allocator, out: *mut *mut bkv_sched) -> c_int;
     pub fn bkv_sched_destroy(sched: *mut bkv_sched);
