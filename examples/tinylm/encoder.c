@@ -19,9 +19,10 @@
  *
  * The workload (tlm_workload_inputs) gives each job 0..3 images from its own
  * random stream. A job with a system prompt puts its first image at a fixed
- * place inside it, drawn from three images: requests with the same system
- * prompt and image share that prefix in the prefix cache, requests with the
- * same system prompt and another image must not. Further images go into the
+ * place inside it, drawn from three images of one length (0, 2, 4): requests
+ * with the same system prompt and image share that prefix in the prefix
+ * cache, requests with the same system prompt and another image must not
+ * (their prompts differ in nothing but the image's content). Further images go into the
  * job's own suffix, drawn with a skew to low numbers so they repeat.
  */
 #include "tinylm.h"
@@ -57,7 +58,7 @@ uint64_t tlm_image_cache_id(uint64_t image)
 
 uint32_t tlm_image_tokens(uint64_t image)
 {
-	return 4u + (uint32_t)((image * 5u) % 9u);
+	return image % 2u ? 10u : 6u;
 }
 
 void tlm_encoder_output(const tlm_model *m, uint64_t image, uint32_t i, float *out)
@@ -201,9 +202,12 @@ void tlm_workload_inputs(tlm_workload *w, const tlm_workload_config *wc)
 		for (uint32_t i = 0; i < k; i++) {
 			uint64_t image;
 			uint32_t start;
-			if (i == 0 && sys && SYS_IMAGE_AT + 12u <= wc->system_len) {
-				image = rnd(&st, 0, (wc->n_images < SYS_IMAGES ? wc->n_images
-									: SYS_IMAGES) - 1);
+			if (i == 0 && sys && SYS_IMAGE_AT + 10u <= wc->system_len) {
+				/* even images: all of one length, so only their
+				 * content tells them apart */
+				image = 2u * rnd(&st, 0, (wc->n_images + 1) / 2 < SYS_IMAGES
+								 ? (wc->n_images + 1) / 2 - 1
+								 : SYS_IMAGES - 1);
 				start = SYS_IMAGE_AT;
 			} else {
 				image = rnd(&st, 0, rnd(&st, 0, wc->n_images - 1)); /* skewed */

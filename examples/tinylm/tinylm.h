@@ -30,8 +30,9 @@ typedef struct tlm_inputs {
 /* The cache id of an image (a hash of its content; nonzero, distinct
  * for distinct images). */
 uint64_t tlm_image_cache_id(uint64_t image);
-/* The positions an image's encoder outputs fill (4..12, a function of the
- * image alone, so equal cache ids have equal token_len). */
+/* The positions an image's encoder outputs fill (6 for even images, 10 for
+ * odd ones: a function of the image alone, so equal cache ids have equal
+ * token_len, and many images share a length). */
 uint32_t tlm_image_tokens(uint64_t image);
 /* The encoder: output i of an image, an embedding row out[dim] (unit
  * variance like the token embeddings, drawn from a hash of cfg.seed, the
