@@ -117,10 +117,11 @@ static void verify(const tlm_run_config *rc, const tlm_run_result *res, int st, 
 			      rc->sched.encoder_budget);
 	cr_assert_gt(res->sched.hit_tokens, 0, "no prefix hit");
 	fprintf(stderr, "tinylm mm %-34s steps %6llu hit tokens %7llu inputs %5llu encodes %5llu "
-		"(re %llu) frees %5llu most held %3llu most cost/step %3llu\n", what,
+		"(re %llu, off rows %llu) frees %5llu most held %3llu most cost/step %3llu\n", what,
 		(unsigned long long)res->steps, (unsigned long long)res->sched.hit_tokens,
 		(unsigned long long)submitted, (unsigned long long)res->host.encodes,
-		(unsigned long long)res->host.reencodes, (unsigned long long)res->host.enc_frees,
+		(unsigned long long)res->host.reencodes,
+		(unsigned long long)res->host.encodes_off_rows, (unsigned long long)res->host.enc_frees,
 		(unsigned long long)res->host.enc_max_held,
 		(unsigned long long)res->host.enc_max_step_cost);
 }

@@ -712,12 +712,14 @@ static void sample_rows(tlm_host *h, const bkv_batch *b, int32_t *next_tokens)
 	}
 }
 
-/* The request an encode entry names: a row of the call, else req_fn's. */
-static const tlm_sampling *encode_request(const tlm_host *h, const bkv_batch *b, uint64_t req)
+/* The request an encode entry names: a row of the call, else req_fn's
+ * (counted in encodes_off_rows). */
+static const tlm_sampling *encode_request(tlm_host *h, const bkv_batch *b, uint64_t req)
 {
 	for (uint32_t r = 0; b->row_req && r < b->n_rows; r++)
 		if (b->row_req[r] == req && b->row_user[r])
 			return b->row_user[r];
+	h->stats.encodes_off_rows++;
 	return h->req_fn ? h->req_fn(h->req_ctx, req) : NULL;
 }
 

@@ -133,6 +133,9 @@ typedef struct tlm_host_stats {
 	uint64_t encode_tokens; /* ... their output positions */
 	uint64_t reencodes;     /* ... of ids the host still held (a rolled
 				   back step's encodings come again) */
+	uint64_t encodes_off_rows; /* ... whose request had no row in the call
+				   (encoded for a row the step then did not
+				   run) */
 	uint64_t enc_frees;     /* held ids dropped by encoder_free */
 	uint64_t enc_reads;     /* span positions embedded from the cache */
 	uint64_t enc_max_held;  /* most tokens the encoder cache held */
