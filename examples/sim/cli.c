@@ -668,6 +668,25 @@ static const cli_option options[] = {
 	COUNT("--adapter-wait-us", CFG(adapter_wait_us), 0, UINT32_MAX,
 	      "  --adapter-wait-us US       bound on how long a request whose adapter has\n"
 	      "                             no slot is passed by others (default 0 = auto)\n"),
+	COUNT("--mm-images", CFG(mm_images), 0, 10000000,
+	      "  --mm-images N              multimodal: requests carry images of N distinct\n"
+	      "                             ones, rank k drawn with weight k^-S (--mm-zipf S,\n"
+	      "                             default 1; 0 = uniform); default none (mm.c)\n"),
+	{"--mm-zipf", ARG_VALUE, set_double, CFG(mm_zipf), 0, 10, NULL},
+	COUNT("--mm-per-request", CFG(mm_per_request), 1, BKV_MAX_ENCODER_INPUTS,
+	      "  --mm-per-request K         each request carries 1..K images, uniform (as\n"
+	      "                             many as its prompt holds; default 1)\n"),
+	COUNT("--mm-tokens", CFG(mm_tokens), 1, 1000000,
+	      "  --mm-tokens T              prompt positions per image (default 576)\n"),
+	{"--mm-encode-us", ARG_VALUE, set_double, CFG(mm_encode_us), 0, 1000000,
+	 "  --mm-encode-us U           the host's encoder time per image token, us\n"
+	 "                             (default 10; an assumption, mm.c)\n"},
+	COUNT("--encoder-budget", CFG(encoder_budget), 0, UINT32_MAX,
+	      "  --encoder-budget B         image tokens encoded per step at most\n"
+	      "                             (default 0 = no bound)\n"),
+	COUNT("--encoder-cache", CFG(encoder_cache), 0, UINT32_MAX,
+	      "  --encoder-cache C          the host's encoder cache, tokens (default 0 =\n"
+	      "                             8 x K x T)\n"),
 	COUNT("--slots", CFG(slots), 1, MAX_SLOTS,
 	      "  --slots N                  running slots (default 32)\n"),
 	VALUE("--host", set_host,
@@ -870,6 +889,31 @@ static int check_adapters(const cli_args *a)
 	return 0;
 }
 
+/* The images' options need --mm-images; one image must fit the encoder
+ * cache and the budget (the scheduler refuses a request whose image never
+ * could). */
+static int check_mm(const cli_args *a)
+{
+	const sim_config *c = &a->c;
+	const char *need = c->encoder_cache ? "--encoder-cache"
+			   : c->encoder_budget ? "--encoder-budget" : NULL;
+	if (!c->mm_images && need) {
+		fprintf(stderr, "bkv-sim: %s needs --mm-images N\n", need);
+		return -1;
+	}
+	if (c->mm_images && c->encoder_cache && c->encoder_cache < c->mm_tokens) {
+		fprintf(stderr, "bkv-sim: --encoder-cache %u: at least --mm-tokens (%u)\n",
+			c->encoder_cache, c->mm_tokens);
+		return -1;
+	}
+	if (c->mm_images && c->encoder_budget && c->encoder_budget < c->mm_tokens) {
+		fprintf(stderr, "bkv-sim: --encoder-budget %u: at least --mm-tokens (%u)\n",
+			c->encoder_budget, c->mm_tokens);
+		return -1;
+	}
+	return 0;
+}
+
 /* What one option alone cannot check: a fixed admission group must fit in
  * the running slots (the scheduler refuses admit_group > max_running). */
 static int check_settled(const cli_args *a)
@@ -886,7 +930,7 @@ static int check_settled(const cli_args *a)
 			"larger than the running slots never fills\n", c->k, c->slots);
 		return -1;
 	}
-	if (check_adapters(a))
+	if (check_adapters(a) || check_mm(a))
 		return -1;
 	for (int i = 0; !strcmp(a->o.sweep_key, "k") && i < a->o.n_sweep; i++)
 		if (a->o.sweep_vals[i] > c->slots) {

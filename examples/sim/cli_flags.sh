@@ -35,6 +35,17 @@ case "$out" in
 *"adapters: 8 used, cap 2; per call mean "*" max 2;"*) ;;
 *) echo "--adapters 8 --max-adapters 2: no adapters line: '$out'"; fail=1 ;;
 esac
+# --mm-images: the encoder's cache and budget need it; one image must fit
+# both
+expect "--encoder-cache needs --mm-images N" --encoder-cache 1000
+expect "--encoder-budget needs --mm-images N" --encoder-budget 1000
+expect "--encoder-cache 10: at least --mm-tokens (64)" --mm-images 4 --mm-tokens 64 --encoder-cache 10
+expect "--encoder-budget 10: at least --mm-tokens (576)" --mm-images 4 --encoder-budget 10
+out=$("$sim" --workload seed000 --seeds 1 --mm-images 8 --mm-tokens 16 --quiet 2>&1)
+case "$out" in
+*"images: "*" in requests, "*" encoded, hit rate "*) ;;
+*) echo "--mm-images 8 --mm-tokens 16: no images line: '$out'"; fail=1 ;;
+esac
 # --calib-csv: measured step times the calibrated model learns first; a bad
 # file stops the run with its line named
 t=$(mktemp -d)

@@ -87,6 +87,9 @@ typedef struct vhost {
 	uint32_t n_q;
 	sim_adapters *ad;       /* --adapters: each request's adapter, the
 				   calls' counts (adapters.c); NULL without */
+	sim_mm *mm;             /* --mm-images: each request's images, the
+				   host's encoder cache and time (mm.c);
+				   NULL without */
 } vhost;
 
 /* ---- the DistServe latency model ----------------------------------------- */
@@ -393,6 +396,9 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		}
 	}
 	engine_overhead(h->cfg, b->n_rows, kind, &t, &t_prefill);
+	const double enc_us = sim_mm_call(h->mm, b); /* the encoder runs first */
+	t += enc_us;
+	t_prefill += enc_us;
 	sim_result *res = h->res;
 	t += link;
 	double nf = noise_factor(h->cfg, &h->noise_rng); /* what the clock says */
@@ -677,6 +683,10 @@ void sim_config_init(sim_config *c)
 	c->cost_kind = SIM_COST_POLY;
 	c->max_tokens = SIM_MAX_TOKENS;
 	c->adapter_zipf = 1.0;
+	c->mm_zipf = 1.0;
+	c->mm_per_request = 1;
+	c->mm_tokens = 576;
+	c->mm_encode_us = 10.0;
 	bkv_cost_poly_init(&c->poly);
 }
 
@@ -721,7 +731,8 @@ static int run_alloc(run *r, const sim_config *cfg, const trace *t, sim_result *
 		if (t->reqs[i].prompt_len > max_prompt)
 			max_prompt = t->reqs[i].prompt_len;
 	r->prompt = malloc((size_t)max_prompt * sizeof(int32_t));
-	if (!r->h.req || !r->prompt || sim_adapters_open(cfg, t, &r->h.ad)) {
+	if (!r->h.req || !r->prompt || sim_adapters_open(cfg, t, &r->h.ad) ||
+	    sim_mm_open(cfg, t, &r->h.mm)) {
 		snprintf(err, errlen, "out of memory");
 		return BKV_ENOMEM;
 	}
@@ -838,6 +849,8 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 	sc->max_bypass_us = cfg->max_bypass_us;
 	sc->max_adapters = sim_adapters_cap(cfg);
 	sc->adapter_wait_us = cfg->adapter_wait_us;
+	sc->encoder_cache = sim_mm_cache(cfg);
+	sc->encoder_budget = cfg->mm_images ? cfg->encoder_budget : 0;
 	sc->spec_max_k = cfg->spec_k;
 	sc->spec_k_mode = cfg->spec_auto ? BKV_SPEC_K_AUTO : BKV_SPEC_K_FIXED;
 	sc->spec_drafts = BKV_SPEC_DRAFT_HOST;
@@ -918,6 +931,7 @@ static void run_close(run *r)
 	free(r->h.gaps);
 	free(r->prompt);
 	sim_adapters_close(r->h.ad);
+	sim_mm_close(r->h.mm);
 }
 
 /* Submit every request whose arrival the clock has reached. A request the
@@ -942,8 +956,12 @@ static void submit_arrivals(run *r, const sim_config *cfg, const trace *t)
 		if (cfg->hints)
 			rq.predicted_output = gen_tokens(cfg, q);
 		rq.adapter = sim_adapter_of(h->ad, r->next);
+		rq.inputs = sim_mm_inputs(h->mm, r->next, &rq.n_inputs);
 		rq.user = (void *)(uintptr_t)(r->next + 1);
-		if (bkv_submit(h->sched, &rq, NULL)) {
+		uint64_t id = 0;
+		if (bkv_submit(h->sched, &rq, &id) == BKV_OK) {
+			sim_mm_submitted(h->mm, r->next, id);
+		} else {
 			h->req[r->next].failed = 1;
 			h->req[r->next].finish_us = h->now;
 			h->n_done++;
@@ -959,6 +977,7 @@ static int step_checked(run *r, const sim_config *cfg, bkv_step_info *info, char
 	const double now0 = r->h.now;
 	r->h.call_us = 0.0;
 	r->h.now += cfg->host_overhead_us; /* the host's own work for the step */
+	sim_mm_step_begin(r->h.mm);
 	int s = bkv_step(r->h.sched, info);
 	if (s) {
 		snprintf(err, errlen, "bkv_step: %s", bkv_strerror(s));
@@ -1110,6 +1129,7 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 		res->pred_err = r->err_n ? r->err_sum / r->err_n : 0.0;
 	finish_latencies(&r->h, t, res);
 	sim_adapters_collect(r->h.ad, t, res);
+	sim_mm_collect(r->h.mm, res);
 	double busy = res->prefill_us + res->decode_us;
 	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE && busy > 0.0) {
@@ -1197,6 +1217,7 @@ static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_resu
 		bkv_step_info info;
 		h->now += cfg->host_overhead_us;
 		h->launching = 1;
+		sim_mm_step_begin(h->mm);
 		rc = bkv_step_launch(h->sched, &tk, &info);
 		h->launching = 0;
 		if (rc == BKV_EAGAIN) {

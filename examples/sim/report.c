@@ -104,6 +104,10 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_D(wait_max_ms);
 	MED_U32(n_hot);
 	MED_U32(n_cold);
+	MED_U(mm_inputs);
+	MED_U(mm_encodes);
+	MED_D(mm_hit_rate);
+	MED_D(mm_encode_us);
 #undef MED_D
 #undef MED_U
 #undef MED_U32
@@ -124,6 +128,8 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	m->host_model = runs[0].host_model;
 	m->host_overhead_us = runs[0].host_overhead_us;
 	m->adapter_cap = runs[0].adapter_cap;
+	m->mm_cache = runs[0].mm_cache;
+	m->mm_budget = runs[0].mm_budget;
 	m->finished = runs[0].finished;
 	m->errors = runs[0].errors;
 	for (int i = 0; i < n; i++) { /* the worst over seeds */
@@ -131,6 +137,12 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 			m->adapter_bad_calls = runs[i].adapter_bad_calls;
 		if (runs[i].adapters_call_max > m->adapters_call_max)
 			m->adapters_call_max = runs[i].adapters_call_max;
+		if (runs[i].mm_bad > m->mm_bad)
+			m->mm_bad = runs[i].mm_bad;
+		if (runs[i].mm_step_cost_max > m->mm_step_cost_max)
+			m->mm_step_cost_max = runs[i].mm_step_cost_max;
+		if (runs[i].mm_held_max > m->mm_held_max)
+			m->mm_held_max = runs[i].mm_held_max;
 	}
 	for (int i = 1; i < n; i++) {
 		if (runs[i].finished < m->finished)
@@ -229,6 +241,15 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 				r->adapters_call_max, (unsigned long long)r->adapter_bad_calls,
 				r->wait_p99_ms, r->wait_p99_hot_ms, r->wait_p99_cold_ms,
 				r->wait_max_ms, r->n_hot, r->n_cold);
+		if (r->mm_cache)
+			fprintf(out, ", \"mm\": {\"inputs\": %llu, \"encodes\": %llu, \"hit_rate\": "
+				     "%.10g, \"encode_ms\": %.10g, \"encoder_cache\": %u, "
+				     "\"encoder_budget\": %u, \"step_cost_max\": %llu, "
+				     "\"held_max\": %llu, \"bad\": %llu}",
+				(unsigned long long)r->mm_inputs, (unsigned long long)r->mm_encodes,
+				r->mm_hit_rate, r->mm_encode_us / 1000.0, r->mm_cache, r->mm_budget,
+				(unsigned long long)r->mm_step_cost_max,
+				(unsigned long long)r->mm_held_max, (unsigned long long)r->mm_bad);
 		if (r->state_ckpt_bytes || r->state_hits)
 			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
 				(unsigned long long)r->state_ckpt_bytes,
@@ -295,6 +316,25 @@ static void report_adapters(FILE *out, const sim_row *rows, int n)
 	}
 }
 
+/* The table's line per row of a run with images (--mm-images). */
+static void report_mm(FILE *out, const sim_row *rows, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		if (!r->mm_cache)
+			continue;
+		fprintf(out,
+			"%-14s images: %llu in requests, %llu encoded, hit rate %.1f%%; encoder "
+			"%.1f ms; cache %u tokens (most held %llu); budget %u (most per step "
+			"%llu)%s\n",
+			r->label, (unsigned long long)r->mm_inputs, (unsigned long long)r->mm_encodes,
+			100.0 * r->mm_hit_rate, r->mm_encode_us / 1000.0, r->mm_cache,
+			(unsigned long long)r->mm_held_max, r->mm_budget,
+			(unsigned long long)r->mm_step_cost_max,
+			r->mm_bad ? " ENCODER CONTRACT BROKEN" : "");
+	}
+}
+
 /* The table; with a title, the title above it and the legend below. */
 static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 			 const char *title)
@@ -345,6 +385,7 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 			r->out_tokens ? 100.0 * (double)r->overlap_wasted / (double)r->out_tokens : 0.0);
 	}
 	report_adapters(out, rows, n);
+	report_mm(out, rows, n);
 	if (n)
 		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "
 			     "same traces)\n",
@@ -363,6 +404,11 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 		if (roofline)
 			fputs("; MFU% / MBU% = roofline FLOPs / bytes over busy time at peak", out);
 		fputs(".\n", out);
+		if (n && rows[0].med.mm_cache)
+			fputs("images: hit rate = 1 - encoder runs / images submitted (outputs still\n"
+			      "  cached, or the span's KV in the prefix cache); encoder time = cost x\n"
+			      "  --mm-encode-us, before the call computes; budget 0 = none.\n",
+			      out);
 		if (n && rows[0].med.adapter_cap)
 			fputs("adapters: per call = distinct adapters of a host call; queue wait =\n"
 			      "  arrival to the start of the first host call carrying the request; hot\n"

@@ -199,6 +199,26 @@ typedef struct sim_config {
 				      BKV_MAX_ADAPTERS) */
 	uint32_t adapter_wait_us;  /* bkv_sched_config.adapter_wait_us; 0 =
 				      auto */
+	/* multimodal: encoder inputs (--mm-images, mm.c) */
+	uint32_t mm_images;        /* distinct images the requests carry,
+				      drawn by popularity (0: no encoder
+				      inputs) */
+	double mm_zipf;            /* popularity: image rank k drawn with
+				      weight k^-mm_zipf (default 1; 0 =
+				      uniform) */
+	uint32_t mm_per_request;   /* images per request, at most (each
+				      request carries 1..mm_per_request,
+				      uniform, fewer when its prompt is
+				      short; default 1) */
+	uint32_t mm_tokens;        /* prompt positions (encoder outputs) per
+				      image (default 576: LLaVA-1.5's
+				      24 x 24 patches) */
+	double mm_encode_us;       /* the virtual host's encoder time per
+				      image token, us (default 10; mm.c) */
+	uint32_t encoder_budget;   /* bkv_sched_config.encoder_budget (image
+				      tokens per step); 0 = no bound */
+	uint32_t encoder_cache;    /* bkv_sched_config.encoder_cache (tokens);
+				      0 = 8 x mm_per_request x mm_tokens */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -299,6 +319,24 @@ typedef struct sim_result {
 	double wait_p99_cold_ms;   /* ... of the cold half (ranks > N/2) */
 	double wait_max_ms;        /* the longest queue wait, ms */
 	uint32_t n_hot, n_cold;    /* requests in those two groups */
+	/* encoder inputs (--mm-images; all 0 without) */
+	uint32_t mm_cache;         /* the scheduler's encoder_cache, tokens
+				      (nonzero: the run had images) */
+	uint32_t mm_budget;        /* its encoder_budget (0: no bound) */
+	uint64_t mm_inputs;        /* images the submitted requests carried */
+	uint64_t mm_encodes;       /* encoder runs (bkv_batch.encode entries) */
+	double mm_hit_rate;        /* 1 - encodes / inputs: the share of
+				      images served without an encoder run
+				      (encoder cache or prefix cache hits) */
+	double mm_encode_us;       /* virtual encoder time, us */
+	uint64_t mm_step_cost_max; /* most encoder cost of one step (<=
+				      mm_budget when bounded) */
+	uint64_t mm_held_max;      /* most tokens the host's encoder cache
+				      held (<= mm_cache) */
+	uint64_t mm_bad;           /* contract breaks: a row read an image
+				      the host did not hold, an encode named
+				      another input, a step over the budget
+				      or the cache over its capacity: 0 */
 } sim_result;
 
 /* The default cap on generated tokens (sim_config.max_tokens), and the
@@ -349,6 +387,30 @@ uint32_t sim_adapter_of(const sim_adapters *a, uint32_t i);
 void sim_adapters_call(sim_adapters *a, const bkv_batch *b, double start_us);
 /* The adapter fields of res. NULL a: nothing. */
 void sim_adapters_collect(const sim_adapters *a, const trace *t, sim_result *res);
+
+/* ---- encoder inputs (mm.c) ------------------------------------------------
+ * Each request's images (Zipf-like popularity, spans spread over the
+ * prompt), the virtual host's encoder cache and encoder time, for a run
+ * with cfg->mm_images. */
+typedef struct sim_mm sim_mm;
+/* The scheduler's encoder_cache for cfg (0 without images). */
+uint32_t sim_mm_cache(const sim_config *cfg);
+/* Draw t's requests' images into *out (NULL without cfg->mm_images).
+ * 0, or -1 out of memory. */
+int sim_mm_open(const sim_config *cfg, const trace *t, sim_mm **out);
+void sim_mm_close(sim_mm *m);
+/* Request i's inputs and their count (NULL and 0 with a NULL m). */
+const bkv_encoder_input *sim_mm_inputs(const sim_mm *m, uint32_t i, uint32_t *n);
+/* Request i was submitted under scheduler id id (its images count). */
+void sim_mm_submitted(sim_mm *m, uint32_t i, uint64_t id);
+/* A step starts (its encoder cost counts from 0). */
+void sim_mm_step_begin(sim_mm *m);
+/* A host call: drop its encoder_free ids, run its encodes, check its rows'
+ * span reads (row_user = request index + 1). Returns the encoder time the
+ * call adds, us (0 with a NULL m). */
+double sim_mm_call(sim_mm *m, const bkv_batch *b);
+/* The mm fields of res. NULL m: nothing. */
+void sim_mm_collect(const sim_mm *m, sim_result *res);
 
 /* ---- reports ------------------------------------------------------------- */
 

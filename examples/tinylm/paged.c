@@ -22,6 +22,16 @@
  * (bkv_batch.row_adapter[r] != 0) gets its bias after every layer and on its
  * logits (tlm_adapter_layer, tlm_adapter_logits), as ref.c applies it.
  *
+ * Encoder inputs (encoder.c): before anything else a callback drops the
+ * batch's encoder_free ids from its encoder cache (whatever it then
+ * returns), then runs the encoder on each encode entry, reading the image of
+ * the request and input the entry names (the request found among the call's
+ * rows, else through tlm_host_set_requests' function), and stores the rows
+ * under the entry's cache id. A row's token at a position in one of its
+ * request's spans (tlm_sampling.inputs) embeds the cached row of that input's
+ * cache id; one not held is a violation. The token ids there (the library's
+ * bkv_encoder_token) are not read.
+ *
  * In the persistent layout (bkv_batch.layout) kv_indptr/kv_indices are NULL.
  * The host keeps its own table per row slot, as a GPU host keeps a 2-D block
  * table on the device, and brings it up to date with each call's
@@ -90,6 +100,15 @@ struct tlm_host {
 	uint64_t n_calls;         /* compute callbacks entered */
 	int fail_next;            /* tlm_host_fail_next armed: 1 fail before
 				     anything, 2 after copies and compute */
+	tlm_enc_cache *enc;       /* encoder outputs by cache id (created at
+				     the first encode) */
+	tlm_request_fn req_fn;    /* finds an encode entry's request outside
+				     the call's rows; may be NULL */
+	void *req_ctx;            /* its argument */
+	int step_marks;           /* tlm_host_step_begin was called: the step
+				     cost spans calls */
+	uint64_t step_cost;       /* encoder cost of the current step (or
+				     call) */
 	tlm_host_stats stats;
 	char last_error[256];     /* the last contract violation */
 };
@@ -137,6 +156,7 @@ void tlm_host_destroy(tlm_host *h)
 	free(h->attn), free(h->tmp), free(h->hid), free(h->scores);
 	free(h->krows), free(h->vrows), free(h->logits), free(h->ltmp);
 	free(h->row_blk), free(h->row_nb), free(h->mlen), free(h->mirror), free(h->slot_call);
+	tlm_enc_cache_destroy(h->enc);
 	for (uint32_t g = 1; g < TLM_MAX_GROUPS; g++)
 		free(h->grp_blk[g]), free(h->grp_first[g]);
 	free(h);
@@ -145,6 +165,24 @@ void tlm_host_destroy(tlm_host *h)
 void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out)
 {
 	*out = h->stats;
+}
+
+void tlm_host_set_requests(tlm_host *h, tlm_request_fn fn, void *ctx)
+{
+	h->req_fn = fn;
+	h->req_ctx = ctx;
+}
+
+void tlm_host_step_begin(tlm_host *h)
+{
+	h->step_marks = 1;
+	h->step_cost = 0;
+}
+
+void tlm_host_encoder_free(tlm_host *h, const bkv_batch *b)
+{
+	for (uint32_t i = 0; i < b->n_encoder_free; i++)
+		h->stats.enc_frees += tlm_enc_cache_drop(h->enc, b->encoder_free[i]) != 0;
 }
 
 const char *tlm_host_last_error(const tlm_host *h)
@@ -425,6 +463,13 @@ static int32_t group_block(const tlm_host *h, uint32_t g, uint32_t r, uint32_t p
 /* Every group's view of row r agrees with its positions: each new token's
  * slot is the group's block of its position, and every block its tokens
  * attend to is a device block. */
+/* Row r's request's encoder inputs (NULL: none). */
+static const tlm_inputs *row_inputs(const bkv_batch *b, uint32_t r)
+{
+	const tlm_sampling *s = b->row_user ? b->row_user[r] : NULL;
+	return s ? s->inputs : NULL;
+}
+
 static int validate_groups(tlm_host *h, const bkv_batch *b, uint32_t r, uint32_t ctx, uint32_t qo)
 {
 	const tlm_config *c = &h->m->cfg;
@@ -522,7 +567,8 @@ static int validate(tlm_host *h, const bkv_batch *b, bkv_call_kind want, uint32_
 			if (b->positions[t] != (int32_t)pos)
 				return violation(h, "row %u token %d position %d, block table says %u",
 						 r, t, b->positions[t], pos);
-			if (b->token_ids[t] < 0 || (uint32_t)b->token_ids[t] >= c->vocab)
+			if ((b->token_ids[t] < 0 || (uint32_t)b->token_ids[t] >= c->vocab) &&
+			    tlm_inputs_find(row_inputs(b, r), pos) < 0)
 				return violation(h, "token id %d out of range", b->token_ids[t]);
 			const int64_t want_slot =
 				(int64_t)blocks[pos / h->block_tokens] * h->block_tokens +
@@ -666,6 +712,84 @@ static void sample_rows(tlm_host *h, const bkv_batch *b, int32_t *next_tokens)
 	}
 }
 
+/* The request an encode entry names: a row of the call, else req_fn's
+ * (counted in encodes_off_rows). */
+static const tlm_sampling *encode_request(tlm_host *h, const bkv_batch *b, uint64_t req)
+{
+	for (uint32_t r = 0; b->row_req && r < b->n_rows; r++)
+		if (b->row_req[r] == req && b->row_user[r])
+			return b->row_user[r];
+	h->stats.encodes_off_rows++;
+	return h->req_fn ? h->req_fn(h->req_ctx, req) : NULL;
+}
+
+/* Run the encoder on each entry of b->encode: the image of the request's
+ * input, its rows stored under the entry's cache id. */
+static int run_encodes(tlm_host *h, const bkv_batch *b)
+{
+	const uint32_t d = h->m->cfg.dim;
+	if (!h->step_marks)
+		h->step_cost = 0;
+	for (uint32_t i = 0; i < b->n_encode; i++) {
+		const bkv_encode *e = &b->encode[i];
+		const tlm_sampling *s = encode_request(h, b, e->req);
+		if (!s || !s->inputs || e->input >= s->inputs->n)
+			return violation(h, "encode %u: request %llu has no input %u", i,
+					 (unsigned long long)e->req, e->input);
+		const bkv_encoder_input *in = &s->inputs->in[e->input];
+		if (in->cache_id != e->cache_id || in->token_len != e->len)
+			return violation(h, "encode %u: cache id %llx len %u, the input has %llx %u",
+					 i, (unsigned long long)e->cache_id, e->len,
+					 (unsigned long long)in->cache_id, in->token_len);
+		if (!h->enc && !(h->enc = tlm_enc_cache_create(d)))
+			return violation(h, "out of memory");
+		int replaced = 0;
+		float *out = tlm_enc_cache_put(h->enc, e->cache_id, e->len, &replaced);
+		if (!out)
+			return violation(h, "out of memory");
+		for (uint32_t t = 0; t < e->len; t++)
+			tlm_encoder_output(h->m, s->inputs->image[e->input], t, out + (size_t)t * d);
+		h->stats.encodes++;
+		h->stats.encode_tokens += e->len;
+		h->stats.reencodes += replaced != 0;
+		h->step_cost += in->cost ? in->cost : in->token_len;
+		if (h->step_cost > h->stats.enc_max_step_cost)
+			h->stats.enc_max_step_cost = h->step_cost;
+		if (tlm_enc_cache_tokens(h->enc) > h->stats.enc_max_held)
+			h->stats.enc_max_held = tlm_enc_cache_tokens(h->enc);
+	}
+	return 0;
+}
+
+/* The call's token embeddings into h->x; a position in an input's span
+ * takes that input's row from the encoder cache instead. */
+static int embed_rows(tlm_host *h, const bkv_batch *b)
+{
+	const uint32_t d = h->m->cfg.dim;
+	tlm_embed(h->m, b->n_tokens, b->token_ids, h->x);
+	for (uint32_t r = 0; r < b->n_rows; r++) {
+		const tlm_inputs *in = row_inputs(b, r);
+		for (int32_t t = b->qo_indptr[r]; in && t < b->qo_indptr[r + 1]; t++) {
+			const uint32_t pos = (uint32_t)b->positions[t];
+			const int k = tlm_inputs_find(in, pos);
+			if (k < 0)
+				continue;
+			uint32_t len = 0;
+			const float *out = tlm_enc_cache_get(h->enc, in->in[k].cache_id, &len);
+			const uint32_t i = pos - in->in[k].token_start;
+			if (!out || i >= len)
+				return violation(h, "call %llu row %u (request %llu) position %u reads "
+						 "input %d (cache id %llx), not in the encoder cache",
+						 (unsigned long long)h->n_calls, r,
+						 (unsigned long long)(b->row_req ? b->row_req[r] : 0), pos,
+						 k, (unsigned long long)in->in[k].cache_id);
+			memcpy(h->x + (size_t)t * d, out + (size_t)i * d, d * sizeof(float));
+			h->stats.enc_reads++;
+		}
+	}
+	return 0;
+}
+
 static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_call_kind want)
 {
 	const uint64_t t0 = tlm_now_us();
@@ -676,13 +800,16 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	 * follow every call the library made. */
 	if (apply_deltas(h, b))
 		return -1;
+	tlm_host_encoder_free(h, b); /* dropped whatever the call returns */
 	if (fail == 1)
 		return -1;
 	uint32_t max_ctx = 0;
-	if (validate(h, b, want, &max_ctx) || check_adapters(h, b))
+	if (validate(h, b, want, &max_ctx) || check_adapters(h, b) || run_encodes(h, b))
 		return -1;
 	if (reserve(h, b->n_tokens, max_ctx > tlm_state_floats(&h->m->cfg)
 					     ? max_ctx : tlm_state_floats(&h->m->cfg)))
+		return -1;
+	if (embed_rows(h, b))
 		return -1;
 	do_copies(h, b);
 	h->stats.calls[want]++;
@@ -692,7 +819,6 @@ static int compute(tlm_host *h, const bkv_batch *b, int32_t *next_tokens, bkv_ca
 	const tlm_config *c = &m->cfg;
 	const uint32_t n = b->n_tokens, bt = h->block_tokens;
 	const uint32_t qw = tlm_q_width(c), kvw = tlm_kv_width(c);
-	tlm_embed(m, n, b->token_ids, h->x);
 	for (uint32_t l = 0; l < c->layers; l++) {
 		const uint32_t g = tlm_layer_group(c, l);
 		const int32_t *slots = g ? b->groups[g].slot_mapping : b->slot_mapping;

@@ -12,7 +12,9 @@
  * the same kernels as the paged host, so any difference in generated tokens is
  * a difference in which K/V the paged host was shown, i.e. a scheduling or
  * block-table bug, never rounding. A request's adapter (tlm_adapter_layer,
- * tlm_adapter_logits) is applied here as the paged host applies a row's.
+ * tlm_adapter_logits) is applied here as the paged host applies a row's, and
+ * its encoder inputs' spans embed the encoder's outputs computed from the
+ * images (tlm_inputs_embed), where the paged host reads its encoder cache.
  */
 #include "tinylm.h"
 
@@ -23,6 +25,7 @@
 typedef struct ref_ctx {
 	const tlm_model *m;
 	uint32_t adapter;   /* the request's adapter (0: the base model) */
+	const tlm_inputs *in; /* its encoder inputs (NULL: none) */
 	uint32_t max_len;   /* prompt_len + max_new */
 	float *k, *v;       /* [layers][max_len][kv_width] contiguous caches */
 	float *x, *q, *kn, *vn, *attn, *tmp, *hid; /* per-token activations */
@@ -48,6 +51,7 @@ static void run(ref_ctx *r, float *kc, float *vc, float *st, const int32_t *toke
 	for (uint32_t i = 0; i < n; i++)
 		pos[i] = (int32_t)(start + i);
 	tlm_embed(m, n, tokens, r->x);
+	tlm_inputs_embed(m, r->in, start, n, r->x); /* spans: the encoder's rows */
 	for (uint32_t l = 0; l < c->layers; l++) {
 		float *K = layer_k(r, kc, l), *Vv = layer_k(r, vc, l);
 		tlm_layer_qkv(m, l, n, r->x, pos, r->q, r->kn, r->vn, r->tmp);
@@ -106,10 +110,19 @@ int tlm_ref_generate_adapter(const tlm_model *m, uint32_t adapter, const int32_t
 			     uint32_t n_stop, uint32_t n_samples, uint64_t seed, int32_t *out,
 			     uint32_t *out_len)
 {
+	return tlm_ref_generate_mm(m, adapter, NULL, prompt, prompt_len, max_new, stop, n_stop,
+				   n_samples, seed, out, out_len);
+}
+
+int tlm_ref_generate_mm(const tlm_model *m, uint32_t adapter, const tlm_inputs *in,
+			const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
+			const int32_t *stop, uint32_t n_stop, uint32_t n_samples, uint64_t seed,
+			int32_t *out, uint32_t *out_len)
+{
 	const tlm_config *c = &m->cfg;
 	if (!prompt_len || !max_new || !n_samples || prompt_len + max_new > c->max_pos)
 		return -1;
-	ref_ctx r = {.m = m, .adapter = adapter, .max_len = prompt_len + max_new};
+	ref_ctx r = {.m = m, .adapter = adapter, .in = in, .max_len = prompt_len + max_new};
 	const size_t kvw = tlm_kv_width(c), qw = tlm_q_width(c), L = c->layers;
 	const size_t cache = L * r.max_len * kvw, n = prompt_len;
 	r.k = malloc(cache * sizeof(float));

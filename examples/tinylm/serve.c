@@ -11,7 +11,9 @@
  * a time; a stop token is chosen from the job's own reference output so that
  * it really fires, which is sound because a stop token only truncates.
  * With wc.n_adapters, jobs also get adapters (a LoRA stand-in, model.h),
- * which the reference applies as the paged host does.
+ * which the reference applies as the paged host does, and with wc.n_images
+ * encoder inputs (images, encoder.c) whose spans the reference embeds from
+ * the images and the paged host from its encoder cache.
  *
  * tlm_run() then serves the workload with one scheduler configuration: pool,
  * paged host, scheduler; submissions (all up front or a few per step); aborts
@@ -113,6 +115,7 @@ int tlm_workload_create(tlm_workload *w, const tlm_workload_config *wc, uint32_t
 	uint64_t ast = tlm_mix64(wc->seed ^ 0xADA97E25ull); /* adapters' own stream */
 	for (uint32_t j = 0; wc->n_adapters && j < wc->n_jobs; j++)
 		w->jobs[j].adapter = rnd(&ast, 0, wc->n_adapters);
+	tlm_workload_inputs(w, wc);
 	return 0;
 }
 
@@ -134,9 +137,9 @@ int tlm_workload_reference(tlm_workload *w, const tlm_model *m)
 		tlm_job *jb = &w->jobs[j];
 		const int want_stop = jb->stop >= 0;
 		jb->stop = -1;
-		if (tlm_ref_generate_adapter(m, jb->adapter, jb->prompt, jb->prompt_len,
-					     jb->max_new, NULL, 0, jb->sampling.n_samples,
-					     jb->sampling.seed, jb->ref, jb->ref_len))
+		if (tlm_ref_generate_mm(m, jb->adapter, jb->sampling.inputs, jb->prompt,
+					jb->prompt_len, jb->max_new, NULL, 0, jb->sampling.n_samples,
+					jb->sampling.seed, jb->ref, jb->ref_len))
 			return -1;
 		if (!want_stop)
 			continue;
@@ -244,7 +247,18 @@ typedef struct serve_ctx {
 	tlm_run_result *res;
 	const tlm_model *m;     /* the served model (its draft model's weights) */
 	uint32_t draft_layers;  /* the draft model's layers */
+	tlm_job **by_req;       /* [n_jobs + 1] the job of each request id
+				   (ids count from 1 per scheduler), written
+				   at submit, before any step names it */
+	uint32_t n_by_req;      /* entries in by_req */
 } serve_ctx;
+
+/* The paged host's request lookup (an encode entry's req). */
+static const tlm_sampling *serve_request(void *p, uint64_t req)
+{
+	const serve_ctx *sc = p;
+	return req < sc->n_by_req && sc->by_req[req] ? &sc->by_req[req]->sampling : NULL;
+}
 
 /* Speculative decoding with host drafts: the draft model's proposal. */
 static int serve_draft(void *p, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
@@ -255,7 +269,7 @@ static int serve_draft(void *p, uint64_t req, uint32_t branch, const int32_t *ct
 	(void)req;
 	return (int)tlm_draft_generate(sc->m, sc->draft_layers, ctx, n_ctx, k,
 				       jb->sampling.n_samples, jb->sampling.seed, branch,
-				       jb->adapter, out);
+				       jb->adapter, jb->sampling.inputs, out);
 }
 
 static int serve_forward(void *p, const bkv_batch *b, int32_t *next)
@@ -303,7 +317,7 @@ static void serve_finish(void *p, uint64_t req, bkv_finish_reason reason, void *
 	jb->done_us = tlm_now_us();
 }
 
-static int submit(bkv_sched *s, tlm_job *jb)
+static int submit(bkv_sched *s, serve_ctx *sc, tlm_job *jb)
 {
 	bkv_request rq;
 	bkv_request_init(&rq);
@@ -315,8 +329,12 @@ static int submit(bkv_sched *s, tlm_job *jb)
 	rq.n = jb->sampling.n_samples;
 	rq.user = jb;
 	rq.adapter = jb->adapter;
+	rq.n_inputs = jb->inputs.n;
+	rq.inputs = jb->inputs.n ? jb->inputs.in : NULL;
 	jb->submit_us = tlm_now_us();
 	int st = bkv_submit(s, &rq, &jb->req_id);
+	if (st == BKV_OK && jb->req_id < sc->n_by_req)
+		sc->by_req[jb->req_id] = jb;
 	if (st == BKV_OK && jb->abort_after == ABORT_AT_SUBMIT) {
 		st = bkv_abort(s, jb->req_id);
 		jb->abort_sent = 1;
@@ -429,10 +447,13 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	if (st)
 		goto out;
 	sc.host = tlm_host_create(m, rc->block_tokens, pc.device_blocks, rc->host_blocks);
-	if (!sc.host) {
+	sc.n_by_req = w->n_jobs + 1;
+	sc.by_req = calloc(sc.n_by_req, sizeof(*sc.by_req));
+	if (!sc.host || !sc.by_req) {
 		st = BKV_ENOMEM;
 		goto out;
 	}
+	tlm_host_set_requests(sc.host, serve_request, &sc);
 	bkv_host_ops ops = {.on_token = serve_token, .on_finish = serve_finish};
 	const int overlap = rc->sched.overlap != 0;
 	if (overlap && rc->split) {
@@ -467,7 +488,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		uint32_t quota = rc->submit_per_step ? rc->submit_per_step : w->n_jobs;
 		for (; quota && next_job < w->n_jobs; quota--, next_job++) {
 			res->prompt_tokens += w->jobs[next_job].prompt_len;
-			st = submit(sched, &w->jobs[next_job]);
+			st = submit(sched, &sc, &w->jobs[next_job]);
 			if (st)
 				goto out;
 		}
@@ -511,6 +532,7 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 				   ++attempts % rc->fail_every == 0;
 		if (inject) /* alternate early and late failures */
 			tlm_host_fail_next(sc.host, (int)(res->failed_steps & 1));
+		tlm_host_step_begin(sc.host); /* the encoder budget is per step */
 		st = bkv_step(sched, &info);
 		tlm_host_fail_next_clear(sc.host); /* a step with no compute call */
 		last_failed = st == BKV_EHOST && inject;
@@ -561,5 +583,6 @@ out:
 	bkv_pool_destroy(pool);
 	tlm_device_destroy(sc.dev);
 	tlm_host_destroy(sc.host);
+	free(sc.by_req);
 	return st;
 }

@@ -16,7 +16,8 @@
 
 uint32_t tlm_draft_generate(const tlm_model *m, uint32_t layers, const int32_t *ctx,
 			    uint32_t n_ctx, uint32_t k, uint32_t n_samples, uint64_t seed,
-			    uint32_t branch, uint32_t adapter, int32_t *out)
+			    uint32_t branch, uint32_t adapter, const tlm_inputs *in,
+			    int32_t *out)
 {
 	tlm_model view;
 	int32_t *buf;
@@ -33,8 +34,8 @@ uint32_t tlm_draft_generate(const tlm_model *m, uint32_t layers, const int32_t *
 	/* ctx is the branch's own history: continuing it as branch `branch`
 	 * of an n_samples request samples each position as the served model
 	 * would (tlm_sample keys on seed, branch and position) */
-	if (tlm_ref_generate_adapter(&view, adapter, ctx, n_ctx, k, NULL, 0, n_samples, seed, buf,
-				     len) == 0) {
+	if (tlm_ref_generate_mm(&view, adapter, in, ctx, n_ctx, k, NULL, 0, n_samples, seed, buf,
+				len) == 0) {
 		n = len[branch] < k ? len[branch] : k;
 		memcpy(out, buf + (size_t)branch * k, n * sizeof(int32_t));
 	}

@@ -329,6 +329,10 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 		goto out;
 	for (uint32_t j = 0; j < w->n_jobs; j++) {
 		reqs[j].sampling = w->jobs[j].sampling;
+		/* no encoder inputs: an encode names its request by id, which
+		 * only the submitting client learns, after the engine may have
+		 * planned it (serve.c's single thread maps ids at submit) */
+		reqs[j].sampling.inputs = NULL;
 		reqs[j].on_token = client_token;
 		reqs[j].on_done = client_done;
 		reqs[j].job = &w->jobs[j];

@@ -2,13 +2,65 @@
  * tinylm.h - the pieces of the tinylm example around the model: the reference
  * mode (ref.c), the paged host that serves libbatchkv batches (paged.c) and the
  * workload driver shared by the demo, the threaded variant and the test
- * (serve.c).
+ * (serve.c), and encoder inputs (encoder.c).
  */
 #ifndef TINYLM_H
 #define TINYLM_H
 
 #include "batchkv.h"
 #include "model.h"
+
+/* ------------------------------------------------------------------------ */
+/* encoder.c                                                                 */
+/* ------------------------------------------------------------------------ */
+
+#define TLM_MAX_INPUTS 4u /* most encoder inputs of a job */
+
+/* A request's encoder inputs (images): the spans as submitted
+ * (bkv_request.inputs) and the content each one's encoder reads. */
+typedef struct tlm_inputs {
+	uint32_t n;                           /* inputs, 0..TLM_MAX_INPUTS */
+	bkv_encoder_input in[TLM_MAX_INPUTS]; /* [n] spans, ordered; cache_id =
+						 tlm_image_cache_id(image) */
+	uint64_t image[TLM_MAX_INPUTS];       /* [n] each input's image (its
+						 content, what the encoder
+						 reads) */
+} tlm_inputs;
+
+/* The cache id of an image (a hash of its content; nonzero, distinct
+ * for distinct images). */
+uint64_t tlm_image_cache_id(uint64_t image);
+/* The positions an image's encoder outputs fill (6 for even images, 10 for
+ * odd ones: a function of the image alone, so equal cache ids have equal
+ * token_len, and many images share a length). */
+uint32_t tlm_image_tokens(uint64_t image);
+/* The encoder: output i of an image, an embedding row out[dim] (unit
+ * variance like the token embeddings, drawn from a hash of cfg.seed, the
+ * image, i and the element). */
+void tlm_encoder_output(const tlm_model *m, uint64_t image, uint32_t i, float *out);
+/* The input whose span holds prompt position pos: its index, or -1 (none,
+ * or in is NULL). */
+int tlm_inputs_find(const tlm_inputs *in, uint32_t pos);
+/* The reference's embedding of spans: rows x[n][dim] at positions start..
+ * start + n - 1 that fall in an input's span get its encoder output there
+ * (computed now from the image). in may be NULL. */
+void tlm_inputs_embed(const tlm_model *m, const tlm_inputs *in, uint32_t start, uint32_t n,
+		      float *x);
+
+/* The paged host's encoder cache: outputs by cache id, held between calls
+ * (bkv_batch.encode adds, encoder_free drops). */
+typedef struct tlm_enc_cache tlm_enc_cache;
+tlm_enc_cache *tlm_enc_cache_create(uint32_t dim);
+void tlm_enc_cache_destroy(tlm_enc_cache *c);
+/* Drop id's outputs; returns the tokens dropped (0: not held). */
+uint32_t tlm_enc_cache_drop(tlm_enc_cache *c, uint64_t id);
+/* Room for id's len output rows (replacing what id held), for the caller to
+ * fill; NULL when out of memory. *replaced: id was held. */
+float *tlm_enc_cache_put(tlm_enc_cache *c, uint64_t id, uint32_t len, int *replaced);
+/* id's outputs and their count, or NULL when not held. */
+const float *tlm_enc_cache_get(const tlm_enc_cache *c, uint64_t id, uint32_t *len);
+/* Tokens held (the sum of the held outputs' lengths). */
+uint64_t tlm_enc_cache_tokens(const tlm_enc_cache *c);
 
 /* ------------------------------------------------------------------------ */
 /* ref.c                                                                     */
@@ -29,6 +81,12 @@ int tlm_ref_generate_adapter(const tlm_model *m, uint32_t adapter, const int32_t
 			     uint32_t prompt_len, uint32_t max_new, const int32_t *stop,
 			     uint32_t n_stop, uint32_t n_samples, uint64_t seed, int32_t *out,
 			     uint32_t *out_len);
+/* ... and with encoder inputs (NULL: none): the prompt positions in their
+ * spans embed the encoder's outputs (tlm_inputs_embed), not the tokens. */
+int tlm_ref_generate_mm(const tlm_model *m, uint32_t adapter, const tlm_inputs *in,
+			const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
+			const int32_t *stop, uint32_t n_stop, uint32_t n_samples, uint64_t seed,
+			int32_t *out, uint32_t *out_len);
 
 /* ------------------------------------------------------------------------ */
 /* paged.c                                                                   */
@@ -40,7 +98,13 @@ int tlm_ref_generate_adapter(const tlm_model *m, uint32_t adapter, const int32_t
 typedef struct tlm_sampling {
 	uint64_t seed;      /* names the request for tlm_sample; stable across runs */
 	uint32_t n_samples; /* the request's n */
+	const tlm_inputs *inputs; /* its encoder inputs (NULL: none): the host
+				     embeds their spans' positions from its
+				     encoder cache */
 } tlm_sampling;
+
+/* The request of an id (bkv_batch.encode's req), for the encoder. */
+typedef const tlm_sampling *(*tlm_request_fn)(void *ctx, uint64_t req);
 
 /* Counters of a paged host, all cumulative. */
 typedef struct tlm_host_stats {
@@ -65,6 +129,20 @@ typedef struct tlm_host_stats {
 	uint64_t adapter_rows;  /* rows computed with an adapter (!= 0) */
 	uint32_t max_adapters;  /* most adapters (bkv_batch.n_adapters) of one
 				   call */
+	uint64_t encodes;       /* encoder inputs run (bkv_batch.encode) */
+	uint64_t encode_tokens; /* ... their output positions */
+	uint64_t reencodes;     /* ... of ids the host still held (a rolled
+				   back step's encodings come again) */
+	uint64_t encodes_off_rows; /* ... whose request had no row in the call
+				   (encoded for a row the step then did not
+				   run) */
+	uint64_t enc_frees;     /* held ids dropped by encoder_free */
+	uint64_t enc_reads;     /* span positions embedded from the cache */
+	uint64_t enc_max_held;  /* most tokens the encoder cache held */
+	uint64_t enc_max_step_cost; /* most encoder cost (bkv_encoder_input.
+				   cost, 0 = token_len) in one step (between
+				   tlm_host_step_begin calls; without them,
+				   in one call) */
 } tlm_host_stats;
 
 /* The paged host: the model, one preallocated device KV tensor of blocks, a
@@ -92,6 +170,16 @@ int tlm_host_prefill(void *host, const bkv_batch *batch, int32_t *next_tokens);
 int tlm_host_decode(void *host, const bkv_batch *batch, int32_t *next_tokens);
 
 void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out);
+/* Encoder inputs: how the host finds the request of an encode entry (the
+ * call's rows first, then fn). */
+void tlm_host_set_requests(tlm_host *h, tlm_request_fn fn, void *ctx);
+/* A step starts (its encoder cost counts from 0); once called, the step's
+ * cost spans its calls. */
+void tlm_host_step_begin(tlm_host *h);
+/* Drop the batch's encoder_free ids (every callback does first; a device
+ * that skips a call calls this instead, as the contract says the host drops
+ * them whatever the call returns). */
+void tlm_host_encoder_free(tlm_host *h, const bkv_batch *b);
 const char *tlm_host_last_error(const tlm_host *h);
 
 /* Make the next compute callback fail, for tests of the scheduler's
@@ -135,6 +223,8 @@ typedef struct tlm_job {
 	uint64_t done_us;      /* at on_finish */
 	uint32_t adapter;      /* its adapter (bkv_request.adapter; 0: the base
 				  model), applied by the reference too */
+	tlm_inputs inputs;     /* its encoder inputs (sampling.inputs points
+				  here when it has some) */
 } tlm_job;
 
 typedef struct tlm_workload {
@@ -162,6 +252,10 @@ typedef struct tlm_workload_config {
 				   (0: the base model), drawn from a stream of
 				   its own so the rest of the workload is the
 				   same as without */
+	uint32_t n_images;      /* 0: no encoder inputs; else jobs carry 0..3
+				   images of 0..n_images-1 (encoder.c's
+				   tlm_workload_inputs), from a stream of
+				   their own */
 } tlm_workload_config;
 
 void tlm_workload_config_default(tlm_workload_config *wc);
@@ -171,12 +265,15 @@ void tlm_workload_destroy(tlm_workload *w);
 /* Speculative decoding's draft model (spec.c): up to k tokens that follow
  * ctx[0, n_ctx) in branch `branch` of a request sampled as tlm_sample does
  * (n_samples, seed), from m cut to its first `layers` layers, with the
- * request's adapter. Returns the
+ * request's adapter and encoder inputs (NULL: none). Returns the
  * drafts written to out, 0 when there are none (context too long, out of
  * memory). */
 uint32_t tlm_draft_generate(const tlm_model *m, uint32_t layers, const int32_t *ctx,
 			    uint32_t n_ctx, uint32_t k, uint32_t n_samples, uint64_t seed,
-			    uint32_t branch, uint32_t adapter, int32_t *out);
+			    uint32_t branch, uint32_t adapter, const tlm_inputs *in,
+			    int32_t *out);
+/* Draw the jobs' encoder inputs (wc->n_images > 0; encoder.c). */
+void tlm_workload_inputs(tlm_workload *w, const tlm_workload_config *wc);
 
 /* Fill every job's reference output with tlm_ref_generate. */
 int tlm_workload_reference(tlm_workload *w, const tlm_model *m);
