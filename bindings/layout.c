@@ -202,6 +202,7 @@ int main(void)
 	S(bkv_encode);
 	F(bkv_encode, cache_id);
 	F(bkv_encode, req);
+	F(bkv_encode, user);
 	F(bkv_encode, input);
 	F(bkv_encode, len);
 	S(bkv_batch);

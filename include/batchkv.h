@@ -1545,7 +1545,9 @@ typedef struct bkv_batch_group {
 /* An encoder input to run (bkv_batch.encode). */
 typedef struct bkv_encode {
 	uint64_t cache_id; /* cache its outputs under this id */
-	uint64_t req;      /* a request giving it (its id) */
+	uint64_t req;      /* a request giving it (its id); it may have no
+			      row in this call */
+	void *user;        /* that request's bkv_request.user */
 	uint32_t input;    /* its index in that request's inputs */
 	uint32_t len;      /* its token_len: the outputs' positions */
 } bkv_encode;
@@ -1647,12 +1649,14 @@ typedef struct bkv_batch {
 					     of their first row */
 	/* Encoder inputs (bkv_sched_config.encoder_cache > 0; NULL and 0
 	 * otherwise). Before its rows, the host drops the outputs of the
-	 * cache ids in encoder_free (ids it does not hold are ignored: a
-	 * failed call's list is sent again), then runs the encoder on each
-	 * input in encode and caches the outputs by cache id. A row reads the
-	 * outputs of every input whose span it covers (its request's inputs;
-	 * the token ids there are bkv_encoder_token's); they are cached by
-	 * then, by this call or an earlier one. */
+	 * cache ids in encoder_free (each id is said once: the host drops
+	 * them whether or not the call succeeds; ids it does not hold are
+	 * ignored), then runs the encoder on each input in encode and caches
+	 * the outputs by cache id. A row reads the outputs of every input
+	 * whose span it covers (its request's inputs; the token ids there are
+	 * bkv_encoder_token's); they are cached by then, by this call or an
+	 * earlier one. With overlap both lists stay valid until the step
+	 * completes. */
 	uint32_t n_encode;                /* inputs to encode now */
 	const bkv_encode *encode;         /* [n_encode] */
 	uint32_t n_encoder_free;          /* cache ids to drop first */

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../examples/tinylm/tinylm.h"
+#include "../examples/tinylm/threaded.h"
 
 #define N_IMAGES 10u
 
@@ -303,6 +304,22 @@ Test(tinylm_mm, overlapped_with_device_failures_match_reference, .init = setup, 
 	rc.fail_every = 6;
 	serve(&rc, "overlapped, failures", &res);
 	cr_assert_gt(res.failed_steps, 0);
+}
+
+/* Clients on their own threads: an encode's request is found by its user
+ * pointer (bkv_encode.user), before the client has its id. */
+Test(tinylm_mm, overlapped_device_thread_with_threaded_clients_matches_reference,
+     .init = setup, .fini = teardown)
+{
+	tlm_run_config rc;
+	tlm_run_result res;
+	config(&rc, 64, 32, 16);
+	rc.host_blocks = 128;
+	rc.sched.chunked_prefill = 1;
+	rc.sched.token_budget = 96;
+	verify(&rc, &res, tlm_threaded_serve_overlap(&g_w, g_model, &rc, 4, 6, &res),
+	       "threaded clients, overlapped");
+	cr_assert_gt(res.sched.overlap_steps, 0);
 }
 
 Test(tinylm_mm, speculative_decoding_with_a_draft_model_matches_reference, .init = setup,

@@ -26,12 +26,8 @@
  * so the launch copies the tables of the call's rows with the batch (and
  * the batch's groups with their tables), and the device thread reads that
  * copy.
- *
- * The launch also copies the batch's encoder lists (encode, encoder_free).
- * The contract keeps them valid until the step completes, but the library
- * reuses both arrays when it plans the next launch while this step is in
- * flight (a library bug, reproduced by tests/test_enc_overlap_bug.c); the
- * copies keep the device reading what was launched.
+ * The batch's encoder lists (encode, encoder_free) stay valid until the
+ * step completes: the device reads them where the library left them.
  */
 #include "overlap.h"
 
@@ -58,12 +54,6 @@ typedef struct dev_step {
 	uint32_t tabs_cap;    /* slots per set */
 	int32_t *blk;         /* the copied entries */
 	uint32_t blk_cap;
-	bkv_encode *enc;      /* [enc_cap] the batch's encode list at launch
-				 (b.encode points here) */
-	uint32_t enc_cap;
-	uint64_t *efree;      /* [efree_cap] its encoder_free list at launch
-				 (b.encoder_free points here) */
-	uint32_t efree_cap;
 } dev_step;
 
 #define TABLE_SETS (1u + BKV_MAX_GROUPS)
@@ -191,8 +181,6 @@ void tlm_device_destroy(tlm_device *d)
 		free(d->q[i].tabs);
 		free(d->q[i].tlen);
 		free(d->q[i].blk);
-		free(d->q[i].enc);
-		free(d->q[i].efree);
 	}
 	free(d->tok);
 	free(d->prev);
@@ -218,33 +206,6 @@ static const int32_t **copy_set(dev_step *st, const bkv_batch *b, uint32_t set,
 		*off += n;
 	}
 	return out;
-}
-
-/* Copy b's encoder lists into st and point st's batch at the copies (see
- * the opening comment). -1 without memory. */
-static int copy_encoder(dev_step *st, const bkv_batch *b)
-{
-	if (b->n_encode > st->enc_cap) {
-		bkv_encode *n = realloc(st->enc, (size_t)b->n_encode * sizeof(*n));
-		if (!n)
-			return -1;
-		st->enc = n;
-		st->enc_cap = b->n_encode;
-	}
-	if (b->n_encoder_free > st->efree_cap) {
-		uint64_t *n = realloc(st->efree, (size_t)b->n_encoder_free * sizeof(*n));
-		if (!n)
-			return -1;
-		st->efree = n;
-		st->efree_cap = b->n_encoder_free;
-	}
-	if (b->n_encode)
-		memcpy(st->enc, b->encode, (size_t)b->n_encode * sizeof(*st->enc));
-	if (b->n_encoder_free)
-		memcpy(st->efree, b->encoder_free, (size_t)b->n_encoder_free * sizeof(*st->efree));
-	st->b.encode = b->n_encode ? st->enc : NULL;
-	st->b.encoder_free = b->n_encoder_free ? st->efree : NULL;
-	return 0;
 }
 
 /* Copy b's groups into st and, in the persistent layout, the tables of b's
@@ -308,7 +269,7 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
 		st->next = next_tokens;
 		st->status = 0;
 		st->fail = d->fail_next;
-		if (copy_tables(st, batch) || copy_encoder(st, batch)) {
+		if (copy_tables(st, batch)) {
 			rc = -1;
 		} else {
 			d->n++;

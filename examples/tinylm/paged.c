@@ -25,8 +25,8 @@
  * Encoder inputs (encoder.c): before anything else a callback drops the
  * batch's encoder_free ids from its encoder cache (whatever it then
  * returns), then runs the encoder on each encode entry, reading the image of
- * the request and input the entry names (the request found among the call's
- * rows, else through tlm_host_set_requests' function), and stores the rows
+ * the request and input the entry names (the request's user pointer, whose
+ * first field is its sampling record, as for rows), and stores the rows
  * under the entry's cache id. A row's token at a position in one of its
  * request's spans (tlm_sampling.inputs) embeds the cached row of that input's
  * cache id; one not held is a violation. The token ids there (the library's
@@ -102,9 +102,6 @@ struct tlm_host {
 				     anything, 2 after copies and compute */
 	tlm_enc_cache *enc;       /* encoder outputs by cache id (created at
 				     the first encode) */
-	tlm_request_fn req_fn;    /* finds an encode entry's request outside
-				     the call's rows; may be NULL */
-	void *req_ctx;            /* its argument */
 	int step_marks;           /* tlm_host_step_begin was called: the step
 				     cost spans calls */
 	uint64_t step_cost;       /* encoder cost of the current step (or
@@ -165,12 +162,6 @@ void tlm_host_destroy(tlm_host *h)
 void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out)
 {
 	*out = h->stats;
-}
-
-void tlm_host_set_requests(tlm_host *h, tlm_request_fn fn, void *ctx)
-{
-	h->req_fn = fn;
-	h->req_ctx = ctx;
 }
 
 void tlm_host_step_begin(tlm_host *h)
@@ -712,15 +703,18 @@ static void sample_rows(tlm_host *h, const bkv_batch *b, int32_t *next_tokens)
 	}
 }
 
-/* The request an encode entry names: a row of the call, else req_fn's
- * (counted in encodes_off_rows). */
-static const tlm_sampling *encode_request(tlm_host *h, const bkv_batch *b, uint64_t req)
+/* The request an encode entry names: its user pointer (the request's
+ * sampling record, as row_user). Entries whose request has no row in the
+ * call are counted (encodes_off_rows). */
+static const tlm_sampling *encode_request(tlm_host *h, const bkv_batch *b, const bkv_encode *e)
 {
-	for (uint32_t r = 0; b->row_req && r < b->n_rows; r++)
-		if (b->row_req[r] == req && b->row_user[r])
-			return b->row_user[r];
-	h->stats.encodes_off_rows++;
-	return h->req_fn ? h->req_fn(h->req_ctx, req) : NULL;
+	uint32_t r;
+
+	for (r = 0; b->row_req && r < b->n_rows && b->row_req[r] != e->req; r++)
+		;
+	if (!b->row_req || r == b->n_rows)
+		h->stats.encodes_off_rows++;
+	return e->user;
 }
 
 /* Run the encoder on each entry of b->encode: the image of the request's
@@ -732,7 +726,7 @@ static int run_encodes(tlm_host *h, const bkv_batch *b)
 		h->step_cost = 0;
 	for (uint32_t i = 0; i < b->n_encode; i++) {
 		const bkv_encode *e = &b->encode[i];
-		const tlm_sampling *s = encode_request(h, b, e->req);
+		const tlm_sampling *s = encode_request(h, b, e);
 		if (!s || !s->inputs || e->input >= s->inputs->n)
 			return violation(h, "encode %u: request %llu has no input %u", i,
 					 (unsigned long long)e->req, e->input);

@@ -247,18 +247,7 @@ typedef struct serve_ctx {
 	tlm_run_result *res;
 	const tlm_model *m;     /* the served model (its draft model's weights) */
 	uint32_t draft_layers;  /* the draft model's layers */
-	tlm_job **by_req;       /* [n_jobs + 1] the job of each request id
-				   (ids count from 1 per scheduler), written
-				   at submit, before any step names it */
-	uint32_t n_by_req;      /* entries in by_req */
 } serve_ctx;
-
-/* The paged host's request lookup (an encode entry's req). */
-static const tlm_sampling *serve_request(void *p, uint64_t req)
-{
-	const serve_ctx *sc = p;
-	return req < sc->n_by_req && sc->by_req[req] ? &sc->by_req[req]->sampling : NULL;
-}
 
 /* Speculative decoding with host drafts: the draft model's proposal. */
 static int serve_draft(void *p, uint64_t req, uint32_t branch, const int32_t *ctx, uint32_t n_ctx,
@@ -333,8 +322,6 @@ static int submit(bkv_sched *s, serve_ctx *sc, tlm_job *jb)
 	rq.inputs = jb->inputs.n ? jb->inputs.in : NULL;
 	jb->submit_us = tlm_now_us();
 	int st = bkv_submit(s, &rq, &jb->req_id);
-	if (st == BKV_OK && jb->req_id < sc->n_by_req)
-		sc->by_req[jb->req_id] = jb;
 	if (st == BKV_OK && jb->abort_after == ABORT_AT_SUBMIT) {
 		st = bkv_abort(s, jb->req_id);
 		jb->abort_sent = 1;
@@ -447,13 +434,10 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 	if (st)
 		goto out;
 	sc.host = tlm_host_create(m, rc->block_tokens, pc.device_blocks, rc->host_blocks);
-	sc.n_by_req = w->n_jobs + 1;
-	sc.by_req = calloc(sc.n_by_req, sizeof(*sc.by_req));
-	if (!sc.host || !sc.by_req) {
+	if (!sc.host) {
 		st = BKV_ENOMEM;
 		goto out;
 	}
-	tlm_host_set_requests(sc.host, serve_request, &sc);
 	bkv_host_ops ops = {.on_token = serve_token, .on_finish = serve_finish};
 	const int overlap = rc->sched.overlap != 0;
 	if (overlap && rc->split) {
@@ -583,6 +567,5 @@ out:
 	bkv_pool_destroy(pool);
 	tlm_device_destroy(sc.dev);
 	tlm_host_destroy(sc.host);
-	free(sc.by_req);
 	return st;
 }

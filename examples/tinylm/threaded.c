@@ -247,6 +247,8 @@ static void *client_main(void *arg)
 		rq.n = jb->sampling.n_samples;
 		rq.user = cr;
 		rq.adapter = jb->adapter;
+		rq.n_inputs = jb->inputs.n;
+		rq.inputs = jb->inputs.n ? jb->inputs.in : NULL;
 		pthread_mutex_lock(&cl->mu);
 		cl->in_flight++;
 		jb->submit_us = tlm_now_us();
@@ -329,10 +331,6 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 		goto out;
 	for (uint32_t j = 0; j < w->n_jobs; j++) {
 		reqs[j].sampling = w->jobs[j].sampling;
-		/* no encoder inputs: an encode names its request by id, which
-		 * only the submitting client learns, after the engine may have
-		 * planned it (serve.c's single thread maps ids at submit) */
-		reqs[j].sampling.inputs = NULL;
 		reqs[j].on_token = client_token;
 		reqs[j].on_done = client_done;
 		reqs[j].job = &w->jobs[j];

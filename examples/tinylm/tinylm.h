@@ -103,9 +103,6 @@ typedef struct tlm_sampling {
 				     encoder cache */
 } tlm_sampling;
 
-/* The request of an id (bkv_batch.encode's req), for the encoder. */
-typedef const tlm_sampling *(*tlm_request_fn)(void *ctx, uint64_t req);
-
 /* Counters of a paged host, all cumulative. */
 typedef struct tlm_host_stats {
 	uint64_t state_rows;     /* rows a recurrent layer computed (per layer) */
@@ -170,9 +167,6 @@ int tlm_host_prefill(void *host, const bkv_batch *batch, int32_t *next_tokens);
 int tlm_host_decode(void *host, const bkv_batch *batch, int32_t *next_tokens);
 
 void tlm_host_stats_get(const tlm_host *h, tlm_host_stats *out);
-/* Encoder inputs: how the host finds the request of an encode entry (the
- * call's rows first, then fn). */
-void tlm_host_set_requests(tlm_host *h, tlm_request_fn fn, void *ctx);
 /* A step starts (its encoder cost counts from 0); once called, the step's
  * cost spans its calls. */
 void tlm_host_step_begin(tlm_host *h);

@@ -72,13 +72,20 @@ struct bkv__enc {
 	uint32_t lru_tail;
 	uint64_t used;        /* tokens the entries take */
 	uint32_t budget_left; /* this step's encoder work left */
-	bkv_encode *work;     /* [cap] this step's inputs to encode */
+	bkv_encode *work;     /* this step's inputs to encode: work_buf[side] */
 	uint32_t n_work;
 	uint32_t work_sent;   /* of which already in a call */
 	uint32_t *unc;        /* [cap] SCHED entries not committed */
 	uint32_t n_unc;
 	uint64_t *frees;      /* [2 cap] evicted ids no call carried yet */
 	uint32_t n_free;
+	/* The lists a call points to stay valid until its step completes:
+	 * with overlap the next step is planned before, so steps alternate
+	 * between two sets (at most two steps are outstanding) */
+	bkv_encode *work_buf[2]; /* [cap] each */
+	uint64_t *said[2];    /* [2 cap] each: the frees the step's calls carry */
+	uint32_t n_said;      /* entries of said[side] this step */
+	uint32_t side;        /* this step's set */
 	bkv__req **rel;       /* [max_running] requests whose passed inputs
 				 go at the next step's start */
 	uint32_t n_rel;
@@ -115,11 +122,17 @@ int bkv__enc_alloc(bkv_sched *s)
 	c->hmask = h - 1;
 	c->e = bkv__calloc(&s->alloc, c->cap, sizeof(bkv__enc_entry));
 	c->idx = bkv__calloc(&s->alloc, h, sizeof(uint32_t));
-	c->work = bkv__calloc(&s->alloc, c->cap, sizeof(bkv_encode));
+	for (i = 0; i < 2; i++) {
+		c->work_buf[i] = bkv__calloc(&s->alloc, c->cap, sizeof(bkv_encode));
+		c->said[i] = bkv__calloc(&s->alloc, 2 * (size_t)c->cap, sizeof(uint64_t));
+		if (!c->work_buf[i] || !c->said[i])
+			return BKV_ENOMEM;
+	}
+	c->work = c->work_buf[0];
 	c->unc = bkv__calloc(&s->alloc, c->cap, sizeof(uint32_t));
 	c->frees = bkv__calloc(&s->alloc, 2 * (size_t)c->cap, sizeof(uint64_t));
 	c->rel = bkv__calloc(&s->alloc, s->cfg.max_running, sizeof(bkv__req *));
-	if (!c->e || !c->idx || !c->work || !c->unc || !c->frees || !c->rel)
+	if (!c->e || !c->idx || !c->unc || !c->frees || !c->rel)
 		return BKV_ENOMEM;
 	for (i = 0; i < c->cap; i++)
 		c->e[i].next = i + 1 < c->cap ? i + 1 : NIL;
@@ -132,12 +145,16 @@ void bkv__enc_free(bkv_sched *s)
 {
 	struct bkv__enc *c = s->enc;
 	const bkv_allocator *a = &s->alloc;
+	uint32_t i;
 
 	if (!c)
 		return;
 	bkv__free(a, c->e, (size_t)c->cap * sizeof(bkv__enc_entry));
 	bkv__free(a, c->idx, ((size_t)c->hmask + 1) * sizeof(uint32_t));
-	bkv__free(a, c->work, (size_t)c->cap * sizeof(bkv_encode));
+	for (i = 0; i < 2; i++) {
+		bkv__free(a, c->work_buf[i], (size_t)c->cap * sizeof(bkv_encode));
+		bkv__free(a, c->said[i], 2 * (size_t)c->cap * sizeof(uint64_t));
+	}
 	bkv__free(a, c->unc, (size_t)c->cap * sizeof(uint32_t));
 	bkv__free(a, c->frees, 2 * (size_t)c->cap * sizeof(uint64_t));
 	bkv__free(a, c->rel, (size_t)s->cfg.max_running * sizeof(bkv__req *));
@@ -383,6 +400,7 @@ static int enc_ready(bkv_sched *s, bkv__req *r, bkv__enc_use *u)
 	c->unc[c->n_unc++] = u->entry;
 	c->work[c->n_work].cache_id = u->id;
 	c->work[c->n_work].req = r->id;
+	c->work[c->n_work].user = r->user;
 	c->work[c->n_work].input = (uint32_t)(u - r->enc);
 	c->work[c->n_work].len = u->end - u->start;
 	c->n_work++;
@@ -466,7 +484,9 @@ void bkv__enc_step_begin(bkv_sched *s)
 
 	if (!c)
 		return;
-	c->n_work = c->work_sent = 0;
+	c->side ^= 1; /* the other set: the last step's may be in flight */
+	c->work = c->work_buf[c->side];
+	c->n_work = c->work_sent = c->n_said = 0;
 	c->budget_left = s->cfg.encoder_budget;
 	for (i = 0; i < c->n_rel; i++) {
 		bkv__req *r = c->rel[i];
@@ -503,10 +523,12 @@ void bkv__enc_batch(struct bkv__enc *c, bkv_batch *b)
 	b->n_encode = c->n_work - c->work_sent;
 	b->encode = b->n_encode ? c->work + c->work_sent : NULL;
 	c->work_sent = c->n_work;
+	/* said once: the host drops them whatever the call returns */
 	b->n_encoder_free = c->n_free;
-	b->encoder_free = c->n_free ? c->frees : NULL;
-	c->n_free = 0; /* said once: the host drops them whatever the call
-			  returns (the array stays until the next step) */
+	b->encoder_free = c->n_free ? c->said[c->side] + c->n_said : NULL;
+	memcpy(c->said[c->side] + c->n_said, c->frees, (size_t)c->n_free * sizeof(uint64_t));
+	c->n_said += c->n_free;
+	c->n_free = 0;
 }
 
 void bkv__enc_commit(bkv_sched *s, uint64_t step)

@@ -898,7 +898,7 @@ static void enc_run(cx_run *x, const bkv_batch *b)
 		cx_req *q = req_by_id(x, w->req);
 		const bkv_encoder_input *u = q && w->input < q->n_in ? &q->in[w->input] : NULL;
 
-		if (!u || u->cache_id != w->cache_id || u->token_len != w->len) {
+		if (!u || u->cache_id != w->cache_id || u->token_len != w->len || w->user != q) {
 			fail(x, "encode %u: not an input of request %llu", i,
 			     (unsigned long long)w->req);
 			return;

@@ -355,6 +355,7 @@ class bkv_encode(Structure):
     _fields_ = [
         ('cache_id', c_uint64),
         ('req', c_uint64),
+        ('user', c_void_p),
         ('input', c_uint32),
         ('len', c_uint32),
     ]

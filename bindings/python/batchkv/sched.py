@@ -71,7 +71,8 @@ def encoder_token(cache_id, i):
     return _lib.bkv_encoder_token(int(cache_id), int(i))
 
 
-# bkv_encode as a numpy structured dtype: fields cache_id, req (uint64),
+# bkv_encode as a numpy structured dtype: fields cache_id, req, user (uint64;
+# user is the request's user pointer as an address, not the Python object),
 # input, len (uint32); Batch.encode is a read-only array of it.
 ENCODE_DTYPE = np.dtype(_ffi.bkv_encode)
 
@@ -207,7 +208,7 @@ class Batch:
     Encoder inputs (Scheduler(encoder_cache=N)): n_encoder_free and
     encoder_free [n_encoder_free] (uint64: cache ids whose outputs the host
     drops first; ids it does not hold are ignored), then n_encode and
-    encode [n_encode] (ENCODE_DTYPE records: cache_id, req, input, len; the
+    encode [n_encode] (ENCODE_DTYPE records: cache_id, req, user, input, len; the
     host runs the encoder on input `input` of request `req` and caches its
     len outputs under cache_id). A row reads the outputs of every input of
     its request whose span it covers; they are cached by then (this call

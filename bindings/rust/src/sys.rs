@@ -371,6 +371,7 @@ pub struct bkv_batch_group {
 pub struct bkv_encode {
     pub cache_id: u64,
     pub req: u64,
+    pub user: *mut c_void,
     pub input: u32,
     pub len: u32,
 }

@@ -43,7 +43,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_cost_poly { size, a, b, c, kappa, rows_ref, packed, d0, d1, d2, reserved }),
         layout!(bkv_cost_calib_confidence { size, n_eff, scale_fit, scale_base, level, trusted, uses_fit }),
         layout!(bkv_cost_roofline { size, name, peak_flops, mem_bw, model_bytes, active_params, kv_bytes_per_token, attn_flops_per_pair, flops_eff, mem_eff, overhead_us, reserved, n_groups, groups }),
-        layout!(bkv_encode { cache_id, req, input, len }),
+        layout!(bkv_encode { cache_id, req, user, input, len }),
         layout!(bkv_batch { kind, n_rows, n_decode_rows, n_tokens, block_tokens, token_ids, positions, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, slot_mapping, row_sample, row_req, row_branch, row_user, n_copies, copies, n_swap_out, swap_out, n_swap_in, swap_in, layout, n_row_slots, row_slot, row_tables, row_table_len, n_table_deltas, table_deltas, delta_blocks, n_groups, groups, n_spec_rows, row_drafts, spec_tokens, n_accepted, row_adapter, n_adapters, adapters, n_encode, encode, n_encoder_free, encoder_free }),
         layout!(bkv_batch_group { kind, span, slot_mapping, kv_indptr, kv_indices, kv_first_block, row_tables, row_table_len, state_in, state_out, state_frames, state_out_spec }),
         layout!(bkv_table_delta { slot, start, n, len, flags }),

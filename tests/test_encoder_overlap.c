@@ -1,17 +1,9 @@
 /*
- * test_enc_overlap_bug.c - KNOWN LIBRARY BUG, reproduced (this test fails
- * until lib/sched/encoder.c is fixed).
- *
- * bkv_host_ops.launch says every array a launched batch points to stays
- * valid until the step is completed (only row_tables/row_table_len are
- * excepted). bkv_batch.encode and encoder_free point into the encoder
- * cache's own work and frees arrays (lib/sched/encoder.c, bkv__enc_batch),
- * and bkv__enc_step_begin refills them when the next launch is planned, while
- * the first step may still be in flight. A device that reads the first
- * step's encode list after the second launch (as a stream would) finds the
- * second step's inputs there: it skips an encoding a row reads. tinylm's
- * device thread (examples/tinylm/overlap.c) copies the lists at launch to
- * serve around it; this test shows the bug with the public API alone.
+ * test_encoder_overlap.c - an overlapped launch's encoder lists
+ * (bkv_batch.encode, encoder_free) stay valid until its step completes,
+ * though the next step is planned, and its lists filled, before: a device
+ * that reads the first step's list after the second launch (as a stream
+ * would) still finds the first step's inputs.
  *
  * Two requests, each with one image: the first launch encodes image A, the
  * second (planned while the first is in flight) image B. After the second
@@ -71,7 +63,7 @@ static void submit_image(bkv_sched *s, int32_t *prompt, const bkv_encoder_input 
 	cr_assert_eq(bkv_submit(s, &q, &id), BKV_OK, "%s", bkv_last_error());
 }
 
-Test(enc_overlap_bug, launched_encode_list_stays_valid_until_complete)
+Test(encoder_overlap, a_launched_encode_list_stays_valid_until_its_step_completes)
 {
 	bkv_pool_config pc;
 	bkv_pool_config_init(&pc);
