@@ -3,12 +3,13 @@
 # block operations per block, for one build (a release build: docs/benchmarks.md).
 #   sh bench/instr_counts.sh BUILD
 # bkv_step: inclusive Ir of bkv_step over 128 decode steps minus 64, per step
-# and per row. Pool ops: total Ir of 2,000 iterations minus 1,000, per block
-# (64 blocks per alloc iteration, 128 per prefix and miss iteration).
+# and per row, on a fixed clock (BKV_BENCH_CLOCK: the counts then repeat).
+# Pool ops: total Ir of 2,000 iterations minus 1,000, per block (64 blocks
+# per alloc iteration, 128 per prefix and miss iteration).
 B=${1:-build-rel}
 t=$(mktemp -d) || exit 1
 step_ir() { # running waiting steps
-	valgrind --tool=callgrind --callgrind-out-file="$t/cg" "$B/bench/bench_step" "$1" "$2" 1 "$3" >/dev/null 2>&1
+	BKV_BENCH_CLOCK=1 valgrind --tool=callgrind --callgrind-out-file="$t/cg" "$B/bench/bench_step" "$1" "$2" 1 "$3" >/dev/null 2>&1
 	callgrind_annotate --inclusive=yes "$t/cg" 2>/dev/null | awk '/:bkv_step / { gsub(",", "", $1); print $1; exit }'
 }
 for cfg in "32 0" "256 0" "1024 0" "1024 10000"; do
