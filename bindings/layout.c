@@ -362,6 +362,11 @@ int main(void)
 	F(bkv_sched_stats, overlap_spec_waits);
 	F(bkv_sched_stats, overlap_spec_undrafted);
 	F(bkv_sched_stats, overlap_spec_idle);
+	F(bkv_sched_stats, adapter_passes);
+	F(bkv_sched_stats, encoder_lookups);
+	F(bkv_sched_stats, encoder_hits);
+	F(bkv_sched_stats, encoder_runs);
+	F(bkv_sched_stats, encoder_evictions);
 	S(bkv_step_outputs);
 	F(bkv_step_outputs, size);
 	F(bkv_step_outputs, n_tokens);

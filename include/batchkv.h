@@ -2163,6 +2163,18 @@ typedef struct bkv_sched_stats {
 				      planned nothing while lanes waited as
 				      in overlap_spec_waits (the host
 				      completes the step, then launches) */
+	uint64_t adapter_passes;   /* times admission set a request aside
+				      because its adapter had no room
+				      (bkv_sched_config.max_adapters) */
+	uint64_t encoder_lookups;  /* encoder inputs a chunk met that its
+				      request did not hold yet */
+	uint64_t encoder_hits;     /* of which cached, or being encoded for
+				      another request */
+	uint64_t encoder_runs;     /* inputs sent to the host to encode
+				      (bkv_batch.encode), again after a
+				      failed call */
+	uint64_t encoder_evictions; /* inputs evicted from the encoder cache
+				      (bkv_batch.encoder_free) */
 } bkv_sched_stats;
 
 /**

@@ -184,6 +184,12 @@ Test(adapters, requests_of_a_held_adapter_pass_one_whose_adapter_has_no_room)
 	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
 	cr_assert(g_first_call[c] && g_first_call[d], "adapter 1's requests went past");
 	cr_assert_eq(g_first_call[b], 0, "adapter 2 has no room while adapter 1 runs");
+	{
+		bkv_sched_stats st = {.size = sizeof(st)};
+
+		bkv_sched_stats_get(f->s, &st);
+		cr_assert_eq(st.adapter_passes, 1, "b was set aside once");
+	}
 	fh_run(f, 1000);
 	cr_assert_eq(f->batch_bad, 0);
 	cr_assert_eq(f->host.violations, 0, "%s", f->host.first);

@@ -189,6 +189,9 @@ Test(encoder, repeated_images_hit_and_the_prefix_cache_keys_kv_by_image)
 	cr_assert_eq(g_per_id[3], 1, "image 3 encoded once for three requests");
 	bkv_sched_stats_get(f->s, &st);
 	hits = st.hit_tokens;
+	cr_assert_eq(st.encoder_lookups, 3);
+	cr_assert_eq(st.encoder_hits, 2, "the second and third request hit");
+	cr_assert_eq(st.encoder_runs, 1);
 	p[3] = mm_prompt(24, 12, b, 1); /* request 3's text, another image */
 	submit_mm(f, p[3], 24, 2, b, 1);
 	fh_run(f, 200);
@@ -251,6 +254,13 @@ Test(encoder, a_full_cache_evicts_the_least_recent_unused_input_and_says_so)
 	cr_assert_eq(g_per_id[1], 2, "A was evicted and encoded again");
 	cr_assert_eq(g_per_id[2], 1);
 	cr_assert_eq(g_frees, 2, "A's and then B's eviction were said");
+	{
+		bkv_sched_stats st = {.size = sizeof(st)};
+
+		bkv_sched_stats_get(f->s, &st);
+		cr_assert_eq(st.encoder_evictions, 2);
+		cr_assert_eq(st.encoder_runs, g_encodes);
+	}
 	cr_assert(!cached(2) && cached(1) && cached(5));
 	finish(f, 4);
 	fh_destroy(f);

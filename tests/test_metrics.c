@@ -258,6 +258,11 @@ Test(metrics, text_parses_back_and_matches_the_counters)
 		     (double)st.spec_skipped_rows);
 	cr_assert_eq(get(&p, "bkv_overlap_steps_total", ""), (double)st.overlap_steps);
 	cr_assert_eq(get(&p, "bkv_spec_draft_tokens_total", ""), (double)st.spec_drafted);
+	cr_assert_eq(get(&p, "bkv_adapter_passes_total", ""), (double)st.adapter_passes);
+	cr_assert_eq(get(&p, "bkv_encoder_lookups_total", ""), (double)st.encoder_lookups);
+	cr_assert_eq(get(&p, "bkv_encoder_hits_total", ""), (double)st.encoder_hits);
+	cr_assert_eq(get(&p, "bkv_encoder_runs_total", ""), (double)st.encoder_runs);
+	cr_assert_eq(get(&p, "bkv_encoder_evictions_total", ""), (double)st.encoder_evictions);
 	/* every step so far ran one 3 ms forward, or none (0 s) */
 	cr_assert_eq(get(&p, "bkv_step_duration_seconds_count", ""), 10);
 	cr_assert_eq(get(&p, "bkv_step_duration_seconds_bucket", "le=\"+Inf\""), 10);

@@ -152,6 +152,18 @@ static void put_features(out *o, const bkv_sched_stats *st)
 	counter(o, "bkv_overlap_wasted_tokens_total",
 		"Tokens computed for requests that had ended in the step before.",
 		st->overlap_wasted_tokens);
+	counter(o, "bkv_adapter_passes_total",
+		"Times admission set a request aside: its adapter had no room.",
+		st->adapter_passes);
+	counter(o, "bkv_encoder_lookups_total",
+		"Encoder inputs met by a chunk that its request did not hold.",
+		st->encoder_lookups);
+	counter(o, "bkv_encoder_hits_total",
+		"Encoder inputs found cached or being encoded.", st->encoder_hits);
+	counter(o, "bkv_encoder_runs_total", "Encoder inputs sent to the host to encode.",
+		st->encoder_runs);
+	counter(o, "bkv_encoder_evictions_total", "Encoder inputs evicted from its cache.",
+		st->encoder_evictions);
 	counter(o, "bkv_spec_draft_tokens_total", "Draft tokens verified.", st->spec_drafted);
 	counter(o, "bkv_spec_accepted_tokens_total", "Draft tokens accepted.",
 		st->spec_accepted);

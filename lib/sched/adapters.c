@@ -154,6 +154,7 @@ int bkv__adapter_pass(bkv_sched *s, bkv__req *r, uint64_t now)
 		return 0; /* passed long enough: admission waits for it */
 	bkv__queue_remove(s, r);
 	ad->passed[ad->n_passed++] = r;
+	s->stats.adapter_passes++;
 	return 1;
 }
 

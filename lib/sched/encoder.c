@@ -86,6 +86,8 @@ struct bkv__enc {
 	uint64_t *said[2];    /* [2 cap] each: the frees the step's calls carry */
 	uint32_t n_said;      /* entries of said[side] this step */
 	uint32_t side;        /* this step's set */
+	uint64_t runs;        /* inputs sent to encode (bkv_sched_stats) */
+	uint64_t evictions;   /* entries evicted (bkv_sched_stats) */
 	bkv__req **rel;       /* [max_running] requests whose passed inputs
 				 go at the next step's start */
 	uint32_t n_rel;
@@ -322,6 +324,7 @@ static int evict_one(struct bkv__enc *c)
 	index_del(c, e);
 	c->used -= c->e[e].len;
 	c->frees[c->n_free++] = c->e[e].id;
+	c->evictions++;
 	c->e[e].id = 0;
 	c->e[e].next = c->free_head;
 	c->free_head = e;
@@ -380,6 +383,8 @@ static int enc_ready(bkv_sched *s, bkv__req *r, bkv__enc_use *u)
 	if (!u->held) {
 		uint32_t e = find(c, u->id);
 
+		s->stats.encoder_lookups++;
+		s->stats.encoder_hits += e != NIL && c->e[e].state != ENC_NEED;
 		if (e == NIL)
 			e = entry_new(c, u->id, u->end - u->start, s->cfg.encoder_cache);
 		if (e == NIL)
@@ -522,6 +527,7 @@ void bkv__enc_batch(struct bkv__enc *c, bkv_batch *b)
 {
 	b->n_encode = c->n_work - c->work_sent;
 	b->encode = b->n_encode ? c->work + c->work_sent : NULL;
+	c->runs += b->n_encode;
 	c->work_sent = c->n_work;
 	/* said once: the host drops them whatever the call returns */
 	b->n_encoder_free = c->n_free;
@@ -600,4 +606,12 @@ int bkv__enc_check(const bkv_sched *s)
 	if (used != c->used || used > s->cfg.encoder_cache || lru > live || c->n_work != c->work_sent)
 		return 1;
 	return 0;
+}
+
+void bkv__enc_stats(const bkv_sched *s, bkv_sched_stats *st)
+{
+	if (s->enc) {
+		st->encoder_runs = s->enc->runs;
+		st->encoder_evictions = s->enc->evictions;
+	}
 }

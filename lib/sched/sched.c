@@ -328,6 +328,7 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
 	st.running = s->rs.nr_run;
 	st.swapped = s->q.nr_swapped;
 	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->in.submitted);
+	bkv__enc_stats(s, &st);
 	memcpy(stats, &st, n);
 }
 

@@ -807,6 +807,8 @@ void bkv__enc_step_end(bkv_sched *s);
 void bkv__enc_commit(bkv_sched *s, uint64_t step);
 void bkv__enc_rollback(bkv_sched *s);
 int bkv__enc_check(const bkv_sched *s);
+/* The encoder's counters into st (encoder_runs, encoder_evictions). */
+void bkv__enc_stats(const bkv_sched *s, bkv_sched_stats *st);
 
 /* ---- sched/adapters.c: adapters per request, max_adapters per call ------- */
 

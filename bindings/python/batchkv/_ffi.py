@@ -561,6 +561,11 @@ class bkv_sched_stats(Structure):
         ('overlap_spec_waits', c_uint64),
         ('overlap_spec_undrafted', c_uint64),
         ('overlap_spec_idle', c_uint64),
+        ('adapter_passes', c_uint64),
+        ('encoder_lookups', c_uint64),
+        ('encoder_hits', c_uint64),
+        ('encoder_runs', c_uint64),
+        ('encoder_evictions', c_uint64),
     ]
 
 

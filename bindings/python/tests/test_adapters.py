@@ -67,6 +67,7 @@ def test_no_call_carries_more_adapters_than_max_adapters():
         assert host.tokens[r] == [prompt[-1] + 1 + j for j in range(n)]
     assert host.most == 2, "some call carried two adapters"
     assert host.seen == {1, 2, 3}
+    assert s.stats().adapter_passes > 0, "the third adapter's requests were passed"
     s.close()
     pool.close()
 

@@ -127,6 +127,9 @@ def test_rows_read_encoded_inputs_and_repeated_ids_hit(chunked):
         assert host.checked >= submitted, "every input was read by some row"
         assert host.encodes == 3 < submitted, "repeated cache ids hit the encoder cache"
         assert host.frees == 0 and sorted(host.cache) == [1, 2, 3]
+        st = s.stats()
+        assert (st.encoder_runs, st.encoder_evictions) == (3, 0)
+        assert st.encoder_lookups >= submitted and st.encoder_hits >= submitted - 3
 
 
 def test_small_cache_and_budget_evict_and_stay_within_bounds():
@@ -143,6 +146,8 @@ def test_small_cache_and_budget_evict_and_stay_within_bounds():
         assert host.checked >= submitted
         assert host.frees > 0, "a 16-token cache evicted"
         assert host.encodes > 6, "evicted ids were encoded again"
+        st = s.stats()
+        assert (st.encoder_runs, st.encoder_evictions) == (host.encodes, host.frees)
         assert 0 < host.most_cost <= 8
         assert sum(host.cache.values()) <= 16
 

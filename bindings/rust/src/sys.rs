@@ -568,6 +568,11 @@ pub struct bkv_sched_stats {
     pub overlap_spec_waits: u64,
     pub overlap_spec_undrafted: u64,
     pub overlap_spec_idle: u64,
+    pub adapter_passes: u64,
+    pub encoder_lookups: u64,
+    pub encoder_hits: u64,
+    pub encoder_runs: u64,
+    pub encoder_evictions: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -92,6 +92,7 @@ fn no_call_carries_more_adapters_than_max_adapters() {
     s.run().unwrap();
     assert_eq!(s.pending(), 0);
     assert_eq!(s.check().unwrap(), 0);
+    assert!(s.stats().unwrap().adapter_passes > 0, "the third adapter's requests were passed");
     let h = s.host_mut();
     assert_eq!(h.finished.len(), 12);
     for (id, &(last, n)) in &ids {

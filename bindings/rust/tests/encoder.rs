@@ -162,6 +162,9 @@ fn rows_read_encoded_inputs_and_repeated_ids_hit(chunked: i32) {
     let reqs: Vec<_> = (0..10).map(|i| draw(i, &[1, 2, 3])).collect();
     drive(&mut s, &reqs, 3);
     let submitted: usize = reqs.iter().map(|r| r.0.len()).sum();
+    let st = s.stats().unwrap();
+    assert_eq!((st.encoder_runs, st.encoder_evictions), (3, 0));
+    assert!(st.encoder_lookups >= submitted as u64 && st.encoder_hits >= submitted as u64 - 3);
     let h = s.host_mut();
     assert!(h.checked >= submitted, "every input was read by some row");
     assert!(h.encodes == 3 && h.encodes < submitted, "repeated cache ids hit the encoder cache");
@@ -193,7 +196,9 @@ fn small_cache_and_budget_evict_and_stay_within_bounds() {
     let reqs: Vec<_> = (0..12).map(|i| draw(i, &[1, 2, 3, 4, 5, 6])).collect();
     drive(&mut s, &reqs, 3);
     let submitted: usize = reqs.iter().map(|r| r.0.len()).sum();
+    let st = s.stats().unwrap();
     let h = s.host_mut();
+    assert_eq!((st.encoder_runs, st.encoder_evictions), (h.encodes as u64, h.frees as u64));
     assert!(h.checked >= submitted);
     assert!(h.frees > 0, "a 16-token cache evicted");
     assert!(h.encodes > 6, "evicted ids were encoded again");
