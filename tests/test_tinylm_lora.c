@@ -21,6 +21,7 @@
 
 #include "../examples/tinylm/threaded.h"
 #include "../examples/tinylm/tinylm.h"
+#include "tinylm_fixture.h"
 
 #define N_ADAPTERS 8u   /* adapters 1..8, and 0 (the base model) */
 #define MAX_ADAPTERS 3u /* the scheduler's cap */
@@ -28,36 +29,19 @@
 static tlm_model *g_model;
 static tlm_workload g_w;
 
-static uint32_t jobs(void)
-{
-	const char *e = getenv("TINYLM_TEST_JOBS");
-	if (e && atoi(e) > 0)
-		return (uint32_t)atoi(e);
-#if defined(__SANITIZE_ADDRESS__)
-	return 100;
-#else
-	return 300;
-#endif
-}
-
 static void setup(void)
 {
-	tlm_config c;
-	tlm_config_small(&c);
-	g_model = tlm_model_create(&c);
-	cr_assert_not_null(g_model);
 	tlm_workload_config wc;
+
 	tlm_workload_config_default(&wc);
-	wc.n_jobs = jobs();
+	wc.n_jobs = tlm_fixture_jobs(300, 100);
 	wc.n_adapters = N_ADAPTERS;
-	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
-	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+	tlm_fixture_setup(&g_model, &g_w, &wc);
 }
 
 static void teardown(void)
 {
-	tlm_workload_destroy(&g_w);
-	tlm_model_destroy(g_model);
+	tlm_fixture_teardown(g_model, &g_w);
 }
 
 static void config(tlm_run_config *rc, uint32_t device_blocks)

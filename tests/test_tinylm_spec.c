@@ -16,41 +16,25 @@
 #include <string.h>
 
 #include "../examples/tinylm/tinylm.h"
+#include "tinylm_fixture.h"
 
 static tlm_model *g_model;
 static tlm_workload g_w;
 
-static uint32_t jobs(void)
-{
-	const char *e = getenv("TINYLM_TEST_JOBS");
-	if (e && atoi(e) > 0)
-		return (uint32_t)atoi(e);
-#if defined(__SANITIZE_ADDRESS__)
-	return 60;
-#else
-	return 150;
-#endif
-}
-
 static void setup(void)
 {
-	tlm_config c;
-	tlm_config_small(&c);
-	g_model = tlm_model_create(&c);
-	cr_assert_not_null(g_model);
 	tlm_workload_config wc;
+
 	tlm_workload_config_default(&wc);
-	wc.n_jobs = jobs();
+	wc.n_jobs = tlm_fixture_jobs(150, 60);
 	wc.new_min = 8;
 	wc.new_max = 40;
-	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
-	cr_assert_eq(tlm_workload_reference(&g_w, g_model), 0);
+	tlm_fixture_setup(&g_model, &g_w, &wc);
 }
 
 static void teardown(void)
 {
-	tlm_workload_destroy(&g_w);
-	tlm_model_destroy(g_model);
+	tlm_fixture_teardown(g_model, &g_w);
 }
 
 static void config(tlm_run_config *rc, uint32_t device_blocks, uint32_t k, uint32_t draft_layers)
@@ -190,7 +174,7 @@ static void hybrid_setup(void)
 	cr_assert_not_null(g_model);
 	tlm_workload_config wc;
 	tlm_workload_config_default(&wc);
-	wc.n_jobs = jobs();
+	wc.n_jobs = tlm_fixture_jobs(150, 60);
 	wc.new_min = 8;
 	wc.new_max = 40;
 	cr_assert_eq(tlm_workload_create(&g_w, &wc, g_model->cfg.vocab), 0);
