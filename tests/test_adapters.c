@@ -20,8 +20,6 @@ static uint64_t submit_ad(fake_host *f, const int32_t *prompt, uint32_t len, uin
 {
 	static const int32_t stop = FH_STOP;
 	bkv_request q;
-	uint64_t id = 0;
-	int rc;
 
 	bkv_request_init(&q);
 	q.prompt = prompt;
@@ -30,11 +28,7 @@ static uint64_t submit_ad(fake_host *f, const int32_t *prompt, uint32_t len, uin
 	q.stop_tokens = &stop;
 	q.n_stop = 1;
 	q.adapter = a;
-	q.user = fh_next_req(f, &q);
-	rc = bkv_submit(f->s, &q, &id);
-	cr_assert_eq(rc, BKV_OK, "submit: %s", bkv_last_error());
-	f->req[id].submitted = 1;
-	return id;
+	return fh_submit_req(f, &q);
 }
 
 /* What the calls carried, by the hook below. */

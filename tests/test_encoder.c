@@ -126,7 +126,7 @@ static uint64_t submit_mm(fake_host *f, const int32_t *prompt, uint32_t len, uin
 			  const bkv_encoder_input *in, uint32_t n)
 {
 	bkv_request q;
-	uint64_t id = 0;
+	uint64_t id;
 
 	bkv_request_init(&q);
 	q.prompt = prompt;
@@ -134,9 +134,7 @@ static uint64_t submit_mm(fake_host *f, const int32_t *prompt, uint32_t len, uin
 	q.max_new_tokens = max_new;
 	q.inputs = in;
 	q.n_inputs = n;
-	q.user = fh_next_req(f, &q);
-	cr_assert_eq(bkv_submit(f->s, &q, &id), BKV_OK, "%s", bkv_last_error());
-	f->req[id].submitted = 1;
+	id = fh_submit_req(f, &q);
 	cr_assert_lt(id, 64);
 	g_in[id] = in;
 	g_n_in[id] = n;

@@ -46,29 +46,15 @@ static void teardown(void)
 
 static void config(tlm_run_config *rc, uint32_t device_blocks)
 {
-	memset(rc, 0, sizeof(*rc));
-	bkv_sched_config_init(&rc->sched);
-	rc->sched.max_running = 16;
-	rc->sched.admit_group = 1; /* an explicit k (see test_tinylm.c) */
+	tlm_fixture_config(rc, device_blocks);
 	rc->sched.max_adapters = MAX_ADAPTERS;
-	rc->block_tokens = 16;
-	rc->device_blocks = device_blocks;
 }
 
 /* What every run must show: the reference's tokens for every request, the
  * cap kept in every call, adapters really served, prefix hits. */
 static void verify(const tlm_run_config *rc, const tlm_run_result *res, int st, const char *what)
 {
-	cr_assert_eq(st, 0, "%s: run failed: %s (%d); host: %s; lib: %s", what,
-		     st == TLM_STUCK ? "stuck" : bkv_strerror(st), st, res->host_error,
-		     res->lib_error);
-	char msg[512];
-	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
-	cr_assert_eq(bad, 0, "%s: %u of %u requests differ from the reference; first: %s", what,
-		     bad, g_w.n_jobs, msg);
-	cr_assert_eq(res->check, 0, "bkv_sched_check = %d", res->check);
-	cr_assert_eq(res->host.violations, 0, "%s", res->host_error);
-	cr_assert_eq(res->sched.finished, g_w.n_jobs);
+	tlm_fixture_verify(&g_w, res, st, what);
 	cr_assert_gt(res->host.adapter_rows, 0, "no row ran with an adapter");
 	cr_assert_leq(res->host.max_adapters, rc->sched.max_adapters, "a call carried %u adapters",
 		      res->host.max_adapters);

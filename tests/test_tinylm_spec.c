@@ -39,31 +39,18 @@ static void teardown(void)
 
 static void config(tlm_run_config *rc, uint32_t device_blocks, uint32_t k, uint32_t draft_layers)
 {
-	memset(rc, 0, sizeof(*rc));
-	bkv_sched_config_init(&rc->sched);
-	rc->sched.max_running = 16;
-	rc->sched.admit_group = 1;
+	tlm_fixture_config(rc, device_blocks);
 	rc->sched.spec_max_k = k;
 	rc->sched.spec_k_mode = BKV_SPEC_K_FIXED;
 	rc->sched.spec_drafts = draft_layers ? BKV_SPEC_DRAFT_HOST : BKV_SPEC_DRAFT_NGRAM;
 	rc->draft_layers = draft_layers;
-	rc->block_tokens = 16;
-	rc->device_blocks = device_blocks;
 }
 
 /* Serve, require the reference's tokens for every request, report the
  * acceptance. */
 static void serve(const tlm_run_config *rc, tlm_run_result *res, const char *what)
 {
-	int st = tlm_run(&g_w, g_model, rc, res);
-	cr_assert_eq(st, 0, "run failed: %s (%d); host: %s", bkv_strerror(st), st, res->host_error);
-	char msg[512];
-	uint32_t bad = tlm_workload_verify(&g_w, msg, sizeof(msg));
-	cr_assert_eq(bad, 0, "%u of %u requests differ from the reference; first: %s", bad,
-		     g_w.n_jobs, msg);
-	cr_assert_eq(res->check, 0, "bkv_sched_check = %d", res->check);
-	cr_assert_eq(res->host.violations, 0, "%s", res->host_error);
-	cr_assert_eq(res->sched.finished, g_w.n_jobs);
+	tlm_fixture_verify(&g_w, res, tlm_run(&g_w, g_model, rc, res), what);
 	cr_assert_eq(res->pool.nr_used, 0, "blocks still referenced after the run");
 	if (rc->sched.spec_max_k)
 		cr_assert_gt(res->sched.spec_rows, 0, "nothing was speculated");

@@ -226,8 +226,7 @@ uint64_t fh_submit_ex(fake_host *f, const int32_t *prompt, uint32_t len, uint32_
 {
 	static const int32_t stop = FH_STOP;
 	bkv_request q;
-	uint64_t id = 0;
-	int rc;
+	uint64_t id;
 
 	bkv_request_init(&q);
 	q.prompt = prompt;
@@ -237,12 +236,21 @@ uint64_t fh_submit_ex(fake_host *f, const int32_t *prompt, uint32_t len, uint32_
 	q.n = n;
 	q.stop_tokens = &stop;
 	q.n_stop = 1;
-	q.user = fh_next_req(f, &q);
-	rc = bkv_submit(f->s, &q, &id);
-	cr_assert_eq(rc, BKV_OK, "submit: %s", bkv_strerror(rc));
-	cr_assert(id <= FH_MAX_REQ);
+	id = fh_submit_req(f, &q);
 	cr_assert_eq(q.user, (void *)&f->req[id]);
 	f->req[id].stop_after = stop_after;
+	return id;
+}
+
+uint64_t fh_submit_req(fake_host *f, bkv_request *q)
+{
+	uint64_t id = 0;
+	int rc;
+
+	q->user = fh_next_req(f, q);
+	rc = bkv_submit(f->s, q, &id);
+	cr_assert_eq(rc, BKV_OK, "submit: %s", bkv_last_error());
+	cr_assert(id <= FH_MAX_REQ);
 	f->req[id].submitted = 1;
 	return id;
 }

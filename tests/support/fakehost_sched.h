@@ -115,6 +115,9 @@ kh_req *fh_next_req(fake_host *f, const bkv_request *q);
 uint64_t fh_submit_ex(fake_host *f, const int32_t *prompt, uint32_t len, uint32_t max_new,
 		      int32_t prio, uint32_t n, uint32_t stop_after);
 uint64_t fh_submit(fake_host *f, const int32_t *prompt, uint32_t len, uint32_t max_new);
+/* Submit q as it is (its user set to the next record, as fh_next_req);
+ * asserts BKV_OK and returns the id. */
+uint64_t fh_submit_req(fake_host *f, bkv_request *q);
 
 /* Step (checking every invariant and the host after each) until nothing is
  * pending or max_steps; returns the steps taken. */
