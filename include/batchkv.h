@@ -1431,16 +1431,24 @@ typedef struct bkv_sched bkv_sched;
 #define BKV_TOKEN_FAIL (-1)
 
 /* Overlapped scheduling (bkv_step_launch): a token id in [-2 -
- * BKV_TOKEN_PENDING_ROWS + 1, -2] in a batch's token_ids is a placeholder.
- * BKV_TOKEN_PENDING(i) stands for the token the step still in flight
- * samples for its row i (its next_tokens[i]); the host substitutes it, on
- * the device, before computing. Positions and slot_mapping of a
- * placeholder's row are exact. (Encoder inputs' ids lie below that range:
- * bkv_encoder_token.) */
-#define BKV_TOKEN_PENDING_ROWS (1 << 22) /* rows a placeholder can name */
-#define BKV_TOKEN_PENDING(i) (-2 - (int32_t)(i))
-#define BKV_TOKEN_IS_PENDING(t) ((t) <= -2 && (t) > -2 - BKV_TOKEN_PENDING_ROWS)
-#define BKV_TOKEN_PENDING_ROW(t) ((uint32_t)(-2 - (int64_t)(t)))
+ * BKV_OVERLAP_MAX_DEPTH * BKV_TOKEN_PENDING_ROWS + 1, -2] in a batch's
+ * token_ids is a placeholder. BKV_TOKEN_PENDING_AT(back, i) stands for the
+ * token that the step launched `back` launches before this one (1 = the
+ * previous launch, at most bkv_sched_config.overlap) samples for its row i
+ * (its next_tokens[i]); the host substitutes it, on the device, before
+ * computing. BKV_TOKEN_PENDING(i) is BKV_TOKEN_PENDING_AT(1, i), the only
+ * kind at depth 1. Positions and slot_mapping of a placeholder's row are
+ * exact. (Encoder inputs' ids lie below that range: bkv_encoder_token.) */
+#define BKV_OVERLAP_MAX_DEPTH 8 /* bkv_sched_config.overlap at most */
+#define BKV_TOKEN_PENDING_ROWS (1 << 18) /* rows a placeholder can name */
+#define BKV_TOKEN_PENDING_AT(back, i) \
+	(-2 - (int32_t)((((uint32_t)(back) - 1u) << 18) | (uint32_t)(i)))
+#define BKV_TOKEN_PENDING(i) BKV_TOKEN_PENDING_AT(1, i)
+#define BKV_TOKEN_IS_PENDING(t) \
+	((t) <= -2 && (t) > -2 - BKV_OVERLAP_MAX_DEPTH * BKV_TOKEN_PENDING_ROWS)
+#define BKV_TOKEN_PENDING_ROW(t) \
+	((uint32_t)(-2 - (int64_t)(t)) & (BKV_TOKEN_PENDING_ROWS - 1))
+#define BKV_TOKEN_PENDING_BACK(t) (((uint32_t)(-2 - (int64_t)(t)) >> 18) + 1)
 
 /* How a batch describes the rows' block tables (bkv_sched_config.batch_layout). */
 typedef enum bkv_batch_layout {
@@ -1871,20 +1879,24 @@ typedef struct bkv_sched_config {
 				      BKV_SPEC_K_FIXED */
 	bkv_spec_drafts spec_drafts; /* BKV_SPEC_DRAFT_NGRAM (the default) or
 				      BKV_SPEC_DRAFT_HOST */
-	uint32_t overlap;          /* nonzero: overlapped scheduling, the
-				      two-phase step (bkv_step_launch,
+	uint32_t overlap;          /* overlapped scheduling's depth: 0 off;
+				      N in 1..BKV_OVERLAP_MAX_DEPTH: up to
+				      N steps stay in flight while the
+				      next is planned (bkv_step_launch,
 				      bkv_step_complete; docs/integration.md,
-				      "Overlapped scheduling"). Needs
-				      host ops.launch and not a split host
-				      (prefill or decode without forward;
-				      else EINVAL); either batch_layout,
-				      every group kind (a STATE group's
-				      states are double-buffered: a launch
-				      planned on a step in flight reads the
-				      unit that step writes). With
-				      spec_max_k > 0 a row with drafts
-				      delays its lane's next row to the
-				      launch after its completion
+				      "Overlapped scheduling"): 1 for an
+				      asynchronous scheduler, the pipeline
+				      stages for pipeline parallelism.
+				      Needs host ops.launch and not a
+				      split host (prefill or decode
+				      without forward; else EINVAL);
+				      either batch_layout, every group
+				      kind (a STATE group keeps N + 1
+				      states a sequence: a launch reads
+				      the unit the step before writes).
+				      With spec_max_k > 0 a row with
+				      drafts delays its lane's next row to
+				      the launch after its completion
 				      (bkv_sched_stats.overlap_spec_*).
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
@@ -2288,12 +2300,13 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * the next step and hand it to the host's launch callback, without waiting
  * for the tokens of the step still in flight (bkv_sched_config.overlap).
  *
- * At most two steps are outstanding (launched, not completed): the one in
- * flight and the one this call plans (depth 1; deeper is refused). A row
- * whose input is the in-flight step's sampled token carries
- * BKV_TOKEN_PENDING(i), i its row there; its position and slot are exact.
- * A request whose in-flight row reaches max_new_tokens gets no row. Rows of
- * requests that end when the in-flight step completes (stop, error, abort)
+ * With depth N (bkv_sched_config.overlap) at most N + 1 steps are
+ * outstanding (launched, not completed): up to N in flight and the one this
+ * call plans. A row whose input is a token a step in flight samples
+ * carries BKV_TOKEN_PENDING_AT(back, i): row i of the step launched `back`
+ * launches before; its position and slot are exact. A request whose rows
+ * in flight reach max_new_tokens gets no row. Rows of requests that end
+ * when an earlier step completes (stop, error, abort)
  * are computed and discarded (bkv_sched_stats.overlap_wasted_tokens).
  * Speculative decoding (spec_max_k > 0): a row planned on a placeholder
  * carries no drafts (no draft follows an unknown token), and a lane whose
@@ -2301,7 +2314,7 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * delivers is known only at its completion); a lane whose drafts are worth
  * it may be held back a step so that its next row drafts. All three are
  * counted (bkv_sched_stats.overlap_spec_*); a launch left with nothing to
- * compute returns ticket 0, the host completes the step in flight and
+ * compute returns ticket 0, the host completes the oldest step and
  * launches again. The speculation arrays (row_drafts, spec_tokens,
  * n_accepted) alternate with the other buffers: write spec_tokens and
  * n_accepted before completing the step.
@@ -2313,11 +2326,15 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * the host applies them in launch order.
  *
  * With a step in flight the library declines (BKV_EAGAIN, nothing done)
- * when the plan would need that step's results or ordering: pending copies
- * (copy-on-write, swap), a preemption or a swap-in the previous overlapped
- * plan could not make, new batch buffers.
- * The host then completes every outstanding step and launches again; with
- * nothing in flight a launch plans exactly as bkv_step would.
+ * when the plan would need the results or ordering of steps in flight:
+ * pending copies (copy-on-write, swap), a preemption or a swap-in an
+ * overlapped plan could not make, new batch buffers.
+ * Drain rules: the host completes the oldest step before launching when N
+ * steps are in flight (else BKV_ESTATE), and after a launch that returned
+ * ticket 0 while steps are in flight; it completes every outstanding step
+ * after BKV_EAGAIN or BKV_EHOST, then launches again. With nothing in
+ * flight a launch plans exactly as bkv_step would, so the results do not
+ * depend on the depth: only which rows wait for a placeholder.
  * @param sched   the scheduler.
  * @param ticket  receives the launched step's ticket (its step number,
  *                nonzero), or 0 when the step had nothing to compute (nothing
@@ -2327,9 +2344,9 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  * @return BKV_OK; BKV_EAGAIN (complete the outstanding steps first);
  *         BKV_EHOST (the launch callback failed: with nothing else in
  *         flight the step is rolled back now, else with the step in flight
- *         when that one completes); BKV_ESTATE (overlap off, two steps
- *         outstanding, a failed step not yet completed, or called from a
- *         callback); BKV_EINVAL (NULL sched or ticket).
+ *         when the last outstanding one completes); BKV_ESTATE (overlap
+ *         off, N + 1 steps outstanding, a failed step not yet completed, or
+ *         called from a callback); BKV_EINVAL (NULL sched or ticket).
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run
  * concurrently.
  */
@@ -2339,7 +2356,7 @@ BKV_API int bkv_step_launch(bkv_sched *sched, uint64_t *ticket, bkv_step_info *i
  * Overlapped scheduling, second phase: the host has the sampled tokens of the
  * oldest outstanding step in its next_tokens (or it failed). Commits it:
  * tokens reach on_token, requests end (on_finish once each), its blocks
- * enter the prefix cache; placeholders of the step launched after it get
+ * enter the prefix cache; placeholders of the steps launched after it get
  * their tokens.
  *
  * Failure: status < 0 (or a failed launch) fails every outstanding step.
