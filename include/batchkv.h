@@ -391,7 +391,9 @@ typedef struct bkv_pool_config {
 				      a plain transformer). Default 0. */
 	uint32_t state_units;      /* with a STATE group: state units in the
 				      state arena (live states of open
-				      sequences plus cached checkpoints);
+				      sequences plus cached checkpoints;
+				      overlapped scheduling at depth D holds
+				      up to D + 2 a running sequence);
 				      0 = 2 x max_seqs. Ignored without one.
 				      Default 0. */
 	const bkv_kv_group *groups; /* [n_groups], copied at create; NULL when
