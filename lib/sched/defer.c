@@ -142,6 +142,27 @@ int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
 
 /* ---- invariants ------------------------------------------------------------ */
 
+/* A lane's last ovl_n known tokens are placeholders of provisional
+ * outstanding tickets, oldest first. */
+static int placeholders_ok(const bkv__ovl *o, const bkv__lane *l)
+{
+	uint32_t k, at = 0, pos = LANE_KNOWN(l) - l->ovl_n;
+
+	for (k = 0; k < l->ovl_n; k++) {
+		const int32_t t = l->tok[pos + k];
+		uint32_t slot, age;
+
+		if (!OVL_IS_PH(t))
+			return 0;
+		slot = (uint32_t)(-2 - (int64_t)t) >> 18;
+		age = (slot + o->cap - o->head) % o->cap; /* 0: the oldest */
+		if (age >= o->n_out || !o->t[slot].provisional || (k && age <= at))
+			return 0;
+		at = age;
+	}
+	return 1;
+}
+
 /* 35: the deferred list: each entry's lane has given up its sequence, which
  *     the pool still holds open; its count; nothing deferred while no step
  *     is outstanding.
@@ -196,7 +217,8 @@ int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 
 			if (x->ovl_pend == 3 ? !o->n_out || x->ovl_n
 					     : (x->ovl_pend != 0) != (x->ovl_n != 0) ||
-						       (x->ovl_n && !prov) || x->ovl_n > o->depth)
+						       (x->ovl_n && !prov) || x->ovl_n > o->depth ||
+						       !placeholders_ok(o, x))
 				return 37; /* (3: drafts wait for any ticket) */
 		}
 	}
