@@ -353,6 +353,8 @@ static int complete_oldest(bkv_sched *s, serve_ctx *sc)
 	memmove(sc->q, sc->q + 1, sc->n_q * sizeof(sc->q[0]));
 	if (st == BKV_OK)
 		account(sc->res, &info);
+	else if (st == BKV_EHOST)
+		sc->res->failed_completions++;
 	return st;
 }
 

@@ -338,6 +338,9 @@ typedef struct tlm_run_result {
 	uint32_t max_outstanding; /* overlapped: the most steps outstanding
 				    (launched, not completed) at once; at
 				    most sched.overlap + 1 */
+	uint64_t failed_completions; /* overlapped (tlm_run): completions
+				    answered BKV_EHOST, one per outstanding
+				    step a failure rolled back */
 	char host_error[256];    /* the paged host's last contract violation */
 	char lib_error[256];     /* bkv_last_error() of a refused create or
 				    submit (the field and the rule); "" else */
