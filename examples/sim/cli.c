@@ -40,7 +40,8 @@ typedef enum arg_kind {
 	ARG_NONE,    /* a flag: takes no value */
 	ARG_VALUE,   /* takes the next argument; "needs a value" when none */
 	ARG_DIGITS   /* takes the next argument only when it starts with a digit
-			(--compare [K,K,..]); the setter sees NULL otherwise */
+			(--compare [K,K,..], --overlap [N]); the setter sees
+			NULL otherwise */
 } arg_kind;
 
 typedef struct cli_option cli_option;
@@ -133,6 +134,22 @@ static int set_u32(cli_args *a, const cli_option *opt, const char *v)
 		fprintf(stderr, "bkv-sim: %s %u: at most %u\n", opt->name, *p, opt->hi);
 		return SET_STOP;
 	}
+	return SET_OK;
+}
+
+/* An optional count in [lo, hi] into the int at off: lo when none follows
+ * (--overlap [N]). */
+static int set_opt_count(cli_args *a, const cli_option *opt, const char *v)
+{
+	uint32_t n = opt->lo;
+	if (v && parse_u32(v, &n))
+		return SET_BAD;
+	if (n < opt->lo || n > opt->hi) {
+		fprintf(stderr, "bkv-sim: %s %u: %s %u\n", opt->name, n,
+			n < opt->lo ? "at least" : "at most", n < opt->lo ? opt->lo : opt->hi);
+		return SET_STOP;
+	}
+	*FIELD(a, opt, int) = (int)n;
 	return SET_OK;
 }
 
@@ -795,10 +812,12 @@ static const cli_option options[] = {
 	 "  --prefill-scale F          the cost model's price of prefill work times\n"
 	 "                             F > 0 (default 1); with the two above, an\n"
 	 "                             engine calibration (fidelity_calib.py)\n"},
-	FLAG("--overlap", CFG(overlap), 1,
-	     "  --overlap                  the overlapped contract (bkv_step_launch /\n"
-	     "                             bkv_step_complete): a step takes max(device,\n"
-	     "                             host) instead of their sum; a mixed host\n"),
+	{"--overlap", ARG_DIGITS, set_opt_count, CFG(overlap), 1, BKV_OVERLAP_MAX_DEPTH,
+	 "  --overlap [N]              the overlapped contract (bkv_step_launch /\n"
+	 "                             bkv_step_complete) at depth N (default 1, at\n"
+	 "                             most 8): up to N steps on the device while the\n"
+	 "                             host prepares the next; a step takes max(device,\n"
+	 "                             host) instead of their sum; a mixed host\n"},
 	FLAG("--check", CFG(check), 1,
 	     "  --check                    bkv_sched_check after every step\n"),
 	VALUE("--goodput", set_goodput,
