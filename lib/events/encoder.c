@@ -626,12 +626,14 @@ static void hdem_sort(struct hdem *d, uint32_t n)
 static void sort_demoting(bkv_vllm_encoder *e)
 {
 	const bkv_pool *pool = e->pool;
-	const bkv__copy_list *lists[2] = {&pool->so_held, &pool->copies[BKV_COPY_SWAP_OUT]};
 	uint32_t i, j;
 
 	e->ndem = 0;
-	for (j = 0; j < 2; j++) { /* the step in flight's (overlap), then the rest */
-		const bkv__copy_list *l = lists[j];
+	for (j = 0; j <= BKV_OVERLAP_MAX_DEPTH; j++) { /* the steps in flight's
+							   (overlap), then the
+							   rest */
+		const bkv__copy_list *l = j < BKV_OVERLAP_MAX_DEPTH ? &pool->so_held[j]
+								    : &pool->copies[BKV_COPY_SWAP_OUT];
 
 		for (i = 0; i < l->n && e->ndem < e->nh; i++) {
 			int32_t h = l->v[i].dst;

@@ -416,7 +416,7 @@ int bkv__hc_check(const bkv_pool *pool, uint32_t *sc)
 {
 	const bkv__copy_list *so = &pool->copies[BKV_COPY_SWAP_OUT];
 	const bkv__copy_list *si = &pool->copies[BKV_COPY_SWAP_IN];
-	uint32_t i, n = 0, cached = 0, demoting = 0, marked = 0;
+	uint32_t i, j, n = 0, cached = 0, demoting = 0, marked = 0;
 	int32_t h, p = -1;
 
 	if (!pool->hc_on)
@@ -438,9 +438,10 @@ int bkv__hc_check(const bkv_pool *pool, uint32_t *sc)
 	for (i = 0; i < so->n; i++)
 		if (pool->host_state[so->v[i].dst] == BKV__HOST_DEMOTING)
 			sc[so->v[i].dst] = 1;
-	for (i = 0; i < pool->so_held.n; i++) /* the step in flight's (overlap) */
-		if (pool->host_state[pool->so_held.v[i].dst] == BKV__HOST_DEMOTING)
-			sc[pool->so_held.v[i].dst] = 1;
+	for (j = 0; j < BKV_OVERLAP_MAX_DEPTH; j++) /* the steps in flight's */
+		for (i = 0; i < pool->so_held[j].n; i++)
+			if (pool->host_state[pool->so_held[j].v[i].dst] == BKV__HOST_DEMOTING)
+				sc[pool->so_held[j].v[i].dst] = 1;
 	for (i = 0; i < pool->nh; i++) {
 		if (pool->host_state[i] == BKV__HOST_DEMOTING && (demoting++, sc[i] != 1))
 			return CHECK_HOST;

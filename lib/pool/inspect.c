@@ -41,7 +41,8 @@ int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 		tables += pool->seqs[i].cap;
 	for (i = 0; i < 3; i++)
 		copies += pool->copies[i].cap;
-	copies += pool->so_held.cap;
+	for (i = 0; i < BKV_OVERLAP_MAX_DEPTH; i++)
+		copies += pool->so_held[i].cap;
 	bkv__lanes_bytes(pool, &lane_slot, &lane_entries);
 	bkv__state_bytes(pool, &st_slot, &st_units);
 

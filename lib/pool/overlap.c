@@ -1,12 +1,12 @@
 /*
  * overlap.c - the pool's part of overlapped scheduling (sched/overlap.c).
  *
- * With two steps outstanding - one in flight on the device, the next planned
- * on top of it - both steps' filled blocks wait in one transaction queue, in
- * fill order: the older step's first. When the older step completes, its
- * blocks (the queue's first `mark` entries) are indexed and the later step's
- * stay queued, moved to the queue's front, in a transaction that stays open
- * until that step completes in turn. A block filled by the later step can
+ * With steps outstanding - those in flight on the device, the next planned
+ * on top of them - their filled blocks wait in one transaction queue, in
+ * fill order: the oldest step's first. When the oldest step completes, its
+ * blocks (the queue's first `mark` entries) are indexed and the later
+ * steps' stay queued, moved to the queue's front, in a transaction that
+ * stays open until they complete in turn. A block filled by the later step can
  * never be a parent of one filled by the older step (a sequence fills its
  * blocks in order), so the older step's entries commit on their own. The
  * older step's share is counted (`mark`) after its stale entries are
@@ -17,12 +17,12 @@
  * right.
  *
  * Copies. A step's copy lists stay valid until it completes (the host reads
- * them then). The step in flight may carry host-cache demotions (swap-out
- * copies of blocks the cache evicted); the later step's planning evicts
- * more. So its swap-out list is held apart (so_held: the two arrays trade
- * places, nothing is copied) and the later step's demotions start a fresh
- * list; the held one is cleared, its demotions cached, when the step in
- * flight completes, or forgotten when it fails. The device performs the
+ * them then). A step in flight may carry host-cache demotions (swap-out
+ * copies of blocks the cache evicted); a later step's planning evicts
+ * more. So its swap-out list is held apart (so_held, a ring of one list a
+ * step in flight: the arrays trade places, nothing is copied) and the later
+ * step's demotions start a fresh list; a held list is cleared, its
+ * demotions cached, when its step completes, or forgotten when it fails. The device performs the
  * step in flight's copies before the later step's kernels can write an
  * evicted block again (one stream, launch order). Other pending copies (a
  * copy-on-write, a swap-in, a swapped sequence's swap-out) still make the
@@ -81,15 +81,16 @@ uint32_t bkv__pool_txn_compact(bkv_pool *pool)
 uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark)
 {
 	bkv__kv *kv = &pool->kv;
-	uint32_t n = kv->txn_n, j;
+	uint32_t n = kv->txn_n, carried;
 
 	BKV_ASSERT(kv->txn_active && mark <= n);
-	kv->txn_n = mark; /* the later step's entries are hidden from the commit */
+	kv->txn_n = mark; /* the later steps' entries are hidden from the commit */
 	bkv__kv_txn_end(kv, 1);
-	/* what the commit carried over stays in front of the later step's */
-	j = squeeze(kv, kv->txn_n, mark, n);
+	/* what the commit carried over stays in front of the later steps' */
+	carried = kv->txn_n;
+	squeeze(kv, carried, mark, n);
 	kv->txn_active = 1; /* bkv__kv_txn_begin, keeping the entries */
-	return j;
+	return carried;
 }
 
 uint32_t bkv__pool_copies_pending(const bkv_pool *pool)
@@ -100,46 +101,52 @@ uint32_t bkv__pool_copies_pending(const bkv_pool *pool)
 int bkv__pool_copies_holdable(const bkv_pool *pool)
 {
 	return !pool->copies[BKV_COPY_DEVICE].n && !pool->copies[BKV_COPY_SWAP_IN].n &&
-	       !pool->so_held.n;
+	       pool->so_n < BKV_OVERLAP_MAX_DEPTH;
 }
 
 int bkv__pool_copies_hold(bkv_pool *pool)
 {
-	bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT], t;
+	bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_OUT], t, *h;
 
 	BKV_ASSERT(bkv__pool_copies_holdable(pool));
 	if (!l->n)
 		return BKV_OK;
-	if (pool->so_held.cap < l->cap) { /* once: the lists keep their size */
-		bkv_copy *v = bkv__realloc(&pool->alloc, pool->so_held.v,
-					   (size_t)pool->so_held.cap * sizeof(bkv_copy),
+	h = &pool->so_held[(pool->so_head + pool->so_n) % BKV_OVERLAP_MAX_DEPTH];
+	if (h->cap < l->cap) { /* once a list: the lists keep their size */
+		bkv_copy *v = bkv__realloc(&pool->alloc, h->v, (size_t)h->cap * sizeof(bkv_copy),
 					   (size_t)l->cap * sizeof(bkv_copy));
 
 		if (!v)
 			return BKV_ENOMEM;
-		pool->so_held.v = v;
-		pool->so_held.cap = l->cap;
+		h->v = v;
+		h->cap = l->cap;
 	}
-	t = pool->so_held;
-	pool->so_held = *l;
+	t = *h;
+	*h = *l;
 	*l = t;
 	l->n = 0;
+	pool->so_n++;
 	return BKV_OK;
 }
 
 void bkv__pool_copies_release_held(bkv_pool *pool, int performed)
 {
-	bkv__copy_list *l = &pool->so_held;
 	uint32_t i;
 
-	if (!l->n)
-		return;
-	if (!performed)
-		bkv__hc_forget_list(pool, l);
-	else if (pool->hc_on)
-		for (i = 0; i < l->n; i++)
-			bkv__hc_swap_out_cleared(pool, l->v[i].src, l->v[i].dst);
-	l->n = 0;
+	while (pool->so_n) {
+		bkv__copy_list *l = &pool->so_held[pool->so_head];
+
+		if (!performed)
+			bkv__hc_forget_list(pool, l);
+		else if (pool->hc_on)
+			for (i = 0; i < l->n; i++)
+				bkv__hc_swap_out_cleared(pool, l->v[i].src, l->v[i].dst);
+		l->n = 0;
+		pool->so_head = (pool->so_head + 1) % BKV_OVERLAP_MAX_DEPTH;
+		pool->so_n--;
+		if (performed)
+			break; /* the oldest only */
+	}
 }
 
 void bkv__pool_seq_set_token(bkv_pool *pool, uint32_t id, uint32_t pos, int32_t token)

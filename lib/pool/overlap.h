@@ -15,19 +15,21 @@ uint32_t bkv__pool_txn_queued(const bkv_pool *pool);
 uint32_t bkv__pool_txn_compact(bkv_pool *pool);
 /* Commit the queue's first mark entries (the oldest step's blocks) and keep
  * the rest queued, in order, in a transaction that stays open (the later
- * step's). Returns the entries left queued. */
+ * steps'). Returns the entries the commit carried over (in front of the
+ * rest: the next step's to commit). */
 uint32_t bkv__pool_txn_commit_upto(bkv_pool *pool, uint32_t mark);
 /* Copies pending, of every kind (not the held ones). */
 uint32_t bkv__pool_copies_pending(const bkv_pool *pool);
-/* May a step be planned on top of the one in flight as far as copies go:
- * nothing pending but swap-outs (host-cache demotions), none held. */
+/* May a step be planned on top of those in flight as far as copies go:
+ * nothing pending but swap-outs (host-cache demotions), and a held list
+ * free. */
 int bkv__pool_copies_holdable(const bkv_pool *pool);
-/* Hold the swap-out list apart (the step in flight's); the next copies of
- * that kind start a new list. BKV_OK, or BKV_ENOMEM the first time the held
- * list needs room (nothing changed). */
+/* Hold the swap-out list apart (the newest step in flight's); the next
+ * copies of that kind start a new list. BKV_OK, or BKV_ENOMEM the first
+ * time a held list needs room (nothing changed). */
 int bkv__pool_copies_hold(bkv_pool *pool);
-/* The step in flight completed (performed 1: its demotions are cached) or
- * failed (0: they are forgotten); the held list empties. */
+/* The oldest step in flight completed (performed 1: its held demotions are
+ * cached) or every one failed (0: all held ones are forgotten). */
 void bkv__pool_copies_release_held(bkv_pool *pool, int performed);
 /* Sequence id's token at position pos (a placeholder appended for a token
  * not sampled yet) becomes token: the token store only, in a block only the

@@ -99,7 +99,8 @@ static void pool_free_all(bkv_pool *pool)
 				  (size_t)pool->seqs[i].cap * sizeof(int32_t));
 	for (i = 0; i < 3; i++)
 		bkv__free(a, pool->copies[i].v, (size_t)pool->copies[i].cap * sizeof(bkv_copy));
-	bkv__free(a, pool->so_held.v, (size_t)pool->so_held.cap * sizeof(bkv_copy));
+	for (i = 0; i < BKV_OVERLAP_MAX_DEPTH; i++)
+		bkv__free(a, pool->so_held[i].v, (size_t)pool->so_held[i].cap * sizeof(bkv_copy));
 	bkv__free(a, pool->seqs, ms * sizeof(bkv__seq));
 	bkv__free(a, pool->slot_ring, ms * sizeof(uint32_t));
 	bkv__free(a, pool->host_tok, nh * bt * sizeof(int32_t));

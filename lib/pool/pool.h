@@ -186,12 +186,16 @@ struct bkv_pool {
 				  two pins hold counts twice) */
 	uint32_t nr_swapped;   /* open sequences on the host tier */
 	bkv__copy_list copies[3]; /* pending copies by bkv_copy_kind */
-	bkv__copy_list so_held;   /* overlapped scheduling: the swap-out copies
-				     (host-cache demotions) of the step in
-				     flight, held apart while a later step is
-				     planned, whose own go to copies[SWAP_OUT];
-				     cleared when the step in flight completes
-				     (pool/overlap.c) */
+	bkv__copy_list so_held[BKV_OVERLAP_MAX_DEPTH]; /* overlapped
+				     scheduling: the swap-out copies
+				     (host-cache demotions) of the steps in
+				     flight, each held apart when a later step
+				     is planned, whose own go to
+				     copies[SWAP_OUT]; a ring, oldest at
+				     so_head, each cleared when its step
+				     completes (pool/overlap.c) */
+	uint32_t so_head;      /* the oldest held list */
+	uint32_t so_n;         /* held lists */
 	uint64_t hit_tokens;   /* counters reported by bkv_pool_stats_get */
 	uint64_t miss_tokens;
 	uint64_t cow_copies;
@@ -259,6 +263,13 @@ struct bkv_pool {
 				  -1 none */
 	uint32_t *st_spec_base; /* [max_seqs] the tokens st_spec's first unit
 				  covers */
+	int32_t *st_mid;       /* [max_seqs * BKV_OVERLAP_MAX_DEPTH] the
+				  states outstanding steps ended at, between
+				  st_undo and live, oldest first
+				  (pool/state_mid.c) */
+	uint32_t *st_mid_len;  /* [max_seqs * BKV_OVERLAP_MAX_DEPTH] the tokens
+				  each covers */
+	uint32_t *st_mid_n;    /* [max_seqs] entries */
 	int32_t *st_host;      /* [max_seqs * st_frames] a swapped state's
 				  host blocks */
 	uint64_t st_ckpts;     /* checkpoints indexed */
@@ -569,6 +580,21 @@ void bkv__pool_state_spec_take(bkv_pool *pool, uint32_t seq, uint32_t k);
 void bkv__pool_state_spec_frames(const bkv_pool *pool, uint32_t seq, int32_t *f, uint32_t n);
 /* pool/state.c's units, for pool/state_spec.c. */
 int32_t bkv__state_unit_take(bkv_pool *pool);
+/* pool/state_mid.c: the states outstanding steps ended at (lists only). */
+int bkv__state_mid_init(bkv_pool *pool);
+void bkv__state_mid_free(bkv_pool *pool);
+uint64_t bkv__state_mid_slot_bytes(void);
+/* Keep unit u (its reference moves here), covering len tokens. */
+void bkv__state_mid_push(bkv_pool *pool, uint32_t slot, int32_t u, uint32_t len);
+/* Take the oldest kept state if it covers at most upto tokens (1), or 0. */
+int bkv__state_mid_first(bkv_pool *pool, uint32_t slot, uint32_t upto, int32_t *u, uint32_t *len);
+/* Take the newest kept state if it covers more than above tokens (1), or 0. */
+int bkv__state_mid_last(bkv_pool *pool, uint32_t slot, uint32_t above, int32_t *u, uint32_t *len);
+int bkv__state_mid_has(const bkv_pool *pool, uint32_t slot, uint32_t len);
+/* The checker: count slot's kept states into sc; 1 when they are ordered
+ * between st_undo and live. */
+void bkv__state_mid_count(const bkv_pool *pool, uint32_t slot, uint32_t *sc);
+int bkv__state_mid_ordered(const bkv_pool *pool, uint32_t slot);
 void bkv__state_unit_gain(bkv_pool *pool, int32_t c);
 int bkv__state_check(const bkv_pool *pool, uint32_t *sc);
 void bkv__state_check_host(const bkv_pool *pool, uint32_t *sc, uint64_t *host_refs);

@@ -134,7 +134,8 @@ int bkv__state_init(bkv_pool *pool)
 	if (!pool->st_spec || !pool->st_spec_base ||
 	    !pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
 	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host ||
-	    !pool->st_undo || !pool->st_undo_len || !pool->st_pend || !pool->st_pend_len)
+	    !pool->st_undo || !pool->st_undo_len || !pool->st_pend || !pool->st_pend_len ||
+	    bkv__state_mid_init(pool) != BKV_OK)
 		return BKV_ENOMEM;
 	for (i = 0; i < pool->st_units; i++) {
 		pool->st_next[i] = i + 1 < pool->st_units ? (int32_t)(i + 1) : -1;
@@ -168,7 +169,8 @@ void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units)
 	/* st_live, st_scratch, st_len, st_undo, st_undo_len, st_pend,
 	 * st_pend_len, st_spec, st_spec_base, and st_host's st_frames host
 	 * blocks */
-	*slot = 9 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t);
+	*slot = 9 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t) +
+		bkv__state_mid_slot_bytes();
 	/* st_ref, st_flags, st_hash, st_next, st_prev; st_map */
 	*units = (uint64_t)pool->st_units * (sizeof(uint32_t) + 1 + sizeof(uint64_t) +
 					     2 * sizeof(int32_t)) +
@@ -198,6 +200,7 @@ void bkv__state_free(bkv_pool *pool)
 	bkv__free(a, pool->st_host, ms * pool->st_frames * sizeof(int32_t));
 	bkv__free(a, pool->st_spec, ms * sizeof(int32_t));
 	bkv__free(a, pool->st_spec_base, ms * sizeof(uint32_t));
+	bkv__state_mid_free(pool);
 }
 
 /* ---- units: free list, LRU of checkpoints, the checkpoint map ---------------- */
@@ -464,6 +467,8 @@ void bkv__state_unit_gain(bkv_pool *pool, int32_t c)
 	unit_gain(pool, c);
 }
 
+
+
 /* ---- sequences -------------------------------------------------------------- */
 
 void bkv__state_open(bkv_pool *pool, uint32_t slot)
@@ -473,6 +478,8 @@ void bkv__state_open(bkv_pool *pool, uint32_t slot)
 	pool->st_undo[slot] = BKV__ST_NO_UNDO;
 	pool->st_pend[slot] = pool->st_spec[slot] = -1;
 }
+
+static void mid_truncate(bkv_pool *pool, uint32_t slot, uint32_t new_len);
 
 static void pend_drop(bkv_pool *pool, uint32_t slot)
 {
@@ -536,6 +543,8 @@ void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
 	undo_drop(pool, slot);
 	pend_drop(pool, slot);
 	spec_drop(pool, slot);
+	if (pool->st_mid_n[slot])
+		mid_truncate(pool, slot, 0);
 	bkv__state_open(pool, slot);
 }
 
@@ -596,6 +605,8 @@ static uint32_t settle_frees(const bkv_pool *pool, const bkv__seq *s, uint32_t *
 
 			if (txn && undo == BKV__ST_NO_UNDO)
 				undo = old;
+			else if (old >= 0 && txn && pool->st_fenced)
+				; /* kept (bkv__state_mid_push) */
 			else if (old >= 0 && txn && pool->st_interval && old_len &&
 				 old_len % pool->st_interval == 0 && pend < 0)
 				pend = old;
@@ -717,6 +728,10 @@ static void promote(bkv_pool *pool, uint32_t slot, uint32_t end)
 	if (pool->kv.txn_active && pool->st_undo[slot] == BKV__ST_NO_UNDO) {
 		pool->st_undo[slot] = old; /* its reference moves there */
 		pool->st_undo_len[slot] = old_len;
+	} else if (old >= 0 && pool->kv.txn_active && pool->st_fenced) {
+		/* the end of an outstanding step a later one builds on: kept
+		 * until the oldest commits past it (pool/state_mid.c) */
+		bkv__state_mid_push(pool, slot, old, old_len);
 	} else if (old >= 0) {
 		if (pool->kv.txn_active && pool->st_interval && old_len &&
 		    old_len % pool->st_interval == 0 && pool->st_pend[slot] < 0) {
@@ -761,6 +776,45 @@ static void checkpoint(bkv_pool *pool, const bkv__seq *s, int32_t u, uint32_t le
 	pool->st_ckpts++;
 }
 
+/* Deeper overlap (pool/state_mid.c): the oldest step committed s's first
+ * len tokens; the kept states up to len go (checkpoints where they may be),
+ * the one at len becomes the base a rollback goes back to. */
+static void mid_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len)
+{
+	const uint32_t slot = (uint32_t)(s - pool->seqs);
+	uint32_t ul;
+	int32_t u;
+
+	while (bkv__state_mid_first(pool, slot, len, &u, &ul)) {
+		checkpoint(pool, s, u, ul);
+		if (ul < len) {
+			unit_put(pool, u);
+			continue;
+		}
+		if (pool->st_undo[slot] >= 0)
+			unit_put(pool, pool->st_undo[slot]);
+		pool->st_undo[slot] = u; /* its reference moves there */
+		pool->st_undo_len[slot] = len;
+	}
+}
+
+/* A truncate to new_len below the live state: the kept states past it go,
+ * and one kept at new_len is live again. */
+static void mid_truncate(bkv_pool *pool, uint32_t slot, uint32_t new_len)
+{
+	uint32_t ul;
+	int32_t u;
+
+	while (bkv__state_mid_last(pool, slot, new_len, &u, &ul))
+		unit_put(pool, u);
+	if (bkv__state_mid_last(pool, slot, new_len - 1, &u, &ul)) { /* at new_len */
+		if (pool->st_live[slot] >= 0)
+			unit_put(pool, pool->st_live[slot]);
+		pool->st_live[slot] = u;
+		pool->st_len[slot] = new_len;
+	}
+}
+
 /* s's step committed: what it computed is live, and live states at a
  * multiple of the interval become checkpoints. An append outside a
  * transaction is committed lazily, by the next operation on the sequence
@@ -777,6 +831,7 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
 		promote(pool, slot, s->len);
 	if (pool->kv.txn_active)
 		return;
+	mid_commit(pool, s, pool->st_len[slot]); /* a whole commit passes all */
 	spec_drop(pool, slot); /* every draft accepted: the scratch's state */
 	if (pool->st_pend[slot] >= 0) {
 		checkpoint(pool, s, pool->st_pend[slot], pool->st_pend_len[slot]);
@@ -810,8 +865,9 @@ void bkv__state_commit_to(bkv_pool *pool, const bkv__seq *s, uint32_t len)
 		return;
 	if (pool->st_scratch[slot] >= 0 && pool->st_len[slot] < len)
 		promote(pool, slot, len);
+	mid_commit(pool, s, len); /* deeper overlap: the kept ones */
 	if (pool->st_len[slot] != len)
-		return; /* no state of the older step's to commit here */
+		return; /* the live state is a later step's */
 	if (pool->st_spec[slot] >= 0 && pool->st_spec_base[slot] <= len)
 		spec_drop(pool, slot); /* the older step's drafts are settled */
 	if (pool->st_pend[slot] >= 0) {
@@ -829,7 +885,7 @@ int bkv__state_can_truncate(const bkv_pool *pool, const bkv__seq *s, uint32_t ne
 
 	return new_len == 0 || new_len == s->len || new_len == pool->st_len[slot] ||
 	       (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot]) ||
-	       spec_find(pool, s, new_len, NULL) >= 0;
+	       bkv__state_mid_has(pool, slot, new_len) || spec_find(pool, s, new_len, NULL) >= 0;
 }
 
 void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
@@ -850,6 +906,8 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 		pool->st_len[slot] = new_len;
 	}
 
+	if (pool->st_mid_n[slot] && new_len < pool->st_len[slot])
+		mid_truncate(pool, slot, new_len); /* deeper overlap */
 	if (pool->st_undo[slot] != BKV__ST_NO_UNDO && new_len == pool->st_undo_len[slot] &&
 	    new_len != pool->st_len[slot]) {
 		/* a rolled-back step: the state it started from is live again */

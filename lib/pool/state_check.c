@@ -4,10 +4,11 @@
  * name it (live, undo, pending checkpoint; scratch and speculated states
  * owned once, unreferenced), the free list, the checkpoints' LRU and map,
  * and with state_share the chunks lent. With overlapped scheduling a
- * sequence holds up to three units at once - the state the oldest
- * outstanding step started from (st_undo), the one the step in flight
- * writes and the next step reads (live), and the one the next step writes
- * (scratch) - and each is counted here like any other.
+ * sequence holds up to depth + 2 units at once - the state the oldest
+ * outstanding step started from (st_undo), the ends of the outstanding
+ * steps but the newest (pool/state_mid.c), the one the newest step in
+ * flight writes and the next step reads (live), and the one the next step
+ * writes (scratch) - and each is counted here like any other.
  */
 #include "pool/pool.h"
 
@@ -30,7 +31,7 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 
 		if (s->state == BKV__SEQ_FREE) {
 			if (pool->st_live[i] >= 0 || pool->st_scratch[i] >= 0 || pool->st_len[i] ||
-			    pool->st_spec[i] >= 0)
+			    pool->st_spec[i] >= 0 || pool->st_mid_n[i])
 				return CHECK_SEQS;
 			continue;
 		}
@@ -51,6 +52,9 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 			sc[pool->st_live[i]]++;
 		if (pool->st_undo[i] >= 0)
 			sc[pool->st_undo[i]]++;
+		if (!bkv__state_mid_ordered(pool, i))
+			return CHECK_SEQS;
+		bkv__state_mid_count(pool, i, sc);
 		if (pool->st_pend[i] >= 0)
 			sc[pool->st_pend[i]]++;
 		if (pool->st_scratch[i] >= 0) {

@@ -21,45 +21,67 @@ int bkv__ovl_uncommitted(const bkv_sched *s, const bkv__lane *l)
 	return s->ovl && s->ovl->n_out && l->touch_step > s->ovl->committed;
 }
 
-/* ---- the two buffer sets -------------------------------------------------- */
+uint32_t bkv__ovl_cur(const bkv_sched *s)
+{
+	return s->ovl->cur;
+}
+
+/* ---- the buffer sets ------------------------------------------------------ */
 
 static int bufs_smaller(const bkv__bufs *a, const bkv__bufs *b)
 {
 	return a->tok_cap < b->tok_cap || a->kv_cap < b->kv_cap;
 }
 
-static void old_push(bkv__bufs *old, bkv__bufs *old2, const bkv__bufs *b)
-{
-	if (!old->tok_cap)
-		*old = *b;
-	else
-		*old2 = *b;
-}
-
 /* Lock held (drain): each prepared set replaces a smaller set that no step
- * in flight uses; s->call first (this step fills it). A spare that finds
- * none stays prepared (the next launch then declines to overlap). */
-void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
+ * in flight uses: s->call (this step fills it), and with nothing
+ * outstanding the others too. A spare that finds none while steps are
+ * outstanding stays prepared (the next launch then declines to overlap);
+ * with none outstanding it is not needed. */
+void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old)
 {
 	bkv__ovl *o = s->ovl;
-	bkv__bufs *sp[2] = {&s->in.spare, &s->in.spare2};
+	uint32_t i, j, n_old = 0;
+
+	for (i = 0; i < o->cap; i++) {
+		bkv__bufs *sp = &s->in.spare[i], *dst = NULL;
+
+		if (!sp->tok_cap)
+			continue;
+		if (bufs_smaller(&s->call.arr.bufs, sp))
+			dst = &s->call.arr.bufs;
+		for (j = 0; !dst && !o->n_out && j < o->depth; j++)
+			if (bufs_smaller(&o->alt[j].arr.bufs, sp))
+				dst = &o->alt[j].arr.bufs;
+		if (!dst && o->n_out)
+			continue; /* a set in flight may want it */
+		if (dst) {
+			old[n_old++] = *dst;
+			*dst = *sp;
+		} else {
+			old[n_old++] = *sp; /* every set is as large */
+		}
+		memset(sp, 0, sizeof(*sp));
+	}
+}
+
+void bkv__ovl_name(bkv_sched *s, bkv_batch *b)
+{
+	const bkv__ovl *o = s->ovl;
+	const uint32_t here = (o->head + o->n_out) % o->cap; /* its ticket's slot */
+	int32_t *tok = s->call.arr.bufs.token_ids;
 	uint32_t i;
 
-	for (i = 0; i < 2; i++) {
-		if (!sp[i]->tok_cap)
-			continue;
-		if (bufs_smaller(&s->call.arr.bufs, sp[i])) {
-			old_push(old, old2, &s->call.arr.bufs);
-			s->call.arr.bufs = *sp[i];
-		} else if (o->n_out) {
-			continue; /* alt is in flight */
-		} else if (bufs_smaller(&o->alt.arr.bufs, sp[i])) {
-			old_push(old, old2, &o->alt.arr.bufs);
-			o->alt.arr.bufs = *sp[i];
-		} else {
-			old_push(old, old2, sp[i]); /* both sets are as large */
+	for (i = 0; i < b->n_decode_rows; i++) {
+		const int32_t t = tok[b->qo_indptr[i]];
+
+		if (OVL_IS_PH(t)) {
+			const uint32_t v = (uint32_t)(-2 - (int64_t)t);
+			const uint32_t back = (here + o->cap - (v >> 18)) % o->cap;
+
+			BKV_ASSERT(back >= 1 && back <= o->n_out);
+			tok[b->qo_indptr[i]] = BKV_TOKEN_PENDING_AT(back, v & (BKV_TOKEN_PENDING_ROWS - 1));
 		}
-		memset(sp[i], 0, sizeof(*sp[i]));
 	}
 }
 
@@ -67,8 +89,7 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2)
  * is refilled by the next step's fill while this one is in flight). */
 const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b)
 {
-	bkv__ovl *o = s->ovl;
-	bkv_batch_group *g = o->grp[s->call.arr.next_tokens == o->set0 ? 0 : 1];
+	bkv_batch_group *g = s->ovl->grp[s->ovl->cur];
 
 	memcpy(g, b->groups, (size_t)b->n_groups * sizeof(*g));
 	return g;
@@ -84,13 +105,14 @@ void bkv__ovl_defer(bkv_sched *s, bkv__lane *l, int drop)
 	uint32_t keep = l->kv_len;
 
 	if (!drop && l->touch_step > o->committed) {
-		/* appended by an uncommitted step: at a completion that is the
-		 * one still outstanding (its rollback length is pre_len); while
-		 * planning, two may have: drop (nothing gets indexed) */
+		/* appended by an uncommitted step: at a completion, the length
+		 * before the oldest outstanding step that did (com_len); while
+		 * planning, this plan may have too: drop (nothing gets
+		 * indexed) */
 		if (s->plan.open_from)
 			drop = 1;
 		else
-			keep = l->pre_len;
+			keep = l->com_len;
 	}
 	l->def_seq = l->seq;
 	l->def_keep = drop ? UINT32_MAX : keep;
@@ -123,8 +145,9 @@ int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
 /* 35: the deferred list: each entry's lane has given up its sequence, which
  *     the pool still holds open; its count; nothing deferred while no step
  *     is outstanding.
- * 36: the tickets: at most OVL_DEPTH, numbers increasing and past the last
- *     completed step, only the oldest provisional; fenced iff outstanding.
+ * 36: the tickets: at most depth + 1, numbers increasing and past the last
+ *     completed step, the provisional ones first (all but the newest may
+ *     be), each on its own buffer set; fenced iff outstanding.
  * 37: held requests have ended; a lane counts a placeholder only while a
  *     provisional ticket is outstanding, and waits for its drafts only
  *     while a ticket is. */
@@ -133,9 +156,9 @@ int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 	const bkv__ovl *o = s->ovl;
 	const bkv__lane *l;
 	const bkv__req *r;
-	uint32_t n = 0, k, i, j;
+	uint32_t n = 0, k, i, j, sets = 0;
 	uint64_t last = 0;
-	int prov = 0;
+	int prov = 0, unprov = 0;
 
 	*n_def = 0;
 	if (!o)
@@ -150,24 +173,32 @@ int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 	if (n != o->n_def || (n && !o->n_out && !s->plan.in_step))
 		return 35;
 	*n_def = n;
-	if (o->n_out > OVL_DEPTH || s->plan.fenced != (o->n_out > 0))
+	if (o->n_out > o->cap || s->plan.fenced != (o->n_out > 0))
 		return 36;
 	for (k = 0; k < o->n_out; k++) {
-		const bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
+		const bkv__ticket *t = &o->t[(o->head + k) % o->cap];
 
-		if (t->id <= last || t->id <= o->committed || (t->provisional && k > 0))
+		if (t->id <= last || t->id <= o->committed || (t->provisional && unprov) ||
+		    t->set >= o->cap || (sets >> t->set & 1))
 			return 36;
 		last = t->id;
+		sets |= 1u << t->set;
 		prov |= t->provisional;
+		unprov |= !t->provisional;
 	}
 	for (r = o->hold_head; r; r = r->next)
 		if (r->state != BKV__REQ_DONE)
 			return 37;
 	for (i = 0; i < s->rs.nr_run; i++) {
 		r = s->rs.run[i];
-		for (j = 0; j < r->n; j++)
-			if (r->lane[j].ovl_pend == 3 ? !o->n_out : r->lane[j].ovl_pend && !prov)
+		for (j = 0; j < r->n; j++) {
+			const bkv__lane *x = &r->lane[j];
+
+			if (x->ovl_pend == 3 ? !o->n_out || x->ovl_n
+					     : (x->ovl_pend != 0) != (x->ovl_n != 0) ||
+						       (x->ovl_n && !prov) || x->ovl_n > o->depth)
 				return 37; /* (3: drafts wait for any ticket) */
+		}
 	}
 	return 0;
 }

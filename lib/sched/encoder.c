@@ -80,10 +80,12 @@ struct bkv__enc {
 	uint64_t *frees;      /* [2 cap] evicted ids no call carried yet */
 	uint32_t n_free;
 	/* The lists a call points to stay valid until its step completes:
-	 * with overlap the next step is planned before, so steps alternate
-	 * between two sets (at most two steps are outstanding) */
-	bkv_encode *work_buf[2]; /* [cap] each */
-	uint64_t *said[2];    /* [2 cap] each: the frees the step's calls carry */
+	 * with overlap later steps are planned before, so each batch buffer
+	 * set has its own (side: the set s->call holds, bkv__ovl_cur) */
+	uint32_t n_sides;     /* 2, or depth + 1 with overlap */
+	bkv_encode *work_buf[BKV__OVL_SETS]; /* [cap] each of n_sides */
+	uint64_t *said[BKV__OVL_SETS]; /* [2 cap] each: the frees the step's calls
+				      carry */
 	uint32_t n_said;      /* entries of said[side] this step */
 	uint32_t side;        /* this step's set */
 	uint64_t runs;        /* inputs sent to encode (bkv_sched_stats) */
@@ -124,7 +126,8 @@ int bkv__enc_alloc(bkv_sched *s)
 	c->hmask = h - 1;
 	c->e = bkv__calloc(&s->alloc, c->cap, sizeof(bkv__enc_entry));
 	c->idx = bkv__calloc(&s->alloc, h, sizeof(uint32_t));
-	for (i = 0; i < 2; i++) {
+	c->n_sides = s->cfg.overlap ? s->cfg.overlap + 1 : 2;
+	for (i = 0; i < c->n_sides; i++) {
 		c->work_buf[i] = bkv__calloc(&s->alloc, c->cap, sizeof(bkv_encode));
 		c->said[i] = bkv__calloc(&s->alloc, 2 * (size_t)c->cap, sizeof(uint64_t));
 		if (!c->work_buf[i] || !c->said[i])
@@ -153,7 +156,7 @@ void bkv__enc_free(bkv_sched *s)
 		return;
 	bkv__free(a, c->e, (size_t)c->cap * sizeof(bkv__enc_entry));
 	bkv__free(a, c->idx, ((size_t)c->hmask + 1) * sizeof(uint32_t));
-	for (i = 0; i < 2; i++) {
+	for (i = 0; i < c->n_sides; i++) {
 		bkv__free(a, c->work_buf[i], (size_t)c->cap * sizeof(bkv_encode));
 		bkv__free(a, c->said[i], 2 * (size_t)c->cap * sizeof(uint64_t));
 	}
@@ -489,7 +492,8 @@ void bkv__enc_step_begin(bkv_sched *s)
 
 	if (!c)
 		return;
-	c->side ^= 1; /* the other set: the last step's may be in flight */
+	/* a set no step in flight uses */
+	c->side = s->ovl ? bkv__ovl_cur(s) : c->side ^ 1;
 	c->work = c->work_buf[c->side];
 	c->n_work = c->work_sent = c->n_said = 0;
 	c->budget_left = s->cfg.encoder_budget;

@@ -17,11 +17,11 @@
 
 #include <string.h>
 
-/* Row slots a persistent group table array covers (sched/rows.c: three
- * times max_running with overlap). */
+/* Row slots a persistent group table array covers (sched/rows.c: depth +
+ * 2 times max_running with overlap). */
 static uint32_t groups_slots(const bkv_sched *s)
 {
-	return s->cfg.max_running * (s->cfg.overlap ? 3 : 1);
+	return s->cfg.max_running * (s->cfg.overlap ? s->cfg.overlap + 2 : 1);
 }
 
 int bkv__groups_rows_alloc(bkv_sched *s, int32_t **kv_indptr, int32_t **kv_first)

@@ -283,26 +283,25 @@ static bkv__req *req_copy(bkv_sched *s, const bkv_request *q, uint64_t hist)
  * itself never allocates. BKV_OK or BKV_ENOMEM (nothing changed). */
 static int spare_grow(bkv_sched *s, uint32_t tok, uint32_t kv)
 {
-	bkv__bufs nb;
+	bkv__bufs nb[BKV__OVL_SETS];
+	uint32_t i, n;
 
 	if (tok <= s->in.want_tok && kv <= s->in.want_kv)
 		return BKV_OK;
 	tok = BKV_MAX(tok, BKV_MIN(s->in.want_tok * 2u, s->in.tok_limit));
 	kv = BKV_MAX(kv, s->in.want_kv > UINT32_MAX / 16 ? kv : s->in.want_kv * 2u);
-	if (bkv__bufs_alloc(&s->alloc, &nb, tok, kv, 1 + s->call.n_lanes) != BKV_OK)
-		return BKV_ENOMEM;
-	if (s->ovl) { /* overlap: both batch buffer sets grow */
-		bkv__bufs nb2;
-
-		if (bkv__bufs_alloc(&s->alloc, &nb2, tok, kv, 1 + s->call.n_lanes) != BKV_OK) {
-			bkv__bufs_free(&s->alloc, &nb);
+	n = s->ovl ? s->cfg.overlap + 1 : 1; /* overlap: every set grows */
+	for (i = 0; i < n; i++) {
+		if (bkv__bufs_alloc(&s->alloc, &nb[i], tok, kv, 1 + s->call.n_lanes) != BKV_OK) {
+			while (i--)
+				bkv__bufs_free(&s->alloc, &nb[i]);
 			return BKV_ENOMEM;
 		}
-		bkv__bufs_free(&s->alloc, &s->in.spare2);
-		s->in.spare2 = nb2;
 	}
-	bkv__bufs_free(&s->alloc, &s->in.spare);
-	s->in.spare = nb;
+	for (i = 0; i < n; i++) {
+		bkv__bufs_free(&s->alloc, &s->in.spare[i]);
+		s->in.spare[i] = nb[i];
+	}
 	s->in.want_tok = tok;
 	s->in.want_kv = kv;
 	return BKV_OK;
@@ -424,11 +423,10 @@ int bkv_abort(bkv_sched *s, uint64_t req_id)
 void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv__req *in, *ab, *r, *next, *rev = NULL;
-	bkv__bufs old, old2;
-	uint32_t batch_slots = 0, queued_with;
+	bkv__bufs old[BKV__OVL_SETS];
+	uint32_t batch_slots = 0, queued_with, i;
 
-	memset(&old, 0, sizeof(old));
-	memset(&old2, 0, sizeof(old2));
+	memset(old, 0, sizeof(old));
 	if (s->cfg.retention)
 		bkv__pool_retain_now(s->pool, now); /* retention expiries */
 	LOCK(s);
@@ -439,15 +437,15 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (r = ab; r; r = r->abort_next)
 		r->abort_state = 2;
 	if (s->ovl) {
-		bkv__ovl_spares(s, &old, &old2); /* two sets, one maybe in flight */
-	} else if (s->in.spare.tok_cap) {
-		old = s->call.arr.bufs;
-		s->call.arr.bufs = s->in.spare;
-		memset(&s->in.spare, 0, sizeof(s->in.spare));
+		bkv__ovl_spares(s, old); /* sets, some maybe in flight */
+	} else if (s->in.spare[0].tok_cap) {
+		old[0] = s->call.arr.bufs;
+		s->call.arr.bufs = s->in.spare[0];
+		memset(&s->in.spare[0], 0, sizeof(s->in.spare[0]));
 	}
 	UNLOCK(s);
-	bkv__bufs_free(&s->alloc, &old);
-	bkv__bufs_free(&s->alloc, &old2);
+	for (i = 0; i < BKV__OVL_SETS; i++)
+		bkv__bufs_free(&s->alloc, &old[i]);
 
 	/* the slots queued once this batch is in: its requests arrived
 	 * together, so each may wait behind all of them (the auto bypass

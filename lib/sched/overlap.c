@@ -1,6 +1,7 @@
 /*
  * overlap.c - overlapped scheduling: the two-phase step (bkv_step_launch,
- * bkv_step_complete), which plans step N+1 while the device runs step N.
+ * bkv_step_complete), which plans step N+1 while the device runs step N -
+ * or, at depth D (cfg.overlap), while it runs steps N - D + 1 .. N.
  *
  *   launch N      plan, fill the batch, ops.launch (returns at once)
  *   launch N+1    provisional commit of N: every sampling row's lane counts
@@ -19,10 +20,20 @@
  *   complete N+1  rows of requests that ended at N are discarded (counted as
  *                 waste), the rest commits
  *
- * Two sets of batch buffers alternate (s->call and alt), so the arrays of
- * the step in flight stay valid while the next is filled; a larger set
- * prepared by bkv_submit goes to a set not in flight. Nothing is allocated
- * per step.
+ * Depth D: each launch provisionally commits the newest outstanding step
+ * (the older ones were at the launches after them), so a lane counts one
+ * placeholder per outstanding step it samples in, oldest first (ovl_n).
+ * Inside the library a placeholder names its ticket's ring slot and row
+ * (OVL_PH); the launch names it for the host by how many launches back its
+ * step was (bkv__ovl_name). The oldest step's commit writes its tokens
+ * where its placeholders were and commits them as bkv_step would, the
+ * newer placeholders staying counted above them.
+ *
+ * D + 1 sets of batch buffers (s->call and the alt ring) take turns, so the
+ * arrays of the steps in flight stay valid while the next is filled: a
+ * launch plans into a set no outstanding step uses; a larger set prepared
+ * by bkv_submit goes to a set not in flight. Nothing is allocated per
+ * step.
  *
  * Memory: while a step is outstanding (s->plan.fenced), a sequence released
  * by an end or an abort is not closed: the lane moves it to the deferred
@@ -108,8 +119,11 @@ int bkv__ovl_create(bkv_sched *s)
 	if (!o)
 		return BKV_ENOMEM;
 	s->ovl = o;
-	o->undo_cap = 3 * s->cfg.max_running + 2 * s->plan.row_cap;
-	for (i = 0; i < OVL_DEPTH; i++) {
+	o->depth = s->cfg.overlap;
+	o->cap = o->depth + 1;
+	o->undo_cap = 3 * s->cfg.max_running + 2 * s->plan.row_cap; /* the
+			touched list and the fused pass's rows (one plan's) */
+	for (i = 0; i < o->cap; i++) {
 		o->t[i].rows = bkv__calloc(&s->alloc, 2 * (size_t)s->plan.row_cap, sizeof(bkv__row));
 		o->t[i].undo = bkv__calloc(&s->alloc, o->undo_cap, sizeof(bkv__ovl_undo));
 		if (!o->t[i].rows || !o->t[i].undo)
@@ -118,8 +132,12 @@ int bkv__ovl_create(bkv_sched *s)
 		    !(o->t[i].sent = bkv__calloc(&s->alloc, s->plan.row_cap, sizeof(bkv__ovl_sent))))
 			return BKV_ENOMEM;
 	}
-	o->set0 = s->call.arr.next_tokens;
-	return set_alloc(s, &o->alt);
+	for (i = 0; i < o->depth; i++) {
+		o->alt_id[i] = i + 1;
+		if (set_alloc(s, &o->alt[i]) != BKV_OK)
+			return BKV_ENOMEM;
+	}
+	return BKV_OK;
 }
 
 static void release_deferred(bkv_sched *s);
@@ -145,24 +163,27 @@ void bkv__ovl_destroy(bkv_sched *s)
 	}
 	release_deferred(s);
 	free_held(s);
-	for (i = 0; i < OVL_DEPTH; i++) {
+	for (i = 0; i < o->cap; i++) {
 		bkv__free(&s->alloc, o->t[i].rows, 2 * (size_t)s->plan.row_cap * sizeof(bkv__row));
 		bkv__free(&s->alloc, o->t[i].undo, (size_t)o->undo_cap * sizeof(bkv__ovl_undo));
 		bkv__free(&s->alloc, o->t[i].sent,
 			  o->t[i].sent ? s->plan.row_cap * sizeof(bkv__ovl_sent) : 0);
 	}
-	set_free(s, &o->alt);
+	for (i = 0; i < o->depth; i++)
+		set_free(s, &o->alt[i]);
 	bkv__free(&s->alloc, o, sizeof(*o));
 	s->ovl = NULL;
 }
 
-/* ---- the two buffer sets -------------------------------------------------- */
+/* ---- the buffer sets ------------------------------------------------------ */
 
-/* Exchange s->call's arrays with the other set. */
-static void set_swap(bkv_sched *s)
+/* Exchange s->call's arrays with alt[k]'s. */
+static void set_swap(bkv_sched *s, uint32_t k)
 {
-	bkv__ovl_set *x = &s->ovl->alt, t = *x;
+	bkv__ovl *o = s->ovl;
+	bkv__ovl_set *x = &o->alt[k], t = *x;
 	bkv__call *c = &s->call;
+	uint32_t id = o->alt_id[k];
 
 	x->arr = c->arr;
 	x->row_slot = c->row_slot;
@@ -176,8 +197,36 @@ static void set_swap(bkv_sched *s)
 	c->g_kv_indptr = t.g_kv_indptr;
 	c->g_kv_first = t.g_kv_first;
 	c->g_state = t.g_state;
-	if (s->spec) /* the drafts' arrays alternate with them */
-		bkv__spec_swap(s);
+	o->alt_id[k] = o->cur;
+	o->cur = id;
+}
+
+static int set_busy(const bkv__ovl *o, uint32_t set)
+{
+	uint32_t k;
+
+	for (k = 0; k < o->n_out; k++)
+		if (o->t[(o->head + k) % o->cap].set == set)
+			return 1;
+	return 0;
+}
+
+/* Before a launch plans: s->call holds a set no outstanding step uses
+ * (there are depth + 1 sets and at most depth outstanding), and the
+ * speculation arrays follow it. */
+static void set_take(bkv_sched *s)
+{
+	bkv__ovl *o = s->ovl;
+	uint32_t k;
+
+	if (set_busy(o, o->cur)) {
+		for (k = 0; k < o->depth && set_busy(o, o->alt_id[k]); k++)
+			;
+		BKV_ASSERT(k < o->depth);
+		set_swap(s, k);
+	}
+	if (s->spec)
+		bkv__spec_select(s, o->cur);
 }
 
 /* ---- deferred releases (sched/defer.c fills the lists) -------------------- */
@@ -256,9 +305,10 @@ static void release_after(bkv_sched *s, uint64_t done)
 /* ---- provisional commit --------------------------------------------------- */
 
 /* A later step is planned on t's tokens: each sampling row's lane counts a
- * placeholder for its token. */
+ * placeholder for its token (above those of older outstanding steps). */
 static uint32_t provision(bkv_sched *s, bkv__ticket *t)
 {
+	const uint32_t slot = (uint32_t)(t - s->ovl->t);
 	uint32_t i, waits = 0;
 
 	for (i = 0; i < t->spec.n_set && i < t->n_rows; i++) /* rows with drafts */
@@ -269,10 +319,11 @@ static uint32_t provision(bkv_sched *s, bkv__ticket *t)
 
 		if (!t->rows[i].sample || !REQ_IS_RUNNING(r) || l->done)
 			continue;
-		BKV_ASSERT(!l->ovl_pend && l->kv_len == LANE_KNOWN(l));
-		l->tok[LANE_KNOWN(l)] = BKV_TOKEN_PENDING(i);
+		BKV_ASSERT(l->ovl_pend < 2 && l->kv_len == LANE_KNOWN(l));
+		l->tok[LANE_KNOWN(l)] = OVL_PH(slot, i);
 		l->n_gen++;
-		l->ovl_dec = l->decoding;
+		if (!l->ovl_n++)
+			l->ovl_dec = l->decoding;
 		l->decoding = 1;
 		l->ovl_pend = 1;
 		if (l->n_gen >= r->max_new) { /* its last token: no more rows */
@@ -333,10 +384,39 @@ static void spec_unwait(bkv__ticket *t)
 	}
 }
 
-/* Undo t's provisional commit; with outs, write its real tokens where the
- * placeholders were (history and, where a later row appended it, the pool's
- * token store). */
-static void unprovision(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
+/* A rollback: undo t's provisional commit (each lane's placeholders go, in
+ * any order; the last one gone restores the lane). */
+static void unprovision(bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+
+		if (!t->rows[i].sample || !l->ovl_n)
+			continue;
+		if (!REQ_IS_RUNNING(l->req)) { /* aborted meanwhile */
+			l->ovl_pend = 0;
+			l->ovl_n = 0;
+			continue;
+		}
+		l->n_gen--;
+		if (--l->ovl_n)
+			continue;
+		if (l->ovl_pend == 2)
+			l->done = 0;
+		l->decoding = l->ovl_dec;
+		l->ovl_pend = 0;
+	}
+	t->provisional = 0;
+}
+
+/* t, the oldest, completes: each of its lanes' oldest placeholder gets its
+ * token (history and, where a later row appended it, the pool's token
+ * store), and the lane looks as if nothing were provisional, so that
+ * commit_rows commits the token as bkv_step would; reprovision then counts
+ * the newer placeholders again. */
+static void unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
 {
 	uint32_t i;
 
@@ -344,25 +424,52 @@ static void unprovision(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
 		bkv__lane *l = t->rows[i].lane;
 		uint32_t pos;
 
-		if (!t->rows[i].sample || !l->ovl_pend)
+		if (!t->rows[i].sample || !l->ovl_n)
 			continue;
 		if (!REQ_IS_RUNNING(l->req)) { /* aborted meanwhile */
 			l->ovl_pend = 0;
+			l->ovl_n = 0;
 			continue;
 		}
+		pos = LANE_KNOWN(l) - l->ovl_n;
+		l->tok[pos] = outs[i];
+		if (l->seq != BKV__SEQ_NONE && l->kv_len > pos)
+			bkv__pool_seq_set_token(s->pool, l->seq, pos, outs[i]);
+		l->n_gen -= l->ovl_n--;
+		l->ovl_mode = l->ovl_pend;
 		if (l->ovl_pend == 2)
 			l->done = 0;
 		l->decoding = l->ovl_dec;
 		l->ovl_pend = 0;
-		l->n_gen--;
-		pos = LANE_KNOWN(l);
-		if (outs) {
-			l->tok[pos] = outs[i];
-			if (l->seq != BKV__SEQ_NONE && l->kv_len > pos)
-				bkv__pool_seq_set_token(s->pool, l->seq, pos, outs[i]);
-		}
 	}
 	t->provisional = 0;
+}
+
+/* After t's commit: the newer placeholders of its lanes count again, above
+ * the token just committed; a lane that ended drops them (their rows are
+ * waste). */
+static void reprovision(bkv__ticket *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->n_rows; i++) {
+		bkv__lane *l = t->rows[i].lane;
+
+		if (!t->rows[i].sample || !l->ovl_n || l->ovl_pend)
+			continue;
+		if (!REQ_IS_RUNNING(l->req) || l->done) {
+			l->ovl_n = 0;
+			continue;
+		}
+		l->n_gen += l->ovl_n;
+		l->ovl_dec = l->decoding; /* 1: the committed token was sampled */
+		l->decoding = 1;
+		l->ovl_pend = l->ovl_mode;
+		if (l->ovl_pend == 2) {
+			l->done = 1;
+			l->decoding = 0;
+		}
+	}
 }
 
 /* A STATE group, a step planned while t is in flight: the state each of
@@ -388,6 +495,7 @@ static void state_shift(bkv_sched *s, const bkv__ticket *t)
 static int overlap_ok(bkv_sched *s)
 {
 	int spare;
+	uint32_t i;
 
 	if (s->plan.need_sync) {
 		s->plan.need_sync = 0;
@@ -396,7 +504,8 @@ static int overlap_ok(bkv_sched *s)
 	if (!bkv__pool_copies_holdable(s->pool) || s->plan.n_swap_pend)
 		return 0; /* only host-cache demotions may be pending: held */
 	LOCK(s);
-	spare = s->in.spare.tok_cap || s->in.spare2.tok_cap;
+	for (i = 0, spare = 0; i < s->ovl->cap; i++)
+		spare |= s->in.spare[i].tok_cap != 0;
 	UNLOCK(s);
 	return !spare;
 }
@@ -404,6 +513,32 @@ static int overlap_ok(bkv_sched *s)
 static bkv__ticket *oldest(bkv__ovl *o)
 {
 	return &o->t[o->head];
+}
+
+static bkv__ticket *newest(bkv__ovl *o)
+{
+	return &o->t[(o->head + o->n_out - 1) % o->cap];
+}
+
+/* The launch plans on top of the newest outstanding step: provisionally
+ * commit it, count its share of the transaction queue, hold its host-cache
+ * demotions apart (bkv__pool_copies_hold did) and, with a STATE group,
+ * promote the states it writes. Returns the lanes set aside to draft. */
+static uint32_t plan_on_top(bkv_sched *s)
+{
+	bkv__ovl *o = s->ovl;
+	bkv__ticket *prev = newest(o);
+	uint32_t k, older = 0, waits = 0;
+
+	prev->held = prev->copies;
+	if (!prev->provisional)
+		waits = provision(s, prev);
+	for (k = 0; k + 1 < o->n_out; k++)
+		older += o->t[(o->head + k) % o->cap].mark;
+	prev->mark = bkv__pool_txn_compact(s->pool) - older; /* its entries */
+	if (s->call.has_state)
+		state_shift(s, prev);
+	return waits;
 }
 
 /* Record the planned step in the next ticket. The undo list names lanes,
@@ -419,15 +554,30 @@ static int undo_live(const bkv__lane *l)
 	return REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE;
 }
 
+/* One undo record: the lane's rollback length, and its committed length
+ * when no older outstanding step appended to it (defer, trim_committed). */
+static void undo_add(bkv__ticket *t, bkv__lane *l, uint64_t committed)
+{
+	bkv__ovl_undo *u = &t->undo[t->n_undo++];
+
+	u->lane = l;
+	u->pre_len = l->pre_len;
+	u->post_len = l->kv_len;
+	if (l->ovl_last <= committed)
+		l->com_len = l->pre_len;
+	l->ovl_last = t->id;
+}
+
 static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 {
 	bkv__ovl *o = s->ovl;
-	bkv__ticket *t = &o->t[(o->head + o->n_out) % OVL_DEPTH];
-	uint32_t i, n = 0;
+	bkv__ticket *t = &o->t[(o->head + o->n_out) % o->cap];
+	uint32_t i;
 
-	BKV_ASSERT(o->n_out < OVL_DEPTH);
+	BKV_ASSERT(o->n_out < o->cap);
 	o->n_out++;
 	t->id = s->plan.step_no;
+	t->set = o->cur;
 	t->host_done = 0;
 	t->provisional = 0;
 	t->copies = bkv__pool_copies_pending(s->pool) != 0;
@@ -435,20 +585,14 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	t->mark = 0;
 	t->n_rows = s->plan.n_dec;
 	memcpy(t->rows, s->plan.dec, (size_t)s->plan.n_dec * sizeof(bkv__row));
-	for (i = 0; i < s->plan.n_touched; i++) {
-		if (!undo_live(s->plan.touched[i]))
-			continue;
-		t->undo[n].lane = s->plan.touched[i];
-		t->undo[n++].pre_len = s->plan.touched[i]->pre_len;
-	}
-	for (i = 0; i < s->plan.n_dec; i++) { /* the fused pass's lanes */
-		if (!undo_live(s->plan.dec[i].lane))
-			continue;
-		t->undo[n].lane = s->plan.dec[i].lane;
-		t->undo[n++].pre_len = s->plan.dec[i].lane->pre_len;
-	}
-	BKV_ASSERT(n <= o->undo_cap);
-	t->n_undo = n;
+	t->n_undo = 0;
+	for (i = 0; i < s->plan.n_touched; i++)
+		if (undo_live(s->plan.touched[i]))
+			undo_add(t, s->plan.touched[i], o->committed);
+	for (i = 0; i < s->plan.n_dec; i++) /* the fused pass's lanes */
+		if (undo_live(s->plan.dec[i].lane) && s->plan.dec[i].lane->ovl_last != t->id)
+			undo_add(t, s->plan.dec[i].lane, o->committed);
+	BKV_ASSERT(t->n_undo <= o->undo_cap);
 	t->outs = s->call.arr.next_tokens;
 	t->si = *si;
 	t->n_sent = 0;
@@ -470,7 +614,6 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 {
 	bkv__ovl *o;
-	bkv__ticket *prev = NULL;
 	bkv_step_info si;
 	uint64_t now;
 	int rc, called = 0;
@@ -479,7 +622,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	if (!s || !ticket)
 		return BKV_EINVAL;
 	o = s->ovl;
-	if (!o || s->plan.in_step || o->failed || o->n_out >= OVL_DEPTH)
+	if (!o || s->plan.in_step || o->failed || o->n_out >= o->cap)
 		return BKV_ESTATE;
 	*ticket = 0;
 	if (s->kv_released) { /* nothing is outstanding (release refused it) */
@@ -496,19 +639,12 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	s->plan.in_step = 1;
 	memset(&si, 0, sizeof(si));
 	now = bkv__clock_us(s);
-	if (n_out) {
-		prev = oldest(o);
-		prev->held = prev->copies; /* bkv__pool_copies_hold took them */
-		if (!prev->provisional)
-			waits = provision(s, prev);
-		prev->mark = bkv__pool_txn_compact(s->pool); /* its entries */
-		if (s->call.has_state)
-			state_shift(s, prev);
-	}
-	set_swap(s); /* the set of the step in flight stays untouched */
-	s->plan.open_from = prev ? prev->id : 0;
-	s->plan.fenced = n_out > 0;
 	bkv__pool_state_fence(s->pool, n_out > 0);
+	if (n_out)
+		waits = plan_on_top(s);
+	set_take(s); /* the sets of the steps in flight stay untouched */
+	s->plan.open_from = n_out ? oldest(o)->id : 0;
+	s->plan.fenced = n_out > 0;
 	bkv__step_plan(s, now, &si, n_out == 0);
 	s->plan.launching = 1;
 	rc = bkv__step_run_calls(s, &si, &called);
@@ -526,7 +662,7 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 		if (!n_out) {
 			bkv__step_rollback(s, now, &si);
 			o->committed = s->plan.step_no;
-		} else { /* rolled back with the step in flight */
+		} else { /* rolled back with the steps outstanding */
 			bkv__ticket *t = ticket_push(s, &si);
 
 			t->host_done = 1; /* never launched: nothing to complete */
@@ -557,14 +693,14 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	uint32_t k, i;
 
 	for (k = 0; k < o->n_out; k++) {
-		bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
+		bkv__ticket *t = &o->t[(o->head + k) % o->cap];
 
 		spec_unwait(t); /* before the truncation: its drafts go too */
 		if (t->provisional)
-			unprovision(s, t, NULL);
+			unprovision(t);
 	}
 	for (k = o->n_out; k-- > 0;) {
-		bkv__ticket *t = &o->t[(o->head + k) % OVL_DEPTH];
+		bkv__ticket *t = &o->t[(o->head + k) % o->cap];
 
 		for (i = t->n_undo; i-- > 0;) {
 			bkv__lane *l = t->undo[i].lane;
@@ -604,22 +740,26 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	si->prefill_calls = si->decode_calls = 0;
 }
 
-/* KV groups, t committed while a later step is outstanding (the pool's
- * split commit trims nothing): each window or chunked lane of a sequence t
- * appended to releases what its committed length no longer reads - the
- * length before the later step's appends when that one appended too - so
- * every block the later step reads, or its rollback needs, stays. */
-static void trim_committed(bkv_sched *s, const bkv__ticket *t)
+/* t, the oldest, committed while later steps are outstanding: each lane
+ * a later step appended to has its committed length at t's end (com_len),
+ * and with KV groups each window or chunked lane of a sequence t appended
+ * to releases what that length no longer reads (the pool's split commit
+ * trims nothing), so every block a later step reads, or their rollback
+ * needs, stays. */
+static void commit_lengths(bkv_sched *s, const bkv__ticket *t)
 {
 	uint32_t i;
 
 	for (i = 0; i < t->n_undo; i++) {
-		const bkv__lane *l = t->undo[i].lane;
+		bkv__lane *l = t->undo[i].lane;
 
 		if (!REQ_IS_RUNNING(l->req) || l->seq == BKV__SEQ_NONE)
 			continue;
-		bkv__pool_seq_commit_to(s->pool, l->seq,
-					l->touch_step > t->id ? l->pre_len : l->kv_len);
+		if (l->ovl_last > t->id)
+			l->com_len = t->undo[i].post_len;
+		if (s->call.n_lanes || s->call.has_state)
+			bkv__pool_seq_commit_to(s->pool, l->seq,
+						l->ovl_last > t->id ? l->com_len : l->kv_len);
 	}
 }
 
@@ -629,42 +769,42 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	bkv__ovl *o = s->ovl;
 	int32_t *outs = t->outs; /* the library's array */
 	uint64_t waste = 0;
-	uint32_t i, left;
+	uint32_t i;
 
 	for (i = 0; i < t->n_rows; i++) /* the host's own negative ids */
 		if (outs[i] < BKV_TOKEN_FAIL)
 			outs[i] = BKV_TOKEN_FAIL;
-	o->head = (o->head + 1) % OVL_DEPTH;
+	o->head = (o->head + 1) % o->cap;
 	o->n_out--;
 	s->plan.fenced = o->n_out > 0;
 	spec_unwait(t);
 	if (t->provisional)
-		unprovision(s, t, outs); /* the later step's placeholders too */
+		unprovision_oldest(s, t, outs); /* later steps' placeholders too */
 	for (i = 0; i < t->n_rows; i++) {
 		const bkv__lane *l = t->rows[i].lane;
 
 		if (!REQ_IS_RUNNING(l->req) || l->done)
 			waste += t->rows[i].end - t->rows[i].start;
 	}
-	if (t->held) /* its copies were held apart: the later step's stay */
+	if (t->held) /* its copies were held apart: later steps' stay */
 		bkv__pool_copies_release_held(s->pool, 1);
 	else if (t->copies)
 		bkv__step_clear_copies(s);
 	if (t->spec.n_rows) /* keep the accepted drafts' KV only, before any
 			       of its blocks is indexed (its lanes have no
-			       row in the later step: nothing of it is cut) */
+			       row in a later step: nothing of it is cut) */
 		bkv__spec_cut_step(s, &t->spec, t->rows, t->n_rows);
 	if (o->n_out) {
-		left = bkv__pool_txn_commit_upto(s->pool, t->mark);
-		oldest(o)->mark = left;
-		if (s->call.n_lanes)
-			trim_committed(s, t);
+		/* what the commit carries over is the next one's to commit */
+		oldest(o)->mark += bkv__pool_txn_commit_upto(s->pool, t->mark);
+		commit_lengths(s, t);
 	} else {
 		bkv__pool_txn_commit(s->pool);
 	}
 	o->committed = t->id;
 	bkv__enc_commit(s, t->id);
 	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
+	reprovision(t);
 	if (t->spec.n_rows)
 		bkv__spec_deliver_step(s, &t->spec, t->rows, t->n_rows, si);
 	bkv__step_stats(s, si);
@@ -686,8 +826,8 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	if (!o || s->plan.in_step)
 		return BKV_ESTATE;
 	for (k = 0; k < o->n_out && !t; k++) /* the oldest the host still owes */
-		if (!o->t[(o->head + k) % OVL_DEPTH].host_done)
-			t = &o->t[(o->head + k) % OVL_DEPTH];
+		if (!o->t[(o->head + k) % o->cap].host_done)
+			t = &o->t[(o->head + k) % o->cap];
 	if (!t || ticket != t->id || status > 0) /* 0 and negative are defined */
 		return BKV_EINVAL;
 	s->plan.in_step = 1;
@@ -700,7 +840,7 @@ int bkv_step_complete(bkv_sched *s, uint64_t ticket, int status, bkv_step_info *
 	if (o->failed) {
 		t->host_done = 1;
 		for (k = 0; k < o->n_out; k++)
-			waiting += !o->t[(o->head + k) % OVL_DEPTH].host_done;
+			waiting += !o->t[(o->head + k) % o->cap].host_done;
 		if (!waiting)
 			rollback_all(s, now, &si);
 		rc = BKV_EHOST;

@@ -1,7 +1,7 @@
 /*
- * overlap.h - overlapped scheduling's state (struct bkv__ovl): the second
- * batch buffer set, the outstanding steps (tickets), the deferred-release
- * list and the held requests. Owners: sched/overlap.c (the two-phase step,
+ * overlap.h - overlapped scheduling's state (struct bkv__ovl): the batch
+ * buffer sets of the steps in flight, the outstanding steps (tickets), the
+ * deferred-release list and the held requests. Owners: sched/overlap.c (the two-phase step,
  * releasing), sched/defer.c (what the rest of the scheduling layer calls
  * while a step is outstanding: deferring, holding, buffer spares, the
  * invariants).
@@ -13,7 +13,14 @@
 
 typedef struct bkv__ovl bkv__ovl;
 
-#define OVL_DEPTH 2 /* steps outstanding at most: one in flight, one planned */
+/* Tickets at most: BKV_OVERLAP_MAX_DEPTH in flight and one planned. */
+#define OVL_MAX BKV__OVL_SETS
+
+/* A placeholder inside the library (a lane's history, the pool's token
+ * store): row i of the ticket in ring slot k, k < OVL_MAX. The batch gets
+ * BKV_TOKEN_PENDING_AT(back, i) instead (bkv__ovl_name). */
+#define OVL_PH(k, i) (-2 - (int32_t)(((uint32_t)(k) << 18) | (uint32_t)(i)))
+#define OVL_IS_PH(t) ((t) <= -2 && (t) > -2 - OVL_MAX * BKV_TOKEN_PENDING_ROWS)
 
 /* One set of the host call's row- and token-sized arrays (s->call's). */
 typedef struct bkv__ovl_set {
@@ -30,6 +37,7 @@ typedef struct bkv__ovl_set {
 typedef struct bkv__ovl_undo {
 	bkv__lane *lane;           /* the lane (its request outlives the ticket) */
 	uint32_t pre_len;          /* kv_len before the step */
+	uint32_t post_len;         /* kv_len after the step's plan */
 } bkv__ovl_undo;
 
 /* A lane a step sent a table delta to, with what its first one found
@@ -43,6 +51,7 @@ typedef struct bkv__ovl_sent {
 /* An outstanding step. */
 typedef struct bkv__ticket {
 	uint64_t id;               /* its step number (plan.step_no) */
+	uint32_t set;              /* the batch buffer set its call uses */
 	int host_done;             /* completed by the host (failed ones wait
 				      for the last), or never launched */
 	int provisional;           /* its tokens are provisionally committed
@@ -52,8 +61,8 @@ typedef struct bkv__ticket {
 				      the next step was planned: its commit
 				      clears the held list (pool/overlap.c) */
 	uint32_t mark;             /* transaction queue entries that are its
-				      own or older (set when a later step's
-				      planning begins) */
+				      own (counted when the next step's
+				      planning begins; before that, 0) */
 	bkv__row *rows;            /* [2 * row_cap] its call's rows, in
 				      next_tokens order */
 	uint32_t n_rows;
@@ -69,8 +78,19 @@ typedef struct bkv__ticket {
 } bkv__ticket;
 
 struct bkv__ovl {
-	bkv__ovl_set alt;          /* the buffer set s->call does not hold */
-	bkv__ticket t[OVL_DEPTH];  /* FIFO ring of outstanding steps */
+	uint32_t depth;            /* steps in flight at most (cfg.overlap) */
+	uint32_t cap;              /* depth + 1: tickets and buffer sets */
+	bkv__ovl_set alt[BKV_OVERLAP_MAX_DEPTH]; /* [depth] the sets s->call
+				      does not hold, a ring: launches take
+				      them in turn, so the set a launch
+				      takes was last used depth + 1
+				      launches before (completed by then) */
+	uint32_t alt_id[BKV_OVERLAP_MAX_DEPTH]; /* each one's set number */
+	uint32_t alt_next;         /* the set the next launch takes */
+	uint32_t cur;              /* the set number s->call holds (0..depth):
+				      names the speculation and encoder
+				      arrays and grp that go with it */
+	bkv__ticket t[OVL_MAX];    /* FIFO ring of outstanding steps ([cap]) */
 	uint32_t head;             /* index of the oldest */
 	uint32_t n_out;            /* outstanding (launched, not completed or
 				      failed and not rolled back) */
@@ -80,11 +100,10 @@ struct bkv__ovl {
 	uint32_t undo_cap;         /* 3 * max_running + 2 * row_cap */
 	bkv__lane *def_head;       /* deferred releases (lane.def_next) */
 	uint32_t n_def;            /* entries */
-	bkv_batch_group grp[2][BKV_MAX_GROUPS]; /* each buffer set's copy of
-				      the batch's groups array (s->call.groups
-				      is refilled by the next call) */
-	const int32_t *set0;       /* next_tokens of buffer set 0: names the
-				      set s->call holds */
+	bkv_batch_group grp[OVL_MAX][BKV_MAX_GROUPS]; /* each buffer set's
+				      copy of the batch's groups array
+				      (s->call.groups is refilled by the
+				      next call) */
 	bkv__req *hold_head;       /* ended requests to free (req.next), each
 				      after the step numbered its hold_tag
 				      completes (or when none is outstanding) */

@@ -31,8 +31,9 @@
  * with the newest step number, and becomes free when the steps up to that
  * one completed (bkv__rows_release_upto). Live lanes hold at most
  * max_running slots and the slots pending were held by lanes live since the
- * oldest outstanding step's plan began: up to two plans' admissions on top
- * of the lanes live then, so 3 x max_running slots never run out. A
+ * oldest outstanding step's plan began: up to depth + 1 plans' admissions
+ * on top of the lanes live then, so (depth + 2) x max_running slots never
+ * run out. A
  * rollback of the outstanding steps lowers each lane's mark to the lowest
  * it had before any of their sends (bkv__rows_unsend; the pool's
  * bkv__seq_dirty only lowers), so whether a host applied or discarded the
@@ -51,7 +52,7 @@
 int bkv__rows_alloc(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
-	uint32_t m = s->cfg.max_running * (s->cfg.overlap ? 3 : 1), i;
+	uint32_t m = s->cfg.max_running * (s->cfg.overlap ? s->cfg.overlap + 2 : 1), i;
 	bkv__call *c = &s->call;
 
 	if (s->cfg.batch_layout != BKV_BATCH_PERSISTENT)

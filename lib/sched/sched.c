@@ -53,6 +53,13 @@ static int config_check_sizes(const bkv_sched_config *c)
 		       "bkv_sched_config_init)", c->size, sizeof(bkv_sched_config));
 	if (c->copy_overlap > 1)
 		REFUSE(SC "copy_overlap = %u: must be 0 or 1", c->copy_overlap);
+	if (c->overlap > BKV_OVERLAP_MAX_DEPTH)
+		REFUSE(SC "overlap = %u: the depth must be in 0..%u", c->overlap,
+		       BKV_OVERLAP_MAX_DEPTH);
+	if (c->overlap && c->max_running > BKV_TOKEN_PENDING_ROWS / 2)
+		REFUSE(SC "max_running = %u: with overlap at most %u (a placeholder names "
+		       "one of BKV_TOKEN_PENDING_ROWS rows)", c->max_running,
+		       BKV_TOKEN_PENDING_ROWS / 2);
 	if (c->prefill_first > 1)
 		REFUSE(SC "prefill_first = %u: must be 0 or 1", c->prefill_first);
 	if (c->max_running < 1 || c->max_running > MAX_RUNNING_LIMIT)
@@ -301,8 +308,8 @@ void bkv_sched_destroy(bkv_sched *s)
 	bkv__enc_free(s);
 	bkv__groups_free(s);
 	bkv__call_arrays_free(a, s->plan.row_cap, &s->call.arr);
-	bkv__bufs_free(a, &s->in.spare);
-	bkv__bufs_free(a, &s->in.spare2);
+	for (i = 0; i < BKV__OVL_SETS; i++)
+		bkv__bufs_free(a, &s->in.spare[i]);
 	bkv__decide_destroy(s);
 	bkv__free(a, s, sizeof(*s));
 }

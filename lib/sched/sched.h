@@ -47,6 +47,10 @@
 
 #define BKV__SEQ_NONE UINT32_MAX /* lane has no pool sequence */
 
+/* Overlapped scheduling's batch buffer sets at most: one a step in flight
+ * (BKV_OVERLAP_MAX_DEPTH) and the one planned (sched/overlap.h). */
+#define BKV__OVL_SETS (BKV_OVERLAP_MAX_DEPTH + 1)
+
 /* bkv__req.state: each request is in exactly one. */
 #define BKV__REQ_INBOX 0   /* submitted, not drained yet */
 #define BKV__REQ_WAITING 1 /* in the queue, holds no blocks */
@@ -88,15 +92,25 @@ typedef struct bkv__lane {
 				 overlapped launch does not hold it back to
 				 draft (bkv__spec_hold) */
 	/* overlapped scheduling (sched/overlap.c) */
-	uint8_t ovl_pend;     /* 1: n_gen counts a placeholder for the token an
-				 outstanding step samples (a provisional
-				 commit); 2: also provisionally done (that
-				 token is its last: no more rows); 3: an
-				 outstanding step carries its drafts, so
+	uint8_t ovl_pend;     /* 1: n_gen counts placeholders (ovl_n) for
+				 tokens outstanding steps sample (provisional
+				 commits); 2: also provisionally done (the
+				 newest is its last token: no more rows); 3:
+				 an outstanding step carries its drafts, so
 				 the tokens it delivers are unknown: no row
 				 until that step completes (done and
 				 decoding are set aside meanwhile) */
-	uint8_t ovl_dec;      /* decoding before the provisional commit */
+	uint8_t ovl_dec;      /* decoding before the first placeholder */
+	uint8_t ovl_n;        /* placeholders n_gen counts, one per
+				 outstanding step, oldest first; at most
+				 the depth */
+	uint8_t ovl_mode;     /* ovl_pend while a commit replaces the
+				 oldest placeholder (sched/overlap.c) */
+	uint32_t com_len;     /* while ovl_last is outstanding: the length
+				 whose KV is committed (the oldest
+				 outstanding step's pre_len) */
+	uint64_t ovl_last;    /* newest outstanding step that appended to
+				 it (0: none yet) */
 	uint32_t def_seq;     /* a released sequence whose close waits for
 				 the outstanding steps (BKV__SEQ_NONE: none) */
 	uint32_t def_keep;    /* its committed length to truncate to before
@@ -231,10 +245,9 @@ typedef struct bkv__inbox {
 	bkv__slot *map;        /* lock: [map_cap] id -> request */
 	uint32_t map_cap;      /* lock: power of two */
 	uint32_t map_count;    /* lock: live entries, <= map_cap / 2 */
-	bkv__bufs spare;       /* lock: prepared larger buffers (tok_cap 0:
-				  none) */
-	bkv__bufs spare2;      /* lock: overlapped scheduling's second set
-				  (its other batch buffers) */
+	bkv__bufs spare[BKV__OVL_SETS]; /* lock: prepared larger buffers
+				  (tok_cap 0: none): [0], and with overlap
+				  one for each other batch buffer set */
 	uint32_t want_tok;     /* lock: tok_cap of spare, else of bufs */
 	uint32_t want_kv;      /* lock: kv_cap of spare, else of bufs */
 	uint32_t tok_limit;    /* most entries of a token array: TOK_CAP_LIMIT
@@ -357,7 +370,7 @@ typedef struct bkv__call {
 	/* the persistent layout (sched/rows.c); NULL arrays when flat */
 	int persistent;        /* cfg.batch_layout == BKV_BATCH_PERSISTENT */
 	uint32_t *row_slot;    /* [row_cap] each row's slot in this call */
-	uint32_t n_slots;      /* row slots: max_running, 3 x max_running
+	uint32_t n_slots;      /* row slots: max_running, (depth + 2) x max_running
 				  with overlap (released slots wait for the
 				  steps that read them, sched/rows.c) */
 	const int32_t **row_tables; /* [n_slots] each slot's table */
@@ -396,7 +409,7 @@ typedef struct bkv__call {
 	int32_t *g_kv_first;   /* [(1 + n_lanes) * row_cap]; group 0's zeros
 				  (with overlap, as g_kv_indptr) */
 	const int32_t **g_row_tables; /* [n_lanes * slots] slots: max_running,
-				  3 x max_running with overlap */
+				  (depth + 2) x max_running with overlap */
 	uint32_t *g_row_table_len; /* [n_lanes * slots] */
 } bkv__call;
 
@@ -633,15 +646,21 @@ static inline void bkv__lane_release_seq(bkv_sched *s, bkv__lane *l, int drop)
  * outstanding steps that may still name them; returns 1 when it took them. */
 int bkv__ovl_hold(bkv_sched *s, bkv__req *list);
 /* Drain, lock held: the prepared larger buffer sets go to the sets not in
- * flight; *old receives sets to free after the lock. */
-void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old, bkv__bufs *old2);
+ * flight; old[BKV__OVL_SETS] receives sets to free after the lock. */
+void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old);
 /* Its invariants (bkv_sched_check 34-36) and the lanes it holds
  * (deferred sequences, for invariant 23). */
 int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def);
+/* A launch planned on steps in flight: its decode rows' placeholders name
+ * the step by how many launches back it was (BKV_TOKEN_PENDING_AT). */
+void bkv__ovl_name(bkv_sched *s, bkv_batch *b);
 /* A launched batch's groups array, in storage of its buffer set. */
 const bkv_batch_group *bkv__ovl_groups(bkv_sched *s, const bkv_batch *b);
 /* Outstanding steps (0 when off). */
 uint32_t bkv__ovl_outstanding(const bkv_sched *s);
+/* The batch buffer set s->call holds (0..depth): the speculation and
+ * encoder arrays that go with it. */
+uint32_t bkv__ovl_cur(const bkv_sched *s);
 /* Lane l was appended to by a step that is outstanding. */
 int bkv__ovl_uncommitted(const bkv_sched *s, const bkv__lane *l);
 
@@ -767,14 +786,16 @@ typedef struct bkv__spec {
 	double g_acc;          /* decide/spec.c: every request's accepted
 				  drafts, decayed (the prior) */
 	double g_trials;       /* and trials */
-	/* overlapped scheduling: the other set of the per-row arrays (the
-	 * step in flight keeps its own; bkv__spec_swap exchanges them with
-	 * the buffer sets); NULL without overlap */
-	uint32_t *alt_drafts;  /* [row_cap] */
-	uint32_t *alt_want;    /* [row_cap] */
-	int32_t *alt_accepted; /* [row_cap] */
-	int32_t *alt_tokens;   /* [row_cap * (1 + max_k)] */
-	int32_t *alt_st_out;   /* [row_cap * (1 + max_k)] with a STATE group */
+	/* the per-row arrays above are set `set` of n_sets, each [set * size]
+	 * of these (overlapped scheduling: one set a batch buffer set, so a
+	 * step in flight keeps its own; bkv__spec_select) */
+	uint32_t n_sets;       /* 1, or depth + 1 with overlap */
+	uint32_t *all_drafts;  /* [n_sets * row_cap] */
+	uint32_t *all_want;    /* [n_sets * row_cap] */
+	int32_t *all_accepted; /* [n_sets * row_cap] */
+	int32_t *all_tokens;   /* [n_sets * row_cap * (1 + max_k)] */
+	int32_t *all_st_out;   /* [n_sets * row_cap * (1 + max_k)] with a
+				  STATE group, else NULL */
 } bkv__spec;
 
 /* One step's drafts, as its commit reads them: the current step's (in
@@ -851,7 +872,7 @@ void bkv__spec_rollback(bkv_sched *s);
 int bkv__spec_hold(const bkv_sched *s, const bkv__lane *l);
 /* Overlap: exchange the per-row arrays with the other set (each launch,
  * with the batch buffer sets). */
-void bkv__spec_swap(bkv_sched *s);
+void bkv__spec_select(bkv_sched *s, uint32_t set);
 /* Overlap, a launch: the step's drafts move to *st (its ticket); the
  * current set is then empty. */
 void bkv__spec_take(bkv_sched *s, bkv__spec_step *st);

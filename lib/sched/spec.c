@@ -64,6 +64,7 @@ int bkv__spec_alloc(bkv_sched *s)
 	const bkv_allocator *a = &s->alloc;
 	bkv__spec *sp;
 	uint32_t i;
+	size_t n;
 
 	if (!s->cfg.spec_max_k)
 		return BKV_OK;
@@ -73,28 +74,20 @@ int bkv__spec_alloc(bkv_sched *s)
 	s->spec = sp;
 	sp->max_k = s->cfg.spec_max_k;
 	sp->row_cap = 2 * s->plan.row_cap; /* plan.dec's entries */
-	sp->drafts = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
-	sp->want = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
-	sp->accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
-	sp->tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
+	sp->n_sets = s->cfg.overlap ? s->cfg.overlap + 1 : 1; /* a step in
+								  flight keeps
+								  its set */
+	n = (size_t)sp->n_sets * sp->row_cap;
+	sp->all_drafts = bkv__calloc(a, n, sizeof(uint32_t));
+	sp->all_want = bkv__calloc(a, n, sizeof(uint32_t));
+	sp->all_accepted = bkv__calloc(a, n, sizeof(int32_t));
+	sp->all_tokens = bkv__calloc(a, n * (1 + sp->max_k), sizeof(int32_t));
 	if (s->call.has_state)
-		sp->st_out = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k), sizeof(int32_t));
-	if (!sp->drafts || !sp->want || !sp->accepted || !sp->tokens ||
-	    (s->call.has_state && !sp->st_out))
+		sp->all_st_out = bkv__calloc(a, n * (1 + sp->max_k), sizeof(int32_t));
+	if (!sp->all_drafts || !sp->all_want || !sp->all_accepted || !sp->all_tokens ||
+	    (s->call.has_state && !sp->all_st_out))
 		return BKV_ENOMEM;
-	if (s->cfg.overlap) { /* the step in flight keeps its set */
-		sp->alt_drafts = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
-		sp->alt_want = bkv__calloc(a, sp->row_cap, sizeof(uint32_t));
-		sp->alt_accepted = bkv__calloc(a, sp->row_cap, sizeof(int32_t));
-		sp->alt_tokens = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k),
-					     sizeof(int32_t));
-		if (s->call.has_state)
-			sp->alt_st_out = bkv__calloc(a, (size_t)sp->row_cap * (1 + sp->max_k),
-						     sizeof(int32_t));
-		if (!sp->alt_drafts || !sp->alt_want || !sp->alt_accepted || !sp->alt_tokens ||
-		    (s->call.has_state && !sp->alt_st_out))
-			return BKV_ENOMEM;
-	}
+	bkv__spec_select(s, 0);
 	if (s->cfg.spec_drafts == BKV_SPEC_DRAFT_NGRAM) {
 		sp->n_tab = s->cfg.max_running;
 		sp->tab = bkv__calloc(a, sp->n_tab, sizeof(bkv__ngram));
@@ -111,21 +104,16 @@ void bkv__spec_free(bkv_sched *s)
 {
 	const bkv_allocator *a = &s->alloc;
 	bkv__spec *sp = s->spec;
+	size_t n;
 
 	if (!sp)
 		return;
-	bkv__free(a, sp->drafts, (size_t)sp->row_cap * sizeof(uint32_t));
-	bkv__free(a, sp->want, (size_t)sp->row_cap * sizeof(uint32_t));
-	bkv__free(a, sp->accepted, (size_t)sp->row_cap * sizeof(int32_t));
-	bkv__free(a, sp->tokens, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
-	bkv__free(a, sp->alt_drafts, sp->alt_drafts ? (size_t)sp->row_cap * sizeof(uint32_t) : 0);
-	bkv__free(a, sp->alt_want, sp->alt_want ? (size_t)sp->row_cap * sizeof(uint32_t) : 0);
-	bkv__free(a, sp->alt_accepted, sp->alt_accepted ? (size_t)sp->row_cap * sizeof(int32_t) : 0);
-	bkv__free(a, sp->alt_tokens,
-		  sp->alt_tokens ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
-	bkv__free(a, sp->st_out, (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t));
-	bkv__free(a, sp->alt_st_out,
-		  sp->alt_st_out ? (size_t)sp->row_cap * (1 + sp->max_k) * sizeof(int32_t) : 0);
+	n = (size_t)sp->n_sets * sp->row_cap;
+	bkv__free(a, sp->all_drafts, n * sizeof(uint32_t));
+	bkv__free(a, sp->all_want, n * sizeof(uint32_t));
+	bkv__free(a, sp->all_accepted, n * sizeof(int32_t));
+	bkv__free(a, sp->all_tokens, n * (1 + sp->max_k) * sizeof(int32_t));
+	bkv__free(a, sp->all_st_out, sp->all_st_out ? n * (1 + sp->max_k) * sizeof(int32_t) : 0);
 	bkv__free(a, sp->tab, (size_t)sp->n_tab * sizeof(bkv__ngram));
 	bkv__free(a, sp->slots, (size_t)sp->n_tab * BKV__NGRAM_SLOTS * sizeof(uint32_t));
 	bkv__free(a, sp, sizeof(*sp));
@@ -547,32 +535,17 @@ void bkv__spec_take(bkv_sched *s, bkv__spec_step *st)
 	s->spec->n_rows = s->spec->n_set = 0;
 }
 
-static void swap_u32(uint32_t **x, uint32_t **y)
-{
-	uint32_t *t = *x;
-
-	*x = *y;
-	*y = t;
-}
-
-static void swap_i32(int32_t **x, int32_t **y)
-{
-	int32_t *t = *x;
-
-	*x = *y;
-	*y = t;
-}
-
-void bkv__spec_swap(bkv_sched *s)
+void bkv__spec_select(bkv_sched *s, uint32_t set)
 {
 	bkv__spec *sp = s->spec;
+	const size_t n = (size_t)set * sp->row_cap;
 
-	swap_u32(&sp->drafts, &sp->alt_drafts);
-	swap_u32(&sp->want, &sp->alt_want);
-	swap_i32(&sp->accepted, &sp->alt_accepted);
-	swap_i32(&sp->tokens, &sp->alt_tokens);
-	if (sp->alt_st_out)
-		swap_i32(&sp->st_out, &sp->alt_st_out);
+	BKV_ASSERT(set < sp->n_sets);
+	sp->drafts = sp->all_drafts + n;
+	sp->want = sp->all_want + n;
+	sp->accepted = sp->all_accepted + n;
+	sp->tokens = sp->all_tokens + n * (1 + sp->max_k);
+	sp->st_out = sp->all_st_out ? sp->all_st_out + n * (1 + sp->max_k) : NULL;
 }
 
 void bkv__spec_rollback(bkv_sched *s)

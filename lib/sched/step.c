@@ -87,8 +87,11 @@ static int call_host(bkv_sched *s, bkv_call_kind kind, bkv__row *rows, uint32_t 
 		s->plan.dec_ctx_row = (double)sh.decode_context / (double)n_decode;
 	if (s->cfg.cost.step_us)
 		si->predicted_us += call_price(s, &sh, &b);
-	if (s->plan.launching) /* valid until the step completes */
+	if (s->plan.launching) { /* valid until the step completes */
 		b.groups = bkv__ovl_groups(s, &b);
+		if (s->plan.fenced) /* the placeholders, as the host names them */
+			bkv__ovl_name(s, &b);
+	}
 	t0 = bkv__clock_us(s);
 	rc = fn(s->host, &b, s->call.arr.next_tokens);
 	t1 = bkv__clock_us(s);
