@@ -128,6 +128,12 @@ int main(int argc, char **argv)
 		       depth, (unsigned long long)res.sched.overlap_steps,
 		       (unsigned long long)res.steps, res.max_outstanding,
 		       (unsigned long long)res.sched.overlap_wasted_tokens);
+	if (overlap && depth > 1) {
+		printf("placeholders by back distance:");
+		for (uint32_t k = 0; k < depth && k < BKV_OVERLAP_MAX_DEPTH; k++)
+			printf(" %u: %llu", k + 1, (unsigned long long)res.placeholders[k]);
+		printf("\n");
+	}
 	printf("%s%s\n", bad ? "FAILED: " : "every sequence matches the reference token for token",
 	       bad ? msg : "");
 	if (overlap && !bad && !st && res.sched.overlap_steps == 0)
