@@ -430,6 +430,11 @@ static void production_failures(int persistent, uint32_t depth)
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.failed_steps, 1, "both kinds of failure were injected");
 	cr_assert_geq(res.failed_completions, res.failed_steps);
+	if (depth > 1) /* at depth 1 a failure has at most one step behind it */
+		cr_assert_gt(res.failed_completions, 2 * res.failed_steps,
+			     "%llu failed completions for %llu failures: several outstanding each",
+			     (unsigned long long)res.failed_completions,
+			     (unsigned long long)res.failed_steps);
 	cr_assert_gt(res.sched.overlap_steps, 0);
 	cr_assert_gt(res.sched.preemptions, 0);
 }
