@@ -397,18 +397,17 @@ Test(tinylm_production, every_feature_at_once_flat_layout_matches_reference,
 }
 
 /* Pipelined: two and four steps on the device thread while the next is
- * planned, in both layouts; a row whose request had no row in the previous
- * launch (a lane held back for its drafts, a row with drafts in flight)
- * waits for a token two or more launches back, which the device takes from
- * its copies of the earlier steps' tokens. */
-Test(tinylm_production, pipeline_depth_2_substitutes_placeholders_by_back_distance,
+ * planned, in both layouts. The device resolves each placeholder by its
+ * back distance and row from its copies of the earlier steps' tokens, so a
+ * placeholder naming the wrong launch or row gives a different token. */
+Test(tinylm_production, pipeline_depth_2_keeps_three_steps_outstanding_and_matches_reference,
      .init = hybrid_setup, .fini = hybrid_teardown)
 {
 	production(1, 2);
 	production(0, 2);
 }
 
-Test(tinylm_production, pipeline_depth_4_substitutes_placeholders_by_back_distance,
+Test(tinylm_production, pipeline_depth_4_keeps_five_steps_outstanding_and_matches_reference,
      .init = hybrid_setup, .fini = hybrid_teardown)
 {
 	production(1, 4);
