@@ -492,14 +492,14 @@ Test(sim, overlap_depths_2_and_4_finish_every_request_at_depth_1_throughput)
 	c.check = 1;
 	sim_result sync, d[5];
 	run_ok(&c, &t, &sync);
-	for (int n = 1; n <= 4; n *= 2) {
+	for (uint32_t n = 1; n <= 4; n *= 2) {
 		c.overlap = n;
 		run_ok(&c, &t, &d[n]);
-		cr_assert_eq(d[n].out_tokens, sync.out_tokens, "depth %d", n);
-		cr_assert_gt(d[n].overlap_steps, d[n].steps * 9 / 10, "depth %d", n);
-		cr_assert_gt(d[n].overlap_placeholders, 0, "depth %d", n);
-		cr_assert_gt(d[n].overlap_wasted, 0, "depth %d", n);
-		cr_assert_leq(d[n].overlap_wasted, (uint64_t)n * t.n, "depth %d", n);
+		cr_assert_eq(d[n].out_tokens, sync.out_tokens, "depth %u", n);
+		cr_assert_gt(d[n].overlap_steps, d[n].steps * 9 / 10, "depth %u", n);
+		cr_assert_gt(d[n].overlap_placeholders, 0, "depth %u", n);
+		cr_assert_gt(d[n].overlap_wasted, 0, "depth %u", n);
+		cr_assert_leq(d[n].overlap_wasted, (uint64_t)n * t.n, "depth %u", n);
 	}
 	cr_assert_eq(d[1].overlap_far_placeholders, 0);
 	cr_assert_geq(d[2].tput_tok_s, 0.99 * d[1].tput_tok_s, "%.1f vs %.1f tok/s",

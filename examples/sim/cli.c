@@ -120,11 +120,13 @@ static int set_str(cli_args *a, const cli_option *opt, const char *v)
 }
 
 /* A count in [lo, hi]: not a number is a bad value, below lo or above hi
- * says the bound. */
+ * says the bound; none (an ARG_DIGITS row's, --overlap [N]) is lo. */
 static int set_u32(cli_args *a, const cli_option *opt, const char *v)
 {
 	uint32_t *p = FIELD(a, opt, uint32_t);
-	if (parse_u32(v, p))
+	if (!v)
+		*p = opt->lo;
+	else if (parse_u32(v, p))
 		return SET_BAD;
 	if (*p < opt->lo) {
 		fprintf(stderr, "bkv-sim: %s %u: at least %u\n", opt->name, *p, opt->lo);
@@ -134,22 +136,6 @@ static int set_u32(cli_args *a, const cli_option *opt, const char *v)
 		fprintf(stderr, "bkv-sim: %s %u: at most %u\n", opt->name, *p, opt->hi);
 		return SET_STOP;
 	}
-	return SET_OK;
-}
-
-/* An optional count in [lo, hi] into the int at off: lo when none follows
- * (--overlap [N]). */
-static int set_opt_count(cli_args *a, const cli_option *opt, const char *v)
-{
-	uint32_t n = opt->lo;
-	if (v && parse_u32(v, &n))
-		return SET_BAD;
-	if (n < opt->lo || n > opt->hi) {
-		fprintf(stderr, "bkv-sim: %s %u: %s %u\n", opt->name, n,
-			n < opt->lo ? "at least" : "at most", n < opt->lo ? opt->lo : opt->hi);
-		return SET_STOP;
-	}
-	*FIELD(a, opt, int) = (int)n;
 	return SET_OK;
 }
 
@@ -812,12 +798,11 @@ static const cli_option options[] = {
 	 "  --prefill-scale F          the cost model's price of prefill work times\n"
 	 "                             F > 0 (default 1); with the two above, an\n"
 	 "                             engine calibration (fidelity_calib.py)\n"},
-	{"--overlap", ARG_DIGITS, set_opt_count, CFG(overlap), 1, BKV_OVERLAP_MAX_DEPTH,
+	{"--overlap", ARG_DIGITS, set_u32, CFG(overlap), 1, BKV_OVERLAP_MAX_DEPTH,
 	 "  --overlap [N]              the overlapped contract (bkv_step_launch /\n"
-	 "                             bkv_step_complete) at depth N (default 1, at\n"
-	 "                             most 8): up to N steps on the device while the\n"
-	 "                             host prepares the next; a step takes max(device,\n"
-	 "                             host) instead of their sum; a mixed host\n"},
+	 "                             bkv_step_complete), N steps deep (1..8, default\n"
+	 "                             1): a step takes max(device, host) instead of\n"
+	 "                             their sum; a mixed host\n"},
 	FLAG("--check", CFG(check), 1,
 	     "  --check                    bkv_sched_check after every step\n"),
 	VALUE("--goodput", set_goodput,

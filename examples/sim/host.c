@@ -333,7 +333,7 @@ static int check_placeholder(vhost *h, const bkv_batch *b, uint32_t r, int32_t t
 {
 	const uint32_t back = BKV_TOKEN_PENDING_BACK(v), row = BKV_TOKEN_PENDING_ROW(v);
 	const char *why = NULL;
-	if (back < 1 || back > h->n_q || back > (uint32_t)h->cfg->overlap) {
+	if (back < 1 || back > h->n_q || back > h->cfg->overlap) {
 		why = "names no outstanding step within the depth";
 	} else {
 		const bkv_batch *e = &h->ov_b[h->n_q - back];
@@ -968,7 +968,7 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	if (cfg->mixed_host) {
 		ops.forward = cb_forward;
 		if (cfg->overlap) {
-			sc.overlap = (uint32_t)cfg->overlap;
+			sc.overlap = cfg->overlap;
 			ops.launch = cb_forward; /* priced on the device (launching) */
 		}
 	} else {
@@ -1304,7 +1304,7 @@ static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_resu
 			h->q[h->n_q++] = tk;
 		else if (info.finished == 0 && info.admitted == 0)
 			h->now = now0;
-		if (h->n_q == (uint32_t)cfg->overlap + 1 || (!tk && h->n_q)) {
+		if (h->n_q == cfg->overlap + 1 || (!tk && h->n_q)) {
 			if ((rc = complete_oldest(r, cfg, t, res, err, errlen)) != 0)
 				return rc;
 			idle = 0;

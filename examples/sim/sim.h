@@ -181,7 +181,7 @@ typedef struct sim_config {
 	double prefill_scale;      /* factor on the price of prefill work (a
 				      split host's prefill call, the prefill
 				      share of a mixed call); 0 = 1 */
-	int overlap;               /* the overlapped contract's depth
+	uint32_t overlap;          /* the overlapped contract's depth
 				      (--overlap [N]; 0 off, 1 ..
 				      BKV_OVERLAP_MAX_DEPTH):
 				      bkv_step_launch / bkv_step_complete, the
