@@ -49,60 +49,9 @@ from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
 __all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
            "StepInfo", "SchedStats", "TOKEN_FAIL", "adapter_cache_key", "encoder_token",
-           "ENCODE_DTYPE", "OVERLAP_MAX_DEPTH", "token_pending_at", "token_is_pending",
-           "token_pending_back", "token_pending_row", "resolve_placeholders"]
+           "ENCODE_DTYPE"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
-OVERLAP_MAX_DEPTH = _ffi.BKV_OVERLAP_MAX_DEPTH  # Scheduler(overlap=N): N at most this
-
-
-# Overlapped scheduling's placeholders (Scheduler(overlap=N), header
-# BKV_TOKEN_PENDING_AT): a token id in a launched batch's token_ids that
-# stands for the token the step launched `back` launches before samples for
-# its row i (back 1..N; 1 = the previous launch). These work on ints and,
-# elementwise, on numpy integer arrays.
-
-def token_pending_at(back, i):
-    """The placeholder for row i of the step launched back launches before
-    (BKV_TOKEN_PENDING_AT): -2 - ((back - 1) << 18 | i)."""
-    return -2 - (((back - 1) << 18) | i)
-
-
-def token_is_pending(t):
-    """Whether token id t is a placeholder (BKV_TOKEN_IS_PENDING)."""
-    return (t <= -2) & (t > -2 - OVERLAP_MAX_DEPTH * _ffi.BKV_TOKEN_PENDING_ROWS)
-
-
-def token_pending_back(t):
-    """How many launches back a placeholder's step is (BKV_TOKEN_PENDING_BACK)."""
-    return ((-2 - t) >> 18) + 1
-
-
-def token_pending_row(t):
-    """The row a placeholder names in its step (BKV_TOKEN_PENDING_ROW)."""
-    return (-2 - t) & (_ffi.BKV_TOKEN_PENDING_ROWS - 1)
-
-
-def resolve_placeholders(token_ids, recent):
-    """A copy of token_ids (a launched batch's, or any int array) with each
-    placeholder replaced by the token it stands for: recent[back - 1] is the
-    next_tokens array of the step launched back launches before this one
-    (recent[0] the previous launch's), as the device keeps them. IndexError
-    when a placeholder names a step recent does not hold or a row beyond
-    its tokens."""
-    ids = np.array(token_ids, dtype=np.int32, copy=True)
-    at = np.nonzero(token_is_pending(ids))[0]
-    if at.size == 0:
-        return ids
-    back = token_pending_back(ids[at].astype(np.int64))
-    row = token_pending_row(ids[at].astype(np.int64))
-    for k in np.unique(back):
-        if k > len(recent):
-            raise IndexError("a placeholder names the step %d launches back; %d held"
-                             % (k, len(recent)))
-        sel = back == k
-        ids[at[sel]] = np.asarray(recent[k - 1], dtype=np.int32)[row[sel]]
-    return ids
 
 
 def adapter_cache_key(cache_key, adapter):
@@ -930,9 +879,10 @@ class Scheduler:
         run, and hand it to host.launch, which enqueues it and returns at
         once; the host writes next_tokens (a view that stays valid until
         complete) before completing. Placeholders in the batch's token_ids
-        name rows of steps still outstanding (token_pending_at,
-        resolve_placeholders). Returns the step's ticket (0: nothing to
-        compute: complete the oldest outstanding step, launch again), or
+        name rows of steps still outstanding (batchkv.overlap:
+        token_pending_at, resolve_placeholders). Returns the step's ticket
+        (0: nothing to compute: complete the oldest outstanding step, launch
+        again), or
         None when the plan needs the results of the steps in flight first
         (bkv_step_launch answered BKV_EAGAIN: complete every outstanding
         step). With N + 1 steps outstanding complete the oldest before
