@@ -55,22 +55,26 @@ static int noop_forward(void *h, const bkv_batch *b, int32_t *next)
 	return 0;
 }
 
-/* BKV_BENCH_OVERLAP=1: run_decode drives the two-phase step instead
- * (bkv_step_launch of step N+1, then bkv_step_complete of step N; the no-op
- * host writes its tokens at launch), so callgrind prices the overlapped
- * contract's library work: the inclusive counts of bkv_step_launch and
- * bkv_step_complete per step (docs/benchmarks.md, "Overlapped scheduling"). */
-static int g_overlap;
-static uint64_t g_q[2];
+/* BKV_BENCH_OVERLAP=D (1..8): run_decode drives the two-phase step at depth
+ * D instead (bkv_step_launch of step N+1 with up to D steps in flight, then
+ * bkv_step_complete of the oldest; the no-op host writes its tokens at
+ * launch), so callgrind prices the overlapped contract's library work: the
+ * inclusive counts of bkv_step_launch and bkv_step_complete per step
+ * (docs/benchmarks.md, "Overlapped scheduling"). */
+static uint32_t g_overlap;
+static uint64_t g_q[BKV_OVERLAP_MAX_DEPTH + 1];
 static uint32_t g_nq;
+
+static void complete_oldest(bkv_sched *s)
+{
+	bkv_step_complete(s, g_q[0], 0, NULL);
+	memmove(g_q, g_q + 1, --g_nq * sizeof(g_q[0]));
+}
 
 static void complete_all(bkv_sched *s)
 {
-	while (g_nq) {
-		bkv_step_complete(s, g_q[0], 0, NULL);
-		g_q[0] = g_q[1];
-		g_nq--;
-	}
+	while (g_nq)
+		complete_oldest(s);
 }
 
 static void one_step(bkv_sched *s, bkv_step_info *si)
@@ -87,11 +91,8 @@ static void one_step(bkv_sched *s, bkv_step_info *si)
 	}
 	if (t)
 		g_q[g_nq++] = t;
-	if (g_nq == 2 || (!t && g_nq)) {
-		bkv_step_complete(s, g_q[0], 0, NULL);
-		g_q[0] = g_q[1];
-		g_nq--;
-	}
+	if (g_nq == g_overlap + 1 || (!t && g_nq))
+		complete_oldest(s);
 }
 
 /* BKV_BENCH_CLOCK=1: the scheduler's clock is a counter advancing 100 us a
@@ -162,9 +163,12 @@ static result run_decode(uint32_t running, uint32_t waiting, uint32_t block_scal
 	ops.forward = noop_forward;
 	if (getenv("BKV_BENCH_CLOCK"))
 		ops.now_us = fixed_clock;
-	g_overlap = getenv("BKV_BENCH_OVERLAP") && layout == BKV_BATCH_FLAT;
+	g_overlap = getenv("BKV_BENCH_OVERLAP") && layout == BKV_BATCH_FLAT
+			    ? (uint32_t)atoi(getenv("BKV_BENCH_OVERLAP")) : 0;
+	if (g_overlap > BKV_OVERLAP_MAX_DEPTH)
+		g_overlap = BKV_OVERLAP_MAX_DEPTH;
 	if (g_overlap) {
-		sc.overlap = 1;
+		sc.overlap = g_overlap;
 		ops.launch = noop_forward;
 	}
 	if (bkv_sched_create(&sc, pool, &ops, &host, NULL, &s) != BKV_OK)

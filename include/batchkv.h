@@ -391,7 +391,9 @@ typedef struct bkv_pool_config {
 				      a plain transformer). Default 0. */
 	uint32_t state_units;      /* with a STATE group: state units in the
 				      state arena (live states of open
-				      sequences plus cached checkpoints);
+				      sequences plus cached checkpoints;
+				      overlapped scheduling at depth D holds
+				      up to D + 2 a running sequence);
 				      0 = 2 x max_seqs. Ignored without one.
 				      Default 0. */
 	const bkv_kv_group *groups; /* [n_groups], copied at create; NULL when
@@ -1590,8 +1592,9 @@ typedef struct bkv_batch {
 	const bkv_copy *swap_in;
 	bkv_batch_layout layout;          /* the scheduler's batch_layout */
 	uint32_t n_row_slots;             /* persistent: row slots 0..n-1 exist
-					     (max_running; 3 x max_running
-					     with overlap, whose released
+					     (max_running; (depth + 2) x
+					     max_running with overlap, whose
+					     released
 					     slots wait for the steps that
 					     read them); 0 when flat */
 	const uint32_t *row_slot;         /* [n_rows] persistent: each row's row
@@ -2162,7 +2165,7 @@ typedef struct bkv_sched_stats {
 				      first) */
 	uint64_t overlap_spec_waits; /* overlap with speculative decoding:
 				      rows not planned by a launch because
-				      the lane's row in the step in flight
+				      the lane's row in a step in flight
 				      carries drafts (how many tokens it
 				      delivers is unknown until it
 				      completes), or held back so that its
@@ -2171,10 +2174,10 @@ typedef struct bkv_sched_stats {
 				      in flight without drafts: their last
 				      token is that step's placeholder, which
 				      no draft may follow */
-	uint64_t overlap_spec_idle; /* launches with a step in flight that
+	uint64_t overlap_spec_idle; /* launches with steps in flight that
 				      planned nothing while lanes waited as
 				      in overlap_spec_waits (the host
-				      completes the step, then launches) */
+				      completes the oldest, then launches) */
 	uint64_t adapter_passes;   /* times admission set a request aside
 				      because its adapter had no room
 				      (bkv_sched_config.max_adapters) */
@@ -2343,8 +2346,8 @@ BKV_API int bkv_step(bkv_sched *sched, bkv_step_info *info);
  *                may be NULL.
  * @return BKV_OK; BKV_EAGAIN (complete the outstanding steps first);
  *         BKV_EHOST (the launch callback failed: with nothing else in
- *         flight the step is rolled back now, else with the step in flight
- *         when the last outstanding one completes); BKV_ESTATE (overlap
+ *         flight the step is rolled back now, else with the steps in
+ *         flight when the last of them completes); BKV_ESTATE (overlap
  *         off, N + 1 steps outstanding, a failed step not yet completed, or
  *         called from a callback); BKV_EINVAL (NULL sched or ticket).
  * Thread rules: the stepping thread; bkv_submit and bkv_abort may run

@@ -24,19 +24,24 @@
 #include <string.h>
 
 #define OV_MAX_REQ 400u
-#define OV_DEPTH 4u
+#define OV_DEPTH (BKV_OVERLAP_MAX_DEPTH + 1u) /* the device's queue */
+
+static uint32_t ov_depth = 1; /* cfg.overlap of the overlapped runs */
 
 typedef struct ov_host {
 	kh_host kh;               /* first: kh_ops' callbacks take the host */
 	int32_t *tok;             /* the batch's token ids, placeholders replaced */
 	uint32_t tok_cap;
-	const int32_t *prev_outs; /* next_tokens of the step launched before */
-	uint32_t prev_rows;       /* its rows */
-	int prev_failed;          /* the device failed it (or one before it) */
+	const int32_t *dev_outs[OV_DEPTH]; /* next_tokens of the launched steps
+				     (the ring below) */
+	uint32_t dev_rows[OV_DEPTH]; /* their rows */
+	int prev_failed;          /* the device failed the step launched before
+				     (or one before it) */
 	int dev_failed[OV_DEPTH]; /* FIFO: launched steps the device failed */
 	bkv_batch dev_batch[OV_DEPTH]; /* their batches (struct copied) */
 	uint64_t dev_sum[OV_DEPTH]; /* a digest of each one's arrays at launch */
 	uint32_t dev_head, dev_n;
+	uint32_t max_in_flight;   /* steps in flight at a launch, at most */
 	uint64_t launches;        /* launch callbacks */
 	uint64_t fail_launch_at;  /* launch number refused at the door (0: none) */
 	uint64_t placeholders;    /* placeholder tokens replaced */
@@ -406,15 +411,17 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 		int32_t v = b->token_ids[t];
 
 		if (BKV_TOKEN_IS_PENDING(v)) {
-			uint32_t row = BKV_TOKEN_PENDING_ROW(v);
+			uint32_t row = BKV_TOKEN_PENDING_ROW(v), back = BKV_TOKEN_PENDING_BACK(v);
+			uint32_t k = (h->dev_head + h->dev_n + OV_DEPTH - back) % OV_DEPTH;
 
 			n_pend++;
 			h->placeholders++;
-			if (!h->prev_outs || row >= h->prev_rows) {
+			if (back > h->dev_n || row >= h->dev_rows[k] ||
+			    t >= (uint32_t)b->qo_indptr[b->n_decode_rows]) {
 				h->bad_placeholders++;
 				v = 0;
 			} else {
-				v = h->prev_outs[row];
+				v = h->dev_outs[k][row];
 			}
 		}
 		h->tok[t] = v;
@@ -426,12 +433,15 @@ static int ov_launch(void *host, const bkv_batch *b, int32_t *next)
 		failed = 1;
 	else
 		failed = ov_compute(h, &c, next) < 0;
-	cr_assert(h->dev_n < OV_DEPTH);
+	cr_assert(h->dev_n < OV_DEPTH && h->dev_n <= ov_depth, "a launch with %u in flight",
+		  h->dev_n);
+	if (h->dev_n > h->max_in_flight)
+		h->max_in_flight = h->dev_n;
 	h->dev_batch[(h->dev_head + h->dev_n) % OV_DEPTH] = *b;
 	h->dev_sum[(h->dev_head + h->dev_n) % OV_DEPTH] = batch_sum(b);
+	h->dev_outs[(h->dev_head + h->dev_n) % OV_DEPTH] = next;
+	h->dev_rows[(h->dev_head + h->dev_n) % OV_DEPTH] = b->n_rows;
 	h->dev_failed[(h->dev_head + h->dev_n++) % OV_DEPTH] = failed;
-	h->prev_outs = next;
-	h->prev_rows = b->n_rows;
 	h->prev_failed = failed;
 	return 0;
 }
@@ -475,7 +485,7 @@ typedef struct ov_env {
 	ov_host h;
 	bkv_pool *pool;
 	bkv_sched *s;
-	uint64_t q[2];     /* outstanding tickets, oldest first */
+	uint64_t q[OV_DEPTH]; /* outstanding tickets, oldest first */
 	uint32_t n_q;
 	uint64_t rng;
 	uint32_t abort_permille;  /* the driver aborts a random request per step */
@@ -570,12 +580,10 @@ static int ov_complete1(ov_env *e)
 		cr_assert_eq(rc, BKV_EHOST);
 	else
 		cr_assert(rc == BKV_OK || rc == BKV_EHOST, "complete: %d", rc);
-	e->q[0] = e->q[1];
+	memmove(&e->q[0], &e->q[1], (e->n_q - 1) * sizeof(e->q[0]));
 	e->n_q--;
-	if (e->n_q == 0) { /* nothing in flight: the device starts afresh */
-		e->h.prev_outs = NULL;
+	if (e->n_q == 0) /* nothing in flight: the device starts afresh */
 		e->h.prev_failed = 0;
-	}
 	return rc;
 }
 
@@ -622,9 +630,11 @@ static int ov_iter(ov_env *e)
 		e->q[e->n_q++] = t;
 	ov_check(e);
 	ov_maybe_abort(e);
-	if (e->n_q == 2 || (t == 0 && e->n_q)) {
-		if (ov_complete1(e) == BKV_EHOST && e->n_q)
-			cr_assert_eq(ov_complete1(e), BKV_EHOST);
+	/* the drain rules: depth steps in flight, or ticket 0 with some */
+	if (e->n_q == ov_depth + 1 || (t == 0 && e->n_q)) {
+		if (ov_complete1(e) == BKV_EHOST)
+			while (e->n_q)
+				cr_assert_eq(ov_complete1(e), BKV_EHOST);
 	}
 	ov_check(e);
 	return 1;
@@ -855,6 +865,7 @@ static bkv_sched_stats spec_sum;
  * it keeps, and launches after a device failure it never applies) */
 static uint64_t mirrored, undone, opened;
 static uint64_t grp_checked; /* KV groups: context cells checked, over model checks */
+static uint32_t deepest; /* steps in flight at a launch, at most, over model checks */
 /* a STATE group, over model checks: states read and checked (both runs),
  * checkpoint hits of the overlapped runs */
 static uint64_t st_checked, st_hits;
@@ -866,7 +877,7 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 	ov_load La, Lb;
 	bkv_sched_stats st;
 
-	o->cfg.overlap = 1;
+	o->cfg.overlap = ov_depth;
 	ov_env_init(&a, o);
 	a.h.kh.spec_accept_permille = spec_permille;
 	a.h.kh.spec_host_accepts = spec_host_accepts;
@@ -927,6 +938,8 @@ static void model_check(ov_opts *o, uint32_t n, uint64_t seed, int forks, int fa
 	}
 	mirrored += b.h.kh.deltas_applied;
 	undone += b.h.kh.undone_calls;
+	if (b.h.max_in_flight > deepest)
+		deepest = b.h.max_in_flight;
 	opened += b.h.slots_opened;
 	if (o->cfg.batch_layout == BKV_BATCH_PERSISTENT)
 		cr_assert_gt(b.h.kh.deltas_applied, 0, "the host mirrored no delta");
@@ -1163,7 +1176,7 @@ static void st_opts(ov_opts *o, uint64_t seed, uint32_t att_blocks)
 	o->groups[o->n_groups++] =
 		(bkv_kv_group){BKV_GROUP_STATE, 1, o->bt * (1 + (uint32_t)seed % 3), 0, 64 * o->bt};
 	o->state_share = seed % 5 == 2;
-	o->state_units = 3 * o->cfg.max_running + 16;
+	o->state_units = (ov_depth + 2) * o->cfg.max_running + 16;
 	k = bkv_kv_state_frames(o->groups, o->n_groups, o->bt);
 	o->nb = att_blocks * (o->n_groups - 1) + o->state_units * k;
 }
@@ -1978,7 +1991,6 @@ Test(overlap, destroying_with_launched_steps_leaves_the_pool_usable)
 	ops.launch = ov_launch;
 	e.h.dev_n = 0;
 	e.n_q = 0;
-	e.h.prev_outs = NULL;
 	e.h.prev_failed = 0;
 	rc = bkv_sched_create(&o.cfg, e.pool, &ops, &e.h, NULL, &e.s);
 	cr_assert_eq(rc, BKV_OK, "sched: %s", bkv_strerror(rc));
@@ -2081,4 +2093,212 @@ Test(overlap, a_request_preempted_in_a_failed_step_and_readmitted_by_the_next_ro
 	ov_env_fini(&e);
 	kh_req_fini(&x);
 	kh_req_fini(&y);
+}
+
+/* ---- depth: several steps in flight ---------------------------------------- */
+
+/* The model checks above at depths 2 to 8: the same workloads deliver the
+ * synchronous run's tokens, every KV cell, group cell and state the device
+ * reads checked, with the device queue as deep as the depth allows. */
+static const uint32_t depths[] = {2, 3, 4, 8};
+
+Test(overlap_depth, every_depth_delivers_the_synchronous_tokens_with_forks_chunks_and_hits)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed;
+	uint32_t d;
+
+	for (d = 0; d < 4; d++) {
+		ov_depth = depths[d];
+		deepest = 0;
+		for (seed = 1; seed <= 4; seed++) {
+			ov_opts_init(&o);
+			o.cfg.chunked_prefill = seed % 2;
+			o.cfg.token_budget = 24 + 8 * (uint32_t)seed;
+			o.bt = seed % 2 ? 4 : 1;
+			model_check(&o, 50, seed + 100 * d, 1, 0, 0, seed % 2 ? 0 : 100, &ov);
+		}
+		cr_assert_eq(deepest, ov_depth, "depth %u: at most %u steps in flight", ov_depth,
+			     deepest);
+	}
+	ov_depth = 1;
+	cr_assert_gt(ov, 400);
+}
+
+Test(overlap_depth, preemption_swap_and_failed_steps_at_every_depth_roll_back_and_rerun)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, f0 = failed, p0 = preempted, s0 = swapped;
+	bkv_preempt_mode modes[3] = {BKV_PREEMPT_RECOMPUTE, BKV_PREEMPT_SWAP, BKV_PREEMPT_AUTO};
+	uint32_t d;
+
+	load_max_new = 48;
+	load_stop_mod = 31;
+	for (d = 0; d < 4; d++) {
+		ov_depth = depths[d];
+		for (seed = 1; seed <= 4; seed++) {
+			ov_opts_init(&o);
+			o.nb = 52 + 4 * (uint32_t)seed;
+			o.nh = seed % 2 ? 48 : 0;
+			o.host_cache = seed == 3;
+			o.cfg.preempt = o.nh ? modes[seed % 3] : BKV_PREEMPT_RECOMPUTE;
+			o.cfg.chunked_prefill = seed % 2;
+			o.cfg.token_budget = 32;
+			model_check(&o, 40, seed + 30 + 100 * d, 1, 1, 60, 0, &ov);
+		}
+	}
+	ov_depth = 1;
+	load_max_new = 24;
+	load_stop_mod = 11;
+	cr_assert_gt(ov, 200);
+	cr_assert_gt(failed, f0 + 40);
+	cr_assert_gt(preempted, p0 + 10);
+	cr_assert_gt(swapped, s0 + 3);
+}
+
+Test(overlap_depth, window_chunked_and_state_groups_at_every_depth_deliver_the_synchronous_tokens)
+{
+	ov_opts o;
+	uint64_t ov = 0, seed, c0 = grp_checked, t0 = st_checked, f0 = failed;
+	uint32_t d;
+
+	load_max_new = 32;
+	load_stop_mod = 23;
+	for (d = 0; d < 4; d++) {
+		ov_depth = depths[d];
+		for (seed = 1; seed <= 4; seed++) {
+			ov_opts_init(&o);
+			o.cfg.chunked_prefill = seed % 3 != 0;
+			o.cfg.token_budget = 24 + 8 * (uint32_t)seed;
+			o.nh = 48;
+			grp_model_check(&o, 40, seed + 200 + 10 * d, 1, 1, seed % 2 ? 50 : 0, 0, &ov);
+			ov_opts_init(&o);
+			o.cfg.chunked_prefill = seed % 2;
+			o.cfg.token_budget = 32;
+			o.nh = seed % 2 ? 48 : 0;
+			st_opts(&o, seed + d, 64 + 8 * (uint32_t)seed);
+			model_check(&o, 40, seed + 300 + 10 * d, 1, 1, seed % 2 ? 0 : 50, 0, &ov);
+		}
+	}
+	ov_depth = 1;
+	load_max_new = 24;
+	load_stop_mod = 11;
+	cr_assert_gt(ov, 400);
+	cr_assert_gt(grp_checked, c0 + 1000);
+	cr_assert_gt(st_checked, t0 + 1000);
+	cr_assert_gt(failed, f0 + 20);
+}
+
+Test(overlap_depth, speculation_at_every_depth_matches_the_synchronous_run)
+{
+	uint32_t d;
+	uint64_t f0 = failed;
+
+	load_max_new = 40;
+	load_stop_mod = 29;
+	for (d = 0; d < 4; d++) {
+		ov_depth = depths[d];
+		spec_model_check(3, 400 + 10 * d, 64, 32, 40, d % 2 ? 200 : 0);
+	}
+	ov_depth = 1;
+	load_max_new = 24;
+	load_stop_mod = 11;
+	cr_assert_gt(failed, f0 + 10);
+}
+
+/* The drain rule: with depth steps in flight a launch is refused, and
+ * nothing changes; the oldest completed, it goes on. A deeper config is
+ * refused at create, naming the limit. */
+Test(overlap_depth, a_launch_past_the_depth_is_refused_and_changes_nothing)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	uint64_t t;
+	uint32_t k;
+	bkv_sched_stats a, b;
+	bkv_pool *pool;
+	bkv_pool_config pc;
+	bkv_host_ops ops = kh_ops(0);
+	bkv_sched *s = NULL;
+
+	ov_depth = 3;
+	ov_opts_init(&o);
+	o.cfg.overlap = 3;
+	ov_env_init(&e, &o);
+	load_make(&L, 8, 7, 0, 0);
+	load_submit(&e, &L);
+	for (k = 0; k < 4; k++) { /* prompts, then decode on placeholders */
+		cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+		cr_assert_neq(t, 0);
+		e.q[e.n_q++] = t;
+	}
+	memset(&a, 0, sizeof(a));
+	a.size = sizeof(a);
+	bkv_sched_stats_get(e.s, &a);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_ESTATE);
+	b = a;
+	bkv_sched_stats_get(e.s, &b);
+	cr_assert_eq(memcmp(&a, &b, sizeof(a)), 0);
+	cr_assert_eq(e.h.max_in_flight, 3);
+	cr_assert_gt(e.h.placeholders, 0);
+	ov_complete1(&e);
+	cr_assert_eq(bkv_step_launch(e.s, &t, NULL), BKV_OK);
+	e.q[e.n_q++] = t;
+	ov_complete1(&e); /* depth in flight again: the loop launches next */
+	ov_run(&e, 4000);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+	ov_depth = 1;
+
+	bkv_pool_config_init(&pc);
+	pc.device_blocks = 64;
+	cr_assert_eq(bkv_pool_create(&pc, NULL, &pool), BKV_OK);
+	ops.launch = ov_launch;
+	o.cfg.overlap = BKV_OVERLAP_MAX_DEPTH + 1;
+	cr_assert_eq(bkv_sched_create(&o.cfg, pool, &ops, NULL, NULL, &s), BKV_EINVAL);
+	cr_assert_null(s);
+	cr_assert_not_null(strstr(bkv_last_error(), "overlap = 9"), "%s", bkv_last_error());
+	bkv_pool_destroy(pool);
+}
+
+/* Host-cache demotions at depth 4: each step in flight's demotions are held
+ * apart, so the launches stay deep and overlapped. */
+Test(overlap_depth, host_cache_demotions_keep_four_steps_in_flight)
+{
+	ov_opts o;
+	ov_env e;
+	ov_load L;
+	bkv_sched_stats st;
+	bkv_pool_stats ps;
+
+	load_max_new = 16;
+	load_stop_mod = 97;
+	ov_depth = 4;
+	ov_opts_init(&o);
+	o.nb = 96;
+	o.nh = 256;
+	o.host_cache = 1;
+	o.cfg.overlap = 4;
+	ov_env_init(&e, &o);
+	load_make(&L, 80, 61, 0, 0);
+	load_submit(&e, &L);
+	ov_run(&e, 40000);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	bkv_sched_stats_get(e.s, &st);
+	memset(&ps, 0, sizeof(ps));
+	ps.size = sizeof(ps);
+	bkv_pool_stats_get(e.pool, &ps);
+	cr_assert_gt(ps.host_demoted, 20, "demotions: %llu", (unsigned long long)ps.host_demoted);
+	cr_assert_eq(e.h.max_in_flight, 4);
+	cr_assert_lt(10 * st.overlap_syncs, st.overlap_steps, "%llu synchronous launches against %llu",
+		     (unsigned long long)st.overlap_syncs, (unsigned long long)st.overlap_steps);
+	ov_check(&e);
+	ov_env_fini(&e);
+	load_free(&L);
+	ov_depth = 1;
+	load_max_new = 24;
+	load_stop_mod = 11;
 }

@@ -69,19 +69,19 @@ void bkv__ovl_name(bkv_sched *s, bkv_batch *b)
 {
 	const bkv__ovl *o = s->ovl;
 	const uint32_t here = (o->head + o->n_out) % o->cap; /* its ticket's slot */
-	int32_t *tok = s->call.arr.bufs.token_ids;
-	uint32_t i;
+	int32_t *tok = s->call.arr.bufs.token_ids, add[OVL_MAX];
+	const int32_t *qo = b->qo_indptr;
+	uint32_t i, k;
 
+	/* OVL_PH(k, i) + add[k] = BKV_TOKEN_PENDING_AT(back, i): both are
+	 * -2 - (high << 18 | i), with high k inside, back - 1 outside */
+	for (k = 0; k < o->cap; k++)
+		add[k] = (int32_t)((k - ((here + o->cap - k) % o->cap - 1)) << 18);
 	for (i = 0; i < b->n_decode_rows; i++) {
-		const int32_t t = tok[b->qo_indptr[i]];
+		const int32_t t = tok[qo[i]];
 
-		if (OVL_IS_PH(t)) {
-			const uint32_t v = (uint32_t)(-2 - (int64_t)t);
-			const uint32_t back = (here + o->cap - (v >> 18)) % o->cap;
-
-			BKV_ASSERT(back >= 1 && back <= o->n_out);
-			tok[b->qo_indptr[i]] = BKV_TOKEN_PENDING_AT(back, v & (BKV_TOKEN_PENDING_ROWS - 1));
-		}
+		if (OVL_IS_PH(t)) /* (bkv_sched_check: each names a ticket) */
+			tok[qo[i]] = t + add[(uint32_t)(-2 - (int64_t)t) >> 18];
 	}
 }
 
@@ -142,6 +142,27 @@ int bkv__ovl_hold(bkv_sched *s, bkv__req *list)
 
 /* ---- invariants ------------------------------------------------------------ */
 
+/* A lane's last ovl_n known tokens are placeholders of provisional
+ * outstanding tickets, oldest first. */
+static int placeholders_ok(const bkv__ovl *o, const bkv__lane *l)
+{
+	uint32_t k, at = 0, pos = LANE_KNOWN(l) - l->ovl_n;
+
+	for (k = 0; k < l->ovl_n; k++) {
+		const int32_t t = l->tok[pos + k];
+		uint32_t slot, age;
+
+		if (!OVL_IS_PH(t))
+			return 0;
+		slot = (uint32_t)(-2 - (int64_t)t) >> 18;
+		age = (slot + o->cap - o->head) % o->cap; /* 0: the oldest */
+		if (age >= o->n_out || !o->t[slot].provisional || (k && age <= at))
+			return 0;
+		at = age;
+	}
+	return 1;
+}
+
 /* 35: the deferred list: each entry's lane has given up its sequence, which
  *     the pool still holds open; its count; nothing deferred while no step
  *     is outstanding.
@@ -196,7 +217,8 @@ int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def)
 
 			if (x->ovl_pend == 3 ? !o->n_out || x->ovl_n
 					     : (x->ovl_pend != 0) != (x->ovl_n != 0) ||
-						       (x->ovl_n && !prov) || x->ovl_n > o->depth)
+						       (x->ovl_n && !prov) || x->ovl_n > o->depth ||
+						       !placeholders_ok(o, x))
 				return 37; /* (3: drafts wait for any ticket) */
 		}
 	}

@@ -416,9 +416,10 @@ static void unprovision(bkv__ticket *t)
  * store), and the lane looks as if nothing were provisional, so that
  * commit_rows commits the token as bkv_step would; reprovision then counts
  * the newer placeholders again. */
-static void unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
+static int unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
 {
 	uint32_t i;
+	int left = 0;
 
 	for (i = 0; i < t->n_rows; i++) {
 		bkv__lane *l = t->rows[i].lane;
@@ -436,6 +437,7 @@ static void unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs
 		if (l->seq != BKV__SEQ_NONE && l->kv_len > pos)
 			bkv__pool_seq_set_token(s->pool, l->seq, pos, outs[i]);
 		l->n_gen -= l->ovl_n--;
+		left |= l->ovl_n;
 		l->ovl_mode = l->ovl_pend;
 		if (l->ovl_pend == 2)
 			l->done = 0;
@@ -443,6 +445,7 @@ static void unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs
 		l->ovl_pend = 0;
 	}
 	t->provisional = 0;
+	return left;
 }
 
 /* After t's commit: the newer placeholders of its lanes count again, above
@@ -589,8 +592,10 @@ static bkv__ticket *ticket_push(bkv_sched *s, const bkv_step_info *si)
 	for (i = 0; i < s->plan.n_touched; i++)
 		if (undo_live(s->plan.touched[i]))
 			undo_add(t, s->plan.touched[i], o->committed);
-	for (i = 0; i < s->plan.n_dec; i++) /* the fused pass's lanes */
-		if (undo_live(s->plan.dec[i].lane) && s->plan.dec[i].lane->ovl_last != t->id)
+	for (i = 0; i < s->plan.n_dec; i++) /* the fused pass's lanes (a lane
+						  the general path touched is
+						  listed twice: harmless) */
+		if (undo_live(s->plan.dec[i].lane))
 			undo_add(t, s->plan.dec[i].lane, o->committed);
 	BKV_ASSERT(t->n_undo <= o->undo_cap);
 	t->outs = s->call.arr.next_tokens;
@@ -740,26 +745,23 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	si->prefill_calls = si->decode_calls = 0;
 }
 
-/* t, the oldest, committed while later steps are outstanding: each lane
- * a later step appended to has its committed length at t's end (com_len),
- * and with KV groups each window or chunked lane of a sequence t appended
- * to releases what that length no longer reads (the pool's split commit
- * trims nothing), so every block a later step reads, or their rollback
- * needs, stays. */
-static void commit_lengths(bkv_sched *s, const bkv__ticket *t)
+/* KV groups, t (the oldest) committed while later steps are outstanding
+ * (the pool's split commit trims nothing): each window or chunked lane of a
+ * sequence t appended to releases what its committed length (com_len when
+ * a later step appended to it too) no longer reads, so every block a later
+ * step reads, or their rollback needs, stays; a STATE group's state at that
+ * length becomes the committed one. */
+static void trim_committed(bkv_sched *s, const bkv__ticket *t)
 {
 	uint32_t i;
 
 	for (i = 0; i < t->n_undo; i++) {
-		bkv__lane *l = t->undo[i].lane;
+		const bkv__lane *l = t->undo[i].lane;
 
 		if (!REQ_IS_RUNNING(l->req) || l->seq == BKV__SEQ_NONE)
 			continue;
-		if (l->ovl_last > t->id)
-			l->com_len = t->undo[i].post_len;
-		if (s->call.n_lanes || s->call.has_state)
-			bkv__pool_seq_commit_to(s->pool, l->seq,
-						l->ovl_last > t->id ? l->com_len : l->kv_len);
+		bkv__pool_seq_commit_to(s->pool, l->seq,
+					l->ovl_last > t->id ? t->undo[i].post_len : l->kv_len);
 	}
 }
 
@@ -770,6 +772,7 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	int32_t *outs = t->outs; /* the library's array */
 	uint64_t waste = 0;
 	uint32_t i;
+	int left = 0;
 
 	for (i = 0; i < t->n_rows; i++) /* the host's own negative ids */
 		if (outs[i] < BKV_TOKEN_FAIL)
@@ -778,13 +781,16 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	o->n_out--;
 	s->plan.fenced = o->n_out > 0;
 	spec_unwait(t);
-	if (t->provisional)
-		unprovision_oldest(s, t, outs); /* later steps' placeholders too */
+	if (t->provisional) /* later steps' placeholders too */
+		left = unprovision_oldest(s, t, outs);
 	for (i = 0; i < t->n_rows; i++) {
-		const bkv__lane *l = t->rows[i].lane;
+		bkv__lane *l = t->rows[i].lane;
 
 		if (!REQ_IS_RUNNING(l->req) || l->done)
 			waste += t->rows[i].end - t->rows[i].start;
+		else if (l->ovl_last > t->id) /* a later step appended too: its
+						 committed length is t's end */
+			l->com_len = t->rows[i].end;
 	}
 	if (t->held) /* its copies were held apart: later steps' stay */
 		bkv__pool_copies_release_held(s->pool, 1);
@@ -797,14 +803,16 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	if (o->n_out) {
 		/* what the commit carries over is the next one's to commit */
 		oldest(o)->mark += bkv__pool_txn_commit_upto(s->pool, t->mark);
-		commit_lengths(s, t);
+		if (s->call.n_lanes)
+			trim_committed(s, t);
 	} else {
 		bkv__pool_txn_commit(s->pool);
 	}
 	o->committed = t->id;
 	bkv__enc_commit(s, t->id);
 	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
-	reprovision(t);
+	if (left)
+		reprovision(t);
 	if (t->spec.n_rows)
 		bkv__spec_deliver_step(s, &t->spec, t->rows, t->n_rows, si);
 	bkv__step_stats(s, si);

@@ -214,9 +214,9 @@ typedef struct cx_run {
 	int32_t *mirror;
 	uint32_t *mlen;
 	/* overlap */
-	cx_dev q[4];
+	cx_dev q[BKV_OVERLAP_MAX_DEPTH + 1];
 	uint32_t nq;
-	uint64_t tickets[2];
+	uint64_t tickets[BKV_OVERLAP_MAX_DEPTH + 1];
 	uint32_t nt;
 	int32_t *subst;
 	uint32_t subst_cap;
@@ -306,6 +306,12 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	/* adapters, from the seed alone too */
 	if ((mix(seed ^ 0xada97e5ull) & 3) == 0)
 		f->max_adapters = 1 + (uint32_t)(mix(seed ^ 0xada97e6ull) % 3);
+	/* the overlap depth, from the seed alone too */
+	if (f->overlap) {
+		const uint32_t d = (uint32_t)(mix(seed ^ 0xde9742ull) % 8);
+
+		f->overlap = d < 4 ? 1 : d < 7 ? (int)d - 2 : BKV_OVERLAP_MAX_DEPTH;
+	}
 	f->victim_cost = chance(&s, 250);
 	f->reserve_output = chance(&s, 150);
 	f->static_policy = !f->overlap && chance(&s, 60);
@@ -313,7 +319,7 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 	if (chance(&s, 150)) {
 		/* the pressure profile: overlapped steps over a tiny pool, many
 		 * rows, recompute preemption and failing steps together */
-		f->overlap = 1;
+		f->overlap = 1 + (int)(mix(seed ^ 0xde9743ull) % 4);
 		f->split = 0;
 		f->static_policy = 0;
 		f->tiny = 1; /* (speculation as drawn) */
@@ -1100,10 +1106,12 @@ static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 	cx_run *x = host;
 	cx_dev *prev = x->nq ? &x->q[x->nq - 1] : NULL;
 	uint32_t i;
-	int dry = prev && prev->failed, rc;
+	int dry = 0, rc;
 
-	if (x->nq >= 2) {
-		fail(x, "launch with %u steps outstanding", x->nq);
+	for (i = 0; i < x->nq; i++) /* the device skips what follows a failure */
+		dry |= x->q[i].failed;
+	if (x->nq > (uint32_t)x->f.overlap) {
+		fail(x, "launch with %u steps outstanding at depth %d", x->nq, x->f.overlap);
 		return -1;
 	}
 	if (b->n_tokens > x->subst_cap) {
@@ -1115,14 +1123,16 @@ static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 		int32_t t = b->token_ids[i];
 
 		if (BKV_TOKEN_IS_PENDING(t)) {
-			uint32_t row = BKV_TOKEN_PENDING_ROW(t);
+			uint32_t row = BKV_TOKEN_PENDING_ROW(t), back = BKV_TOKEN_PENDING_BACK(t);
+			const cx_dev *d = back <= x->nq ? &x->q[x->nq - back] : NULL;
 
-			if (!prev || row >= prev->rows) {
-				fail(x, "placeholder of row %u with %s", row,
-				     prev ? "a step of fewer rows in flight" : "no step in flight");
+			if (!d || row >= d->rows || i >= (uint32_t)b->qo_indptr[b->n_decode_rows]) {
+				fail(x, "placeholder of row %u, %u launches back, %s", row, back,
+				     !d ? "with fewer steps in flight"
+				     : row >= d->rows ? "a step of fewer rows" : "in a prefill row");
 				return -1;
 			}
-			t = dry ? tok(x, (cx_req *)b->row_user[0], 0, 0) : prev->next[row];
+			t = dry ? tok(x, (cx_req *)b->row_user[0], 0, 0) : d->next[row];
 		}
 		x->subst[i] = t;
 	}
@@ -1133,8 +1143,8 @@ static int cx_launch(void *host, const bkv_batch *b, int32_t *next)
 		enc_frees(x, b);
 		return -1; /* refused at launch */
 	}
-	if (prev && x->state_group != UINT32_MAX)
-		check_state_units(x, b, prev);
+	for (i = 0; prev && x->state_group != UINT32_MAX && i < x->nq; i++)
+		check_state_units(x, b, &x->q[i]);
 	rc = compute(x, b, x->subst, next, dry);
 	x->q[x->nq].next = next;
 	x->q[x->nq].rows = b->n_rows;
@@ -1490,7 +1500,7 @@ static void complete_oldest(cx_run *x)
 		x->q[0].failed = 1;
 	rc = bkv_step_complete(x->s, x->tickets[0], status, NULL);
 	check_outputs(x, rc);
-	x->tickets[0] = x->tickets[1];
+	memmove(&x->tickets[0], &x->tickets[1], sizeof(x->tickets[0]) * (x->nt - 1));
 	x->nt--;
 	if (rc != BKV_OK && rc != BKV_EHOST)
 		fail(x, "bkv_step_complete: %d", rc);
@@ -1682,7 +1692,9 @@ static void drive_overlap(cx_run *x)
 		x->tickets[x->nt++] = t;
 	}
 	check_all(x);
-	if (x->nt == 2 || (t == 0 && x->nt) || (x->nt && chance(&x->rng_drive, 150)))
+	/* the drain rules: N in flight, or ticket 0 with some in flight */
+	if (x->nt == (uint32_t)x->f.overlap + 1 || (t == 0 && x->nt) ||
+	    (x->nt && chance(&x->rng_drive, 150)))
 		complete_oldest(x);
 }
 
