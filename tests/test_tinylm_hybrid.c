@@ -495,12 +495,15 @@ Test(tinylm_recurrent, overlapped_with_a_device_thread_matches_reference,
 	overlapped(164, 600, 1);
 }
 
-/* Two steps in flight while the next is planned (the library keeps three
- * states a sequence): each launch reads the state the steps launched before
- * it wrote, run in launch order on the device, and every request matches. */
-Test(tinylm_recurrent, pipeline_depth_2_with_a_device_thread_matches_reference,
+/* Two and four steps in flight while the next is planned (the library
+ * keeps up to depth + 2 states a sequence): each launch reads the state the
+ * steps launched before it wrote, run in launch order on the device, and
+ * every request matches. */
+Test(tinylm_recurrent, pipeline_depths_2_and_4_with_a_device_thread_match_reference,
      .init = recurrent_setup, .fini = hybrid_teardown)
 {
 	overlapped(4096, 0, 2);
 	overlapped(164, 600, 2);
+	overlapped(4096, 0, 4);
+	overlapped(164, 600, 4);
 }
