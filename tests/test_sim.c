@@ -474,9 +474,8 @@ Test(sim, overlapped_steps_take_the_longer_of_host_and_device)
  * every placeholder the host resolves names its sequence's previous token
  * in the step it names (sim_run fails the launch otherwise), at most N
  * tokens a request are computed and discarded, and deeper pipelines do
- * not lose throughput: depth 2 within
- * 1% of depth 1 (bench/overlap_depth.sh: 0.997 to 1.010 of depth 1 for
- * host costs of 0 to 8 ms a step). */
+ * not lose throughput: depth 2 within 1% of depth 1, depth 4 within 2%
+ * (bench/overlap_depth.sh prints the table, docs/benchmarks.md). */
 Test(sim, overlap_depths_2_and_4_finish_every_request_at_depth_1_throughput)
 {
 	trace t = {0};
