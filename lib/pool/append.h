@@ -54,8 +54,8 @@ typedef struct bkv__appender {
 	uint32_t max_seqs;  /* pool->cfg.max_seqs */
 	uint32_t n;         /* tokens appended inline, not yet in the pool's
 			       tokens and miss_tokens counters */
-	uint32_t n_lanes;   /* pool->n_lanes with KV groups and no STATE group
-			       (bkv__append_groups), else 0 */
+	uint32_t grouped;   /* KV groups (lanes, a STATE group or both):
+			       bkv__append_groups decides, else 0 */
 } bkv__appender;
 
 static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
@@ -68,11 +68,10 @@ static inline void bkv__append_begin(bkv_pool *pool, bkv__appender *a)
 	a->shift = pool->kv.bt_shift;
 	a->bt_m2 = pool->kv.bt - 2;
 	/* with KV groups bkv__append_fast declines (a max_seqs of 0) and
-	 * bkv__append_groups decides; with a STATE group too, every append
-	 * takes the general path (its scratch unit, pool/state.c) */
+	 * bkv__append_groups decides */
 	a->max_seqs = pool->grouped ? 0 : pool->cfg.max_seqs;
 	a->n = 0;
-	a->n_lanes = pool->grouped && !pool->st_units ? pool->n_lanes : 0;
+	a->grouped = pool->grouped != 0;
 }
 
 static inline void bkv__append_flush(bkv__appender *a)

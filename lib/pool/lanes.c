@@ -678,9 +678,10 @@ void bkv__lanes_seen(bkv_pool *pool, const bkv__seq *s, uint32_t e)
 /* A one-token append that lands inside the last block of every attention
  * group, the common decode case: each group's last block private,
  * unindexed, filled exactly to the token's offset and not filling up with
- * it. Returns 1 when done, with the general path's effects; 0 (nothing
- * changed) when the general path must decide. Not with a STATE group (its
- * scratch unit is the general path's). */
+ * it; with a STATE group (its own units, not shared with attention) a
+ * scratch unit for the state it writes. Returns 1 when done, with the
+ * general path's effects; 0 (nothing changed) when the general path must
+ * decide. */
 int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token)
 {
 	const uint32_t bt = pool->kv.bt, off = s->len & (bt - 1), slot = (uint32_t)(s - pool->seqs);
@@ -689,7 +690,7 @@ int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token)
 	int32_t b;
 	uint32_t l;
 
-	if (pool->st_units || off == 0 || off + 1 >= bt)
+	if (off == 0 || off + 1 >= bt)
 		return 0;
 	b = s->table[last];
 	k = &pool->kv.blk[b];
@@ -701,6 +702,12 @@ int bkv__lanes_append1(bkv_pool *pool, bkv__seq *s, int32_t token)
 
 		if (lb < 0 || lk->ref != 1 || lk->fill != off || BLOCK_IS_INDEXED(lk))
 			return 0;
+	}
+	if (pool->st_units && (pool->st_share || !bkv__state_room(pool, s, 0, touch_settles(pool, s))))
+		return 0; /* (sharing: the general path counts both sides) */
+	if (pool->st_units) {
+		bkv__lanes_touch(pool, s); /* settles the last append's state */
+		bkv__state_write(pool, s);
 	}
 	for (l = 0; l < pool->n_lanes; l++) /* a window that moves past a block */
 		if (bkv__lane_first(pool, &pool->lanes[l], (uint64_t)s->len + 1) >

@@ -316,7 +316,7 @@ bkv__appended bkv__append_groups(bkv__appender *a, uint32_t seq, int32_t token)
 	bkv__seq *s;
 	uint32_t off;
 
-	if (!a->n_lanes || slot >= a->pool->cfg.max_seqs)
+	if (!a->grouped || slot >= a->pool->cfg.max_seqs)
 		return res;
 	s = &a->seqs[slot];
 	off = s->len & (a->bt - 1);
@@ -636,7 +636,7 @@ static NOINLINE int append_any(bkv_pool *pool, uint32_t seq, const int32_t *toke
 
 	if ((rc = append_args(pool, seq, tokens, n, hit_tokens, &s)) != BKV_OK)
 		return rc > 0 ? BKV_OK : rc;
-	if (n == 1 && pool->n_lanes && bkv__lanes_append1(pool, s, tokens[0])) {
+	if (n == 1 && pool->grouped && bkv__lanes_append1(pool, s, tokens[0])) {
 		if (hit_tokens) /* one token inside every group's last block */
 			*hit_tokens = 0;
 		return BKV_OK;

@@ -643,6 +643,9 @@ int bkv__state_room(const bkv_pool *pool, const bkv__seq *s, uint32_t taken, int
 {
 	uint32_t need = bkv__state_need(pool, s), frees = 0;
 
+	if (taken + 1 <= units_available(pool))
+		return 1; /* room for a scratch unit whatever the settle does: it
+			     frees units, and needs at most that one */
 	if (settles)
 		frees = settle_frees(pool, s, &need);
 	return need + taken <= units_available(pool) + frees;
@@ -831,7 +834,8 @@ void bkv__state_commit(bkv_pool *pool, const bkv__seq *s)
 		promote(pool, slot, s->len);
 	if (pool->kv.txn_active)
 		return;
-	mid_commit(pool, s, pool->st_len[slot]); /* a whole commit passes all */
+	if (pool->st_mid_n[slot]) /* a whole commit passes every kept one */
+		mid_commit(pool, s, pool->st_len[slot]);
 	spec_drop(pool, slot); /* every draft accepted: the scratch's state */
 	if (pool->st_pend[slot] >= 0) {
 		checkpoint(pool, s, pool->st_pend[slot], pool->st_pend_len[slot]);
@@ -865,7 +869,8 @@ void bkv__state_commit_to(bkv_pool *pool, const bkv__seq *s, uint32_t len)
 		return;
 	if (pool->st_scratch[slot] >= 0 && pool->st_len[slot] < len)
 		promote(pool, slot, len);
-	mid_commit(pool, s, len); /* deeper overlap: the kept ones */
+	if (pool->st_mid_n[slot]) /* deeper overlap: the kept ones */
+		mid_commit(pool, s, len);
 	if (pool->st_len[slot] != len)
 		return; /* the live state is a later step's */
 	if (pool->st_spec[slot] >= 0 && pool->st_spec_base[slot] <= len)

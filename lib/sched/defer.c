@@ -38,7 +38,7 @@ static int bufs_smaller(const bkv__bufs *a, const bkv__bufs *b)
  * outstanding the others too. A spare that finds none while steps are
  * outstanding stays prepared (the next launch then declines to overlap);
  * with none outstanding it is not needed. */
-void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old)
+uint32_t bkv__ovl_spares(bkv_sched *s, bkv__bufs *old)
 {
 	bkv__ovl *o = s->ovl;
 	uint32_t i, j, n_old = 0;
@@ -63,6 +63,7 @@ void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old)
 		}
 		memset(sp, 0, sizeof(*sp));
 	}
+	return n_old;
 }
 
 void bkv__ovl_name(bkv_sched *s, bkv_batch *b)

@@ -423,10 +423,9 @@ int bkv_abort(bkv_sched *s, uint64_t req_id)
 void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 {
 	bkv__req *in, *ab, *r, *next, *rev = NULL;
-	bkv__bufs old[BKV__OVL_SETS];
-	uint32_t batch_slots = 0, queued_with, i;
+	bkv__bufs old[BKV__OVL_SETS]; /* [n_old] */
+	uint32_t batch_slots = 0, queued_with, i, n_old = 0;
 
-	memset(old, 0, sizeof(old));
 	if (s->cfg.retention)
 		bkv__pool_retain_now(s->pool, now); /* retention expiries */
 	LOCK(s);
@@ -437,14 +436,14 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (r = ab; r; r = r->abort_next)
 		r->abort_state = 2;
 	if (s->ovl) {
-		bkv__ovl_spares(s, old); /* sets, some maybe in flight */
+		n_old = bkv__ovl_spares(s, old); /* sets, some maybe in flight */
 	} else if (s->in.spare[0].tok_cap) {
-		old[0] = s->call.arr.bufs;
+		old[n_old++] = s->call.arr.bufs;
 		s->call.arr.bufs = s->in.spare[0];
 		memset(&s->in.spare[0], 0, sizeof(s->in.spare[0]));
 	}
 	UNLOCK(s);
-	for (i = 0; i < BKV__OVL_SETS; i++)
+	for (i = 0; i < n_old; i++)
 		bkv__bufs_free(&s->alloc, &old[i]);
 
 	/* the slots queued once this batch is in: its requests arrived

@@ -369,7 +369,7 @@ uint32_t bkv__plan_decode(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			BKV_ASSERT(!l->done && l->seq != BKV__SEQ_NONE &&
 				   old + 1 == r->prompt_len + l->n_gen); /* LANE_KNOWN */
 			ad = bkv__append_fast(&ap, l->seq, token);
-			if (!ad.table && ap.n_lanes) /* KV groups */
+			if (!ad.table && ap.grouped) /* KV groups */
 				ad = bkv__append_groups(&ap, l->seq, token);
 			if (!ad.table) { /* a block boundary or anything unusual */
 				const bkv__seq *sq;

@@ -646,8 +646,9 @@ static inline void bkv__lane_release_seq(bkv_sched *s, bkv__lane *l, int drop)
  * outstanding steps that may still name them; returns 1 when it took them. */
 int bkv__ovl_hold(bkv_sched *s, bkv__req *list);
 /* Drain, lock held: the prepared larger buffer sets go to the sets not in
- * flight; old[BKV__OVL_SETS] receives sets to free after the lock. */
-void bkv__ovl_spares(bkv_sched *s, bkv__bufs *old);
+ * flight; old[BKV__OVL_SETS] receives the sets to free after the lock, as
+ * many as it returns. */
+uint32_t bkv__ovl_spares(bkv_sched *s, bkv__bufs *old);
 /* Its invariants (bkv_sched_check 34-36) and the lanes it holds
  * (deferred sequences, for invariant 23). */
 int bkv__ovl_check(const bkv_sched *s, uint32_t *n_def);
