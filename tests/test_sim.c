@@ -468,3 +468,43 @@ Test(sim, overlapped_steps_take_the_longer_of_host_and_device)
 	cr_assert_leq(ovl.overlap_wasted, t.n);
 	trace_free(&t);
 }
+
+/* Overlapped scheduling at depth 2 and 4 (--overlap N) on the workload
+ * above: every request runs to the end with the synchronous run's tokens,
+ * every placeholder the host resolves names its sequence's previous token
+ * in the step it names (sim_run fails the launch otherwise), at most N
+ * tokens a request are computed and discarded, and deeper pipelines do
+ * not lose throughput: depth 2 within 1% of depth 1, depth 4 within 2%
+ * (bench/overlap_depth.sh prints the table, docs/benchmarks.md). */
+Test(sim, overlap_depths_2_and_4_finish_every_request_at_depth_1_throughput)
+{
+	trace t = {0};
+	const trace_dist prompt = {DIST_UNIFORM, 64, 256}, output = {DIST_UNIFORM, 200, 400};
+	cr_assert_eq(trace_synthetic(&t, 512, ARRIVAL_BURST, 0.0, &prompt, &output, 7), TRACE_OK);
+	sim_config c;
+	sim_config_init(&c);
+	c.gen = SIM_GEN_TOKENS;
+	c.chunked = 1;
+	c.mixed_host = 1;
+	c.slots = 128;
+	c.host_overhead_us = 2000;
+	c.check = 1;
+	sim_result sync, d[5];
+	run_ok(&c, &t, &sync);
+	for (uint32_t n = 1; n <= 4; n *= 2) {
+		c.overlap = n;
+		run_ok(&c, &t, &d[n]);
+		cr_assert_eq(d[n].out_tokens, sync.out_tokens, "depth %u", n);
+		cr_assert_gt(d[n].overlap_steps, d[n].steps * 9 / 10, "depth %u", n);
+		cr_assert_gt(d[n].overlap_placeholders, 0, "depth %u", n);
+		cr_assert_gt(d[n].overlap_wasted, 0, "depth %u", n);
+		cr_assert_leq(d[n].overlap_wasted, (uint64_t)n * t.n, "depth %u", n);
+	}
+	cr_assert_eq(d[1].overlap_far_placeholders, 0);
+	cr_assert_geq(d[2].tput_tok_s, 0.99 * d[1].tput_tok_s, "%.1f vs %.1f tok/s",
+		      d[2].tput_tok_s, d[1].tput_tok_s);
+	cr_assert_geq(d[4].tput_tok_s, 0.98 * d[1].tput_tok_s, "%.1f vs %.1f tok/s",
+		      d[4].tput_tok_s, d[1].tput_tok_s);
+	cr_assert_gt(d[4].overlap_wasted, d[1].overlap_wasted, "deeper: more rows after a stop");
+	trace_free(&t);
+}

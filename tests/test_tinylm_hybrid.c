@@ -12,7 +12,9 @@
  * cover prefix hits, forks, chunked prefill, preemption by recompute and by
  * swap, host failures with rollback, split calls, and both batch layouts;
  * and the production configuration, every one of these features at once with
- * overlapped steps, speculation and the host cache (tinylm_production).
+ * overlapped steps, speculation and the host cache (tinylm_production), at
+ * depth 1 and pipelined at depths 2 and 4 (up to that many steps on the
+ * device thread while the next is planned).
  */
 #include <criterion/criterion.h>
 
@@ -346,14 +348,34 @@ static void production_config(tlm_run_config *rc, int persistent)
 	rc->submit_per_step = 3;
 }
 
-static void production(int persistent)
+/* Placeholders the device replaced that named a step launched before the
+ * previous one (back distance 2 or more). */
+static uint64_t far_placeholders(const tlm_run_result *res)
+{
+	uint64_t n = 0;
+
+	for (uint32_t k = 1; k < BKV_OVERLAP_MAX_DEPTH; k++)
+		n += res->placeholders[k];
+	return n;
+}
+
+/* The production configuration at overlap depth `depth`: the loop keeps
+ * depth steps in flight while it plans the next (depth + 1 outstanding),
+ * and every request still matches the reference. */
+static void production(int persistent, uint32_t depth)
 {
 	tlm_run_config rc;
 	tlm_run_result res;
 
 	production_config(&rc, persistent);
+	rc.sched.overlap = depth;
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.sched.overlap_steps, 0, "steps were planned while another ran");
+	cr_assert_eq(res.max_outstanding, depth + 1, "%u steps outstanding at most at depth %u",
+		     res.max_outstanding, depth);
+	cr_assert_gt(res.placeholders[0], 0, "rows waited for the previous launch's tokens");
+	if (depth == 1)
+		cr_assert_eq(far_placeholders(&res), 0, "depth 1 names the previous launch only");
 	cr_assert_gt(res.sched.spec_accepted, 0, "drafts were accepted");
 	cr_assert_gt(res.sched.preemptions, 0, "the pool was meant to force preemption");
 	cr_assert_gt(res.sched.swaps, 0, "the pool was meant to force swapping");
@@ -365,28 +387,53 @@ static void production(int persistent)
 Test(tinylm_production, every_feature_at_once_matches_reference, .init = hybrid_setup,
      .fini = hybrid_teardown)
 {
-	production(1);
+	production(1, 1);
 }
 
 Test(tinylm_production, every_feature_at_once_flat_layout_matches_reference,
      .init = hybrid_setup, .fini = hybrid_teardown)
 {
-	production(0);
+	production(0, 1);
+}
+
+/* Pipelined: two and four steps on the device thread while the next is
+ * planned, in both layouts. The device resolves each placeholder by its
+ * back distance and row from its copies of the earlier steps' tokens, so a
+ * placeholder naming the wrong launch or row gives a different token. */
+Test(tinylm_production, pipeline_depth_2_keeps_three_steps_outstanding_and_matches_reference,
+     .init = hybrid_setup, .fini = hybrid_teardown)
+{
+	production(1, 2);
+	production(0, 2);
+}
+
+Test(tinylm_production, pipeline_depth_4_keeps_five_steps_outstanding_and_matches_reference,
+     .init = hybrid_setup, .fini = hybrid_teardown)
+{
+	production(1, 4);
+	production(0, 4);
 }
 
 /* The production configuration with the device failing every seventh
  * launched step, before computing or after writing its K/V (alternately):
  * every outstanding step completes failed, the last completion rolls them
  * back, and the outputs are still the reference's. */
-static void production_failures(int persistent)
+static void production_failures(int persistent, uint32_t depth)
 {
 	tlm_run_config rc;
 	tlm_run_result res;
 
 	production_config(&rc, persistent);
+	rc.sched.overlap = depth;
 	rc.fail_every = 7;
 	serve_and_verify(&rc, &res);
 	cr_assert_gt(res.failed_steps, 1, "both kinds of failure were injected");
+	cr_assert_geq(res.failed_completions, res.failed_steps);
+	if (depth > 1) /* at depth 1 a failure has at most one step behind it */
+		cr_assert_gt(res.failed_completions, 2 * res.failed_steps,
+			     "%llu failed completions for %llu failures: several outstanding each",
+			     (unsigned long long)res.failed_completions,
+			     (unsigned long long)res.failed_steps);
 	cr_assert_gt(res.sched.overlap_steps, 0);
 	cr_assert_gt(res.sched.preemptions, 0);
 }
@@ -394,8 +441,18 @@ static void production_failures(int persistent)
 Test(tinylm_production, device_failures_roll_back_and_match_reference, .init = hybrid_setup,
      .fini = hybrid_teardown)
 {
-	production_failures(1);
-	production_failures(0);
+	production_failures(1, 1);
+	production_failures(0, 1);
+}
+
+/* At depth 4 a failed step has up to four others outstanding behind it:
+ * each completes failed (BKV_EHOST), the last completion rolls all of them
+ * back, and the retried requests still match the reference. */
+Test(tinylm_production, device_failures_at_depth_4_roll_back_every_outstanding_step,
+     .init = hybrid_setup, .fini = hybrid_teardown)
+{
+	production_failures(1, 4);
+	production_failures(0, 4);
 }
 
 /* The recurrent model served overlapped (tlm_threaded_serve_overlap: client
@@ -403,8 +460,8 @@ Test(tinylm_production, device_failures_roll_back_and_match_reference, .init = h
  * the one before): a launch planned on a step in flight reads the state
  * unit that step writes, computed for real, and every request matches the
  * reference; in a roomy pool and in a tight one (steps with none in flight,
- * preemption). */
-static void overlapped(uint32_t device_blocks, uint32_t host_blocks)
+ * preemption); at depth `depth` (bkv_sched_config.overlap). */
+static void overlapped(uint32_t device_blocks, uint32_t host_blocks, uint32_t depth)
 {
 	tlm_run_config rc;
 	tlm_run_result res;
@@ -416,6 +473,7 @@ static void overlapped(uint32_t device_blocks, uint32_t host_blocks)
 	rc.host_blocks = host_blocks;
 	rc.sched.chunked_prefill = 1;
 	rc.sched.token_budget = 64;
+	rc.sched.overlap = depth;
 	st = tlm_threaded_serve_overlap(&g_w, g_model, &rc, 4, 6, &res);
 	cr_assert_eq(st, 0, "overlapped serve failed: %s (%d); host: %s", bkv_strerror(st), st,
 		     res.host_error);
@@ -427,11 +485,25 @@ static void overlapped(uint32_t device_blocks, uint32_t host_blocks)
 	cr_assert_gt(res.sched.overlap_steps, res.steps / 4, "%llu of %llu steps overlapped",
 		     (unsigned long long)res.sched.overlap_steps, (unsigned long long)res.steps);
 	cr_assert_gt(res.host.state_rows, 0);
+	cr_assert_eq(res.max_outstanding, depth + 1);
 }
 
 Test(tinylm_recurrent, overlapped_with_a_device_thread_matches_reference,
      .init = recurrent_setup, .fini = hybrid_teardown)
 {
-	overlapped(4096, 0);
-	overlapped(164, 600);
+	overlapped(4096, 0, 1);
+	overlapped(164, 600, 1);
+}
+
+/* Two and four steps in flight while the next is planned (the library
+ * keeps up to depth + 2 states a sequence): each launch reads the state the
+ * steps launched before it wrote, run in launch order on the device, and
+ * every request matches. */
+Test(tinylm_recurrent, pipeline_depths_2_and_4_with_a_device_thread_match_reference,
+     .init = recurrent_setup, .fini = hybrid_teardown)
+{
+	overlapped(4096, 0, 2);
+	overlapped(164, 600, 2);
+	overlapped(4096, 0, 4);
+	overlapped(164, 600, 4);
 }

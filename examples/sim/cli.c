@@ -40,7 +40,8 @@ typedef enum arg_kind {
 	ARG_NONE,    /* a flag: takes no value */
 	ARG_VALUE,   /* takes the next argument; "needs a value" when none */
 	ARG_DIGITS   /* takes the next argument only when it starts with a digit
-			(--compare [K,K,..]); the setter sees NULL otherwise */
+			(--compare [K,K,..], --overlap [N]); the setter sees
+			NULL otherwise */
 } arg_kind;
 
 typedef struct cli_option cli_option;
@@ -119,11 +120,13 @@ static int set_str(cli_args *a, const cli_option *opt, const char *v)
 }
 
 /* A count in [lo, hi]: not a number is a bad value, below lo or above hi
- * says the bound. */
+ * says the bound; none (an ARG_DIGITS row's, --overlap [N]) is lo. */
 static int set_u32(cli_args *a, const cli_option *opt, const char *v)
 {
 	uint32_t *p = FIELD(a, opt, uint32_t);
-	if (parse_u32(v, p))
+	if (!v)
+		*p = opt->lo;
+	else if (parse_u32(v, p))
 		return SET_BAD;
 	if (*p < opt->lo) {
 		fprintf(stderr, "bkv-sim: %s %u: at least %u\n", opt->name, *p, opt->lo);
@@ -795,10 +798,11 @@ static const cli_option options[] = {
 	 "  --prefill-scale F          the cost model's price of prefill work times\n"
 	 "                             F > 0 (default 1); with the two above, an\n"
 	 "                             engine calibration (fidelity_calib.py)\n"},
-	FLAG("--overlap", CFG(overlap), 1,
-	     "  --overlap                  the overlapped contract (bkv_step_launch /\n"
-	     "                             bkv_step_complete): a step takes max(device,\n"
-	     "                             host) instead of their sum; a mixed host\n"),
+	{"--overlap", ARG_DIGITS, set_u32, CFG(overlap), 1, BKV_OVERLAP_MAX_DEPTH,
+	 "  --overlap [N]              the overlapped contract (bkv_step_launch /\n"
+	 "                             bkv_step_complete), N steps deep (1..8, default\n"
+	 "                             1): a step takes max(device, host) instead of\n"
+	 "                             their sum; a mixed host\n"},
 	FLAG("--check", CFG(check), 1,
 	     "  --check                    bkv_sched_check after every step\n"),
 	VALUE("--goodput", set_goodput,

@@ -22,6 +22,8 @@ expect "--sweep k=64: at most --slots (32)" --sweep k=1,64
 expect "--block-tokens 3: must be a power of two" --block-tokens 3
 expect "--limit 0: at least 1" --limit 0
 expect "--slots 0: at least 1" --slots 0
+expect "--overlap 9: at most 8" --overlap 9
+expect "--overlap 0: at least 1" --overlap 0
 expect "--no-baseline does not apply to --compare" --compare --no-baseline
 expect "--no-baseline does not apply to --compare" --no-baseline --compare 1,2
 # --adapters: the cap and the wait need it; a cap is at most BKV_MAX_ADAPTERS

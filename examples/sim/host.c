@@ -29,13 +29,19 @@
  * open_sched, drive (submit_arrivals, step_checked, account_step per step)
  * and collect (the results), then run_close.
  *
- * Host overhead and overlap (--host-overhead-us, --overlap; the last part of
- * this file): the host spends host_overhead_us of its own CPU time on every
- * step. Synchronously that time comes before each step's device time. The
- * overlapped contract drives bkv_step_launch / bkv_step_complete: the device
- * (a second timeline, dev_free) runs a launched step from the later of its
- * launch and the end of the step before, while the host prepares and
- * launches the next; completing a step waits for its device end.
+ * Host overhead and overlap (--host-overhead-us, --overlap [N]; the last
+ * part of this file): the host spends host_overhead_us of its own CPU time on
+ * every step. Synchronously that time comes before each step's device time.
+ * The overlapped contract drives bkv_step_launch / bkv_step_complete at depth
+ * N: the device (a second timeline, dev_free) runs a launched step from the
+ * later of its launch and the end of the step before, while the host
+ * prepares and launches the next, up to N steps ahead of the device;
+ * completing a step waits for its device end. The virtual device samples a
+ * launched step's tokens at once, so it resolves each placeholder
+ * BKV_TOKEN_PENDING_AT(back, i) from the outstanding step launched back
+ * launches before (their next_tokens stay valid until they complete) and
+ * checks that it names that step's sampled row of the same sequence, one
+ * position back; a placeholder that does not fails the launch.
  */
 #include "sim.h"
 #include "shape.h"
@@ -44,6 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Outstanding steps of the overlapped contract at most: N + 1. */
+#define OV_SLOTS (BKV_OVERLAP_MAX_DEPTH + 1)
 
 /* One request's timeline, in virtual microseconds. */
 typedef struct vreq {
@@ -78,13 +87,20 @@ typedef struct vhost {
 				   held past the rows' tokens, per row */
 	double spec_reserve;    /* ... had spec_k slots been reserved per row */
 	uint64_t spec_calls;    /* decode calls those sums cover */
-	/* the overlapped contract (--overlap) */
+	/* the overlapped contract (--overlap N); arrays [0, n_q) hold the
+	 * outstanding steps, oldest first, n_q <= N + 1 */
 	int launching;          /* the call is a launch: priced on the
 				   device's timeline, the host clock stays */
 	double dev_free;        /* when the device finishes what it has */
-	double dev_end[2];      /* device end of each outstanding step */
-	uint64_t q[2];          /* outstanding tickets, oldest first */
-	uint32_t n_q;
+	double dev_end[OV_SLOTS]; /* device end of each outstanding step */
+	uint64_t q[OV_SLOTS];   /* outstanding tickets */
+	uint32_t n_q;           /* outstanding steps */
+	bkv_batch ov_b[OV_SLOTS]; /* each one's batch, the struct copied at
+				   launch (its arrays stay valid until the
+				   step completes) */
+	const int32_t *ov_next[OV_SLOTS]; /* its next_tokens, written at
+				   launch */
+	char ov_err[192];       /* why a placeholder failed a launch ("") */
 	sim_adapters *ad;       /* --adapters: each request's adapter, the
 				   calls' counts (adapters.c); NULL without */
 	sim_mm *mm;             /* --mm-images: each request's images, the
@@ -309,8 +325,55 @@ static void engine_overhead(const sim_config *cfg, uint32_t rows, bkv_call_kind 
 		*t_prefill += over;
 }
 
+/* A launch's placeholder v, at token t of row r, must name the sampled
+ * row (without drafts) of the same sequence, one position back, in the
+ * outstanding step launched BKV_TOKEN_PENDING_BACK(v) launches before.
+ * Returns 0, or -1 with the reason in h->ov_err. */
+static int check_placeholder(vhost *h, const bkv_batch *b, uint32_t r, int32_t t, int32_t v)
+{
+	const uint32_t back = BKV_TOKEN_PENDING_BACK(v), row = BKV_TOKEN_PENDING_ROW(v);
+	const char *why = NULL;
+	if (back < 1 || back > h->n_q || back > h->cfg->overlap) {
+		why = "names no outstanding step within the depth";
+	} else {
+		const bkv_batch *e = &h->ov_b[h->n_q - back];
+		if (row >= e->n_rows || !e->row_sample[row] || (e->row_drafts && e->row_drafts[row]))
+			why = "names no sampled row without drafts";
+		else if (e->row_req[row] != b->row_req[r] || e->row_branch[row] != b->row_branch[r] ||
+			 e->positions[e->qo_indptr[row + 1] - 1] + 1 != b->positions[t])
+			why = "names another sequence's token or position";
+		else if (h->ov_next[h->n_q - back][row] < 0)
+			why = "names a token the device did not sample";
+	}
+	if (!why) {
+		h->res->overlap_placeholders++;
+		h->res->overlap_far_placeholders += back > 1;
+		return 0;
+	}
+	if (!h->ov_err[0])
+		snprintf(h->ov_err, sizeof(h->ov_err),
+			 "request %llu branch %u position %d: placeholder (back %u, row %u) %s",
+			 (unsigned long long)b->row_req[r], (unsigned)b->row_branch[r],
+			 (int)b->positions[t], (unsigned)back, (unsigned)row, why);
+	return -1;
+}
+
+/* Overlapped: check every placeholder of the batch being launched. */
+static int check_placeholders(vhost *h, const bkv_batch *b)
+{
+	int rc = 0;
+	for (uint32_t r = 0; r < b->n_rows; r++)
+		for (int32_t t = b->qo_indptr[r]; t < b->qo_indptr[r + 1]; t++)
+			if (BKV_TOKEN_IS_PENDING(b->token_ids[t]) &&
+			    check_placeholder(h, b, r, t, b->token_ids[t]))
+				rc = -1;
+	return rc;
+}
+
 static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *next)
 {
+	if (h->launching && check_placeholders(h, b))
+		return -1;
 	uint32_t n_chunks = b->n_rows - b->n_decode_rows;
 	sim_adapters_call(h->ad, b, h->launching && h->dev_free > h->now ? h->dev_free : h->now);
 	if (n_chunks > h->chunk_cap) {
@@ -421,6 +484,8 @@ static int host_call(vhost *h, bkv_call_kind kind, const bkv_batch *b, int32_t *
 		done = (h->now > h->dev_free ? h->now : h->dev_free) + t;
 		h->dev_free = done;
 		h->dev_end[h->n_q] = done;
+		h->ov_b[h->n_q] = *b;
+		h->ov_next[h->n_q] = next;
 		res->device_busy_us += t;
 	} else {
 		h->now += t;
@@ -903,7 +968,7 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	if (cfg->mixed_host) {
 		ops.forward = cb_forward;
 		if (cfg->overlap) {
-			sc.overlap = 1;
+			sc.overlap = cfg->overlap;
 			ops.launch = cb_forward; /* priced on the device (launching) */
 		}
 	} else {
@@ -1178,9 +1243,11 @@ static int complete_oldest(run *r, const sim_config *cfg, const trace *t, sim_re
 	if (h->now < h->dev_end[0])
 		h->now = h->dev_end[0];
 	int rc = bkv_step_complete(h->sched, h->q[0], 0, &info);
-	h->q[0] = h->q[1];
-	h->dev_end[0] = h->dev_end[1];
 	h->n_q--;
+	memmove(h->q, h->q + 1, h->n_q * sizeof(h->q[0]));
+	memmove(h->dev_end, h->dev_end + 1, h->n_q * sizeof(h->dev_end[0]));
+	memmove(h->ov_b, h->ov_b + 1, h->n_q * sizeof(h->ov_b[0]));
+	memmove(h->ov_next, h->ov_next + 1, h->n_q * sizeof(h->ov_next[0]));
 	if (rc) {
 		snprintf(err, errlen, "bkv_step_complete: %s", bkv_strerror(rc));
 		return rc;
@@ -1193,11 +1260,12 @@ static int complete_oldest(run *r, const sim_config *cfg, const trace *t, sim_re
 	return 0;
 }
 
-/* drive() for the overlapped contract: the host spends host_overhead_us
- * preparing each step, launches it (the device starts it once it is free)
- * and then completes the step before it, so the device computes step N
- * while the host prepares step N + 1. A declined launch (BKV_EAGAIN)
- * completes what is outstanding first: that step is not overlapped. */
+/* drive() for the overlapped contract at depth N (cfg->overlap): the host
+ * spends host_overhead_us preparing each step and launches it (the device
+ * starts it once it is free); once N + 1 steps are outstanding it completes
+ * the oldest, so the device computes up to N steps while the host prepares
+ * the next. A declined launch (BKV_EAGAIN) completes what is outstanding
+ * first: that step is not overlapped. */
 static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_result *res,
 			 char *err, size_t errlen)
 {
@@ -1228,14 +1296,15 @@ static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_resu
 			continue;
 		}
 		if (rc) {
-			snprintf(err, errlen, "bkv_step_launch: %s", bkv_strerror(rc));
+			snprintf(err, errlen, "bkv_step_launch: %s%s%s", bkv_strerror(rc),
+				 h->ov_err[0] ? ": " : "", h->ov_err);
 			return rc;
 		}
 		if (tk)
 			h->q[h->n_q++] = tk;
 		else if (info.finished == 0 && info.admitted == 0)
 			h->now = now0;
-		if (h->n_q == 2 || (!tk && h->n_q)) {
+		if (h->n_q == cfg->overlap + 1 || (!tk && h->n_q)) {
 			if ((rc = complete_oldest(r, cfg, t, res, err, errlen)) != 0)
 				return rc;
 			idle = 0;

@@ -95,6 +95,8 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(overlap_steps);
 	MED_U(overlap_syncs);
 	MED_U(overlap_wasted);
+	MED_U(overlap_placeholders);
+	MED_U(overlap_far_placeholders);
 	MED_D(device_busy_us);
 	MED_U32(adapters);
 	MED_D(adapters_call_mean);
@@ -231,6 +233,11 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 			fprintf(out, ", \"overlap_steps\": %llu, \"overlap_syncs\": %llu",
 				(unsigned long long)r->overlap_steps,
 				(unsigned long long)r->overlap_syncs);
+		if (r->overlap_far_placeholders) /* depth 2 or more */
+			fprintf(out, ", \"overlap_placeholders\": %llu, "
+				     "\"overlap_far_placeholders\": %llu",
+				(unsigned long long)r->overlap_placeholders,
+				(unsigned long long)r->overlap_far_placeholders);
 		if (r->adapter_cap)
 			fprintf(out, ", \"adapters\": %u, \"max_adapters\": %u, "
 				     "\"adapters_per_call_mean\": %.10g, \"adapters_per_call_max\": %u, "

@@ -444,7 +444,7 @@ static void compare_configs(const opts *o, const sim_config *c0, const trace *tr
 		sim_peer_config(p, c0, &traces[0], o->big_gpu,
 				o->goodput ? o->gp_tpot_ms : 0.0, &cf[4 + nk + p]);
 	for (int i = 0; i < n_rows; i++) /* a launch is one mixed call */
-		cf[i].overlap = c0->overlap && cf[i].mixed_host;
+		cf[i].overlap = cf[i].mixed_host ? c0->overlap : 0;
 }
 
 /* The ratios after --compare's table: the best fixed k (highest median

@@ -181,9 +181,11 @@ typedef struct sim_config {
 	double prefill_scale;      /* factor on the price of prefill work (a
 				      split host's prefill call, the prefill
 				      share of a mixed call); 0 = 1 */
-	int overlap;               /* the overlapped contract (--overlap):
+	uint32_t overlap;          /* the overlapped contract's depth
+				      (--overlap [N]; 0 off, 1 ..
+				      BKV_OVERLAP_MAX_DEPTH):
 				      bkv_step_launch / bkv_step_complete, the
-				      device runs a step while the host
+				      device runs up to N steps while the host
 				      prepares the next (a step then takes
 				      max(device, host), not their sum); needs
 				      a mixed host */
@@ -296,6 +298,11 @@ typedef struct sim_result {
 	uint64_t overlap_syncs;    /* launches declined (BKV_EAGAIN) */
 	uint64_t overlap_wasted;   /* tokens computed and discarded (requests
 				      that ended in the step before) */
+	uint64_t overlap_placeholders; /* placeholders the host resolved
+				      (each checked: the sequence's token
+				      one position back) */
+	uint64_t overlap_far_placeholders; /* of which named a step launched
+				      before the previous one (back >= 2) */
 	double device_busy_us;     /* --overlap: time the device computed */
 	uint32_t host_model;       /* the run modelled host time
 				      (--host-overhead-us or --overlap): the

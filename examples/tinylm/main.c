@@ -27,7 +27,7 @@
  * measured step times, and it keeps learning from run to run (same host).
  *
  * Usage: tinylm-demo [--jobs N] [--small] [--seed S] [--hybrid] [--production]
- *                    [--spec K] [--adapters N]
+ *                    [--spec K] [--adapters N] [--depth N]
  *   --hybrid  the model as a hybrid: full-attention, 24-token sliding-window,
  *             40-token chunked and (the last layer) recurrent layers, one KV
  *             group each, the state checkpointed every 16 tokens; then the
@@ -39,6 +39,10 @@
  *             swap and the host cache, the prefix cache, chunked prefill, the
  *             persistent layout and a pool small enough to preempt and swap;
  *             the same synchronous (bkv_step) for comparison
+ *   --depth N  the production section's overlapped run at depth N
+ *             (bkv_sched_config.overlap, 1..BKV_OVERLAP_MAX_DEPTH; default
+ *             1): up to N steps on the device thread while the next is
+ *             planned
  *   --spec K  after the other runs, speculative decoding with K drafts per
  *             row: library n-gram drafts (fixed and auto k), and a draft
  *             model made of the model's first half of its layers; each
@@ -97,9 +101,9 @@ static void base_run(tlm_run_config *rc, uint32_t device_blocks)
 /* The production section (--production, and after --hybrid's runs): a model
  * of mc's shape with full, windowed and chunked layers and no recurrent one,
  * its own workload from wc, served with every feature at once, synchronous
- * and overlapped. Returns 0 when both runs match the reference, 1 if not,
- * -1 on setup failure. */
-static int production(const tlm_config *mc0, const tlm_workload_config *wc)
+ * and overlapped at depth `depth`. Returns 0 when both runs match the
+ * reference, 1 if not, -1 on setup failure. */
+static int production(const tlm_config *mc0, const tlm_workload_config *wc, uint32_t depth)
 {
 	tlm_config mc = *mc0;
 	mc.window = 24;
@@ -136,7 +140,7 @@ static int production(const tlm_config *mc0, const tlm_workload_config *wc)
 		rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
 		rc.sched.spec_max_k = 4;
 		rc.sched.spec_k_mode = BKV_SPEC_K_FIXED;
-		rc.sched.overlap = (uint32_t)ov;
+		rc.sched.overlap = ov ? depth : 0;
 		rc.submit_per_step = 4;
 		tlm_run_result res;
 		const int st = tlm_run(&w, m, &rc, &res);
@@ -148,8 +152,13 @@ static int production(const tlm_config *mc0, const tlm_workload_config *wc)
 		char acc[32];
 		snprintf(acc, sizeof(acc), "%llu/%llu", (unsigned long long)res.sched.spec_accepted,
 			 (unsigned long long)res.sched.spec_drafted);
-		printf("%-26s %4s %6llu %8.0f %8.1f %4.1f%% %7llu %5llu %9llu %11s %8llu\n",
-		       ov ? "production, overlapped" : "production, synchronous",
+		char name[32];
+		if (ov && depth > 1)
+			snprintf(name, sizeof(name), "production, depth %u", depth);
+		else
+			snprintf(name, sizeof(name), "production, %s",
+				 ov ? "overlapped" : "synchronous");
+		printf("%-26s %4s %6llu %8.0f %8.1f %4.1f%% %7llu %5llu %9llu %11s %8llu\n", name,
 		       bad || res.check || res.host.mirror_mismatches ? "FAIL" : "yes",
 		       (unsigned long long)res.steps, (double)res.gen_tokens / (res.wall_us / 1e6),
 		       res.mean_ttft_us / 1e3,
@@ -199,7 +208,7 @@ int main(int argc, char **argv)
 {
 	uint32_t jobs = 200;
 	int small = 0, hybrid = 0, prod_only = 0;
-	uint32_t spec_k = 0, n_adapters = 0;
+	uint32_t spec_k = 0, n_adapters = 0, depth = 1;
 	uint64_t seed = 42;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
@@ -216,9 +225,11 @@ int main(int argc, char **argv)
 			spec_k = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else if (!strcmp(argv[i], "--adapters") && i + 1 < argc)
 			n_adapters = (uint32_t)strtoul(argv[++i], NULL, 10);
+		else if (!strcmp(argv[i], "--depth") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+			depth = (uint32_t)strtoul(argv[++i], NULL, 10);
 		else {
 			fprintf(stderr, "usage: %s [--jobs N] [--small] [--seed S] [--hybrid] [--production] "
-				"[--spec K] [--adapters N]\n",
+				"[--spec K] [--adapters N] [--depth N]\n",
 				argv[0]);
 			return 2;
 		}
@@ -241,7 +252,7 @@ int main(int argc, char **argv)
 	wc.n_jobs = jobs;
 	wc.seed = seed;
 	if (prod_only) {
-		const int pr = production(&mc, &wc);
+		const int pr = production(&mc, &wc, depth);
 		if (pr < 0)
 			fprintf(stderr, "production: out of memory\n");
 		printf("%s\n", pr ? "FAILED: the production runs differ from the reference"
@@ -484,7 +495,7 @@ int main(int argc, char **argv)
 	tlm_model_destroy(m);
 	if (hybrid) {
 		wc.n_adapters = 0; /* its runs set no max_adapters */
-		const int pr = production(&mc, &wc);
+		const int pr = production(&mc, &wc, depth);
 		if (pr < 0)
 			fprintf(stderr, "production: out of memory\n");
 		failed |= pr != 0;

@@ -5,17 +5,26 @@
  *   bkv_step_launch -> tlm_device_launch   (queue: batch struct copy, next)
  *     returns at once                      takes the oldest step not run:
  *   bkv_step_launch (plans on top)           placeholders <- its own copy of
- *   tlm_device_wait (the oldest has run)       the step before's tokens
- *   bkv_step_complete                        tlm_host_forward(batch, next)
+ *   tlm_device_wait (the oldest has run)       the tokens of the steps
+ *   bkv_step_complete                          launched before it
+ *                                            tlm_host_forward(batch, next)
  *                                            keeps a copy of next, signals
  *
  * What a GPU runtime does with streams, on a thread: the device runs the
  * steps in launch order, the sampled tokens of a step stay on the device for
- * the next step's placeholders, and the engine synchronises once per step,
- * when it needs that step's tokens. The library keeps the arrays of a launched
- * step valid until it completes (two buffer sets), but not the bkv_batch
- * struct itself, which the launch copies. The queue holds at most the two
- * outstanding steps the library allows; one mutex guards it.
+ * the placeholders of the steps launched after it, and the engine
+ * synchronises once per step, when it needs that step's tokens. At depth N
+ * (bkv_sched_config.overlap) a placeholder BKV_TOKEN_PENDING_AT(back, i)
+ * names row i of the step launched `back` launches before (back <= N), so
+ * the device keeps the sampled tokens of its last BKV_OVERLAP_MAX_DEPTH
+ * steps in a ring of copies, each tagged with its step's launch number:
+ *
+ *   out[s % DEV_KEEP] = step s's next_tokens    step s + back reads it
+ *
+ * The library keeps the arrays of a launched step valid until it completes,
+ * but not the bkv_batch struct itself, which the launch copies. The queue
+ * holds at most the N + 1 outstanding steps the library allows and refuses
+ * a launch beyond them; one mutex guards it.
  *
  * In the persistent layout the device thread applies each step's table
  * deltas to the host's mirror as it runs the step: in launch order, each
@@ -32,14 +41,19 @@
 #include "overlap.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define DEV_QUEUE 4u
+#define DEV_QUEUE (BKV_OVERLAP_MAX_DEPTH + 1u) /* ring slots: the most
+							 outstanding steps */
+#define DEV_KEEP BKV_OVERLAP_MAX_DEPTH /* sampled-token copies kept: the
+					  farthest a placeholder reaches back */
 
 typedef struct dev_step {
 	bkv_batch b;      /* the launched batch (struct copied) */
 	int32_t *next;    /* the library's next_tokens for it */
+	uint64_t seq;     /* its launch number (1, 2, ... in launch order) */
 	int status;       /* after it ran */
 	int fail;         /* 0, or tlm_host_fail_next's late + 1 (armed at
 			     launch) */
@@ -58,6 +72,14 @@ typedef struct dev_step {
 
 #define TABLE_SETS (1u + BKV_MAX_GROUPS)
 
+/* One step's sampled tokens, as the device keeps them for the placeholders
+ * of the steps launched after it. */
+typedef struct dev_out {
+	int32_t *tok;     /* next_tokens of step seq, copied after it ran */
+	uint32_t n, cap;  /* rows in tok; its capacity */
+	uint64_t seq;     /* the step's launch number; 0: none (or it failed) */
+} dev_out;
+
 struct tlm_device {
 	tlm_host *host;
 	pthread_t th;
@@ -66,18 +88,24 @@ struct tlm_device {
 	dev_step q[DEV_QUEUE]; /* ring: [head, head + n) launched, the first
 				  n_run of them have run */
 	uint32_t head, n, n_run;
+	uint32_t depth;        /* bkv_sched_config.overlap: n <= depth + 1 */
+	uint64_t launched;     /* launch number of the last queued step */
 	int quit;
 	int broken;            /* a step failed: the ones after it fail too
 				  until the queue drains */
 	int fail_next;         /* tlm_device_fail_next: the next launch's
 				  dev_step.fail */
+	char error[192];       /* why the device first refused a launch or
+				  failed a step on a placeholder ("" none;
+				  under mu) */
 	/* device thread only */
 	int32_t *tok;          /* the running step's token ids, placeholders
 				  replaced */
 	uint32_t tok_cap;
-	int32_t *prev;         /* the previous step's sampled tokens */
-	uint32_t prev_n, prev_cap;
-	uint64_t placeholders; /* read after a wait (under mu) */
+	dev_out out[DEV_KEEP]; /* the last steps' sampled tokens: step s's
+				  in out[s % DEV_KEEP] once it ran */
+	uint64_t placeholders[DEV_KEEP]; /* replaced so far, by back distance
+					    - 1 (under mu) */
 };
 
 static int grow(int32_t **p, uint32_t *cap, uint32_t n)
@@ -92,33 +120,67 @@ static int grow(int32_t **p, uint32_t *cap, uint32_t n)
 	return 0;
 }
 
-/* Run one step on the device thread (outside the mutex). */
-static int dev_run(tlm_device *d, dev_step *st, int broken, uint64_t *subst)
+/* Record why the device failed a step (the first reason only; under mu). */
+static void dev_error(tlm_device *d, const char *why, uint64_t seq, int32_t v)
+{
+	pthread_mutex_lock(&d->mu);
+	if (!d->error[0])
+		snprintf(d->error, sizeof(d->error),
+			 "step %llu: placeholder %d (back %u, row %u) %s",
+			 (unsigned long long)seq, (int)v, (unsigned)BKV_TOKEN_PENDING_BACK(v),
+			 (unsigned)BKV_TOKEN_PENDING_ROW(v), why);
+	pthread_mutex_unlock(&d->mu);
+}
+
+/* The token placeholder v of step seq stands for: row
+ * BKV_TOKEN_PENDING_ROW(v) of the step launched BKV_TOKEN_PENDING_BACK(v)
+ * launches before seq, from the device's copy of its tokens. -1 when v
+ * names no step the device ran within the depth, or no row of it. */
+static int substitute(tlm_device *d, uint64_t seq, int32_t v, int32_t *tok)
+{
+	const uint32_t back = BKV_TOKEN_PENDING_BACK(v), row = BKV_TOKEN_PENDING_ROW(v);
+	if (back < 1 || back > d->depth || back >= seq) {
+		dev_error(d, "reaches beyond the depth", seq, v);
+		return -1;
+	}
+	const dev_out *o = &d->out[(seq - back) % DEV_KEEP];
+	if (o->seq != seq - back || row >= o->n) {
+		dev_error(d, "names no row the device sampled", seq, v);
+		return -1;
+	}
+	*tok = o->tok[row];
+	return 0;
+}
+
+/* Run one step on the device thread (outside the mutex); subst counts the
+ * placeholders it replaced by back distance. */
+static int dev_run(tlm_device *d, dev_step *st, int broken, uint64_t subst[DEV_KEEP])
 {
 	bkv_batch b = st->b;
+	dev_out *o = &d->out[st->seq % DEV_KEEP];
 	if (broken) /* skipped: the host still drops what the call frees */
 		tlm_host_encoder_free(d->host, &b);
 	if (broken || grow(&d->tok, &d->tok_cap, b.n_tokens ? b.n_tokens : 1) ||
-	    grow(&d->prev, &d->prev_cap, b.n_rows ? b.n_rows : 1))
+	    grow(&o->tok, &o->cap, b.n_rows ? b.n_rows : 1))
 		return -1;
 	for (uint32_t t = 0; t < b.n_tokens; t++) {
 		int32_t v = b.token_ids[t];
 		if (BKV_TOKEN_IS_PENDING(v)) {
-			uint32_t row = BKV_TOKEN_PENDING_ROW(v);
-			if (row >= d->prev_n)
-				return -1; /* names no row of the step before */
-			v = d->prev[row];
-			(*subst)++;
+			if (substitute(d, st->seq, b.token_ids[t], &v))
+				return -1;
+			subst[BKV_TOKEN_PENDING_BACK(b.token_ids[t]) - 1]++;
 		}
 		d->tok[t] = v;
 	}
 	b.token_ids = d->tok;
 	if (st->fail) /* the host is the device thread's alone */
 		tlm_host_fail_next(d->host, st->fail - 1);
+	o->seq = 0; /* its slot now holds this step's tokens, or none */
 	int rc = tlm_host_forward(d->host, &b, st->next);
 	if (rc == 0) {
-		memcpy(d->prev, st->next, (size_t)b.n_rows * sizeof(int32_t));
-		d->prev_n = b.n_rows;
+		memcpy(o->tok, st->next, (size_t)b.n_rows * sizeof(int32_t));
+		o->n = b.n_rows;
+		o->seq = st->seq;
 	}
 	return rc;
 }
@@ -135,11 +197,12 @@ static void *dev_main(void *arg)
 		dev_step *st = &d->q[(d->head + d->n_run) % DEV_QUEUE];
 		const int broken = d->broken;
 		pthread_mutex_unlock(&d->mu);
-		uint64_t subst = 0;
-		int rc = dev_run(d, st, broken, &subst);
+		uint64_t subst[DEV_KEEP] = {0};
+		int rc = dev_run(d, st, broken, subst);
 		pthread_mutex_lock(&d->mu);
 		st->status = rc;
-		d->placeholders += subst;
+		for (uint32_t k = 0; k < DEV_KEEP; k++)
+			d->placeholders[k] += subst[k];
 		if (rc)
 			d->broken = 1;
 		d->n_run++;
@@ -149,12 +212,15 @@ static void *dev_main(void *arg)
 	return NULL;
 }
 
-tlm_device *tlm_device_create(tlm_host *host)
+tlm_device *tlm_device_create(tlm_host *host, uint32_t depth)
 {
+	if (depth < 1 || depth > BKV_OVERLAP_MAX_DEPTH)
+		return NULL;
 	tlm_device *d = calloc(1, sizeof(*d));
 	if (!d)
 		return NULL;
 	d->host = host;
+	d->depth = depth;
 	pthread_mutex_init(&d->mu, NULL);
 	pthread_cond_init(&d->cv, NULL);
 	if (pthread_create(&d->th, NULL, dev_main, d) != 0) {
@@ -182,8 +248,9 @@ void tlm_device_destroy(tlm_device *d)
 		free(d->q[i].tlen);
 		free(d->q[i].blk);
 	}
+	for (uint32_t i = 0; i < DEV_KEEP; i++)
+		free(d->out[i].tok);
 	free(d->tok);
-	free(d->prev);
 	free(d);
 }
 
@@ -261,18 +328,23 @@ int tlm_device_launch(void *dev, const bkv_batch *batch, int32_t *next_tokens)
 	tlm_device *d = dev;
 	int rc = 0;
 	pthread_mutex_lock(&d->mu);
-	if (d->n == DEV_QUEUE) {
-		rc = -1;
+	if (d->n == d->depth + 1) {
+		rc = -1; /* beyond the N + 1 outstanding steps the library allows */
+		if (!d->error[0])
+			snprintf(d->error, sizeof(d->error),
+				 "a launch with %u steps outstanding at depth %u", d->n, d->depth);
 	} else {
 		dev_step *st = &d->q[(d->head + d->n) % DEV_QUEUE];
 		st->b = *batch;
 		st->next = next_tokens;
+		st->seq = d->launched + 1;
 		st->status = 0;
 		st->fail = d->fail_next;
 		if (copy_tables(st, batch)) {
 			rc = -1;
 		} else {
 			d->n++;
+			d->launched++;
 			d->fail_next = 0;
 			pthread_cond_broadcast(&d->cv);
 		}
@@ -307,10 +379,32 @@ void tlm_device_fail_next(tlm_device *d, int late)
 	pthread_mutex_unlock(&d->mu);
 }
 
-uint64_t tlm_device_placeholders(tlm_device *d)
+uint64_t tlm_device_placeholders(tlm_device *d, uint32_t back)
 {
+	uint64_t n = 0;
 	pthread_mutex_lock(&d->mu);
-	uint64_t n = d->placeholders;
+	for (uint32_t k = 0; k < DEV_KEEP; k++)
+		if (back == 0 || back == k + 1)
+			n += d->placeholders[k];
 	pthread_mutex_unlock(&d->mu);
 	return n;
+}
+
+void tlm_device_last_error(tlm_device *d, char *buf, size_t len)
+{
+	if (!len)
+		return;
+	pthread_mutex_lock(&d->mu);
+	snprintf(buf, len, "%s", d->error);
+	pthread_mutex_unlock(&d->mu);
+}
+
+void tlm_device_result(tlm_device *d, tlm_run_result *res)
+{
+	char why[sizeof(d->error)];
+	for (uint32_t k = 0; k < BKV_OVERLAP_MAX_DEPTH; k++)
+		res->placeholders[k] = tlm_device_placeholders(d, k + 1);
+	tlm_device_last_error(d, why, sizeof(why));
+	if (why[0])
+		snprintf(res->host_error, sizeof(res->host_error), "device: %s", why);
 }

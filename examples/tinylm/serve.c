@@ -21,10 +21,10 @@
  * nothing is pending. on_token appends each token to its (job, branch), and
  * tlm_workload_verify() compares token for token.
  *
- * Overlapped (sched.overlap): the same loop drives bkv_step_launch and
+ * Overlapped (sched.overlap = N): the same loop drives bkv_step_launch and
  * bkv_step_complete instead, and a device thread (overlap.c) runs the
- * launched steps, so the library plans step N+1 while step N computes;
- * submissions and aborts go in between, as they do between steps.
+ * launched steps, so the library plans the next step while up to N steps
+ * compute; submissions and aborts go in between, as they do between steps.
  */
 #include "tinylm.h"
 #include "overlap.h"
@@ -241,8 +241,9 @@ void tlm_workload_latency(const tlm_workload *w, tlm_run_result *res)
 typedef struct serve_ctx {
 	tlm_host *host;
 	tlm_device *dev;        /* overlapped: the device thread (else NULL) */
-	uint64_t q[2];          /* overlapped: outstanding tickets, oldest
-				   first */
+	uint32_t depth;         /* overlapped: sched.overlap (else 0) */
+	uint64_t q[BKV_OVERLAP_MAX_DEPTH + 1]; /* overlapped: outstanding
+				   tickets, oldest first, n_q <= depth + 1 */
 	uint32_t n_q;
 	tlm_run_result *res;
 	const tlm_model *m;     /* the served model (its draft model's weights) */
@@ -348,17 +349,20 @@ static int complete_oldest(bkv_sched *s, serve_ctx *sc)
 	memset(&info, 0, sizeof(info));
 	const int dst = tlm_device_wait(sc->dev);
 	const int st = bkv_step_complete(s, sc->q[0], dst < 0 ? -1 : 0, &info);
-	sc->q[0] = sc->q[1];
 	sc->n_q--;
+	memmove(sc->q, sc->q + 1, sc->n_q * sizeof(sc->q[0]));
 	if (st == BKV_OK)
 		account(sc->res, &info);
+	else if (st == BKV_EHOST)
+		sc->res->failed_completions++;
 	return st;
 }
 
-/* Overlapped: launch the next step, then complete the one before it (the
- * device computes it meanwhile). BKV_EAGAIN (the plan needs the results of
- * the step in flight) completes what is outstanding; the next call launches
- * again. */
+/* Overlapped: launch the next step; once depth + 1 steps are outstanding,
+ * complete the oldest (the device computes the others meanwhile), and after
+ * a launch with nothing to compute too. BKV_EAGAIN (the plan needs the
+ * results of the steps in flight) completes what is outstanding; the next
+ * call launches again. */
 static int overlap_step(bkv_sched *s, serve_ctx *sc)
 {
 	uint64_t t = 0;
@@ -373,7 +377,9 @@ static int overlap_step(bkv_sched *s, serve_ctx *sc)
 		return st;
 	if (t)
 		sc->q[sc->n_q++] = t;
-	if (sc->n_q == 2 || (t == 0 && sc->n_q))
+	if (sc->n_q > sc->res->max_outstanding)
+		sc->res->max_outstanding = sc->n_q;
+	if (sc->n_q == sc->depth + 1 || (t == 0 && sc->n_q))
 		return complete_oldest(s, sc);
 	return BKV_OK;
 }
@@ -445,7 +451,10 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		goto out;
 	}
 	if (overlap) {
-		sc.dev = tlm_device_create(sc.host);
+		/* a depth out of range: the scheduler refuses it below */
+		sc.depth = rc->sched.overlap <= BKV_OVERLAP_MAX_DEPTH ? rc->sched.overlap
+								     : BKV_OVERLAP_MAX_DEPTH;
+		sc.dev = tlm_device_create(sc.host, sc.depth);
 		if (!sc.dev) {
 			st = BKV_ENOMEM;
 			goto out;
@@ -484,8 +493,8 @@ int tlm_run(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc, tlm_r
 		}
 		if (overlap) {
 			/* Fault injection, overlapped: the device fails the next
-			 * launched step (and the one launched after it, if any);
-			 * every outstanding step completes failed and the last
+			 * launched step (and the ones launched after it); every
+			 * outstanding step completes failed and the last
 			 * completion rolls them all back. */
 			const int inject = rc->fail_every && !last_failed &&
 					   ++attempts % rc->fail_every == 0;
@@ -563,6 +572,8 @@ out:
 		snprintf(res->host_error, sizeof(res->host_error), "%s",
 			 tlm_host_last_error(sc.host));
 	}
+	if (sc.dev)
+		tlm_device_result(sc.dev, res);
 	bkv_sched_destroy(sched);
 	bkv_pool_destroy(pool);
 	tlm_device_destroy(sc.dev);

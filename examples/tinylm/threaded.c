@@ -25,8 +25,10 @@
  *
  * Overlapped (tlm_threaded_serve_overlap, the last part of this file): the
  * engine drives the two-phase step instead, and a device thread
- * (overlap.c) runs the launched steps: the engine plans step N+1 while the
- * device computes step N, then waits for N and completes it.
+ * (overlap.c) runs the launched steps: the engine plans the next step
+ * while the device computes up to rc->sched.overlap steps (1 if 0), and
+ * once that many are in flight and one more is launched it waits for the
+ * oldest and completes it.
  */
 #include "threaded.h"
 #include "overlap.h"
@@ -63,7 +65,9 @@ typedef struct engine {
 	uint64_t max_steps;    /* give up (TLM_STUCK) after this many steps */
 	/* overlapped serving only */
 	tlm_device *dev;       /* the device thread */
-	uint64_t q[2];  /* outstanding steps, oldest first */
+	uint32_t depth;        /* sched.overlap: steps in flight at most */
+	uint64_t q[BKV_OVERLAP_MAX_DEPTH + 1]; /* outstanding steps, oldest
+					  first; n_q <= depth + 1 */
 	uint32_t n_q;
 } engine;
 
@@ -310,12 +314,15 @@ static int serve(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 	bkv_host_ops ops = {.on_token = eng_token, .on_finish = eng_finish};
 	bkv_sched_config sc = rc->sched;
 	if (overlap) {
-		e.dev = tlm_device_create(e.host);
+		if (!sc.overlap)
+			sc.overlap = 1;
+		/* a depth out of range: the scheduler refuses it below */
+		e.depth = sc.overlap <= BKV_OVERLAP_MAX_DEPTH ? sc.overlap : BKV_OVERLAP_MAX_DEPTH;
+		e.dev = tlm_device_create(e.host, e.depth);
 		if (!e.dev) {
 			st = BKV_ENOMEM;
 			goto out;
 		}
-		sc.overlap = 1;
 		ops.launch = eng_launch;
 		ops.forward = eng_forward;
 	} else if (rc->split) {
@@ -384,6 +391,8 @@ out:
 		res->pool.size = sizeof(res->pool);
 		bkv_pool_stats_get(pool, &res->pool);
 	}
+	if (e.dev)
+		tlm_device_result(e.dev, res);
 	bkv_sched_destroy(e.sched);
 	bkv_pool_destroy(pool);
 	tlm_device_destroy(e.dev);
@@ -409,8 +418,8 @@ static int eng_complete1(engine *e)
 	bkv_step_info info;
 	int dst = tlm_device_wait(e->dev);
 	int st = bkv_step_complete(e->sched, e->q[0], dst < 0 ? -1 : 0, &info);
-	e->q[0] = e->q[1];
 	e->n_q--;
+	memmove(e->q, e->q + 1, e->n_q * sizeof(e->q[0]));
 	if (st == BKV_OK) {
 		e->res->steps++;
 		e->res->measured_us += info.measured_us;
@@ -429,9 +438,11 @@ static void eng_fail(engine *e, int st)
 	pthread_mutex_unlock(&e->mu);
 }
 
-/* Launch step N+1, then complete step N: the device computes N while the
- * library plans N+1. BKV_EAGAIN (the plan needs N's results first) completes
- * what is outstanding and launches again. */
+/* Launch the next step; once depth + 1 steps are outstanding complete the
+ * oldest (the device computes the others while the library plans), and
+ * after a launch with nothing to compute too. BKV_EAGAIN (the plan needs
+ * the results of the steps in flight) completes what is outstanding and
+ * launches again. */
 static void *engine_main_overlap(void *arg)
 {
 	engine *e = arg;
@@ -466,7 +477,9 @@ static void *engine_main_overlap(void *arg)
 		}
 		if (t)
 			e->q[e->n_q++] = t;
-		if (e->n_q == 2 || (t == 0 && e->n_q)) {
+		if (e->n_q > e->res->max_outstanding)
+			e->res->max_outstanding = e->n_q;
+		if (e->n_q == e->depth + 1 || (t == 0 && e->n_q)) {
 			st = eng_complete1(e);
 			if (st != BKV_OK) {
 				eng_fail(e, st);

@@ -22,9 +22,9 @@ int tlm_threaded_serve(tlm_workload *w, const tlm_model *m, const tlm_run_config
 /*
  * The same, overlapped: the engine thread drives bkv_step_launch /
  * bkv_step_complete and a device thread (overlap.c) runs the launched steps,
- * so the library plans step N+1 while the device computes step N. The token
- * streams are the synchronous run's. rc->split and rc->fail_every must be 0
- * (BKV_EINVAL).
+ * so the library plans the next step while the device computes up to
+ * rc->sched.overlap steps (1 when 0). The token streams are the synchronous
+ * run's. rc->split and rc->fail_every must be 0 (BKV_EINVAL).
  */
 int tlm_threaded_serve_overlap(tlm_workload *w, const tlm_model *m, const tlm_run_config *rc,
 			       uint32_t n_clients, uint32_t window, tlm_run_result *res);

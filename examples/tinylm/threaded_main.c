@@ -7,7 +7,10 @@
  *
  * --overlap serves it overlapped instead (bkv_step_launch/bkv_step_complete
  * with a device thread, overlap.c); the TSan build of CI runs it that way
- * (tests/meson.build: tinylm_overlap_plain). --persistent uses the
+ * (tests/meson.build: tinylm_overlap_plain). --depth N serves it
+ * overlapped at depth N (bkv_sched_config.overlap, 1..BKV_OVERLAP_MAX_DEPTH:
+ * up to N steps on the device thread while the next is planned; --overlap
+ * is --depth 1, and --production's overlap takes it too). --persistent uses the
  * persistent batch layout (the host mirrors the calls' table deltas; with
  * --overlap its device thread applies them in launch order) and fails when
  * a mirrored table differs from the library's.
@@ -21,7 +24,7 @@
  * run to run; tests/test_tinylm_hybrid.c asserts them on a fixed schedule).
  *
  * Usage: tinylm-threaded [--jobs N] [--clients C] [--small] [--overlap]
- *                        [--persistent] [--production]
+ *                        [--depth N] [--persistent] [--production]
  */
 #include "threaded.h"
 
@@ -33,6 +36,7 @@ int main(int argc, char **argv)
 {
 	uint32_t jobs = 200, clients = 4;
 	int small = 0, overlap = 0, persistent = 0, production = 0;
+	uint32_t depth = 1;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
 			jobs = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -42,14 +46,18 @@ int main(int argc, char **argv)
 			small = 1;
 		else if (!strcmp(argv[i], "--overlap"))
 			overlap = 1;
+		else if (!strcmp(argv[i], "--depth") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+			depth = (uint32_t)strtoul(argv[++i], NULL, 10);
+			overlap = 1;
+		}
 		else if (!strcmp(argv[i], "--persistent"))
 			persistent = 1;
 		else if (!strcmp(argv[i], "--production"))
 			production = overlap = persistent = 1;
 		else {
 			fprintf(stderr,
-				"usage: %s [--jobs N] [--clients C] [--small] [--overlap] [--persistent] "
-				"[--production]\n",
+				"usage: %s [--jobs N] [--clients C] [--small] [--overlap] [--depth N] "
+				"[--persistent] [--production]\n",
 				argv[0]);
 			return 2;
 		}
@@ -84,6 +92,8 @@ int main(int argc, char **argv)
 	rc.device_blocks = 1024;
 	if (persistent)
 		rc.sched.batch_layout = BKV_BATCH_PERSISTENT;
+	if (overlap)
+		rc.sched.overlap = depth;
 	if (production) {
 		rc.device_blocks = 32;
 		rc.host_blocks = 512;
@@ -107,11 +117,23 @@ int main(int argc, char **argv)
 	       (double)res.gen_tokens / (res.wall_us / 1e6),
 	       res.prompt_tokens ? 100.0 * (double)res.sched.hit_tokens / (double)res.prompt_tokens
 				 : 0.0);
-	if (overlap)
+	if (overlap && depth == 1)
 		printf("overlapped: %llu of %llu steps planned while the one before ran, %llu tokens "
 		       "computed and discarded\n",
 		       (unsigned long long)res.sched.overlap_steps, (unsigned long long)res.steps,
 		       (unsigned long long)res.sched.overlap_wasted_tokens);
+	if (overlap && depth > 1)
+		printf("overlapped, depth %u: %llu of %llu steps planned while others ran, at most "
+		       "%u outstanding, %llu tokens computed and discarded\n",
+		       depth, (unsigned long long)res.sched.overlap_steps,
+		       (unsigned long long)res.steps, res.max_outstanding,
+		       (unsigned long long)res.sched.overlap_wasted_tokens);
+	if (overlap && depth > 1) {
+		printf("placeholders by back distance:");
+		for (uint32_t k = 0; k < depth && k < BKV_OVERLAP_MAX_DEPTH; k++)
+			printf(" %u: %llu", k + 1, (unsigned long long)res.placeholders[k]);
+		printf("\n");
+	}
 	printf("%s%s\n", bad ? "FAILED: " : "every sequence matches the reference token for token",
 	       bad ? msg : "");
 	if (overlap && !bad && !st && res.sched.overlap_steps == 0)

@@ -277,12 +277,12 @@ void tlm_workload_reset(tlm_workload *w);
 /* One serving run's settings. */
 typedef struct tlm_run_config {
 	bkv_sched_config sched;  /* policy, k, chunking, preemption, ...;
-				    sched.overlap != 0: overlapped scheduling,
-				    the steps launched to a device thread
-				    (overlap.c) and completed one step
-				    behind (split must be 0; fail_every
-				    makes the device fail the launched
-				    step) */
+				    sched.overlap = N != 0: overlapped
+				    scheduling, the steps launched to a
+				    device thread (overlap.c) and completed
+				    up to N steps behind (split must be 0;
+				    fail_every makes the device fail the
+				    launched step) */
 	uint32_t block_tokens;   /* pool and host block size */
 	uint32_t device_blocks;  /* device tier: the pool and the KV tensor
 				    (a recurrent model's state arena comes
@@ -297,7 +297,7 @@ typedef struct tlm_run_config {
 	uint32_t fail_every;     /* nonzero: make the host fail once every this
 				    many steps (the step is rolled back and
 				    retried); overlapped, the launched step
-				    and the one launched after it fail */
+				    and the ones launched after it fail */
 	uint64_t max_steps;      /* give up (-100, "stuck") after this many
 				    steps; 0 = 200000 */
 	uint32_t state_units;    /* a recurrent model's state units (0: four per
@@ -332,6 +332,15 @@ typedef struct tlm_run_result {
 	tlm_host_stats host;     /* the paged host's counters */
 	uint64_t prompt_tokens;  /* prompt tokens submitted (incl. branches 0) */
 	int check;               /* bkv_sched_check after the run (0 = ok) */
+	uint64_t placeholders[BKV_OVERLAP_MAX_DEPTH]; /* overlapped:
+				    placeholders the device replaced, by back
+				    distance - 1 (BKV_TOKEN_PENDING_BACK) */
+	uint32_t max_outstanding; /* overlapped: the most steps outstanding
+				    (launched, not completed) at once; at
+				    most sched.overlap + 1 */
+	uint64_t failed_completions; /* overlapped (tlm_run): completions
+				    answered BKV_EHOST, one per outstanding
+				    step a failure rolled back */
 	char host_error[256];    /* the paged host's last contract violation */
 	char lib_error[256];     /* bkv_last_error() of a refused create or
 				    submit (the field and the rule); "" else */

@@ -9,7 +9,10 @@ its whole public API in Python:
     KvGroup, kv_seq_bytes, frames_for_bytes, ...   KV sizing of hybrid models
     Scheduler        requests, step(), the host callbacks, stats, metrics;
                      adapter_cache_key: the pool key of an adapter's blocks;
-                     encoder_token: the ids an encoder input's span holds
+                     encoder_token: the ids an encoder input's span holds;
+                     batchkv.overlap (token_pending_at, resolve_placeholders,
+                     ...): overlapped scheduling's placeholders by back
+                     distance and row
     Batch            what a compute callback receives: zero-copy numpy views
                      of the library's arrays, VALID ONLY DURING THE CALLBACK
     BatchGroup       one KV group's part of a Batch (Batch.groups): its slot
@@ -52,6 +55,8 @@ from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEven
 from .sched import (TOKEN_FAIL, Batch, BatchGroup, BatchLayout, FinishReason,  # noqa: F401
                     Policy, Preempt, SchedStats, Scheduler, StepInfo, StepOutputs,
                     ENCODE_DTYPE, adapter_cache_key, encoder_token)
+from .overlap import (OVERLAP_MAX_DEPTH, resolve_placeholders, token_is_pending,  # noqa: F401
+                      token_pending_at, token_pending_back, token_pending_row)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401
                    vllm_hash_int)
 

@@ -874,16 +874,21 @@ class Scheduler:
         return rc
 
     def launch(self):
-        """Overlapped scheduling (Scheduler(overlap=1), a host with
-        launch(batch, next_tokens)): plan the next step while the one in
-        flight runs, and hand it to host.launch, which enqueues it and
-        returns at once; the host writes next_tokens (a view that stays valid
-        until complete) before completing. Returns the step's ticket (0:
-        nothing to compute: complete the step in flight, launch again), or
-        None when the plan needs the step in flight's results first
-        (bkv_step_launch answered BKV_EAGAIN: complete it). The batch's
-        views are valid during host.launch only (copy what the device reads
-        later). HostError when host.launch failed."""
+        """Overlapped scheduling (Scheduler(overlap=N), a host with
+        launch(batch, next_tokens)): plan the next step while up to N steps
+        run, and hand it to host.launch, which enqueues it and returns at
+        once; the host writes next_tokens (a view that stays valid until
+        complete) before completing. Placeholders in the batch's token_ids
+        name rows of steps still outstanding (batchkv.overlap:
+        token_pending_at, resolve_placeholders). Returns the step's ticket
+        (0: nothing to compute: complete the oldest outstanding step, launch
+        again), or
+        None when the plan needs the results of the steps in flight first
+        (bkv_step_launch answered BKV_EAGAIN: complete every outstanding
+        step). With N + 1 steps outstanding complete the oldest before
+        launching (else StateError). The batch's views are valid during
+        host.launch only (copy what the device reads later). HostError when
+        host.launch failed."""
         t = ctypes.c_uint64()
         rc = self._two_phase(lambda h: _lib.bkv_step_launch(h, ctypes.byref(t), self._info_ref))
         if rc == _ffi.BKV_EAGAIN:

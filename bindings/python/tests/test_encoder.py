@@ -221,7 +221,9 @@ def test_inputs_that_could_never_pass_are_refused():
 def test_encoder_token_lies_below_every_other_id():
     t = [encoder_token(c, i) for c in (1, 2, 2 ** 64 - 1) for i in range(16)]
     assert all(x <= -(2 ** 23) for x in t)
-    assert all(x < -1 - batchkv._ffi.BKV_TOKEN_PENDING_ROWS for x in t), \
-        "below TOKEN_FAIL and every overlap placeholder"
+    deepest = batchkv.token_pending_at(batchkv.OVERLAP_MAX_DEPTH,
+                                       batchkv._ffi.BKV_TOKEN_PENDING_ROWS - 1)
+    assert all(x < deepest and not batchkv.token_is_pending(x) for x in t), \
+        "below TOKEN_FAIL and every overlap placeholder, at every depth"
     assert encoder_token(7, 3) == encoder_token(7, 3), "a function of (cache_id, i)"
     assert len(set(t)) == len(t)

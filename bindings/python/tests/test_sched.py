@@ -603,6 +603,93 @@ def test_overlapped_scheduling_launch_complete_matches_plain():
     assert s.stats().overlap_steps > 0
 
 
+class PipelinedPlusOne(PlusOne):
+    """An overlapped host at any depth: launch() copies what the device reads
+    (token ids, rows, which rows sample) and returns; the device runs the
+    steps in launch order, resolves each placeholder from the tokens of the
+    steps it ran before (batchkv.resolve_placeholders: by back distance and
+    row) and answers last input token + 1, as PlusOne does."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue = []
+        self.recent = []  # sampled tokens of the steps run, newest first
+        self.backs = {}  # back distance -> placeholders seen
+
+    def launch(self, b, next_tokens):
+        ids = np.array(b.token_ids, dtype=np.int32)
+        for k in batchkv.token_pending_back(ids[batchkv.token_is_pending(ids)]).tolist():
+            self.backs[k] = self.backs.get(k, 0) + 1
+        self.queue.append((ids, np.array(b.qo_indptr), np.array(b.row_sample), next_tokens))
+
+    def run_device(self):
+        ids, qo, sample, next_tokens = self.queue.pop(0)
+        ids = batchkv.resolve_placeholders(ids, self.recent)
+        out = np.where(sample != 0, ids[qo[1:] - 1] + 1, 0).astype(np.int32)
+        next_tokens[:] = out
+        self.recent.insert(0, out)
+        del self.recent[batchkv.OVERLAP_MAX_DEPTH:]
+
+
+def serve_pipelined(depth):
+    """Twelve requests (one forked) served at overlap depth `depth` by the
+    drain rules: launch until depth steps are in flight, complete the oldest
+    once depth + 1 are outstanding or a launch had nothing to compute, and
+    every outstanding step after BKV_EAGAIN. Returns the host, the request
+    ids and the most steps outstanding."""
+    host = PipelinedPlusOne()
+    pool = Pool(device_blocks=256)
+    s = Scheduler(pool, host, overlap=depth)
+    ids = [s.submit([100 + 7 * i + j for j in range(5 + i)], 4 + 3 * i, n=2 if i == 5 else 1)
+           for i in range(12)]
+    outstanding, most = [], 0
+    while s.pending or outstanding:
+        t = s.launch() if s.pending else 0
+        if t is None:
+            while outstanding:
+                host.run_device()
+                s.complete(outstanding.pop(0))
+            continue
+        if t:
+            outstanding.append(t)
+            most = max(most, len(outstanding))
+        if len(outstanding) == depth + 1 or (t == 0 and outstanding):
+            host.run_device()
+            s.complete(outstanding.pop(0))
+    assert s.stats().overlap_steps > 0
+    return host, ids, most
+
+
+def test_placeholder_helpers_match_the_header_encoding():
+    assert batchkv.token_pending_at(1, 0) == -2
+    assert batchkv.token_pending_at(1, 5) == -7
+    assert batchkv.token_pending_at(2, 0) == -2 - (1 << 18)
+    for back in (1, 2, batchkv.OVERLAP_MAX_DEPTH):
+        for row in (0, 1, (1 << 18) - 1):
+            t = batchkv.token_pending_at(back, row)
+            assert batchkv.token_is_pending(t)
+            assert (batchkv.token_pending_back(t), batchkv.token_pending_row(t)) == (back, row)
+    assert not batchkv.token_is_pending(batchkv.TOKEN_FAIL)
+    assert not batchkv.token_is_pending(batchkv.token_pending_at(batchkv.OVERLAP_MAX_DEPTH + 1, 0))
+    ids = [5, batchkv.token_pending_at(1, 1), batchkv.token_pending_at(2, 0), 9]
+    assert batchkv.resolve_placeholders(ids, [[10, 11], [20]]).tolist() == [5, 11, 20, 9]
+    with pytest.raises(IndexError):
+        batchkv.resolve_placeholders(ids, [[10, 11]])
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_pipelined_depth_keeps_depth_steps_in_flight_and_matches_plain(depth):
+    plain, ids1, most1 = serve_pipelined(1)
+    host, ids, most = serve_pipelined(depth)
+    assert (most1, most) == (2, depth + 1)
+    # a forked request's two branches interleave differently; each token is
+    # the one before + 1 either way
+    assert [sorted(host.tokens[i]) for i in ids] == [sorted(plain.tokens[i]) for i in ids1]
+    assert host.tokens[ids[0]] == [105, 106, 107, 108]
+    assert sum(host.backs.values()) > 0
+    assert set(host.backs) <= set(range(1, depth + 1))
+
+
 def test_release_and_resume_the_device_kv():
     host = PlusOne()
     pool, s, ids = minimal(host)

@@ -416,6 +416,59 @@ pub fn encoder_token(cache_id: u64, i: u32) -> i32 {
     unsafe { sys::bkv_encoder_token(cache_id, i) }
 }
 
+/// `BKV_OVERLAP_MAX_DEPTH`: the deepest overlapped scheduling
+/// (`SchedConfig::overlap`).
+pub const OVERLAP_MAX_DEPTH: u32 = sys::BKV_OVERLAP_MAX_DEPTH;
+
+/// `BKV_TOKEN_PENDING_AT`: the placeholder a launched batch's `token_ids`
+/// carry for the token that the step launched `back` launches before (1:
+/// the previous launch, at most `SchedConfig::overlap`) samples for its row
+/// `i`.
+pub const fn token_pending_at(back: u32, i: u32) -> i32 {
+    -2 - ((back.wrapping_sub(1) << 18) | i) as i32
+}
+
+/// `BKV_TOKEN_IS_PENDING`: whether token id `t` is a placeholder.
+pub const fn token_is_pending(t: i32) -> bool {
+    t <= -2 && t > -2 - OVERLAP_MAX_DEPTH as i32 * sys::BKV_TOKEN_PENDING_ROWS
+}
+
+/// `BKV_TOKEN_PENDING_BACK`: how many launches back a placeholder's step is.
+pub const fn token_pending_back(t: i32) -> u32 {
+    ((-2 - t as i64) as u32 >> 18) + 1
+}
+
+/// `BKV_TOKEN_PENDING_ROW`: the row a placeholder names in its step.
+pub const fn token_pending_row(t: i32) -> u32 {
+    (-2 - t as i64) as u32 & (sys::BKV_TOKEN_PENDING_ROWS as u32 - 1)
+}
+
+/// Replace each placeholder in `ids` by the token it stands for, as the
+/// device does before computing a launched step: `recent[back - 1]` holds
+/// the sampled tokens of the step launched `back` launches before it
+/// (`recent[0]` the previous launch's). Returns how many were replaced;
+/// `Err(InvalidArgument)` (and `ids` unchanged) when one names a step
+/// `recent` does not hold or a row beyond its tokens.
+pub fn resolve_placeholders(ids: &mut [i32], recent: &[&[i32]]) -> Result<usize> {
+    let lookup = |t: i32| {
+        let (back, row) = (token_pending_back(t) as usize, token_pending_row(t) as usize);
+        recent.get(back - 1).and_then(|s| s.get(row)).copied()
+    };
+    let mut n = 0;
+    for &t in ids.iter() {
+        if token_is_pending(t) {
+            lookup(t).ok_or(Error::InvalidArgument)?;
+            n += 1;
+        }
+    }
+    for t in ids.iter_mut() {
+        if token_is_pending(*t) {
+            *t = lookup(*t).unwrap_or(*t);
+        }
+    }
+    Ok(n)
+}
+
 // ---------------------------------------------------------------- configs --
 
 impl Default for PoolConfig {
@@ -1794,14 +1847,17 @@ pub trait Host {
     fn on_token(&mut self, _req: u64, _branch: u32, _token: i32, _user: usize) {}
     /// A request ended (exactly once per request).
     fn on_finish(&mut self, _req: u64, _reason: FinishReason, _user: usize) {}
-    /// true: overlapped scheduling (`SchedConfig::overlap = 1`): the
-    /// library calls `launch`, and [`Scheduler::launch`] /
-    /// [`Scheduler::complete`] drive the two-phase step.
+    /// true: overlapped scheduling (`SchedConfig::overlap = N`, 1..
+    /// [`OVERLAP_MAX_DEPTH`]): the library calls `launch`, and
+    /// [`Scheduler::launch`] / [`Scheduler::complete`] drive the two-phase
+    /// step, up to N steps in flight while the next is planned.
     const HAS_LAUNCH: bool = false;
     /// Enqueue the batch on the device and return at once: copy what the
     /// device reads later (the batch is borrowed for this call only); the
-    /// tokens go to [`Scheduler::complete`]. Token ids of at most -2 in
-    /// `token_ids` are placeholders for tokens the step in flight samples.
+    /// tokens go to [`Scheduler::complete`]. Placeholders in `token_ids`
+    /// ([`token_is_pending`]) stand for tokens steps still outstanding
+    /// sample: [`token_pending_at`]`(back, i)` is row `i` of the step
+    /// launched `back` launches before ([`resolve_placeholders`]).
     fn launch(&mut self, _batch: &Batch<'_>) -> std::result::Result<(), HostFailed> {
         Err(HostFailed)
     }
@@ -2006,9 +2062,11 @@ impl Ticket {
 pub enum Launch {
     /// A step was launched: complete it with its ticket.
     Step(Ticket),
-    /// Nothing to compute: complete the step in flight, then launch again.
+    /// Nothing to compute: complete the oldest outstanding step, then
+    /// launch again.
     Nothing,
-    /// The plan needs the step in flight's tokens (`BKV_EAGAIN`).
+    /// The plan needs the tokens of the steps in flight (`BKV_EAGAIN`):
+    /// complete every outstanding step.
     Busy,
 }
 
@@ -2166,12 +2224,14 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
     }
 
     /// `bkv_step_launch` (overlapped scheduling, a host with `HAS_LAUNCH`):
-    /// plan the next step while the one in flight runs, and hand it to
-    /// `Host::launch`. [`Launch::Step`] carries its ticket, which
+    /// plan the next step while up to `SchedConfig::overlap` steps run, and
+    /// hand it to `Host::launch`. [`Launch::Step`] carries its ticket, which
     /// [`Scheduler::complete`] consumes (a step cannot be completed twice);
-    /// [`Launch::Nothing`]: nothing to compute (complete the step in flight,
-    /// launch again); [`Launch::Busy`]: the plan needs the step in flight's
-    /// tokens first (`BKV_EAGAIN`: complete it).
+    /// [`Launch::Nothing`]: nothing to compute (complete the oldest
+    /// outstanding step, launch again); [`Launch::Busy`]: the plan needs the
+    /// tokens of the steps in flight first (`BKV_EAGAIN`: complete every
+    /// outstanding step). With `overlap + 1` steps outstanding complete the
+    /// oldest before launching (else `Err(State)`).
     pub fn launch(&self) -> Result<Launch> {
         let _x = self.exclusive()?;
         let mut t = 0u64;

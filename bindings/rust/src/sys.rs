@@ -111,7 +111,8 @@ pub const BKV_SPEC_K_FIXED: bkv_spec_k_mode = 1;
 pub const BKV_SPEC_MAX_K: u32 = 16;
 pub const BKV_MAX_ADAPTERS: u32 = 1024;
 pub const BKV_MAX_ENCODER_INPUTS: u32 = 64;
-pub const BKV_TOKEN_PENDING_ROWS: i32 = 1 << 22;
+pub const BKV_TOKEN_PENDING_ROWS: i32 = 1 << 18;
+pub const BKV_OVERLAP_MAX_DEPTH: u32 = 8;
 pub const BKV_TABLE_OPENED: u32 = 0x1;
 pub const BKV_TABLE_CLOSED: u32 = 0x2;
 #[repr(C)]

@@ -290,8 +290,9 @@ fn encoder_token_lies_below_every_other_id() {
         }
     }
     assert!(t.iter().all(|&x| x <= -(1 << 23)));
-    assert!(t.iter().all(|&x| x < -1 - sys::BKV_TOKEN_PENDING_ROWS),
-            "below BKV_TOKEN_FAIL and every overlap placeholder");
+    let deepest = token_pending_at(OVERLAP_MAX_DEPTH, sys::BKV_TOKEN_PENDING_ROWS as u32 - 1);
+    assert!(t.iter().all(|&x| x < deepest && !token_is_pending(x)),
+            "below BKV_TOKEN_FAIL and every overlap placeholder, at every depth");
     assert_eq!(encoder_token(7, 3), encoder_token(7, 3), "a function of (cache_id, i)");
     assert_eq!(t.iter().collect::<HashSet<_>>().len(), t.len());
 }

@@ -907,3 +907,128 @@ fn overlapped_launch_and_complete_match_plain() {
     assert_eq!(h.inner.tokens[&ids[2]], vec![105, 106, 107, 108, 109, 110]);
     assert_eq!(h.inner.tokens[&ids[1]], vec![105, 106, 107, 108]);
 }
+
+/// An overlapped host at any depth: `launch` copies what the device reads
+/// (token ids, rows, which rows sample); the device runs the steps in launch
+/// order, resolves each placeholder from the tokens of the steps it ran
+/// before (`resolve_placeholders`: by back distance and row) and answers
+/// last input token + 1, as `PlusOne` does.
+#[derive(Default)]
+struct PipelinedPlusOne {
+    inner: PlusOne,
+    queue: Vec<(Vec<i32>, Vec<i32>, Vec<u8>)>,
+    recent: Vec<Vec<i32>>, // sampled tokens of the steps run, newest first
+    backs: HashMap<u32, u64>,
+}
+
+impl PipelinedPlusOne {
+    fn run_device(&mut self) -> Vec<i32> {
+        let (mut ids, qo, sample) = self.queue.remove(0);
+        let recent: Vec<&[i32]> = self.recent.iter().map(|v| v.as_slice()).collect();
+        resolve_placeholders(&mut ids, &recent).unwrap();
+        let next: Vec<i32> = (0..sample.len())
+            .map(|r| if sample[r] != 0 { ids[qo[r + 1] as usize - 1] + 1 } else { 0 })
+            .collect();
+        self.recent.insert(0, next.clone());
+        self.recent.truncate(OVERLAP_MAX_DEPTH as usize);
+        next
+    }
+}
+
+impl Host for PipelinedPlusOne {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        self.inner.forward(b, next)
+    }
+    const HAS_LAUNCH: bool = true;
+    fn launch(&mut self, b: &Batch<'_>) -> std::result::Result<(), HostFailed> {
+        for &t in b.token_ids().iter().filter(|&&t| token_is_pending(t)) {
+            *self.backs.entry(token_pending_back(t)).or_insert(0) += 1;
+        }
+        self.queue.push((b.token_ids().to_vec(), b.qo_indptr().to_vec(), b.row_sample().to_vec()));
+        Ok(())
+    }
+    fn on_token(&mut self, req: u64, b: u32, token: i32, u: usize) {
+        self.inner.on_token(req, b, token, u)
+    }
+    fn on_finish(&mut self, req: u64, why: FinishReason, user: usize) {
+        self.inner.on_finish(req, why, user)
+    }
+}
+
+/// Twelve requests (one forked) at overlap depth `depth`, by the drain rules:
+/// launch until `depth` steps are in flight, complete the oldest once
+/// `depth + 1` are outstanding or a launch had nothing to compute, every
+/// outstanding step after `Busy`. Each request's tokens (sorted: a forked
+/// request's branches interleave), the placeholders by back distance and
+/// the most steps outstanding.
+fn serve_pipelined(depth: u32) -> (Vec<Vec<i32>>, HashMap<u32, u64>, usize) {
+    let mut pool = Pool::new(&PoolConfig { device_blocks: 256, ..Default::default() }).unwrap();
+    let cfg = SchedConfig { overlap: depth, ..Default::default() };
+    let mut s = Scheduler::new(&mut pool, PipelinedPlusOne::default(), &cfg, None).unwrap();
+    let prompts: Vec<Vec<i32>> = (0..12).map(|i| (0..5 + i).map(|j| 100 + 7 * i + j).collect()).collect();
+    let ids: Vec<u64> = prompts.iter().enumerate().map(|(i, p)| {
+        s.submit(&Request { n: if i == 5 { 2 } else { 1 }, ..Request::new(p, 4 + 3 * i as u32) })
+            .unwrap()
+    }).collect();
+    let (mut out, mut most): (Vec<Ticket>, usize) = (Vec::new(), 0);
+    while s.pending() > 0 || !out.is_empty() {
+        let l = if s.pending() > 0 { s.launch().unwrap() } else { Launch::Nothing };
+        let drain_all = matches!(l, Launch::Busy);
+        let nothing = matches!(l, Launch::Nothing);
+        if let Launch::Step(t) = l {
+            out.push(t);
+            most = most.max(out.len());
+        }
+        while !out.is_empty() && (drain_all || nothing || out.len() == depth as usize + 1) {
+            let next = s.host_mut().run_device();
+            s.complete(out.remove(0), Some(&next)).unwrap();
+            if !drain_all {
+                break;
+            }
+        }
+    }
+    assert!(s.stats().unwrap().overlap_steps > 0);
+    let h = s.host_mut();
+    let toks = ids.iter().map(|id| {
+        let mut v = h.inner.tokens[id].clone();
+        v.sort_unstable();
+        v
+    }).collect();
+    (toks, h.backs.clone(), most)
+}
+
+#[test]
+fn placeholder_helpers_match_the_header_encoding() {
+    assert_eq!(token_pending_at(1, 0), -2);
+    assert_eq!(token_pending_at(1, 5), -7);
+    assert_eq!(token_pending_at(2, 0), -2 - (1 << 18));
+    for back in [1, 2, OVERLAP_MAX_DEPTH] {
+        for row in [0, 1, (1 << 18) - 1] {
+            let t = token_pending_at(back, row);
+            assert!(token_is_pending(t));
+            assert_eq!((token_pending_back(t), token_pending_row(t)), (back, row));
+        }
+    }
+    assert!(!token_is_pending(-1));
+    assert!(!token_is_pending(token_pending_at(OVERLAP_MAX_DEPTH + 1, 0)));
+    let mut ids = [5, token_pending_at(1, 1), token_pending_at(2, 0), 9];
+    assert_eq!(resolve_placeholders(&mut ids, &[&[10, 11], &[20]]), Ok(2));
+    assert_eq!(ids, [5, 11, 20, 9]);
+    let mut far = [token_pending_at(2, 0)];
+    assert_eq!(resolve_placeholders(&mut far, &[&[10, 11]]), Err(Error::InvalidArgument));
+    assert_eq!(far, [token_pending_at(2, 0)], "unchanged on error");
+}
+
+#[test]
+fn pipelined_depths_2_and_4_keep_that_many_steps_in_flight_and_match_depth_1() {
+    let (plain, _, most1) = serve_pipelined(1);
+    assert_eq!(most1, 2);
+    assert_eq!(plain[0], vec![105, 106, 107, 108]);
+    for depth in [2u32, 4] {
+        let (toks, backs, most) = serve_pipelined(depth);
+        assert_eq!(most, depth as usize + 1, "depth {}", depth);
+        assert_eq!(toks, plain, "depth {}", depth);
+        assert!(backs.values().sum::<u64>() > 0);
+        assert!(backs.keys().all(|&k| k >= 1 && k <= depth), "{:?}", backs);
+    }
+}
