@@ -552,6 +552,13 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		}
 		sample = l->kv_len + c == LANE_KNOWN(l) && (r->n == 1 || r->forked);
 		rc = lane_append(s, l, c, sample, &hit);
+		if (rc == BKV_ENOSPC && j > 0) {
+			s->plan.step_hits += h0;
+			rc = BKV_OK;
+			continue; /* the room went to earlier branches: this one
+				     goes on in a later step (plan_continue),
+				     with their prefix cached by then */
+		}
 		if (rc != BKV_OK)
 			break;
 		l->kv_len += c;

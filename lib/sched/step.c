@@ -491,8 +491,11 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	/* the forks still to come, kept from pins until the next step's plan
 	 * (none is admitted or forks in between; an end only lowers it) */
 	bkv__pool_reserve_seqs(s->pool, bkv__fork_seqs_count(s));
+	/* a stall: nothing runs or is admitted, and nothing outstanding will
+	 * give blocks back (overlap: the steps in flight release theirs when
+	 * they complete) */
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
-	    !si->admitted) {
+	    !si->admitted && !s->plan.fenced) {
 		if (++s->plan.stalls >= 2)
 			unstick(s, now, si);
 	} else {
