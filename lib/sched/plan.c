@@ -494,9 +494,29 @@ void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	}
 }
 
+/* A failed admission: every lane it opened closes again. */
+static void admit_undo(bkv_sched *s, bkv__req *r)
+{
+	uint32_t j;
+
+	bkv__enc_drop(s, r); /* the gate's references (encoder.c) */
+	for (j = 0; j < r->n; j++) {
+		bkv__lane *l = &r->lane[j];
+
+		if (l->seq != BKV__SEQ_NONE && !l->done)
+			bkv_seq_close(s->pool, l->seq);
+		if (!l->done) {
+			bkv__slot_release(s, l);
+			l->seq = BKV__SEQ_NONE;
+			l->kv_len = 0;
+		}
+	}
+}
+
 /* Admission of a waiting request: open its lanes and append their first
- * chunks. Never preempts; all-or-nothing (on failure the request stays at the
- * head of the queue). */
+ * chunks. Never preempts; all-or-nothing for its first lane (on failure the
+ * request stays at the head of the queue), while a later branch with no room
+ * starts in a later step. */
 static int admit_waiting(bkv_sched *s, bkv__req *r)
 {
 	uint32_t j, tokens = 0, n_rows = s->plan.n_pre, budget = s->plan.budget_left, hits = s->plan.step_hits;
@@ -565,24 +585,12 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		charge(s, bkv__add_row(s, s->plan.pre, &s->plan.n_pre, l, 0, h0 + hit, sample));
 	}
 	if (rc != BKV_OK) {
-		bkv__enc_drop(s, r); /* the gate's references (encoder.c) */
-		for (j = 0; j < r->n; j++) {
-			bkv__lane *l = &r->lane[j];
-
-			if (l->seq != BKV__SEQ_NONE && !l->done)
-				bkv_seq_close(s->pool, l->seq);
-			if (!l->done) {
-				bkv__slot_release(s, l);
-				l->seq = BKV__SEQ_NONE;
-				l->kv_len = 0;
-			}
-		}
+		admit_undo(s, r);
 		s->plan.n_pre = n_rows;
 		s->plan.budget_left = budget;
 		s->plan.step_hits = hits;
-		return rc;
 	}
-	return BKV_OK;
+	return rc;
 }
 
 /* Admission of a swapped request (one live lane): swap it in, then give it
