@@ -1890,6 +1890,31 @@ static void real_ids(uint32_t group, uint32_t span)
  * flight's are held apart while the next is planned (their own demotions
  * go to a new list), so the launches keep overlapping; the tokens are a
  * synchronous run's and the host cache still fills and serves hits. */
+/* A host-cache run: 80 requests over nb device blocks and 256 host blocks
+ * at depth `depth`, to the end; its stats, with demotions (checked). */
+static void host_cache_run(ov_env *e, ov_load *L, uint32_t nb, uint32_t depth,
+			   bkv_sched_stats *st, bkv_pool_stats *ps)
+{
+	ov_opts o;
+
+	ov_opts_init(&o);
+	o.nb = nb;
+	o.nh = 256;
+	o.host_cache = 1;
+	o.cfg.overlap = depth;
+	ov_env_init(e, &o);
+	load_make(L, 80, 61, 0, 0);
+	load_submit(e, L);
+	ov_run(e, 40000);
+	memset(st, 0, sizeof(*st));
+	st->size = sizeof(*st);
+	bkv_sched_stats_get(e->s, st);
+	memset(ps, 0, sizeof(*ps));
+	ps->size = sizeof(*ps);
+	bkv_pool_stats_get(e->pool, ps);
+	cr_assert_gt(ps->host_demoted, 20, "demotions: %llu", (unsigned long long)ps->host_demoted);
+}
+
 Test(overlap, host_cache_demotions_keep_the_launches_overlapped)
 {
 	ov_opts o;
@@ -1911,21 +1936,7 @@ Test(overlap, host_cache_demotions_keep_the_launches_overlapped)
 		model_check(&o, 80, seed + 60, 1, 0, seed > 2 ? 30 : 0, 0, &ov);
 	}
 	/* one run looked at closely: its launches and the host cache */
-	ov_opts_init(&o);
-	o.nb = 64;
-	o.nh = 256;
-	o.host_cache = 1;
-	ov_env_init(&e, &o);
-	load_make(&L, 80, 61, 0, 0);
-	load_submit(&e, &L);
-	ov_run(&e, 40000);
-	memset(&st, 0, sizeof(st));
-	st.size = sizeof(st);
-	bkv_sched_stats_get(e.s, &st);
-	memset(&ps, 0, sizeof(ps));
-	ps.size = sizeof(ps);
-	bkv_pool_stats_get(e.pool, &ps);
-	cr_assert_gt(ps.host_demoted, 20, "demotions: %llu", (unsigned long long)ps.host_demoted);
+	host_cache_run(&e, &L, 64, 1, &st, &ps);
 	s0 = st.overlap_syncs;
 	st0 = st.overlap_steps;
 	if (getenv("OV_DEBUG"))
@@ -2102,6 +2113,14 @@ Test(overlap, a_request_preempted_in_a_failed_step_and_readmitted_by_the_next_ro
  * reads checked, with the device queue as deep as the depth allows. */
 static const uint32_t depths[] = {2, 3, 4, 8};
 
+/* Back to depth 1 and the default workload. */
+static void depth_reset(void)
+{
+	ov_depth = 1;
+	load_max_new = 24;
+	load_stop_mod = 11;
+}
+
 Test(overlap_depth, every_depth_delivers_the_synchronous_tokens_with_forks_chunks_and_hits)
 {
 	ov_opts o;
@@ -2147,9 +2166,7 @@ Test(overlap_depth, preemption_swap_and_failed_steps_at_every_depth_roll_back_an
 			model_check(&o, 40, seed + 30 + 100 * d, 1, 1, 60, 0, &ov);
 		}
 	}
-	ov_depth = 1;
-	load_max_new = 24;
-	load_stop_mod = 11;
+	depth_reset();
 	cr_assert_gt(ov, 200);
 	cr_assert_gt(failed, f0 + 40);
 	cr_assert_gt(preempted, p0 + 10);
@@ -2180,9 +2197,7 @@ Test(overlap_depth, window_chunked_and_state_groups_at_every_depth_deliver_the_s
 			model_check(&o, 40, seed + 300 + 10 * d, 1, 1, seed % 2 ? 0 : 50, 0, &ov);
 		}
 	}
-	ov_depth = 1;
-	load_max_new = 24;
-	load_stop_mod = 11;
+	depth_reset();
 	cr_assert_gt(ov, 400);
 	cr_assert_gt(grp_checked, c0 + 1000);
 	cr_assert_gt(st_checked, t0 + 1000);
@@ -2200,9 +2215,7 @@ Test(overlap_depth, speculation_at_every_depth_matches_the_synchronous_run)
 		ov_depth = depths[d];
 		spec_model_check(3, 400 + 10 * d, 64, 32, 40, d % 2 ? 200 : 0);
 	}
-	ov_depth = 1;
-	load_max_new = 24;
-	load_stop_mod = 11;
+	depth_reset();
 	cr_assert_gt(failed, f0 + 10);
 }
 
@@ -2267,7 +2280,6 @@ Test(overlap_depth, a_launch_past_the_depth_is_refused_and_changes_nothing)
  * apart, so the launches stay deep and overlapped. */
 Test(overlap_depth, host_cache_demotions_keep_four_steps_in_flight)
 {
-	ov_opts o;
 	ov_env e;
 	ov_load L;
 	bkv_sched_stats st;
@@ -2276,29 +2288,12 @@ Test(overlap_depth, host_cache_demotions_keep_four_steps_in_flight)
 	load_max_new = 16;
 	load_stop_mod = 97;
 	ov_depth = 4;
-	ov_opts_init(&o);
-	o.nb = 96;
-	o.nh = 256;
-	o.host_cache = 1;
-	o.cfg.overlap = 4;
-	ov_env_init(&e, &o);
-	load_make(&L, 80, 61, 0, 0);
-	load_submit(&e, &L);
-	ov_run(&e, 40000);
-	memset(&st, 0, sizeof(st));
-	st.size = sizeof(st);
-	bkv_sched_stats_get(e.s, &st);
-	memset(&ps, 0, sizeof(ps));
-	ps.size = sizeof(ps);
-	bkv_pool_stats_get(e.pool, &ps);
-	cr_assert_gt(ps.host_demoted, 20, "demotions: %llu", (unsigned long long)ps.host_demoted);
+	host_cache_run(&e, &L, 96, 4, &st, &ps);
 	cr_assert_eq(e.h.max_in_flight, 4);
 	cr_assert_lt(10 * st.overlap_syncs, st.overlap_steps, "%llu synchronous launches against %llu",
 		     (unsigned long long)st.overlap_syncs, (unsigned long long)st.overlap_steps);
 	ov_check(&e);
 	ov_env_fini(&e);
 	load_free(&L);
-	ov_depth = 1;
-	load_max_new = 24;
-	load_stop_mod = 11;
+	depth_reset();
 }

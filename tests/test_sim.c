@@ -432,6 +432,22 @@ Test(sim, calibrated_model_learns_the_host_through_the_scheduler)
 	trace_free(&t);
 }
 
+/* The overlap tests' workload: 512 requests at once, chunked, mixed host,
+ * 128 slots, 2 ms of host time a step, every step checked. */
+static void overlap_workload(trace *t, sim_config *c)
+{
+	const trace_dist prompt = {DIST_UNIFORM, 64, 256}, output = {DIST_UNIFORM, 200, 400};
+
+	cr_assert_eq(trace_synthetic(t, 512, ARRIVAL_BURST, 0.0, &prompt, &output, 7), TRACE_OK);
+	sim_config_init(c);
+	c->gen = SIM_GEN_TOKENS;
+	c->chunked = 1;
+	c->mixed_host = 1;
+	c->slots = 128;
+	c->host_overhead_us = 2000;
+	c->check = 1;
+}
+
 /* Overlapped scheduling (--host-overhead-us, --overlap): with a 2 ms host
  * cost per step and about 5 ms of device time per step, the synchronous
  * contract takes device + host per step and the overlapped one max(device,
@@ -440,16 +456,8 @@ Test(sim, calibrated_model_learns_the_host_through_the_scheduler)
 Test(sim, overlapped_steps_take_the_longer_of_host_and_device)
 {
 	trace t = {0};
-	const trace_dist prompt = {DIST_UNIFORM, 64, 256}, output = {DIST_UNIFORM, 200, 400};
-	cr_assert_eq(trace_synthetic(&t, 512, ARRIVAL_BURST, 0.0, &prompt, &output, 7), TRACE_OK);
 	sim_config c;
-	sim_config_init(&c);
-	c.gen = SIM_GEN_TOKENS;
-	c.chunked = 1;
-	c.mixed_host = 1;
-	c.slots = 128;
-	c.host_overhead_us = 2000;
-	c.check = 1;
+	overlap_workload(&t, &c);
 	sim_result sync, ovl;
 	run_ok(&c, &t, &sync);
 	c.overlap = 1;
@@ -479,16 +487,8 @@ Test(sim, overlapped_steps_take_the_longer_of_host_and_device)
 Test(sim, overlap_depths_2_and_4_finish_every_request_at_depth_1_throughput)
 {
 	trace t = {0};
-	const trace_dist prompt = {DIST_UNIFORM, 64, 256}, output = {DIST_UNIFORM, 200, 400};
-	cr_assert_eq(trace_synthetic(&t, 512, ARRIVAL_BURST, 0.0, &prompt, &output, 7), TRACE_OK);
 	sim_config c;
-	sim_config_init(&c);
-	c.gen = SIM_GEN_TOKENS;
-	c.chunked = 1;
-	c.mixed_host = 1;
-	c.slots = 128;
-	c.host_overhead_us = 2000;
-	c.check = 1;
+	overlap_workload(&t, &c);
 	sim_result sync, d[5];
 	run_ok(&c, &t, &sync);
 	for (uint32_t n = 1; n <= 4; n *= 2) {

@@ -384,6 +384,17 @@ static void spec_unwait(bkv__ticket *t)
 	}
 }
 
+/* A lane whose request ended meanwhile (an abort) forgets its
+ * placeholders. */
+static int ended_meanwhile(bkv__lane *l)
+{
+	if (REQ_IS_RUNNING(l->req))
+		return 0;
+	l->ovl_pend = 0;
+	l->ovl_n = 0;
+	return 1;
+}
+
 /* A rollback: undo t's provisional commit (each lane's placeholders go, in
  * any order; the last one gone restores the lane). */
 static void unprovision(bkv__ticket *t)
@@ -393,13 +404,8 @@ static void unprovision(bkv__ticket *t)
 	for (i = 0; i < t->n_rows; i++) {
 		bkv__lane *l = t->rows[i].lane;
 
-		if (!t->rows[i].sample || !l->ovl_n)
+		if (!t->rows[i].sample || !l->ovl_n || ended_meanwhile(l))
 			continue;
-		if (!REQ_IS_RUNNING(l->req)) { /* aborted meanwhile */
-			l->ovl_pend = 0;
-			l->ovl_n = 0;
-			continue;
-		}
 		l->n_gen--;
 		if (--l->ovl_n)
 			continue;
@@ -425,13 +431,8 @@ static int unprovision_oldest(bkv_sched *s, bkv__ticket *t, const int32_t *outs)
 		bkv__lane *l = t->rows[i].lane;
 		uint32_t pos;
 
-		if (!t->rows[i].sample || !l->ovl_n)
+		if (!t->rows[i].sample || !l->ovl_n || ended_meanwhile(l))
 			continue;
-		if (!REQ_IS_RUNNING(l->req)) { /* aborted meanwhile */
-			l->ovl_pend = 0;
-			l->ovl_n = 0;
-			continue;
-		}
 		pos = LANE_KNOWN(l) - l->ovl_n;
 		l->tok[pos] = outs[i];
 		if (l->seq != BKV__SEQ_NONE && l->kv_len > pos)
