@@ -542,7 +542,11 @@ uint32_t bkv__lanes_fit_hits(const bkv_pool *pool, const bkv__seq *s, uint32_t n
 			}
 		}
 	}
-	/* e is final: count the stashed blocks on the LRU */
+	/* e is final: count the stashed blocks on the LRU, group 0's again
+	 * (its lookup counted every hit it found, past e too) */
+	*relinked = 0;
+	for (i = nb0; i < e; i++)
+		*relinked += BLOCK_IS_CACHED(&pool->kv.blk[s->table[i]]);
 	for (l = 0; l < pool->n_lanes && e > nb0; l++) {
 		const bkv__glane *ln = &pool->lanes[l];
 		uint32_t first = BKV_MAX(bkv__lane_first(pool, ln, (uint64_t)e * bt), nb0);

@@ -2006,10 +2006,11 @@ static int create(cx_run *x)
 		fail(x, "create refused too often");
 		return -1;
 	}
-	/* groups (state units, window chunks) and pins (blocks held out of the
-	 * pool) can make a request unadmittable: it ends in error, counted in
-	 * bkv_sched_stats.unadmittable (check_outcomes compares) */
-	x->unadmittable_ok = 1;
+	/* pins (blocks held out of the pool) can make a request unadmittable:
+	 * it ends in error, counted in bkv_sched_stats.unadmittable
+	 * (check_outcomes compares); without them every request fits the
+	 * drawn pool, so an error the host did not cause is a defect */
+	x->unadmittable_ok = f->pins;
 	x->nframes = pc.device_blocks;
 	x->dev = calloc((size_t)x->nframes * f->bt, sizeof(cx_cell));
 	x->host = calloc((size_t)(f->host_blocks ? f->host_blocks : 1) * f->bt, sizeof(cx_cell));
