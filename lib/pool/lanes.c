@@ -363,11 +363,9 @@ void bkv__lanes_touch(bkv_pool *pool, const bkv__seq *s)
 		return;
 	}
 	if (pool->lane_stamp[slot] != pool->txn_serial) {
+		/* an append before the step (nothing to promote or drop: none) */
 		if (pool->st_units && (pool->st_scratch[slot] >= 0 || pool->st_undo[slot] != BKV__ST_NO_UNDO))
-			bkv__state_begin(pool, s); /* an append before the step (in
-						      a step, with nothing to
-						      promote or drop it is a
-						      no-op) */
+			bkv__state_begin(pool, s);
 		pool->lane_stamp[slot] = pool->txn_serial;
 		pool->lane_touched[pool->n_touched++] = slot;
 	}
