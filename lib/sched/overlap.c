@@ -58,11 +58,11 @@
  * trims each window or chunked lane it appended to only up to the
  * sequence's committed length (trim_committed), so no block an outstanding
  * step reads, or their rollback needs, is released. A STATE group's state
- * is double-buffered: a step planned while one is in flight reads the unit
- * the step in flight writes and writes a second one (state_shift), and the
- * state the step in flight started from is kept until that step commits
- * (then trim_committed commits the state at the committed length), so a
- * rollback of both finds it.
+ * is written out of place: a step planned on steps in flight reads the unit
+ * the newest of them writes and writes another (state_shift); the state the
+ * oldest started from and the ends of the others are kept until the
+ * commits pass them (trim_committed commits the state at the committed
+ * length, pool/state_mid.c), so a rollback finds whichever it needs.
  */
 #include "sched/batch.h"
 #include "decide/decide.h"
