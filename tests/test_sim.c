@@ -6,6 +6,7 @@
  * its tolerances, medians over all 21 seeds.
  */
 #include "../examples/sim/sim.h"
+#include "support/sim_check.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -21,11 +22,7 @@ static sim_config seed000_config(void)
 
 static void run_ok(const sim_config *c, const trace *t, sim_result *r)
 {
-	char err[256] = "";
-	memset(r, 0, sizeof(*r));
-	cr_assert_eq(sim_run(c, t, r, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(r->finished, t->n);
-	cr_assert_eq(r->errors, 0);
+	sim_check_run(c, t, r, "run");
 }
 
 /* One request, prompt 10, 3 tokens, split host. Step 1: prefill (samples

@@ -8,6 +8,7 @@
  * longer than no cap.
  */
 #include "../examples/sim/sim.h"
+#include "support/sim_check.h"
 
 #include <criterion/criterion.h>
 #include <string.h>
@@ -35,11 +36,7 @@ static sim_config lora_config(uint32_t adapters, uint32_t cap)
 /* Run c over t: every request finishes, no call breaks the cap. */
 static void run_capped(const sim_config *c, const trace *t, sim_result *r, const char *what)
 {
-	char err[256] = "";
-	memset(r, 0, sizeof(*r));
-	cr_assert_eq(sim_run(c, t, r, err, sizeof(err)), 0, "%s: %s", what, err);
-	cr_assert_eq(r->finished, t->n, "%s", what);
-	cr_assert_eq(r->errors, 0, "%s", what);
+	sim_check_run(c, t, r, what);
 	cr_assert_eq(r->adapter_cap, sim_adapters_cap(c));
 	cr_assert_eq(r->adapter_bad_calls, 0, "%s: %llu calls broke the contract", what,
 		     (unsigned long long)r->adapter_bad_calls);

@@ -10,6 +10,7 @@
  * the encoder's time shows in the prefill time.
  */
 #include "../examples/sim/sim.h"
+#include "support/sim_check.h"
 
 #include <criterion/criterion.h>
 #include <string.h>
@@ -41,11 +42,7 @@ static sim_config mm_config(uint32_t cache, uint32_t budget)
 /* Run c over t: every request finishes, the encoder contract holds. */
 static void run_mm(const sim_config *c, const trace *t, sim_result *r, const char *what)
 {
-	char err[256] = "";
-	memset(r, 0, sizeof(*r));
-	cr_assert_eq(sim_run(c, t, r, err, sizeof(err)), 0, "%s: %s", what, err);
-	cr_assert_eq(r->finished, t->n, "%s", what);
-	cr_assert_eq(r->errors, 0, "%s", what);
+	sim_check_run(c, t, r, what);
 	cr_assert_eq(r->mm_cache, sim_mm_cache(c), "%s", what);
 	cr_assert_eq(r->mm_bad, 0, "%s: %llu encoder contract breaks", what,
 		     (unsigned long long)r->mm_bad);
