@@ -1799,6 +1799,79 @@ typedef enum bkv_admit_reserve {
 				   cannot hold to completion waits */
 } bkv_admit_reserve;
 
+/* ------------------------------------------------------------------------ */
+/* KV connectors: external KV stores and other processes                     */
+/* ------------------------------------------------------------------------ */
+
+/* bkv_connector.lookup's answer when it cannot tell yet (a remote query in
+ * flight): the request waits off the queue, passed by the others, and is
+ * asked again at each later step. */
+#define BKV_CONNECTOR_LATER (-2147483647 - 1)
+
+/* One block of a load or a save: an attention group's block, or a STATE
+ * group's unit (its frames consecutive). */
+typedef struct bkv_kv_xfer_block {
+	uint64_t hash;   /* the block's chained hash in its group: group 0's
+			    is the hash bkv_block_hashes gives (and KV
+			    events carry); a further group's is salted per
+			    group, so one key names one group's block */
+	uint32_t index;  /* logical block: tokens [index x block_tokens,
+			    (index + 1) x block_tokens) of the sequence; for
+			    a state, the block it ends */
+	uint32_t group;  /* KV group (0 in a plain pool) */
+	int32_t block;   /* device block id in that group; a state's first
+			    frame */
+	uint32_t frames; /* 1 for an attention block; a state's
+			    bkv_kv_state_frames */
+} bkv_kv_xfer_block;
+
+/*
+ * A KV connector (docs/integration.md, "KV connectors"): an external store
+ * of KV blocks keyed by their chained hashes (a disk tier, a shared prefix
+ * store, the prefill process of a disaggregated pair). The library asks it,
+ * when a request enters the queue, how many of the prompt's leading full
+ * blocks it holds beyond what the device already caches; at admission it
+ * allocates blocks for them and has the connector load them while the
+ * request waits without a row and without holding others back; when the
+ * load completes the blocks join the prefix cache and the request prefills
+ * from there. Blocks that fail to load are recomputed, from the first that
+ * failed on. Every full block a step computes and the prefix cache takes is
+ * handed to save; the library holds it (no eviction, no reuse) until its
+ * save completes, also after its request ended or was aborted.
+ *
+ * Transfers complete by bkv_kv_xfer_done, from any thread, at any time
+ * after the call that started them returned (even inside it). Each of
+ * load and save gets an id (xfer) that names it there; blocks (owned by
+ * the library) stay valid until it completes. The callbacks run on the
+ * stepping thread inside bkv_step (or bkv_step_launch/complete) and must
+ * not call bkv_step.
+ */
+typedef struct bkv_connector {
+	/* how many of the n leading full prompt blocks (hashes[0, n), group
+	 * 0's chained hashes) the store holds, counted from the first: 0..n;
+	 * BKV_CONNECTOR_LATER to be asked again later; any other negative
+	 * value counts as 0 (bkv_sched_stats.kv_lookup_errors). n excludes the
+	 * block holding the prompt's last token (always computed). Required */
+	int (*lookup)(void *user, uint64_t req, const uint64_t *hashes, uint32_t n);
+	/* start loading blocks[0, n) of request req into the device blocks
+	 * named; 0 when started, negative when it could not start (every
+	 * block is then recomputed). Required */
+	int (*load)(void *user, uint64_t xfer, uint64_t req, const bkv_kv_xfer_block *blocks,
+		    uint32_t n);
+	/* start saving blocks[0, n) (computed, full, in the prefix cache) to
+	 * the store; 0 when started, negative when not (they are released).
+	 * NULL: the connector only loads */
+	int (*save)(void *user, uint64_t xfer, const bkv_kv_xfer_block *blocks, uint32_t n);
+	/* optional: request req was preempted (its KV on the device is being
+	 * dropped or swapped; it will be recomputed or swapped in) */
+	void (*preempted)(void *user, uint64_t req);
+	void *user;           /* handed to every callback */
+	uint32_t save_blocks; /* most blocks in one save call; 0 = 256 */
+	uint32_t max_saves;   /* most save transfers outstanding; 0 = 64. When
+				 reached, blocks wait (still held) for the
+				 next */
+} bkv_connector;
+
 typedef struct bkv_sched_config {
 	uint32_t size;             /* sizeof(bkv_sched_config); set by init */
 	bkv_policy policy;         /* default BKV_POLICY_CONTINUOUS */
@@ -1987,6 +2060,10 @@ typedef struct bkv_sched_config {
 				      bkv_batch.encoder_free) */
 	uint32_t encoder_budget;   /* encoder work per step, in the unit of
 				      bkv_encoder_input.cost; 0 = no bound */
+	uint32_t pad1;             /* zero */
+	const bkv_connector *connector; /* a KV connector, copied at create;
+				      NULL (the default): none. Needs the
+				      prefix cache (the pool's index) */
 } bkv_sched_config;
 
 #define BKV_MAX_ADAPTERS 1024u /* most bkv_sched_config.max_adapters */
@@ -2190,6 +2267,20 @@ typedef struct bkv_sched_stats {
 				      failed call */
 	uint64_t encoder_evictions; /* inputs evicted from the encoder cache
 				      (bkv_batch.encoder_free) */
+	/* KV connector (bkv_sched_config.connector) */
+	uint32_t kv_waiting;       /* requests waiting for external KV: their
+				      lookup answered BKV_CONNECTOR_LATER, or
+				      their load is in flight */
+	uint32_t kv_save_held;     /* device blocks held for saves in flight
+				      or waiting to be handed to save */
+	uint64_t kv_lookups;       /* lookup calls */
+	uint64_t kv_lookup_errors; /* of which answered an error (taken as 0) */
+	uint64_t kv_loads;         /* load transfers started */
+	uint64_t kv_load_tokens;   /* prompt tokens loaded (not computed) */
+	uint64_t kv_load_failed;   /* blocks whose load failed (recomputed,
+				      with the blocks after them) */
+	uint64_t kv_saved;         /* blocks saved */
+	uint64_t kv_save_failed;   /* blocks whose save failed */
 } bkv_sched_stats;
 
 /**
@@ -2546,8 +2637,11 @@ typedef enum bkv_kv_event_kind {
 /* Where the block of a KV event lives (bkv_kv_event.medium). */
 typedef enum bkv_kv_medium {
 	BKV_MEDIUM_DEVICE = 0, /* the device tier (block is a device block id) */
-	BKV_MEDIUM_HOST = 1    /* the host cache (bkv_pool_config.host_cache;
+	BKV_MEDIUM_HOST = 1,   /* the host cache (bkv_pool_config.host_cache;
 				  block is a host block id) */
+	BKV_MEDIUM_EXTERNAL = 2 /* a KV connector's store: STORED once a save
+				  completed (block -1); the store's own
+				  evictions are not seen */
 } bkv_kv_medium;
 
 /* One KV event. Replaying a pool's events of one medium in order, starting
@@ -2732,6 +2826,28 @@ BKV_API int bkv_seq_export(const bkv_pool *pool, uint32_t seq, bkv_seq_image *ex
  */
 BKV_API int bkv_seq_import(bkv_pool *pool, const bkv_seq_image *exp, uint32_t *seq,
 			   bkv_copy *transfers, uint32_t *n_transfers);
+
+/**
+ * Complete a KV connector transfer (bkv_connector.load or save): every block
+ * it named is done except those listed in failed. Takes effect at the next
+ * step: loaded blocks join the prefix cache and their request prefills on
+ * from the first failed block (from its local hits when a KV group cannot
+ * keep a shorter load), saved blocks are released to the cache.
+ * @param sched     the scheduler.
+ * @param xfer      the id the load or save call was given.
+ * @param status    BKV_OK, or negative: the whole transfer failed.
+ * @param failed    n_failed indices into the call's blocks array, any
+ *                  order (read during the call); may be NULL when n_failed
+ *                  is 0.
+ * @param n_failed  entries in failed.
+ * @return BKV_OK; BKV_EINVAL (NULL sched, failed NULL with n_failed > 0, an
+ *         index past the transfer's blocks); BKV_ENOENT (no transfer in
+ *         flight has that id: unknown, or already completed). Nothing
+ *         changes on an error.
+ * Thread rules: any thread (takes the scheduler's inbox lock).
+ */
+BKV_API int bkv_kv_xfer_done(bkv_sched *sched, uint64_t xfer, int status, const uint32_t *failed,
+			     uint32_t n_failed);
 
 /**
  * Write the scheduler's and its pool's metrics in the Prometheus text
