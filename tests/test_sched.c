@@ -210,7 +210,7 @@ Test(sched, max_bypass_us_range_ends_are_accepted)
 	fake_host *f;
 
 	cr_assert_eq(sizeof(bkv_sched_config),
-		     offsetof(bkv_sched_config, encoder_budget) + 4,
+		     offsetof(bkv_sched_config, connector) + sizeof(void *),
 		     "the bound took two reserved slots, batch_layout and ttft_target_us "
 		     "one each, speculative decoding three, overlap, evict, victim, "
 		     "admit_reserve and retention one each; copy_overlap and "

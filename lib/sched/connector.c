@@ -186,6 +186,10 @@ void bkv__cn_destroy(bkv_sched *s)
 
 	if (!c)
 		return;
+	for (i = 0; i < bkv__pool_max_seqs(s->pool); i++) /* the host stopped its
+							     connector first */
+		if (c->park[i].on)
+			bkv_seq_drop(s->pool, c->park[i].seq);
 	for (i = 0; i < c->n_load; i++)
 		if (c->rec[i].id && c->rec[i].own)
 			bkv__free(&s->alloc, c->rec[i].own, c->rec[i].own->size);
@@ -734,6 +738,11 @@ uint32_t bkv__cn_in_flight(const bkv_sched *s)
 	const bkv__cn *c = s->cn;
 
 	return c ? c->n_rec - c->n_free_load - c->n_free_save : 0;
+}
+
+uint32_t bkv__cn_loads_planned(const bkv_sched *s)
+{
+	return s->cn->n_loading;
 }
 
 uint32_t bkv__cn_n_later(const bkv_sched *s)

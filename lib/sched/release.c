@@ -33,6 +33,10 @@ static int release_args(bkv_sched *s, bkv_kv_release_mode mode)
 		return bkv__fail(BKV_ESTATE, "bkv_sched_kv_release: %u prefix pins hold device "
 					     "blocks (bkv_pool_unpin them first)",
 				 bkv__pool_nr_pins(s->pool));
+	if (bkv__cn_in_flight(s) || (s->cn && bkv__cn_loads_planned(s)))
+		return bkv__fail(BKV_ESTATE, "bkv_sched_kv_release: %u KV connector transfers "
+					     "read or write device blocks (complete them first)",
+				 bkv__cn_in_flight(s));
 	if (mode == BKV_RELEASE_REFUSE && s->rs.nr_run)
 		return bkv__fail(BKV_ESTATE, "bkv_sched_kv_release: %u requests are running "
 					     "(mode BKV_RELEASE_REFUSE)", s->rs.nr_run);

@@ -681,6 +681,8 @@ void bkv__cn_seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
 void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l);
 /* A transfer in flight names r's sequences (no swap-out). */
 int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r);
+/* Requests whose load is planned or in flight. */
+uint32_t bkv__cn_loads_planned(const bkv_sched *s);
 /* Transfers in flight (0 without a connector). */
 uint32_t bkv__cn_in_flight(const bkv_sched *s);
 /* Stats: requests waiting for external KV, blocks held by saves. */
