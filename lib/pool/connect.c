@@ -29,6 +29,41 @@ void bkv__seq_noindex(bkv_pool *pool, uint32_t seq, int on)
 		s->noindex = (uint8_t)(on != 0);
 }
 
+int bkv__seq_append_load(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n)
+{
+	bkv__kv_demote_fn demote = pool->kv.demote;
+	int rc;
+
+	bkv__seq_noindex(pool, seq, 1);
+	pool->kv.demote = NULL; /* no host-cache copy may read a block the
+				   connector writes outside the host's calls */
+	rc = bkv__seq_append_private(pool, seq, tokens, n);
+	pool->kv.demote = demote;
+	if (rc != BKV_OK)
+		bkv__seq_noindex(pool, seq, 0);
+	return rc;
+}
+
+int bkv__xfer_copies_touch(const bkv_pool *pool, const bkv_kv_xfer_block *e, uint32_t n)
+{
+	uint32_t k, i, j;
+
+	for (k = 0; k < 3; k++) {
+		const bkv__copy_list *l = &pool->copies[k];
+
+		for (i = 0; i < l->n; i++) {
+			int32_t dev[2] = {k == BKV_COPY_SWAP_IN ? -1 : l->v[i].src,
+					  k == BKV_COPY_SWAP_OUT ? -1 : l->v[i].dst};
+
+			for (j = 0; j < n; j++)
+				if ((dev[0] >= e[j].block && dev[0] < e[j].block + (int32_t)e[j].frames) ||
+				    (dev[1] >= e[j].block && dev[1] < e[j].block + (int32_t)e[j].frames))
+					return 1;
+		}
+	}
+	return 0;
+}
+
 void bkv__seq_publish(bkv_pool *pool, uint32_t seq, uint32_t from)
 {
 	bkv__seq *s = bkv__seq_get(pool, seq);

@@ -345,6 +345,12 @@ static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32
 }
 
 /* ---- KV connectors (pool/connect.c) ---- */
+/* A load's append: n tokens into fresh blocks marked noindex, without
+ * host-cache demotions of the blocks it evicts (BKV_OK or the append's
+ * error, nothing changed). */
+int bkv__seq_append_load(bkv_pool *pool, uint32_t seq, const int32_t *tokens, uint32_t n);
+/* Does a pending copy read or write a device block the entries name? */
+int bkv__xfer_copies_touch(const bkv_pool *pool, const bkv_kv_xfer_block *e, uint32_t n);
 /* Block the prefix cache from the blocks seq fills (on 1) or not (0). */
 void bkv__seq_noindex(bkv_pool *pool, uint32_t seq, int on);
 /* A connector's load into seq completed: offer its full blocks from logical

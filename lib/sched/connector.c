@@ -401,19 +401,16 @@ int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target)
 	uint32_t from = l->kv_len >> s->bt_shift, to = r->cn_ext, iv = bkv__pool_state_interval(s->pool);
 
 	if (l != &r->lane[0] || r->cn_ask != 2 || !r->cn_buf || r->cn_buf->busy || r->cn_loading ||
-	    (l->kv_len & (s->bt - 1)) || target == 0)
-		return 0;
+	    (l->kv_len & (s->bt - 1)) || target == 0 || bkv__pool_state_units(s->pool))
+		return 0; /* (a STATE group: the store holds no states yet) */
 	to = BKV_MIN(to, (target - 1) >> s->bt_shift); /* the last token computes */
 	if (iv) /* a STATE group keeps states at multiples of its interval */
 		to = to * s->bt / iv * iv / s->bt;
 	if (to <= from || c->n_plan >= s->cfg.max_running)
 		return 0;
-	bkv__seq_noindex(s->pool, l->seq, 1);
-	if (bkv__seq_append_private(s->pool, l->seq, l->tok + l->kv_len,
-				    (to - from) << s->bt_shift) != BKV_OK) {
-		bkv__seq_noindex(s->pool, l->seq, 0);
+	if (bkv__seq_append_load(s->pool, l->seq, l->tok + l->kv_len, (to - from) << s->bt_shift) !=
+	    BKV_OK)
 		return 0;
-	}
 	l->kv_len = to << s->bt_shift;
 	l->cn_saved = to;
 	r->cn_loading = 1;
@@ -501,6 +498,14 @@ static void load_issue(bkv_sched *s, bkv__lane *l, uint32_t from)
 	x->to = to;
 	x->ents = b->ents;
 	x->n = bkv__seq_xfer_ents(s->pool, l->seq, from, to, b->hash + from, b->ents, b->cap);
+	if (bkv__xfer_copies_touch(s->pool, x->ents, x->n)) {
+		/* a pending copy (made by the host at its next call) still
+		 * reads or writes one of them: compute instead */
+		s->stats.kv_load_failed += to - from;
+		rec_put(c, x);
+		load_cancel(s, l, from);
+		return;
+	}
 	b->busy = 1;
 	r->cn_rec = (uint32_t)(x - c->rec) + 1;
 	c->busy[l->seq & c->slot_mask]++;
@@ -664,11 +669,16 @@ void bkv__cn_rollback(bkv_sched *s)
 			l->cn_saved = l->kv_len >> s->bt_shift;
 		}
 	}
-	for (i = 0; i < c->n_pub; i++) { /* the transaction forgot them */
-		bkv__lane *l = c->pub[i].lane;
+	if (c->n_pub) { /* the transaction forgot them: a commit of their
+			   own (which swaps a duplicate for the cached copy) */
+		bkv__pool_txn_begin(s->pool);
+		for (i = 0; i < c->n_pub; i++) {
+			bkv__lane *l = c->pub[i].lane;
 
-		if (REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE)
-			bkv__seq_publish(s->pool, l->seq, 0);
+			if (REQ_IS_RUNNING(l->req) && l->seq != BKV__SEQ_NONE)
+				bkv__seq_publish(s->pool, l->seq, 0);
+		}
+		bkv__pool_txn_commit(s->pool);
 	}
 	c->n_plan = c->n_pub = 0;
 }

@@ -504,7 +504,7 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	 * give blocks back (overlap: the steps in flight release theirs when
 	 * they complete) */
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
-	    !si->admitted && !s->plan.fenced) {
+	    !si->admitted && !s->plan.fenced && !bkv__cn_in_flight(s)) {
 		if (++s->plan.stalls >= 2)
 			unstick(s, now, si);
 	} else {

@@ -141,6 +141,10 @@ typedef struct cx_feat {
 				  draw adapters 0..max_adapters + 1 */
 	uint32_t enc_cache;   /* 0: no encoder inputs; else encoder_cache */
 	uint32_t enc_budget;  /* encoder_budget */
+	int connector;        /* a KV connector over the store below */
+	int conn_async;       /* its transfers complete between steps */
+	uint32_t conn_fail;   /* permille of loaded blocks that fail */
+	uint32_t conn_later;  /* permille of lookups answered later */
 } cx_feat;
 
 typedef struct cx_req {
@@ -175,6 +179,16 @@ typedef struct cx_cell {
 	int32_t pos;    /* position; for a state: tokens consumed */
 	int32_t group;  /* KV group that wrote it; -1: never written */
 } cx_cell;
+
+typedef struct cx_xfer {     /* a connector transfer not completed yet */
+	uint64_t id;
+	const bkv_kv_xfer_block *b; /* the library's entries */
+	uint32_t n;
+	int load;
+} cx_xfer;
+
+#define CX_STORE_CAP 4096u /* blocks the connector's store holds */
+#define CX_XQ_CAP 64u      /* transfers it queues */
 
 typedef struct cx_dev {      /* one outstanding overlapped step */
 	int32_t *next;       /* its next_tokens (the library's) */
@@ -240,6 +254,15 @@ typedef struct cx_run {
 	int thr_stop;        /* atomic */
 	uint32_t thr_list[8], thr_n;
 	bkv_kv_event ev[64];
+	/* the KV connector's store: cells by block hash, a queue of transfers */
+	bkv_connector conn;
+	uint64_t st_hash[CX_STORE_CAP]; /* 0: empty */
+	cx_cell *st_cell;    /* [CX_STORE_CAP x st_cells] */
+	uint32_t st_cells;   /* cells per entry (a state's frames x bt) */
+	uint32_t st_n;       /* entries used */
+	cx_xfer xq[CX_XQ_CAP];
+	uint32_t nxq;
+	uint64_t rng_conn;
 } cx_run;
 
 static void fail(cx_run *x, const char *fmt, ...)
@@ -312,6 +335,13 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 
 		f->overlap = d < 4 ? 1 : d < 7 ? (int)d - 2 : BKV_OVERLAP_MAX_DEPTH;
 	}
+	/* a KV connector, from the seed alone too */
+	if ((mix(seed ^ 0xc0ec7ull) % 5) == 0) {
+		f->connector = 1;
+		f->conn_async = (int)(mix(seed ^ 0xc0ec8ull) & 1);
+		f->conn_fail = mix(seed ^ 0xc0ec9ull) % 3 ? 0 : 100;
+		f->conn_later = mix(seed ^ 0xc0ecaull) % 3 ? 0 : 300;
+	}
 	f->victim_cost = chance(&s, 250);
 	f->reserve_output = chance(&s, 150);
 	f->static_policy = !f->overlap && chance(&s, 60);
@@ -362,7 +392,7 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 "reset=%d host_cache=%d retention=%d events=%d split=%d overlap=%d spec_k=%u(%s,%s,%s) "
 		 "tiny=%d preempt=%u aborts=%u/%u%s fail=%u vocab=%u stop_mod=%u fail_mod=%u "
 		 "evict_value=%d evict_seg=%d victim_cost=%d reserve_output=%d static=%d abandon=%d reqs=%u "
-		 "prompt<=%u new<=%u keys=%u adapters=%u enc=%u/%u",
+		 "prompt<=%u new<=%u keys=%u adapters=%u enc=%u/%u connector=%d(%s,fail %u,later %u)",
 		 f->bt, f->device_blocks, f->host_blocks, f->max_seqs, f->max_running,
 		 f->layout ? "persistent" : "flat", gm_names[f->gmix], f->span, f->ckpt,
 		 f->state_share, f->chunked, f->token_budget, f->prefix_cache, f->n_prefixes,
@@ -373,7 +403,8 @@ static void describe(const cx_feat *f, char *buf, uint32_t cap)
 		 f->abort_thread ? " abort-thread" : "", f->fail_permille, f->vocab, f->stop_mod,
 		 f->fail_mod, f->evict_value, f->evict_seg, f->victim_cost, f->reserve_output, f->static_policy,
 		 f->abandon, f->n_reqs, f->max_prompt, f->max_new, f->keys, f->max_adapters,
-		 f->enc_cache, f->enc_budget);
+		 f->enc_cache, f->enc_budget, f->connector && f->prefix_cache,
+		 f->conn_async ? "async" : "inline", f->conn_fail, f->conn_later);
 }
 
 void cx_describe_seed(uint64_t seed, char *buf, uint32_t cap)
@@ -1276,6 +1307,140 @@ static uint64_t cx_now(void *host)
 
 /* ---- the driver ------------------------------------------------------------ */
 
+/* ---- the KV connector's store ---------------------------------------------
+ * Cells by block hash (a state's frames too). A load copies the stored cells
+ * into the blocks named, a save the blocks' cells into the store, both when
+ * the transfer completes: inline, or between steps (so a save reads the
+ * blocks after the step that wrote them, and any change meanwhile - a block
+ * freed, reused, evicted - is caught by the reads that follow a load). Some
+ * loaded blocks fail, some whole transfers, some lookups answer later or an
+ * error; a full store fails saves. */
+
+static cx_cell *st_find(cx_run *x, uint64_t h, int make)
+{
+	uint32_t i = (uint32_t)(h % CX_STORE_CAP), k;
+
+	for (k = 0; k < CX_STORE_CAP; k++, i = (i + 1) % CX_STORE_CAP) {
+		if (x->st_hash[i] == h)
+			return &x->st_cell[(size_t)i * x->st_cells];
+		if (!x->st_hash[i]) {
+			if (!make || x->st_n >= CX_STORE_CAP * 3 / 4)
+				return NULL;
+			x->st_hash[i] = h;
+			x->st_n++;
+			return &x->st_cell[(size_t)i * x->st_cells];
+		}
+	}
+	return NULL;
+}
+
+static void st_run(cx_run *x, const cx_xfer *q)
+{
+	uint32_t failed[512], nf = 0, i;
+	const uint32_t bt = x->f.bt;
+	int status = BKV_OK, rc;
+
+	if (chance(&x->rng_conn, 20))
+		status = -1; /* the whole transfer (a peer gone) */
+	if (x->trace) {
+		fprintf(stderr, "%s %llu:%s", q->load ? "load" : "save", (unsigned long long)q->id,
+			status ? " (fails)" : "");
+		for (i = 0; i < q->n; i++)
+			fprintf(stderr, " [%u g%u b%d]", q->b[i].index, q->b[i].group, q->b[i].block);
+		fprintf(stderr, "\n");
+	}
+	for (i = 0; i < q->n && status == BKV_OK; i++) {
+		const bkv_kv_xfer_block *b = &q->b[i];
+		cx_cell *c;
+
+		if (b->block < 0 || (uint64_t)b->block + b->frames > x->nframes || b->frames == 0 ||
+		    (size_t)b->frames * bt > x->st_cells) {
+			fail(x, "connector: entry %u names frames %d+%u of %u", i, b->block, b->frames,
+			     x->nframes);
+			return;
+		}
+		c = st_find(x, b->hash ^ b->group, !q->load);
+		if (!c || (q->load && x->f.conn_fail && chance(&x->rng_conn, x->f.conn_fail))) {
+			if (nf < 512)
+				failed[nf++] = i;
+			continue;
+		}
+		if (q->load)
+			memcpy(&x->dev[(size_t)b->block * bt], c, (size_t)b->frames * bt * sizeof(cx_cell));
+		else
+			memcpy(c, &x->dev[(size_t)b->block * bt], (size_t)b->frames * bt * sizeof(cx_cell));
+	}
+	rc = bkv_kv_xfer_done(x->s, q->id, status, failed, status == BKV_OK ? nf : 0);
+	if (rc != BKV_OK)
+		fail(x, "bkv_kv_xfer_done: %d", rc);
+}
+
+static int cx_lookup(void *user, uint64_t req, const uint64_t *h, uint32_t n)
+{
+	cx_run *x = user;
+	uint32_t i;
+
+	(void)req;
+	if (x->f.conn_later && chance(&x->rng_conn, x->f.conn_later))
+		return BKV_CONNECTOR_LATER;
+	if (chance(&x->rng_conn, 20))
+		return -1; /* counted as a lookup error, taken as 0 */
+	for (i = 0; i < n && st_find(x, h[i], 0); i++)
+		;
+	return (int)i;
+}
+
+static int cx_xfer_start(cx_run *x, uint64_t id, const bkv_kv_xfer_block *b, uint32_t n, int load)
+{
+	cx_xfer q = {id, b, n, load};
+
+	if (chance(&x->rng_conn, 10))
+		return -1; /* could not start */
+	if (!x->f.conn_async) {
+		st_run(x, &q);
+		return 0;
+	}
+	if (x->nxq == CX_XQ_CAP) { /* full: the oldest completes now */
+		cx_xfer old = x->xq[0];
+
+		memmove(x->xq, x->xq + 1, (CX_XQ_CAP - 1) * sizeof(cx_xfer));
+		x->nxq--;
+		st_run(x, &old);
+	}
+	x->xq[x->nxq++] = q;
+	return 0;
+}
+
+static int cx_load(void *user, uint64_t id, uint64_t req, const bkv_kv_xfer_block *b, uint32_t n)
+{
+	(void)req;
+	return cx_xfer_start(user, id, b, n, 1);
+}
+
+static int cx_save(void *user, uint64_t id, const bkv_kv_xfer_block *b, uint32_t n)
+{
+	return cx_xfer_start(user, id, b, n, 0);
+}
+
+/* Complete each queued transfer with chance permille, any order. */
+static void st_flush(cx_run *x, uint32_t permille)
+{
+	uint32_t i = 0;
+
+	while (i < x->nxq && !x->failed) {
+		if (permille < 1000 && !chance(&x->rng_conn, permille)) {
+			i++;
+			continue;
+		}
+		{
+			cx_xfer q = x->xq[i];
+
+			x->xq[i] = x->xq[--x->nxq];
+			st_run(x, &q);
+		}
+	}
+}
+
 static void check_all(cx_run *x)
 {
 	int rc;
@@ -1567,6 +1732,8 @@ static void release_kv(cx_run *x)
 
 	if (rc == BKV_ESTATE && mode == BKV_RELEASE_REFUSE)
 		return; /* requests are running */
+	if (rc == BKV_ESTATE && x->f.connector)
+		return; /* connector transfers name device blocks */
 	if (rc != BKV_OK) {
 		fail(x, "bkv_sched_kv_release(%d): %d (%s)", mode, rc, bkv_last_error());
 		return;
@@ -1597,6 +1764,8 @@ static void between_steps(cx_run *x)
 	uint32_t i;
 
 	submit_due(x);
+	if (x->nxq)
+		st_flush(x, 300);
 	if (f->abort_permille && chance(&x->rng_drive, f->abort_permille)) {
 		cx_req *q = &x->req[below(&x->rng_drive, x->n_req)];
 
@@ -1956,6 +2125,16 @@ static int create(cx_run *x)
 		sc.encoder_cache = f->enc_cache;
 		sc.encoder_budget = f->enc_budget;
 		sc.max_wait_us = 1;
+		if (f->connector && f->prefix_cache) {
+			memset(&x->conn, 0, sizeof(x->conn));
+			x->conn.lookup = cx_lookup;
+			x->conn.load = cx_load;
+			x->conn.save = cx_save;
+			x->conn.user = x;
+			x->conn.save_blocks = 1 + (uint32_t)(x->seed % 7);
+			x->conn.max_saves = 1 + (uint32_t)(x->seed % 5);
+			sc.connector = &x->conn;
+		}
 		memset(&ops, 0, sizeof(ops));
 		if (f->split) {
 			ops.prefill = cx_prefill;
@@ -2012,6 +2191,9 @@ static int create(cx_run *x)
 	 * drawn pool, so an error the host did not cause is a defect */
 	x->unadmittable_ok = f->pins;
 	x->nframes = pc.device_blocks;
+	x->st_cells = (x->state_frames ? x->state_frames : 1) * f->bt;
+	x->st_cell = f->connector ? calloc((size_t)CX_STORE_CAP * x->st_cells, sizeof(cx_cell)) : NULL;
+	x->rng_conn = mix(x->seed ^ 0xc0ecbull);
 	x->dev = calloc((size_t)x->nframes * f->bt, sizeof(cx_cell));
 	x->host = calloc((size_t)(f->host_blocks ? f->host_blocks : 1) * f->bt, sizeof(cx_cell));
 	x->width = pc.device_blocks + 8;
@@ -2062,8 +2244,12 @@ int cx_run_seed(uint64_t seed, const cx_opts *opt, cx_result *res)
 			between_steps(x);
 			if (x->failed)
 				break;
-			if (all_submitted(x) && bkv_sched_pending(x->s) == 0 && !x->nt)
-				break;
+			if (all_submitted(x) && bkv_sched_pending(x->s) == 0 && !x->nt) {
+				if (!x->nxq)
+					break;
+				st_flush(x, 1000); /* the saves left */
+				continue;
+			}
 			if (x->iter >= abandon_at && (!x->f.overlap || x->nt))
 				break;
 			if (x->f.overlap)
@@ -2101,6 +2287,7 @@ int cx_run_seed(uint64_t seed, const cx_opts *opt, cx_result *res)
 		(void)bkv_pool_unpin(x->pool, x->pins[--x->n_pins]);
 	bkv_pool_destroy(x->pool);
 	free(x->dev);
+	free(x->st_cell);
 	free(x->host);
 	free(x->mirror);
 	free(x->mlen);
