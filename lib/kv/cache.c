@@ -470,7 +470,7 @@ void bkv__event_host(bkv__kv *kv, bkv_kv_event_kind kind, int32_t h, uint64_t ha
 
 	if (!kv->ev || !(e = event_slot(kv, kind, h)))
 		return;
-	e->medium = BKV_MEDIUM_HOST;
+	e->medium = h >= 0 ? BKV_MEDIUM_HOST : BKV_MEDIUM_EXTERNAL;
 	e->hash = hash;
 	if (kind == BKV_EVENT_STORED) {
 		e->key = key;

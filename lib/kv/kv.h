@@ -768,7 +768,7 @@ void bkv__cache_forget(bkv__kv *kv, int32_t b);
 void bkv__event(bkv__kv *kv, bkv_kv_event_kind kind, int32_t b);
 /* The same for host block h of the host cache (medium BKV_MEDIUM_HOST):
  * STORED with its hash, parent hash (has_parent 0: none) and key, REMOVED
- * with its hash. */
+ * with its hash; h -1: a KV connector's store (BKV_MEDIUM_EXTERNAL). */
 void bkv__event_host(bkv__kv *kv, bkv_kv_event_kind kind, int32_t h, uint64_t hash,
 		     uint64_t parent_hash, int has_parent, uint64_t key);
 /* Evict the LRU head: it leaves the index and the LRU; returns it (ref 0,

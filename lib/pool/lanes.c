@@ -435,7 +435,7 @@ static void lane_block_filled(bkv_pool *pool, uint32_t l, uint32_t slot, uint32_
 	const bkv__glane *ln = &pool->lanes[l];
 	int32_t b = ln->seqs[slot].table[pos];
 
-	if (!pool->kv.index)
+	if (!pool->kv.index || pool->seqs[slot].noindex)
 		return;
 	(void)bkv__cache_add(&pool->kv, b, pool->seqs[slot].key ^ ln->salt);
 	if (bkv__kv_txn_queued(&pool->kv, b))

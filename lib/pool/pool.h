@@ -47,6 +47,9 @@ typedef struct bkv__seq {
 			      indexed parent) until a truncate leaves it no
 			      full block; a fork inherits it, a swap-out
 			      clears it (swap-in indexes the blocks again) */
+	uint8_t noindex;   /* 1: a KV connector loads into its blocks: none it
+			      fills is offered to the prefix cache until
+			      bkv__seq_publish (pool/connect.c) */
 	uint64_t key;      /* prefix-cache key for its whole life */
 } bkv__seq;
 
@@ -326,7 +329,7 @@ static inline void bkv__seq_block_filled(bkv_pool *pool, const bkv__seq *s, uint
 {
 	int32_t b = s->table[pos];
 
-	if (!pool->kv.index)
+	if (!pool->kv.index || s->noindex)
 		return;
 	(void)bkv__cache_add(&pool->kv, b, s->key);
 	if (bkv__kv_txn_queued(&pool->kv, b))
@@ -340,6 +343,31 @@ static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32
 
 	return BKV_MIN(pool->kv.bt, len - start);
 }
+
+/* ---- KV connectors (pool/connect.c) ---- */
+/* Block the prefix cache from the blocks seq fills (on 1) or not (0). */
+void bkv__seq_noindex(bkv_pool *pool, uint32_t seq, int on);
+/* A connector's load into seq completed: offer its full blocks from logical
+ * block `from` on to the prefix cache, every group's. */
+void bkv__seq_publish(bkv_pool *pool, uint32_t seq, uint32_t from);
+/* Fill out[] with the transfer entries of logical blocks [from, to) of seq:
+ * group 0's (hashes h0[i - from]), every further attention group's blocks
+ * held there, and with a STATE group the live unit (ending block to - 1).
+ * Returns the count (at most cap). */
+uint32_t bkv__seq_xfer_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t to,
+			    const uint64_t *h0, bkv_kv_xfer_block *out, uint32_t cap);
+/* The same for a save, from block `from` up to *to, stopping at group 0's
+ * first block not indexed (and, cap > 0, at cap / groups blocks): *to
+ * receives where it stopped; every group's indexed blocks there, under
+ * their own hashes. cap 0 only finds the stop. */
+uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
+			    bkv_kv_xfer_block *out, uint32_t cap);
+/* Entries a transfer of nb logical blocks can take. */
+uint32_t bkv__xfer_ents_max(const bkv_pool *pool, uint32_t nb);
+/* May seq be cut back to len tokens (every group keeps what it reads)? */
+int bkv__seq_can_cut(const bkv_pool *pool, uint32_t seq, uint32_t len);
+/* Emit an external STORED event for a block saved under hash. */
+void bkv__event_external(bkv_pool *pool, uint64_t hash);
 
 /* Make room for n entries in s's table. 0 or BKV_ENOMEM (table unchanged). */
 int bkv__table_reserve(bkv_pool *pool, bkv__seq *s, uint32_t n);
@@ -399,6 +427,7 @@ static inline void bkv__slot_open(bkv_pool *pool, bkv__seq *s, uint64_t key)
 	s->state = BKV__SEQ_OPEN;
 	s->pin = 0;
 	s->uncached = 0;
+	s->noindex = 0;
 	s->key = key;
 	s->len = 0;
 	s->n_blocks = 0;
@@ -659,6 +688,11 @@ static inline int32_t bkv__host_pop(bkv_pool *pool)
  * writes pool state only through the pool's functions. */
 
 /* Is the prefix cache on? */
+static inline uint64_t bkv__pool_hash_seed(const bkv_pool *pool)
+{
+	return pool->kv.hash_seed;
+}
+
 static inline int bkv__pool_prefix_on(const bkv_pool *pool)
 {
 	return pool->kv.index != NULL;

@@ -14,8 +14,9 @@ static int lane_blocks_indexed(const bkv_sched *s, const bkv__lane *l)
 	uint32_t i, n, nb;
 	const int32_t *t;
 
-	if (!bkv__pool_prefix_on(p) || bkv__pool_seq_uncached(p, l->seq))
-		return 1; /* (a cache reset took its chain out for good) */
+	if (!bkv__pool_prefix_on(p) || bkv__pool_seq_uncached(p, l->seq) || l->req->cn_loading)
+		return 1; /* (a cache reset took its chain out for good; a
+			     connector's load is not indexed until done) */
 	t = bkv_seq_blocks(p, l->seq, &nb);
 	n = BKV_MIN(l->kv_len >> s->bt_shift, nb);
 	/* a swapped-in block whose copy a rolled-back call was to carry is
@@ -41,6 +42,9 @@ int bkv_sched_check(const bkv_sched *s)
 	if (bkv__rows_check(s))
 		return 33;
 	rc = bkv__ovl_check(s, &n_def); /* 34-36 */
+	if (rc)
+		return rc;
+	rc = bkv__cn_check(s); /* 40 */
 	if (rc)
 		return rc;
 	for (i = 0; i < s->rs.nr_run; i++) {
@@ -114,6 +118,7 @@ int bkv_sched_check(const bkv_sched *s)
 	LOCK(s);
 	for (r = s->in.inbox_head; r; r = r->next)
 		n_inbox++;
+	n_inbox += bkv__cn_n_later(s);
 	for (i = 0; i < s->in.map_cap; i++) {
 		if (!s->in.map[i].id)
 			continue;
@@ -136,7 +141,8 @@ int bkv_sched_check(const bkv_sched *s)
 	memset(&ps, 0, sizeof(ps));
 	ps.size = sizeof(ps);
 	bkv_pool_stats_get(s->pool, &ps);
-	if (ps.nr_seqs != n_seqs + n_def + bkv__pool_nr_pins(s->pool)) /* pins: pool/pin.c */
+	if (ps.nr_seqs != n_seqs + n_def + bkv__pool_nr_pins(s->pool) + /* pins: pool/pin.c */
+			      bkv__cn_parked(s)) /* parked: sched/connector.c */
 		return 23;
 	if (s->spec && bkv__spec_check(s))
 		return 34; /* speculative decoding (sched/spec.c) */

@@ -379,6 +379,10 @@ int bkv_submit(bkv_sched *s, const bkv_request *q, uint64_t *req_id)
 	r = req_copy(s, q, hist);
 	if (!r)
 		return BKV_ENOMEM;
+	if (s->cn && bkv__cn_req_init(s, r) != BKV_OK) {
+		bkv__req_free(s, r);
+		return BKV_ENOMEM;
+	}
 	LOCK(s);
 	if (ATOMIC_LOAD(&s->in.nr_queued) >= s->cfg.max_queue)
 		rc = BKV_EAGAIN;
@@ -452,6 +456,8 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	for (r = in; r; r = r->next)
 		batch_slots += r->n_live;
 	queued_with = s->q.queue_slots + batch_slots;
+	if (s->cn) /* those that waited for the store's answer first */
+		bkv__cn_drain(s, now);
 	for (r = in; r; r = next) {
 		next = r->next;
 		r->next = NULL;
@@ -459,6 +465,8 @@ void bkv__drain(bkv_sched *s, uint64_t now, bkv_step_info *si)
 		r->order = ++s->q.arrival;
 		r->enq_us = now;
 		r->queued_with = queued_with;
+		if (s->cn && bkv__cn_ask(s, r))
+			continue; /* asked again at the next drain */
 		bkv__queue_push(s, r);
 	}
 	/* the abort list is LIFO; end them in the order they were asked */

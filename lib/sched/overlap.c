@@ -249,7 +249,9 @@ static void release_deferred_upto(bkv_sched *s, uint64_t done)
 		*link = next;
 		o->n_def--;
 		l->def_next = NULL;
-		if (l->def_keep == UINT32_MAX) {
+		if (s->cn) {
+			bkv__cn_seq_end(s, l->def_seq, l->def_keep == UINT32_MAX, l->def_keep);
+		} else if (l->def_keep == UINT32_MAX) {
 			bkv_seq_drop(s->pool, l->def_seq);
 		} else {
 			if (bkv_seq_info_get(s->pool, l->def_seq, &si) == BKV_OK && si.len > l->def_keep)
@@ -660,6 +662,8 @@ int bkv_step_launch(bkv_sched *s, uint64_t *ticket, bkv_step_info *info)
 	if (!called) { /* nothing to compute */
 		if (!n_out) { /* as bkv_step's empty step */
 			bkv__pool_txn_commit(s->pool);
+			if (s->cn)
+				bkv__cn_after_commit(s, s->plan.step_no);
 			bkv__step_stats(s, &si);
 		} else if (waits) { /* lanes wait for their drafts' verdict */
 			s->stats.overlap_spec_idle++;
@@ -735,6 +739,8 @@ static void rollback_all(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	 * (pool/state.c) */
 	release_deferred(s);
 	bkv__pool_txn_abort(s->pool);
+	if (s->cn)
+		bkv__cn_rollback(s);
 	bkv__enc_rollback(s);
 	bkv__pool_copies_release_held(s->pool, 0); /* the failed steps' demotions */
 	bkv__swaps_to_recompute(s, now);
@@ -812,6 +818,10 @@ static void commit_oldest(bkv_sched *s, bkv__ticket *t, bkv_step_info *si)
 	o->committed = t->id;
 	bkv__enc_commit(s, t->id);
 	bkv__step_commit_rows(s, t->rows, t->n_rows, outs, si);
+	if (s->cn) {
+		bkv__cn_after_commit(s, t->id);
+		bkv__cn_save_rows(s, t->rows, t->n_rows);
+	}
 	if (left)
 		reprovision(t);
 	if (t->spec.n_rows)

@@ -54,7 +54,7 @@ static int device_copies_pending(const bkv_sched *s)
 static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 {
 	int swap = s->plan.n_swap_pend < s->cfg.max_running && !device_copies_pending(s) &&
-		   s->pol.want_swap(s, r);
+		   !(s->cn && bkv__cn_busy_req(s, r)) && s->pol.want_swap(s, r);
 	uint32_t i;
 
 	BKV_ASSERT(r->state == BKV__REQ_RUNNING);
@@ -472,13 +472,17 @@ void bkv__plan_continue(bkv_sched *s, uint64_t now, bkv_step_info *si)
 			uint32_t old = l->kv_len, hit = 0, h0, target, c;
 			int sample;
 
-			if (l->done || l->decoding || l->seq == BKV__SEQ_NONE)
+			if (l->done || l->decoding || l->seq == BKV__SEQ_NONE || r->cn_loading)
 				continue;
 			target = lane_target(l);
 			if (l->kv_len >= target)
 				continue;
 			touch(s, l);
 			h0 = lane_hits(s, l, target);
+			if (s->cn && bkv__cn_load_plan(s, l, target)) {
+				s->plan.step_hits += h0;
+				continue; /* it waits for its load */
+			}
 			c = l->kv_len < target ? bkv__auto_chunk_fit(s, l->kv_len,
 								     bkv__chunk_len(s, target - l->kv_len))
 					       : 0;
@@ -553,8 +557,10 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		if (target == 0)
 			continue; /* n > 1, one-token prompt: forks next step */
 		h0 = lane_hits(s, l, target);
-		if (l->kv_len == target) { /* all hits (n > 1: forks next step) */
-			s->plan.step_hits += h0;
+		if (l->kv_len == target || (s->cn && bkv__cn_load_plan(s, l, target))) {
+			s->plan.step_hits += h0; /* all hits (n > 1: forks next
+						    step), or it waits for its
+						    load */
 			continue;
 		}
 		c = bkv__auto_chunk_fit(s, l->kv_len, bkv__chunk_len(s, target - l->kv_len));

@@ -86,6 +86,8 @@ int bkv__map_reserve(bkv_sched *s)
 
 void bkv__req_free(bkv_sched *s, bkv__req *r)
 {
+	if (r->cn_buf)
+		bkv__cn_req_free(s, r);
 	bkv__free(&s->alloc, r, r->alloc_size);
 }
 
@@ -118,12 +120,18 @@ void bkv__req_close_lanes(bkv_sched *s, bkv__req *r)
 {
 	uint32_t i;
 
+	if (s->cn)
+		bkv__cn_disown(s, r);
 	for (i = 0; i < r->n; i++) {
 		bkv__lane *l = &r->lane[i];
 
 		lane_retain(s, l);
-		if (l->seq != BKV__SEQ_NONE)
+		if (l->seq != BKV__SEQ_NONE && s->cn) {
+			bkv__cn_save_lane(s, l);
+			bkv__cn_seq_end(s, l->seq, 0, UINT32_MAX);
+		} else if (l->seq != BKV__SEQ_NONE) {
 			bkv_seq_close(s->pool, l->seq);
+		}
 		bkv__slot_release(s, l);
 		l->seq = BKV__SEQ_NONE;
 		l->kv_len = 0;
@@ -153,6 +161,8 @@ void bkv__finish_req(bkv_sched *s, bkv__req *r, bkv_finish_reason why, bkv_step_
 {
 	uint32_t i;
 
+	if (s->cn)
+		bkv__cn_disown(s, r);
 	for (i = 0; i < r->n; i++) {
 		bkv__lane *l = &r->lane[i];
 

@@ -13,6 +13,7 @@
 #include "decide/decide.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* ---- configs ------------------------------------------------------------- */
@@ -254,6 +255,11 @@ int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool, const bkv_host
 		bkv_sched_destroy(s);
 		return BKV_ENOMEM;
 	}
+	if (cfg->size >= offsetof(bkv_sched_config, connector) + sizeof(cfg->connector) &&
+	    cfg->connector && (rc = bkv__cn_create(s, cfg->connector)) != BKV_OK) {
+		bkv_sched_destroy(s);
+		return rc;
+	}
 	s->in.want_tok = tok;
 	s->in.want_kv = kv;
 	s->stats.size = sizeof(s->stats);
@@ -286,6 +292,7 @@ void bkv_sched_destroy(bkv_sched *s)
 			bkv__req_free(s, s->in.map[i].req);
 		}
 	}
+	bkv__cn_destroy(s); /* (the later list's requests are in the map) */
 	if (s->pool) /* its forks' slots are the pool's again */
 		bkv__pool_reserve_seqs(s->pool, 0);
 	bkv__wait_destroy(s);
@@ -336,13 +343,15 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
 	st.swapped = s->q.nr_swapped;
 	st.submitted = ATOMIC_LOAD(&((bkv_sched *)s)->in.submitted);
 	bkv__enc_stats(s, &st);
+	bkv__cn_stats(s, &st);
 	memcpy(stats, &st, n);
 }
 
 /* Invariant numbers (0 = consistent; 1000 + n: the pool's invariant n):
  *  1-5  the queue heap (policy.c)     6-15 run[], lanes and slots
  * 16-17 queued requests' sequences    18-22 map, inbox and counters
- * 23    open pool sequences == lanes holding one
+ * 23    open pool sequences == lanes holding one (and deferred, pinned
+ *       or parked ones)
  * 24-29 the age heap (policy.c): exactly the queued requests with order > 0,
  *       each once, WAITING, in (priority, arrival) heap order
  * 30    a call's slot_mapping named a slot in a shared or cached block
@@ -359,4 +368,7 @@ void bkv_sched_stats_get(const bkv_sched *s, bkv_sched_stats *stats)
  * 38    adapters: the held table counts exactly the running requests'
  *       adapters, at most max_adapters (sched/adapters.c)
  * 39    encoder inputs: the cache's references, LRU list, tokens and index
- *       (sched/encoder.c) */
+ *       (sched/encoder.c)
+ * 40    KV connector: transfers in flight against the sequences they hold,
+ *       parked sequences, the later list, loading requests
+ *       (sched/connector.c) */

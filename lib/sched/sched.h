@@ -116,6 +116,8 @@ typedef struct bkv__lane {
 	uint32_t def_keep;    /* its committed length to truncate to before
 				 the close; UINT32_MAX: drop it */
 	struct bkv__lane *def_next; /* the deferred-release list's link */
+	uint32_t cn_saved;    /* KV connector: logical blocks of seq handed to
+				 save or known to the store (hits, loads) */
 	uint64_t def_tag;     /* released once the step with this number has
 				 completed (or none is outstanding) */
 } bkv__lane;
@@ -189,6 +191,17 @@ typedef struct bkv__req {
 	uint32_t enc_next;     /* enc[0, enc_next) are passed (their
 				  references dropped) */
 	uint8_t enc_pend;      /* on the encoder's release list */
+	uint8_t cn_ask;        /* KV connector: 0 lookup not asked yet, 1
+				  asked again each step (BKV_CONNECTOR_LATER;
+				  on the connector's later list), 2 answered */
+	uint8_t cn_loading;    /* lane 0's load is planned or in flight: no
+				  rows until it completes */
+	uint32_t cn_ext;       /* leading prompt blocks the store holds */
+	uint32_t cn_rec;       /* its load's transfer record + 1; 0: none */
+	struct bkv__cn_buf *cn_buf; /* its hashes and load entries (own
+				  allocation, sched/connector.c); NULL
+				  without a connector */
+	struct bkv__req *cn_next; /* the later list's link */
 	bkv__lane lane[];      /* [n] */
 } bkv__req;
 
@@ -495,6 +508,8 @@ struct bkv_sched {
 	int kv_released;       /* bkv_sched_kv_release: the device KV is the
 				  host's until bkv_sched_kv_resume; steps
 				  only drain (sched/release.c) */
+	struct bkv__cn *cn;    /* the KV connector's state
+				  (sched/connector.c); NULL without one */
 };
 
 /* ---- shared helpers --------------------------------------------------------- */
@@ -633,10 +648,56 @@ static inline int bkv__ovl_fenced(const bkv_sched *s)
 	return s->plan.fenced;
 }
 /* Release a lane's sequence now, or after the outstanding steps. */
+/* ---- KV connector (sched/connector.c) ---- */
+int bkv__cn_create(bkv_sched *s, const bkv_connector *c);
+void bkv__cn_destroy(bkv_sched *s);
+/* Submit: the request's hashes and entry buffer (BKV_OK, BKV_ENOMEM). */
+int bkv__cn_req_init(bkv_sched *s, bkv__req *r);
+void bkv__cn_req_free(bkv_sched *s, bkv__req *r);
+/* Drain: a request entering the queue is asked; 1 when it waits off the
+ * queue (later list). */
+int bkv__cn_ask(bkv_sched *s, bkv__req *r);
+/* Drain: the later list asked again, answered ones queued. */
+void bkv__cn_drain(bkv_sched *s, uint64_t now);
+/* Inside the step's transaction: completed transfers applied. */
+void bkv__cn_complete(bkv_sched *s, bkv_step_info *si);
+/* Planning: lane l (touched, after its local hits) loads what the store
+ * holds beyond them; 1 when it does (no row this step). */
+int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target);
+/* After the commit of the steps up to upto: their planned loads go out. */
+void bkv__cn_after_commit(bkv_sched *s, uint64_t upto);
+/* After a commit: the rows' lanes' new full blocks go to save. */
+void bkv__cn_save_rows(bkv_sched *s, const struct bkv__row *rows, uint32_t n);
+/* A request lets go of its lanes (ends, preempted). */
+void bkv__cn_disown(bkv_sched *s, bkv__req *r);
+/* Requests on the later list (counted as not drained). */
+uint32_t bkv__cn_n_later(const bkv_sched *s);
+/* After a rollback: planned loads forgotten, publications redone. */
+void bkv__cn_rollback(bkv_sched *s);
+/* The end of a pool sequence: closed (or dropped; truncated to keep
+ * first unless UINT32_MAX), now or once its transfers completed. */
+void bkv__cn_seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
+/* Lane l's new full blocks go to save before its sequence ends. */
+void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l);
+/* A transfer in flight names r's sequences (no swap-out). */
+int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r);
+/* Transfers in flight (0 without a connector). */
+uint32_t bkv__cn_in_flight(const bkv_sched *s);
+/* Stats: requests waiting for external KV, blocks held by saves. */
+void bkv__cn_stats(const bkv_sched *s, bkv_sched_stats *st);
+/* Sequences parked until their transfers complete. */
+uint32_t bkv__cn_parked(const bkv_sched *s);
+/* Invariants (bkv_sched_check 40). */
+int bkv__cn_check(const bkv_sched *s);
+
 static inline void bkv__lane_release_seq(bkv_sched *s, bkv__lane *l, int drop)
 {
+	if (s->cn)
+		bkv__cn_save_lane(s, l);
 	if (bkv__ovl_fenced(s))
 		bkv__ovl_defer(s, l, drop);
+	else if (s->cn)
+		bkv__cn_seq_end(s, l->seq, drop, UINT32_MAX);
 	else if (drop)
 		bkv_seq_drop(s->pool, l->seq);
 	else

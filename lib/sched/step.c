@@ -300,6 +300,11 @@ static void commit(bkv_sched *s, int called, bkv_step_info *si)
 		commit_rows(s, s->plan.dec, s->plan.n_dec, 1, s->call.arr.next_tokens, NULL, si);
 	if (s->spec && s->spec->n_rows)
 		bkv__spec_commit_deliver(s, si);
+	if (s->cn) {
+		bkv__cn_after_commit(s, s->plan.step_no);
+		bkv__cn_save_rows(s, s->plan.pre, s->plan.n_pre);
+		bkv__cn_save_rows(s, s->plan.dec, s->plan.n_dec);
+	}
 	bkv__step_stats(s, si);
 }
 
@@ -371,6 +376,8 @@ void bkv__step_rollback(bkv_sched *s, uint64_t now, bkv_step_info *si)
 	if (s->spec)
 		bkv__spec_rollback(s);
 	bkv__enc_rollback(s);
+	if (s->cn)
+		bkv__cn_rollback(s);
 	bkv__swaps_to_recompute(s, now);
 	s->stats.failed_steps++;
 	si->rows = si->prefill_tokens = si->decode_tokens = si->hit_tokens = 0;
@@ -463,6 +470,8 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	bkv__enc_step_begin(s);
 	if (open_txn)
 		bkv__pool_txn_begin(s->pool);
+	if (s->cn) /* completed transfers, inside the transaction */
+		bkv__cn_complete(s, si);
 	bkv__plan_forks(s);
 	if (s->cfg.prefill_first && s->split) {
 		/* prefill-first (bkv_sched_config.prefill_first): waiting

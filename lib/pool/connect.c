@@ -1,0 +1,175 @@
+/*
+ * connect.c - what a KV connector (sched/connector.c) needs of a sequence:
+ * blocks that a load fills kept out of the prefix cache until the load
+ * completes, then offered to it; and the transfer entries that name a
+ * range of a sequence's blocks in every KV group.
+ *
+ * A loading sequence is marked noindex: none of the blocks it fills is
+ * offered to the cache (bkv__seq_block_filled, the lanes' block_filled),
+ * so no other request can hit KV that is not there yet. The chain rule
+ * (a block is indexed only under an indexed parent) then keeps every later
+ * block out too. Publishing clears the mark and offers the full blocks
+ * from the first loaded one on, group 0's then each lane's, as a fill
+ * would; inside a transaction they wait for its commit like any fill.
+ *
+ * Transfer entries name a block by its own chained hash in its group:
+ * group 0's is the KV events' hash; a lane's (a further attention group)
+ * is the hash of the same tokens under the lane's salted key, chained to
+ * group 0's block before it - exactly the hash the lane's cache uses. A
+ * STATE group's live unit is one entry (its frames consecutive) named by
+ * the hash of the block it ends.
+ */
+#include "pool/pool.h"
+
+void bkv__seq_noindex(bkv_pool *pool, uint32_t seq, int on)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (s)
+		s->noindex = (uint8_t)(on != 0);
+}
+
+void bkv__seq_publish(bkv_pool *pool, uint32_t seq, uint32_t from)
+{
+	bkv__seq *s = bkv__seq_get(pool, seq);
+	const uint32_t slot = s ? (uint32_t)(s - pool->seqs) : 0;
+	uint32_t i, l, full;
+
+	if (!s || s->state != BKV__SEQ_OPEN)
+		return;
+	s->noindex = 0;
+	full = s->len >> pool->kv.bt_shift;
+	for (i = from; i < full; i++) {
+		const bkv__block *k = &pool->kv.blk[s->table[i]];
+
+		if (!BLOCK_IS_INDEXED(k) && !bkv__kv_txn_queued(&pool->kv, s->table[i]))
+			bkv__seq_block_filled(pool, s, i);
+		for (l = 0; l < pool->n_lanes; l++) {
+			const bkv__lseq *ls = &pool->lanes[l].seqs[slot];
+
+			if (i < ls->lo || ls->table[i] < 0)
+				continue;
+			if (!BLOCK_IS_INDEXED(&pool->kv.blk[ls->table[i]]) &&
+			    !bkv__kv_txn_queued(&pool->kv, ls->table[i]))
+				bkv__lane_block_filled(pool, l, slot, i);
+		}
+	}
+}
+
+uint32_t bkv__xfer_ents_max(const bkv_pool *pool, uint32_t nb)
+{
+	return nb * (1 + pool->n_lanes) + (pool->st_units ? 1 : 0);
+}
+
+/* Group 0's chained hash of logical block i-1 (the parent of block i's
+ * entries in every group), from the table's indexed blocks or h0. */
+static uint64_t parent_hash(const bkv_pool *pool, const bkv__seq *s, uint32_t i, uint32_t from,
+			    const uint64_t *h0)
+{
+	const bkv__block *k;
+
+	if (i == 0)
+		return BKV__HASH_ROOT;
+	if (h0 && i > from)
+		return h0[i - 1 - from];
+	k = &pool->kv.blk[s->table[i - 1]];
+	return BLOCK_IS_INDEXED(k) ? k->hash : bkv__cache_hash(&pool->kv, s->table[i - 1], s->key);
+}
+
+static void ent(bkv_kv_xfer_block *e, uint64_t h, uint32_t i, uint32_t g, int32_t b, uint32_t fr)
+{
+	e->hash = h;
+	e->index = i;
+	e->group = g;
+	e->block = b;
+	e->frames = fr;
+}
+
+uint32_t bkv__seq_xfer_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t to,
+			    const uint64_t *h0, bkv_kv_xfer_block *out, uint32_t cap)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+	const uint32_t bt = pool->kv.bt;
+	uint32_t i, l, n = 0, slot;
+
+	if (!s || to > s->n_blocks)
+		return 0;
+	slot = (uint32_t)(s - pool->seqs);
+	for (i = from; i < to && n < cap; i++)
+		ent(&out[n++], h0[i - from], i, 0, s->table[i], 1);
+	for (l = 0; l < pool->n_lanes; l++) {
+		const bkv__glane *ln = &pool->lanes[l];
+		const bkv__lseq *ls = &ln->seqs[slot];
+
+		for (i = from; i < to && n < cap; i++) {
+			uint64_t h;
+
+			if (i < ls->lo || ls->table[i] < 0)
+				continue;
+			h = bkv__block_hash(pool->kv.hash_seed, parent_hash(pool, s, i, from, h0),
+					    s->key ^ ln->salt, bkv__tok(&pool->kv, ls->table[i]), bt);
+			ent(&out[n++], h, i, ln->group, ls->table[i], 1);
+		}
+	}
+	if (pool->st_units && to > from && n < cap) {
+		int32_t in, o;
+
+		bkv__state_frames(pool, slot, &in, &o);
+		if (o >= 0)
+			ent(&out[n++], h0[to - 1 - from], to - 1, pool->st_group, o, pool->st_frames);
+	}
+	return n;
+}
+
+uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
+			    bkv_kv_xfer_block *out, uint32_t cap)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+	uint32_t i, l, n = 0, slot, end;
+
+	if (!s || s->state != BKV__SEQ_OPEN) {
+		*to = from;
+		return 0;
+	}
+	end = BKV_MIN(*to, s->n_blocks);
+	if (cap)
+		end = BKV_MIN(end, from + BKV_MAX(1u, cap / (1 + pool->n_lanes)));
+	for (i = from; i < end; i++)
+		if (!BLOCK_IS_INDEXED(&pool->kv.blk[s->table[i]]))
+			break;
+	*to = end = i;
+	slot = (uint32_t)(s - pool->seqs);
+	for (i = from; i < end && n < cap; i++)
+		ent(&out[n++], pool->kv.blk[s->table[i]].hash, i, 0, s->table[i], 1);
+	for (l = 0; l < pool->n_lanes; l++) {
+		const bkv__glane *ln = &pool->lanes[l];
+		const bkv__lseq *ls = &ln->seqs[slot];
+
+		for (i = from; i < end && n < cap; i++) {
+			const bkv__block *k;
+
+			if (i < ls->lo || ls->table[i] < 0)
+				continue;
+			k = &pool->kv.blk[ls->table[i]];
+			if (BLOCK_IS_INDEXED(k))
+				ent(&out[n++], k->hash, i, ln->group, ls->table[i], 1);
+		}
+	}
+	return n;
+}
+
+int bkv__seq_can_cut(const bkv_pool *pool, uint32_t seq, uint32_t len)
+{
+	const bkv__seq *s = bkv__seq_get(pool, seq);
+
+	if (!s)
+		return 0;
+	if (pool->st_units && len > 0)
+		return 0; /* the state at len is not kept */
+	return bkv__lanes_can_truncate(pool, s, len);
+}
+
+void bkv__event_external(bkv_pool *pool, uint64_t hash)
+{
+	bkv__event_host(&pool->kv, BKV_EVENT_STORED, -1, hash, 0, 0, 0);
+}
