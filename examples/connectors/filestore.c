@@ -35,10 +35,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Until the library defines bkv_kv_xfer_done, a weak reference lets hosts
- * that use the done hook link (the symbol is then NULL). */
-#pragma weak bkv_kv_xfer_done
-
 #define NIL UINT32_MAX
 #define PATH_BYTES 4096
 
@@ -458,7 +454,7 @@ static void complete(bkv_filestore *fs, uint64_t xfer, int status, const uint32_
 {
 	if (fs->cfg.done)
 		fs->cfg.done(fs->cfg.host, xfer, status, failed, n);
-	else if (fs->sched && bkv_kv_xfer_done)
+	else if (fs->sched)
 		(void)bkv_kv_xfer_done(fs->sched, xfer, status, n ? failed : NULL, n);
 }
 
@@ -549,7 +545,7 @@ static int submit(bkv_filestore *fs, uint32_t kind, uint64_t xfer, const bkv_kv_
 {
 	job *j;
 
-	if (!fs->cfg.done && !(fs->sched && bkv_kv_xfer_done))
+	if (!fs->cfg.done && !fs->sched)
 		return BKV_ESTATE;
 	if (n > 0 && !blocks)
 		return BKV_EINVAL;
