@@ -8,7 +8,10 @@
  * scheduler, zeroed device memory, a store reopened over the same
  * directory) serves requests with the same prefixes and new tails: the
  * library must load the prefixes from disk (kv_load_tokens) and prefill on
- * from there.
+ * from there. Run with the store's worker, with inline transfers (sync),
+ * and with a slow store (the engine keeps stepping while loads are in
+ * flight), and with one prefix block corrupted on disk between the two
+ * engines (the store fails it, the library recomputes from it).
  *
  * The fake device checks every KV cell a batch reads, as tests/compose does:
  * a cell holds (the chained hash of its request's tokens [0, p], p), written
@@ -25,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "filestore.h"
@@ -59,6 +63,8 @@ typedef struct eng {
 	cell dev[NBLK * BT];      /* device KV, one cell per token slot */
 	rq req[NREQ];             /* the requests, by submission order */
 	uint64_t cells_checked;   /* context cells read and verified */
+	uint32_t waiting_steps;   /* steps after which a request still waited
+				     for external KV */
 	uint32_t bad;             /* checks that failed */
 	char why[256];            /* the first failure */
 	bkv_pool *pool;           /* owned */
@@ -164,8 +170,15 @@ static int copy_in(void *host, const bkv_kv_xfer_block *b, const void *src, size
 	return 0;
 }
 
-static eng *eng_start(void)
+/* How the store runs: its worker or inline, and a delay per transfer. */
+typedef struct mode {
+	uint32_t sync;     /* bkv_filestore_config.sync */
+	uint32_t delay_us; /* bkv_filestore_faults.delay_us */
+} mode;
+
+static eng *eng_start(mode m)
 {
+	bkv_filestore_faults f = {m.delay_us, 0, -1};
 	eng *e = calloc(1, sizeof(*e));
 	bkv_filestore_config fc;
 	bkv_pool_config pc;
@@ -183,7 +196,9 @@ static eng *eng_start(void)
 	fc.block_bytes = block_bytes;
 	fc.copy_out = copy_out;
 	fc.copy_in = copy_in;
+	fc.sync = m.sync;
 	cr_assert_eq(bkv_filestore_open(&fc, &e->fs), BKV_OK);
+	cr_assert_eq(bkv_filestore_set_faults(e->fs, &f), BKV_OK);
 	cr_assert_eq(bkv_filestore_connector(e->fs, &e->conn), BKV_OK);
 	bkv_sched_config_init(&sc);
 	sc.connector = &e->conn;
@@ -206,9 +221,12 @@ static bkv_sched_stats sched_stats(eng *e)
 }
 
 /* Submit one request per prefix (tails differ by engine), run them all,
- * then let the saves in flight finish. */
+ * then let the saves in flight finish. While a load is in flight the
+ * engine keeps stepping, 1 ms apart. */
 static void eng_run(eng *e, uint32_t tail_seed)
 {
+	const struct timespec ms = {0, 1000000};
+
 	uint32_t i, k, steps = 0;
 
 	for (i = 0; i < NREQ; i++) {
@@ -227,10 +245,12 @@ static void eng_run(eng *e, uint32_t tail_seed)
 		rqst.user = q;
 		cr_assert_eq(bkv_submit(e->sched, &rqst, NULL), BKV_OK);
 	}
-	while (bkv_sched_pending(e->sched) > 0 && steps++ < 10000) {
+	while (bkv_sched_pending(e->sched) > 0 && steps++ < 20000) {
 		cr_assert_eq(bkv_step(e->sched, NULL), BKV_OK);
-		if (sched_stats(e).kv_waiting)
-			bkv_filestore_flush(e->fs); /* let a load land before the next step */
+		if (sched_stats(e).kv_waiting) {
+			e->waiting_steps++;
+			nanosleep(&ms, NULL);
+		}
 	}
 	cr_assert_eq(bkv_sched_pending(e->sched), 0, "requests still pending after %u steps", steps);
 	for (steps = 0; sched_stats(e).kv_save_held > 0 && steps < 100; steps++) {
@@ -309,14 +329,17 @@ static void corrupt(uint64_t hash)
 
 /* Engine 1 saves; engine 2 restarts over the same directory (with one
  * prefix block of request 1 corrupted on disk when corrupt_block >= 0). */
-static void run_restart(int corrupt_block)
+static void run_restart(mode m, int corrupt_block)
 {
-	eng *e = eng_start();
+	eng *e;
 	bkv_filestore_stats fst;
 	bkv_sched_stats st;
 	uint64_t hashes[PREFIX / BT];
 	uint32_t i, first1 = PREFIX;
 
+	rm_rf(dir); /* each run starts from an empty store */
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	e = eng_start(m);
 	eng_run(e, 1);
 	st = sched_stats(e);
 	cr_assert_geq(st.kv_saved, NREQ * PREFIX / BT);
@@ -332,7 +355,7 @@ static void run_restart(int corrupt_block)
 		first1 = (uint32_t)corrupt_block * BT;
 	}
 
-	e = eng_start();
+	e = eng_start(m);
 	cr_assert_eq(bkv_filestore_stats_get(e->fs, &fst), BKV_OK);
 	cr_assert_eq(fst.blocks, st.kv_saved, "the reopened store lost blocks");
 	eng_run(e, 2);
@@ -347,15 +370,33 @@ static void run_restart(int corrupt_block)
 	cr_assert_eq(bkv_filestore_stats_get(e->fs, &fst), BKV_OK);
 	cr_assert_eq(fst.corrupt, corrupt_block >= 0 ? 1 : 0);
 	cr_assert_eq(fst.load_failed, corrupt_block >= 0 ? 1 : 0);
+	/* inline transfers complete inside the callback: a load waits only
+	 * for the next step, where its completion takes effect */
+	if (m.sync)
+		cr_assert_leq(e->waiting_steps, NREQ);
+	/* a slow store: the engine kept stepping while loads were in flight */
+	if (m.delay_us)
+		cr_assert_gt(e->waiting_steps, NREQ);
 	eng_stop(e);
 }
 
 Test(filestore_sched, a_restarted_engine_loads_its_prefixes_from_disk)
 {
-	run_restart(-1);
+	run_restart((mode){0, 0}, -1);
 }
 
 Test(filestore_sched, a_corrupt_block_on_disk_is_recomputed_from_there)
 {
-	run_restart(2);
+	run_restart((mode){0, 0}, 2);
+}
+
+Test(filestore_sched, inline_transfers_complete_inside_the_callbacks)
+{
+	run_restart((mode){1, 0}, -1);
+	run_restart((mode){1, 0}, 0);
+}
+
+Test(filestore_sched, a_slow_store_keeps_the_engine_stepping)
+{
+	run_restart((mode){0, 20000}, 4);
 }
