@@ -662,10 +662,18 @@ void bkv__cn_rollback(bkv_sched *s)
 		bkv__req *r = l->req;
 
 		if (r->cn_loading && !r->cn_rec) {
+			const uint32_t from = c->plan[i].from << s->bt_shift;
+
 			r->cn_loading = 0;
 			c->n_loading--;
-			if (l->seq != BKV__SEQ_NONE)
+			if (l->seq != BKV__SEQ_NONE) {
 				bkv__seq_noindex(s->pool, l->seq, 0);
+				if (l->kv_len > from) { /* (overlap: no row of a ticket
+							   undid it) */
+					bkv_seq_truncate(s->pool, l->seq, from);
+					l->kv_len = from;
+				}
+			}
 			l->cn_saved = l->kv_len >> s->bt_shift;
 		}
 	}
