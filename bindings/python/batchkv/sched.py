@@ -28,11 +28,11 @@ on_finish cannot roll anything back (the step has committed); it is re-raised
 by step() after the step completed, and the token or finish it was told about
 stands. If several callbacks raise in one step, the first is raised.
 
-THREADS. submit(), abort() and pending may be called from any Python thread
-while another thread runs step(): the library calls are made with the GIL
-released, and the callbacks (which take the GIL back) never run under the
-library's lock, so the two never deadlock. Everything else belongs to the
-stepping thread, between steps.
+THREADS. submit(), abort(), xfer_done() and pending may be called from any
+Python thread while another thread runs step(): the library calls are made
+with the GIL released, and the callbacks (which take the GIL back) never run
+under the library's lock, so the two never deadlock. Everything else belongs
+to the stepping thread, between steps.
 """
 import collections
 import ctypes
@@ -773,7 +773,8 @@ class Scheduler:
     def close(self):
         """Destroy the scheduler (bkv_sched_destroy): requests still open end
         with no callback. Idempotent. Not from a callback, and not while
-        another thread may still call submit() or abort() (join them first)."""
+        another thread may still call submit(), abort() or
+        xfer_done() (join them first)."""
         if self._stepping:
             raise StateError("Scheduler.close: called during step()", _ffi.BKV_ESTATE)
         if getattr(self, "_h", None):
@@ -922,8 +923,14 @@ class Scheduler:
         """Give the device KV memory back (bkv_sched_kv_release): mode
         BKV_RELEASE_REFUSE (StateError while requests run), _RECOMPUTE or
         _SWAP (then make the pool's pending swap-out copies and clear them
-        before freeing the memory). Until resume_kv() a step only drains."""
-        check(_lib.bkv_sched_kv_release(self._between(), int(mode)), "bkv_sched_kv_release")
+        before freeing the memory). Until resume_kv() a step only drains.
+        A connector's save called by the release (the lanes it closes) is
+        re-raised here when it raised."""
+        rc = _lib.bkv_sched_kv_release(self._between(), int(mode))
+        exc, self._exc = self._exc, None
+        if exc is not None:
+            raise exc
+        check(rc, "bkv_sched_kv_release")
 
     def resume_kv(self):
         """Take the device KV memory again (bkv_sched_kv_resume)."""
