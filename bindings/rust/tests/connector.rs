@@ -171,10 +171,17 @@ fn pool() -> Pool {
 
 /// Serve the prompts; with a store, through the connector. Returns the
 /// tokens by prompt, the stats, the external STORED events and the engine.
-fn serve(mut e: Engine, with: bool) -> (Vec<Vec<i32>>, SchedStats, usize, Engine) {
+fn serve(e: Engine, with: bool) -> (Vec<Vec<i32>>, SchedStats, usize, Engine) {
+    serve_as(e, with, false)
+}
+
+fn serve_as(mut e: Engine, with: bool, split: bool)
+    -> (Vec<Vec<i32>>, SchedStats, usize, Engine) {
     let mut pool = pool();
     let ps = prompts();
-    let mut s = if with {
+    let mut s = if with && split {
+        Scheduler::with_connector_split(&mut pool, e, &cfg(), None).unwrap()
+    } else if with {
         Scheduler::with_connector(&mut pool, e, &cfg(), None).unwrap()
     } else {
         e.store = None;
@@ -240,6 +247,16 @@ fn a_second_engine_loads_what_the_first_saved_inline() {
 #[test]
 fn a_second_engine_loads_what_the_first_saved_later() {
     two_engines(false);
+}
+
+#[test]
+fn a_split_host_loads_too() {
+    let (plain, _, _, _) = serve(Engine::new(128, None), false);
+    let store: Store = Arc::default();
+    serve(Engine::new(128, Some(store.clone())), true);
+    let (t, st, _, _) = serve_as(Engine::new(128, Some(store)), true, true);
+    assert!(st.kv_load_tokens > 0 && st.prefill_calls > 0 && st.decode_calls > 0);
+    assert_eq!(t, plain);
 }
 
 #[test]
