@@ -10,6 +10,8 @@ its whole public API in Python:
     Scheduler        requests, step(), the host callbacks, stats, metrics;
                      adapter_cache_key: the pool key of an adapter's blocks;
                      encoder_token: the ids an encoder input's span holds;
+                     Scheduler(connector=...) and xfer_done: a KV connector
+                     (an external store loaded from and saved to);
                      batchkv.overlap (token_pending_at, resolve_placeholders,
                      ...): overlapped scheduling's placeholders by back
                      distance and row
@@ -54,7 +56,8 @@ from .pool import (BlockInfo, BlockState, CopyKind, EventKind, GroupKind, KvEven
                    kv_state_frames)
 from .sched import (TOKEN_FAIL, Batch, BatchGroup, BatchLayout, FinishReason,  # noqa: F401
                     Policy, Preempt, SchedStats, Scheduler, StepInfo, StepOutputs,
-                    ENCODE_DTYPE, adapter_cache_key, encoder_token)
+                    ENCODE_DTYPE, XFER_BLOCK_DTYPE, CONNECTOR_LATER, adapter_cache_key,
+                    encoder_token)
 from .overlap import (OVERLAP_MAX_DEPTH, resolve_placeholders, token_is_pending,  # noqa: F401
                       token_pending_at, token_pending_back, token_pending_row)
 from .vllm import (VllmEncoder, VllmHash, VllmWire, vllm_block_hashes,  # noqa: F401

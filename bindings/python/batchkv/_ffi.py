@@ -81,6 +81,7 @@ BKV_SPEC_K_AUTO = 0
 BKV_SPEC_K_FIXED = 1
 BKV_SPEC_MAX_K = 16
 BKV_MAX_ADAPTERS = 1024
+BKV_CONNECTOR_LATER = -2147483648  # bkv_connector.lookup: ask again later
 BKV_MAX_ENCODER_INPUTS = 64
 BKV_TOKEN_PENDING_ROWS = 1 << 18
 BKV_OVERLAP_MAX_DEPTH = 8
@@ -91,6 +92,7 @@ BKV_EVENT_REMOVED = 1
 BKV_EVENT_CLEARED = 2
 BKV_MEDIUM_DEVICE = 0
 BKV_MEDIUM_HOST = 1
+BKV_MEDIUM_EXTERNAL = 2
 BKV_VLLM_WIRE_MAP = 0
 BKV_VLLM_WIRE_ARRAY = 1
 BKV_VLLM_WIRE_ARRAY_V0 = 2
@@ -424,6 +426,29 @@ class bkv_host_ops(Structure):
     ]
 
 
+class bkv_kv_xfer_block(Structure):
+    _fields_ = [
+        ('hash', c_uint64),
+        ('index', c_uint32),
+        ('group', c_uint32),
+        ('block', c_int32),
+        ('frames', c_uint32),
+    ]
+
+
+class bkv_connector(Structure):
+    _fields_ = [
+        ('lookup', CFUNCTYPE(c_int, c_void_p, c_uint64, POINTER(c_uint64), c_uint32)),
+        ('load', CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint64, POINTER(bkv_kv_xfer_block),
+                           c_uint32)),
+        ('save', CFUNCTYPE(c_int, c_void_p, c_uint64, POINTER(bkv_kv_xfer_block), c_uint32)),
+        ('preempted', CFUNCTYPE(None, c_void_p, c_uint64)),
+        ('user', c_void_p),
+        ('save_blocks', c_uint32),
+        ('max_saves', c_uint32),
+    ]
+
+
 class bkv_sched_config(Structure):
     _fields_ = [
         ('size', c_uint32),
@@ -457,6 +482,8 @@ class bkv_sched_config(Structure):
         ('adapter_wait_us', c_uint64),
         ('encoder_cache', c_uint32),
         ('encoder_budget', c_uint32),
+        ('pad1', c_uint32),
+        ('connector', POINTER(bkv_connector)),
     ]
 
 
@@ -567,6 +594,15 @@ class bkv_sched_stats(Structure):
         ('encoder_hits', c_uint64),
         ('encoder_runs', c_uint64),
         ('encoder_evictions', c_uint64),
+        ('kv_waiting', c_uint32),
+        ('kv_save_held', c_uint32),
+        ('kv_lookups', c_uint64),
+        ('kv_lookup_errors', c_uint64),
+        ('kv_loads', c_uint64),
+        ('kv_load_tokens', c_uint64),
+        ('kv_load_failed', c_uint64),
+        ('kv_saved', c_uint64),
+        ('kv_save_failed', c_uint64),
     ]
 
 
@@ -713,6 +749,7 @@ FUNCTIONS = {
     'bkv_block_hashes': (c_uint32, [c_uint64, c_uint64, c_uint32, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),
     'bkv_seq_export': (c_int, [c_void_p, c_uint32, POINTER(bkv_seq_image)]),
     'bkv_seq_import': (c_int, [c_void_p, POINTER(bkv_seq_image), POINTER(c_uint32), POINTER(bkv_copy), POINTER(c_uint32)]),
+    'bkv_kv_xfer_done': (c_int, [c_void_p, c_uint64, c_int, POINTER(c_uint32), c_uint32]),
     'bkv_sched_metrics_prometheus': (c_size_t, [c_void_p, c_char_p, c_size_t]),
     'bkv_vllm_config_init': (None, [POINTER(bkv_vllm_config)]),
     'bkv_vllm_encoder_create': (c_int, [POINTER(bkv_vllm_config), c_void_p, POINTER(bkv_allocator), POINTER(c_void_p)]),
@@ -726,6 +763,7 @@ FUNCTIONS = {
 
 # The callback types of bkv_host_ops and bkv_cost_model, by field name.
 HOST_FN = dict(bkv_host_ops._fields_)
+CONNECTOR_FN = dict(bkv_connector._fields_)
 COST_FN = dict(bkv_cost_model._fields_)
 
 

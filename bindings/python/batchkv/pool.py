@@ -76,7 +76,7 @@ BlockInfo.__doc__ = ("bkv_block_info: one device block (state a BlockState; toke
                      "int32 numpy array of its fill tokens). Field meanings as in batchkv.h.")
 KvEvent = _record("KvEvent", _ffi.bkv_kv_event,
                   "bkv_kv_event: seq, hash, parent_hash, key, kind (EventKind), token_count, "
-                  "block, has_parent, medium (0 device, 1 host cache).")
+                  "block, has_parent, medium (0 device, 1 host cache, 2 a KV connector's store).")
 ModelShape = collections.namedtuple("ModelShape", "layers kv_heads head_dim dtype_bytes")
 ModelShape.__doc__ = "bkv_model_shape: the shape of a model's KV cache."
 

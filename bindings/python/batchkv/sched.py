@@ -28,11 +28,11 @@ on_finish cannot roll anything back (the step has committed); it is re-raised
 by step() after the step completed, and the token or finish it was told about
 stands. If several callbacks raise in one step, the first is raised.
 
-THREADS. submit(), abort() and pending may be called from any Python thread
-while another thread runs step(): the library calls are made with the GIL
-released, and the callbacks (which take the GIL back) never run under the
-library's lock, so the two never deadlock. Everything else belongs to the
-stepping thread, between steps.
+THREADS. submit(), abort(), xfer_done() and pending may be called from any
+Python thread while another thread runs step(): the library calls are made
+with the GIL released, and the callbacks (which take the GIL back) never run
+under the library's lock, so the two never deadlock. Everything else belongs
+to the stepping thread, between steps.
 """
 import collections
 import ctypes
@@ -49,7 +49,7 @@ from .pool import GroupKind, _fill, _from_struct, _i32, _record
 
 __all__ = ["Scheduler", "Batch", "BatchGroup", "BatchLayout", "Policy", "Preempt", "FinishReason",
            "StepInfo", "SchedStats", "TOKEN_FAIL", "adapter_cache_key", "encoder_token",
-           "ENCODE_DTYPE"]
+           "ENCODE_DTYPE", "XFER_BLOCK_DTYPE", "CONNECTOR_LATER"]
 
 TOKEN_FAIL = _ffi.BKV_TOKEN_FAIL  # write it into next_tokens[r] to fail row r's request
 
@@ -75,6 +75,13 @@ def encoder_token(cache_id, i):
 # user is the request's user pointer as an address, not the Python object),
 # input, len (uint32); Batch.encode is a read-only array of it.
 ENCODE_DTYPE = np.dtype(_ffi.bkv_encode)
+
+# bkv_kv_xfer_block as a numpy structured dtype: fields hash (uint64), index,
+# group (uint32), block (int32), frames (uint32); a connector's load and save
+# receive a read-only array of it (a copy: keep it as long as needed).
+XFER_BLOCK_DTYPE = np.dtype(_ffi.bkv_kv_xfer_block)
+
+CONNECTOR_LATER = _ffi.BKV_CONNECTOR_LATER  # lookup's answer: ask again at a later step
 
 
 class Policy(enum.IntEnum):
@@ -145,7 +152,7 @@ def _empty(dtype, shape=(0,)):
 
 
 _EMPTY = {np.dtype(d): _empty(d) for d in (np.int32, np.uint8, np.uint32, np.uint64,
-                                            ENCODE_DTYPE)}
+                                            ENCODE_DTYPE, XFER_BLOCK_DTYPE)}
 _NO_DELTAS = _empty(np.uint32, (0, 5))
 _NO_COPIES = _empty(np.int32, (0, 2))
 
@@ -525,6 +532,22 @@ class Scheduler:
     outputs=True records each step's outputs as arrays (outputs(): a host
     needs no on_token, one crossing per step instead of one per token).
 
+    connector=obj plugs in a KV connector (bkv_sched_config.connector; the
+    pool needs its prefix cache), an external store of KV blocks keyed by
+    their chained hashes. obj has lookup(req, hashes) -> how many of the
+    leading hashes (a uint64 array) the store holds, or CONNECTOR_LATER to
+    be asked again at a later step; load(xfer, req, blocks) and, optionally,
+    save(xfer, blocks), which start a transfer of blocks (a read-only
+    XFER_BLOCK_DTYPE array: hash, index, group, device block, frames) and
+    return None (started) or a negative int (not started: loads are
+    recomputed, saves released); optionally preempted(req); optionally the
+    ints save_blocks and max_saves (0: the library's 256 and 64). Each
+    transfer completes by xfer_done(xfer, ...), from any thread, also from
+    inside load/save. The callbacks run on the stepping thread inside
+    step(); an exception in one counts as a failed lookup (0 blocks) or a
+    transfer not started, and is re-raised by step() after the step.
+    The connector and its C callbacks live as long as the scheduler.
+
     Raises InvalidArgumentError (a field out of range), TypeError (a host
     with neither forward nor both prefill and decode), OutOfMemoryError.
 
@@ -536,6 +559,7 @@ class Scheduler:
     def __init__(self, pool, host, cost=None, outputs=False, **config):
         cfg = _ffi.bkv_sched_config()
         _lib.bkv_sched_config_init(ctypes.byref(cfg))
+        connector = config.pop("connector", None)
         _fill(cfg, config, "Scheduler")
         self._cost = cost
         if cost is not None:
@@ -577,6 +601,10 @@ class Scheduler:
         if callable(getattr(host, "draft", None)):
             keep.append(fn["draft"](self._draft_cb(host.draft)))
             ops.draft = keep[-1]
+        self._connector = connector
+        if connector is not None:
+            keep.append(self._connector_struct(connector, keep))
+            cfg.connector = ctypes.pointer(keep[-1])
         self._keep = keep          # the C function pointers must outlive the scheduler
         h = ctypes.c_void_p()
         check(_lib.bkv_sched_create(ctypes.byref(cfg), pool._p(), ctypes.byref(ops), None, None,
@@ -672,11 +700,81 @@ class Scheduler:
                 return 0
         return cb
 
+    def _connector_struct(self, conn, keep):
+        """The bkv_connector of a Python connector object; its callbacks are
+        appended to keep (the library copies the struct at create, but calls
+        the functions for the scheduler's life)."""
+        for m in ("lookup", "load"):
+            if not callable(getattr(conn, m, None)):
+                raise TypeError("Scheduler: a connector needs lookup() and load() (and "
+                                "optionally save(), preempted())")
+        fn = _ffi.CONNECTOR_FN
+        later = _ffi.BKV_CONNECTOR_LATER
+        c = _ffi.bkv_connector()
+
+        def blocks_of(p, n):
+            if not n:
+                return _EMPTY[XFER_BLOCK_DTYPE]
+            a = np.frombuffer((_ffi.bkv_kv_xfer_block * n).from_address(
+                ctypes.cast(p, ctypes.c_void_p).value), dtype=XFER_BLOCK_DTYPE).copy()
+            a.flags.writeable = False
+            return a
+
+        def lookup(_u, req, hashes, n):
+            try:
+                h = np.ctypeslib.as_array(hashes, shape=(n,)).copy() if n else \
+                    _EMPTY[np.dtype(np.uint64)]
+                got = conn.lookup(req, h)
+                if got is None:
+                    return 0
+                got = int(got)
+                return later if got == later else max(-1, min(got, n))
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return -1
+
+        def load(_u, xfer, req, blocks, n):
+            try:
+                rc = conn.load(xfer, req, blocks_of(blocks, n))
+                return int(rc) if rc is not None and rc < 0 else 0
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return -1
+
+        def save(_u, xfer, blocks, n):
+            try:
+                rc = conn.save(xfer, blocks_of(blocks, n))
+                return int(rc) if rc is not None and rc < 0 else 0
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return -1
+
+        def preempted(_u, req):
+            try:
+                conn.preempted(req)
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+
+        keep.append(fn["lookup"](lookup))
+        c.lookup = keep[-1]
+        keep.append(fn["load"](load))
+        c.load = keep[-1]
+        if callable(getattr(conn, "save", None)):
+            keep.append(fn["save"](save))
+            c.save = keep[-1]
+        if callable(getattr(conn, "preempted", None)):
+            keep.append(fn["preempted"](preempted))
+            c.preempted = keep[-1]
+        c.save_blocks = int(getattr(conn, "save_blocks", 0))
+        c.max_saves = int(getattr(conn, "max_saves", 0))
+        return c
+
     # -- lifetime -------------------------------------------------------------
     def close(self):
         """Destroy the scheduler (bkv_sched_destroy): requests still open end
         with no callback. Idempotent. Not from a callback, and not while
-        another thread may still call submit() or abort() (join them first)."""
+        another thread may still call submit(), abort() or
+        xfer_done() (join them first)."""
         if self._stepping:
             raise StateError("Scheduler.close: called during step()", _ffi.BKV_ESTATE)
         if getattr(self, "_h", None):
@@ -770,6 +868,21 @@ class Scheduler:
         already ended or already aborted."""
         check(_lib.bkv_abort(self._s(), int(req_id)), "bkv_abort")
 
+    def xfer_done(self, xfer, status=0, failed=()):
+        """Complete a connector transfer (bkv_kv_xfer_done): xfer is the id
+        the connector's load or save was given; every block it named is done
+        except the indices (into that call's blocks) in failed; a negative
+        status fails the whole transfer. Takes effect at the next step. Any
+        thread, and from the connector's own load/save (the transfer may
+        complete inside the call that started it). NotFoundError when no
+        transfer in flight has that id (unknown or already completed),
+        InvalidArgumentError for an index past the transfer's blocks; nothing
+        changes on an error."""
+        f = np.ascontiguousarray(failed, dtype=np.uint32).ravel()
+        p = f.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)) if len(f) else None
+        check(_lib.bkv_kv_xfer_done(self._s(), int(xfer), int(status), p, len(f)),
+              "bkv_kv_xfer_done")
+
     @property
     def pending(self):
         """Requests not yet ended (bkv_sched_pending; a snapshot, any thread)."""
@@ -810,8 +923,14 @@ class Scheduler:
         """Give the device KV memory back (bkv_sched_kv_release): mode
         BKV_RELEASE_REFUSE (StateError while requests run), _RECOMPUTE or
         _SWAP (then make the pool's pending swap-out copies and clear them
-        before freeing the memory). Until resume_kv() a step only drains."""
-        check(_lib.bkv_sched_kv_release(self._between(), int(mode)), "bkv_sched_kv_release")
+        before freeing the memory). Until resume_kv() a step only drains.
+        A connector's save called by the release (the lanes it closes) is
+        re-raised here when it raised."""
+        rc = _lib.bkv_sched_kv_release(self._between(), int(mode))
+        exc, self._exc = self._exc, None
+        if exc is not None:
+            raise exc
+        check(rc, "bkv_sched_kv_release")
 
     def resume_kv(self):
         """Take the device KV memory again (bkv_sched_kv_resume)."""

@@ -9,6 +9,10 @@
 //! * [`Scheduler<'pool, H>`] owns a `bkv_sched` over a pool it borrows
 //!   mutably for `'pool` (the header: "used by no one else while the
 //!   scheduler runs") and a host `H: Host` whose methods are the callbacks.
+//! * [`KvConnector`], implemented by the host and plugged in with
+//!   [`Scheduler::with_connector`], loads prompt blocks from an external
+//!   store and saves computed ones to it; [`XferDone`] completes its
+//!   transfers from any thread.
 //! * [`VllmEncoder`] turns a pool's KV events into the msgpack batches a
 //!   vLLM replica publishes (for vLLM-event routers such as llm-d, Dynamo).
 //! * [`Batch<'a>`] is what `Host::forward` receives: the library's arrays as
@@ -20,8 +24,10 @@
 //! # Threads (the header's rules, in types)
 //! * `Pool: Send`, not `Sync`: one thread at a time.
 //! * `Scheduler: Send + Sync` when `H: Send`. [`Scheduler::submit`],
-//!   [`Scheduler::abort`] and [`Scheduler::pending`] take `&self` and may run
-//!   on any thread while another steps (`std::thread::scope` shares it).
+//!   [`Scheduler::abort`], [`Scheduler::pending`] and
+//!   [`Scheduler::xfer_done`] take `&self` and may run on any thread while
+//!   another steps (`std::thread::scope` shares it); an [`XferDone`] handle
+//!   is `Send + Sync + 'static` and may outlive the scheduler.
 //!   [`Scheduler::step`] also takes `&self`, but only one step runs at a time:
 //!   a second concurrent call (or one from a callback) gets
 //!   `Err(Error::State)`; the stats, check, metrics and pool calls are guarded
@@ -106,6 +112,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 use std::slice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 pub use sys::bkv_chunk_shape as ChunkShape;
 pub use sys::bkv_cost_calib_confidence as CalibConfidence;
@@ -1878,6 +1885,170 @@ pub trait Host {
     }
 }
 
+// ------------------------------------------------------- KV connector ----
+
+/// One block of a connector transfer (`bkv_kv_xfer_block`): its chained
+/// `hash` in its `group`, logical `index`, device `block` (a state's first
+/// frame) and `frames` (1 for an attention block).
+pub type XferBlock = sys::bkv_kv_xfer_block;
+
+/// [`KvConnector::lookup`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// The store holds this many of the leading hashes (more is taken as
+    /// all of them).
+    Blocks(u32),
+    /// Cannot tell yet (`BKV_CONNECTOR_LATER`): the request waits off the
+    /// queue and is asked again at a later step.
+    Later,
+    /// The store failed; taken as 0 (`SchedStats::kv_lookup_errors`).
+    Error,
+}
+
+/// A connector transfer could not start: a load's blocks are recomputed, a
+/// save's are released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XferFailed;
+
+/// A KV connector (`bkv_connector`): an external store of KV blocks keyed by
+/// their chained hashes, implemented by the host itself (the loads and
+/// saves move the host's device KV), plugged in with
+/// [`Scheduler::with_connector`]. Every method runs on the stepping thread
+/// inside `step` (or `launch`/`complete`, `release_kv`), like the host's;
+/// a panic is caught there and resumed to the caller after the call, the
+/// callback counting as failed ([`Lookup::Error`], [`XferFailed`]).
+///
+/// Each load and save gets an id (`xfer`) and completes by
+/// [`XferDone::done`] (or [`Scheduler::xfer_done`]) with that id, from any
+/// thread, also from inside the call that started it: `done` is the
+/// scheduler's handle, clone it to complete later. The `blocks` slice is
+/// borrowed for the call: copy what the transfer needs.
+pub trait KvConnector {
+    /// How many of the prompt's leading full blocks (`hashes`: group 0's
+    /// chained hashes, the block of the last prompt token excluded) the
+    /// store holds, counted from the first.
+    fn lookup(&mut self, req: u64, hashes: &[u64]) -> Lookup;
+    /// Start loading `blocks` of request `req` into the device blocks they
+    /// name.
+    fn load(&mut self, done: &XferDone, xfer: u64, req: u64, blocks: &[XferBlock])
+        -> std::result::Result<(), XferFailed>;
+    /// false: the connector only loads (no `save`).
+    const HAS_SAVE: bool = true;
+    /// Start saving `blocks` (computed, full, held by the library until the
+    /// save completes) to the store.
+    fn save(&mut self, _done: &XferDone, _xfer: u64, _blocks: &[XferBlock])
+        -> std::result::Result<(), XferFailed> {
+        Err(XferFailed)
+    }
+    /// true: the library calls `preempted`.
+    const HAS_PREEMPTED: bool = false;
+    /// Request `req` was preempted (its device KV is dropped or swapped).
+    fn preempted(&mut self, _req: u64) {}
+    /// Most blocks in one save call (`bkv_connector.save_blocks`; 0 = 256).
+    const SAVE_BLOCKS: u32 = 0;
+    /// Most save transfers outstanding (`bkv_connector.max_saves`; 0 = 64).
+    const MAX_SAVES: u32 = 0;
+}
+
+/// The scheduler behind an [`XferDone`]: null once it is destroyed.
+struct XferLink {
+    sched: RwLock<*mut sys::bkv_sched>,
+}
+
+// SAFETY: the pointer is only handed to bkv_kv_xfer_done (any thread: it
+// takes the scheduler's inbox lock), under the read lock, while the
+// scheduler lives; the scheduler's drop nulls it under the write lock before
+// bkv_sched_destroy.
+unsafe impl Send for XferLink {}
+unsafe impl Sync for XferLink {}
+
+/// Completes connector transfers (`bkv_kv_xfer_done`) from any thread: a
+/// handle on a scheduler that does not keep it alive ([`Scheduler::xfer_handle`],
+/// or the `done` a [`KvConnector`] callback receives). Once the scheduler is
+/// dropped, `done` answers `Err(Error::State)`.
+#[derive(Clone)]
+pub struct XferDone {
+    link: Arc<XferLink>,
+}
+
+impl fmt::Debug for XferDone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("XferDone")
+    }
+}
+
+fn xfer_done_raw(s: *mut sys::bkv_sched, xfer: u64, status: i32, failed: &[u32]) -> Result<()> {
+    let p = if failed.is_empty() { ptr::null() } else { failed.as_ptr() };
+    check_named(unsafe { sys::bkv_kv_xfer_done(s, xfer, status, p, failed.len() as u32) })
+        .map(|_| ())
+}
+
+impl XferDone {
+    /// Complete transfer `xfer`: every block it named is done except the
+    /// indices (into that call's blocks) in `failed`; a negative `status`
+    /// fails it whole. Takes effect at the next step. `Err(NotFound)`: no
+    /// transfer in flight has that id (unknown or already completed);
+    /// `Err(InvalidArgument)`: an index past its blocks (nothing changes on
+    /// an error); `Err(State)`: the scheduler is gone.
+    pub fn done(&self, xfer: u64, status: i32, failed: &[u32]) -> Result<()> {
+        let s = self.link.sched.read().unwrap_or_else(|e| e.into_inner());
+        if s.is_null() {
+            return Err(Error::State);
+        }
+        xfer_done_raw(*s, xfer, status, failed)
+    }
+}
+
+unsafe extern "C" fn cn_lookup_cb<H: KvConnector>(h: *mut c_void, req: u64, hashes: *const u64,
+                                                  n: u32) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    let hashes = raw_slice(hashes, n as usize);
+    guarded(cell, -1, |h| match h.lookup(req, hashes) {
+        Lookup::Blocks(k) => k.min(n).min(i32::MAX as u32) as c_int,
+        Lookup::Later => sys::BKV_CONNECTOR_LATER,
+        Lookup::Error => -1,
+    })
+}
+
+unsafe extern "C" fn cn_load_cb<H: KvConnector>(h: *mut c_void, xfer: u64, req: u64,
+                                                blocks: *const XferBlock, n: u32) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    let blocks = raw_slice(blocks, n as usize);
+    let done = XferDone { link: cell.xfer.clone() };
+    guarded(cell, -1, |h| match h.load(&done, xfer, req, blocks) {
+        Ok(()) => 0,
+        Err(XferFailed) => -1,
+    })
+}
+
+unsafe extern "C" fn cn_save_cb<H: KvConnector>(h: *mut c_void, xfer: u64,
+                                                blocks: *const XferBlock, n: u32) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    let blocks = raw_slice(blocks, n as usize);
+    let done = XferDone { link: cell.xfer.clone() };
+    guarded(cell, -1, |h| match h.save(&done, xfer, blocks) {
+        Ok(()) => 0,
+        Err(XferFailed) => -1,
+    })
+}
+
+unsafe extern "C" fn cn_preempted_cb<H: KvConnector>(h: *mut c_void, req: u64) {
+    let cell = &*(h as *const HostCell<H>);
+    guarded(cell, (), |h| h.preempted(req))
+}
+
+fn connector_ops<H: Host + KvConnector>() -> sys::bkv_connector {
+    sys::bkv_connector {
+        lookup: Some(cn_lookup_cb::<H>),
+        load: Some(cn_load_cb::<H>),
+        save: if H::HAS_SAVE { Some(cn_save_cb::<H>) } else { None },
+        preempted: if H::HAS_PREEMPTED { Some(cn_preempted_cb::<H>) } else { None },
+        user: ptr::null_mut(), // set to the host cell by create
+        save_blocks: H::SAVE_BLOCKS,
+        max_saves: H::MAX_SAVES,
+    }
+}
+
 /// A request (`bkv_request`); the arrays are copied by `submit`.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -1940,6 +2111,8 @@ struct HostCell<H> {
     panic: Cell<Option<Box<dyn Any + Send + 'static>>>,
     /// the last launch callback's next_tokens array and its rows (overlap)
     launched: Cell<(*mut i32, usize)>,
+    /// the scheduler, for the connector's XferDone handles
+    xfer: Arc<XferLink>,
 }
 
 /// Run a callback body, catching a panic into the cell (never unwinding into C).
@@ -2117,19 +2290,39 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
     /// `bkv_sched_create` with a mixed-batch host (`Host::forward`).
     pub fn new(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
                cost: Option<&'pool mut dyn CostModel>) -> Result<Self> {
-        Self::create(pool, host, cfg, cost, false)
+        Self::create(pool, host, cfg, cost, false, None)
     }
 
     /// `bkv_sched_create` with a split host (`Host::prefill`, `Host::decode`).
     pub fn new_split(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
                      cost: Option<&'pool mut dyn CostModel>) -> Result<Self> {
-        Self::create(pool, host, cfg, cost, true)
+        Self::create(pool, host, cfg, cost, true, None)
+    }
+
+    /// `bkv_sched_create` with a mixed-batch host that is also a KV
+    /// connector (`bkv_sched_config.connector`; the pool needs its prefix
+    /// cache, else `Err(InvalidArgument)`). `cfg.connector` is ignored by
+    /// every constructor: only this one (and
+    /// [`Scheduler::with_connector_split`]) sets it.
+    pub fn with_connector(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
+                          cost: Option<&'pool mut dyn CostModel>) -> Result<Self>
+    where H: KvConnector {
+        Self::create(pool, host, cfg, cost, false, Some(connector_ops::<H>()))
+    }
+
+    /// [`Scheduler::with_connector`] with a split host.
+    pub fn with_connector_split(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
+                                cost: Option<&'pool mut dyn CostModel>) -> Result<Self>
+    where H: KvConnector {
+        Self::create(pool, host, cfg, cost, true, Some(connector_ops::<H>()))
     }
 
     fn create(pool: &'pool mut Pool, host: H, cfg: &SchedConfig,
-              cost: Option<&'pool mut dyn CostModel>, split: bool) -> Result<Self> {
+              cost: Option<&'pool mut dyn CostModel>, split: bool,
+              mut conn: Option<sys::bkv_connector>) -> Result<Self> {
         let mut c = *cfg;
         c.size = std::mem::size_of::<SchedConfig>() as u32;
+        c.connector = ptr::null();
         if let Some(m) = cost {
             c.cost = m.raw_model();
         }
@@ -2153,14 +2346,22 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
         if H::HAS_LAUNCH {
             ops.launch = Some(launch_cb::<H>);
         }
+        let xfer = Arc::new(XferLink { sched: RwLock::new(ptr::null_mut()) });
         let host = Box::new(HostCell { host: UnsafeCell::new(host), panic: Cell::new(None),
-                                       launched: Cell::new((ptr::null_mut(), 0)) });
+                                       launched: Cell::new((ptr::null_mut(), 0)),
+                                       xfer: xfer.clone() });
+        let user = &*host as *const HostCell<H> as *mut c_void;
+        if let Some(cn) = conn.as_mut() {
+            cn.user = user;
+            c.connector = cn; // copied by bkv_sched_create
+        }
         let mut s = ptr::null_mut();
         check_named(unsafe {
-            sys::bkv_sched_create(&c, pool.as_ptr(), &ops,
-                                  &*host as *const HostCell<H> as *mut c_void, ptr::null(), &mut s)
+            sys::bkv_sched_create(&c, pool.as_ptr(), &ops, user, ptr::null(), &mut s)
         })?;
-        Ok(Scheduler { raw: NonNull::new(s).ok_or(Error::OutOfMemory)?, host,
+        let raw = NonNull::new(s).ok_or(Error::OutOfMemory)?;
+        *xfer.sched.write().unwrap_or_else(|e| e.into_inner()) = s;
+        Ok(Scheduler { raw, host,
                        tickets: UnsafeCell::new(Vec::new()),
                        stepping: AtomicBool::new(false), pool: pool.as_ptr(), pool_id: pool.id,
                        _pool: PhantomData })
@@ -2200,6 +2401,20 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
     /// `bkv_abort` (any thread): the request ends with `Abort` at the next step.
     pub fn abort(&self, req_id: u64) -> Result<()> {
         check(unsafe { sys::bkv_abort(self.raw.as_ptr(), req_id) }).map(|_| ())
+    }
+
+    /// `bkv_kv_xfer_done` (any thread; also from the connector's own
+    /// callbacks): complete connector transfer `xfer` (see
+    /// [`XferDone::done`]).
+    pub fn xfer_done(&self, xfer: u64, status: i32, failed: &[u32]) -> Result<()> {
+        xfer_done_raw(self.raw.as_ptr(), xfer, status, failed)
+    }
+
+    /// A handle completing this scheduler's connector transfers from any
+    /// thread, `Send + Sync + 'static`; it answers `Err(State)` once the
+    /// scheduler is dropped.
+    pub fn xfer_handle(&self) -> XferDone {
+        XferDone { link: self.host.xfer.clone() }
     }
 
     /// `bkv_sched_pending` (any thread): requests not yet ended.
@@ -2318,7 +2533,12 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
     /// memory). Until [`Scheduler::resume_kv`] a step only drains.
     pub fn release_kv(&self, mode: sys::bkv_kv_release_mode) -> Result<()> {
         let _x = self.exclusive()?;
-        check_named(unsafe { sys::bkv_sched_kv_release(self.raw.as_ptr(), mode) }).map(|_| ())
+        let rc = unsafe { sys::bkv_sched_kv_release(self.raw.as_ptr(), mode) };
+        if let Some(p) = self.host.panic.take() { // a connector's save it called
+            drop(_x);
+            panic::resume_unwind(p);
+        }
+        check_named(rc).map(|_| ())
     }
 
     /// `bkv_sched_kv_resume`: take the device KV memory again.
@@ -2424,6 +2644,9 @@ impl<'pool, H: Host> Scheduler<'pool, H> {
 
 impl<'pool, H: Host> Drop for Scheduler<'pool, H> {
     fn drop(&mut self) {
+        // no XferDone reaches the scheduler from here on (one in a call
+        // holds the read lock: this waits for it)
+        *self.host.xfer.sched.write().unwrap_or_else(|e| e.into_inner()) = ptr::null_mut();
         unsafe { sys::bkv_sched_destroy(self.raw.as_ptr()) }
     }
 }

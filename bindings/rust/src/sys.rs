@@ -110,6 +110,8 @@ pub const BKV_SPEC_K_AUTO: bkv_spec_k_mode = 0;
 pub const BKV_SPEC_K_FIXED: bkv_spec_k_mode = 1;
 pub const BKV_SPEC_MAX_K: u32 = 16;
 pub const BKV_MAX_ADAPTERS: u32 = 1024;
+/// `bkv_connector.lookup`'s answer "ask again later".
+pub const BKV_CONNECTOR_LATER: c_int = i32::MIN;
 pub const BKV_MAX_ENCODER_INPUTS: u32 = 64;
 pub const BKV_TOKEN_PENDING_ROWS: i32 = 1 << 18;
 pub const BKV_OVERLAP_MAX_DEPTH: u32 = 8;
@@ -142,6 +144,7 @@ pub const BKV_EVENT_CLEARED: bkv_kv_event_kind = 2;
 pub type bkv_kv_medium = c_int;
 pub const BKV_MEDIUM_DEVICE: bkv_kv_medium = 0;
 pub const BKV_MEDIUM_HOST: bkv_kv_medium = 1;
+pub const BKV_MEDIUM_EXTERNAL: bkv_kv_medium = 2;
 pub type bkv_vllm_wire = c_int;
 pub const BKV_VLLM_WIRE_MAP: bkv_vllm_wire = 0;
 pub const BKV_VLLM_WIRE_ARRAY: bkv_vllm_wire = 1;
@@ -436,6 +439,26 @@ pub struct bkv_host_ops {
     pub launch: Option<unsafe extern "C" fn(*mut c_void, *const bkv_batch, *mut i32) -> c_int>,
 }
 #[repr(C)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct bkv_kv_xfer_block {
+    pub hash: u64,
+    pub index: u32,
+    pub group: u32,
+    pub block: i32,
+    pub frames: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone, Debug)]
+pub struct bkv_connector {
+    pub lookup: Option<unsafe extern "C" fn(*mut c_void, u64, *const u64, u32) -> c_int>,
+    pub load: Option<unsafe extern "C" fn(*mut c_void, u64, u64, *const bkv_kv_xfer_block, u32) -> c_int>,
+    pub save: Option<unsafe extern "C" fn(*mut c_void, u64, *const bkv_kv_xfer_block, u32) -> c_int>,
+    pub preempted: Option<unsafe extern "C" fn(*mut c_void, u64)>,
+    pub user: *mut c_void,
+    pub save_blocks: u32,
+    pub max_saves: u32,
+}
+#[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct bkv_sched_config {
     pub size: u32,
@@ -469,6 +492,8 @@ pub struct bkv_sched_config {
     pub adapter_wait_us: u64,
     pub encoder_cache: u32,
     pub encoder_budget: u32,
+    pub pad1: u32,
+    pub connector: *const bkv_connector,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -574,6 +599,15 @@ pub struct bkv_sched_stats {
     pub encoder_hits: u64,
     pub encoder_runs: u64,
     pub encoder_evictions: u64,
+    pub kv_waiting: u32,
+    pub kv_save_held: u32,
+    pub kv_lookups: u64,
+    pub kv_lookup_errors: u64,
+    pub kv_loads: u64,
+    pub kv_load_tokens: u64,
+    pub kv_load_failed: u64,
+    pub kv_saved: u64,
+    pub kv_save_failed: u64,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
@@ -709,6 +743,7 @@ extern "C" {
     pub fn bkv_block_hashes(hash_seed: u64, key: u64, block_tokens: u32, tokens: *const i32, n: u32, hashes: *mut u64) -> u32;
     pub fn bkv_seq_export(pool: *const bkv_pool, seq: u32, exp: *mut bkv_seq_image) -> c_int;
     pub fn bkv_seq_import(pool: *mut bkv_pool, exp: *const bkv_seq_image, seq: *mut u32, transfers: *mut bkv_copy, n_transfers: *mut u32) -> c_int;
+    pub fn bkv_kv_xfer_done(sched: *mut bkv_sched, xfer: u64, status: c_int, failed: *const u32, n_failed: u32) -> c_int;
     pub fn bkv_sched_metrics_prometheus(sched: *const bkv_sched, buf: *mut c_char, cap: usize) -> usize;
     pub fn bkv_vllm_config_init(cfg: *mut bkv_vllm_config);
     pub fn bkv_vllm_encoder_create(cfg: *const bkv_vllm_config, pool: *const bkv_pool, alloc: *const bkv_allocator, out: *mut *mut bkv_vllm_encoder) -> c_int;
