@@ -90,7 +90,7 @@ static int check_seqs(const bkv_pool *pool)
 		}
 	}
 	for (i = 0; i < nb; i++)
-		if (sc[i] != pool->kv.blk[i].ref)
+		if (sc[i] + (pool->xfer_ref ? pool->xfer_ref[i] : 0) != pool->kv.blk[i].ref)
 			return CHECK_REFS;
 
 	/* Host tier: scratch[h] = references from swapped tables. */

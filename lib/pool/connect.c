@@ -150,13 +150,61 @@ uint32_t bkv__seq_xfer_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, u
 		int32_t in, o;
 
 		bkv__state_frames(pool, slot, &in, &o);
-		if (o >= 0)
-			ent(&out[n++], h0[to - 1 - from], to - 1, pool->st_group, o, pool->st_frames);
+		if (in < 0 || pool->st_len[slot] != s->len)
+			return 0; /* no state at the load's end to write into */
+		ent(&out[n++], h0[to - 1 - from] ^ pool->st_salt, to - 1, pool->st_group, in,
+		    pool->st_frames);
 	}
 	return n;
 }
 
-uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
+/* The checkpoint unit of s's state after logical block e - 1, held for a
+ * save, as an entry; 0 when there is none. */
+static uint32_t save_state(bkv_pool *pool, const bkv__seq *s, uint32_t e, bkv_kv_xfer_block *out)
+{
+	const bkv__block *k = &pool->kv.blk[s->table[e - 1]];
+	int32_t u;
+
+	if (!pool->st_interval || (e << pool->kv.bt_shift) % pool->st_interval ||
+	    !BLOCK_IS_INDEXED(k) || (u = bkv__state_find(pool, k->hash)) < 0)
+		return 0;
+	pool->st_xfer[u]++;
+	bkv__state_unit_get(pool, u);
+	ent(out, k->hash ^ pool->st_salt, e - 1, pool->st_group,
+	    (int32_t)(pool->st_first + (uint32_t)u * pool->st_frames), pool->st_frames);
+	return 1;
+}
+
+int bkv__pool_xfer_on(bkv_pool *pool)
+{
+	if (!pool->xfer_ref)
+		pool->xfer_ref = bkv__calloc(&pool->alloc, pool->kv.nb, sizeof(uint32_t));
+	return pool->xfer_ref ? BKV_OK : BKV_ENOMEM;
+}
+
+void bkv__xfer_release(bkv_pool *pool, const bkv_kv_xfer_block *e, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		int32_t u;
+
+		if (e[i].group != 0 && (!pool->st_units || e[i].group != pool->st_group)) {
+			BKV_ASSERT(pool->xfer_ref[e[i].block] > 0);
+			pool->xfer_ref[e[i].block]--;
+			bkv__block_put(&pool->kv, e[i].block, 0);
+			continue;
+		}
+		if (!pool->st_units || e[i].group != pool->st_group)
+			continue;
+		u = (int32_t)(((uint32_t)e[i].block - pool->st_first) / pool->st_frames);
+		BKV_ASSERT(pool->st_xfer[u] > 0);
+		pool->st_xfer[u]--;
+		bkv__state_unit_put(pool, u);
+	}
+}
+
+uint32_t bkv__seq_save_ents(bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
 			    bkv_kv_xfer_block *out, uint32_t cap)
 {
 	const bkv__seq *s = bkv__seq_get(pool, seq);
@@ -168,7 +216,7 @@ uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, u
 	}
 	end = BKV_MIN(*to, s->n_blocks);
 	if (cap)
-		end = BKV_MIN(end, from + BKV_MAX(1u, cap / (1 + pool->n_lanes)));
+		end = BKV_MIN(end, from + BKV_MAX(1u, cap / (2 + pool->n_lanes)));
 	for (i = from; i < end; i++)
 		if (!BLOCK_IS_INDEXED(&pool->kv.blk[s->table[i]]))
 			break;
@@ -186,10 +234,15 @@ uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, u
 			if (i < ls->lo || ls->table[i] < 0)
 				continue;
 			k = &pool->kv.blk[ls->table[i]];
-			if (BLOCK_IS_INDEXED(k))
-				ent(&out[n++], k->hash, i, ln->group, ls->table[i], 1);
+			if (!BLOCK_IS_INDEXED(k))
+				continue;
+			pool->kv.blk[ls->table[i]].ref++; /* the lane may let it go */
+			pool->xfer_ref[ls->table[i]]++;
+			ent(&out[n++], k->hash, i, ln->group, ls->table[i], 1);
 		}
 	}
+	for (i = from + 1; pool->st_units && i <= end && n < cap; i++)
+		n += save_state(pool, s, i, &out[n]);
 	return n;
 }
 

@@ -99,6 +99,7 @@ static void pool_free_all(bkv_pool *pool)
 				  (size_t)pool->seqs[i].cap * sizeof(int32_t));
 	for (i = 0; i < 3; i++)
 		bkv__free(a, pool->copies[i].v, (size_t)pool->copies[i].cap * sizeof(bkv_copy));
+	bkv__free(a, pool->xfer_ref, pool->xfer_ref ? (size_t)pool->kv.nb * sizeof(uint32_t) : 0);
 	for (i = 0; i < BKV_OVERLAP_MAX_DEPTH; i++)
 		bkv__free(a, pool->so_held[i].v, (size_t)pool->so_held[i].cap * sizeof(bkv_copy));
 	bkv__free(a, pool->seqs, ms * sizeof(bkv__seq));

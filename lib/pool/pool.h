@@ -234,7 +234,14 @@ struct bkv_pool {
 	int st_fenced;         /* overlap: bkv__state_hit_ok */
 	uint32_t st_map_mask;  /* st_map capacity - 1 (a power of two) */
 	uint64_t st_salt;      /* xor-ed into a checkpoint's chain hash */
-	uint32_t *st_ref;      /* [st_units] live references (branches) */
+	uint32_t *st_ref;      /* [st_units] live references (branches),
+				  KV connector holds included */
+	uint32_t *st_xfer;     /* [st_units] of which a KV connector's saves
+				  in flight (pool/connect.c) */
+	uint32_t *xfer_ref;    /* [kv.nb] references a KV connector's saves in
+				  flight hold on further groups' blocks (a
+				  window may release them meanwhile); NULL
+				  until bkv__pool_xfer_on (pool/connect.c) */
 	uint8_t *st_flags;     /* [st_units] checkpoint / scratch flags */
 	uint64_t *st_hash;     /* [st_units] a checkpoint's key */
 	int32_t *st_next;      /* [st_units] free list / LRU links */
@@ -363,11 +370,16 @@ void bkv__seq_publish(bkv_pool *pool, uint32_t seq, uint32_t from);
 uint32_t bkv__seq_xfer_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t to,
 			    const uint64_t *h0, bkv_kv_xfer_block *out, uint32_t cap);
 /* The same for a save, from block `from` up to *to, stopping at group 0's
- * first block not indexed (and, cap > 0, at cap / groups blocks): *to
+ * first block not indexed (and, cap > 0, at cap / (groups + 1) blocks): *to
  * receives where it stopped; every group's indexed blocks there, under
- * their own hashes. cap 0 only finds the stop. */
-uint32_t bkv__seq_save_ents(const bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
+ * their own hashes, and a STATE group's checkpoints ending there (held
+ * until bkv__xfer_release). cap 0 only finds the stop. */
+uint32_t bkv__seq_save_ents(bkv_pool *pool, uint32_t seq, uint32_t from, uint32_t *to,
 			    bkv_kv_xfer_block *out, uint32_t cap);
+/* A KV connector will save: its per-block holds (BKV_OK, BKV_ENOMEM). */
+int bkv__pool_xfer_on(bkv_pool *pool);
+/* A save completed: the blocks and state units its entries held go back. */
+void bkv__xfer_release(bkv_pool *pool, const bkv_kv_xfer_block *e, uint32_t n);
 /* Entries a transfer of nb logical blocks can take. */
 uint32_t bkv__xfer_ents_max(const bkv_pool *pool, uint32_t nb);
 /* May seq be cut back to len tokens (every group keeps what it reads)? */
@@ -615,6 +627,10 @@ void bkv__pool_state_spec_take(bkv_pool *pool, uint32_t seq, uint32_t k);
 void bkv__pool_state_spec_frames(const bkv_pool *pool, uint32_t seq, int32_t *f, uint32_t n);
 /* pool/state.c's units, for pool/state_spec.c. */
 int32_t bkv__state_unit_take(bkv_pool *pool);
+/* A live reference to unit u comes (an indexed unit leaves the LRU) or
+ * goes (at zero to the LRU or the free list). */
+void bkv__state_unit_get(bkv_pool *pool, int32_t u);
+void bkv__state_unit_put(bkv_pool *pool, int32_t u);
 /* pool/state_mid.c: the states outstanding steps ended at (lists only). */
 int bkv__state_mid_init(bkv_pool *pool);
 void bkv__state_mid_free(bkv_pool *pool);

@@ -116,6 +116,7 @@ int bkv__state_init(bkv_pool *pool)
 		cap *= 2;
 	pool->st_map_mask = cap - 1;
 	pool->st_ref = bkv__calloc(a, pool->st_units, sizeof(uint32_t));
+	pool->st_xfer = bkv__calloc(a, pool->st_units, sizeof(uint32_t));
 	pool->st_flags = bkv__calloc(a, pool->st_units, 1);
 	pool->st_hash = bkv__calloc(a, pool->st_units, sizeof(uint64_t));
 	pool->st_next = bkv__malloc(a, pool->st_units * sizeof(int32_t));
@@ -131,7 +132,7 @@ int bkv__state_init(bkv_pool *pool)
 	pool->st_host = bkv__malloc(a, (size_t)c->max_seqs * pool->st_frames * sizeof(int32_t));
 	pool->st_spec = bkv__malloc(a, c->max_seqs * sizeof(int32_t));
 	pool->st_spec_base = bkv__calloc(a, c->max_seqs, sizeof(uint32_t));
-	if (!pool->st_spec || !pool->st_spec_base ||
+	if (!pool->st_spec || !pool->st_spec_base || !pool->st_xfer ||
 	    !pool->st_ref || !pool->st_flags || !pool->st_hash || !pool->st_next || !pool->st_prev ||
 	    !pool->st_map || !pool->st_live || !pool->st_scratch || !pool->st_len || !pool->st_host ||
 	    !pool->st_undo || !pool->st_undo_len || !pool->st_pend || !pool->st_pend_len ||
@@ -185,6 +186,7 @@ void bkv__state_free(bkv_pool *pool)
 	if (!u)
 		return;
 	bkv__free(a, pool->st_ref, u * sizeof(uint32_t));
+	bkv__free(a, pool->st_xfer, u * sizeof(uint32_t));
 	bkv__free(a, pool->st_flags, u);
 	bkv__free(a, pool->st_hash, u * sizeof(uint64_t));
 	bkv__free(a, pool->st_next, u * sizeof(int32_t));
@@ -439,7 +441,7 @@ void bkv__state_share_prepare(bkv_pool *pool, uint32_t need_att, uint32_t need_u
 
 /* A live reference to u went: at zero a checkpoint goes on the LRU, any
  * other unit to the free list. */
-static void unit_put(bkv_pool *pool, int32_t u)
+void bkv__state_unit_put(bkv_pool *pool, int32_t u)
 {
 	BKV_ASSERT(pool->st_ref[u] > 0);
 	if (--pool->st_ref[u])
@@ -450,7 +452,7 @@ static void unit_put(bkv_pool *pool, int32_t u)
 		unit_free(pool, u);
 }
 
-static void unit_get(bkv_pool *pool, int32_t u)
+void bkv__state_unit_get(bkv_pool *pool, int32_t u)
 {
 	if (pool->st_ref[u]++ == 0 && (pool->st_flags[u] & ST_INDEXED))
 		lru_unlink(pool, u);
@@ -467,8 +469,6 @@ void bkv__state_unit_gain(bkv_pool *pool, int32_t c)
 	unit_gain(pool, c);
 }
 
-
-
 /* ---- sequences -------------------------------------------------------------- */
 
 void bkv__state_open(bkv_pool *pool, uint32_t slot)
@@ -484,7 +484,7 @@ static void mid_truncate(bkv_pool *pool, uint32_t slot, uint32_t new_len);
 static void pend_drop(bkv_pool *pool, uint32_t slot)
 {
 	if (pool->st_pend[slot] >= 0)
-		unit_put(pool, pool->st_pend[slot]);
+		bkv__state_unit_put(pool, pool->st_pend[slot]);
 	pool->st_pend[slot] = -1;
 }
 
@@ -525,7 +525,7 @@ static void spec_drop(bkv_pool *pool, uint32_t slot)
 static void undo_drop(bkv_pool *pool, uint32_t slot)
 {
 	if (pool->st_undo[slot] >= 0)
-		unit_put(pool, pool->st_undo[slot]);
+		bkv__state_unit_put(pool, pool->st_undo[slot]);
 	pool->st_undo[slot] = BKV__ST_NO_UNDO;
 }
 
@@ -537,7 +537,7 @@ void bkv__state_release(bkv_pool *pool, uint32_t slot, int swapped)
 		for (j = 0; j < pool->st_frames; j++)
 			bkv__host_push(pool, pool->st_host[(size_t)slot * pool->st_frames + j]);
 	if (pool->st_live[slot] >= 0)
-		unit_put(pool, pool->st_live[slot]);
+		bkv__state_unit_put(pool, pool->st_live[slot]);
 	if (pool->st_scratch[slot] >= 0)
 		unit_free(pool, pool->st_scratch[slot]);
 	undo_drop(pool, slot);
@@ -577,7 +577,7 @@ void bkv__state_fork(bkv_pool *pool, uint32_t p, uint32_t c)
 	pool->st_scratch[c] = -1;
 	pool->st_len[c] = pool->st_len[p];
 	if (pool->st_live[c] >= 0)
-		unit_get(pool, pool->st_live[c]);
+		bkv__state_unit_get(pool, pool->st_live[c]);
 }
 
 /* Units an append of new tokens to s needs: its scratch, unless it has one. */
@@ -707,13 +707,13 @@ void bkv__state_take_at(bkv_pool *pool, const bkv__seq *s, uint32_t e, uint64_t 
 	int32_t u = bkv__state_find(pool, hash);
 
 	BKV_ASSERT(u >= 0);
-	unit_get(pool, u);
+	bkv__state_unit_get(pool, u);
 	if (pool->kv.txn_active && pool->st_undo[slot] == BKV__ST_NO_UNDO) {
 		/* keep the state replaced until the step is over */
 		pool->st_undo[slot] = pool->st_live[slot];
 		pool->st_undo_len[slot] = pool->st_len[slot];
 	} else if (pool->st_live[slot] >= 0) {
-		unit_put(pool, pool->st_live[slot]);
+		bkv__state_unit_put(pool, pool->st_live[slot]);
 	}
 	pool->st_live[slot] = u;
 	pool->st_len[slot] = e << pool->kv.bt_shift;
@@ -741,7 +741,7 @@ static void promote(bkv_pool *pool, uint32_t slot, uint32_t end)
 			pool->st_pend[slot] = old;
 			pool->st_pend_len[slot] = old_len;
 		} else {
-			unit_put(pool, old);
+			bkv__state_unit_put(pool, old);
 		}
 	}
 	pool->st_flags[u] = 0;
@@ -791,11 +791,11 @@ static void mid_commit(bkv_pool *pool, const bkv__seq *s, uint32_t len)
 	while (bkv__state_mid_first(pool, slot, len, &u, &ul)) {
 		checkpoint(pool, s, u, ul);
 		if (ul < len) {
-			unit_put(pool, u);
+			bkv__state_unit_put(pool, u);
 			continue;
 		}
 		if (pool->st_undo[slot] >= 0)
-			unit_put(pool, pool->st_undo[slot]);
+			bkv__state_unit_put(pool, pool->st_undo[slot]);
 		pool->st_undo[slot] = u; /* its reference moves there */
 		pool->st_undo_len[slot] = len;
 	}
@@ -809,10 +809,10 @@ static void mid_truncate(bkv_pool *pool, uint32_t slot, uint32_t new_len)
 	int32_t u;
 
 	while (bkv__state_mid_last(pool, slot, new_len, &u, &ul))
-		unit_put(pool, u);
+		bkv__state_unit_put(pool, u);
 	if (bkv__state_mid_last(pool, slot, new_len - 1, &u, &ul)) { /* at new_len */
 		if (pool->st_live[slot] >= 0)
-			unit_put(pool, pool->st_live[slot]);
+			bkv__state_unit_put(pool, pool->st_live[slot]);
 		pool->st_live[slot] = u;
 		pool->st_len[slot] = new_len;
 	}
@@ -904,7 +904,7 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 		pool->st_next[u] = -1;
 		if (pool->st_scratch[slot] >= 0)
 			promote(pool, slot, s->len);
-		unit_put(pool, pool->st_live[slot]);
+		bkv__state_unit_put(pool, pool->st_live[slot]);
 		pool->st_flags[u] = 0;
 		pool->st_ref[u] = 1;
 		pool->st_live[slot] = u;
@@ -917,7 +917,7 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 	    new_len != pool->st_len[slot]) {
 		/* a rolled-back step: the state it started from is live again */
 		if (pool->st_live[slot] >= 0)
-			unit_put(pool, pool->st_live[slot]);
+			bkv__state_unit_put(pool, pool->st_live[slot]);
 		pool->st_live[slot] = pool->st_undo[slot];
 		pool->st_len[slot] = new_len;
 		pool->st_undo[slot] = BKV__ST_NO_UNDO;
@@ -925,7 +925,7 @@ void bkv__state_truncate(bkv_pool *pool, const bkv__seq *s, uint32_t new_len)
 	}
 	if (new_len == 0) {
 		if (pool->st_live[slot] >= 0)
-			unit_put(pool, pool->st_live[slot]);
+			bkv__state_unit_put(pool, pool->st_live[slot]);
 		pool->st_live[slot] = -1;
 		pool->st_len[slot] = 0;
 		undo_drop(pool, slot);
@@ -960,7 +960,7 @@ void bkv__state_swap_out(bkv_pool *pool, const bkv__seq *s)
 		pool->st_host[(size_t)slot * k + j] = h;
 	}
 	pool->swap_out_blocks += k;
-	unit_put(pool, u);
+	bkv__state_unit_put(pool, u);
 	pool->st_live[slot] = -1;
 }
 

@@ -71,6 +71,7 @@ int bkv__state_check(const bkv_pool *pool, uint32_t *sc)
 	for (u = 0; (uint32_t)u < nu; u++) {
 		const uint8_t f = pool->st_flags[u];
 
+		sc[u] += pool->st_xfer[u]; /* a KV connector's saves */
 		if (pool->st_share && !pool->kv.ck_lent[u]) { /* attention's chunk */
 			if (f || pool->st_ref[u] || sc[u])
 				return CHECK_CHUNKS;

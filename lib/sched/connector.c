@@ -136,6 +136,8 @@ int bkv__cn_create(bkv_sched *s, const bkv_connector *ops)
 	if (!bkv__pool_prefix_on(s->pool))
 		return bkv__fail(BKV_EINVAL, "bkv_sched_create: a KV connector needs the pool's "
 				 "prefix cache (bkv_pool_config.prefix_cache)");
+	if (ops->save && bkv__pool_xfer_on(s->pool) != BKV_OK)
+		return BKV_ENOMEM;
 	c = bkv__malloc(&s->alloc, sizeof(*c));
 	if (!c)
 		return BKV_ENOMEM;
@@ -193,6 +195,9 @@ void bkv__cn_destroy(bkv_sched *s)
 	for (i = 0; i < c->n_load; i++)
 		if (c->rec[i].id && c->rec[i].own)
 			bkv__free(&s->alloc, c->rec[i].own, c->rec[i].own->size);
+	for (i = c->n_load; i < c->n_rec; i++) /* saves: their holds go back */
+		if (c->rec[i].id)
+			bkv__xfer_release(s->pool, c->rec[i].ents, c->rec[i].n);
 	saves = c->n_rec - c->n_load;
 	bkv__free(&s->alloc, c->rec, cn_bytes(s, c, saves, bkv__pool_max_seqs(s->pool)));
 	bkv__free(&s->alloc, c, sizeof(*c));
@@ -374,6 +379,12 @@ int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r)
 
 /* The request lets go of its lanes (ends, preempted): its load, if any,
  * completes into a parked sequence. */
+void bkv__cn_preempted(bkv_sched *s, const bkv__req *r)
+{
+	if (s->cn->ops.preempted)
+		s->cn->ops.preempted(s->cn->ops.user, r->id);
+}
+
 void bkv__cn_disown(bkv_sched *s, bkv__req *r)
 {
 	bkv__cn *c = s->cn;
@@ -401,8 +412,8 @@ int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target)
 	uint32_t from = l->kv_len >> s->bt_shift, to = r->cn_ext, iv = bkv__pool_state_interval(s->pool);
 
 	if (l != &r->lane[0] || r->cn_ask != 2 || !r->cn_buf || r->cn_buf->busy || r->cn_loading ||
-	    (l->kv_len & (s->bt - 1)) || target == 0 || bkv__pool_state_units(s->pool))
-		return 0; /* (a STATE group: the store holds no states yet) */
+	    (l->kv_len & (s->bt - 1)) || target == 0)
+		return 0;
 	to = BKV_MIN(to, (target - 1) >> s->bt_shift); /* the last token computes */
 	if (iv) /* a STATE group keeps states at multiples of its interval */
 		to = to * s->bt / iv * iv / s->bt;
@@ -498,7 +509,7 @@ static void load_issue(bkv_sched *s, bkv__lane *l, uint32_t from)
 	x->to = to;
 	x->ents = b->ents;
 	x->n = bkv__seq_xfer_ents(s->pool, l->seq, from, to, b->hash + from, b->ents, b->cap);
-	if (bkv__xfer_copies_touch(s->pool, x->ents, x->n)) {
+	if (!x->n || bkv__xfer_copies_touch(s->pool, x->ents, x->n)) {
 		/* a pending copy (made by the host at its next call) still
 		 * reads or writes one of them: compute instead */
 		s->stats.kv_load_failed += to - from;
@@ -576,13 +587,14 @@ static void save_done(bkv_sched *s, bkv__cn_rec *x)
 			bkv__event_external(s->pool, x->ents[i].hash);
 	}
 	s->cn->held -= x->n;
+	bkv__xfer_release(s->pool, x->ents, x->n);
 	unbusy(s, x->seq);
 }
 
 void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l)
 {
 	bkv__cn *c = s->cn;
-	const uint32_t per = 1 + bkv__pool_n_lanes(s->pool);
+	const uint32_t per = 2 + bkv__pool_n_lanes(s->pool);
 
 	if (!c->ops.save || l->seq == BKV__SEQ_NONE || l->req->cn_loading)
 		return;

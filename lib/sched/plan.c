@@ -58,6 +58,8 @@ static void preempt(bkv_sched *s, bkv__req *r, uint64_t now, bkv_step_info *si)
 	uint32_t i;
 
 	BKV_ASSERT(r->state == BKV__REQ_RUNNING);
+	if (s->cn)
+		bkv__cn_preempted(s, r);
 	for (i = 0; i < r->n; i++)
 		lane_undo(s, &r->lane[i]);
 	if (swap) {
@@ -559,6 +561,7 @@ static int admit_waiting(bkv_sched *s, bkv__req *r)
 		if (target == 0)
 			continue; /* n > 1, one-token prompt: forks next step */
 		h0 = lane_hits(s, l, target);
+		l->cn_saved = l->kv_len >> s->bt_shift; /* hits: cached already */
 		if (l->kv_len == target || (s->cn && bkv__cn_load_plan(s, l, target))) {
 			s->plan.step_hits += h0; /* all hits (n > 1: forks next
 						    step), or it waits for its

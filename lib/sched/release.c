@@ -51,6 +51,8 @@ static void leave(bkv_sched *s, bkv__req *r, int swap, uint64_t now)
 	uint32_t i;
 
 	BKV_ASSERT(r->state == BKV__REQ_RUNNING);
+	if (s->cn)
+		bkv__cn_preempted(s, r);
 	swap = swap && bkv__swap_fits(s, r);
 	for (i = 0; swap && i < r->n; i++) {
 		bkv__lane *l = &r->lane[i];

@@ -84,6 +84,8 @@ static int config_check_sizes(const bkv_sched_config *c)
 		REFUSE(SC "max_adapters = %u: must be in 0..%u", c->max_adapters, BKV_MAX_ADAPTERS);
 	if (c->pad0)
 		REFUSE(SC "pad0 = %u: must be 0", c->pad0);
+	if (c->size >= offsetof(bkv_sched_config, connector) && c->pad1)
+		REFUSE(SC "pad1 = %u: must be 0", c->pad1);
 	if (c->adapter_wait_us > MAX_BYPASS_LIMIT)
 		REFUSE(SC "adapter_wait_us = %llu: must be <= %llu",
 		       (unsigned long long)c->adapter_wait_us, (unsigned long long)MAX_BYPASS_LIMIT);
