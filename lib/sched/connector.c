@@ -110,6 +110,8 @@ typedef struct bkv__cn {
 	uint32_t n_loading;     /* requests with cn_loading set */
 	uint32_t held;          /* blocks named by saves in flight */
 	uint32_t slot_mask;     /* a sequence id's slot bits */
+	int quiet;              /* no saves (bkv_sched_kv_release: the KV
+				   goes with the memory) */
 } bkv__cn;
 
 /* ---- create, destroy, requests ------------------------------------------- */
@@ -379,6 +381,12 @@ int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r)
 
 /* The request lets go of its lanes (ends, preempted): its load, if any,
  * completes into a parked sequence. */
+void bkv__cn_quiet(bkv_sched *s, int on)
+{
+	if (s->cn)
+		s->cn->quiet = on;
+}
+
 void bkv__cn_preempted(bkv_sched *s, const bkv__req *r)
 {
 	if (s->cn->ops.preempted)
@@ -596,7 +604,7 @@ void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l)
 	bkv__cn *c = s->cn;
 	const uint32_t per = 2 + bkv__pool_n_lanes(s->pool);
 
-	if (!c->ops.save || l->seq == BKV__SEQ_NONE || l->req->cn_loading)
+	if (!c->ops.save || l->seq == BKV__SEQ_NONE || l->req->cn_loading || c->quiet)
 		return;
 	while (l->cn_saved < (l->kv_len >> s->bt_shift) && c->n_free_save) {
 		uint32_t to = BKV_MIN(l->kv_len >> s->bt_shift,

@@ -80,9 +80,11 @@ int bkv_sched_kv_release(bkv_sched *s, bkv_kv_release_mode mode)
 	if ((rc = release_args(s, mode)) != BKV_OK)
 		return rc;
 	now = bkv__clock_us(s);
+	bkv__cn_quiet(s, 1); /* nothing may read the memory that goes */
 	for (i = 0; i < s->rs.nr_run; i++)
 		if (s->rs.run[i]->state == BKV__REQ_RUNNING)
 			leave(s, s->rs.run[i], mode == BKV_RELEASE_SWAP, now);
+	bkv__cn_quiet(s, 0);
 	bkv__run_compact(s);
 	(void)bkv_pool_reset_cache(s->pool); /* the contents go with the memory */
 	s->kv_released = 1;

@@ -668,6 +668,8 @@ int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target);
 void bkv__cn_after_commit(bkv_sched *s, uint64_t upto);
 /* After a commit: the rows' lanes' new full blocks go to save. */
 void bkv__cn_save_rows(bkv_sched *s, const struct bkv__row *rows, uint32_t n);
+/* No saves while on (the device KV is being released). */
+void bkv__cn_quiet(bkv_sched *s, int on);
 /* Request r was preempted (the connector's preempted callback). */
 void bkv__cn_preempted(bkv_sched *s, const bkv__req *r);
 /* A request lets go of its lanes (ends, preempted). */

@@ -341,6 +341,8 @@ static void cx_draw(uint64_t seed, cx_feat *f)
 		f->conn_async = (int)(mix(seed ^ 0xc0ec8ull) & 1);
 		f->conn_fail = mix(seed ^ 0xc0ec9ull) % 3 ? 0 : 100;
 		f->conn_later = mix(seed ^ 0xc0ecaull) % 3 ? 0 : 300;
+		/* the store serves what the device forgot: resets make it */
+		f->reset_cache |= (int)(mix(seed ^ 0xc0eccull) & 1);
 	}
 	f->victim_cost = chance(&s, 250);
 	f->reserve_output = chance(&s, 150);
@@ -1365,10 +1367,24 @@ static void st_run(cx_run *x, const cx_xfer *q)
 				failed[nf++] = i;
 			continue;
 		}
-		if (q->load)
+		if (q->load) {
 			memcpy(&x->dev[(size_t)b->block * bt], c, (size_t)b->frames * bt * sizeof(cx_cell));
-		else
-			memcpy(c, &x->dev[(size_t)b->block * bt], (size_t)b->frames * bt * sizeof(cx_cell));
+			continue;
+		}
+		if (b->frames == 1) { /* a block the save still holds: as written */
+			const cx_cell *d = &x->dev[(size_t)b->block * bt];
+			uint32_t j;
+
+			for (j = 0; j < bt; j++)
+				if (d[j].pos != (int32_t)(b->index * bt + j) ||
+				    d[j].group != (int32_t)b->group) {
+					fail(x, "connector: save of block %d (index %u, group %u): cell %u "
+						"holds position %d of group %d", b->block, b->index, b->group,
+					     j, d[j].pos, d[j].group);
+					return;
+				}
+		}
+		memcpy(c, &x->dev[(size_t)b->block * bt], (size_t)b->frames * bt * sizeof(cx_cell));
 	}
 	rc = bkv_kv_xfer_done(x->s, q->id, status, failed, status == BKV_OK ? nf : 0);
 	if (rc != BKV_OK)
@@ -1780,7 +1796,8 @@ static void between_steps(cx_run *x)
 	}
 	if (x->nt)
 		return; /* pool calls only with no step outstanding */
-	if (f->reset_cache && !(x->opt.skip & CX_SKIP_RESET) && chance(&x->rng_drive, 60)) {
+	if (f->reset_cache && !(x->opt.skip & CX_SKIP_RESET) &&
+	    chance(&x->rng_drive, f->connector ? 250 : 60)) {
 		if (bkv_pool_reset_cache(x->pool) != BKV_OK)
 			fail(x, "bkv_pool_reset_cache failed");
 		check_all(x);
@@ -1890,6 +1907,9 @@ static void check_outcomes(cx_run *x)
 	x->res->preemptions = st.preemptions;
 	x->res->spec_accepted = st.spec_accepted;
 	x->res->hit_tokens = st.hit_tokens;
+	x->res->kv_loaded = st.kv_load_tokens;
+	x->res->kv_loaded_state = x->state_group != UINT32_MAX ? st.kv_load_tokens : 0;
+	x->res->kv_saved = st.kv_saved;
 	x->res->overlap_steps = st.overlap_steps;
 	if (x->errors_unexplained > st.unadmittable)
 		fail(x, "%u requests ended in error unexplained, %llu unadmittable",

@@ -61,6 +61,9 @@ typedef struct cx_result {
 	uint64_t releases;          /* bkv_sched_kv_release / _resume rounds */
 	uint64_t adapter_calls;     /* calls whose rows carried adapters */
 	uint64_t encodes;           /* encoder inputs the calls ran */
+	uint64_t kv_loaded;         /* KV connector: prompt tokens loaded */
+	uint64_t kv_loaded_state;   /* of which in pools with a STATE group */
+	uint64_t kv_saved;          /* blocks (and states) saved */
 	uint32_t abandoned;         /* the scheduler was destroyed mid-run:
 				       1 + the steps it had outstanding */
 } cx_result;

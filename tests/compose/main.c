@@ -68,6 +68,7 @@ typedef struct tally {
 	uint64_t failed, ran, refused_seeds, refused[CX_REFUSE_COUNT];
 	uint64_t calls, cells, tokens, reqs, fcalls, preempt, spec, hits, ovl;
 	uint64_t spec_states; /* per-token states of speculated rows */
+	uint64_t kv_loaded, kv_loaded_state, kv_saved; /* KV connector */
 	uint64_t releases;    /* device KV released and resumed */
 	uint64_t adapter_calls; /* calls whose rows carried adapters */
 	uint64_t encodes;     /* encoder inputs run */
@@ -85,6 +86,9 @@ static void account(tally *t, uint64_t seed, const cx_result *res, int verbose)
 	t->refused_seeds += any;
 	t->calls += res->calls;
 	t->spec_states += res->spec_states;
+	t->kv_loaded += res->kv_loaded;
+	t->kv_loaded_state += res->kv_loaded_state;
+	t->kv_saved += res->kv_saved;
 	t->releases += res->releases;
 	t->adapter_calls += res->adapter_calls;
 	t->encodes += res->encodes;
@@ -269,6 +273,9 @@ int main(int argc, char **argv)
 	printf("speculation over a STATE group: %llu per-token states of drafts\n",
 	       (unsigned long long)t.spec_states);
 	printf("device KV released and resumed: %llu times\n", (unsigned long long)t.releases);
+	printf("KV connector: %llu prompt tokens loaded (%llu with a STATE group), %llu blocks "
+	       "saved\n", (unsigned long long)t.kv_loaded, (unsigned long long)t.kv_loaded_state,
+	       (unsigned long long)t.kv_saved);
 	printf("calls with adapters: %llu, encoder inputs run: %llu\n",
 	       (unsigned long long)t.adapter_calls, (unsigned long long)t.encodes);
 	for (k = 0, seed = 0; k < CX_REFUSE_COUNT; k++)
