@@ -23,7 +23,12 @@
  * block that did not arrive whole, and every transfer still in flight fails
  * whole (BKV_EHOST): the library recomputes what they named.
  *
- * Locking: mu guards dead, closing, done[] and the in-flight list; the
+ * When a step had nothing to compute (every request waits for the other
+ * side), the stepping thread sleeps on wake until the receiver has read
+ * something (or 5 ms passed), instead of spinning on the cores the prefill
+ * process needs.
+ *
+ * Locking: mu guards dead, closing, done[], the in-flight list and heard; the
  * stepping thread is the only writer to the socket, the receiver its only
  * reader. The receiver's counters in pd_result are written under mu.
  */
@@ -55,6 +60,8 @@ typedef struct dc {
 	tlm_host *host;
 	bkv_sched *sched;
 	pthread_mutex_t mu;
+	pthread_cond_t wake;    /* signalled on heard's change */
+	uint64_t heard;         /* mu: messages read (and the close) */
 	int dead;               /* mu: the socket closed or failed */
 	int closing;            /* mu: this side shut it down (the end) */
 	int32_t *done;          /* mu: [n_jobs] DONE's count; -1: not yet */
@@ -215,6 +222,8 @@ static void *dc_recv(void *arg)
 		if (mh.type == PD_DONE && mh.tag < d->w->n_jobs) {
 			pthread_mutex_lock(&d->mu);
 			d->done[mh.tag] = (int32_t)mh.n;
+			d->heard++;
+			pthread_cond_signal(&d->wake);
 			pthread_mutex_unlock(&d->mu);
 			continue;
 		}
@@ -237,6 +246,10 @@ static void *dc_recv(void *arg)
 		}
 		const int st = recv_blocks(d, x, &buf, &cap);
 		free(x->b), free(x);
+		pthread_mutex_lock(&d->mu);
+		d->heard++;
+		pthread_cond_signal(&d->wake);
+		pthread_mutex_unlock(&d->mu);
 		if (st)
 			break;
 	}
@@ -247,6 +260,8 @@ static void *dc_recv(void *arg)
 		d->res->peer_closed = 1;
 	rest = d->xf;
 	d->xf = NULL;
+	d->heard++;
+	pthread_cond_signal(&d->wake);
 	for (x = rest; x; x = x->next)
 		d->res->xfers_cut++;
 	pthread_mutex_unlock(&d->mu);
@@ -310,6 +325,22 @@ void pd_config_default(pd_config *cfg)
 	cfg->faults.die_at = -1;
 	cfg->faults.cut_at = -1;
 	cfg->faults.corrupt_at = -1;
+}
+
+/* Wait until the receiver read something after `since` (or 5 ms). */
+static void wait_heard(dc *d, uint64_t since)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += 5000000;
+	if (until.tv_nsec >= 1000000000)
+		until.tv_sec++, until.tv_nsec -= 1000000000;
+	pthread_mutex_lock(&d->mu);
+	while (d->heard == since)
+		if (pthread_cond_timedwait(&d->wake, &d->mu, &until))
+			break;
+	pthread_mutex_unlock(&d->mu);
 }
 
 /* Submit job j, and send it to the prefill side when its prompt has a
@@ -384,6 +415,7 @@ int pd_run(tlm_workload *w, const tlm_model *m, const pd_config *cfg, pd_result 
 	close(sv[1]);
 	d.fd = sv[0];
 	pthread_mutex_init(&d.mu, NULL);
+	pthread_cond_init(&d.wake, NULL);
 	d.done = malloc(w->n_jobs * sizeof(*d.done));
 	d.sent = calloc(w->n_jobs, 1);
 	if (!d.done || !d.sent)
@@ -429,14 +461,15 @@ int pd_run(tlm_workload *w, const tlm_model *m, const pd_config *cfg, pd_result 
 		}
 		bkv_step_info info;
 		memset(&info, 0, sizeof(info));
+		pthread_mutex_lock(&d.mu);
+		const uint64_t heard = d.heard;
+		pthread_mutex_unlock(&d.mu);
 		if ((st = bkv_step(d.sched, &info)) != BKV_OK) {
 			snprintf(res->err, sizeof(res->err), "bkv_step: %s", bkv_strerror(st));
 			goto out;
 		}
-		if (info.rows == 0) { /* everything waits for the other side */
-			const struct timespec nap = {0, 100000};
-			nanosleep(&nap, NULL);
-		}
+		if (info.rows == 0) /* everything waits for the other side */
+			wait_heard(&d, heard);
 	}
 	res->wall_us = (double)(tlm_now_us() - t0);
 	res->check = bkv_sched_check(d.sched);
@@ -464,6 +497,7 @@ out:
 	bkv_pool_destroy(pool);
 	tlm_host_destroy(d.host);
 	pthread_mutex_destroy(&d.mu);
+	pthread_cond_destroy(&d.wake);
 	free(d.done);
 	free(d.sent);
 	return res->status = st;
