@@ -52,13 +52,13 @@ typedef struct dc_xfer {
 } dc_xfer;
 
 typedef struct dc {
-	const tlm_model *m;
-	const pd_config *cfg;
-	tlm_workload *w;
-	pd_result *res;
+	const tlm_model *m;     /* the served model (the frames' payload size) */
+	const pd_config *cfg;   /* the run's settings */
+	tlm_workload *w;        /* the jobs; a job's index is its wire tag */
+	pd_result *res;         /* what the run measures */
 	int fd;                 /* the socket */
-	tlm_host *host;
-	bkv_sched *sched;
+	tlm_host *host;         /* the paged host: loads write its KV tensor */
+	bkv_sched *sched;       /* the decode scheduler */
 	pthread_mutex_t mu;
 	pthread_cond_t wake;    /* signalled on heard's change */
 	uint64_t heard;         /* mu: messages read (and the close) */

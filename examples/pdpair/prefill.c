@@ -43,12 +43,12 @@ typedef struct pf_store {
 } pf_store;
 
 typedef struct pf {
-	const tlm_model *m;
-	const pd_config *cfg;
-	int fd;
-	tlm_host *host;
-	bkv_sched *sched;
-	pf_store st;
+	const tlm_model *m;   /* the served model */
+	const pd_config *cfg; /* the run's settings (block size, faults) */
+	int fd;               /* the socket */
+	tlm_host *host;       /* the paged host: saves read its KV tensor */
+	bkv_sched *sched;     /* the prefill scheduler */
+	pf_store st;          /* the saved blocks */
 	size_t frame_bytes; /* 48 + payload */
 	pf_req *live;       /* submitted, not reported */
 	int64_t sent;       /* blocks sent so far (fault counter) */
