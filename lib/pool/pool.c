@@ -255,6 +255,33 @@ void bkv_pool_clear_copies(bkv_pool *pool, bkv_copy_kind kind)
 	l->n = 0;
 }
 
+void bkv__pool_forget_swap_ins(bkv_pool *pool)
+{
+	const bkv__copy_list *l = &pool->copies[BKV_COPY_SWAP_IN];
+	uint32_t i;
+
+	/* a destination indexed at a commit no call came before holds no KV:
+	 * out of the index, children first (a block with indexed children
+	 * is one of theirs' parents, dropped before it in this order) */
+	for (i = l->n; i-- > 0;) {
+		int32_t b = l->v[i].dst;
+		bkv__block *k;
+
+		if ((uint32_t)b >= pool->kv.nb || !BLOCK_IS_INDEXED(&pool->kv.blk[b]) ||
+		    pool->kv.blk[b].kids)
+			continue;
+		k = &pool->kv.blk[b];
+		if (BLOCK_IS_CACHED(k)) {
+			bkv__lru_unlink(&pool->kv, b);
+			bkv__cache_forget(&pool->kv, b);
+			bkv__kv_free_push(&pool->kv, b);
+		} else {
+			bkv__cache_forget(&pool->kv, b);
+		}
+	}
+	bkv_pool_clear_copies(pool, BKV_COPY_SWAP_IN);
+}
+
 uint32_t bkv_pool_available(const bkv_pool *pool)
 {
 	return pool ? pool->kv.nr_free + pool->kv.nr_cached + bkv__state_spare(pool) : 0;

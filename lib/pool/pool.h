@@ -351,6 +351,10 @@ static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32
 	return BKV_MIN(pool->kv.bt, len - start);
 }
 
+/* Forget the pending swap-in copies no call carried (their sequences went
+ * before one did): their destinations leave the prefix cache (they hold
+ * no KV), then the copies clear. */
+void bkv__pool_forget_swap_ins(bkv_pool *pool);
 /* ---- KV connectors (pool/connect.c) ---- */
 /* A load's append: n tokens into fresh blocks marked noindex, without
  * host-cache demotions of the blocks it evicts (BKV_OK or the append's

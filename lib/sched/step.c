@@ -450,7 +450,7 @@ static void unstick(bkv_sched *s, uint64_t now, bkv_step_info *si)
 static void forget_moot_copies(bkv_sched *s)
 {
 	bkv_pool_clear_copies(s->pool, BKV_COPY_DEVICE);
-	bkv_pool_clear_copies(s->pool, BKV_COPY_SWAP_IN);
+	bkv__pool_forget_swap_ins(s->pool);
 }
 
 /* Drain and plan: everything of a step before its host calls. */
