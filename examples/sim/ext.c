@@ -15,7 +15,10 @@
  * A transfer's bytes go after the bytes of the transfers ahead of it on its
  * link, at the bandwidth; its latency is paid once its bytes are through,
  * overlapping the next transfer's bytes. Alone on an idle link, one started
- * at t completes at t + latency + bytes / bandwidth. A block's bytes are
+ * at t completes at t + latency + bytes / bandwidth. A save sends only the
+ * blocks the index does not hold when it starts (a store's put checks its
+ * keys first); the library saves every block the prefix cache takes, also
+ * one recomputed after the device evicted it. A block's bytes are
  * its group's page (bkv_kv_group_page_bytes) with KV groups, else the
  * roofline's KV bytes per token x block_tokens, else Llama-3-8B's in bf16
  * (128 KiB per token).
@@ -213,8 +216,9 @@ static int ext_start(sim_ext *e, uint64_t id, const bkv_kv_xfer_block *b, uint32
 		e->q_cap = cap;
 	}
 	double bytes = 0.0, now = *e->clock;
-	for (uint32_t i = 0; i < n; i++)
-		bytes += ent_bytes(e, &b[i]);
+	for (uint32_t i = 0; i < n; i++) /* a save skips what the store holds */
+		if (load || e->tab[tab_find(e, b[i].hash)] == EXT_NONE)
+			bytes += ent_bytes(e, &b[i]);
 	double *free_us = &e->link_free[load];
 	*free_us = (*free_us > now ? *free_us : now) + bytes / e->bytes_per_us;
 	e->q[e->n_q++] = (ext_xfer){id, b, n, load, now, *free_us + e->cfg->ext_latency_us};
