@@ -238,6 +238,7 @@ static int set_noise(cli_args *a, const cli_option *opt, const char *v)
 static int set_ext_tier(cli_args *a, const cli_option *opt, const char *v)
 {
 	(void)opt;
+	const char *arg = v;
 	char *end;
 	double lat = strtod(v, &end), gbps;
 	unsigned long cap;
@@ -254,8 +255,8 @@ static int set_ext_tier(cli_args *a, const cli_option *opt, const char *v)
 		return SET_BAD;
 	if (!(lat >= 0.0 && lat <= 1e9) || !(gbps > 0.0 && gbps <= 1e6) || cap < 1 ||
 	    cap > MAX_EXT_BLOCKS) {
-		fprintf(stderr, "bkv-sim: --ext-tier: latency 0..1e9 us, bandwidth above 0 "
-			"(at most 1e6 GB/s), capacity 1..%u blocks\n", MAX_EXT_BLOCKS);
+		fprintf(stderr, "bkv-sim: --ext-tier %s: latency 0..1e9 us, bandwidth above 0 "
+			"(at most 1e6 GB/s), capacity 1..%u blocks\n", arg, MAX_EXT_BLOCKS);
 		return SET_STOP;
 	}
 	a->c.ext_latency_us = lat;
