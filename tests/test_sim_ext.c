@@ -6,7 +6,8 @@
  * tier instead of recomputing them, every request finishing, under
  * chunked prefill, a split host, the overlapped contract and a hybrid
  * model's KV groups, with bkv_sched_check after every step; a small store
- * evicts and loads less.
+ * evicts and loads less, and a load of blocks it evicted since the lookup
+ * fails and is recomputed.
  */
 #include "../examples/sim/shape.h"
 #include "../examples/sim/sim.h"
@@ -164,6 +165,31 @@ Test(sim_ext, a_small_store_evicts_and_loads_less)
 	cr_assert_gt(small.ext_evicted, 0);
 	cr_assert_eq(small.ext_held, 300);
 	cr_assert_lt(small.kv_load_tokens, big.kv_load_tokens);
+	trace_free(&t);
+}
+
+/* A store of 4,000 blocks under eight sessions of 6,144-10,240 tokens that
+ * 3,000 device blocks cannot keep: saves evict blocks between a lookup and
+ * its load's completion, those blocks fail, and the library recomputes them
+ * (and what follows them); every request still finishes. */
+Test(sim_ext, loads_of_evicted_blocks_fail_and_are_recomputed)
+{
+	trace t;
+	sim_result r;
+	const trace_sessions_spec sp = {8, 6, 512, SESSIONS_ROUND_ROBIN};
+	const trace_dist ctx = {DIST_UNIFORM, 6144, 10240}, out = {DIST_CONST, 64, 64};
+	memset(&t, 0, sizeof(t));
+	cr_assert_eq(trace_sessions(&t, &sp, ARRIVAL_POISSON, 4.0, &ctx, &out, 0), TRACE_OK);
+	sim_config c = roofline_config();
+	c.kv_blocks = 3000;
+	c.slots = 16;
+	c.chunked = 1;
+	c.mixed_host = 1;
+	set_tier(&c, 100.0, 5.0, 4000, 0);
+	run_ext(&c, &t, &r, "a store smaller than the sessions");
+	cr_assert_gt(r.ext_evicted, 0);
+	cr_assert_gt(r.kv_load_failed, 0, "no load failed");
+	cr_assert_gt(r.kv_load_tokens, 0);
 	trace_free(&t);
 }
 
