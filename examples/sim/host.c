@@ -1128,9 +1128,10 @@ static double next_event(const run *r, const trace *t)
 }
 
 /* Submit and step until every request has ended. When nothing is pending
- * or a step finds nothing to do, the clock jumps to the next arrival; with
- * no arrivals left it creeps by 1 ms so a max_wait timer can expire, and
- * 1,000 such idle steps in a row are a stall (-100). */
+ * or a step finds nothing to do, the clock jumps to the next arrival (or
+ * external transfer's completion, when sooner); with neither left it creeps
+ * by 1 ms so a max_wait timer can expire, and 1,000 such idle steps in a
+ * row are a stall (-100). */
 static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res, char *err,
 		 size_t errlen)
 {
