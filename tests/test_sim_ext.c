@@ -195,12 +195,14 @@ Test(sim_ext, loads_of_evicted_blocks_fail_and_are_recomputed)
 
 /* Blocks that saves in flight hold come back when the saves complete: a
  * request that fits the pool once they do must wait for them, not end in
- * error. The library's progress rule (lib/sched/step.c, the stall test
- * before unstick) does not count connector saves as outstanding work:
- * while saves in flight hold device blocks (kv_save_held > 0) it ends the
- * queue's head as unadmittable (BKV_FINISH_ERROR,
- * bkv_sched_stats.unadmittable) after two idle steps; here 28 of the 128
- * requests. Disabled until the library waits for them; bkv-sim
+ * error. The library's progress rules do not count connector transfers in
+ * flight as work that gives blocks back: while saves hold device blocks
+ * (kv_save_held > 0, their sequences parked), the stall test before
+ * unstick (lib/sched/step.c) ends the queue's head after two idle steps,
+ * and append_room (lib/sched/plan.c) ends a request that runs alone and
+ * finds no room, both as unadmittable (BKV_FINISH_ERROR,
+ * bkv_sched_stats.unadmittable); here 28 of the 128 requests. Disabled
+ * until the library waits for them; bkv-sim
  * reproduces it with
  *   bkv-sim --workload sessions --sessions 16 --turns 8 --grow 512
  *     --arrival poisson:4 --cost roofline:h100-llama3-8b --policy chunked
