@@ -233,6 +233,39 @@ static int set_noise(cli_args *a, const cli_option *opt, const char *v)
 	return SET_OK;
 }
 
+/* --ext-tier LAT_US,GBPS,CAP_BLOCKS[,warm]: latency >= 0 us, bandwidth > 0
+ * GB/s, capacity 1..MAX_EXT_BLOCKS entries. */
+static int set_ext_tier(cli_args *a, const cli_option *opt, const char *v)
+{
+	(void)opt;
+	const char *arg = v;
+	char *end;
+	double lat = strtod(v, &end), gbps;
+	unsigned long cap;
+	if (end == v || *end != ',')
+		return SET_BAD;
+	v = end + 1;
+	gbps = strtod(v, &end);
+	if (end == v || *end != ',')
+		return SET_BAD;
+	v = end + 1;
+	errno = 0;
+	cap = strtoul(v, &end, 10);
+	if (end == v || errno || *v == '-' || (*end && strcmp(end, ",warm")))
+		return SET_BAD;
+	if (!(lat >= 0.0 && lat <= 1e9) || !(gbps > 0.0 && gbps <= 1e6) || cap < 1 ||
+	    cap > MAX_EXT_BLOCKS) {
+		fprintf(stderr, "bkv-sim: --ext-tier %s: latency 0..1e9 us, bandwidth above 0 "
+			"(at most 1e6 GB/s), capacity 1..%u blocks\n", arg, MAX_EXT_BLOCKS);
+		return SET_STOP;
+	}
+	a->c.ext_latency_us = lat;
+	a->c.ext_gbps = gbps;
+	a->c.ext_blocks = (uint32_t)cap;
+	a->c.ext_warm = *end != '\0';
+	return SET_OK;
+}
+
 /* A length distribution (trace_dist_parse) of at most MAX_LEN tokens; lo:
  * seed 000's generation mix is allowed. */
 static int set_dist(cli_args *a, const cli_option *opt, const char *v)
@@ -760,6 +793,13 @@ static const cli_option options[] = {
 	COUNT("--host-link-gbps", CFG(host_link_gbps), 1, 100000,
 	      "  --host-link-gbps N         device<->host link, GB/s (default 25): every\n"
 	      "                             swap copy costs its KV over it (roofline)\n"),
+	VALUE("--ext-tier", set_ext_tier,
+	      "  --ext-tier LAT_US,GBPS,CAP_BLOCKS[,warm]  an external KV tier behind\n"
+	      "                             the KV connector (ext.c): CAP_BLOCKS blocks\n"
+	      "                             (LRU), a link of GBPS GB/s each way, LAT_US\n"
+	      "                             us per transfer; computed blocks are saved to\n"
+	      "                             it, prompts load from it; warm: it starts\n"
+	      "                             with every prompt's blocks (else empty)\n"),
 	VALUE("--evict", set_evict,
 	      "  --evict lru|value|segmented  the prefix cache's eviction policy\n"
 	      "                             (bkv_sched_config.evict; default lru)\n"),
@@ -936,6 +976,11 @@ static int check_settled(const cli_args *a)
 	}
 	if (check_adapters(a) || check_mm(a))
 		return -1;
+	if (c->ext_gbps > 0.0 && !c->prefix_cache) {
+		fprintf(stderr, "bkv-sim: --ext-tier needs the prefix cache (not with "
+			"--no-prefix-cache): loaded blocks join it\n");
+		return -1;
+	}
 	for (int i = 0; !strcmp(a->o.sweep_key, "k") && i < a->o.n_sweep; i++)
 		if (a->o.sweep_vals[i] > c->slots) {
 			fprintf(stderr, "bkv-sim: --sweep k=%u: at most --slots (%u)\n",

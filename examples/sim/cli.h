@@ -16,6 +16,7 @@
 #define MAX_BLOCKS (1u << 22)    /* --kv-blocks, --host-blocks (about 110 bytes each) */
 #define MAX_SLOTS 65536u         /* --slots */
 #define MAX_BLOCK_TOKENS 4096u   /* --block-tokens */
+#define MAX_EXT_BLOCKS (1u << 24) /* --ext-tier capacity (about 32 bytes a block) */
 
 /* The command line, parsed, apart from what goes straight into sim_config. */
 typedef struct opts {

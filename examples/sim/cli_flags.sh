@@ -48,6 +48,17 @@ case "$out" in
 *"images: "*" in requests, "*" encoded, hit rate "*) ;;
 *) echo "--mm-images 8 --mm-tokens 16: no images line: '$out'"; fail=1 ;;
 esac
+# --ext-tier: LAT_US,GBPS,CAP_BLOCKS[,warm] in bounds, with the prefix cache
+expect "bad value for --ext-tier: '100,5'" --ext-tier 100,5
+expect "bad value for --ext-tier: '100,5,10,cold'" --ext-tier 100,5,10,cold
+expect "--ext-tier 100,0,10: latency 0..1e9 us, bandwidth above 0" --ext-tier 100,0,10
+expect "capacity 1..16777216 blocks" --ext-tier 100,5,0
+expect "--ext-tier needs the prefix cache" --ext-tier 100,5,1000 --no-prefix-cache
+out=$("$sim" --workload seed000 --seeds 1 --ext-tier 100,5,100000,warm --quiet 2>&1)
+case "$out" in
+*"ext tier: "*" loads, "*" tokens loaded, 0 blocks failed; "*) ;;
+*) echo "--ext-tier 100,5,100000,warm: no ext tier line: '$out'"; fail=1 ;;
+esac
 # --calib-csv: measured step times the calibrated model learns first; a bad
 # file stops the run with its line named
 t=$(mktemp -d)

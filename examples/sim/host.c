@@ -29,6 +29,11 @@
  * open_sched, drive (submit_arrivals, step_checked, account_step per step)
  * and collect (the results), then run_close.
  *
+ * With an external KV tier (--ext-tier, ext.c) the driver also completes,
+ * before each step, the tier's transfers the clock has reached, and an idle
+ * step waits for the next arrival or the next completion, whichever comes
+ * first.
+ *
  * Host overhead and overlap (--host-overhead-us, --overlap [N]; the last
  * part of this file): the host spends host_overhead_us of its own CPU time on
  * every step. Synchronously that time comes before each step's device time.
@@ -105,6 +110,8 @@ typedef struct vhost {
 				   calls' counts (adapters.c); NULL without */
 	sim_mm *mm;             /* --mm-images: each request's images, the
 				   host's encoder cache and time (mm.c);
+				   NULL without */
+	sim_ext *ext;           /* --ext-tier: the external KV store (ext.c);
 				   NULL without */
 } vhost;
 
@@ -956,9 +963,18 @@ static int sched_config(run *r, const sim_config *cfg, const trace *t, bkv_sched
 static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, size_t errlen)
 {
 	bkv_sched_config sc;
+	bkv_connector cn;
 	int rc = sched_config(r, cfg, t, &sc, err, errlen);
 	if (rc)
 		return rc;
+	if (sim_ext_open(cfg, t, r->pc.hash_seed, r->h.ad, &r->h.now, &r->h.ext)) {
+		snprintf(err, errlen, "out of memory (--ext-tier)");
+		return BKV_ENOMEM;
+	}
+	if (r->h.ext) {
+		sim_ext_connector(r->h.ext, &cn);
+		sc.connector = &cn;
+	}
 	if (cfg->overlap && !cfg->mixed_host) {
 		snprintf(err, errlen, "--overlap needs a mixed host (a launch is one call)");
 		return BKV_EINVAL;
@@ -980,6 +996,7 @@ static int open_sched(run *r, const sim_config *cfg, const trace *t, char *err, 
 	ops.now_us = cb_now;
 	ops.draft = cb_draft;
 	rc = bkv_sched_create(&sc, r->pool, &ops, &r->h, NULL, &r->h.sched);
+	sim_ext_attach(r->h.ext, r->h.sched);
 	if (rc)
 		snprintf(err, errlen, "bkv_sched_create: %s: %s", bkv_strerror(rc),
 			 *bkv_last_error() ? bkv_last_error() : "(no detail)");
@@ -997,6 +1014,7 @@ static void run_close(run *r)
 	free(r->prompt);
 	sim_adapters_close(r->h.ad);
 	sim_mm_close(r->h.mm);
+	sim_ext_close(r->h.ext);
 }
 
 /* Submit every request whose arrival the clock has reached. A request the
@@ -1100,10 +1118,20 @@ static void account_step(run *r, const sim_config *cfg, const trace *t, sim_resu
 static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_result *res,
 			 char *err, size_t errlen);
 
+/* When something next happens on its own: an arrival, or an external
+ * tier's transfer completing (--ext-tier); INFINITY: neither. */
+static double next_event(const run *r, const trace *t)
+{
+	const double a = r->next < t->n ? t->reqs[r->next].arrival_us : INFINITY;
+	const double x = sim_ext_next_us(r->h.ext);
+	return x < a ? x : a;
+}
+
 /* Submit and step until every request has ended. When nothing is pending
- * or a step finds nothing to do, the clock jumps to the next arrival; with
- * no arrivals left it creeps by 1 ms so a max_wait timer can expire, and
- * 1,000 such idle steps in a row are a stall (-100). */
+ * or a step finds nothing to do, the clock jumps to the next arrival (or
+ * external transfer's completion, when sooner); with neither left it creeps
+ * by 1 ms so a max_wait timer can expire, and 1,000 such idle steps in a
+ * row are a stall (-100). */
 static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res, char *err,
 		 size_t errlen)
 {
@@ -1112,10 +1140,11 @@ static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res,
 	if (cfg->overlap)
 		return drive_overlap(r, cfg, t, res, err, errlen);
 	while (h->n_done < t->n) {
+		sim_ext_poll(h->ext, h->now);
 		submit_arrivals(r, cfg, t);
 		if (bkv_sched_pending(h->sched) == 0) {
 			if (r->next < t->n) {
-				h->now = t->reqs[r->next].arrival_us;
+				h->now = next_event(r, t);
 				continue;
 			}
 			break;
@@ -1125,9 +1154,10 @@ static int drive(run *r, const sim_config *cfg, const trace *t, sim_result *res,
 		if (rc)
 			return rc;
 		if (info.rows == 0 && info.finished == 0 && info.admitted == 0) {
-			/* Nothing could run: wait for the next arrival. */
-			if (r->next < t->n) {
-				h->now = t->reqs[r->next].arrival_us;
+			/* Nothing could run: wait for the next arrival or
+			 * transfer. */
+			if (next_event(r, t) < INFINITY) {
+				h->now = fmax(h->now, next_event(r, t));
 				idle = 0;
 				continue;
 			}
@@ -1195,6 +1225,7 @@ static void collect(run *r, const sim_config *cfg, const trace *t, sim_result *r
 	finish_latencies(&r->h, t, res);
 	sim_adapters_collect(r->h.ad, t, res);
 	sim_mm_collect(r->h.mm, res);
+	sim_ext_collect(r->h.ext, &ss, res);
 	double busy = res->prefill_us + res->decode_us;
 	res->tput_tok_s = res->makespan_us > 0 ? res->out_tokens / (res->makespan_us / 1e6) : 0;
 	if (cfg->cost_kind == SIM_COST_ROOFLINE && busy > 0.0) {
@@ -1272,10 +1303,11 @@ static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_resu
 	vhost *h = &r->h;
 	int idle = 0, rc;
 	while (h->n_done < t->n) {
+		sim_ext_poll(h->ext, h->now);
 		submit_arrivals(r, cfg, t);
 		if (bkv_sched_pending(h->sched) == 0 && h->n_q == 0) {
 			if (r->next < t->n) {
-				h->now = t->reqs[r->next].arrival_us;
+				h->now = next_event(r, t);
 				continue;
 			}
 			break;
@@ -1314,9 +1346,10 @@ static int drive_overlap(run *r, const sim_config *cfg, const trace *t, sim_resu
 			idle = 0;
 			continue;
 		}
-		/* Nothing could run and nothing is in flight: wait for an arrival. */
-		if (r->next < t->n) {
-			h->now = t->reqs[r->next].arrival_us;
+		/* Nothing could run and nothing is in flight: wait for an
+		 * arrival or a transfer. */
+		if (next_event(r, t) < INFINITY) {
+			h->now = fmax(h->now, next_event(r, t));
 			idle = 0;
 			continue;
 		}

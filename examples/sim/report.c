@@ -110,6 +110,19 @@ static void median_fields(sim_result *m, const sim_result *runs, int n, double *
 	MED_U(mm_encodes);
 	MED_D(mm_hit_rate);
 	MED_D(mm_encode_us);
+	MED_U(kv_lookups);
+	MED_U(kv_loads);
+	MED_U(kv_load_tokens);
+	MED_U(kv_load_failed);
+	MED_U(kv_saved);
+	MED_U(kv_save_failed);
+	MED_D(ext_wait_ms);
+	MED_D(ext_wait_mean_ms);
+	MED_D(ext_wait_max_ms);
+	MED_D(ext_load_gb);
+	MED_D(ext_save_gb);
+	MED_U(ext_held);
+	MED_U(ext_evicted);
 #undef MED_D
 #undef MED_U
 #undef MED_U32
@@ -132,6 +145,7 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 	m->adapter_cap = runs[0].adapter_cap;
 	m->mm_cache = runs[0].mm_cache;
 	m->mm_budget = runs[0].mm_budget;
+	m->ext_on = runs[0].ext_on;
 	m->finished = runs[0].finished;
 	m->errors = runs[0].errors;
 	for (int i = 0; i < n; i++) { /* the worst over seeds */
@@ -145,6 +159,8 @@ void sim_rows_from_runs(sim_row *row, const sim_result *runs, const sim_result *
 			m->mm_step_cost_max = runs[i].mm_step_cost_max;
 		if (runs[i].mm_held_max > m->mm_held_max)
 			m->mm_held_max = runs[i].mm_held_max;
+		if (runs[i].ext_bad > m->ext_bad)
+			m->ext_bad = runs[i].ext_bad;
 	}
 	for (int i = 1; i < n; i++) {
 		if (runs[i].finished < m->finished)
@@ -257,6 +273,19 @@ static void report_json(FILE *out, const sim_row *rows, int n, int roofline)
 				r->mm_hit_rate, r->mm_encode_us / 1000.0, r->mm_cache, r->mm_budget,
 				(unsigned long long)r->mm_step_cost_max,
 				(unsigned long long)r->mm_held_max, (unsigned long long)r->mm_bad);
+		if (r->ext_on)
+			fprintf(out, ", \"ext\": {\"lookups\": %llu, \"loads\": %llu, "
+				     "\"load_tokens\": %llu, \"load_failed\": %llu, \"saved\": %llu, "
+				     "\"save_failed\": %llu, \"wait_ms\": %.10g, \"wait_mean_ms\": %.10g, "
+				     "\"wait_max_ms\": %.10g, \"load_gb\": %.10g, \"save_gb\": %.10g, "
+				     "\"held\": %llu, \"evicted\": %llu, \"bad\": %llu}",
+				(unsigned long long)r->kv_lookups, (unsigned long long)r->kv_loads,
+				(unsigned long long)r->kv_load_tokens,
+				(unsigned long long)r->kv_load_failed, (unsigned long long)r->kv_saved,
+				(unsigned long long)r->kv_save_failed, r->ext_wait_ms,
+				r->ext_wait_mean_ms, r->ext_wait_max_ms, r->ext_load_gb, r->ext_save_gb,
+				(unsigned long long)r->ext_held, (unsigned long long)r->ext_evicted,
+				(unsigned long long)r->ext_bad);
 		if (r->state_ckpt_bytes || r->state_hits)
 			fprintf(out, ", \"state_ckpt_bytes\": %llu, \"state_hits\": %llu",
 				(unsigned long long)r->state_ckpt_bytes,
@@ -342,6 +371,27 @@ static void report_mm(FILE *out, const sim_row *rows, int n)
 	}
 }
 
+/* The table's line per row of a run with an external tier (--ext-tier). */
+static void report_ext(FILE *out, const sim_row *rows, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const sim_result *r = &rows[i].med;
+		if (!r->ext_on)
+			continue;
+		fprintf(out,
+			"%-14s ext tier: %llu loads, %llu tokens loaded, %llu blocks failed; "
+			"%llu blocks saved (%llu failed); KV wait %.1f s (mean %.2f ms, max %.1f "
+			"ms); %.2f GB in, %.2f GB out; held %llu, evicted %llu%s\n",
+			r->label, (unsigned long long)r->kv_loads,
+			(unsigned long long)r->kv_load_tokens, (unsigned long long)r->kv_load_failed,
+			(unsigned long long)r->kv_saved, (unsigned long long)r->kv_save_failed,
+			r->ext_wait_ms / 1000.0, r->ext_wait_mean_ms, r->ext_wait_max_ms,
+			r->ext_load_gb, r->ext_save_gb, (unsigned long long)r->ext_held,
+			(unsigned long long)r->ext_evicted,
+			r->ext_bad ? " TRANSFERS REFUSED" : "");
+	}
+}
+
 /* The table; with a title, the title above it and the legend below. */
 static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 			 const char *title)
@@ -393,6 +443,7 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 	}
 	report_adapters(out, rows, n);
 	report_mm(out, rows, n);
+	report_ext(out, rows, n);
 	if (n)
 		fprintf(out, "(medians over %d seed%s; times in ms; speed-up vs static on the "
 			     "same traces)\n",
@@ -415,6 +466,14 @@ static void report_table(FILE *out, const sim_row *rows, int n, int roofline,
 			fputs("images: hit rate = 1 - encoder runs / images submitted (outputs still\n"
 			      "  cached, or the span's KV in the prefix cache); encoder time = cost x\n"
 			      "  --mm-encode-us, before the call computes; budget 0 = none.\n",
+			      out);
+		if (n && rows[0].med.ext_on)
+			fputs("ext tier: loads = load transfers (tokens loaded instead of computed;\n"
+			      "  failed = blocks the store no longer held, recomputed); saved = blocks\n"
+			      "  the library handed to save and the store took; KV wait = the sum over\n"
+			      "  loads of the time from the load to its completion (a request waits\n"
+			      "  through it); held / evicted = the store's entries at the end / evicted\n"
+			      "  by its capacity.\n",
 			      out);
 		if (n && rows[0].med.adapter_cap)
 			fputs("adapters: per call = distinct adapters of a host call; queue wait =\n"

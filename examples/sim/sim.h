@@ -5,7 +5,8 @@
  * this header; the library reaches batchkv through its public header only.
  *
  * Defined in host.c (sim_run, the virtual host, pricing, quantiles),
- * goodput.c (the goodput search), peers.c (the peer presets), report.c
+ * goodput.c (the goodput search), peers.c (the peer presets), ext.c (an
+ * external KV tier behind the KV connector), report.c
  * (rows, table, JSON, CSV, warnings) and svg.c (the charts). The traces
  * they run are trace.h's.
  */
@@ -221,6 +222,15 @@ typedef struct sim_config {
 				      tokens per step); 0 = no bound */
 	uint32_t encoder_cache;    /* bkv_sched_config.encoder_cache (tokens);
 				      0 = 8 x mm_per_request x mm_tokens */
+	/* an external KV tier through the KV connector (--ext-tier, ext.c) */
+	double ext_gbps;           /* its link's bandwidth each way, GB/s;
+				      0 = no tier */
+	double ext_latency_us;     /* per transfer, us, after its bytes */
+	uint32_t ext_blocks;       /* entries it holds (one per group block
+				      or state unit; LRU), >= 1 */
+	int ext_warm;              /* it starts with every prompt's blocks
+				      (filled by other engines), else
+				      empty */
 } sim_config;
 
 /* One run's outcome. Times in microseconds of virtual time. */
@@ -344,6 +354,23 @@ typedef struct sim_result {
 				      the host did not hold, an encode named
 				      another input, a step over the budget
 				      or the cache over its capacity: 0 */
+	/* the external tier (--ext-tier; all 0 without) */
+	uint32_t ext_on;           /* the run had one */
+	uint64_t kv_lookups;       /* bkv_sched_stats' kv_* counters */
+	uint64_t kv_loads;
+	uint64_t kv_load_tokens;   /* prompt tokens loaded, not computed */
+	uint64_t kv_load_failed;   /* blocks whose load failed (recomputed) */
+	uint64_t kv_saved;         /* blocks saved */
+	uint64_t kv_save_failed;
+	double ext_wait_ms;        /* sum over loads of start to completion:
+				      request time spent waiting for KV */
+	double ext_wait_mean_ms;   /* per load */
+	double ext_wait_max_ms;    /* the longest load */
+	double ext_load_gb, ext_save_gb; /* bytes moved each way, 1e9 */
+	uint64_t ext_held;         /* entries the store held at the end */
+	uint64_t ext_evicted;      /* entries its capacity evicted */
+	uint64_t ext_bad;          /* completions the library refused or the
+				      host could not hold: 0 */
 } sim_result;
 
 /* The default cap on generated tokens (sim_config.max_tokens), and the
@@ -418,6 +445,33 @@ void sim_mm_step_begin(sim_mm *m);
 double sim_mm_call(sim_mm *m, const bkv_batch *b);
 /* The mm fields of res. NULL m: nothing. */
 void sim_mm_collect(const sim_mm *m, sim_result *res);
+
+/* ---- the external KV tier (ext.c) -----------------------------------------
+ * A simulated store behind bkv_connector for a run with cfg->ext_gbps > 0:
+ * an LRU index of block hashes, loads and saves completed on the virtual
+ * clock. */
+typedef struct sim_ext sim_ext;
+/* The store for cfg into *out (NULL without a tier); clock is the virtual
+ * clock the transfers are timed by. With cfg->ext_warm it holds every
+ * prompt of t (hashed with hash_seed and each request's adapter key).
+ * 0, or -1 out of memory. */
+int sim_ext_open(const sim_config *cfg, const trace *t, uint64_t hash_seed,
+		 const sim_adapters *ad, const double *clock, sim_ext **out);
+void sim_ext_close(sim_ext *e);
+/* The connector to hand the scheduler (bkv_sched_config.connector). */
+void sim_ext_connector(sim_ext *e, bkv_connector *c);
+/* The scheduler that completes the transfers (NULL e: nothing). */
+void sim_ext_attach(sim_ext *e, bkv_sched *s);
+/* Complete every transfer that ends at or before now_us, in time order
+ * (bkv_kv_xfer_done). Returns how many (0 with a NULL e). */
+uint32_t sim_ext_poll(sim_ext *e, double now_us);
+/* When the next transfer completes, us (INFINITY: none, or a NULL e). */
+double sim_ext_next_us(const sim_ext *e);
+/* Transfers in flight (0 with a NULL e). */
+uint32_t sim_ext_in_flight(const sim_ext *e);
+/* The ext fields of res, from the store and the scheduler's stats. NULL
+ * e: nothing. */
+void sim_ext_collect(const sim_ext *e, const bkv_sched_stats *ss, sim_result *res);
 
 /* ---- reports ------------------------------------------------------------- */
 
