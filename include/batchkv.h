@@ -922,11 +922,13 @@ typedef struct bkv_pool_memory {
 				    a sliding-window or chunked group's kept
 				    blocks, BKV_EVICT_VALUE, retention) and
 				    retention's clocks (8 B a block); with a
-				    STATE group its units' records (21 B a
+				    STATE group its units' records (25 B a
 				    unit, and a map of 4-byte slots, two a
 				    unit rounded up to a power of two) and,
 				    with state_share, the frame chunks'
-				    records (30 B a chunk) */
+				    records (30 B a chunk); with a KV
+				    connector that saves, its holds (4 B a
+				    block) */
 	uint64_t device_tokens;  /* the device token store: the token ids of
 				    every block, 4 B per token slot, plus 64 B
 				    that align it to a cache line (verifies
@@ -1870,6 +1872,14 @@ typedef struct bkv_connector {
 	uint32_t max_saves;   /* most save transfers outstanding; 0 = 64. When
 				 reached, blocks wait (still held) for the
 				 next */
+	/* optional, for pools with KV groups: does the store hold the block
+	 * (or state) saved under hash (a bkv_kv_xfer_block.hash)? A window's
+	 * blocks and a state exist only where some step ended, so before a
+	 * load the library asks for the blocks each group needs at each
+	 * candidate end, from the longest, and loads up to the first end
+	 * where every group's are held. NULL: loads end where lookup said,
+	 * and a group's missing block fails the load (it is recomputed) */
+	int (*contains)(void *user, uint64_t hash);
 } bkv_connector;
 
 typedef struct bkv_sched_config {
@@ -2322,9 +2332,13 @@ BKV_API int bkv_sched_create(const bkv_sched_config *cfg, bkv_pool *pool,
  * ignored. The pool stays; those requests' sequences are dropped from it
  * (bkv_seq_drop). Overlapped steps launched and not completed count as
  * failed: nothing they computed enters the prefix cache, and the pool is
- * left between steps, ready for another scheduler.
+ * left between steps, ready for another scheduler. KV connector transfers
+ * still in flight are forgotten (their blocks go back to the pool): stop
+ * the connector first, since bkv_kv_xfer_done on a destroyed scheduler is
+ * undefined.
  * @param sched  the scheduler.
- * Thread rules: the stepping thread, with no bkv_step, bkv_submit or bkv_abort in flight.
+ * Thread rules: the stepping thread, with no bkv_step, bkv_submit, bkv_abort
+ * or bkv_kv_xfer_done in flight.
  */
 BKV_API void bkv_sched_destroy(bkv_sched *sched);
 

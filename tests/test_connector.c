@@ -98,6 +98,11 @@ static int st_lookup(void *user, uint64_t req, const uint64_t *h, uint32_t n)
 	return (int)i;
 }
 
+static int st_contains(void *user, uint64_t h)
+{
+	return st_find(user, h, 0) != NULL;
+}
+
 static int st_xfer_start(store *st, uint64_t id, const bkv_kv_xfer_block *b, uint32_t n, int load)
 {
 	st_xfer x = {id, b, n, load};
@@ -147,6 +152,7 @@ static bkv_connector st_connector(store *st)
 	c.lookup = st_lookup;
 	c.load = st_load;
 	c.save = st_save;
+	c.contains = st_contains;
 	c.user = st;
 	return c;
 }
@@ -397,6 +403,120 @@ Test(connector, saves_hold_their_blocks_past_the_request_and_name_the_external_m
 	cr_assert_eq(ext, 200 / BT);
 	fh_destroy(f);
 	free_prompts(p, 1);
+	free(st);
+}
+
+/* The value of a metric line "name value" in Prometheus text. */
+static double metric(const char *text, const char *name)
+{
+	char key[128];
+	const char *p;
+
+	snprintf(key, sizeof(key), "\n%s ", name);
+	p = strstr(text, key);
+	cr_assert(p, "no metric %s", name);
+	return strtod(p + strlen(key), NULL);
+}
+
+Test(connector, the_metrics_repeat_the_counters)
+{
+	store *st = calloc(1, sizeof(*st));
+	bkv_connector c = st_connector(st);
+	int32_t **p = prompts(6, 200);
+	static char text[65536];
+	bkv_sched_stats s;
+	fake_host *f;
+
+	st->inline_done = 1;
+	f = engine(st, &c, 1024, 0);
+	submit_all(f, p, 6, 200);
+	run(f, st, 4000);
+	fh_destroy(f);
+	f = engine(st, &c, 1024, 0);
+	submit_all(f, p, 6, 200);
+	run(f, st, 4000);
+	memset(&s, 0, sizeof(s));
+	bkv_sched_stats_get(f->s, &s);
+	cr_assert_lt(bkv_sched_metrics_prometheus(f->s, text, sizeof(text)), sizeof(text));
+	cr_assert_gt(s.kv_load_tokens, 0);
+	cr_assert_eq(metric(text, "bkv_kv_connector_loaded_tokens_total"), (double)s.kv_load_tokens);
+	cr_assert_eq(metric(text, "bkv_kv_connector_loads_total"), (double)s.kv_loads);
+	cr_assert_eq(metric(text, "bkv_kv_connector_lookups_total"), (double)s.kv_lookups);
+	cr_assert_eq(metric(text, "bkv_kv_connector_saved_blocks_total"), (double)s.kv_saved);
+	cr_assert_eq(metric(text, "bkv_kv_connector_waiting_requests"), 0);
+	cr_assert_eq(metric(text, "bkv_kv_connector_held_blocks"), 0);
+	fh_destroy(f);
+	free_prompts(p, 6);
+	free(st);
+}
+
+static uint32_t preempted_calls;
+
+static void on_preempted(void *user, uint64_t req)
+{
+	(void)user;
+	(void)req;
+	preempted_calls++;
+}
+
+Test(connector, every_preemption_is_reported)
+{
+	store *st = calloc(1, sizeof(*st));
+	bkv_connector c = st_connector(st);
+	int32_t **p = prompts(16, 160);
+	bkv_sched_stats s;
+	fake_host *f;
+
+	c.preempted = on_preempted;
+	st->inline_done = 0;
+	f = engine(st, &c, 40, 0); /* room for a few: preemption */
+	for (uint32_t i = 0; i < 16; i++)
+		fh_submit(f, p[i], 160, 96);
+	run(f, st, 20000);
+	memset(&s, 0, sizeof(s));
+	bkv_sched_stats_get(f->s, &s);
+	cr_assert_gt(s.preemptions, 0);
+	cr_assert_eq(preempted_calls, s.preemptions);
+	cr_assert_eq(f->finished_total, 16);
+	fh_destroy(f);
+	free_prompts(p, 16);
+	free(st);
+}
+
+Test(connector, a_hybrid_pool_loads_every_groups_blocks)
+{
+	const bkv_kv_group g[2] = {{BKV_GROUP_FULL, 2, 0, 0, 64}, {BKV_GROUP_WINDOW, 2, 40, 0, 64}};
+	store *st = calloc(1, sizeof(*st));
+	bkv_connector c = st_connector(st);
+	int32_t **p = prompts(6, 200);
+	bkv_sched_stats s;
+	fake_host *f;
+	fh_opts o;
+	int e;
+
+	st->inline_done = 0;
+	for (e = 0; e < 2; e++) {
+		fh_opts_init(&o);
+		o.device_blocks = 2048;
+		o.cfg.connector = &c;
+		o.n_groups = 2;
+		o.groups = g;
+		f = fh_create(&o);
+		st->f = f;
+		submit_all(f, p, 6, 200);
+		run(f, st, 4000);
+		st_flush(st);
+		memset(&s, 0, sizeof(s));
+		bkv_sched_stats_get(f->s, &s);
+		cr_assert_eq(f->finished_total, 6);
+		cr_assert(e || s.kv_saved > 0);
+		fh_destroy(f);
+	}
+	cr_assert_gt(s.kv_load_tokens, 0, "the second engine loads (%llu failed, %llu loads, %llu lookups)",
+		     (unsigned long long)s.kv_load_failed, (unsigned long long)s.kv_loads,
+		     (unsigned long long)s.kv_lookups);
+	cr_assert_eq(s.kv_load_failed, 0, "window blocks were saved too");
+	free_prompts(p, 6);
 	free(st);
 }
 

@@ -208,7 +208,7 @@ Test(sim_ext, loads_of_evicted_blocks_fail_and_are_recomputed)
  *     --arrival poisson:4 --cost roofline:h100-llama3-8b --policy chunked
  *     --budget 2048 --slots 32 --no-baseline --kv-blocks 4000
  *     --ext-tier 100,5,300 --check */
-Test(sim_ext, saves_in_flight_never_fail_a_request, .disabled = true)
+Test(sim_ext, saves_in_flight_never_fail_a_request)
 {
 	trace t;
 	sim_result r;

@@ -175,6 +175,30 @@ static void put_features(out *o, const bkv_sched_stats *st)
 	    st->spec_skipped_rows);
 }
 
+/* A KV connector's lookups, loads and saves. */
+static void put_connector(out *o, const bkv_sched_stats *st)
+{
+	gauge(o, "bkv_kv_connector_waiting_requests",
+	      "Requests waiting for external KV (a lookup answered later, a load in flight).",
+	      st->kv_waiting);
+	gauge(o, "bkv_kv_connector_held_blocks",
+	      "Device blocks held for KV connector saves in flight.", st->kv_save_held);
+	counter(o, "bkv_kv_connector_lookups_total", "KV connector lookups (errors included).",
+		st->kv_lookups);
+	counter(o, "bkv_kv_connector_lookup_errors_total", "KV connector lookups that failed.",
+		st->kv_lookup_errors);
+	counter(o, "bkv_kv_connector_loads_total", "KV connector loads started.", st->kv_loads);
+	counter(o, "bkv_kv_connector_loaded_tokens_total",
+		"Prompt tokens loaded from the KV connector instead of computed.",
+		st->kv_load_tokens);
+	counter(o, "bkv_kv_connector_load_failed_blocks_total",
+		"Blocks whose load failed (recomputed).", st->kv_load_failed);
+	counter(o, "bkv_kv_connector_saved_blocks_total", "Blocks saved to the KV connector.",
+		st->kv_saved);
+	counter(o, "bkv_kv_connector_save_failed_blocks_total",
+		"Blocks whose save to the KV connector failed.", st->kv_save_failed);
+}
+
 /* The pool's blocks by state, evictions and KV events. */
 static void put_pool(out *o, const bkv_pool_stats *ps)
 {
@@ -243,6 +267,7 @@ size_t bkv_sched_metrics_prometheus(const bkv_sched *s, char *buf, size_t cap)
 	put_tokens(&o, &st);
 	put_steps(&o, &st);
 	put_features(&o, &st);
+	put_connector(&o, &st);
 	put_pool(&o, &ps);
 	put_step_histogram(&o, s);
 	return o.len;

@@ -41,6 +41,8 @@ int bkv__seq_append_load(bkv_pool *pool, uint32_t seq, const int32_t *tokens, ui
 	pool->kv.demote = demote;
 	if (rc != BKV_OK)
 		bkv__seq_noindex(pool, seq, 0);
+	else if (pool->n_lanes) /* a window loads only what its next token reads */
+		bkv__lanes_trim(pool, bkv__seq_get(pool, seq));
 	return rc;
 }
 
@@ -89,6 +91,42 @@ void bkv__seq_publish(bkv_pool *pool, uint32_t seq, uint32_t from)
 				bkv__lane_block_filled(pool, l, slot, i);
 		}
 	}
+}
+
+/* Does the store hold what every group needs of a load of blocks [from,
+ * to) (h0[i]: group 0's chained hash of logical block i, from 0)? */
+static int end_held(const bkv_pool *pool, uint64_t key, const int32_t *tokens, const uint64_t *h0,
+		    uint32_t from, uint32_t to, int (*has)(void *, uint64_t), void *user)
+{
+	const uint32_t bt = pool->kv.bt;
+	uint32_t l, i;
+
+	if (pool->st_units && !has(user, h0[to - 1] ^ pool->st_salt))
+		return 0;
+	for (l = 0; l < pool->n_lanes; l++) {
+		const bkv__glane *ln = &pool->lanes[l];
+
+		for (i = BKV_MAX(from, bkv__lane_first(pool, ln, (uint64_t)to * bt)); i < to; i++)
+			if (!has(user, bkv__block_hash(pool->kv.hash_seed, i ? h0[i - 1] : BKV__HASH_ROOT,
+						       key ^ ln->salt, tokens + (size_t)i * bt, bt)))
+				return 0;
+	}
+	return 1;
+}
+
+uint32_t bkv__xfer_fit(const bkv_pool *pool, uint64_t key, const int32_t *tokens, const uint64_t *h0,
+		       uint32_t from, uint32_t to, int (*has)(void *, uint64_t), void *user)
+{
+	const uint32_t step = pool->st_units && pool->st_interval
+				      ? BKV_MAX(1u, pool->st_interval >> pool->kv.bt_shift)
+				      : 1;
+
+	if (!has || (!pool->n_lanes && !pool->st_units))
+		return to;
+	for (; to > from; to = to > step ? to - step : 0)
+		if (end_held(pool, key, tokens, h0, from, to, has, user))
+			return to;
+	return from;
 }
 
 uint32_t bkv__xfer_ents_max(const bkv_pool *pool, uint32_t nb)
@@ -229,16 +267,24 @@ uint32_t bkv__seq_save_ents(bkv_pool *pool, uint32_t seq, uint32_t from, uint32_
 		const bkv__lseq *ls = &ln->seqs[slot];
 
 		for (i = from; i < end && n < cap; i++) {
-			const bkv__block *k;
+			int32_t b = i >= ls->lo ? ls->table[i] : -1;
 
-			if (i < ls->lo || ls->table[i] < 0)
-				continue;
-			k = &pool->kv.blk[ls->table[i]];
-			if (!BLOCK_IS_INDEXED(k))
-				continue;
-			pool->kv.blk[ls->table[i]].ref++; /* the lane may let it go */
-			pool->xfer_ref[ls->table[i]]++;
-			ent(&out[n++], k->hash, i, ln->group, ls->table[i], 1);
+			if (b < 0 || !BLOCK_IS_INDEXED(&pool->kv.blk[b])) {
+				/* released at the commit's trim: cached if a
+				 * later hit needs it (a prompt's end) */
+				uint64_t h = bkv__block_hash(pool->kv.hash_seed,
+							     i ? pool->kv.blk[s->table[i - 1]].hash
+							       : BKV__HASH_ROOT,
+							     s->key ^ ln->salt,
+							     bkv__tok(&pool->kv, s->table[i]), pool->kv.bt);
+
+				b = bkv__index_find(&pool->kv, h);
+				if (b < 0)
+					continue;
+			}
+			bkv__block_pin(&pool->kv, b); /* the lane may let it go */
+			pool->xfer_ref[b]++;
+			ent(&out[n++], pool->kv.blk[b].hash, i, ln->group, b, 1);
 		}
 	}
 	for (i = from + 1; pool->st_units && i <= end && n < cap; i++)

@@ -53,7 +53,8 @@ int bkv_pool_memory_get(const bkv_pool *pool, bkv_pool_memory *mem)
 	m.index_used = pool->kv.nr_indexed;
 	m.blocks = nb * sizeof(bkv__block) + bkv__kv_value_bytes(&pool->kv) +
 		   bkv__ck_bytes(&pool->kv) + st_units +
-		   (pool->kv.grp ? nb : 0); /* each frame's group (kv/frames.c) */
+		   (pool->kv.grp ? nb : 0) + /* each frame's group (kv/frames.c) */
+		   (pool->xfer_ref ? nb * sizeof(uint32_t) : 0); /* (pool/connect.c) */
 	m.device_tokens = bkv__kv_tok_bytes(nb, bt);
 	m.index = (uint64_t)m.index_slots * sizeof(bkv__islot) + bkv__kv_lru_bytes(&pool->kv);
 	m.txn_queue = pool->kv.txn_pending ? nb * sizeof(int32_t) : 0;

@@ -384,6 +384,12 @@ uint32_t bkv__seq_save_ents(bkv_pool *pool, uint32_t seq, uint32_t from, uint32_
 int bkv__pool_xfer_on(bkv_pool *pool);
 /* A save completed: the blocks and state units its entries held go back. */
 void bkv__xfer_release(bkv_pool *pool, const bkv_kv_xfer_block *e, uint32_t n);
+/* The longest load of blocks [from, e) with e <= to for which has() says
+ * the store holds every further group's blocks and the state at e (h0:
+ * group 0's hashes from block 0); from when none. to itself without has
+ * or without such groups. */
+uint32_t bkv__xfer_fit(const bkv_pool *pool, uint64_t key, const int32_t *tokens, const uint64_t *h0,
+		       uint32_t from, uint32_t to, int (*has)(void *, uint64_t), void *user);
 /* Entries a transfer of nb logical blocks can take. */
 uint32_t bkv__xfer_ents_max(const bkv_pool *pool, uint32_t nb);
 /* May seq be cut back to len tokens (every group keeps what it reads)? */

@@ -172,8 +172,8 @@ void bkv__state_bytes(const bkv_pool *pool, uint64_t *slot, uint64_t *units)
 	 * blocks */
 	*slot = 9 * sizeof(int32_t) + (uint64_t)pool->st_frames * sizeof(int32_t) +
 		bkv__state_mid_slot_bytes();
-	/* st_ref, st_flags, st_hash, st_next, st_prev; st_map */
-	*units = (uint64_t)pool->st_units * (sizeof(uint32_t) + 1 + sizeof(uint64_t) +
+	/* st_ref, st_xfer, st_flags, st_hash, st_next, st_prev; st_map */
+	*units = (uint64_t)pool->st_units * (2 * sizeof(uint32_t) + 1 + sizeof(uint64_t) +
 					     2 * sizeof(int32_t)) +
 		 ((uint64_t)pool->st_map_mask + 1) * sizeof(int32_t);
 }

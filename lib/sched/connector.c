@@ -427,6 +427,13 @@ int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target)
 		to = to * s->bt / iv * iv / s->bt;
 	if (to <= from || c->n_plan >= s->cfg.max_running)
 		return 0;
+	/* with KV groups: where every group's blocks are held */
+	to = bkv__xfer_fit(s->pool, r->cache_key, l->tok, r->cn_buf->hash, from, to, c->ops.contains,
+			   c->ops.user);
+	if (to <= from) {
+		r->cn_ext = from; /* no end is whole there: not asked again */
+		return 0;
+	}
 	if (bkv__seq_append_load(s->pool, l->seq, l->tok + l->kv_len, (to - from) << s->bt_shift) !=
 	    BKV_OK)
 		return 0;

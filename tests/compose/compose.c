@@ -1361,7 +1361,7 @@ static void st_run(cx_run *x, const cx_xfer *q)
 			     x->nframes);
 			return;
 		}
-		c = st_find(x, b->hash ^ b->group, !q->load);
+		c = st_find(x, b->hash, !q->load);
 		if (!c || (q->load && x->f.conn_fail && chance(&x->rng_conn, x->f.conn_fail))) {
 			if (nf < 512)
 				failed[nf++] = i;
@@ -1404,6 +1404,11 @@ static int cx_lookup(void *user, uint64_t req, const uint64_t *h, uint32_t n)
 	for (i = 0; i < n && st_find(x, h[i], 0); i++)
 		;
 	return (int)i;
+}
+
+static int cx_contains(void *user, uint64_t h)
+{
+	return st_find(user, h, 0) != NULL;
 }
 
 static int cx_xfer_start(cx_run *x, uint64_t id, const bkv_kv_xfer_block *b, uint32_t n, int load)
@@ -2150,6 +2155,7 @@ static int create(cx_run *x)
 			x->conn.lookup = cx_lookup;
 			x->conn.load = cx_load;
 			x->conn.save = cx_save;
+			x->conn.contains = x->seed & 8 ? cx_contains : NULL;
 			x->conn.user = x;
 			x->conn.save_blocks = 1 + (uint32_t)(x->seed % 7);
 			x->conn.max_saves = 1 + (uint32_t)(x->seed % 5);
