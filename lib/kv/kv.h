@@ -229,7 +229,7 @@ typedef struct bkv__kv {
 				  every eviction (wraps; only differences
 				  are read) */
 	uint32_t val_shift;    /* log2 of the hit count's half-life in ticks
-				  (about the pool's blocks) */
+				  (an eighth of the pool's blocks, >= 16) */
 	uint32_t val_users;    /* bkv__kv_value_on calls not yet undone */
 	uint32_t val_lanes;    /* of them, the lane keeping rule's
 				  (bkv__kv_lanes_on): cold blocks then
