@@ -1761,7 +1761,7 @@ typedef enum bkv_spec_k_mode {
  * (bkv_sched_config.evict; docs/design.md, "Eviction by value"). */
 typedef enum bkv_evict_policy {
 	BKV_EVICT_LRU = 0,  /* the least recently released block, deepest
-			       first (the default) */
+			       first */
 	BKV_EVICT_VALUE = 1, /* GreedyDual: LRU in which a block's
 			       expected saving (its recompute price at its
 			       depth x its decayed hit count) buys it
@@ -1773,7 +1773,8 @@ typedef enum bkv_evict_policy {
 			       had room) are protected, prefixes used
 			       once go first; holds up when sessions
 			       that take turns outgrow the cache
-			       (docs/design.md, "The segmented LRU") */
+			       (docs/design.md, "The segmented LRU");
+			       bkv_sched_config_init's default */
 } bkv_evict_policy;
 
 /* Which running request preemption takes when the pool is short
@@ -1987,10 +1988,12 @@ typedef struct bkv_sched_config {
 				      Default 0. */
 	bkv_evict_policy evict;    /* the pool's eviction policy while this
 				      scheduler runs it; default
-				      BKV_EVICT_LRU. BKV_EVICT_VALUE prices
-				      blocks with cost (taken at create)
-				      and allocates 28 bytes a device block;
-				      BKV_EVICT_SEGMENTED too (no prices) */
+				      BKV_EVICT_SEGMENTED (28 bytes a device
+				      block and 8 a ghost slot, no prices).
+				      BKV_EVICT_VALUE prices blocks with
+				      cost (taken at create) and allocates
+				      28 bytes a device block;
+				      BKV_EVICT_LRU allocates nothing */
 	bkv_victim_policy victim;  /* preemption's victim; default
 				      BKV_VICTIM_RECENT */
 	bkv_admit_reserve admit_reserve; /* what admission keeps room

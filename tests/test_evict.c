@@ -197,7 +197,13 @@ Test(evict, value_policy_lives_and_ends_with_its_scheduler)
 
 	fh_opts_init(&o);
 	f = fh_create(&o);
-	cr_expect_null(f->pool->kv.val, "LRU is the default: no records");
+	cr_expect_not_null(f->pool->kv.val, "the segmented LRU is the default: records");
+	cr_expect_eq(f->pool->kv.val_seg, 1);
+	fh_destroy(f);
+	fh_opts_init(&o);
+	o.cfg.evict = BKV_EVICT_LRU;
+	f = fh_create(&o);
+	cr_expect_null(f->pool->kv.val, "LRU: no records");
 	fh_destroy(f);
 	fh_opts_init(&o);
 	o.cfg.evict = BKV_EVICT_VALUE;

@@ -802,7 +802,8 @@ static const cli_option options[] = {
 	      "                             with every prompt's blocks (else empty)\n"),
 	VALUE("--evict", set_evict,
 	      "  --evict lru|value|segmented  the prefix cache's eviction policy\n"
-	      "                             (bkv_sched_config.evict; default lru)\n"),
+	      "                             (bkv_sched_config.evict; default lru here,\n"
+	      "                             segmented in bkv_sched_config_init)\n"),
 	VALUE("--layout", set_layout,
 	      "  --layout flat|persistent   the batch layout (bkv_sched_config.\n"
 	      "                             batch_layout; default flat)\n"),

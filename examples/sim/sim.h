@@ -130,7 +130,9 @@ typedef struct sim_config {
 				      kv_blocks is 0 (0 = slots): a preset
 				      with more running rows keeps the
 				      machine's memory */
-	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU) */
+	bkv_evict_policy evict;    /* bkv_sched_config.evict (default LRU, not
+				      the library's segmented: the sim's
+				      documented runs keep their policy) */
 	bkv_batch_layout batch_layout; /* bkv_sched_config.batch_layout
 				      (--layout; default FLAT): the virtual
 				      host prices rows and tokens, so both

@@ -3,7 +3,7 @@
  * eviction policy, chosen from bkv_sched_config.evict and put in force on
  * the scheduler's pool for the scheduler's life.
  *
- * LRU (the default) leaves the pool as it is: the least recently released
+ * LRU leaves the pool as it is: the least recently released
  * block goes first, deepest first (kv/cache.c). VALUE turns on the KV
  * layer's eviction by value (kv/value.c) with a block's recompute price
  * from the scheduler's cost model: the model's price of a prefill chunk of
@@ -14,8 +14,8 @@
  * The KV layer orders by GreedyDual (a price buys a block time) and, with
  * window or chunked groups, as LRU (kv/value.c).
  *
- * SEGMENTED turns on the KV layer's segmented LRU (kv/value.c): probation
- * and protected lists, no prices.
+ * SEGMENTED (bkv_sched_config_init's default) turns on the KV layer's
+ * segmented LRU (kv/value.c): probation and protected lists, no prices.
  *
  * With bkv_sched_config.retention the requests' retention priorities order
  * it too (pool/retain.c): LRU becomes LRU within priority bands (the value

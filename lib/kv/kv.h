@@ -229,7 +229,7 @@ typedef struct bkv__kv {
 				  every eviction (wraps; only differences
 				  are read) */
 	uint32_t val_shift;    /* log2 of the hit count's half-life in ticks
-				  (about the pool's blocks) */
+				  (an eighth of the pool's blocks, >= 16) */
 	uint32_t val_users;    /* bkv__kv_value_on calls not yet undone */
 	uint32_t val_lanes;    /* of them, the lane keeping rule's
 				  (bkv__kv_lanes_on): cold blocks then
@@ -253,7 +253,7 @@ typedef struct bkv__kv {
 				  (bkv__kv_retain_now) */
 	uint32_t val_seg;      /* segmented LRU (kv/value.c) on-calls left */
 	uint32_t val_prot_n;   /* cached blocks on the protected list */
-	uint32_t val_prot_max; /* its room, blocks, in [nb / 8, nb - nb / 8] */
+	uint32_t val_prot_max; /* its room, blocks, in [0, nb - nb / 8] */
 	uint32_t val_rel_n;    /* blocks the close under way releases; 0 none */
 	uint32_t val_rel_dec;  /* its BACK blocks' list, set at the first; 0 */
 	uint32_t val_pclock;   /* ticks on every push to the lists (wraps):

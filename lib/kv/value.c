@@ -6,13 +6,20 @@
  * recompute it avoids, which is the cost model's price of prefilling it at
  * its depth (p0 + p1 x depth: attention over a deeper prefix costs more),
  * times the chance it is hit, read from its hit history (a count of hits
- * taken from the cache that halves every 2^val_shift clock ticks, about the
- * pool's size in hits and evictions), against the memory it holds: one
- * frame (with KV groups every group's block is a frame on the same LRU,
- * so each group's blocks are weighed and counted, none forgotten). Its
- * expected saving per frame, over a never-hit depth-0 block's, is
+ * taken from the cache that halves every 2^val_shift clock ticks, an eighth
+ * of the pool's size in hits and evictions, at least 16), against the
+ * memory it holds: one frame (with KV groups every group's block is a
+ * frame on the same LRU, so each group's blocks are weighed and counted,
+ * none forgotten). Its expected saving per frame, over a never-hit depth-0
+ * block's, is
  *
- *     v = (p0 + p1 x depth) / p0 x (1 + decayed hits)  >= 1
+ *     v = (p0 + w x p1 x depth) / p0 x (1 + decayed hits)  >= 1
+ *
+ * w = 1 while its decayed hit count is above 0, else 1/16: a deep block no
+ * hit has shown to be reused (a long prompt's own tail) kept its full price
+ * for as long as a reused one and cost up to 0.6 points of hits against
+ * LRU on the Mooncake and agent traces; with w and the eighth-of-a-pool
+ * decay every all-full row there is at or above LRU.
  *
  * GreedyDual (Cao and Irani's GreedyDual-Size, priced per frame). Value
  * alone would keep a block once hit long after its traffic has gone and
@@ -128,7 +135,10 @@
  *   - an eviction that finds probation empty and takes a protected block:
  *     the running prompts need more than probation holds: one less.
  * A one-sided workload settles at a bound: a cycle at nb - nb / 8,
- * recency at nb / 8, where probation is an LRU of 7/8 of the cache.
+ * recency at 0, where every protected push is moved at once to the
+ * probation tail and the order is LRU's (a floor of nb / 8 cost up to
+ * 1.2 points of hits against LRU on the agent trace at a quarter of its
+ * working set).
  *
  * kv/cache.c's bkv__cache_evict asks bkv__val_pick which block goes and
  * evicts it (this file calls nothing of cache.c: the layers test keeps
@@ -221,9 +231,12 @@ static double price_of(const bkv__kv *kv, int32_t b)
 	const bkv__val *v = &kv->val[b];
 	double x = 1.0; /* with the lane keeping rule: see the opening */
 
-	if (!kv->val_lanes)
-		x = (1.0 + kv->val_r1 * (double)v->depth) *
-		    (1.0 + (double)freq_now(kv, v) * (1.0 / VAL_UNIT));
+	if (!kv->val_lanes) {
+		uint32_t f = freq_now(kv, v);
+		double w = f ? 1.0 : 1.0 / 16.0; /* (see the opening) */
+
+		x = (1.0 + w * kv->val_r1 * (double)v->depth) * (1.0 + (double)f * (1.0 / VAL_UNIT));
+	}
 	if (kv->val_ret == BKV__RET_VALUE)
 		x *= (double)prio_now(kv, b) / BKV_RETENTION_PRIORITY_DEFAULT;
 	return x;
@@ -444,7 +457,7 @@ int bkv__kv_value_on(bkv__kv *kv, const bkv_allocator *a, double p0, double p1)
 		kv->hit_slow = 1;
 		kv->val_clock = 0;
 		kv->val_gd = 0.0;
-		kv->val_shift = ilog2(kv->nb > 16 ? kv->nb : 16);
+		kv->val_shift = ilog2(kv->nb > 128 ? kv->nb : 128) - 3; /* nb / 8, >= 16 */
 		kv->val_mask = 0;
 		kv->val_prot_n = 0;
 		kv->val_rr = 0;
@@ -557,7 +570,7 @@ static int seg_ghost_hit(bkv__kv *kv, int32_t b)
 	if (*g >> 32 != h >> 32 || !*g)
 		return 0;
 	near = kv->val_pclock - (uint32_t)*g < kv->nb - kv->nr_used;
-	if (near && kv->val_prot_max > kv->nb / 8)
+	if (near && kv->val_prot_max > 0)
 		kv->val_prot_max--;
 	*g = 0;
 	return !near;
@@ -571,7 +584,7 @@ static void seg_evicted(bkv__kv *kv, int32_t b)
 
 	kv->val_ghost[(uint32_t)h & kv->val_ghost_mask] =
 		(h >> 32 << 32 | kv->val[b].stamp) | (h >> 32 ? 0 : 1); /* never 0 */
-	if (kv->val[b].cls == BKV__SEG_PROT && kv->val_prot_max > kv->nb / 8)
+	if (kv->val[b].cls == BKV__SEG_PROT && kv->val_prot_max > 0)
 		kv->val_prot_max--;
 }
 

@@ -28,6 +28,7 @@ void bkv_sched_config_init(bkv_sched_config *cfg)
 	cfg->max_running = 32;
 	cfg->max_queue = 65536;
 	cfg->preempt = BKV_PREEMPT_AUTO;
+	cfg->evict = BKV_EVICT_SEGMENTED;
 }
 
 void bkv_request_init(bkv_request *req)

@@ -524,7 +524,7 @@ class Scheduler:
     Keyword arguments are bkv_sched_config fields (policy, max_running,
     admit_group, max_wait_us, chunked_prefill, token_budget, max_queue,
     preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us,
-    max_bypass_us, ttft_target_us, evict: BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT, max_adapters: the most distinct adapters among the running requests, so in any call, adapter_wait_us: the bound on passing a request whose adapter has no room, encoder_cache: the host's encoder cache in tokens (0: no encoder inputs), encoder_budget: encoder work per step in the inputs' cost unit (0: no bound)); unset ones keep bkv_sched_config_init's defaults. cost:
+    max_bypass_us, ttft_target_us, evict: BKV_EVICT_SEGMENTED (the default), BKV_EVICT_LRU or BKV_EVICT_VALUE, victim: BKV_VICTIM_RECENT or BKV_VICTIM_COST, admit_reserve: BKV_RESERVE_PROMPT or BKV_RESERVE_OUTPUT, max_adapters: the most distinct adapters among the running requests, so in any call, adapter_wait_us: the bound on passing a request whose adapter has no room, encoder_cache: the host's encoder cache in tokens (0: no encoder inputs), encoder_budget: encoder work per step in the inputs' cost unit (0: no bound)); unset ones keep bkv_sched_config_init's defaults. cost:
     a PolyCost, RooflineCost or CalibratedCost (default: the library's
     calibrated seed 000 model). The pool must not be used by anyone else
     while the scheduler lives (its methods are refused during a step).
