@@ -272,6 +272,7 @@ int main(void)
 	F(bkv_connector, user);
 	F(bkv_connector, save_blocks);
 	F(bkv_connector, max_saves);
+	F(bkv_connector, contains);
 	S(bkv_sched_config);
 	F(bkv_sched_config, size);
 	F(bkv_sched_config, policy);

@@ -446,6 +446,7 @@ class bkv_connector(Structure):
         ('user', c_void_p),
         ('save_blocks', c_uint32),
         ('max_saves', c_uint32),
+        ('contains', CFUNCTYPE(c_int, c_void_p, c_uint64)),
     ]
 
 

@@ -540,12 +540,17 @@ class Scheduler:
     save(xfer, blocks), which start a transfer of blocks (a read-only
     XFER_BLOCK_DTYPE array: hash, index, group, device block, frames) and
     return None (started) or a negative int (not started: loads are
-    recomputed, saves released); optionally preempted(req); optionally the
+    recomputed, saves released); optionally preempted(req); optionally
+    contains(hash) -> bool, whether the store holds the block of that
+    chained hash (a pool with KV groups then ends a load where every
+    group's blocks are held; absent: NULL, loads end where lookup said and a
+    group's missing block fails the load); optionally the
     ints save_blocks and max_saves (0: the library's 256 and 64). Each
     transfer completes by xfer_done(xfer, ...), from any thread, also from
     inside load/save. The callbacks run on the stepping thread inside
-    step(); an exception in one counts as a failed lookup (0 blocks) or a
-    transfer not started, and is re-raised by step() after the step.
+    step(); an exception in one counts as a failed lookup (0 blocks), a
+    transfer not started or a block not held (contains), and is re-raised
+    by step() after the step.
     The connector and its C callbacks live as long as the scheduler.
 
     Raises InvalidArgumentError (a field out of range), TypeError (a host
@@ -707,7 +712,7 @@ class Scheduler:
         for m in ("lookup", "load"):
             if not callable(getattr(conn, m, None)):
                 raise TypeError("Scheduler: a connector needs lookup() and load() (and "
-                                "optionally save(), preempted())")
+                                "optionally save(), preempted(), contains())")
         fn = _ffi.CONNECTOR_FN
         later = _ffi.BKV_CONNECTOR_LATER
         c = _ffi.bkv_connector()
@@ -755,6 +760,13 @@ class Scheduler:
             except BaseException as e:  # re-raised by step()
                 self._fail(e)
 
+        def contains(_u, h):
+            try:
+                return 1 if conn.contains(int(h)) else 0
+            except BaseException as e:  # re-raised by step()
+                self._fail(e)
+                return 0
+
         keep.append(fn["lookup"](lookup))
         c.lookup = keep[-1]
         keep.append(fn["load"](load))
@@ -765,6 +777,9 @@ class Scheduler:
         if callable(getattr(conn, "preempted", None)):
             keep.append(fn["preempted"](preempted))
             c.preempted = keep[-1]
+        if callable(getattr(conn, "contains", None)):
+            keep.append(fn["contains"](contains))
+            c.contains = keep[-1]
         c.save_blocks = int(getattr(conn, "save_blocks", 0))
         c.max_saves = int(getattr(conn, "max_saves", 0))
         return c

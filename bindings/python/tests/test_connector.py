@@ -4,7 +4,9 @@ what one engine saves, a second engine on a fresh pool loads instead of
 computing, token for token equal to a run without the connector and to each
 request run alone. Transfers complete inside the call or later, from the
 stepping thread or another one; lookups answered later, failed blocks,
-failed saves, exceptions in the connector and refused completions."""
+failed saves, exceptions in the connector and refused completions. A pool
+with a full and a window group, whose connector's contains() ends each load
+where both groups' blocks are held."""
 import ctypes
 import threading
 
@@ -270,3 +272,183 @@ def test_connector_exceptions_and_refused_configs():
     with pytest.raises(InvalidArgumentError):
         Scheduler(nocache, PlusOne(), connector=Queued())
     nocache.close()
+
+
+# -- a hybrid pool (a full group and a window group) and contains() ----------
+
+HYBRID = [batchkv.KvGroup(batchkv.GroupKind.FULL, 2, 0, 64),
+          batchkv.KvGroup(batchkv.GroupKind.WINDOW, 2, 6, 64)]
+M64 = (1 << 64) - 1
+
+
+def mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+class GroupCells:
+    """A host with a KV cell per slot of each group, whose next token
+    depends on every cell it reads through the groups' block tables (the
+    full group: the whole sequence; the window group: its last span
+    positions), so a wrong or missing block of either group changes the
+    tokens or trips the read of an empty cell."""
+
+    def __init__(self, blocks):
+        self.dev = [[0] * (blocks * BT) for _ in HYBRID]
+        self.tokens = {}
+        self.finished = 0
+
+    def forward(self, b, next_tokens):
+        tok, pos, qo, groups = b.token_ids, b.positions, b.qo_indptr, b.groups
+        assert len(groups) == len(HYBRID)
+        for r in range(len(qo) - 1):
+            h = 0
+            for i in range(int(qo[r]), int(qo[r + 1])):
+                p = int(pos[i])
+                for gi, g in enumerate(groups):
+                    self.dev[gi][int(g.slot_mapping[i])] = mix((gi << 56) | (int(tok[i]) << 32) | p)
+                h = 0
+                for gi, g in enumerate(groups):
+                    lo = max(0, p - int(g.span) + 1) if g.span else 0
+                    base, first = int(g.kv_indptr[r]), int(g.kv_first_block[r])
+                    for q in range(lo, p + 1):
+                        cell = self.dev[gi][int(g.kv_indices[base + q // BT - first]) * BT + q % BT]
+                        assert cell != 0, "group %d position %d read before it was written" % (gi, q)
+                        h = mix(h ^ cell)
+            if b.row_sample[r]:
+                next_tokens[r] = 100 + h % 900
+
+    def on_token(self, req, branch, token, user):
+        self.tokens.setdefault(user, []).append(token)
+
+    def on_finish(self, req, reason, user):
+        self.finished += 1
+
+
+class GroupStore:
+    """A connector over held (hash -> (group, index, cells)) for a
+    GroupCells host, with contains(); transfers complete inside the call.
+    raise_contains: the first contains() raises."""
+
+    def __init__(self, host, held, raise_contains=False):
+        self.host, self.held, self.raise_contains = host, held, raise_contains
+        self.sched = None
+        self.contains_calls = self.loads = self.saves = 0
+        self.loaded_groups = set()
+
+    def lookup(self, req, hashes):
+        n = 0
+        while n < len(hashes) and int(hashes[n]) in self.held:
+            n += 1
+        return n
+
+    def contains(self, h):
+        assert isinstance(h, int)
+        self.contains_calls += 1
+        if self.raise_contains:
+            self.raise_contains = False
+            raise LookupError("contains failed")
+        return h in self.held
+
+    def load(self, xfer, req, blocks):
+        self.loads += 1
+        self.run(xfer, blocks, True)
+
+    def save(self, xfer, blocks):
+        self.saves += 1
+        self.run(xfer, blocks, False)
+
+    def run(self, xfer, blocks, is_load):
+        failed = []
+        for i, b in enumerate(blocks):
+            assert b["frames"] == 1
+            g, lo = int(b["group"]), int(b["block"]) * BT
+            if is_load:
+                got = self.held.get(int(b["hash"]))
+                if got is None:
+                    failed.append(i)
+                    continue
+                assert got[:2] == (g, int(b["index"])), "a hash names one group's block"
+                self.host.dev[g][lo:lo + BT] = got[2]
+                self.loaded_groups.add(g)
+            else:
+                self.held[int(b["hash"])] = (g, int(b["index"]), self.host.dev[g][lo:lo + BT])
+        self.sched.xfer_done(xfer, 0, failed)
+
+
+def hybrid_prompts():
+    """8 prompts: 6 shared blocks and a private tail of 1..5 tokens."""
+    return [list(range(500, 500 + 6 * BT)) + [700 + 10 * i + t for t in range(1 + i % 5)]
+            for i in range(8)]
+
+
+class NoContains(GroupStore):
+    """The same store without contains() (bkv_connector.contains NULL)."""
+    contains = None
+
+
+def serve_hybrid(held=None, raise_contains=False, store=GroupStore):
+    host = GroupCells(256)
+    pool = batchkv.Pool(block_tokens=BT, device_blocks=256, groups=HYBRID)
+    conn = None if held is None else store(host, held, raise_contains)
+    kw = {} if conn is None else {"connector": conn}
+    s = Scheduler(pool, host, max_running=8, chunked_prefill=1, token_budget=24, **kw)
+    if conn is not None:
+        conn.sched = s
+    ps = hybrid_prompts()
+    for i, p in enumerate(ps):
+        s.submit(p, 5, user=i)
+    raised = 0
+    steps = 0
+    while s.pending:
+        try:
+            s.step()
+        except LookupError:
+            raised += 1
+        assert s.check() == 0
+        steps += 1
+        assert steps < 2000, "stuck"
+    s.step()
+    st = s.stats()
+    s.close()
+    pool.close()
+    assert host.finished == len(ps)
+    return [host.tokens[i] for i in range(len(ps))], st, conn, raised
+
+
+def test_a_hybrid_pool_loads_every_groups_blocks_with_contains():
+    plain, _, _, _ = serve_hybrid()
+    held = {}
+    t1, s1, c1, _ = serve_hybrid(held)
+    assert t1 == plain
+    assert s1.kv_saved > 0 and c1.saves > 0 and s1.kv_save_failed == 0
+    assert {v[0] for v in held.values()} == {0, 1}, "both groups' blocks were saved"
+    # the store loses the window group's block of the last shared block: the
+    # prefix lookup() reports (group 0's 6 blocks) lacks a window block
+    # (each engine below gets its own copy: what it recomputes it saves)
+    kept = {h: v for h, v in held.items() if v[:2] != (1, 5)}
+    assert len(kept) < len(held)
+
+    t2, s2, c2, _ = serve_hybrid(dict(kept))
+    assert c2.contains_calls > 0, "the library asked contains()"
+    assert s2.kv_loads > 0 and s2.kv_load_tokens > 0, \
+        "the second engine loads (%d failed, %d lookups)" % (s2.kv_load_failed, s2.kv_lookups)
+    assert s2.kv_load_failed == 0, "the load ended where every group's blocks are held"
+    assert c2.loaded_groups == {0, 1}
+    assert s2.kv_load_tokens == s2.kv_loads * 5 * BT, "each load ends before the lost block"
+    assert t2 == plain, "a loaded prefix changed the tokens"
+
+    # without contains() the load ends where lookup() said: the lost window
+    # block fails (and is recomputed)
+    t3, s3, c3, _ = serve_hybrid(dict(kept), store=NoContains)
+    assert c3.contains_calls == 0 and s3.kv_load_failed > 0
+    assert t3 == plain
+
+    # an exception in contains(): that block counts as not held, and step()
+    # re-raises it after the step
+    t4, s4, c4, raised = serve_hybrid(dict(kept), raise_contains=True)
+    assert raised == 1 and c4.contains_calls > 1
+    assert s4.kv_load_failed == 0
+    assert t4 == plain

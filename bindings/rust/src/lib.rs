@@ -1916,7 +1916,8 @@ pub struct XferFailed;
 /// [`Scheduler::with_connector`]. Every method runs on the stepping thread
 /// inside `step` (or `launch`/`complete`, `release_kv`), like the host's;
 /// a panic is caught there and resumed to the caller after the call, the
-/// callback counting as failed ([`Lookup::Error`], [`XferFailed`]).
+/// callback counting as failed ([`Lookup::Error`], [`XferFailed`], a block
+/// not held).
 ///
 /// Each load and save gets an id (`xfer`) and completes by
 /// [`XferDone::done`] (or [`Scheduler::xfer_done`]) with that id, from any
@@ -1944,6 +1945,16 @@ pub trait KvConnector {
     const HAS_PREEMPTED: bool = false;
     /// Request `req` was preempted (its device KV is dropped or swapped).
     fn preempted(&mut self, _req: u64) {}
+    /// true: the library calls `contains` (`bkv_connector.contains`).
+    const HAS_CONTAINS: bool = false;
+    /// Whether the store holds the block of chained hash `hash` (any
+    /// group's). With it a pool with KV groups ends a load where every
+    /// group's blocks are held; without it (`HAS_CONTAINS` false) loads end
+    /// where `lookup` said and a group's missing block fails the load. A
+    /// panic counts as not held.
+    fn contains(&mut self, _hash: u64) -> bool {
+        false
+    }
     /// Most blocks in one save call (`bkv_connector.save_blocks`; 0 = 256).
     const SAVE_BLOCKS: u32 = 0;
     /// Most save transfers outstanding (`bkv_connector.max_saves`; 0 = 64).
@@ -2037,6 +2048,11 @@ unsafe extern "C" fn cn_preempted_cb<H: KvConnector>(h: *mut c_void, req: u64) {
     guarded(cell, (), |h| h.preempted(req))
 }
 
+unsafe extern "C" fn cn_contains_cb<H: KvConnector>(h: *mut c_void, hash: u64) -> c_int {
+    let cell = &*(h as *const HostCell<H>);
+    guarded(cell, 0, |h| h.contains(hash) as c_int)
+}
+
 fn connector_ops<H: Host + KvConnector>() -> sys::bkv_connector {
     sys::bkv_connector {
         lookup: Some(cn_lookup_cb::<H>),
@@ -2046,6 +2062,7 @@ fn connector_ops<H: Host + KvConnector>() -> sys::bkv_connector {
         user: ptr::null_mut(), // set to the host cell by create
         save_blocks: H::SAVE_BLOCKS,
         max_saves: H::MAX_SAVES,
+        contains: if H::HAS_CONTAINS { Some(cn_contains_cb::<H>) } else { None },
     }
 }
 

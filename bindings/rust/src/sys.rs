@@ -457,6 +457,7 @@ pub struct bkv_connector {
     pub user: *mut c_void,
     pub save_blocks: u32,
     pub max_saves: u32,
+    pub contains: Option<unsafe extern "C" fn(*mut c_void, u64) -> c_int>,
 }
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]

@@ -5,6 +5,8 @@
 //! loads instead of computing, with the tokens of a run without the
 //! connector; lookups answered later, a failed block, transfers completed
 //! later and from another thread, refused completions, a panicking lookup.
+//! A pool with a full and a window group, whose connector's `contains` ends
+//! each load where both groups' blocks are held.
 use batchkv::*;
 use std::collections::{HashMap, HashSet};
 use std::panic::{self, AssertUnwindSafe};
@@ -346,4 +348,218 @@ fn connector_config_defaults_and_refusals() {
     let e = Engine::new(64, Some(Arc::default()));
     let err = Scheduler::with_connector(&mut pool, e, &cfg(), None).err().unwrap();
     assert_eq!(err, Error::InvalidArgument);
+}
+
+// -- a hybrid pool (a full group and a window group) and `contains` ---------
+
+fn hybrid() -> [KvGroup; 2] {
+    [KvGroup::full(2, 64), KvGroup::window(2, 6, 64)]
+}
+
+/// block hash -> (group, logical index, cells)
+type GroupHeld = HashMap<u64, (u32, u32, Vec<u64>)>;
+
+/// A host with a KV cell per slot of each group, whose next token depends
+/// on every cell it reads through the groups' block tables (the full group:
+/// the whole sequence; the window group: its last span positions), so a
+/// wrong or missing block of either group changes the tokens or trips the
+/// read of an empty cell. Its connector (`C`: with `contains`) moves the
+/// cells to and from `held`, completing each transfer inside the call.
+#[derive(Default)]
+struct GroupEngine<const C: bool> {
+    dev: [Vec<u64>; 2],
+    tokens: HashMap<usize, Vec<i32>>,
+    finished: usize,
+    held: GroupHeld,
+    contains_calls: u64,
+    panic_contains: bool,
+    saves: u64,
+    loaded_groups: HashSet<u32>,
+}
+
+impl<const C: bool> GroupEngine<C> {
+    fn new(blocks: usize, held: GroupHeld) -> Self {
+        GroupEngine { dev: [vec![0; blocks * BT], vec![0; blocks * BT]], held, ..Default::default() }
+    }
+
+    fn run(&mut self, done: &XferDone, xfer: u64, blocks: &[XferBlock], load: bool) {
+        let mut failed = Vec::new();
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(b.frames, 1);
+            let g = b.group as usize;
+            let d = b.block as usize * BT..(b.block as usize + 1) * BT;
+            if load {
+                match self.held.get(&b.hash) {
+                    Some((hg, hi, cells)) => {
+                        assert_eq!((*hg, *hi), (b.group, b.index), "a hash names one group's block");
+                        self.dev[g][d].copy_from_slice(cells);
+                        self.loaded_groups.insert(b.group);
+                    }
+                    None => failed.push(i as u32),
+                }
+            } else {
+                let cells = self.dev[g][d].to_vec();
+                self.held.insert(b.hash, (b.group, b.index, cells));
+            }
+        }
+        done.done(xfer, 0, &failed).unwrap();
+    }
+}
+
+impl<const C: bool> Host for GroupEngine<C> {
+    fn forward(&mut self, b: &Batch<'_>, next: &mut [i32]) -> std::result::Result<(), HostFailed> {
+        let (tok, pos, qo) = (b.token_ids(), b.positions(), b.qo_indptr());
+        let groups: Vec<BatchGroup<'_>> = b.groups().collect();
+        assert_eq!(groups.len(), 2);
+        for r in 0..b.n_rows() {
+            let mut h = 0u64;
+            for i in qo[r] as usize..qo[r + 1] as usize {
+                let p = pos[i] as usize;
+                for (gi, g) in groups.iter().enumerate() {
+                    self.dev[gi][g.slot_mapping()[i] as usize] =
+                        mix(((gi as u64) << 56) | ((tok[i] as u64) << 32) | p as u64);
+                }
+                h = 0;
+                for (gi, g) in groups.iter().enumerate() {
+                    let span = g.span() as usize;
+                    let lo = if span == 0 { 0 } else { (p + 1).saturating_sub(span) };
+                    let base = g.kv_indptr()[r] as usize;
+                    let first = g.kv_first_block()[r] as usize;
+                    for q in lo..=p {
+                        let blk = g.kv_indices()[base + q / BT - first] as usize;
+                        let cell = self.dev[gi][blk * BT + q % BT];
+                        assert_ne!(cell, 0, "group {} position {} read before it was written", gi, q);
+                        h = mix(h ^ cell);
+                    }
+                }
+            }
+            if b.row_sample()[r] != 0 {
+                next[r] = 100 + (h % 900) as i32;
+            }
+        }
+        Ok(())
+    }
+    fn on_token(&mut self, _req: u64, _b: u32, token: i32, user: usize) {
+        self.tokens.entry(user).or_insert_with(Vec::new).push(token);
+    }
+    fn on_finish(&mut self, _req: u64, _why: FinishReason, _user: usize) {
+        self.finished += 1;
+    }
+}
+
+impl<const C: bool> KvConnector for GroupEngine<C> {
+    fn lookup(&mut self, _req: u64, hashes: &[u64]) -> Lookup {
+        Lookup::Blocks(hashes.iter().take_while(|h| self.held.contains_key(h)).count() as u32)
+    }
+    fn load(&mut self, done: &XferDone, xfer: u64, _req: u64, blocks: &[XferBlock])
+        -> std::result::Result<(), XferFailed> {
+        self.run(done, xfer, blocks, true);
+        Ok(())
+    }
+    fn save(&mut self, done: &XferDone, xfer: u64, blocks: &[XferBlock])
+        -> std::result::Result<(), XferFailed> {
+        self.saves += 1;
+        self.run(done, xfer, blocks, false);
+        Ok(())
+    }
+    const HAS_CONTAINS: bool = C;
+    fn contains(&mut self, hash: u64) -> bool {
+        self.contains_calls += 1;
+        if self.panic_contains {
+            self.panic_contains = false;
+            panic!("contains failed");
+        }
+        self.held.contains_key(&hash)
+    }
+}
+
+/// 8 prompts: 6 shared blocks and a private tail of 1..5 tokens.
+fn hybrid_prompts() -> Vec<Vec<i32>> {
+    (0..8).map(|i| {
+        let mut p: Vec<i32> = (0..6 * BT as i32).map(|t| 500 + t).collect();
+        p.extend((0..1 + i % 5).map(|t| 700 + 10 * i + t));
+        p
+    }).collect()
+}
+
+/// Serve the hybrid prompts (through the connector when `with`): the tokens
+/// by prompt, the stats, the engine and how many steps resumed a panic.
+fn serve_hybrid<const C: bool>(e: GroupEngine<C>, with: bool)
+    -> (Vec<Vec<i32>>, SchedStats, GroupEngine<C>, usize) {
+    let cfg = PoolConfig { device_blocks: 256, block_tokens: BT as u32, ..Default::default() };
+    let mut pool = Pool::with_groups(&cfg, &hybrid()).unwrap();
+    let sc = cfg_hybrid();
+    let mut s = if with {
+        Scheduler::with_connector(&mut pool, e, &sc, None).unwrap()
+    } else {
+        Scheduler::new(&mut pool, e, &sc, None).unwrap()
+    };
+    let ps = hybrid_prompts();
+    for (i, p) in ps.iter().enumerate() {
+        s.submit(&Request { user: i, ..Request::new(p, 5) }).unwrap();
+    }
+    let (mut steps, mut panics) = (0, 0);
+    while s.pending() > 0 {
+        match panic::catch_unwind(AssertUnwindSafe(|| s.step())) {
+            Ok(r) => { r.unwrap(); }
+            Err(p) => {
+                assert_eq!(p.downcast_ref::<&str>(), Some(&"contains failed"));
+                panics += 1;
+            }
+        }
+        assert_eq!(s.check().unwrap(), 0);
+        steps += 1;
+        assert!(steps < 2000, "stuck");
+    }
+    s.step().unwrap();
+    let st = s.stats().unwrap();
+    let e = std::mem::take(s.host_mut());
+    drop(s);
+    assert_eq!(e.finished, ps.len());
+    let toks = (0..ps.len()).map(|u| e.tokens[&u].clone()).collect();
+    (toks, st, e, panics)
+}
+
+fn cfg_hybrid() -> SchedConfig {
+    SchedConfig { max_running: 8, chunked_prefill: 1, token_budget: 24, ..Default::default() }
+}
+
+#[test]
+fn a_hybrid_pool_loads_every_groups_blocks_with_contains() {
+    let (plain, _, _, _) = serve_hybrid(GroupEngine::<true>::new(256, GroupHeld::new()), false);
+    let (t1, s1, e1, _) = serve_hybrid(GroupEngine::<true>::new(256, GroupHeld::new()), true);
+    assert_eq!(t1, plain);
+    assert!(s1.kv_saved > 0 && e1.saves > 0 && s1.kv_save_failed == 0);
+    let groups: HashSet<u32> = e1.held.values().map(|v| v.0).collect();
+    assert_eq!(groups, [0, 1].into_iter().collect(), "both groups' blocks were saved");
+    // The store loses the window group's block of the last shared block: the
+    // prefix lookup reports (group 0's 6 blocks) lacks a window block. Each
+    // engine below gets its own copy (what it recomputes it saves).
+    let kept: GroupHeld = e1.held.iter().filter(|(_, v)| (v.0, v.1) != (1, 5))
+        .map(|(h, v)| (*h, v.clone())).collect();
+    assert!(kept.len() < e1.held.len());
+
+    let (t2, s2, e2, _) = serve_hybrid(GroupEngine::<true>::new(256, kept.clone()), true);
+    assert!(e2.contains_calls > 0, "the library asked contains");
+    assert!(s2.kv_loads > 0 && s2.kv_load_tokens > 0, "the second engine loads ({} failed, {} lookups)",
+            s2.kv_load_failed, s2.kv_lookups);
+    assert_eq!(s2.kv_load_failed, 0, "the load ended where every group's blocks are held");
+    assert_eq!(s2.kv_load_tokens, s2.kv_loads * 5 * BT as u64, "each load ends before the lost block");
+    assert_eq!(e2.loaded_groups, [0, 1].into_iter().collect());
+    assert_eq!(t2, plain, "a loaded prefix changed the tokens");
+
+    // without contains (HAS_CONTAINS false) the load ends where lookup said:
+    // the lost window block fails (and is recomputed)
+    let (t3, s3, e3, _) = serve_hybrid(GroupEngine::<false>::new(256, kept.clone()), true);
+    assert!(e3.contains_calls == 0 && s3.kv_load_failed > 0);
+    assert_eq!(t3, plain);
+
+    // a panic in contains: that block counts as not held, and step resumes
+    // the panic after the step
+    let mut e4 = GroupEngine::<true>::new(256, kept);
+    e4.panic_contains = true;
+    let (t4, s4, e4, panics) = serve_hybrid(e4, true);
+    assert!(panics == 1 && e4.contains_calls > 1);
+    assert_eq!(s4.kv_load_failed, 0);
+    assert_eq!(t4, plain);
 }

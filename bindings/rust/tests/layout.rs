@@ -49,7 +49,7 @@ fn every_struct_matches_the_c_layout() {
         layout!(bkv_table_delta { slot, start, n, len, flags }),
         layout!(bkv_host_ops { forward, prefill, decode, on_token, on_finish, now_us, draft, launch }),
         layout!(bkv_kv_xfer_block { hash, index, group, block, frames }),
-        layout!(bkv_connector { lookup, load, save, preempted, user, save_blocks, max_saves }),
+        layout!(bkv_connector { lookup, load, save, preempted, user, save_blocks, max_saves, contains }),
         layout!(bkv_sched_config { size, policy, max_running, admit_group, max_wait_us, chunked_prefill, token_budget, max_queue, preempt, host_link_bytes_per_us, kv_bytes_per_token, tpot_target_us, cost, max_bypass_us, batch_layout, ttft_target_us, spec_max_k, spec_k_mode, spec_drafts, overlap, evict, victim, admit_reserve, retention, copy_overlap, prefill_first, max_adapters, pad0, adapter_wait_us, encoder_cache, encoder_budget, pad1, connector }),
         layout!(bkv_request { size, prompt, prompt_len, max_new_tokens, stop_tokens, n_stop, priority, cache_key, n, predicted_output, user, retention, n_retention, adapter, n_inputs, inputs }),
         layout!(bkv_encoder_input { cache_id, token_start, token_len, cost, pad }),
