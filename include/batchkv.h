@@ -1816,8 +1816,9 @@ typedef enum bkv_admit_reserve {
 typedef struct bkv_kv_xfer_block {
 	uint64_t hash;   /* the block's chained hash in its group: group 0's
 			    is the hash bkv_block_hashes gives (and KV
-			    events carry); a further group's is salted per
-			    group, so one key names one group's block */
+			    events carry); a further group's and a state's
+			    are salted, so one key names one group's block
+			    (a state's: the block it ends, salted) */
 	uint32_t index;  /* logical block: tokens [index x block_tokens,
 			    (index + 1) x block_tokens) of the sequence; for
 			    a state, the block it ends */
