@@ -379,8 +379,6 @@ int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r)
 	return 0;
 }
 
-/* The request lets go of its lanes (ends, preempted): its load, if any,
- * completes into a parked sequence. */
 void bkv__cn_quiet(bkv_sched *s, int on)
 {
 	if (s->cn)
@@ -393,6 +391,8 @@ void bkv__cn_preempted(bkv_sched *s, const bkv__req *r)
 		s->cn->ops.preempted(s->cn->ops.user, r->id);
 }
 
+/* The request lets go of its lanes (ends, preempted): its load, if any,
+ * completes into a parked sequence. */
 void bkv__cn_disown(bkv_sched *s, bkv__req *r)
 {
 	bkv__cn *c = s->cn;
@@ -490,15 +490,25 @@ static void failed_start(bkv_sched *s, bkv__cn_rec *x)
 	UNLOCK(s);
 }
 
+/* Cut a loading lane back to len tokens, or to none where a group cannot
+ * keep that length (a window's blocks before the load's end went, a STATE
+ * group keeps only the state at its end). */
+static void cut_back(bkv_sched *s, bkv__lane *l, uint32_t len)
+{
+	if (len < l->kv_len && !bkv__seq_can_cut(s->pool, l->seq, len))
+		len = 0;
+	if (len < l->kv_len && bkv_seq_truncate(s->pool, l->seq, len) == BKV_OK)
+		l->kv_len = len;
+	l->cn_saved = l->kv_len >> s->bt_shift;
+}
+
 /* A planned load that cannot go out: the lane computes instead. */
 static void load_cancel(bkv_sched *s, bkv__lane *l, uint32_t from)
 {
 	bkv__req *r = l->req;
 
 	bkv__seq_noindex(s->pool, l->seq, 0);
-	bkv_seq_truncate(s->pool, l->seq, from << s->bt_shift);
-	l->kv_len = from << s->bt_shift;
-	l->cn_saved = from;
+	cut_back(s, l, from << s->bt_shift);
 	r->cn_loading = 0;
 	s->cn->n_loading--;
 }
@@ -569,14 +579,8 @@ static void load_done(bkv_sched *s, bkv__cn_rec *x)
 	r->cn_loading = 0;
 	c->n_loading--;
 	r->cn_ext = BKV_MIN(r->cn_ext, at); /* never asked past a failure again */
-	len = at << s->bt_shift;
-	if (at < x->to && !bkv__seq_can_cut(s->pool, l->seq, len))
-		len = 0; /* a group cannot keep the shorter length */
-	if (len < l->kv_len) {
-		bkv_seq_truncate(s->pool, l->seq, len);
-		l->kv_len = len;
-	}
-	l->cn_saved = len >> s->bt_shift;
+	cut_back(s, l, at << s->bt_shift);
+	len = l->kv_len;
 	s->stats.kv_load_tokens += len > (x->from << s->bt_shift) ? len - (x->from << s->bt_shift) : 0;
 	bkv__seq_publish(s->pool, l->seq, x->from);
 	if (c->n_pub < s->cfg.max_running) {
@@ -695,13 +699,9 @@ void bkv__cn_rollback(bkv_sched *s)
 			c->n_loading--;
 			if (l->seq != BKV__SEQ_NONE) {
 				bkv__seq_noindex(s->pool, l->seq, 0);
-				if (l->kv_len > from) { /* (overlap: no row of a ticket
-							   undid it) */
-					bkv_seq_truncate(s->pool, l->seq, from);
-					l->kv_len = from;
-				}
+				cut_back(s, l, from); /* (overlap: no ticket's row
+							 undid it) */
 			}
-			l->cn_saved = l->kv_len >> s->bt_shift;
 		}
 	}
 	if (c->n_pub) { /* the transaction forgot them: a commit of their
