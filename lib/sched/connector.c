@@ -163,12 +163,13 @@ int bkv__cn_create(bkv_sched *s, const bkv_connector *ops)
 		return BKV_ENOMEM;
 	}
 	memset(p, 0, cn_bytes(s, c, saves, max_seqs));
+	/* 8-byte aligned parts first, then the 4-byte ones */
 	c->rec = (bkv__cn_rec *)(void *)p;
 	c->save_ents = (bkv_kv_xfer_block *)(void *)(c->rec + c->n_rec);
-	c->park = (bkv__cn_park *)(void *)(c->save_ents + (size_t)saves * c->ops.save_blocks);
-	c->plan = (bkv__cn_mark *)(void *)(c->park + max_seqs);
+	c->plan = (bkv__cn_mark *)(void *)(c->save_ents + (size_t)saves * c->ops.save_blocks);
 	c->pub = c->plan + s->cfg.max_running;
-	c->busy = (uint32_t *)(void *)(c->pub + s->cfg.max_running);
+	c->park = (bkv__cn_park *)(void *)(c->pub + s->cfg.max_running);
+	c->busy = (uint32_t *)(void *)(c->park + max_seqs);
 	c->free_load = c->busy + max_seqs;
 	c->free_save = c->free_load + c->n_load;
 	for (i = c->n_load; i-- > 0;)
