@@ -2593,10 +2593,12 @@ BKV_API int bkv_sched_kv_resume(bkv_sched *sched);
 /**
  * Wait for work: block the calling thread until a request is pending
  * (bkv_sched_pending > 0), another thread calls bkv_sched_wake, or
- * timeout_us microseconds pass on the monotonic clock. An engine thread's
- * loop: while (running) { if (bkv_sched_wait(s, UINT64_MAX) == BKV_OK)
- * bkv_step(s, NULL); } with bkv_sched_wake to stop it. Returns at once when
- * a request is pending already.
+ * timeout_us microseconds pass on the monotonic clock. With a KV connector,
+ * a request whose only business is a load in flight does not count until
+ * bkv_kv_xfer_done completes a transfer (nor do overlapped steps
+ * outstanding let it sleep). An engine thread's loop: while (running) { if
+ * (bkv_sched_wait(s, UINT64_MAX) == BKV_OK) bkv_step(s, NULL); } with
+ * bkv_sched_wake to stop it. Returns at once when there is work already.
  * @param sched       the scheduler.
  * @param timeout_us  the longest wait; 0: a poll; UINT64_MAX: no limit.
  * @return BKV_OK when a request is pending; BKV_EAGAIN when the wait ended

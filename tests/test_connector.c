@@ -6,9 +6,12 @@
  * (inside the call) or later (queued, completed between steps by the test,
  * in an order it chooses), with failures and lookups answered later.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "support/fakehost_sched.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -517,6 +520,46 @@ Test(connector, a_hybrid_pool_loads_every_groups_blocks)
 		     (unsigned long long)s.kv_lookups);
 	cr_assert_eq(s.kv_load_failed, 0, "window blocks were saved too");
 	free_prompts(p, 6);
+	free(st);
+}
+
+static void *flush_later(void *arg)
+{
+	struct timespec t = {0, 20 * 1000 * 1000};
+
+	nanosleep(&t, NULL);
+	st_flush(arg);
+	return NULL;
+}
+
+Test(connector, the_wait_sleeps_through_a_load_until_it_completes)
+{
+	store *st = calloc(1, sizeof(*st));
+	bkv_connector c = st_connector(st);
+	int32_t **p = prompts(1, 200);
+	pthread_t thr;
+	fake_host *f;
+
+	st->inline_done = 1;
+	f = engine(st, &c, 256, 0);
+	submit_all(f, p, 1, 200);
+	run(f, st, 1000);
+	fh_destroy(f);
+	st->inline_done = 0;
+	f = engine(st, &c, 256, 0);
+	submit_all(f, p, 1, 200);
+	cr_assert_eq(bkv_sched_wait(f->s, 0), BKV_OK, "a request to admit");
+	cr_assert_eq(bkv_step(f->s, NULL), BKV_OK);
+	cr_assert_eq(st->nq, 1, "its load is in flight");
+	cr_assert_eq(bkv_sched_wait(f->s, 0), BKV_EAGAIN, "no step can move it");
+	cr_assert_eq(bkv_sched_wait(f->s, 2000), BKV_EAGAIN);
+	cr_assert_eq(pthread_create(&thr, NULL, flush_later, st), 0);
+	cr_assert_eq(bkv_sched_wait(f->s, UINT64_MAX), BKV_OK, "the completion wakes it");
+	pthread_join(thr, NULL);
+	run(f, st, 1000);
+	cr_assert_eq(f->finished_total, 1);
+	fh_destroy(f);
+	free_prompts(p, 1);
 	free(st);
 }
 

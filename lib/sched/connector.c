@@ -786,6 +786,18 @@ uint32_t bkv__cn_in_flight(const bkv_sched *s)
 	return c ? c->n_rec - c->n_free_load - c->n_free_save : 0;
 }
 
+uint32_t bkv__cn_idle(const bkv_sched *s)
+{
+	const bkv__cn *c = s->cn;
+	uint32_t i, n = 0;
+
+	if (!c || c->done_head != CN_NONE) /* (lock held) completions to apply */
+		return 0;
+	for (i = 0; i < c->n_load; i++)
+		n += c->rec[i].id && !c->rec[i].done && c->rec[i].req;
+	return n;
+}
+
 uint32_t bkv__cn_loads_planned(const bkv_sched *s)
 {
 	return s->cn->n_loading;

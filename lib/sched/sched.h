@@ -685,6 +685,9 @@ void bkv__cn_seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
 void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l);
 /* A transfer in flight names r's sequences (no swap-out). */
 int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r);
+/* Requests that only wait for a load in flight, 0 when completed transfers
+ * wait to be applied (lock held; bkv_sched_wait). */
+uint32_t bkv__cn_idle(const bkv_sched *s);
 /* Requests whose load is planned or in flight. */
 uint32_t bkv__cn_loads_planned(const bkv_sched *s);
 /* Transfers in flight (0 without a connector). */

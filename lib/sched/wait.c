@@ -1,7 +1,10 @@
 /*
  * wait.c - the engine thread's wait for work (bkv_sched_wait): block until
  * a request is pending, another thread calls bkv_sched_wake, or a timeout
- * passes, instead of polling bkv_sched_pending.
+ * passes, instead of polling bkv_sched_pending. With a KV connector the
+ * requests whose loads are in flight do not count as work (a step cannot
+ * move them) until bkv_kv_xfer_done, which broadcasts under the same
+ * mutex, completes a transfer.
  *
  * The sleep is a condition variable beside the inbox's mutex, on the
  * monotonic clock (a wall-clock change neither shortens nor stretches a
@@ -67,6 +70,16 @@ static struct timespec deadline(uint64_t us)
 	return t;
 }
 
+/* Lock held: a request is pending that a step can move (not one that only
+ * waits for a KV connector's load in flight), or completed transfers wait
+ * to be applied, or overlapped steps are outstanding. */
+static int work(const bkv_sched *s)
+{
+	const uint32_t alive = ATOMIC_LOAD(&((bkv_sched *)s)->in.nr_alive);
+
+	return alive > bkv__cn_idle(s) || (s->cn && bkv__ovl_outstanding(s));
+}
+
 int bkv_sched_wait(bkv_sched *s, uint64_t timeout_us)
 {
 	struct timespec until = {0, 0};
@@ -77,16 +90,19 @@ int bkv_sched_wait(bkv_sched *s, uint64_t timeout_us)
 		return BKV_EINVAL;
 	if (s->plan.in_step)
 		return BKV_ESTATE; /* from a callback: it would wait on itself */
-	if (ATOMIC_LOAD(&s->in.nr_alive))
+	if (ATOMIC_LOAD(&s->in.nr_alive) && !s->cn)
 		return BKV_OK;
-	if (timeout_us == 0)
-		return BKV_EAGAIN;
 	if (timeout_us != UINT64_MAX)
 		until = deadline(timeout_us);
 	LOCK(s);
+	if (work(s) || timeout_us == 0) {
+		rc = work(s) ? BKV_OK : BKV_EAGAIN;
+		UNLOCK(s);
+		return rc;
+	}
 	wakes = s->in.wakes_seen; /* a wake since the last wait ended counts */
 	s->in.waiters++;
-	while (!ATOMIC_LOAD(&s->in.nr_alive) && s->in.wakes == wakes && rc == 0) {
+	while (!work(s) && s->in.wakes == wakes && rc == 0) {
 		if (timeout_us == UINT64_MAX)
 			pthread_cond_wait((pthread_cond_t *)s->in.cv, (pthread_mutex_t *)s->in.lock);
 		else
@@ -95,8 +111,9 @@ int bkv_sched_wait(bkv_sched *s, uint64_t timeout_us)
 	}
 	s->in.waiters--;
 	s->in.wakes_seen = s->in.wakes;
+	rc = work(s) ? BKV_OK : BKV_EAGAIN;
 	UNLOCK(s);
-	return ATOMIC_LOAD(&s->in.nr_alive) ? BKV_OK : BKV_EAGAIN;
+	return rc;
 }
 
 int bkv_sched_wake(bkv_sched *s)
