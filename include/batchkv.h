@@ -1830,25 +1830,15 @@ typedef struct bkv_kv_xfer_block {
 } bkv_kv_xfer_block;
 
 /*
- * A KV connector (docs/integration.md, "KV connectors"): an external store
- * of KV blocks keyed by their chained hashes (a disk tier, a shared prefix
- * store, the prefill process of a disaggregated pair). The library asks it,
- * when a request enters the queue, how many of the prompt's leading full
- * blocks it holds beyond what the device already caches; at admission it
- * allocates blocks for them and has the connector load them while the
- * request waits without a row and without holding others back; when the
- * load completes the blocks join the prefix cache and the request prefills
- * from there. Blocks that fail to load are recomputed, from the first that
- * failed on. Every full block a step computes and the prefix cache takes is
- * handed to save; the library holds it (no eviction, no reuse) until its
- * save completes, also after its request ended or was aborted.
- *
- * Transfers complete by bkv_kv_xfer_done, from any thread, at any time
- * after the call that started them returned (even inside it). Each of
- * load and save gets an id (xfer) that names it there; blocks (owned by
- * the library) stay valid until it completes. The callbacks run on the
- * stepping thread inside bkv_step (or bkv_step_launch/complete) and must
- * not call bkv_step.
+ * A KV connector (docs/integration.md, "KV connectors"): an external store of
+ * KV blocks keyed by chained hash. lookup is asked when a request enters the
+ * queue; blocks it holds beyond the device cache are loaded into blocks the
+ * library allocates (the request waits without rows, others run), then join
+ * the prefix cache; failed blocks are recomputed from the first one on.
+ * Computed full blocks go to save and stay held until it completes, also
+ * past the request's end. Transfers complete by bkv_kv_xfer_done (any
+ * thread, even inside the call); their blocks arrays stay valid until then.
+ * Callbacks run on the stepping thread and must not call bkv_step.
  */
 typedef struct bkv_connector {
 	/* how many of the n leading full prompt blocks (hashes[0, n), group
@@ -1874,13 +1864,10 @@ typedef struct bkv_connector {
 	uint32_t max_saves;   /* most save transfers outstanding; 0 = 64. When
 				 reached, blocks wait (still held) for the
 				 next */
-	/* optional, for pools with KV groups: does the store hold the block
-	 * (or state) saved under hash (a bkv_kv_xfer_block.hash)? A window's
-	 * blocks and a state exist only where some step ended, so before a
-	 * load the library asks for the blocks each group needs at each
-	 * candidate end, from the longest, and loads up to the first end
-	 * where every group's are held. NULL: loads end where lookup said,
-	 * and a group's missing block fails the load (it is recomputed) */
+	/* optional, for KV groups: does the store hold the block (or state)
+	 * saved under hash? A load then ends where every group's blocks are
+	 * held (a window's and a state exist only where a step ended). NULL:
+	 * a group's missing block fails the load (recomputed) */
 	int (*contains)(void *user, uint64_t hash);
 } bkv_connector;
 
