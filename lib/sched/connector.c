@@ -118,7 +118,6 @@ typedef struct bkv__cn {
 
 static size_t cn_bytes(const bkv_sched *s, const bkv__cn *c, uint32_t saves, uint32_t max_seqs)
 {
-	(void)s;
 	return (size_t)c->n_rec * sizeof(bkv__cn_rec) + (size_t)c->n_rec * sizeof(uint32_t) +
 	       (size_t)saves * c->ops.save_blocks * sizeof(bkv_kv_xfer_block) +
 	       (size_t)max_seqs * (sizeof(uint32_t) + sizeof(bkv__cn_park)) +
@@ -325,32 +324,18 @@ static void unlater(bkv_sched *s, bkv__req *r)
 
 /* ---- sequences' ends ------------------------------------------------------ */
 
-static void end_now(bkv_sched *s, uint32_t seq, int drop, uint32_t keep)
-{
-	bkv_seq_info si;
-
-	if (drop) {
-		bkv_seq_drop(s->pool, seq);
-		return;
-	}
-	if (keep != UINT32_MAX && bkv_seq_info_get(s->pool, seq, &si) == BKV_OK && si.len > keep)
-		bkv_seq_truncate(s->pool, seq, keep);
-	bkv_seq_close(s->pool, seq);
-}
-
-void bkv__cn_seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep)
+int bkv__cn_defer_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep)
 {
 	bkv__cn *c = s->cn;
 	const uint32_t slot = seq & c->slot_mask;
 
-	if (!c->busy[slot]) {
-		end_now(s, seq, drop, keep);
-		return;
-	}
+	if (!c->busy[slot])
+		return 0;
 	c->park[slot].on = 1;
 	c->park[slot].drop = (uint8_t)(drop != 0);
 	c->park[slot].keep = keep;
 	c->park[slot].seq = seq;
+	return 1;
 }
 
 /* A transfer on seq completed: a parked end may go now. */
@@ -364,7 +349,7 @@ static void unbusy(bkv_sched *s, uint32_t seq)
 	if (--c->busy[slot] || !p->on)
 		return;
 	p->on = 0;
-	end_now(s, p->seq, p->drop, p->keep);
+	bkv__seq_end(s, p->seq, p->drop, p->keep);
 }
 
 int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r)
@@ -719,12 +704,11 @@ void bkv__cn_rollback(bkv_sched *s)
 	c->n_plan = c->n_pub = 0;
 }
 
-void bkv__cn_complete(bkv_sched *s, bkv_step_info *si)
+void bkv__cn_complete(bkv_sched *s)
 {
 	bkv__cn *c = s->cn;
 	uint32_t i, next;
 
-	(void)si;
 	LOCK(s);
 	i = c->done_head;
 	c->done_head = CN_NONE;

@@ -239,8 +239,6 @@ static void release_deferred_upto(bkv_sched *s, uint64_t done)
 	bkv__lane *l, *next, **link = &o->def_head;
 
 	for (l = o->def_head; l; l = next) {
-		bkv_seq_info si;
-
 		next = l->def_next;
 		if (l->def_tag > done) {
 			link = &l->def_next;
@@ -249,15 +247,7 @@ static void release_deferred_upto(bkv_sched *s, uint64_t done)
 		*link = next;
 		o->n_def--;
 		l->def_next = NULL;
-		if (s->cn) {
-			bkv__cn_seq_end(s, l->def_seq, l->def_keep == UINT32_MAX, l->def_keep);
-		} else if (l->def_keep == UINT32_MAX) {
-			bkv_seq_drop(s->pool, l->def_seq);
-		} else {
-			if (bkv_seq_info_get(s->pool, l->def_seq, &si) == BKV_OK && si.len > l->def_keep)
-				bkv_seq_truncate(s->pool, l->def_seq, l->def_keep);
-			bkv_seq_close(s->pool, l->def_seq);
-		}
+		bkv__seq_end(s, l->def_seq, l->def_keep == UINT32_MAX, l->def_keep);
 		l->def_seq = BKV__SEQ_NONE;
 	}
 }

@@ -185,7 +185,7 @@ static int append_room(bkv_sched *s, bkv__lane *l, uint32_t n, int sample, uint3
 			return BKV_ENOSPC;
 		/* (a connector's transfers in flight hold sequences that come
 		 * back when they complete: not alone then) */
-		alone = v == l->req && s->rs.nr_run == 1 && !bkv__cn_in_flight(s);
+		alone = v == l->req && s->rs.nr_run == 1 && !bkv__blocks_coming(s);
 		preempt(s, v, now, si);
 		if (alone) { /* the pool to itself and still no room: never */
 			s->stats.unadmittable++;

@@ -114,6 +114,21 @@ void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r)
 	}
 }
 
+void bkv__seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep)
+{
+	bkv_seq_info si;
+
+	if (s->cn && bkv__cn_defer_end(s, seq, drop, keep))
+		return;
+	if (drop) {
+		bkv_seq_drop(s->pool, seq);
+		return;
+	}
+	if (keep != UINT32_MAX && bkv_seq_info_get(s->pool, seq, &si) == BKV_OK && si.len > keep)
+		bkv_seq_truncate(s->pool, seq, keep);
+	bkv_seq_close(s->pool, seq);
+}
+
 /* Close every lane's sequence (full blocks stay in the prefix cache): the
  * request will recompute from its tokens. */
 void bkv__req_close_lanes(bkv_sched *s, bkv__req *r)
@@ -126,12 +141,10 @@ void bkv__req_close_lanes(bkv_sched *s, bkv__req *r)
 		bkv__lane *l = &r->lane[i];
 
 		lane_retain(s, l);
-		if (l->seq != BKV__SEQ_NONE && s->cn) {
+		if (l->seq != BKV__SEQ_NONE && s->cn)
 			bkv__cn_save_lane(s, l);
-			bkv__cn_seq_end(s, l->seq, 0, UINT32_MAX);
-		} else if (l->seq != BKV__SEQ_NONE) {
-			bkv_seq_close(s->pool, l->seq);
-		}
+		if (l->seq != BKV__SEQ_NONE)
+			bkv__seq_end(s, l->seq, 0, UINT32_MAX);
 		bkv__slot_release(s, l);
 		l->seq = BKV__SEQ_NONE;
 		l->kv_len = 0;

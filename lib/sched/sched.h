@@ -660,7 +660,7 @@ int bkv__cn_ask(bkv_sched *s, bkv__req *r);
 /* Drain: the later list asked again, answered ones queued. */
 void bkv__cn_drain(bkv_sched *s, uint64_t now);
 /* Inside the step's transaction: completed transfers applied. */
-void bkv__cn_complete(bkv_sched *s, bkv_step_info *si);
+void bkv__cn_complete(bkv_sched *s);
 /* Planning: lane l (touched, after its local hits) loads what the store
  * holds beyond them; 1 when it does (no row this step). */
 int bkv__cn_load_plan(bkv_sched *s, bkv__lane *l, uint32_t target);
@@ -678,9 +678,13 @@ void bkv__cn_disown(bkv_sched *s, bkv__req *r);
 uint32_t bkv__cn_n_later(const bkv_sched *s);
 /* After a rollback: planned loads forgotten, publications redone. */
 void bkv__cn_rollback(bkv_sched *s);
-/* The end of a pool sequence: closed (or dropped; truncated to keep
- * first unless UINT32_MAX), now or once its transfers completed. */
-void bkv__cn_seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
+/* seq's end waits for the transfers that name it: 1 when it was parked
+ * (bkv__seq_end goes on once they completed), 0 when none does. */
+int bkv__cn_defer_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
+/* The end of a lane's pool sequence (sched/req.c): dropped, or cut to keep
+ * (UINT32_MAX: as it is) and closed; parked first while a KV connector's
+ * transfers name it. */
+void bkv__seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep);
 /* Lane l's new full blocks go to save before its sequence ends. */
 void bkv__cn_save_lane(bkv_sched *s, bkv__lane *l);
 /* A transfer in flight names r's sequences (no swap-out). */
@@ -692,6 +696,12 @@ uint32_t bkv__cn_idle(const bkv_sched *s);
 uint32_t bkv__cn_loads_planned(const bkv_sched *s);
 /* Transfers in flight (0 without a connector). */
 uint32_t bkv__cn_in_flight(const bkv_sched *s);
+/* Blocks will come back without a step's planning: steps in flight complete
+ * (overlap) or a KV connector's transfers do. The progress rules wait. */
+static inline int bkv__blocks_coming(const bkv_sched *s)
+{
+	return s->plan.fenced || bkv__cn_in_flight(s);
+}
 /* Stats: requests waiting for external KV, blocks held by saves. */
 void bkv__cn_stats(const bkv_sched *s, bkv_sched_stats *st);
 /* Sequences parked until their transfers complete. */
@@ -706,7 +716,7 @@ static inline void bkv__lane_release_seq(bkv_sched *s, bkv__lane *l, int drop)
 	if (bkv__ovl_fenced(s))
 		bkv__ovl_defer(s, l, drop);
 	else if (s->cn)
-		bkv__cn_seq_end(s, l->seq, drop, UINT32_MAX);
+		bkv__seq_end(s, l->seq, drop, UINT32_MAX);
 	else if (drop)
 		bkv_seq_drop(s->pool, l->seq);
 	else

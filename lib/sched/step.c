@@ -471,7 +471,7 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	if (open_txn)
 		bkv__pool_txn_begin(s->pool);
 	if (s->cn) /* completed transfers, inside the transaction */
-		bkv__cn_complete(s, si);
+		bkv__cn_complete(s);
 	bkv__plan_forks(s);
 	if (s->cfg.prefill_first && s->split) {
 		/* prefill-first (bkv_sched_config.prefill_first): waiting
@@ -504,7 +504,7 @@ void bkv__step_plan(bkv_sched *s, uint64_t now, bkv_step_info *si, int open_txn)
 	 * give blocks back (overlap: the steps in flight release theirs when
 	 * they complete) */
 	if (s->plan.n_pre + s->plan.n_dec == 0 && s->rs.nr_run == 0 && s->q.heap_n && s->plan.admit_tried &&
-	    !si->admitted && !s->plan.fenced && !bkv__cn_in_flight(s)) {
+	    !si->admitted && !bkv__blocks_coming(s)) {
 		if (++s->plan.stalls >= 2)
 			unstick(s, now, si);
 	} else {
