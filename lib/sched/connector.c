@@ -349,7 +349,7 @@ static void unbusy(bkv_sched *s, uint32_t seq)
 	if (--c->busy[slot] || !p->on)
 		return;
 	p->on = 0;
-	bkv__seq_end(s, p->seq, p->drop, p->keep);
+	bkv__pool_seq_end(s->pool, p->seq, p->drop, p->keep);
 }
 
 int bkv__cn_busy_req(const bkv_sched *s, const bkv__req *r)

@@ -116,17 +116,8 @@ void bkv__req_drop_seqs(bkv_sched *s, bkv__req *r)
 
 void bkv__seq_end(bkv_sched *s, uint32_t seq, int drop, uint32_t keep)
 {
-	bkv_seq_info si;
-
-	if (s->cn && bkv__cn_defer_end(s, seq, drop, keep))
-		return;
-	if (drop) {
-		bkv_seq_drop(s->pool, seq);
-		return;
-	}
-	if (keep != UINT32_MAX && bkv_seq_info_get(s->pool, seq, &si) == BKV_OK && si.len > keep)
-		bkv_seq_truncate(s->pool, seq, keep);
-	bkv_seq_close(s->pool, seq);
+	if (!s->cn || !bkv__cn_defer_end(s, seq, drop, keep))
+		bkv__pool_seq_end(s->pool, seq, drop, keep);
 }
 
 /* Close every lane's sequence (full blocks stay in the prefix cache): the
