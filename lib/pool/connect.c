@@ -21,6 +21,19 @@
  */
 #include "pool/pool.h"
 
+void bkv__pool_seq_end(bkv_pool *pool, uint32_t seq, int drop, uint32_t keep)
+{
+	bkv_seq_info si;
+
+	if (drop) {
+		bkv_seq_drop(pool, seq);
+		return;
+	}
+	if (keep != UINT32_MAX && bkv_seq_info_get(pool, seq, &si) == BKV_OK && si.len > keep)
+		bkv_seq_truncate(pool, seq, keep);
+	bkv_seq_close(pool, seq);
+}
+
 void bkv__seq_noindex(bkv_pool *pool, uint32_t seq, int on)
 {
 	bkv__seq *s = bkv__seq_get(pool, seq);

@@ -356,19 +356,8 @@ static inline uint32_t bkv__block_len(const bkv_pool *pool, uint32_t len, uint32
  * no KV), then the copies clear. */
 void bkv__pool_forget_swap_ins(bkv_pool *pool);
 /* End a sequence: dropped, or cut to keep (UINT32_MAX: as it is) and
- * closed. */
-static inline void bkv__pool_seq_end(bkv_pool *pool, uint32_t seq, int drop, uint32_t keep)
-{
-	bkv_seq_info si;
-
-	if (drop) {
-		bkv_seq_drop(pool, seq);
-		return;
-	}
-	if (keep != UINT32_MAX && bkv_seq_info_get(pool, seq, &si) == BKV_OK && si.len > keep)
-		bkv_seq_truncate(pool, seq, keep);
-	bkv_seq_close(pool, seq);
-}
+ * closed (pool/connect.c). */
+void bkv__pool_seq_end(bkv_pool *pool, uint32_t seq, int drop, uint32_t keep);
 /* ---- KV connectors (pool/connect.c) ---- */
 /* A load's append: n tokens into fresh blocks marked noindex, without
  * host-cache demotions of the blocks it evicts (BKV_OK or the append's
